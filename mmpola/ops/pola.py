@@ -8,11 +8,43 @@ Shapes:
     v: (B, h, n, d) values
     power: (1, h, 1, d) raw exponent logit; p = 1 + alpha * sigmoid(power)
     scale: (1, h, 1, d) raw temperature logit; s = softplus(scale)
+    (power and scale may be any shape that broadcasts against (B, h, N, d).)
 Returns (B, h, N, d): per head, the first d/2 channels are the same-sign branch (values v[..., :d/2]),
 the last d/2 the opposite-sign branch (values v[..., d/2:]).
+
+Two implementations:
+
+* :func:`pola_attention_reference` follows the official op order exactly (bit-exact in fp32); it is the
+  ground truth for tests and golden files.
+* :func:`pola_attention_fast` computes the same function with fewer passes and less memory:
+
+  - each feature map ``[relu(x)^p || relu(-x)^p]`` (x = q/s or k/s) comes from ONE power of ``|x|`` in a
+    custom autograd Function whose backward is written by hand (``d/dx = p*y/x``, ``d/dp = y*log|x|``),
+    saving only the input and the feature map;
+  - the opposite-sign query map ``[q- || q+]`` is never materialised: swapping the halves of q_sim is the
+    same as swapping the row halves of the matrix it multiplies;
+  - ONE key-value product ``k'^T @ [v/n || 1/n]`` yields both branches' value summaries and the key mean,
+    and ONE query product ``q_sim @ W`` (W: (2d, d+2)) yields both numerators and both normalisers;
+  - the element-wise feature work is fused with ``torch.compile`` when it is available and pays off
+    (large tensors), with an eager fallback (see :func:`compile_status`).
 """
+import logging
+import os
+
 import torch
 import torch.nn.functional as F
+
+__all__ = [
+    'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
+    'compile_status'
+]
+
+# torch.compile is used only for tensors with at least this many elements (per feature-map input
+# q or k): below it the fused kernel saves microseconds, while a first compile costs seconds (CPU
+# C++ build), which would dominate unit tests and small inputs. 2**18 ~ one 56x56 map of 64 channels.
+COMPILE_MIN_NUMEL = 2**18
+
+_NO_COMPILE_ENV = 'MMPOLA_NO_COMPILE'
 
 
 def pola_attention_reference(q, k, v, power, scale, alpha=4.0, eps=1e-6):
@@ -41,17 +73,247 @@ def pola_attention_reference(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     return torch.cat([x_sim, x_opp], dim=-1)
 
 
+# --------------------------------------------------------------------------------------------------
+# Polarity feature map  y = [relu(x)^p || relu(-x)^p],  x = t / s
+# --------------------------------------------------------------------------------------------------
+
+
+def _sum_to_shape(t, shape):
+    """Sum ``t`` over the dimensions along which a tensor of ``shape`` was broadcast to t's shape."""
+    if tuple(t.shape) == tuple(shape):
+        return t
+    lead = t.dim() - len(shape)
+    dims = list(range(lead))
+    dims += [lead + i for i, size in enumerate(shape) if size == 1 and t.shape[lead + i] != 1]
+    t = t.sum(dims, keepdim=True) if dims else t
+    return t.reshape(shape) if lead else t
+
+
+def _feature_map_forward(t, s, p):
+    """Eager kernel body. t: (..., d); s > 0, p > 1 broadcast to t. Returns y: (..., 2d)."""
+    d = t.shape[-1]
+    mag = t.abs().div_(s).pow_(p)  # |t/s|^p: the only transcendental pass, shared by both signs
+    y = mag.new_empty(*mag.shape[:-1], 2 * d)
+    y_pos, y_neg = y[..., :d], y[..., d:]
+    torch.where(t > 0, mag, mag.new_zeros(()), out=y_pos)  # sign(t/s) = sign(t) as s > 0
+    # |x|^p - relu(x)^p is relu(-x)^p exactly (0 where x >= 0, |x|^p where x < 0; 0^p = 0 as p > 1)
+    torch.sub(mag, y_pos, out=y_neg)
+    return y
+
+
+def _feature_map_backward(grad_y, t, s, p, y):
+    """Eager kernel body of the hand-written backward.
+
+    With x = t/s, y+ = relu(x)^p and y- = relu(-x)^p have disjoint supports, so
+    gm = g+ * y+ + g- * y- is (grad of the active sign) * |x|^p, and
+        dL/dt = p * gm / t          (= p*g*|x|^(p-1)*sign(x) / s; 0 at t = 0 where gm = 0),
+        dL/ds = -p * gm / s         (dx/ds = -x/s),
+        dL/dp = gm * log|x|         (0 where gm = 0, in particular at x = 0).
+    No log or pow over the whole tensor, no NaN at 0. grad_s and grad_p are summed over the
+    dimensions along which s and p were broadcast. Returns (grad_t, grad_s, grad_p).
+    """
+    d = t.shape[-1]
+    gm = torch.addcmul(grad_y[..., :d] * y[..., :d], grad_y[..., d:], y[..., d:])
+    # log|x| clamped at the smallest normal: where |x| is below it, gm is exactly 0 (|x|^p underflows)
+    log_x = t.abs().div_(s).clamp_min_(torch.finfo(t.dtype).tiny).log_()
+    grad_p = _sum_to_shape(log_x.mul_(gm), p.shape)
+    gm.mul_(p)
+    # s is constant along the summed dims, so dividing after the sum is exact and cheaper
+    grad_s = _sum_to_shape(gm, s.shape).div(s).neg_()
+    grad_t = gm.div_(t).masked_fill_(t == 0, 0.0)  # 0/0 at t == 0 -> 0 (gm is 0 there)
+    return grad_t, grad_s, grad_p
+
+
+def _feature_map_forward_fusable(t, s, p):
+    """The math of :func:`_feature_map_forward`, out-of-place, for torch.compile (one fused kernel)."""
+    mag = (t.abs() / s).pow(p)
+    y_pos = torch.where(t > 0, mag, 0.0)
+    return torch.cat([y_pos, mag - y_pos], dim=-1)
+
+
+def _feature_map_backward_fusable(grad_y, t, s, p, y):
+    """The math of :func:`_feature_map_backward`, out-of-place, for torch.compile."""
+    d = t.shape[-1]
+    gm = grad_y[..., :d] * y[..., :d] + grad_y[..., d:] * y[..., d:]
+    log_x = (t.abs() / s).clamp_min(torch.finfo(t.dtype).tiny).log()
+    grad_p = _sum_to_shape(gm * log_x, p.shape)
+    gm = gm * p
+    grad_s = -_sum_to_shape(gm, s.shape) / s
+    grad_t = torch.where(t == 0, 0.0, gm / t)
+    return grad_t, grad_s, grad_p
+
+
+class _CompileState:
+    """Lazily compiled kernels plus the reason they are not used (logged once)."""
+    forward = None
+    backward = None
+    disabled_reason = None
+    logged = False
+
+
+def _log_once(msg):
+    if _CompileState.logged:
+        return
+    _CompileState.logged = True
+    try:
+        from mmengine.logging import print_log
+        print_log(msg, logger='current', level=logging.WARNING)
+    except Exception:  # mmengine missing or its logger unusable: plain logging still says it
+        logging.getLogger(__name__).warning(msg)
+
+
+def _compile_unavailable_reason():
+    if os.environ.get(_NO_COMPILE_ENV, '0') not in ('', '0'):
+        return f'{_NO_COMPILE_ENV} is set'
+    if _CompileState.disabled_reason is not None:
+        return _CompileState.disabled_reason
+    if not hasattr(torch, 'compile'):
+        return f'torch {torch.__version__} has no torch.compile'
+    return None
+
+
+def compile_status():
+    """Return ``(enabled, reason)``: whether the fast path may use torch.compile, and why not."""
+    reason = _compile_unavailable_reason()
+    return reason is None, reason or 'enabled (used for tensors of >= COMPILE_MIN_NUMEL elements)'
+
+
+def _disable_compile(reason):
+    _CompileState.disabled_reason = reason
+    _log_once(f'mmpola: torch.compile of the Pola feature map is disabled ({reason}); using the '
+              f'eager fast path (same results, somewhat slower). Set {_NO_COMPILE_ENV}=1 to silence.')
+
+
+def _want_compile(t):
+    if t.numel() < COMPILE_MIN_NUMEL or torch.compiler.is_compiling():
+        # inside a user's torch.compile region the eager bodies are traced and fused by it anyway
+        return False
+    return _compile_unavailable_reason() is None
+
+
+def _run_compiled(name, fusable, *args):
+    """Call the compiled ``fusable``; on failure disable compiling and return None (caller runs eager)."""
+    fn = getattr(_CompileState, name)
+    try:
+        if fn is None:
+            fn = torch.compile(fusable, dynamic=True, fullgraph=True)
+            setattr(_CompileState, name, fn)
+        return fn(*args)
+    except Exception as err:  # no C++ compiler, no triton, unsupported platform, ...
+        first_line = (str(err).strip().splitlines() or [''])[0][:200]
+        _disable_compile(f'{type(err).__name__}: {first_line}')
+        return None
+
+
+class _PolarityFeatureMap(torch.autograd.Function):
+    """y = [relu(t/s)^p || relu(-t/s)^p] with a hand-written backward (saves t and y only)."""
+
+    @staticmethod
+    def forward(ctx, t, s, p):
+        y = None
+        if _want_compile(t):
+            y = _run_compiled('forward', _feature_map_forward_fusable, t, s, p)
+        if y is None:
+            y = _feature_map_forward(t, s, p)
+        ctx.save_for_backward(t, s, p, y)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y):
+        t, s, p, y = ctx.saved_tensors
+        grads = None
+        if _want_compile(t):
+            grads = _run_compiled('backward', _feature_map_backward_fusable, grad_y, t, s, p, y)
+        if grads is None:
+            grads = _feature_map_backward(grad_y, t, s, p, y)
+        grad_t, grad_s, grad_p = grads
+        return (grad_t if ctx.needs_input_grad[0] else None, grad_s if ctx.needs_input_grad[1] else None,
+                grad_p if ctx.needs_input_grad[2] else None)
+
+
+def polarity_feature_map(t, s, p):
+    """Polarity feature map of a query or key tensor.
+
+    Args:
+        t: (..., d) queries or keys.
+        s: temperature s = softplus(scale) > 0, broadcastable to t (e.g. (1, h, 1, d)).
+        p: exponent p = 1 + alpha * sigmoid(power) > 1, broadcastable to t.
+    Returns:
+        (..., 2d): ``[relu(t/s)^p || relu(-t/s)^p]``, differentiable w.r.t. t, s and p.
+    """
+    if p.dtype != t.dtype or s.dtype != t.dtype:
+        dtype = torch.promote_types(t.dtype, torch.promote_types(s.dtype, p.dtype))
+        t, s, p = t.to(dtype), s.to(dtype), p.to(dtype)
+    return _PolarityFeatureMap.apply(t, s, p)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fast attention core
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_shapes(q, k, v):
+    if q.dim() < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or q.shape[-1] != v.shape[-1]:
+        raise ValueError('pola_attention expects q (B, h, N, d), k and v (B, h, n, d) with one head dim d; '
+                         f'got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
+    if v.shape[-1] % 2:
+        raise ValueError(f'pola_attention splits each head into two value halves, so the head dim must be '
+                         f'even; got d={v.shape[-1]} (choose channels / heads even)')
+
+
+def pola_attention_fast(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+    """Same function as :func:`pola_attention_reference`, fewer passes and less memory.
+
+    Shapes as in the module docstring. Matches the reference to ~1e-6 in fp32 (not bit-exact: sums
+    are accumulated in a different order).
+    """
+    _check_shapes(q, k, v)
+    n, d = k.shape[-2], k.shape[-1]
+    half = d // 2
+    s = F.softplus(scale)
+    p = 1 + alpha * torch.sigmoid(power)
+
+    q_sim = polarity_feature_map(q, s, p)  # (B, h, N, 2d) = [q+ || q-]
+    k_feat = polarity_feature_map(k, s, p)  # (B, h, n, 2d) = [k+ || k-]
+
+    # One key-value product for both branches and the key mean: k'^T @ [v || 1] / n. Dividing the
+    # (small) value operand first keeps the product a mean, O(1), as in the official code.
+    v_ext = torch.cat([v * (1.0 / n), v.new_full((*v.shape[:-1], 1), 1.0 / n)], dim=-1)
+    kv = k_feat.transpose(-2, -1) @ v_ext.to(k_feat.dtype)  # (B, h, 2d, d+1), rows [k+ ; k-]
+
+    # q_opp = [q- || q+] is q_sim with halves swapped, so q_opp @ M == q_sim @ M_rowswapped.
+    # W columns: [same-sign values | opposite-sign values | same-sign norm | opposite-sign norm].
+    kv_swapped = torch.cat([kv[..., d:, :], kv[..., :d, :]], dim=-2)
+    w = torch.cat([kv[..., :half], kv_swapped[..., half:d], kv[..., d:], kv_swapped[..., d:]], dim=-1)
+
+    out = q_sim @ w  # (B, h, N, d+2): one pass over the query features for everything
+    z = 1 / (out[..., d:] + eps)  # (B, h, N, 2) reciprocal normalisers of both branches
+    return (out[..., :d].unflatten(-1, (2, half)) * z.unsqueeze(-1)).flatten(-2)
+
+
+_IMPLS = {
+    'reference': pola_attention_reference,
+    'fast': pola_attention_fast,
+    'auto': pola_attention_fast,
+}
+
+
 def pola_attention(q, k, v, power, scale, alpha=4.0, eps=1e-6, fp32=True, impl='auto'):
     """Pola attention with an fp32 island under autocast.
 
     Args:
+        q: (B, h, N, d); k, v: (B, h, n, d); power, scale: raw logits (1, h, 1, d) or broadcastable.
         fp32: compute the core in float32 with autocast disabled (default), then cast back to
             q's dtype. Low-precision matmuls overflow for |q/s| > ~9 at p ~ 5 (spec §4).
-        impl: 'reference' (official op order) or 'auto' (fastest available path).
+        impl: 'reference' (official op order), 'fast' (fused feature maps, one kv and one query
+            product; torch.compile for large inputs when available) or 'auto' (currently 'fast').
+    Returns:
+        (B, h, N, d) in q's dtype when fp32=True.
     """
-    if impl not in ('auto', 'reference', 'fast'):
+    if impl not in _IMPLS:
         raise ValueError(f"impl must be 'auto', 'fast' or 'reference', got {impl!r}")
-    fn = pola_attention_reference
+    fn = _IMPLS[impl]
     if fp32:
         out_dtype = q.dtype
         device_type = q.device.type

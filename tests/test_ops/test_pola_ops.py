@@ -1,0 +1,255 @@
+"""Pola attention core: fast path vs the official-order reference, closed form, AMP island.
+
+The fast path is tested eagerly (compile disabled) by default so this file stays fast on a CPU;
+set MMPOLA_TEST_COMPILE=1 to also test the torch.compile kernels (first compile: ~15-40 s on CPU).
+"""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmpola.ops import pola
+from mmpola.ops import pola_attention, pola_attention_reference
+from mmpola.ops.pola import pola_attention_fast, polarity_feature_map
+
+# (B, h, N, n, d): odd token counts, spatial reduction (n != N), single tokens, batch and heads > 1
+SHAPES = [
+    (1, 1, 7, 7, 4),
+    (2, 3, 49, 49, 32),
+    (2, 2, 37, 9, 16),  # n != N (PVT sr > 1), odd N
+    (1, 5, 15, 15, 64),
+    (2, 2, 1, 1, 8),  # N = n = 1
+    (1, 2, 1, 6, 8),  # one query
+    (3, 1, 11, 1, 2),  # one key, smallest even d
+]
+
+
+@pytest.fixture(autouse=True)
+def eager_fast_path(monkeypatch):
+    """Run the fast path eagerly unless compile tests are requested explicitly."""
+    monkeypatch.setenv('MMPOLA_NO_COMPILE', '1')
+
+
+def make_inputs(B, h, N, n, d, dtype=torch.float32, seed=0, q_scale=1.0):
+    """Inputs near the trained regime: p in (1, 5) around 3, s around ln 2."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, h, N, d, generator=g) * q_scale
+    k = torch.randn(B, h, n, d, generator=g)
+    v = torch.randn(B, h, n, d, generator=g)
+    power = torch.randn(1, h, 1, d, generator=g) * 0.5
+    scale = torch.randn(1, h, 1, d, generator=g) * 0.3
+    grad_out = torch.randn(B, h, N, d, generator=g)
+    return [t.to(dtype) for t in (q, k, v, power, scale)], grad_out.to(dtype)
+
+
+def forward_backward(fn, inputs, grad_out, **kwargs):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves, **kwargs)
+    out.backward(grad_out)
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def max_scaled_error(actual, expected):
+    """max |a - e| / max(1, max |e|): absolute error for O(1) values, relative for larger sums."""
+    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1.0)).item()
+
+
+NAMES = ['out', 'grad_q', 'grad_k', 'grad_v', 'grad_power', 'grad_scale']
+
+
+@pytest.mark.parametrize('shape', SHAPES, ids=lambda s: 'x'.join(map(str, s)))
+def test_fast_matches_reference_fp32(shape):
+    inputs, grad_out = make_inputs(*shape)
+    ref = forward_backward(pola_attention_reference, inputs, grad_out)
+    fast = forward_backward(pola_attention_fast, inputs, grad_out)
+    for name, a, e in zip(NAMES, fast, ref):
+        assert a.shape == e.shape, name
+        err = max_scaled_error(a, e)
+        assert err <= 1e-5, f'{name}: scaled max error {err:.2e} at shape {shape}'
+
+
+@pytest.mark.parametrize('shape', [(2, 3, 13, 5, 8), (1, 1, 1, 1, 4)])
+def test_fast_equals_reference_math_in_fp64(shape):
+    """In float64 the two op orders agree to rounding: the fast path is the same function."""
+    inputs, grad_out = make_inputs(*shape, dtype=torch.float64)
+    ref = forward_backward(pola_attention_reference, inputs, grad_out)
+    fast = forward_backward(pola_attention_fast, inputs, grad_out)
+    for name, a, e in zip(NAMES, fast, ref):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_dispatcher_impls_and_default():
+    inputs, _ = make_inputs(2, 2, 9, 9, 8)
+    ref = pola_attention(*inputs, impl='reference')
+    assert torch.equal(ref, pola_attention_reference(*inputs))
+    for impl in ('fast', 'auto'):
+        torch.testing.assert_close(pola_attention(*inputs, impl=impl), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(pola_attention(*inputs), ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match='impl must be'):
+        pola_attention(*inputs, impl='triton')
+
+
+def test_broadcast_parameter_shapes():
+    """power / scale shared over heads or channels: gradients are summed over the broadcast dims.
+
+    float64, because a scale shared by everything gets a gradient summed over all elements with
+    heavy cancellation, which is fp32 noise for either implementation."""
+    (q, k, v, _, _), grad_out = make_inputs(2, 3, 10, 6, 8, dtype=torch.float64)
+    for p_shape, s_shape in [((1, 1, 1, 8), (1, 3, 1, 8)), ((1, 3, 1, 1), (1, 1, 1, 1)), ((8, ), (1, 3, 1, 8))]:
+        g = torch.Generator().manual_seed(1)
+        power = torch.randn(p_shape, generator=g, dtype=torch.float64) * 0.5
+        scale = torch.randn(s_shape, generator=g, dtype=torch.float64) * 0.3
+        inputs = [q, k, v, power, scale]
+        ref = forward_backward(pola_attention_reference, inputs, grad_out)
+        fast = forward_backward(pola_attention_fast, inputs, grad_out)
+        for name, a, e in zip(NAMES, fast, ref):
+            assert a.shape == e.shape, (name, p_shape, s_shape)
+            torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12, msg=f'{name} {p_shape} {s_shape}')
+
+
+def test_feature_map_gradcheck():
+    """The hand-written backward against finite differences, exact zeros included."""
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64)
+    t[0, 0, 0] = 0.0
+    s = (F.softplus(torch.randn(1, 3, 1, 4, generator=g, dtype=torch.float64)))
+    p = 1 + 4 * torch.sigmoid(torch.randn(1, 3, 1, 4, generator=g, dtype=torch.float64))
+    args = [x.requires_grad_() for x in (t, s, p)]
+    assert torch.autograd.gradcheck(polarity_feature_map, args)
+
+
+def test_feature_map_values_and_zero_gradients():
+    t = torch.tensor([[-2.0, -0.0, 0.0, 3.0]], requires_grad=True)
+    s = torch.tensor([2.0, 1.0, 1.0, 1.5], requires_grad=True)
+    p = torch.tensor([2.0, 3.0, 3.0, 2.0], requires_grad=True)
+    y = polarity_feature_map(t, s, p)
+    torch.testing.assert_close(y.detach(), torch.tensor([[0.0, 0.0, 0.0, 4.0, 1.0, 0.0, 0.0, 0.0]]))
+    y.sum().backward()
+    for grad in (t.grad, s.grad, p.grad):
+        assert torch.isfinite(grad).all()
+    assert t.grad[0, 1] == 0 and t.grad[0, 2] == 0 and p.grad[1] == 0 and s.grad[2] == 0
+    # d/dt relu(t/s)^p at t=3, s=1.5, p=2: 2 * (t/s) / s = 8/3; t=-2, s=2, p=2: -2 * (2/2) / 2 = -1
+    torch.testing.assert_close(t.grad[0, [0, 3]], torch.tensor([-1.0, 8.0 / 3.0]))
+
+
+def closed_form(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+    """Spec §1.2 closed form, quadratic in tokens, float64:
+    x_s,i = (1/n) sum_j S_ij v1_j / ((1/n) sum_j S_ij + eps), S = phi+(q).phi+(k) + phi-(q).phi-(k);
+    x_o,i likewise with O = phi-(q).phi+(k) + phi+(q).phi-(k) and v2."""
+    q, k, v, power, scale = (t.double() for t in (q, k, v, power, scale))
+    n, half = k.shape[-2], v.shape[-1] // 2
+    s, p = F.softplus(scale), 1 + alpha * torch.sigmoid(power)
+    qp, qn = (q / s).clamp(min=0) ** p, (-q / s).clamp(min=0) ** p
+    kp, kn = (k / s).clamp(min=0) ** p, (-k / s).clamp(min=0) ** p
+    same = torch.einsum('bhid,bhjd->bhij', qp, kp) + torch.einsum('bhid,bhjd->bhij', qn, kn)
+    opp = torch.einsum('bhid,bhjd->bhij', qn, kp) + torch.einsum('bhid,bhjd->bhij', qp, kn)
+    x_s = (same @ v[..., :half] / n) / (same.sum(-1, keepdim=True) / n + eps)
+    x_o = (opp @ v[..., half:] / n) / (opp.sum(-1, keepdim=True) / n + eps)
+    return torch.cat([x_s, x_o], dim=-1)
+
+
+@pytest.mark.parametrize('shape', [(2, 3, 20, 20, 8), (1, 2, 17, 5, 16), (1, 1, 1, 3, 4)])
+def test_reference_matches_closed_form(shape):
+    inputs, _ = make_inputs(*shape)
+    expected = closed_form(*inputs)
+    for fn in (pola_attention_reference, pola_attention_fast):
+        err = max_scaled_error(fn(*inputs).double(), expected)
+        assert err <= 1e-5, f'{fn.__name__}: {err:.2e}'
+
+
+@pytest.mark.parametrize('impl', ['reference', 'fast'])
+def test_autocast_bf16_fp32_island(impl):
+    inputs, grad_out = make_inputs(2, 2, 30, 30, 16)
+    q, k, v, power, scale = inputs
+    expected = pola_attention(*inputs, impl='reference')
+    leaves = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = pola_attention(*leaves, power, scale, impl=impl)
+    assert out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all()
+    out.float().backward(grad_out)
+    for t in leaves:
+        assert t.grad.dtype == torch.bfloat16 and torch.isfinite(t.grad).all()
+    # only the bf16 rounding of inputs and output separates it from the fp32 result
+    torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize('impl', ['reference', 'fast'])
+def test_large_magnitudes_stay_finite_under_bf16_autocast(impl):
+    """|q/s| ~ 20 with p ~ 5 gives features ~ 3e6: overflows fp16 matmuls, fine in the fp32 island."""
+    inputs, grad_out = make_inputs(2, 2, 25, 25, 8, q_scale=20 * 0.693)
+    q, k, v, _, scale = inputs
+    power = torch.full((1, 2, 1, 8), 6.0, requires_grad=True)  # p = 1 + 4 sigmoid(6) ~ 4.99
+    k = k * 20 * 0.693
+    leaves = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = pola_attention(*leaves, power, scale, fp32=True, impl=impl)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    out.float().backward(grad_out)
+    for t in leaves + [power]:
+        assert torch.isfinite(t.grad).all()
+
+
+def test_fp32_false_follows_input_dtype():
+    inputs, _ = make_inputs(1, 2, 9, 9, 8, dtype=torch.float64)
+    out = pola_attention(*inputs, fp32=False)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, pola_attention_reference(*inputs), rtol=1e-10, atol=1e-12)
+
+
+def test_odd_head_dim_is_rejected_with_a_hint():
+    inputs, _ = make_inputs(1, 1, 4, 4, 6)
+    q, k, v, power, scale = inputs
+    with pytest.raises(ValueError, match='head dim must be even'):
+        pola_attention_fast(q[..., :5], k[..., :5], v[..., :5], power[..., :5], scale[..., :5])
+
+
+def test_compile_failure_falls_back_to_eager_once(monkeypatch):
+    """A broken torch.compile (no compiler, unsupported platform) must not break the op."""
+    monkeypatch.delenv('MMPOLA_NO_COMPILE')
+    monkeypatch.setattr(pola, 'COMPILE_MIN_NUMEL', 0)
+    monkeypatch.setattr(pola._CompileState, 'forward', None)
+    monkeypatch.setattr(pola._CompileState, 'backward', None)
+    monkeypatch.setattr(pola._CompileState, 'disabled_reason', None)
+    monkeypatch.setattr(pola._CompileState, 'logged', False)
+    calls = []
+
+    def broken_compile(fn, **kwargs):
+        def run(*args):
+            calls.append(fn.__name__)
+            raise RuntimeError('no working C++ compiler found')
+
+        return run
+
+    monkeypatch.setattr(torch, 'compile', broken_compile)
+    inputs, grad_out = make_inputs(1, 2, 9, 9, 8)
+    ref = forward_backward(pola_attention_reference, inputs, grad_out)
+    fast = forward_backward(pola_attention, inputs, grad_out)
+    for name, a, e in zip(NAMES, fast, ref):
+        assert max_scaled_error(a, e) <= 1e-5, name
+    assert calls == ['_feature_map_forward_fusable']  # tried once, then disabled
+    enabled, reason = pola.compile_status()
+    assert not enabled and 'no working C++ compiler' in reason
+    assert pola._CompileState.logged
+
+
+def test_no_compile_env_disables_compile(monkeypatch):
+    monkeypatch.setenv('MMPOLA_NO_COMPILE', '1')
+    enabled, reason = pola.compile_status()
+    assert not enabled and 'MMPOLA_NO_COMPILE' in reason
+
+
+@pytest.mark.skipif(os.environ.get('MMPOLA_TEST_COMPILE', '0') in ('', '0'),
+                    reason='compiles C++ kernels (slow on CPU); set MMPOLA_TEST_COMPILE=1')
+def test_compiled_fast_path_matches_reference(monkeypatch):
+    monkeypatch.delenv('MMPOLA_NO_COMPILE')
+    monkeypatch.setattr(pola, 'COMPILE_MIN_NUMEL', 0)
+    monkeypatch.setattr(pola._CompileState, 'disabled_reason', None)
+    for shape in [(2, 3, 37, 9, 16), (1, 1, 64, 64, 64)]:
+        inputs, grad_out = make_inputs(*shape)
+        ref = forward_backward(pola_attention_reference, inputs, grad_out)
+        fast = forward_backward(pola_attention, inputs, grad_out)
+        assert pola._CompileState.disabled_reason is None, pola._CompileState.disabled_reason
+        for name, a, e in zip(NAMES, fast, ref):
+            assert max_scaled_error(a, e) <= 1e-5, (name, shape)
