@@ -39,10 +39,12 @@ __all__ = [
     'compile_status'
 ]
 
-# torch.compile is used only for tensors with at least this many elements (per feature-map input
-# q or k): below it the fused kernel saves microseconds, while a first compile costs seconds (CPU
-# C++ build), which would dominate unit tests and small inputs. 2**18 ~ one 56x56 map of 64 channels.
-COMPILE_MIN_NUMEL = 2**18
+# torch.compile is used only for feature-map inputs (q or k) of at least this many elements: below
+# it the fused kernel saves at most a few ms per call, while the first compile in a process costs
+# 15-40 s on CPU (C++ build; cached on disk afterwards), which would dominate unit tests and small
+# inputs. 2**20 ~ five 56x56 maps of 64 channels: a 224 training batch or any detection input compiles,
+# a 224 test image does not.
+COMPILE_MIN_NUMEL = 2**20
 
 _NO_COMPILE_ENV = 'MMPOLA_NO_COMPILE'
 

@@ -1,0 +1,235 @@
+"""Parameters and FLOPs of a backbone or of a whole detector / segmentor config.
+
+Usage:
+    python tools/get_flops.py --backbone PolaPVT --arch tiny                  # 224 x 224
+    python tools/get_flops.py --backbone PolaSwin --arch tiny --shape 800 1333
+    python tools/get_flops.py --backbone mmdet.SwinTransformer --shape 224 224
+    python tools/get_flops.py --config configs/detection/CONFIG.py --shape 800 1333
+    python tools/get_flops.py --config ... --per-module 2     # breakdown two module levels deep
+
+Convention: FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` on one forward pass of
+batch 1. It counts matrix products and convolutions only (mm/addmm/bmm/baddbmm, hence Linear and the
+Pola attention matmuls, conv, scaled_dot_product_attention); element-wise ops, norms, activations,
+softmax, pow and interpolation are not counted. It reports 2 FLOPs per multiply-accumulate; this
+tool prints multiply-accumulates (MACs), the convention of the papers and of spec §5, and FLOPs = 2 x MACs.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+MAC_CONVENTION = ('1 MAC = 2 FLOPs; counted by torch.utils.flop_counter (matmul/linear/conv/sdpa only; '
+                  'element-wise ops, norms, activations, softmax, pow not counted)')
+
+
+def count_parameters(model):
+    """Number of parameters (trainable or not; buffers excluded)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def count_flops(model, *inputs, forward=None, depth=2):
+    """FLOPs (2 per MAC) of one forward pass and the per-module breakdown.
+
+    Runs under ``no_grad`` with the fused ``nn.MultiheadAttention`` inference fast path disabled
+    (the counter has no formula for it, so it would count those matmuls as zero) and with the Pola
+    core's torch.compile disabled (compiled kernels hold only element-wise work, but compiling under
+    a dispatch mode is slow and pointless here).
+
+    Args:
+        model: an nn.Module (put in eval mode by the caller if needed).
+        inputs: positional inputs of ``forward`` (default ``model(*inputs)``).
+        forward: optional callable run instead of ``model(*inputs)``.
+        depth: module depth of the breakdown.
+    Returns:
+        (total_flops, {module_name: flops}) with module names as FlopCounterMode reports them
+        ('Global' for the total, the root module by its class name, then dotted names with at most
+        ``depth`` dots, e.g. 'PolaPVT.block1' at depth 1).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    previous_env = os.environ.get('MMPOLA_NO_COMPILE')
+    os.environ['MMPOLA_NO_COMPILE'] = '1'
+    mha = getattr(torch.backends, 'mha', None)
+    previous_fastpath = mha.get_fastpath_enabled() if mha is not None else None
+    try:
+        if mha is not None:
+            mha.set_fastpath_enabled(False)
+        counter = FlopCounterMode(display=False, depth=depth)
+        with torch.no_grad(), counter:
+            if forward is None:
+                model(*inputs)
+            else:
+                forward()
+    finally:
+        if mha is not None:
+            mha.set_fastpath_enabled(previous_fastpath)
+        if previous_env is None:
+            os.environ.pop('MMPOLA_NO_COMPILE', None)
+        else:
+            os.environ['MMPOLA_NO_COMPILE'] = previous_env
+    # the counter records every module; keep names up to `depth` levels below the root module
+    per_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()
+                  if name == 'Global' or name.count('.') <= depth}
+    return counter.get_total_flops(), per_module
+
+
+def _import_mmpola():
+    """Register mmpola's models; the repository root may not be installed as a package."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import mmpola  # noqa: F401
+
+
+def build_backbone(type_name, arch=None, **kwargs):
+    """Build a backbone from mmengine's MODELS registry.
+
+    ``type_name`` is a registered type ('PolaPVT', 'PolaSwin') or a scoped one of another
+    OpenMMLab library ('mmdet.SwinTransformer', 'mmdet.PyramidVisionTransformer').
+    """
+    _import_mmpola()
+    from mmengine.registry import MODELS
+    if '.' in type_name:
+        scope = type_name.split('.', 1)[0]
+        try:
+            __import__(f'{scope}.models')
+        except ImportError as err:
+            raise RuntimeError(f'{type_name} needs the {scope} package, which cannot be imported ({err}); '
+                               f'install it (see requirements/pins.txt)') from err
+    cfg = dict(type=type_name, **kwargs)
+    if arch is not None:
+        cfg['arch'] = arch
+    try:
+        return MODELS.build(cfg)
+    except KeyError as err:
+        raise RuntimeError(f'{type_name!r} is not registered in mmengine\'s MODELS: {err}. Pola backbones are '
+                           f"'PolaPVT' and 'PolaSwin'; other libraries' types need their scope, e.g. "
+                           f"'mmdet.SwinTransformer'") from err
+
+
+def _guess_scope(cfg):
+    scope = cfg.get('default_scope')
+    if scope:
+        return scope
+    model_type = str(cfg.model.get('type', ''))
+    if model_type.startswith(('mmdet.', 'mmseg.')):
+        return model_type.split('.', 1)[0]
+    for scope in ('mmdet', 'mmseg'):
+        try:
+            registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
+            __import__(f'{scope}.models')
+        except ImportError:
+            continue
+        if registry.get(model_type) is not None:
+            return scope
+    raise RuntimeError(f'cannot tell whether model type {model_type!r} is an mmdet or mmseg model; '
+                       f"set default_scope = 'mmdet' or 'mmseg' in the config")
+
+
+def _data_samples(scope, height, width):
+    meta = dict(img_shape=(height, width), ori_shape=(height, width), pad_shape=(height, width),
+                batch_input_shape=(height, width), scale_factor=(1.0, 1.0), flip=False, flip_direction=None)
+    if scope == 'mmdet':
+        from mmdet.structures import DetDataSample
+        return [DetDataSample(metainfo=meta)]
+    if scope == 'mmseg':
+        from mmseg.structures import SegDataSample
+        return [SegDataSample(metainfo=meta)]
+    return None
+
+
+def build_from_config(config_path, height, width, cfg_options=None):
+    """Build the model of an mmengine config and a zero-argument forward on a (1, 3, H, W) input.
+
+    The data preprocessor is skipped (the input already is a normalised, padded batch); the model
+    runs in mode='tensor' (backbone, neck and heads, no post-processing).
+    """
+    _import_mmpola()
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    cfg = Config.fromfile(config_path)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    scope = _guess_scope(cfg)
+    init_default_scope(scope)
+    registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
+    model_cfg = cfg.model.copy()
+    # no pretrained weights: FLOPs do not depend on them and loading may need the network
+    if 'backbone' in model_cfg:
+        model_cfg.backbone.pop('init_cfg', None)
+    model = registry.build(model_cfg)
+    model.eval()
+    inputs = torch.randn(1, 3, height, width)
+    data_samples = _data_samples(scope, height, width)
+
+    def forward():
+        return model(inputs, data_samples, mode='tensor')
+
+    return model, forward
+
+
+def format_count(value, unit):
+    return f'{value / 1e9:.3f} G{unit}' if value >= 1e8 else f'{value / 1e6:.3f} M{unit}'
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument('--backbone', help="registered backbone type, e.g. PolaPVT, PolaSwin, mmdet.SwinTransformer")
+    source.add_argument('--config', help='mmengine config of a detector or segmentor')
+    parser.add_argument('--arch', default=None, help='backbone arch preset (tiny, small, ...)')
+    parser.add_argument('--shape', type=int, nargs='+', default=[224, 224], help='input H W (or one size)')
+    parser.add_argument('--per-module', type=int, default=0, metavar='DEPTH',
+                        help='also print the FLOPs of modules up to this depth')
+    parser.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE',
+                        help='override config entries, e.g. model.backbone.arch=small')
+    return parser.parse_args(argv)
+
+
+def _parse_cfg_options(pairs):
+    import ast
+    options = {}
+    for pair in pairs:
+        key, _, value = pair.partition('=')
+        try:
+            options[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            options[key] = value
+    return options
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if len(args.shape) == 1:
+        height = width = args.shape[0]
+    elif len(args.shape) == 2:
+        height, width = args.shape
+    else:
+        raise SystemExit(f'--shape takes H W or one size, got {args.shape}')
+    torch.manual_seed(0)
+    if args.backbone:
+        model = build_backbone(args.backbone, args.arch).eval()
+        inputs = torch.randn(1, 3, height, width)
+        title = f'{args.backbone}' + (f'(arch={args.arch})' if args.arch else '')
+        flops, per_module = count_flops(model, inputs, depth=max(1, args.per_module))
+    else:
+        model, forward = build_from_config(args.config, height, width, _parse_cfg_options(args.cfg_options))
+        title = f'{os.path.basename(args.config)} ({type(model).__name__})'
+        flops, per_module = count_flops(model, forward=forward, depth=max(1, args.per_module))
+    params = count_parameters(model)
+    print(f'model:   {title}')
+    print(f'input:   (1, 3, {height}, {width})')
+    print(f'params:  {params / 1e6:.2f} M ({params:,})')
+    print(f'MACs:    {format_count(flops / 2, "MACs")}  (FLOPs: {format_count(flops, "FLOPs")})')
+    print(f'         {MAC_CONVENTION}')
+    if args.per_module:
+        print('\n| module | GMACs | share |\n|---|---:|---:|')
+        for name, value in per_module.items():
+            if name != 'Global' and value:
+                print(f'| {name} | {value / 2e9:.4f} | {100 * value / max(flops, 1):.1f}% |')
+    return params, flops
+
+
+if __name__ == '__main__':
+    main()
