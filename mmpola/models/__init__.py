@@ -1,2 +1,9 @@
-# Importing this package registers the backbones in mmengine's root MODELS registry,
-# which makes them visible to mmdet, mmseg and mmpretrain alike.
+# Importing this package registers the backbones and the classifier in mmengine's root MODELS
+# registry, which makes them visible to mmdet, mmseg and mmpretrain alike.
+from .classifier import PolaClassifier
+from .layers import PatchMerging, PolaAttention, PVTAttention, WindowAttention
+from .pola_pvt import PolaPVT
+from .pola_swin import PolaSwin
+
+__all__ = ['PolaPVT', 'PolaSwin', 'PolaClassifier', 'PolaAttention', 'PVTAttention',
+           'WindowAttention', 'PatchMerging']

@@ -1,0 +1,218 @@
+"""ImageNet classifiers: a Pola backbone plus the official classification head (spec §1.9).
+
+``PolaClassifier`` reproduces the official forward exactly and loads official checkpoints
+strictly (head and final norm included):
+
+* Pola-PVT: mean of the stage-4 tokens **without** the final norm, then ``head``. The official
+  model still owns an (untrained, unused) ``norm``; it is kept so checkpoints round-trip, and
+  frozen (``requires_grad=False``) so DDP does not report it as an unused parameter.
+* Pola-Swin: final ``norm`` (LN eps 1e-5), average pool over tokens, ``head``. Softmax blocks use
+  the classification shift rule (no shift when the map fits in one window, ``clamp_shift``).
+
+The state dict is ``backbone.*`` (official names below it), ``norm.*``, ``head.*``;
+:func:`checkpoint_filter_fn` maps official files to it (timm style).
+"""
+from collections import OrderedDict
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+from mmengine.registry import MODELS
+from timm.layers import trunc_normal_
+
+from .pola_pvt import PolaPVT
+from .pola_swin import PolaSwin
+from .utils import is_pretrained_cfg
+
+__all__ = ['PolaClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs']
+
+_FAMILIES = {'pvt': PolaPVT, 'swin': PolaSwin}
+_RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
+
+
+@MODELS.register_module()
+class PolaClassifier(BaseModule):
+    """Pola-PVT / Pola-Swin image classifier with the official forward.
+
+    Args:
+        family: ``'pvt'`` or ``'swin'``.
+        arch: preset name of the backbone (``'tiny'`` ...) or a custom arch dict (see
+            :class:`PolaPVT` / :class:`PolaSwin`).
+        num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
+        drop_rate: dropout inside the backbone (the official models have none before the head).
+        drop_path_rate: stochastic depth (official: PVT T/S 0.1, M/L 0.3; Swin T 0.2, S 0.3,
+            B 0.5).
+        attn_impl: ``'auto'`` or ``'reference'`` (official op order; for bit-exact checks).
+        fp32_attn: Pola core in fp32 under autocast.
+        with_cp: gradient checkpointing of every block.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH, strict=True)`` loads with
+            :meth:`load_checkpoint` (official, mmengine or this class' own files).
+        **backbone_kwargs: any other backbone argument (``pretrain_img_size``, ``window_size``,
+            ``attn_type``, ``la_sr_ratios``, ``alpha``, ``kernel_size`` ...).
+
+    Shapes: images (B, C, H, W) -> logits (B, num_classes).
+    """
+
+    def __init__(self, family='pvt', arch='tiny', num_classes=1000, drop_rate=0., drop_path_rate=0.1,
+                 attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, **backbone_kwargs):
+        super().__init__(init_cfg=init_cfg)
+        if family not in _FAMILIES:
+            raise ValueError(f'unknown family {family!r}; valid: {", ".join(_FAMILIES)}')
+        for key in ('out_indices', 'out_norm', 'norm_after_stage', 'clamp_shift', 'init_cfg',
+                    'pretrained'):
+            if key in backbone_kwargs:
+                raise ValueError(f'{key} is fixed by PolaClassifier (the official classification '
+                                 'forward); build the backbone directly to change it')
+        self.family = family
+        self.num_classes = num_classes
+        extra = dict(out_norm=False, clamp_shift=True) if family == 'swin' else {}
+        self.backbone = _FAMILIES[family](
+            arch=arch, out_indices=(0, 1, 2, 3), drop_rate=drop_rate, drop_path_rate=drop_path_rate,
+            attn_impl=attn_impl, fp32_attn=fp32_attn, with_cp=with_cp, **extra, **backbone_kwargs)
+        self.num_features = self.backbone.embed_dims[-1]
+        if family == 'pvt':
+            self.norm = nn.LayerNorm(self.num_features, eps=1e-6)
+            self.norm.requires_grad_(False)  # never used by the official forward
+        else:
+            self.norm = nn.LayerNorm(self.num_features)
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            trunc_normal_(self.head.weight, std=.02)
+            nn.init.constant_(self.head.bias, 0)
+
+    @classmethod
+    def from_official_kwargs(cls, kwargs, **overrides):
+        """Build from the keyword arguments of the official model classes (see
+        :func:`official_kwargs_to_classifier_kwargs`)."""
+        return cls(**official_kwargs_to_classifier_kwargs(kwargs), **overrides)
+
+    def set_attn_impl(self, impl):
+        """Switch every Pola attention between ``'auto'`` and ``'reference'``."""
+        self.backbone.set_attn_impl(impl)
+
+    def init_weights(self):
+        if is_pretrained_cfg(self.init_cfg):
+            self.load_checkpoint(self.init_cfg['checkpoint'], strict=self.init_cfg.get('strict', True))
+            self._is_init = True
+        else:
+            super().init_weights()
+
+    def load_checkpoint(self, checkpoint, strict=True, use_ema=True, map_location='cpu'):
+        """Load an official, mmengine or PolaClassifier checkpoint (path, URL or dict).
+
+        Run-time buffers are dropped, positional encodings / bias tables of another pretraining
+        grid are resized; with ``strict`` anything else that does not match is an error.
+        Returns the ``load_state_dict`` result.
+        """
+        from mmpola.checkpoint import extract_state_dict, read_checkpoint
+        state_dict, _ = extract_state_dict(read_checkpoint(checkpoint, map_location), use_ema)
+        state_dict = checkpoint_filter_fn(state_dict, self)
+        return self.load_state_dict(state_dict, strict=strict)
+
+    def forward_intermediates(self, x):
+        """Stage maps and final features in one pass (timm's ``forward_intermediates``).
+
+        Returns:
+            (list of four NCHW maps (B, C_i, H_i, W_i): raw stage outputs before patch merging
+            and before any norm; final features (B, N, C) as :meth:`forward_features` returns
+            them, ready for :meth:`forward_head`)
+        """
+        stages = self.backbone.forward_stages(x)
+        maps = [t.reshape(t.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+                for t, (h, w) in stages]
+        return maps, self._final_features(stages[-1][0])
+
+    def _final_features(self, tokens):
+        return self.norm(tokens) if self.family == 'swin' else tokens
+
+    def forward_features(self, x):
+        """(B, C, H, W) -> final-stage tokens (B, N, C), through ``norm`` for Pola-Swin."""
+        return self._final_features(self.backbone.forward_stages(x)[-1][0])
+
+    def forward_head(self, x, pre_logits=False):
+        """(B, N, C) tokens -> logits (B, num_classes), or pooled (B, C) with ``pre_logits``."""
+        if self.family == 'pvt':
+            x = x.mean(dim=1)
+        else:
+            x = torch.flatten(F.adaptive_avg_pool1d(x.transpose(1, 2), 1), 1)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x):
+        return self.forward_head(self.forward_features(x))
+
+
+def official_kwargs_to_classifier_kwargs(kwargs):
+    """Keyword arguments of the official ``PyramidVisionTransformer`` / ``PolaSwinTransformer``
+    -> ``PolaClassifier`` keyword arguments (a custom arch dict).
+
+    Raises for settings the official release never used and this port does not support
+    (``ape=True``, ``patch_norm=False``, patch size other than 4).
+    """
+    kwargs = dict(kwargs)
+    if kwargs.pop('patch_size', 4) != 4:
+        raise ValueError('only patch_size=4 (every released Pola model) is supported')
+    out = dict(num_classes=kwargs.pop('num_classes', 1000),
+               drop_rate=kwargs.pop('drop_rate', 0.),
+               drop_path_rate=kwargs.pop('drop_path_rate', 0.),
+               pretrain_img_size=kwargs.pop('img_size', 224))
+    for key in ('qkv_bias', 'qk_scale', 'attn_type', 'alpha', 'kernel_size'):
+        if key in kwargs:
+            out[key] = kwargs.pop(key)
+    if 'attn_drop_rate' in kwargs:
+        out['attn_drop_rate'] = kwargs.pop('attn_drop_rate')
+    if 'embed_dims' in kwargs:  # Pola-PVT
+        out['family'] = 'pvt'
+        out['arch'] = dict(embed_dims=list(kwargs.pop('embed_dims')),
+                           num_heads=list(kwargs.pop('num_heads')),
+                           mlp_ratios=list(kwargs.pop('mlp_ratios')),
+                           depths=list(kwargs.pop('depths')))
+        for key in ('sr_ratios', 'la_sr_ratios'):
+            if key in kwargs:
+                out[key] = kwargs.pop(key)
+        kwargs.pop('num_stages', None)
+    elif 'embed_dim' in kwargs:  # Pola-Swin
+        out['family'] = 'swin'
+        if kwargs.pop('ape', False):
+            raise ValueError('ape=True (absolute position embedding) is not supported; no released '
+                             'Pola-Swin uses it')
+        if not kwargs.pop('patch_norm', True):
+            raise ValueError('patch_norm=False is not supported; every released Pola-Swin uses it')
+        out['arch'] = dict(embed_dims=kwargs.pop('embed_dim'), depths=list(kwargs.pop('depths')),
+                           num_heads=list(kwargs.pop('num_heads')))
+        for key in ('window_size', 'mlp_ratio'):
+            if key in kwargs:
+                out[key] = kwargs.pop(key)
+        kwargs.pop('use_checkpoint', None)
+    else:
+        raise ValueError('official kwargs need embed_dims (Pola-PVT) or embed_dim (Pola-Swin)')
+    kwargs.pop('in_chans', None)
+    if kwargs:
+        raise ValueError(f'unsupported official arguments: {sorted(kwargs)}')
+    return out
+
+
+def checkpoint_filter_fn(state_dict, model):
+    """Official / mmengine / own checkpoint state dict -> ``PolaClassifier`` state dict (timm style).
+
+    Official keys get the ``backbone.`` prefix except ``head.*`` and ``norm.*``; ``module.`` is
+    stripped; run-time buffers are dropped; grids are resized to the model.
+    """
+    from mmpola.checkpoint import find_key_prefix, resize_state_dict
+    model_state = model.state_dict()
+    own_prefix, own = find_key_prefix(state_dict, model_state)
+    official = OrderedDict()
+    for key, value in state_dict.items():
+        key = key[len('module.'):] if key.startswith('module.') else key
+        top = key.split('.', 1)[0]
+        official[key if top in ('head', 'norm') else 'backbone.' + key] = value
+    _, n_official = find_key_prefix(official, model_state)
+    if own >= n_official:
+        state_dict = OrderedDict((k[len(own_prefix):], v) for k, v in state_dict.items()
+                                 if k.startswith(own_prefix))
+    else:
+        state_dict = official
+    state_dict = OrderedDict((k, v) for k, v in state_dict.items()
+                             if not (k.rsplit('.', 1)[-1] in _RUNTIME_BUFFERS and k not in model_state))
+    state_dict, _ = resize_state_dict(state_dict, model_state)
+    return state_dict

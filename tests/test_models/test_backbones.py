@@ -1,0 +1,242 @@
+"""PolaPVT / PolaSwin as dense backbones: sizes, gradients, freezing, checkpointing, registry,
+argument errors (spec §3)."""
+import copy
+
+import pytest
+import torch
+
+from mmpola.models import PolaPVT, PolaSwin
+from mmpola.models.layers import PolaAttention
+
+SIZES = [(800, 1216), (513, 677), (64, 64), (32, 480)]
+TINY_PVT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2],
+                depths=[1, 1, 1, 1])
+TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 2, 2], num_heads=[1, 2, 4, 8])
+
+
+def _expected_sizes(family, h, w):
+    sizes = []
+    if family == 'pvt':  # conv patch embeddings without padding: floor
+        h, w = h // 4, w // 4
+        for _ in range(4):
+            sizes.append((h, w))
+            h, w = h // 2, w // 2
+    else:  # pad to multiples of 4, merging pads odd maps: ceil
+        h, w = -(-h // 4), -(-w // 4)
+        for _ in range(4):
+            sizes.append((h, w))
+            h, w = -(-h // 2), -(-w // 2)
+    return sizes
+
+
+@pytest.fixture(scope='module')
+def loaded_minis(golden, mini_kwargs):
+    """The golden mini backbones with the official weights, in eval mode."""
+    models = {}
+    for family, cls in (('pvt', PolaPVT), ('swin', PolaSwin)):
+        expected, ckpt = golden[family]
+        model = cls(**mini_kwargs(family, expected['constructor']),
+                    init_cfg=dict(type='Pretrained', checkpoint=ckpt))
+        model.init_weights()
+        models[family] = model.eval()
+    return models
+
+
+@pytest.mark.parametrize('size', SIZES, ids=lambda s: f'{s[0]}x{s[1]}')
+@pytest.mark.parametrize('family', ['pvt', 'swin'])
+def test_any_input_size(loaded_minis, family, size):
+    model = loaded_minis[family]
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, *size))
+    assert len(outs) == 4
+    for out, channels, hw in zip(outs, model.embed_dims, _expected_sizes(family, *size)):
+        assert out.shape == (1, channels, *hw)
+        assert out.is_contiguous()
+        assert torch.isfinite(out).all()
+
+
+def test_ade_whole_image_sizes_spec_example():
+    """Spec §3.7: 512x683 -> PVT 128x170, 64x85, 32x42, 16x21; Swin 128x171, 64x86, 32x43, 16x22."""
+    assert _expected_sizes('pvt', 512, 683) == [(128, 170), (64, 85), (32, 42), (16, 21)]
+    assert _expected_sizes('swin', 512, 683) == [(128, 171), (64, 86), (32, 43), (16, 22)]
+    model = PolaSwin(arch=TINY_SWIN).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 512, 683))
+    assert [tuple(o.shape[-2:]) for o in outs] == _expected_sizes('swin', 512, 683)
+
+
+@pytest.mark.parametrize('cls,arch', [(PolaPVT, TINY_PVT), (PolaSwin, TINY_SWIN)])
+def test_backward_reaches_every_parameter(cls, arch):
+    model = cls(arch=arch, drop_path_rate=0.1)
+    model.train()
+    outs = model(torch.randn(2, 3, 64, 96))
+    sum(o.float().pow(2).mean() for o in outs).backward()
+    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not no_grad, f'parameters without gradient (DDP would fail): {no_grad}'
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize('cls,arch,frozen,frozen_names,trainable_names', [
+    (PolaPVT, TINY_PVT, 0, ['patch_embed1.proj.weight', 'pos_embed1'], ['block1.0.attn.qg.weight']),
+    (PolaPVT, TINY_PVT, 2, ['pos_embed2', 'block2.0.attn.power', 'patch_embed2.norm.weight'],
+     ['patch_embed3.proj.weight', 'block3.0.mlp.fc1.weight']),
+    (PolaSwin, TINY_SWIN, 1, ['patch_embed.proj.weight', 'layers.0.blocks.0.attn.qkvg.weight',
+                              'layers.0.downsample.reduction.weight', 'norm0.weight'],
+     ['layers.1.blocks.0.attn.positional_encoding', 'norm1.weight']),
+])
+def test_frozen_stages_survive_train_and_step(cls, arch, frozen, frozen_names, trainable_names):
+    model = cls(arch=arch, frozen_stages=frozen, drop_path_rate=0.1)
+    model.train()
+    params = dict(model.named_parameters())
+    before = {n: p.detach().clone() for n, p in params.items()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+    outs = model(torch.randn(1, 3, 64, 64))
+    sum(o.pow(2).mean() for o in outs).backward()
+    optimizer.step()
+    for name in frozen_names:
+        assert not params[name].requires_grad, name
+        assert torch.equal(params[name], before[name]), name
+    for name in trainable_names:
+        assert not torch.equal(params[name], before[name]), name
+    frozen_module = model.patch_embed1 if cls is PolaPVT else model.layers[0]
+    assert not frozen_module.training  # stays in eval mode through train()
+
+
+def test_with_cp_gives_same_outputs_and_grads():
+    torch.manual_seed(0)
+    plain = PolaSwin(arch=TINY_SWIN, drop_path_rate=0.)
+    ckpt = copy.deepcopy(plain)
+    ckpt.with_cp = True
+    x = torch.randn(1, 3, 64, 64)
+    for model in (plain, ckpt):
+        model.train()
+        sum(o.sum() for o in model(x)).backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=1e-4), name
+    pvt = PolaPVT(arch=TINY_PVT, with_cp=True)
+    pvt.train()
+    sum(o.sum() for o in pvt(torch.randn(1, 3, 64, 64))).backward()
+    assert pvt.block4[0].attn.qg.weight.grad is not None
+
+
+def test_out_indices_and_norm_after_stage():
+    model = PolaPVT(arch=TINY_PVT, out_indices=(1, 3), norm_after_stage=True).eval()
+    assert model.out_channels == [32, 64]
+    assert hasattr(model, 'norm1') and hasattr(model, 'norm3') and not hasattr(model, 'norm0')
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 64, 64))
+    assert [o.shape[1] for o in outs] == [32, 64]
+    swin = PolaSwin(arch=TINY_SWIN, out_indices=(0,)).eval()
+    with torch.no_grad():
+        (out,) = swin(torch.randn(1, 3, 64, 64))
+    assert out.shape == (1, 16, 16, 16)
+
+
+def test_positional_encoding_resize_and_eval_cache():
+    model = PolaPVT(arch=TINY_PVT).eval()
+    attn = model.block1[0].attn
+    assert isinstance(attn, PolaAttention)
+    with torch.no_grad():
+        attn.positional_encoding.normal_()
+        first = attn.resized_positional_encoding((20, 30))
+        assert first.shape == (1, 600, 16)
+        assert attn.resized_positional_encoding((20, 30)) is first  # cached in eval mode
+        assert attn.resized_positional_encoding((56, 56)) is attn.positional_encoding  # identity
+        attn.positional_encoding.add_(1.0)  # e.g. load_state_dict: the cache must not go stale
+        second = attn.resized_positional_encoding((20, 30))
+    assert not torch.equal(first, second)
+    model.train()
+    a = attn.resized_positional_encoding((20, 30))
+    assert a.requires_grad and a is not attn.resized_positional_encoding((20, 30))
+
+
+def test_pvt_spatial_reduction_and_softmax_blocks():
+    """la_sr_ratios > 1 (official class default '8421') and softmax 'S' stages still run anywhere."""
+    model = PolaPVT(arch=TINY_PVT, la_sr_ratios='8421', attn_type='LLLS').eval()
+    sd = model.state_dict()
+    assert sd['block1.0.attn.positional_encoding'].shape == (1, 49, 16)  # (56 / 8) ** 2
+    assert 'block1.0.attn.sr.weight' in sd and 'block1.0.attn.norm.weight' in sd
+    assert 'block4.0.attn.q.weight' in sd and 'block4.0.attn.sr.weight' not in sd
+    with torch.no_grad():
+        for size in [(64, 64), (96, 160)]:
+            outs = model(torch.randn(1, 3, *size))
+            assert all(torch.isfinite(o).all() for o in outs)
+    model2d = PolaPVT(arch=TINY_PVT, la_sr_ratios='8421', v_upsample='bilinear2d').eval()
+    with torch.no_grad():
+        assert model2d(torch.randn(1, 3, 96, 160))[0].shape == (1, 16, 24, 40)
+
+
+def test_swin_mixed_attn_type_and_384_settings():
+    model = PolaSwin(arch=dict(embed_dims=16, depths=[1, 1, 4, 1], num_heads=[1, 2, 4, 8]),
+                     attn_type='LLMS3')
+    kinds = [type(b.attn).__name__ for b in model.layers[2].blocks]
+    assert kinds == ['PolaAttention'] * 3 + ['WindowAttention']
+    with torch.device('meta'):
+        b384 = PolaSwin(arch='base', pretrain_img_size=384)
+    sd = b384.state_dict()
+    assert b384.window_size == 96 and b384.softmax_window_size == 12
+    assert sd['layers.0.blocks.0.attn.positional_encoding'].shape == (1, 9216, 128)
+    assert sd['layers.1.blocks.0.attn.positional_encoding'].shape == (1, 2304, 256)
+    assert sd['layers.2.blocks.0.attn.relative_position_bias_table'].shape == (529, 16)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(arch='huge'), "unknown arch 'huge'.*tiny, small"),
+    (dict(arch=dict(embed_dims=[1])), 'needs exactly the keys'),
+    (dict(out_indices=(0, 4)), 'out of range.*0..3'),
+    (dict(frozen_stages=5), 'beyond the depth'),
+    (dict(attn_type='LLXL'), 'attn_type'),
+    (dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')), 'not both'),
+])
+@pytest.mark.parametrize('cls', [PolaPVT, PolaSwin])
+def test_constructor_errors(cls, kwargs, match):
+    if cls is PolaSwin and kwargs.get('attn_type') == 'LLXL':
+        match = 'L, S or M'
+    with torch.device('meta'), pytest.raises(ValueError, match=match):
+        cls(**kwargs)
+
+
+@pytest.mark.parametrize('cls,arch', [(PolaPVT, TINY_PVT), (PolaSwin, TINY_SWIN)])
+def test_input_errors(cls, arch):
+    model = cls(arch=arch).eval()
+    with pytest.raises(ValueError, match=r'input size 31x64 is smaller than the minimum 32x32'):
+        model(torch.randn(1, 3, 31, 64))
+    with pytest.raises(ValueError, match='4-D'):
+        model(torch.randn(3, 64, 64))
+    with pytest.raises(ValueError, match='3 input channels, got 1'):
+        model(torch.randn(1, 1, 64, 64))
+
+
+def test_pretrained_alias_warns():
+    with pytest.warns(DeprecationWarning, match='init_cfg'):
+        model = PolaPVT(arch=TINY_PVT, pretrained='some.pth')
+    assert model.init_cfg == dict(type='Pretrained', checkpoint='some.pth')
+
+
+def test_init_without_checkpoint_keeps_official_init():
+    model = PolaSwin(arch=TINY_SWIN)
+    model.init_weights()
+    attn = model.layers[0].blocks[0].attn
+    assert torch.count_nonzero(attn.power) == 0 and torch.count_nonzero(attn.scale) == 0
+    assert torch.count_nonzero(attn.positional_encoding) == 0
+    assert model.layers[2].blocks[0].attn.relative_position_bias_table.std() > 0
+
+
+def _registry_build(registry_module, cls_name, arch):
+    registry = pytest.importorskip(
+        registry_module, reason=f'{registry_module.split(".")[0]} is not installed yet').MODELS
+    model = registry.build(dict(type=cls_name, arch=arch))
+    assert type(model).__name__ == cls_name
+    return model
+
+
+@pytest.mark.parametrize('registry_module', ['mmdet.registry', 'mmseg.registry'])
+@pytest.mark.parametrize('cls_name,arch', [('PolaPVT', TINY_PVT), ('PolaSwin', TINY_SWIN)])
+def test_builds_from_downstream_registries(registry_module, cls_name, arch):
+    _registry_build(registry_module, cls_name, arch)
+
+
+def test_builds_from_mmengine_root_registry():
+    from mmengine.registry import MODELS
+    assert isinstance(MODELS.build(dict(type='PolaPVT', arch=TINY_PVT)), PolaPVT)
+    assert isinstance(MODELS.build(dict(type='PolaSwin', arch=TINY_SWIN)), PolaSwin)

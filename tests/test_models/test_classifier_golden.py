@@ -1,0 +1,117 @@
+"""The classifier reproduces the official PolaFormer models (golden mini models of tests/data).
+
+``*_expected.pth`` holds the official model's input, logits and per-stage features (PVT: the
+stage maps; Swin: every stage's output before patch merging, without any norm) computed by the
+official code; ``*_official.pth`` the official checkpoint container.
+"""
+import pytest
+import torch
+
+from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
+
+TOL = 1e-5
+
+
+def _build(golden, family, **overrides):
+    expected, ckpt = golden[family]
+    model = PolaClassifier.from_official_kwargs(expected['constructor'], **overrides)
+    model.load_checkpoint(ckpt, strict=True)
+    return model.eval(), expected
+
+
+@pytest.mark.parametrize('family', ['pvt', 'swin'])
+def test_reference_path_reproduces_official(golden, family):
+    model, expected = _build(golden, family, attn_impl='reference')
+    with torch.no_grad():
+        maps, features = model.forward_intermediates(expected['input'])
+        logits = model.forward_head(features)
+    assert (logits - expected['logits']).abs().max() <= TOL
+    assert len(maps) == len(expected['stages'])
+    for i, (ours, ref) in enumerate(zip(maps, expected['stages'])):
+        assert ours.shape == ref.shape, i
+        assert (ours - ref).abs().max() <= TOL, f'stage {i}'
+    # the reference op order is bit-exact on this machine's CPU kernels (spec §1.4)
+    assert torch.equal(logits, expected['logits'])
+
+
+@pytest.mark.parametrize('family', ['pvt', 'swin'])
+def test_default_path_matches_official(golden, family):
+    model, expected = _build(golden, family)  # attn_impl='auto' (fast path where available)
+    with torch.no_grad():
+        logits = model(expected['input'])
+    assert (logits - expected['logits']).abs().max() <= TOL
+
+
+@pytest.mark.parametrize('family', ['pvt', 'swin'])
+def test_dense_backbone_reproduces_official_stages(golden, mini_kwargs, family):
+    """At the pretraining size the dense backbone computes the official stage features.
+
+    PVT: the default dense backbone. Swin: without output norms and with the classification
+    shift rule (dense Swin shifts stage-4 windows like mmdet, the official model does not).
+    """
+    expected, ckpt = golden[family]
+    kwargs = mini_kwargs(family, expected['constructor'])
+    if family == 'pvt':
+        backbone = PolaPVT(**kwargs, attn_impl='reference',
+                           init_cfg=dict(type='Pretrained', checkpoint=ckpt))
+    else:
+        backbone = PolaSwin(**kwargs, attn_impl='reference', out_norm=False, clamp_shift=True,
+                            init_cfg=dict(type='Pretrained', checkpoint=ckpt))
+    backbone.init_weights()
+    backbone.eval()
+    with torch.no_grad():
+        outs = backbone(expected['input'])
+    for i, (ours, ref) in enumerate(zip(outs, expected['stages'])):
+        assert (ours - ref).abs().max() <= TOL, f'stage {i}'
+
+
+def test_dense_swin_shifts_every_odd_softmax_block(golden, mini_kwargs):
+    """mmdet semantics: the 7x7 stage-4 map is shifted (with a mask) in odd blocks, so dense
+    stage-4 features differ from the classification ones while stages 1-3 are identical."""
+    expected, ckpt = golden['swin']
+    kwargs = mini_kwargs('swin', expected['constructor'])
+    backbone = PolaSwin(**kwargs, out_norm=False, init_cfg=dict(type='Pretrained', checkpoint=ckpt))
+    backbone.init_weights()
+    backbone.eval()
+    with torch.no_grad():
+        outs = backbone(expected['input'])
+    for i in range(3):
+        assert (outs[i] - expected['stages'][i]).abs().max() <= TOL
+    assert (outs[3] - expected['stages'][3]).abs().max() > 1e-3
+
+
+def test_classifier_kwargs_and_heads():
+    with torch.device('meta'):
+        pvt = PolaClassifier(family='pvt', arch='tiny', num_classes=10)
+    assert pvt.head.out_features == 10
+    assert not any(p.requires_grad for p in pvt.norm.parameters())  # unused official norm
+    swin = PolaClassifier(family='swin', arch=dict(embed_dims=16, depths=[1, 1, 1, 1],
+                                                   num_heads=[1, 2, 4, 8]), num_classes=0)
+    x = torch.randn(1, 3, 64, 96)
+    feats = swin.forward_features(x)
+    assert feats.shape == (1, 2 * 3, 128)
+    assert swin.forward_head(feats, pre_logits=True).shape == (1, 128)
+    assert swin(x).shape == (1, 128)
+    with pytest.raises(ValueError, match='family'):
+        PolaClassifier(family='vit')
+    with pytest.raises(ValueError, match='out_indices is fixed'):
+        PolaClassifier(family='pvt', out_indices=(3,))
+
+
+def test_classifier_round_trips_its_own_checkpoint(golden, tmp_path):
+    model, expected = _build(golden, 'pvt')
+    path = tmp_path / 'cls.pth'
+    torch.save({'state_dict': model.state_dict(), 'meta': {'epoch': 3}}, path)
+    clone = PolaClassifier.from_official_kwargs(expected['constructor'],
+                                                init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    clone.init_weights()
+    clone.eval()
+    with torch.no_grad():
+        assert torch.equal(clone(expected['input']), model(expected['input']))
+
+
+def test_classifier_registered():
+    from mmengine.registry import MODELS
+    model = MODELS.build(dict(type='PolaClassifier', family='swin', num_classes=5,
+                              arch=dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])))
+    assert isinstance(model, PolaClassifier)
