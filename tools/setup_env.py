@@ -117,8 +117,9 @@ def uv_install(uv, python, args, extra_env=None):
 def torch_pair(python):
     code, out, err = py_info(
         python, 'import json, torch, torchvision; from torchvision.ops import nms; '
+        'from importlib.metadata import version; '
         'print(json.dumps([torch.__version__, torchvision.__version__, torch.version.cuda, '
-        'torch.cuda.is_available()]))')
+        'torch.cuda.is_available(), version("torch"), version("torchvision")]))')
     if code != 0:
         return None, err.splitlines()[-1] if err else 'import failed'
     return json.loads(out), None
@@ -133,7 +134,7 @@ def nvcc_available():
 
 def mmcv_wheel(python, pins, torch_info, wheelhouse):
     """Return a path to an mmcv wheel built for this torch, building it once if needed."""
-    torch_version, _, cuda, gpu = torch_info
+    torch_version, _, cuda, gpu = torch_info[:4]
     ops = os.environ.get('MMPOLA_MMCV_OPS') or ('cuda' if gpu and nvcc_available() else 'cpu')
     if ops not in ('cpu', 'cuda'):
         fail(f"MMPOLA_MMCV_OPS must be 'cpu' or 'cuda', got {ops!r}")
@@ -229,10 +230,11 @@ def main():
         if info is None:
             fail(f'torch and torchvision do not import together: {err}. They must be from the same '
                  'release train and build (see DEVELOPERS.md, "torch / torchvision").')
-    # pin what is installed so later installs never swap torch underneath the mmcv build
+    # pin what is installed (distribution versions, which may lack the '+cu130' label that
+    # torch.__version__ shows) so later installs never swap torch underneath the mmcv build
     constraints = osp.join(prefix, 'mmpola-torch-constraints.txt')
     with open(constraints, 'w') as f:
-        f.write(f'torch=={info[0]}\ntorchvision=={info[1]}\n')
+        f.write(f'torch=={info[4]}\ntorchvision=={info[5]}\n')
 
     # 2. mmcv's build requirements, then the mmcv wheel (cached)
     build_reqs = [spec(pins, n) for n in ('setuptools', 'wheel', 'ninja', 'numpy',
