@@ -71,6 +71,9 @@ class PolaClassifier(BaseModule):
             arch=arch, out_indices=(0, 1, 2, 3), drop_rate=drop_rate, drop_path_rate=drop_path_rate,
             attn_impl=attn_impl, fp32_attn=fp32_attn, with_cp=with_cp, **extra, **backbone_kwargs)
         self.num_features = self.backbone.embed_dims[-1]
+        # timm's description of the intermediate maps (for features_only wrappers)
+        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f'backbone.stage{i}')
+                             for i, c in enumerate(self.backbone.embed_dims)]
         if family == 'pvt':
             self.norm = nn.LayerNorm(self.num_features, eps=1e-6)
             self.norm.requires_grad_(False)  # never used by the official forward
@@ -110,18 +113,49 @@ class PolaClassifier(BaseModule):
         state_dict = checkpoint_filter_fn(state_dict, self)
         return self.load_state_dict(state_dict, strict=strict)
 
-    def forward_intermediates(self, x):
-        """Stage maps and final features in one pass (timm's ``forward_intermediates``).
+    def forward_intermediates(self, x, indices=None, norm=False, stop_early=False,
+                              output_fmt='NCHW', intermediates_only=False):
+        """Stage maps and final features in one pass (timm's ``forward_intermediates`` API).
+
+        Args:
+            x: (B, C, H, W) images.
+            indices: stages to return: None (all four), an int n (the last n) or 0-based indices.
+            norm: pass the stage-4 map through the final ``norm`` (Pola-Swin only; the official
+                Pola-PVT has no trained final norm).
+            stop_early: do not run the stages after the last requested one (implies
+                ``intermediates_only``-style use; the final features are then not computed).
+            output_fmt: only ``'NCHW'``.
+            intermediates_only: return only the list of maps.
 
         Returns:
-            (list of four NCHW maps (B, C_i, H_i, W_i): raw stage outputs before patch merging
-            and before any norm; final features (B, N, C) as :meth:`forward_features` returns
-            them, ready for :meth:`forward_head`)
+            ``(final features (B, N, C) as from forward_features, [maps])`` or ``[maps]``; each map
+            (B, C_i, H_i, W_i) is the raw stage output before patch merging and before any norm.
         """
-        stages = self.backbone.forward_stages(x)
-        maps = [t.reshape(t.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
-                for t, (h, w) in stages]
-        return maps, self._final_features(stages[-1][0])
+        if output_fmt != 'NCHW':
+            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+        num_stages = len(self.backbone.embed_dims)
+        if indices is None:
+            take = list(range(num_stages))
+        elif isinstance(indices, int):
+            take = list(range(num_stages - indices, num_stages))
+        else:
+            take = [i + num_stages if i < 0 else i for i in indices]
+        if not take or any(not 0 <= i < num_stages for i in take):
+            raise ValueError(f'indices {indices!r} out of range for {num_stages} stages')
+        last = max(take) if stop_early else num_stages - 1
+        stages = self.backbone.forward_stages(x, last)
+        maps = []
+        for i in take:
+            tokens, (h, w) = stages[i]
+            if norm and self.family == 'swin' and i == num_stages - 1:
+                tokens = self.norm(tokens)
+            maps.append(tokens.reshape(tokens.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous())
+        if intermediates_only:
+            return maps
+        if last != num_stages - 1:
+            raise ValueError('stop_early needs intermediates_only=True (the final features come '
+                             'from the last stage)')
+        return self._final_features(stages[-1][0]), maps
 
     def _final_features(self, tokens):
         return self.norm(tokens) if self.family == 'swin' else tokens

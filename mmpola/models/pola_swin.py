@@ -398,5 +398,5 @@ class PolaSwin(BaseModule):
             tokens, (H, W) = stages[i]
             if self.out_norm:
                 tokens = getattr(self, f'norm{i}')(tokens)
-            outs.append(tokens.view(-1, H, W, self.embed_dims[i]).permute(0, 3, 1, 2).contiguous())
+            outs.append(tokens.reshape(-1, H, W, self.embed_dims[i]).permute(0, 3, 1, 2).contiguous())
         return tuple(outs)

@@ -7,7 +7,7 @@ official code; ``*_official.pth`` the official checkpoint container.
 import pytest
 import torch
 
-from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
+from mmpola.models import PolaAttention, PolaClassifier, PolaPVT, PolaSwin
 
 TOL = 1e-5
 
@@ -22,8 +22,10 @@ def _build(golden, family, **overrides):
 @pytest.mark.parametrize('family', ['pvt', 'swin'])
 def test_reference_path_reproduces_official(golden, family):
     model, expected = _build(golden, family, attn_impl='reference')
+    attns = [m for m in model.modules() if isinstance(m, PolaAttention)]
+    assert attns and all(m.attn_impl == 'reference' for m in attns)
     with torch.no_grad():
-        maps, features = model.forward_intermediates(expected['input'])
+        features, maps = model.forward_intermediates(expected['input'])
         logits = model.forward_head(features)
     assert (logits - expected['logits']).abs().max() <= TOL
     assert len(maps) == len(expected['stages'])
@@ -37,6 +39,7 @@ def test_reference_path_reproduces_official(golden, family):
 @pytest.mark.parametrize('family', ['pvt', 'swin'])
 def test_default_path_matches_official(golden, family):
     model, expected = _build(golden, family)  # attn_impl='auto' (fast path where available)
+    model.set_attn_impl('auto')
     with torch.no_grad():
         logits = model(expected['input'])
     assert (logits - expected['logits']).abs().max() <= TOL
@@ -96,6 +99,22 @@ def test_classifier_kwargs_and_heads():
         PolaClassifier(family='vit')
     with pytest.raises(ValueError, match='out_indices is fixed'):
         PolaClassifier(family='pvt', out_indices=(3,))
+
+
+def test_forward_intermediates_timm_api(golden):
+    model, expected = _build(golden, 'swin')
+    x = expected['input'][:1]
+    with torch.no_grad():
+        maps = model.forward_intermediates(x, indices=2, intermediates_only=True)
+        early = model.forward_intermediates(x, indices=[0, 1], stop_early=True, intermediates_only=True)
+        normed = model.forward_intermediates(x, indices=[-1], norm=True, intermediates_only=True)
+        features = model.forward_features(x)
+    assert [m.shape[1] for m in maps] == [64, 128]
+    assert [m.shape[1] for m in early] == [16, 32]
+    assert torch.allclose(normed[0].flatten(2).transpose(1, 2), features)
+    assert [f['reduction'] for f in model.feature_info] == [4, 8, 16, 32]
+    with pytest.raises(ValueError, match='out of range'):
+        model.forward_intermediates(x, indices=[7])
 
 
 def test_classifier_round_trips_its_own_checkpoint(golden, tmp_path):
