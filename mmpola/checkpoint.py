@@ -258,7 +258,15 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
         raise CheckpointMismatchError(msg)
 
     outside = [k for k in state_dict if not k.startswith(prefix)]
+    final_norm = {}
+    if map_final_norm and prefix.endswith('backbone.'):
+        # a classifier checkpoint keeps its final norm beside the backbone: '<outer>norm.*'
+        outer = prefix[:-len('backbone.')]
+        final_norm = {k[len(outer):]: v for k, v in state_dict.items()
+                      if k.startswith(outer + 'norm.')}
     state_dict = OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
+    for key, value in final_norm.items():
+        state_dict.setdefault(key, value)
 
     if hasattr(model, 'la_sr_ratios') and hasattr(model, 'pos_embed1'):
         stored = _infer_pvt_la_sr_ratios(state_dict)

@@ -77,6 +77,13 @@ def test_swin_map_final_norm(official):
     model = _mini('swin')
     load_pola_checkpoint(model, path, map_final_norm=True)
     assert torch.equal(model.norm3.weight, sd['norm.weight'])
+    # from a classifier run: the final norm sits beside 'backbone.'
+    classifier_sd = {f'model.backbone.{k}': v for k, v in sd.items() if not k.startswith('norm.')}
+    classifier_sd['model.norm.weight'] = sd['norm.weight'] + 1
+    classifier_sd['model.norm.bias'] = sd['norm.bias']
+    model = _mini('swin')
+    load_pola_checkpoint(model, {'state_dict': classifier_sd}, map_final_norm=True)
+    assert torch.equal(model.norm3.weight, sd['norm.weight'] + 1)
 
 
 @pytest.mark.parametrize('layout', ['bare', 'module.', 'backbone.', 'module.backbone.', 'detector'])
