@@ -209,7 +209,8 @@ def main(argv=None):
         raise SystemExit(f'--shape takes H W or one size, got {args.shape}')
     torch.manual_seed(0)
     if args.backbone:
-        model = build_backbone(args.backbone, args.arch).eval()
+        model = build_backbone(args.backbone, args.arch)
+        model.eval()  # not chained: some backbones' train() override returns None (mmdet Swin)
         inputs = torch.randn(1, 3, height, width)
         title = f'{args.backbone}' + (f'(arch={args.arch})' if args.arch else '')
         flops, per_module = count_flops(model, inputs, depth=max(1, args.per_module))

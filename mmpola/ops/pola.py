@@ -103,7 +103,7 @@ def _feature_map_forward(t, s, p):
     return y
 
 
-def _feature_map_backward(grad_y, t, s, p, y):
+def _feature_map_backward(grad_y, t, s, p, y, need_grad_p=True):
     """Eager kernel body of the hand-written backward.
 
     With x = t/s, y+ = relu(x)^p and y- = relu(-x)^p have disjoint supports, so
@@ -112,13 +112,17 @@ def _feature_map_backward(grad_y, t, s, p, y):
         dL/ds = -p * gm / s         (dx/ds = -x/s),
         dL/dp = gm * log|x|         (0 where gm = 0, in particular at x = 0).
     No log or pow over the whole tensor, no NaN at 0. grad_s and grad_p are summed over the
-    dimensions along which s and p were broadcast. Returns (grad_t, grad_s, grad_p).
+    dimensions along which s and p were broadcast. Returns (grad_t, grad_s, grad_p); grad_p is None
+    unless ``need_grad_p`` (its log pass is the most expensive part).
     """
     d = t.shape[-1]
     gm = torch.addcmul(grad_y[..., :d] * y[..., :d], grad_y[..., d:], y[..., d:])
-    # log|x| clamped at the smallest normal: where |x| is below it, gm is exactly 0 (|x|^p underflows)
-    log_x = t.abs().div_(s).clamp_min_(torch.finfo(t.dtype).tiny).log_()
-    grad_p = _sum_to_shape(log_x.mul_(gm), p.shape)
+    grad_p = None
+    if need_grad_p:
+        # log|x| clamped at the smallest normal: where |x| is below it, gm is exactly 0 (|x|^p underflows)
+        log_x = t.abs().div_(s).clamp_min_(torch.finfo(t.dtype).tiny).log_()
+        grad_p = _sum_to_shape(log_x.mul_(gm), p.shape)
+        del log_x
     gm.mul_(p)
     # s is constant along the summed dims, so dividing after the sum is exact and cheaper
     grad_s = _sum_to_shape(gm, s.shape).div(s).neg_()
@@ -187,10 +191,7 @@ def _disable_compile(reason):
 
 
 def _want_compile(t):
-    if t.numel() < COMPILE_MIN_NUMEL or torch.compiler.is_compiling():
-        # inside a user's torch.compile region the eager bodies are traced and fused by it anyway
-        return False
-    return _compile_unavailable_reason() is None
+    return t.numel() >= COMPILE_MIN_NUMEL and _compile_unavailable_reason() is None
 
 
 def _run_compiled(name, fusable, *args):
@@ -212,11 +213,15 @@ class _PolarityFeatureMap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t, s, p):
-        y = None
-        if _want_compile(t):
-            y = _run_compiled('forward', _feature_map_forward_fusable, t, s, p)
-        if y is None:
-            y = _feature_map_forward(t, s, p)
+        if torch.compiler.is_compiling():
+            # traced by an enclosing torch.compile (e.g. a compiled model), which fuses it itself
+            y = _feature_map_forward_fusable(t, s, p)
+        else:
+            y = None
+            if _want_compile(t):
+                y = _run_compiled('forward', _feature_map_forward_fusable, t, s, p)
+            if y is None:
+                y = _feature_map_forward(t, s, p)
         ctx.save_for_backward(t, s, p, y)
         return y
 
@@ -224,11 +229,14 @@ class _PolarityFeatureMap(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
         t, s, p, y = ctx.saved_tensors
-        grads = None
-        if _want_compile(t):
-            grads = _run_compiled('backward', _feature_map_backward_fusable, grad_y, t, s, p, y)
-        if grads is None:
-            grads = _feature_map_backward(grad_y, t, s, p, y)
+        if torch.compiler.is_compiling():
+            grads = _feature_map_backward_fusable(grad_y, t, s, p, y)
+        else:
+            grads = None
+            if _want_compile(t):
+                grads = _run_compiled('backward', _feature_map_backward_fusable, grad_y, t, s, p, y)
+            if grads is None:
+                grads = _feature_map_backward(grad_y, t, s, p, y, need_grad_p=ctx.needs_input_grad[2])
         grad_t, grad_s, grad_p = grads
         return (grad_t if ctx.needs_input_grad[0] else None, grad_s if ctx.needs_input_grad[1] else None,
                 grad_p if ctx.needs_input_grad[2] else None)

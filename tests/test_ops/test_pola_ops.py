@@ -108,6 +108,19 @@ def test_broadcast_parameter_shapes():
             torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12, msg=f'{name} {p_shape} {s_shape}')
 
 
+def test_frozen_power_and_scale():
+    """Frozen Pola parameters (frozen stages): no gradient for them, the rest unchanged."""
+    inputs, grad_out = make_inputs(2, 2, 12, 12, 8)
+    q, k, v, power, scale = inputs
+    results = []
+    for fn in (pola_attention_reference, pola_attention_fast):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        fn(*leaves, power, scale).backward(grad_out)
+        results.append([t.grad for t in leaves])
+    for a, e in zip(*results):
+        assert max_scaled_error(a, e) <= 1e-5
+
+
 def test_feature_map_gradcheck():
     """The hand-written backward against finite differences, exact zeros included."""
     g = torch.Generator().manual_seed(0)

@@ -1,0 +1,498 @@
+"""Benchmarks of the Pola attention core and of whole backbones: time, peak memory, FLOP rate.
+
+    python tools/benchmark.py attention                 # core: reference vs fast, dense sizes
+    python tools/benchmark.py attention --cases pvt-s1@800x1344 --impls reference fast
+    python tools/benchmark.py backbone                  # Pola-PVT-T/S, Pola-Swin-T vs mmdet PVT-T, Swin-T
+    python tools/benchmark.py backbone --models pola-pvt-t swin-t --sizes 224 800x1333
+
+Prints Markdown tables (and the environment: torch, device, threads, dtype, seed, load) and asserts
+nothing. Times are taken over --repeat runs after one warm-up (attention: more runs for fast cases);
+implementations are interleaved within each repetition so that load from other processes affects them
+alike. The attention table reports min and median: on a shared machine the min is the better estimate
+of the code's own cost, the median shows the interference.
+
+Peak memory:
+* CPU: peak resident set size above the baseline taken after the inputs (and model) exist, in a fresh
+  subprocess per row: after a warm-up pass, freed memory is returned to the OS (malloc_trim), the
+  kernel's high-water mark is reset (/proc/self/clear_refs = 5), the pass runs once and VmHWM minus the
+  baseline RSS is reported. glibc's mmap threshold is pinned to 64 KiB in that subprocess so that every
+  tensor is its own mapping and freed tensors leave the RSS at once (tensors are what we measure, not
+  the allocator's caching). Includes everything the pass touches: activations, gradients of the inputs,
+  temporaries, oneDNN/BLAS scratch.
+* CUDA: torch.cuda.max_memory_allocated() above the memory allocated before the pass, in-process.
+
+Implementations of the core (--impls): 'reference' (official op order), 'fast' (fast path, eager:
+MMPOLA_NO_COMPILE=1), 'fast+compile' (fast path with the torch.compile kernels forced at every size);
+'auto' is what models use by default (fast, compiled for inputs of >= 2**20 elements).
+"""
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import os.path as osp
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+TOOLS = osp.dirname(osp.abspath(__file__))
+if TOOLS not in sys.path:
+    sys.path.insert(0, TOOLS)
+
+# name: (batch, heads, token grid H x W, head dim d); channels C = heads * d. Tokens N = n = H * W.
+ATTENTION_CASES = {
+    'pvt-s1@800x1344': (2, 1, (200, 336), 64),  # Pola-PVT stage 1, C = 64
+    'swin-s1@800x1344': (2, 3, (200, 336), 32),  # Pola-Swin-T stage 1, C = 96
+    'pvt-s2@800x1344': (2, 2, (100, 168), 64),  # Pola-PVT stage 2, C = 128
+    'swin-s2@800x1344': (2, 6, (100, 168), 32),  # Pola-Swin-T stage 2, C = 192
+    'pvt-s1@224': (2, 1, (56, 56), 64),
+    'swin-s1@224': (2, 3, (56, 56), 32),
+}
+IMPLS = ('reference', 'fast', 'fast+compile', 'auto')
+
+# name: (registered type, build kwargs)
+BACKBONES = {
+    'pola-pvt-t': ('PolaPVT', dict(arch='tiny')),
+    'pola-pvt-s': ('PolaPVT', dict(arch='small')),
+    'pola-swin-t': ('PolaSwin', dict(arch='tiny')),
+    'pvt-t': ('mmdet.PyramidVisionTransformer', dict(num_layers=[2, 2, 2, 2])),
+    'swin-t': ('mmdet.SwinTransformer', dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
+                                             window_size=7)),
+}
+BACKBONE_SIZES = ('224', '512', '800x1333', '1024', '1600')
+
+CPU_MEMORY_METHOD = ('peak RSS above the post-setup baseline, fresh subprocess per row '
+                     '(VmHWM after clear_refs, glibc mmap threshold 64 KiB)')
+CUDA_MEMORY_METHOD = 'torch.cuda.max_memory_allocated() above the pre-pass allocation'
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def parse_size(text):
+    """'224' -> (224, 224); '800x1333' -> (800, 1333)."""
+    parts = text.lower().split('x')
+    if len(parts) == 1:
+        return int(parts[0]), int(parts[0])
+    if len(parts) == 2:
+        return int(parts[0]), int(parts[1])
+    raise argparse.ArgumentTypeError(f'size must be S or HxW, got {text!r}')
+
+
+def cpu_name():
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment_lines(args, device):
+    from mmpola.ops import pola
+    lines = [f'torch {torch.__version__}, python {platform.python_version()}, {platform.system()}']
+    if device.type == 'cuda':
+        lines.append(f'device: {torch.cuda.get_device_name(device)}')
+    else:
+        lines.append(f'device: CPU {cpu_name()} ({os.cpu_count()} logical cores)')
+        if hasattr(os, 'getloadavg'):
+            lines.append('load average (1/5/15 min) at start: %.2f %.2f %.2f' % os.getloadavg())
+    lines.append(f'threads: {torch.get_num_threads()}, dtype: float32, seed: {args.seed}, '
+                 f'repeat: >= {args.repeat} after 1 warm-up')
+    lines.append(f'torch.compile for the fast path: {pola.compile_status()[1]}')
+    lines.append('peak memory: ' + (CUDA_MEMORY_METHOD if device.type == 'cuda' else CPU_MEMORY_METHOD))
+    return lines
+
+
+@contextlib.contextmanager
+def core_impl(impl):
+    """Select a Pola core implementation; yields the ``impl`` argument of ``pola_attention``."""
+    from mmpola.ops import pola
+    previous_env = os.environ.get('MMPOLA_NO_COMPILE')
+    previous_min = pola.COMPILE_MIN_NUMEL
+    try:
+        if impl == 'fast':
+            os.environ['MMPOLA_NO_COMPILE'] = '1'
+        elif impl == 'fast+compile':
+            os.environ.pop('MMPOLA_NO_COMPILE', None)
+            pola.COMPILE_MIN_NUMEL = 0
+        yield {'fast+compile': 'fast'}.get(impl, impl)
+    finally:
+        pola.COMPILE_MIN_NUMEL = previous_min
+        if previous_env is None:
+            os.environ.pop('MMPOLA_NO_COMPILE', None)
+        else:
+            os.environ['MMPOLA_NO_COMPILE'] = previous_env
+
+
+def synchronize(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def time_once(fn, device):
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def _proc_status_kib(key):
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(key + ':'):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _release_freed_memory():
+    gc.collect()
+    try:
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_memory_mib(fn, device):
+    """Extra peak memory (MiB) of one call of ``fn`` beyond what is allocated now (see module doc)."""
+    if device.type == 'cuda':
+        synchronize(device)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    _release_freed_memory()
+    base = _proc_status_kib('VmRSS')
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')  # reset VmHWM to the current RSS
+    fn()
+    return (_proc_status_kib('VmHWM') - base) / 1024
+
+
+def cpu_peak_supported():
+    return sys.platform.startswith('linux') and osp.exists('/proc/self/clear_refs')
+
+
+def run_peak_subprocess(spec, threads):
+    """Run ``benchmark.py _peak SPEC`` in a fresh process; returns its dict (values in MiB) or an error."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='65536')
+    cmd = [sys.executable, osp.abspath(__file__), '_peak', json.dumps(spec), '--threads', str(threads)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    for line in reversed(proc.stdout.strip().splitlines()):
+        if line.startswith('{'):
+            return json.loads(line)
+    tail = (proc.stderr.strip().splitlines() or ['no output'])[-1]
+    return {'error': tail[:120]}
+
+
+# --------------------------------------------------------------------------------------------------
+# attention core
+# --------------------------------------------------------------------------------------------------
+
+
+def attention_inputs(case, device, seed):
+    """Inputs of one attention case at the trained regime (power, scale logits around 0)."""
+    batch, heads, (height, width), dim = ATTENTION_CASES[case]
+    tokens = height * width
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
+    power = torch.randn(1, heads, 1, dim, generator=g) * 0.5
+    scale = torch.randn(1, heads, 1, dim, generator=g) * 0.3
+    grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v, power, scale)]
+    return leaves, grad_out.to(device)
+
+
+def attention_passes(leaves, grad_out, impl_arg):
+    """(forward without grad, forward + backward) closures of the core."""
+    from mmpola.ops import pola_attention
+
+    def forward():
+        with torch.no_grad():
+            pola_attention(*leaves, impl=impl_arg)
+
+    def forward_backward():
+        for t in leaves:
+            t.grad = None
+        pola_attention(*leaves, impl=impl_arg).backward(grad_out)
+
+    def clear():
+        for t in leaves:
+            t.grad = None
+
+    return forward, forward_backward, clear
+
+
+def attention_peak_child(spec, device):
+    leaves, grad_out = attention_inputs(spec['case'], device, spec['seed'])
+    with core_impl(spec['impl']) as impl_arg:
+        forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg)
+        forward()  # warm-up (and compile) before measuring
+        forward_backward()
+        clear()
+        result = {'fwd': peak_memory_mib(forward, device)}
+        result['fwd+bwd'] = peak_memory_mib(forward_backward, device)
+    return result
+
+
+def bench_attention(args, device):
+    impls = args.impls
+    rows = []
+    for case in args.cases:
+        batch, heads, (height, width), dim = ATTENTION_CASES[case]
+        leaves, grad_out = attention_inputs(case, device, args.seed)
+        times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
+        first_call = {}
+        for impl in impls:  # warm-up: compiles where the impl compiles
+            with core_impl(impl) as impl_arg:
+                forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg)
+                first_call[impl] = time_once(forward_backward, device)
+                forward()
+                clear()
+        # small cases are fast and noisy: repeat them until ~1 s per impl (at most 20 times)
+        repeat = max(args.repeat, min(20, int(1.0 / max(min(first_call.values()), 1e-3))))
+        for _ in range(repeat):
+            for impl in impls:
+                with core_impl(impl) as impl_arg:
+                    forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg)
+                    times[impl]['fwd'].append(time_once(forward, device))
+                    times[impl]['fwd+bwd'].append(time_once(forward_backward, device))
+                    clear()
+        del leaves, grad_out
+        gc.collect()
+        for impl in impls:
+            memory = {}
+            if args.memory:
+                spec = dict(kind='attention', case=case, impl=impl, seed=args.seed, device=str(device))
+                if device.type == 'cuda':
+                    memory = attention_peak_child(spec, device)
+                else:
+                    memory = run_peak_subprocess(spec, torch.get_num_threads())
+            rows.append(dict(case=case, tokens=f'{height}x{width}', shape=f'{batch},{heads},{dim}', impl=impl,
+                             fwd=min(times[impl]['fwd']), train=min(times[impl]['fwd+bwd']),
+                             fwd_median=median(times[impl]['fwd']), train_median=median(times[impl]['fwd+bwd']),
+                             repeat=repeat, first=first_call[impl], memory=memory))
+    print_attention_table(rows, impls)
+
+
+def print_attention_table(rows, impls):
+    base = {(r['case'], 'reference'): r for r in rows if r['impl'] == 'reference'}
+
+    def ratio(row, key, sub=None):
+        ref = base.get((row['case'], 'reference'))
+        if ref is None or row['impl'] == 'reference':
+            return ''
+        mine, theirs = (row[key], ref[key]) if sub is None else (row[key].get(sub), ref[key].get(sub))
+        if not mine or not theirs:
+            return ''
+        return f'{theirs / mine:.2f}x' if sub is None else f'{mine / theirs:.2f}x'
+
+    def mem(row, sub):
+        value = row['memory'].get(sub)
+        if value is None:
+            return row['memory'].get('error', '-') if sub == 'fwd+bwd' else '-'
+        return f'{value:.0f}'
+
+    print('\n| case | tokens | B,h,d | impl | fwd ms (min / med) | fwd speed-up | fwd+bwd ms (min / med) | '
+          'fwd+bwd speed-up | fwd MiB | fwd+bwd MiB | fwd+bwd mem vs ref | runs | 1st call s |')
+    print('|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+    for r in rows:
+        print(f"| {r['case']} | {r['tokens']} | {r['shape']} | {r['impl']} | "
+              f"{1e3 * r['fwd']:.1f} / {1e3 * r['fwd_median']:.1f} | {ratio(r, 'fwd')} | "
+              f"{1e3 * r['train']:.1f} / {1e3 * r['train_median']:.1f} | {ratio(r, 'train')} | {mem(r, 'fwd')} | "
+              f"{mem(r, 'fwd+bwd')} | {ratio(r, 'memory', 'fwd+bwd')} | {r['repeat']} | {r['first']:.1f} |")
+    print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to q, k, v, power, scale. '
+          'Times: min and median over the runs (impls interleaved); speed-up = reference min / min. '
+          'Memory ratio = peak / reference peak. 1st call: first fwd+bwd in the process (includes '
+          'torch.compile for compiled rows).')
+
+
+# --------------------------------------------------------------------------------------------------
+# backbones
+# --------------------------------------------------------------------------------------------------
+
+
+def build_named_backbone(name, attn_impl=None):
+    """Build a backbone of BACKBONES in eval mode; raises RuntimeError when it is not available."""
+    from get_flops import build_backbone
+    type_name, kwargs = BACKBONES[name]
+    try:
+        model = build_backbone(type_name, **kwargs)
+    except (ImportError, KeyError, RuntimeError) as err:
+        raise RuntimeError(str(err).splitlines()[0][:160]) from err
+    if attn_impl is not None:
+        for module in model.modules():
+            if hasattr(module, 'attn_impl'):  # PolaAttention's plain attribute (see mmpola.models.layers)
+                module.attn_impl = attn_impl
+    model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
+    return model
+
+
+def backbone_peak_child(spec, device):
+    model = build_named_backbone(spec['model'], spec.get('attn_impl')).to(device)
+    height, width = spec['size']
+    image = torch.randn(1, 3, height, width, device=device)
+
+    def forward():
+        with torch.no_grad():
+            model(image)
+
+    forward()  # warm-up (and compile)
+    return {'fwd': peak_memory_mib(forward, device)}
+
+
+def matmul_gflops(device, size=2048, repeat=3):
+    """Measured fp32 GEMM rate (GFLOP/s) at the current thread count: the machine's practical peak."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    a @ b
+    seconds = median([time_once(lambda: a @ b, device) for _ in range(repeat)])
+    return 2 * size**3 / seconds / 1e9
+
+
+def bench_backbone(args, device):
+    from get_flops import count_flops, count_parameters
+    gemm = matmul_gflops(device)
+    print(f'\nmeasured fp32 matmul (2048^3): {gemm:.1f} GFLOP/s')
+    attn_impl = None if args.attn_impl == 'default' else args.attn_impl
+    rows, skipped = [], []
+    for name in args.models:
+        try:
+            model = build_named_backbone(name, attn_impl).to(device)
+        except RuntimeError as err:
+            skipped.append(f'{name}: {err}')
+            continue
+        params = count_parameters(model)
+        base_rate = None
+        for size_text in args.sizes:
+            height, width = parse_size(size_text)
+            image = torch.randn(1, 3, height, width, device=device)
+
+            def forward():
+                with torch.no_grad():
+                    model(image)
+
+            try:
+                first = time_once(forward, device)
+                seconds = min(time_once(forward, device) for _ in range(args.repeat))
+                flops, _ = count_flops(model, image, depth=1)
+            except (RuntimeError, AssertionError, ValueError) as err:  # e.g. out of memory
+                rows.append(dict(model=name, size=f'{height}x{width}', error=str(err).splitlines()[0][:100]))
+                continue
+            megapixels = height * width / 1e6
+            rate = seconds / megapixels
+            base_rate = base_rate or rate
+            memory = {}
+            if args.memory:
+                spec = dict(kind='backbone', model=name, size=[height, width], attn_impl=attn_impl,
+                            seed=args.seed, device=str(device))
+                memory = backbone_peak_child(spec, device) if device.type == 'cuda' else \
+                    run_peak_subprocess(spec, torch.get_num_threads())
+            rows.append(dict(model=name, size=f'{height}x{width}', params=params, gmacs=flops / 2e9,
+                             ms=1e3 * seconds, first=first, ms_per_mpx=1e3 * rate, scaling=rate / base_rate,
+                             gflops=flops / seconds / 1e9, memory=memory))
+        del model
+        gc.collect()
+    print('\n| model | input | params M | GMACs | fwd ms | ms / Mpx | time/px vs first size | peak MiB | '
+          'GFLOP/s | % of matmul |')
+    print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+    for r in rows:
+        if 'error' in r:
+            print(f"| {r['model']} | {r['size']} | failed: {r['error']} |||||||| ")
+            continue
+        peak = r['memory'].get('fwd')
+        peak = f'{peak:.0f}' if peak is not None else r['memory'].get('error', '-')
+        print(f"| {r['model']} | {r['size']} | {r['params'] / 1e6:.2f} | {r['gmacs']:.2f} | {r['ms']:.1f} | "
+              f"{r['ms_per_mpx']:.1f} | {r['scaling']:.2f} | {peak} | {r['gflops']:.1f} | "
+              f"{100 * r['gflops'] / gemm:.0f}% |")
+    print('\nfwd: batch 1, no_grad, eval mode, min over the runs. GMACs: torch.utils.flop_counter (matmul/linear/conv/sdpa; '
+          '1 MAC = 2 FLOPs). time/px vs first size: 1.00 = time grows linearly with pixels. '
+          f'% of matmul: achieved FLOP rate / measured GEMM rate. Pola core impl: {args.attn_impl}.')
+    for line in skipped:
+        print(f'skipped {line}')
+
+
+# --------------------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest='command', required=True)
+
+    def common(p):
+        p.add_argument('--device', default='cpu', help="'cpu' or 'cuda' (peak memory method differs)")
+        p.add_argument('--threads', type=int, default=None, help='torch threads (default: torch default)')
+        p.add_argument('--seed', type=int, default=0)
+        p.add_argument('--no-memory', dest='memory', action='store_false', help='skip peak-memory runs')
+
+    attention = sub.add_parser('attention', help='Pola attention core: reference vs fast')
+    common(attention)
+    attention.add_argument('--cases', nargs='+', default=list(ATTENTION_CASES), choices=list(ATTENTION_CASES))
+    attention.add_argument('--impls', nargs='+', default=['reference', 'fast', 'fast+compile'], choices=IMPLS)
+    attention.add_argument('--repeat', type=int, default=3)
+
+    backbone = sub.add_parser('backbone', help='whole backbones: time, memory, FLOP rate vs input size')
+    common(backbone)
+    backbone.add_argument('--models', nargs='+', default=list(BACKBONES), choices=list(BACKBONES))
+    backbone.add_argument('--sizes', nargs='+', default=list(BACKBONE_SIZES), help='S or HxW')
+    backbone.add_argument('--attn-impl', default='default', choices=['default', 'auto', 'fast', 'reference'],
+                          help="override every PolaAttention's attn_impl ('default': as built)")
+    backbone.add_argument('--repeat', type=int, default=2)
+
+    peak = sub.add_parser('_peak', help=argparse.SUPPRESS)  # internal: one memory measurement
+    peak.add_argument('spec')
+    peak.add_argument('--threads', type=int, default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.command == '_peak':
+        spec = json.loads(args.spec)
+        device = torch.device(spec['device'])
+        torch.manual_seed(spec['seed'])
+        child = attention_peak_child if spec['kind'] == 'attention' else backbone_peak_child
+        print(json.dumps(child(spec, device)))
+        return
+    device = torch.device(args.device)
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit('--device cuda requested but torch.cuda.is_available() is False; use --device cpu')
+    if args.memory and device.type == 'cpu' and not cpu_peak_supported():
+        print('peak memory needs Linux /proc/self/clear_refs; skipping it (--no-memory)')
+        args.memory = False
+    torch.manual_seed(args.seed)
+    print(f'# benchmark {args.command}')
+    for line in environment_lines(args, device):
+        print(f'- {line}')
+    if args.command == 'attention':
+        bench_attention(args, device)
+    else:
+        bench_backbone(args, device)
+
+
+if __name__ == '__main__':
+    main()
