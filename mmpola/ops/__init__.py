@@ -1,3 +1,7 @@
-from .pola import pola_attention, pola_attention_reference
+from .pola import (compile_status, pola_attention, pola_attention_fast, pola_attention_reference,
+                   polarity_feature_map)
 
-__all__ = ['pola_attention', 'pola_attention_reference']
+__all__ = [
+    'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
+    'compile_status'
+]

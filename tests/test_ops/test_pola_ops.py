@@ -211,6 +211,17 @@ def test_fp32_false_follows_input_dtype():
     torch.testing.assert_close(out, pola_attention_reference(*inputs), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize('impl', ['reference', 'fast'])
+def test_fp32_false_under_autocast_uses_low_precision_matmuls(impl):
+    inputs, grad_out = make_inputs(2, 2, 30, 30, 16)
+    leaves = [t.requires_grad_() for t in inputs]
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = pola_attention(*leaves, fp32=False, impl=impl)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    out.float().backward(grad_out)
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
 def test_odd_head_dim_is_rejected_with_a_hint():
     inputs, _ = make_inputs(1, 1, 4, 4, 6)
     q, k, v, power, scale = inputs
