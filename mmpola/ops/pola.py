@@ -190,6 +190,12 @@ def _disable_compile(reason):
               f'eager fast path (same results, somewhat slower). Set {_NO_COMPILE_ENV}=1 to silence.')
 
 
+def _traced():
+    """True while torch.compile / torch.jit.trace / ONNX export records the op: they get the
+    functional bodies (no out= writes) and fuse or export them themselves."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
 def _want_compile(t):
     return t.numel() >= COMPILE_MIN_NUMEL and _compile_unavailable_reason() is None
 
@@ -213,8 +219,7 @@ class _PolarityFeatureMap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t, s, p):
-        if torch.compiler.is_compiling():
-            # traced by an enclosing torch.compile (e.g. a compiled model), which fuses it itself
+        if _traced():
             y = _feature_map_forward_fusable(t, s, p)
         else:
             y = None
@@ -229,7 +234,7 @@ class _PolarityFeatureMap(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
         t, s, p, y = ctx.saved_tensors
-        if torch.compiler.is_compiling():
+        if _traced():
             grads = _feature_map_backward_fusable(grad_y, t, s, p, y)
         else:
             grads = None
