@@ -1,0 +1,36 @@
+"""Hooks used by the demos (and handy for any short experiment)."""
+import copy
+
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+__all__ = ['InitialEvaluationHook']
+
+
+@HOOKS.register_module()
+class InitialEvaluationHook(Hook):
+    """Validate the freshly initialised model once before the first training iteration.
+
+    Gives the "before training" reference a short run is judged against. The metrics of that
+    first validation and of the latest one are kept in ``initial_metrics`` / ``last_metrics``.
+    Skipped when the run resumes (the model is no longer the initial one).
+
+    Priority ``LOWEST`` so it runs after every other ``before_train`` hook (weights are
+    initialised and checkpoints loaded by then).
+    """
+
+    priority = 'LOWEST'
+
+    def __init__(self):
+        self.initial_metrics = None
+        self.last_metrics = None
+
+    def before_train(self, runner):
+        if runner._resume or runner.iter > 0 or runner.val_loop is None:
+            return
+        runner.logger.info('Evaluating the initial (untrained) model')
+        self.initial_metrics = copy.deepcopy(runner.val_loop.run())
+
+    def after_val_epoch(self, runner, metrics=None):
+        if metrics is not None:
+            self.last_metrics = copy.deepcopy(dict(metrics))

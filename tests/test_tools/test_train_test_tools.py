@@ -1,0 +1,212 @@
+"""tools/train.py, tools/test.py and tools/dist_*.sh end to end on a tiny generated COCO dataset.
+
+One module-scoped run trains the demo detector (Mask R-CNN + Pola-PVT-T, shrunk heads) for two
+epochs of four iterations in a subprocess; the other tests test, resume and distribute from it.
+"""
+import importlib.util
+import os
+import os.path as osp
+import pickle
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip('mmdet')
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+PYTHON = sys.executable
+DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
+METRIC_RE = re.compile(r'coco/(bbox|segm)_mAP: (-?[0-9.]+)')
+
+
+def _tool(name):
+    """Import tools/<name>.py as a module (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f'mmpola_tools_{name}', osp.join(REPO, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(cmd, timeout=300, env=None):
+    full_env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+    assert proc.returncode == 0, f'{cmd} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}'
+    return proc.stdout + proc.stderr
+
+
+def _metrics(log):
+    found = dict(METRIC_RE.findall(log))
+    assert set(found) == {'bbox', 'segm'}, log[-3000:]
+    return {k: float(v) for k, v in found.items()}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return str(s.getsockname()[1])
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+    """Tiny dataset (8 train / 4 val images) and a config for it: 2 epochs x 4 iterations."""
+    from mmpola.datasets import make_demo_coco
+    root = tmp_path_factory.mktemp('tiny_coco')
+    make_demo_coco(str(root), num_train=8, num_val=4, seed=1, verbose=False)
+    config = root / 'tiny_demo.py'
+    config.write_text(f"""
+_base_ = [{DEMO_CONFIG!r}]
+data_root = {str(root) + '/'!r}
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+                        dataset=dict(data_root=data_root))
+val_dataloader = dict(batch_size=1, num_workers=0, persistent_workers=False,
+                      dataset=dict(data_root=data_root))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
+test_evaluator = val_evaluator
+train_cfg = dict(max_epochs=2, val_interval=2)
+param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=4)]
+default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1, max_keep_ckpts=3))
+""")
+    return dict(root=root, config=str(config))
+
+
+@pytest.fixture(scope='module')
+def trained(tiny, tmp_path_factory):
+    work_dir = tmp_path_factory.mktemp('train')
+    log = _run([PYTHON, 'tools/train.py', tiny['config'], '--work-dir', str(work_dir)])
+    assert 'Epoch(train) [2][4/4]' in log
+    assert osp.isfile(work_dir / 'epoch_1.pth') and osp.isfile(work_dir / 'epoch_2.pth')
+    return dict(work_dir=work_dir, log=log)
+
+
+def test_train_saves_and_validates_with_coco_metric(trained):
+    metrics = _metrics(trained['log'])  # the validation at the end of epoch 2
+    assert all(0 <= v <= 1 for v in metrics.values())
+
+
+@pytest.fixture(scope='module')
+def tested(tiny, trained):
+    out = trained['work_dir'] / 'predictions.pkl'
+    log = _run([PYTHON, 'tools/test.py', tiny['config'], str(trained['work_dir'] / 'epoch_2.pth'),
+                '--work-dir', str(trained['work_dir'] / 'test'), '--out', str(out)])
+    return dict(log=log, out=out)
+
+
+def test_test_reports_bbox_and_segm_and_dumps_predictions(tested):
+    _metrics(tested['log'])
+    with open(tested['out'], 'rb') as f:
+        predictions = pickle.load(f)
+    assert len(predictions) == 4
+    assert {'bboxes', 'scores', 'labels', 'masks'} <= set(predictions[0]['pred_instances'])
+
+
+def test_resume_restores_weights_optimizer_and_iteration(tiny, trained, tmp_path):
+    """Resume from epoch 1 of the finished run (through tools/train.py's --resume): the model and
+    optimizer state at the first resumed iteration equal the checkpoint's, and training goes on
+    from iteration 4 to the end of epoch 2."""
+    from mmengine.hooks import Hook
+    work_dir = tmp_path / 'resumed'
+    work_dir.mkdir()
+    checkpoint = str(trained['work_dir'] / 'epoch_1.pth')
+
+    train = _tool('train')
+    args = train.parse_args([tiny['config'], '--work-dir', str(work_dir), '--resume', checkpoint])
+    runner = train.build_runner(args)
+    seen = {}
+
+    class Probe(Hook):
+        priority = 'VERY_LOW'
+
+        def before_train(self, runner):
+            seen['iter'], seen['epoch'] = runner.iter, runner.epoch
+            seen['model'] = {k: v.clone() for k, v in runner.model.state_dict().items()}
+            seen['optim'] = runner.optim_wrapper.state_dict()
+
+    runner.register_hook(Probe())
+    runner.train()
+
+    saved = torch.load(checkpoint, map_location='cpu', weights_only=True)
+    assert (seen['iter'], seen['epoch']) == (4, 1)
+    assert saved['meta']['iter'] == 4
+    assert seen['model'].keys() == saved['state_dict'].keys()
+    for key, value in saved['state_dict'].items():
+        assert torch.equal(seen['model'][key], value), key
+    state, saved_state = seen['optim']['state'], saved['optimizer']['state']
+    assert state.keys() == saved_state.keys() and len(state) > 0
+    for index, entries in saved_state.items():
+        for name, value in entries.items():
+            assert torch.equal(torch.as_tensor(state[index][name]), torch.as_tensor(value)), (index, name)
+    assert [g['lr'] for g in seen['optim']['param_groups']] == [g['lr'] for g in saved['optimizer']['param_groups']]
+    assert runner.iter == 8 and runner.epoch == 2
+
+
+def test_resume_auto_finds_the_latest_checkpoint(tiny, trained, tmp_path):
+    work_dir = tmp_path / 'auto'
+    shutil.copytree(trained['work_dir'], work_dir, ignore=shutil.ignore_patterns('test', '*.pkl'))
+    log = _run([PYTHON, 'tools/train.py', tiny['config'], '--work-dir', str(work_dir), '--resume',
+                '--cfg-options', 'train_cfg.max_epochs=3', 'train_cfg.val_interval=3'])
+    assert 'resumed epoch: 2, iter: 8' in log
+    assert 'Epoch(train) [3][4/4]' in log and 'Epoch(train) [1]' not in log
+    assert torch.load(work_dir / 'epoch_3.pth', weights_only=True)['meta']['iter'] == 12
+
+
+def test_dist_test_two_processes_matches_one(tiny, trained, tested):
+    log = _run(['bash', 'tools/dist_test.sh', tiny['config'], str(trained['work_dir'] / 'epoch_2.pth'), '2',
+                '--work-dir', str(trained['work_dir'] / 'dist_test')],
+               env=dict(PYTHON=PYTHON, PORT=_free_port(), OMP_NUM_THREADS='1'))
+    assert 'Distributed training: True' in log and 'GPU number: 2' in log  # mmengine's wording
+    assert _metrics(log) == _metrics(tested['log'])
+
+
+def test_dist_train_two_processes(tiny, tmp_path):
+    log = _run(['bash', 'tools/dist_train.sh', tiny['config'], '2', '--work-dir', str(tmp_path),
+                '--cfg-options', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1'],
+               env=dict(PYTHON=PYTHON, PORT=_free_port(), OMP_NUM_THREADS='1'))
+    assert 'Epoch(train) [1][2/2]' in log  # 8 images / (2 processes x 2 images)
+    assert osp.isfile(tmp_path / 'epoch_1.pth')
+    _metrics(log)
+
+
+# ----------------------------------------------------------------------------------------------
+# user errors: one line on stderr, exit status 2, no traceback
+
+def _user_error(tool, argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _tool(tool).main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and 'Traceback' not in err
+    return err
+
+
+def test_missing_config(capsys):
+    err = _user_error('train', ['configs/detection/no-such-config.py'], capsys)
+    assert 'does not exist' in err
+
+
+def test_missing_checkpoint(tiny, capsys):
+    err = _user_error('test', [tiny['config'], '/nonexistent/epoch_9.pth'], capsys)
+    assert '/nonexistent/epoch_9.pth' in err
+
+
+def test_missing_pretrained_backbone_says_how_to_train_from_scratch(capsys, tmp_path):
+    path = osp.join(REPO, 'configs', 'detection', 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py')
+    err = _user_error('train', [path, '--work-dir', str(tmp_path),
+                                '--cfg-options', 'model.backbone.init_cfg.checkpoint=checkpoints/missing.pth'],
+                      capsys)
+    assert 'checkpoints/missing.pth' in err and 'model.backbone.init_cfg=None' in err
+
+
+def test_missing_coco_and_demo_data_say_where_to_get_them(capsys, tmp_path):
+    path = osp.join(REPO, 'configs', 'detection', 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py')
+    err = _user_error('train', [path, '--work-dir', str(tmp_path), '--cfg-options', 'model.backbone.init_cfg=None',
+                                'train_dataloader.dataset.data_root=/nonexistent/coco/'], capsys)
+    assert '/nonexistent/coco/' in err and 'COCO' in err
+    err = _user_error('train', [DEMO_CONFIG, '--work-dir', str(tmp_path),
+                                '--cfg-options', 'train_dataloader.dataset.data_root=/nonexistent/demo/'], capsys)
+    assert 'tools/make_demo_coco.py' in err

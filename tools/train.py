@@ -1,0 +1,110 @@
+"""Train a detector, segmentor or classifier from a config (one entry point for every task).
+
+    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT]]
+                          [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
+
+The task library comes from the config's ``default_scope`` (mmdet, mmseg, ...). Several processes:
+tools/dist_train.sh (torchrun) or tools/slurm_train.sh. Without a GPU the same commands run on
+the CPU (gloo process group, SyncBN -> BN, bf16 autocast for --amp).
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)  # run from a plain checkout, without `pip install -e .`
+
+# import mmpola first: it registers the backbones and the safe checkpoint-loading allowlist that
+# every torch.load below (pretrained weights, --resume) goes through
+import mmpola  # noqa: E402,F401
+from mmengine.config import DictAction  # noqa: E402
+
+from mmpola.engine import runtime  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Train a model (detection, segmentation, classification)')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='where to save logs and checkpoints '
+                        '(default: ./work_dirs/<config name>)')
+    parser.add_argument('--amp', action='store_true', help='mixed precision: fp16 (or --amp-dtype) '
+                        'autocast on CUDA, bf16 autocast on the CPU')
+    parser.add_argument('--amp-dtype', choices=['float16', 'bfloat16'], default=None,
+                        help='autocast dtype for --amp on CUDA (default float16)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale the lr linearly with the total batch size (auto_scale_lr in the config)')
+    parser.add_argument('--resume', nargs='?', type=str, const='auto',
+                        help='resume from CHECKPOINT, or, without a value, from the latest checkpoint '
+                        'in the work dir')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, e.g. train_dataloader.batch_size=4 '
+                        'model.backbone.init_cfg=None')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
+                        help='job launcher (set by tools/dist_train.sh and tools/slurm_train.sh)')
+    # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def build_train_config(args):
+    """The config as the Runner will get it, after flags, machine fallbacks and input checks."""
+    cfg = runtime.load_config(args.config, args.cfg_options)
+    scope = runtime.register_task_modules(cfg)
+
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+
+    notes = []
+    if args.amp:
+        notes.append(runtime.setup_amp(cfg, args.amp_dtype))
+    if args.auto_scale_lr:
+        if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
+            raise runtime.UserError('--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) '
+                                    'in the config')
+        cfg.auto_scale_lr.enable = True
+
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        runtime.check_checkpoint_file(args.resume, '--resume checkpoint')
+        cfg.resume = True
+        cfg.load_from = args.resume
+    elif cfg.get('load_from'):
+        runtime.check_checkpoint_file(cfg.load_from, 'load_from checkpoint')
+
+    notes += runtime.adapt_cfg_to_machine(cfg, args.launcher)
+    runtime.check_pretrained_files(cfg)
+    keys = ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else [])
+    runtime.check_data_files(cfg, keys)
+    return cfg, scope, notes
+
+
+def build_runner(args):
+    """Build (but do not start) the Runner; tests use this to inspect a resumed run."""
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+    cfg, scope, notes = build_train_config(args)
+    runtime.init_distributed(args.launcher, cfg)
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    for note in notes:
+        runner.logger.info(f'[mmpola] {note}')
+    return runner
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with runtime.exit_on_user_error():
+        runner = build_runner(args)
+        runner.train()
+
+
+if __name__ == '__main__':
+    main()
