@@ -4,6 +4,7 @@ from .classifier import PolaClassifier
 from .layers import PatchMerging, PolaAttention, PVTAttention, WindowAttention
 from .pola_pvt import PolaPVT
 from .pola_swin import PolaSwin
+from . import timm_models  # noqa: F401  (registers the timm entries pola_pvt_tiny ... pola_swin_base)
 
 __all__ = ['PolaPVT', 'PolaSwin', 'PolaClassifier', 'PolaAttention', 'PVTAttention',
            'WindowAttention', 'PatchMerging']

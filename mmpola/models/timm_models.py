@@ -1,0 +1,157 @@
+"""timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base')``.
+
+Importing mmpola registers them. The entries build :class:`PolaClassifier` (official forward,
+state dict ``backbone.*`` / ``norm.*`` / ``head.*``) and differ only in an args dict::
+
+    import mmpola, timm
+    model = timm.create_model('pola_swin_tiny', checkpoint_path='pola_swin_t.pth')  # official file
+    model = timm.create_model('pola_pvt_small', num_classes=100, drop_path_rate=0.2)
+    model = timm.create_model('pola_pvt_tiny', pretrained=True,                      # head dropped
+                              pretrained_cfg_overlay=dict(file='pola_pvt_t.pth'), num_classes=10)
+    features = timm.create_model('pola_swin_tiny', features_only=True)               # 4 NCHW maps
+
+Checkpoints: official PolaFormer files (``{'model': ..., 'config': <yacs CfgNode>}``), mmengine
+checkpoints of our classification runs (``{'state_dict': ...}``) and bare state dicts all load,
+through ``checkpoint_path=`` as well as ``pretrained_cfg_overlay=dict(file=...)``. timm reads
+them with ``torch.load(weights_only=True)`` (no unsafe fallback); importing mmpola adds the
+yacs config and mmengine's logging types to torch's allowlist (:mod:`mmpola.safe_load`), so
+nothing in the file is executed. Official keys are mapped by :func:`checkpoint_filter_fn`.
+
+There are no download URLs: the official weights are published on the Hugging Face hub
+(``ZachMeng/PolaFormer``) under file names this package does not pin; download them and pass
+the file.
+"""
+from collections import OrderedDict
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+
+from .classifier import PolaClassifier, checkpoint_filter_fn
+
+__all__ = ['accept_official_checkpoints', 'create_pola_classifier', 'TIMM_MODEL_ARGS']
+
+# Entry name -> PolaClassifier arguments (spec §1.10; drop_path_rate as the official yaml files).
+TIMM_MODEL_ARGS = {
+    'pola_pvt_tiny': dict(family='pvt', arch='tiny', drop_path_rate=0.1),
+    'pola_pvt_small': dict(family='pvt', arch='small', drop_path_rate=0.1),
+    'pola_pvt_medium': dict(family='pvt', arch='medium', drop_path_rate=0.3),
+    'pola_pvt_large': dict(family='pvt', arch='large', drop_path_rate=0.3),
+    'pola_swin_tiny': dict(family='swin', arch='tiny', drop_path_rate=0.2),
+    'pola_swin_small': dict(family='swin', arch='small', drop_path_rate=0.3),
+    'pola_swin_base': dict(family='swin', arch='base', drop_path_rate=0.5),
+}
+
+_FIRST_CONV = {'pvt': 'backbone.patch_embed1.proj', 'swin': 'backbone.patch_embed.proj'}
+
+
+def _cfg(family, **kwargs):
+    # Evaluation exactly as the official code: square resize to 256 (bicubic), centre crop 224.
+    return {
+        'url': '', 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': (7, 7),
+        'crop_pct': 0.875, 'crop_mode': 'squash', 'interpolation': 'bicubic',
+        'fixed_input_size': False, 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': _FIRST_CONV[family], 'classifier': 'head',
+        'paper_name': 'PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
+        'origin_url': 'https://github.com/ZacharyMeng/PolaFormer',
+        **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({
+    f'{name}.in1k': _cfg(args['family']) for name, args in TIMM_MODEL_ARGS.items()})
+
+
+def _official_state_dict_pre_hook(module, state_dict, prefix, *args):
+    """Map an official (or mmengine-wrapped) state dict onto the classifier's keys, in place.
+
+    Runs only for the top-level module (``prefix == ''``), before torch matches keys, so
+    ``model.load_state_dict(official_state_dict)``, timm's ``checkpoint_path=`` loading and
+    mmengine's ``load_from`` / ``tools/test.py CHECKPOINT`` (which hand over the whole official
+    ``{'model': ..., 'config': ...}`` container when there is no ``state_dict`` key) all work.
+    Own state dicts pass through unchanged (apart from dropping stale run-time buffers).
+    """
+    if prefix:
+        return
+    tensors = state_dict
+    for key in ('state_dict', 'model'):  # an unopened checkpoint container
+        if isinstance(state_dict.get(key), dict):
+            tensors = state_dict[key]
+            break
+    tensors = OrderedDict((k, v) for k, v in tensors.items() if torch.is_tensor(v))
+    converted = checkpoint_filter_fn(tensors, module)
+    state_dict.clear()
+    state_dict.update(converted)
+
+
+def accept_official_checkpoints(model):
+    """Let ``model.load_state_dict`` take official PolaFormer state dicts (returns ``model``).
+
+    The hook is a module-level function bound through torch's weak module reference, so
+    ``copy.deepcopy`` (EMA copies) and pickling keep working.
+    """
+    model.register_load_state_dict_pre_hook(_official_state_dict_pre_hook)
+    return model
+
+
+def _build_classifier(in_chans=3, **kwargs):
+    """timm calls the model class with ``in_chans``; the Pola backbones say ``in_channels``."""
+    return accept_official_checkpoints(PolaClassifier(in_channels=in_chans, **kwargs))
+
+
+def create_pola_classifier(variant, pretrained=False, **kwargs):
+    """Shared builder of the entries (timm's ``build_model_with_cfg`` with our filter).
+
+    Any :class:`PolaClassifier` argument overrides the entry's preset (``arch=dict(...)``,
+    ``drop_path_rate``, ``pretrain_img_size``, ``attn_impl`` ...). ``features_only=True``
+    wraps the model in timm's ``FeatureGetterNet`` (``forward_intermediates``): a list of NCHW
+    stage maps, strides 4, 8, 16, 32, ``out_indices`` 0-based (default all four).
+    """
+    model_args = dict(TIMM_MODEL_ARGS[variant])
+    family = kwargs.pop('family', model_args['family'])
+    if family != model_args['family']:
+        raise ValueError(f"{variant} is a Pola-{model_args['family'].upper()} model; family={family!r} "
+                         f"does not fit (use a pola_{family}_* entry)")
+    model_args.update(kwargs)
+    if model_args.get('features_only'):
+        model_args.setdefault('num_classes', 0)  # a feature extractor carries no classifier
+    return build_model_with_cfg(
+        _build_classifier, variant, pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(feature_cls='getter', out_indices=(0, 1, 2, 3)),
+        **model_args)
+
+
+@register_model
+def pola_pvt_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('pola_pvt_tiny', pretrained, **kwargs)
+
+
+@register_model
+def pola_pvt_small(pretrained=False, **kwargs):
+    return create_pola_classifier('pola_pvt_small', pretrained, **kwargs)
+
+
+@register_model
+def pola_pvt_medium(pretrained=False, **kwargs):
+    return create_pola_classifier('pola_pvt_medium', pretrained, **kwargs)
+
+
+@register_model
+def pola_pvt_large(pretrained=False, **kwargs):
+    return create_pola_classifier('pola_pvt_large', pretrained, **kwargs)
+
+
+@register_model
+def pola_swin_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('pola_swin_tiny', pretrained, **kwargs)
+
+
+@register_model
+def pola_swin_small(pretrained=False, **kwargs):
+    return create_pola_classifier('pola_swin_small', pretrained, **kwargs)
+
+
+@register_model
+def pola_swin_base(pretrained=False, **kwargs):
+    return create_pola_classifier('pola_swin_base', pretrained, **kwargs)
