@@ -47,10 +47,9 @@ def test_pola_attention_matmuls_are_counted(impl):
     inputs = [torch.randn(B, h, N, d), torch.randn(B, h, n, d), torch.randn(B, h, n, d),
               torch.zeros(1, h, 1, d), torch.zeros(1, h, 1, d)]
     flops, _ = get_flops.count_flops(PolaCore(impl), *inputs)
-    # both: query side N x 2d x (d + 2) (numerators + both normalisers); key-value side 2d x n x d,
-    # plus 2d x n for the key mean folded into the fast path's single key-value product
+    # both: query side N x 2d x (d + 2) (numerators + both normalisers); key-value side 2d x n x d
     query_side = B * h * N * 2 * d * (d + 2)
-    kv_side = B * h * 2 * d * n * d + (B * h * 2 * d * n if impl == 'fast' else 0)
+    kv_side = B * h * 2 * d * n * d
     assert flops == 2 * (query_side + kv_side)
 
 
