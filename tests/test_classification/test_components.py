@@ -102,7 +102,8 @@ def test_preprocessor_mixup_and_erasing():
 
 def test_model_loss_predict_and_state_dict_names():
     model = MODELS.build(dict(type='PolaImageClassifier', family='pvt', arch=TINY_ARCH, num_classes=5,
-                              pretrain_img_size=64, data_preprocessor=dict(type='TimmClsDataPreprocessor')))
+                              pretrain_img_size=64, drop_path_rate=0.0,
+                              data_preprocessor=dict(type='TimmClsDataPreprocessor')))
     assert isinstance(model, PolaImageClassifier)
     assert isinstance(model.data_preprocessor, TimmClsDataPreprocessor)
     keys = list(model.state_dict())
@@ -132,7 +133,7 @@ def test_topk_accuracy():
     metric = METRICS.build(dict(type='TopKAccuracy', topk=(1, 2, 5)))
     assert isinstance(metric, TopKAccuracy)
     scores = torch.tensor([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.5, 0.4, 0.1], [0.2, 0.3, 0.5]])
-    labels = [0, 1, 1, 0]  # top-1 hit, top-2 hit only... see below
+    labels = [0, 1, 1, 0]
     metric.process({}, [dict(pred_score=s, gt_label=torch.tensor(l)) for s, l in zip(scores, labels)])
     result = metric.evaluate(4)
     # sample 0: top1; 1: rank 2; 2: rank 2; 3: rank 3 -> top1 1/4, top2 3/4, top5 (>= 3 classes) 4/4
