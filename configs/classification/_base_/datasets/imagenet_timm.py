@@ -1,8 +1,8 @@
 # ImageNet-1k in the folder layout (data/imagenet/{train,val}/<class>/*.JPEG), augmented as the
 # official PolaFormer training (Swin's timm recipe):
-#   train: RandomResizedCrop 224 (bicubic), flip, colour jitter 0.4, RandAugment
-#          rand-m9-mstd0.5-inc1, random erasing 0.25 (pixel mode), Mixup 0.8 / CutMix 1.0
-#          (switch prob 0.5, per batch) with label smoothing 0.1;
+#   train: RandomResizedCrop 224 (bicubic), flip, RandAugment rand-m9-mstd0.5-inc1 (timm then
+#          skips the colour jitter 0.4, in the official run too), random erasing 0.25 (pixel
+#          mode), Mixup 0.8 / CutMix 1.0 (switch prob 0.5, per batch), label smoothing 0.1;
 #   eval:  square resize to (256, 256) bicubic, centre crop 224, ImageNet mean/std.
 # Per-image steps run in the data workers (uint8 output); normalisation, random erasing and
 # Mixup/CutMix run batch-wise on the device (TimmClsDataPreprocessor), as timm's prefetcher does.
