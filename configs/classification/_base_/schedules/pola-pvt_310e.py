@@ -6,8 +6,9 @@
 # main.py always does (auto_scale_lr enabled); warm-up start and minimum are ratios of the lr,
 # so they scale with it.
 #
-# One deviation: the official timm CosineLRScheduler runs the cosine from step 0 and lets the
-# warm-up override its start; mmengine's LinearLR + CosineAnnealingLR(begin=warm-up) (as
+# One deviation: the official Swin-lineage scheduler (timm CosineLRScheduler over all steps, the
+# warm-up overriding its start; PolaFormer's config.py has no WARMUP_PREFIX) runs the cosine
+# from step 0; mmengine's LinearLR + CosineAnnealingLR(begin=warm-up) (as
 # mmpretrain's Swin recipe) starts the cosine after the warm-up. Same peak, same minimum at epoch
 # 300; in between the lr is at most 1.5% (PVT, 5 warm-up epochs) / 6.3% (Swin, 20) of the peak
 # higher.
