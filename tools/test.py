@@ -36,8 +36,7 @@ def parse_args(argv=None):
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per image with --show')
     parser.add_argument('--tta', action='store_true', help="test-time augmentation with the config's "
                         '`tta_model` and `tta_pipeline` (e.g. mmseg multi-scale + flip)')
-    parser.add_argument('--amp', action='store_true', help='run inference under autocast '
-                        '(fp16 on CUDA, bf16 on the CPU)')
+    parser.add_argument('--amp', action='store_true', help='run inference under fp16 autocast (CUDA only)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. test_dataloader.batch_size=2')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
@@ -61,6 +60,10 @@ def build_test_config(args):
     cfg.load_from = args.checkpoint
     cfg.resume = False
     if args.amp:
+        import torch
+        if not torch.cuda.is_available():
+            raise runtime.UserError('test-time --amp needs a CUDA device (on the CPU, autocast would '
+                                    "send bf16 tensors to mmcv's fp32-only kernels)")
         cfg.test_cfg = dict(cfg.get('test_cfg') or dict(type='TestLoop'), fp16=True)
     if args.tta:
         runtime.enable_tta(cfg)

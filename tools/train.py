@@ -29,10 +29,11 @@ def parse_args(argv=None):
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='where to save logs and checkpoints '
                         '(default: ./work_dirs/<config name>)')
-    parser.add_argument('--amp', action='store_true', help='mixed precision: fp16 (or --amp-dtype) '
-                        'autocast on CUDA, bf16 autocast on the CPU')
+    parser.add_argument('--amp', action='store_true', help='mixed precision: fp16 autocast with loss '
+                        'scaling on CUDA; bf16 autocast of the backbone on the CPU (mmcv detection '
+                        'kernels are fp32-only there) or with --amp-dtype bfloat16')
     parser.add_argument('--amp-dtype', choices=['float16', 'bfloat16'], default=None,
-                        help='autocast dtype for --amp on CUDA (default float16)')
+                        help='autocast dtype for --amp (default: float16 on CUDA, bfloat16 on the CPU)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the lr linearly with the total batch size (auto_scale_lr in the config)')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',

@@ -1,18 +1,18 @@
 """Runtime helpers shared by tools/train.py, tools/test.py and the demos.
 
-Importing this module registers :class:`CPUAmpOptimWrapper` and :class:`InitialEvaluationHook`
+Importing this module registers :class:`BF16AmpOptimWrapper` and :class:`InitialEvaluationHook`
 in mmengine's root registries (visible from every OpenMMLab scope).
 """
 from .hooks import InitialEvaluationHook
-from .optim import CPUAmpOptimWrapper
+from .optim import BF16AmpOptimWrapper, autocast_module
 from .runtime import (UserError, adapt_cfg_to_machine, check_checkpoint_file, check_data_files,
-                      check_pretrained_files, enable_test_dump, enable_test_visualization,
+                      check_pretrained_files, enable_test_dump, enable_test_visualization, enable_tta,
                       exit_on_user_error, init_distributed, is_url, load_config,
                       register_task_modules, replace_sync_bn, setup_amp)
 
 __all__ = [
-    'CPUAmpOptimWrapper', 'InitialEvaluationHook', 'UserError', 'adapt_cfg_to_machine',
+    'BF16AmpOptimWrapper', 'autocast_module', 'InitialEvaluationHook', 'UserError', 'adapt_cfg_to_machine',
     'check_checkpoint_file', 'check_data_files', 'check_pretrained_files', 'enable_test_dump',
-    'enable_test_visualization', 'exit_on_user_error', 'init_distributed', 'is_url', 'load_config',
+    'enable_test_visualization', 'enable_tta', 'exit_on_user_error', 'init_distributed', 'is_url', 'load_config',
     'register_task_modules', 'replace_sync_bn', 'setup_amp',
 ]

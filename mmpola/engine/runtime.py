@@ -104,7 +104,7 @@ def adapt_cfg_to_machine(cfg, launcher='none'):
     """Make a cluster config run here: returns a list of human-readable notes on what changed.
 
     * no CUDA: the process group uses gloo, DDP gets no CUDA ``device_ids``, CUDA AMP becomes
-      bf16 autocast on the CPU (:class:`mmpola.engine.CPUAmpOptimWrapper`);
+      bf16 autocast on the CPU (:class:`mmpola.engine.BF16AmpOptimWrapper`);
     * one process, or no GPU: SyncBN cannot synchronise anything (and has no CPU kernel), so
       ``SyncBN`` norm configs become ``BN`` and ``sync_bn`` conversion is dropped. mmengine
       reverts SyncBN layers for single-process runs too, but only after building; rewriting the
@@ -129,8 +129,8 @@ def adapt_cfg_to_machine(cfg, launcher='none'):
             cfg.model_wrapper_cfg = wrapper
         optim_wrapper = cfg.get('optim_wrapper')
         if isinstance(optim_wrapper, dict) and optim_wrapper.get('type') == 'AmpOptimWrapper':
-            _to_cpu_amp(cfg, optim_wrapper)
-            notes.append('no CUDA device: AMP runs as bf16 autocast on the CPU')
+            _to_bf16_amp(cfg, optim_wrapper)
+            notes.append('no CUDA device: AMP runs as bf16 autocast of the backbone on the CPU')
     if not cuda or not distributed:
         count = replace_sync_bn(cfg.get('model', {}))
         if count:
@@ -142,13 +142,13 @@ def adapt_cfg_to_machine(cfg, launcher='none'):
     return notes
 
 
-def _to_cpu_amp(cfg, optim_wrapper):
-    optim_wrapper['type'] = 'CPUAmpOptimWrapper'
+def _to_bf16_amp(cfg, optim_wrapper):
+    optim_wrapper['type'] = 'BF16AmpOptimWrapper'
     # the dumped config must find the wrapper again when it is reloaded on its own
     custom_imports = cfg.setdefault('custom_imports', dict(imports=[], allow_failed_imports=False))
     if 'mmpola.engine' not in custom_imports['imports']:
         custom_imports['imports'] = list(custom_imports['imports']) + ['mmpola.engine']
-    optim_wrapper['dtype'] = 'bfloat16'  # CPU autocast computes in bf16 only
+    optim_wrapper['dtype'] = 'bfloat16'
     optim_wrapper.pop('loss_scale', None)  # bf16 keeps fp32's exponent range: no loss scaling
     optim_wrapper.pop('use_fsdp', None)
 
@@ -156,23 +156,24 @@ def _to_cpu_amp(cfg, optim_wrapper):
 def setup_amp(cfg, dtype=None):
     """Switch the optimizer wrapper to mixed precision (``--amp``).
 
-    GPU: mmengine's ``AmpOptimWrapper`` with dynamic loss scaling, fp16 unless ``dtype`` says
-    ``bfloat16``. CPU: bf16 autocast through :class:`mmpola.engine.CPUAmpOptimWrapper`. The
-    Pola attention core computes in fp32 inside autocast either way.
+    CUDA, fp16 (default): mmengine's ``AmpOptimWrapper`` with dynamic loss scaling over the whole
+    model. bf16 (the CPU's only choice, or ``dtype='bfloat16'`` on CUDA):
+    :class:`mmpola.engine.BF16AmpOptimWrapper`, which autocasts the backbone, because mmcv's
+    detection kernels do not take bf16. The Pola attention core computes in fp32 either way.
     """
     optim_wrapper = cfg.optim_wrapper
     if optim_wrapper.get('type', 'OptimWrapper') not in ('OptimWrapper', 'AmpOptimWrapper',
-                                                         'CPUAmpOptimWrapper'):
+                                                         'BF16AmpOptimWrapper'):
         raise UserError(f"--amp cannot wrap optim_wrapper type {optim_wrapper['type']!r}")
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and dtype in (None, 'float16'):
         optim_wrapper['type'] = 'AmpOptimWrapper'
         optim_wrapper.setdefault('loss_scale', 'dynamic')
-        optim_wrapper['dtype'] = dtype or optim_wrapper.get('dtype') or 'float16'
-        return f"AMP: {optim_wrapper['dtype']} autocast on CUDA"
-    if dtype not in (None, 'bfloat16'):
-        raise UserError(f'--amp-dtype {dtype} needs a CUDA device; CPU autocast supports bfloat16 only')
-    _to_cpu_amp(cfg, optim_wrapper)
-    return 'AMP: bfloat16 autocast on the CPU'
+        optim_wrapper['dtype'] = 'float16'
+        return 'AMP: float16 autocast on CUDA with dynamic loss scaling'
+    if dtype == 'float16':
+        raise UserError('--amp-dtype float16 needs a CUDA device; on the CPU --amp uses bfloat16')
+    _to_bf16_amp(cfg, optim_wrapper)
+    return f"AMP: bfloat16 autocast of the backbone on {'CUDA' if torch.cuda.is_available() else 'the CPU'}"
 
 
 def init_distributed(launcher, cfg):

@@ -14,11 +14,12 @@ __all__ = ['upscale_det_sample', 'draw_gt_and_prediction', 'tile_panels', 'save_
 
 def upscale_det_sample(data_sample, factor):
     """A copy of a ``DetDataSample`` with boxes and masks of every instance set scaled by ``factor``."""
-    sample = data_sample.clone()
+    sample = data_sample.clone()  # shallow: the instance sets are still shared ...
     for key in ('gt_instances', 'pred_instances', 'ignored_instances'):
         if key not in sample:
             continue
-        instances = getattr(sample, key)
+        instances = getattr(sample, key).clone()  # ... so each is replaced, never changed in place
+        setattr(sample, key, instances)
         if 'bboxes' in instances:
             bboxes = instances.bboxes
             if isinstance(bboxes, torch.Tensor):

@@ -66,8 +66,8 @@ def test_config_trains_one_step_and_predicts(path):
     torch.manual_seed(0)
     model = _build_detector(cfg)
     with_mask = 'mask_head' in cfg.model.get('roi_head', {})
-    # the only thing shrunk: the input (one 96 x 128 image, sizes not multiples of 32)
-    data = demo_mm_inputs(1, [[3, 90, 120]], num_items=[3], num_classes=_num_classes(cfg), with_mask=with_mask)
+    # the only thing shrunk: the input (one small image, sides not multiples of 32)
+    data = demo_mm_inputs(1, [[3, 56, 72]], num_items=[3], num_classes=_num_classes(cfg), with_mask=with_mask)
 
     optim_wrapper = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
     model.train()
@@ -75,7 +75,12 @@ def test_config_trains_one_step_and_predicts(path):
     losses = model(**batch, mode='loss')
     loss, log_vars = model.parse_losses(losses)
     assert torch.isfinite(loss), log_vars
-    optim_wrapper.update_params(loss)
+    optim_wrapper.backward(loss)
+    # every parameter takes part in the loss: multi-GPU training runs DDP without
+    # find_unused_parameters (e.g. no output norm for a stage the FPN does not read)
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not unused, unused
+    optim_wrapper.step()
     if with_mask:
         assert 'loss_mask' in log_vars or any(k.endswith('loss_mask') for k in log_vars)
 
@@ -87,7 +92,7 @@ def test_config_trains_one_step_and_predicts(path):
     pred = results[0].pred_instances
     assert pred.bboxes.shape[-1] == 4 and len(pred.scores) == len(pred.labels) == len(pred.bboxes)
     if with_mask:
-        assert pred.masks.shape[1:] == (90, 120)
+        assert pred.masks.shape[1:] == (56, 72)
 
     # weight decay: none for norms, position parameters and Pola's power/scale logits; decayed
     # for everything else (e.g. every projection and conv weight)
