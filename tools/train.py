@@ -7,8 +7,15 @@ The task library comes from the config's ``default_scope`` (mmdet, mmseg, ...). 
 tools/dist_train.sh (torchrun) or tools/slurm_train.sh. Without a GPU the same commands run on
 the CPU (gloo process group, SyncBN -> BN, bf16 autocast for --amp).
 """
-import argparse
 import os
+
+# Idle OpenMP threads sleep instead of spinning. On a CPU shared with other jobs, spinning threads
+# wait for descheduled peers at every parallel region: a CPU training step measured 15 s with the
+# default policy and 1.5 s with this one (2 threads, 2 busy cores); idle machines barely notice.
+# It must be set before torch loads OpenMP; an explicit OMP_WAIT_POLICY wins.
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+
+import argparse
 import os.path as osp
 import sys
 

@@ -4,17 +4,15 @@
 # Data pipeline and schedule are mmdet's Swin 3x recipe (mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco);
 # the optimizer follows mmdet's PVT recipe: AdamW lr 1e-4, weight decay 1e-4.
 # Backbone weights: checkpoints/pola_pvt_small.pth (see mask-rcnn_pola-pvt-t_fpn_1x_coco.py).
-_base_ = ['./mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py']
+_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', '../_base_/models/pola_pvt_small.py']
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='PolaPVT',
-        arch='small',
-        pretrain_img_size=224,
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_pvt_small.pth')),
-    neck=dict(in_channels=[64, 128, 320, 512]))
+    backbone=dict(_base_.backbone, _delete_=True, drop_path_rate=0.2),
+    neck=dict(in_channels=_base_.backbone_out_channels))
 
-optim_wrapper = dict(optimizer=dict(weight_decay=1e-4))
+optim_wrapper = dict(
+    optimizer=dict(weight_decay=1e-4),
+    paramwise_cfg=dict(_delete_=True, custom_keys=_base_.backbone_no_decay_keys))
+
+train_dataloader = dict(batch_size=2)
+auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -8,37 +8,23 @@
 # (official PolaFormer release or our own classification run; the backbone's loader reads the
 # official {'model': ...} container and mmengine checkpoints). Without it, train from random
 # initialisation with --cfg-options model.backbone.init_cfg=None.
-_base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py']
-custom_imports = dict(imports=['mmpola'], allow_failed_imports=False)
+_base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', '../_base_/models/pola_pvt_tiny.py']
 
+# the shared Pola-PVT-T backbone (arch tiny, drop path 0.1, init from checkpoints/pola_pvt_tiny.pth)
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='PolaPVT',
-        arch='tiny',
-        pretrain_img_size=224,
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_pvt_tiny.pth')),
-    neck=dict(in_channels=[64, 128, 320, 512]))
+    backbone=dict(_delete_=True, **_base_.backbone),
+    neck=dict(in_channels=_base_.backbone_out_channels))
 
 # AdamW; no weight decay on norms, position parameters (PVT `pos_embed{i}`, Pola
 # `positional_encoding`), Swin's relative position bias, and Pola's per-channel exponent
-# (`attn.power`) and temperature (`attn.scale`) logits. mmengine matches these keys as
-# substrings of the full parameter names; 'attn.power' / 'attn.scale' match nothing else.
+# (`attn.power`) and temperature (`attn.scale`) logits: the shared `backbone_no_decay_keys`
+# (mmengine matches them as substrings of parameter names; 'attn.power' / 'attn.scale' match
+# nothing else).
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4),
-    paramwise_cfg=dict(
-        custom_keys={
-            'norm': dict(decay_mult=0.),
-            'pos_embed': dict(decay_mult=0.),
-            'positional_encoding': dict(decay_mult=0.),
-            'relative_position_bias_table': dict(decay_mult=0.),
-            'attn.power': dict(decay_mult=0.),
-            'attn.scale': dict(decay_mult=0.),
-        }))
+    paramwise_cfg=dict(custom_keys=_base_.backbone_no_decay_keys))
 
 max_epochs = 12
 train_cfg = dict(max_epochs=max_epochs)

@@ -6,31 +6,16 @@
 # 384-600 crop then 480-800, DETR style; AdamW lr 1e-4, weight decay 0.05, warm-up 1000 iterations).
 #
 # Backbone weights: checkpoints/pola_swin_tiny.pth (see mask-rcnn_pola-swin-t_fpn_1x_coco.py).
-_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py']
-custom_imports = dict(imports=['mmpola'], allow_failed_imports=False)
+_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', '../_base_/models/pola_swin_tiny.py']
 
+# the shared Pola-Swin-T backbone (arch tiny, drop path 0.2, init from checkpoints/pola_swin_tiny.pth)
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='PolaSwin',
-        arch='tiny',
-        pretrain_img_size=224,
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_tiny.pth')),
-    neck=dict(in_channels=[96, 192, 384, 768]))
+    backbone=dict(_delete_=True, **_base_.backbone),
+    neck=dict(in_channels=_base_.backbone_out_channels))
 
-optim_wrapper = dict(
-    paramwise_cfg=dict(
-        _delete_=True,
-        custom_keys={
-            'norm': dict(decay_mult=0.),
-            'pos_embed': dict(decay_mult=0.),
-            'positional_encoding': dict(decay_mult=0.),
-            'relative_position_bias_table': dict(decay_mult=0.),
-            'attn.power': dict(decay_mult=0.),
-            'attn.scale': dict(decay_mult=0.),
-        }))
+# No weight decay on norms, position parameters, the relative position bias of the softmax
+# stages and Pola's `attn.power` / `attn.scale` logits (the shared `backbone_no_decay_keys`).
+optim_wrapper = dict(paramwise_cfg=dict(_delete_=True, custom_keys=_base_.backbone_no_decay_keys))
 
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)

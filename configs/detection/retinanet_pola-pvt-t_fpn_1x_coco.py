@@ -6,31 +6,14 @@
 #
 # Backbone weights: checkpoints/pola_pvt_tiny.pth (see mask-rcnn_pola-pvt-t_fpn_1x_coco.py).
 # Without it: --cfg-options model.backbone.init_cfg=None.
-_base_ = ['mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py']
-custom_imports = dict(imports=['mmpola'], allow_failed_imports=False)
+_base_ = ['mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py', '../_base_/models/pola_pvt_tiny.py']
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='PolaPVT',
-        arch='tiny',
-        pretrain_img_size=224,
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_pvt_tiny.pth')),
-    neck=dict(in_channels=[64, 128, 320, 512]))
+    backbone=dict(_delete_=True, **_base_.backbone),
+    neck=dict(in_channels=_base_.backbone_out_channels))
 
 # No weight decay on norms, position parameters and Pola's `attn.power` / `attn.scale` logits.
-optim_wrapper = dict(
-    paramwise_cfg=dict(
-        custom_keys={
-            'norm': dict(decay_mult=0.),
-            'pos_embed': dict(decay_mult=0.),
-            'positional_encoding': dict(decay_mult=0.),
-            'relative_position_bias_table': dict(decay_mult=0.),
-            'attn.power': dict(decay_mult=0.),
-            'attn.scale': dict(decay_mult=0.),
-        }))
+optim_wrapper = dict(paramwise_cfg=dict(custom_keys=_base_.backbone_no_decay_keys))
 
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -7,33 +7,17 @@
 # instead of that config's SGD.
 #
 # Backbone weights: checkpoints/pola_swin_tiny.pth (see mask-rcnn_pola-swin-t_fpn_1x_coco.py).
-_base_ = ['mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py']
-custom_imports = dict(imports=['mmpola'], allow_failed_imports=False)
+_base_ = ['mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py', '../_base_/models/pola_swin_tiny.py']
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='PolaSwin',
-        arch='tiny',
-        pretrain_img_size=224,
-        out_indices=(1, 2, 3),
-        drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_tiny.pth')),
-    neck=dict(in_channels=[192, 384, 768], start_level=0, num_outs=5))
+    backbone=dict(_base_.backbone, _delete_=True, out_indices=(1, 2, 3)),
+    neck=dict(in_channels=_base_.backbone_out_channels[1:], start_level=0, num_outs=5))
 
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(
-        custom_keys={
-            'norm': dict(decay_mult=0.),
-            'pos_embed': dict(decay_mult=0.),
-            'positional_encoding': dict(decay_mult=0.),
-            'relative_position_bias_table': dict(decay_mult=0.),
-            'attn.power': dict(decay_mult=0.),
-            'attn.scale': dict(decay_mult=0.),
-        }))
+    paramwise_cfg=dict(custom_keys=_base_.backbone_no_decay_keys))
 
 max_epochs = 12
 param_scheduler = [

@@ -1,5 +1,6 @@
 """Hooks used by the demos (and handy for any short experiment)."""
 import copy
+import time
 
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
@@ -12,7 +13,8 @@ class InitialEvaluationHook(Hook):
     """Validate the freshly initialised model once before the first training iteration.
 
     Gives the "before training" reference a short run is judged against. The metrics of that
-    first validation and of the latest one are kept in ``initial_metrics`` / ``last_metrics``.
+    first validation and of the latest one are kept in ``initial_metrics`` / ``last_metrics``, the
+    duration of the first in ``initial_seconds``.
     Skipped when the run resumes (the model is no longer the initial one).
 
     Priority ``LOWEST`` so it runs after every other ``before_train`` hook (weights are
@@ -24,12 +26,15 @@ class InitialEvaluationHook(Hook):
     def __init__(self):
         self.initial_metrics = None
         self.last_metrics = None
+        self.initial_seconds = 0.0
 
     def before_train(self, runner):
         if runner._resume or runner.iter > 0 or runner.val_loop is None:
             return
         runner.logger.info('Evaluating the initial (untrained) model')
+        start = time.perf_counter()
         self.initial_metrics = copy.deepcopy(runner.val_loop.run())
+        self.initial_seconds = time.perf_counter() - start
 
     def after_val_epoch(self, runner, metrics=None):
         if metrics is not None:

@@ -4,6 +4,8 @@ mmdet's ``DetLocalVisualizer`` draws one sample (ground truth left, prediction r
 module only enlarges small images first (so labels stay readable) and tiles the samples into a
 grid with a caption. mmdet is imported lazily: the module is importable without it.
 """
+import warnings
+
 import cv2
 import numpy as np
 import torch
@@ -44,8 +46,10 @@ def upscale_det_sample(data_sample, factor):
 def draw_gt_and_prediction(visualizer, image, data_sample, score_thr=0.5, factor=3):
     """RGB array: the image with ground truth (left) and predictions above ``score_thr`` (right)."""
     image = cv2.resize(image, None, fx=factor, fy=factor, interpolation=cv2.INTER_NEAREST)
-    visualizer.add_datasample('sample', image, upscale_det_sample(data_sample, factor), draw_gt=True,
-                              draw_pred=True, show=False, pred_score_thr=score_thr)
+    with warnings.catch_warnings():  # boxes touching the border make mmengine warn per box
+        warnings.filterwarnings('ignore', message='Warning: The .* is out of bounds')
+        visualizer.add_datasample('sample', image, upscale_det_sample(data_sample, factor), draw_gt=True,
+                                  draw_pred=True, show=False, pred_score_thr=score_thr)
     return visualizer.get_image()
 
 
