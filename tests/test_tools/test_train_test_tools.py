@@ -109,17 +109,19 @@ def test_train_saves_and_validates_with_coco_metric(trained):
 @pytest.fixture(scope='module')
 def tested(tiny, trained):
     out = trained['work_dir'] / 'predictions.pkl'
+    show_dir = trained['work_dir'] / 'show'
     log = _run([PYTHON, 'tools/test.py', tiny['config'], str(trained['work_dir'] / 'epoch_2.pth'),
-                '--work-dir', str(trained['work_dir'] / 'test'), '--out', str(out)])
-    return dict(log=log, out=out)
+                '--work-dir', str(trained['work_dir'] / 'test'), '--out', str(out), '--show-dir', str(show_dir)])
+    return dict(log=log, out=out, show_dir=show_dir)
 
 
-def test_test_reports_bbox_and_segm_and_dumps_predictions(tested):
+def test_test_reports_bbox_and_segm_and_dumps_and_draws_predictions(tested):
     _metrics(tested['log'])
     with open(tested['out'], 'rb') as f:
         predictions = pickle.load(f)
     assert len(predictions) == 4
     assert {'bboxes', 'scores', 'labels', 'masks'} <= set(predictions[0]['pred_instances'])
+    assert len(list(tested['show_dir'].glob('*.jpg'))) == 4  # ground truth | prediction per image
 
 
 def test_resume_restores_weights_optimizer_and_iteration(tiny, trained, tmp_path):
