@@ -28,6 +28,8 @@ DEMO_ADE_CLASSES = ('sky', 'building', 'tree', 'grass', 'road', 'water', 'person
 DEMO_ADE_PALETTE = [[70, 130, 180], [180, 120, 120], [4, 200, 3], [4, 250, 7], [140, 140, 140],
                     [61, 230, 250], [150, 5, 61], [0, 102, 200]]
 
+# Bumped whenever the drawing changes, so that stale data on disk is regenerated.
+GENERATOR_VERSION = 2
 SPLITS = {'training': 1, 'validation': 2}
 SKY, BUILDING, TREE, GRASS, ROAD, WATER, PERSON, CAR = range(1, len(DEMO_ADE_CLASSES) + 1)
 
@@ -127,15 +129,19 @@ def draw_scene(rng, height, width):
             texture[wheels] = (20, 20, 20)
             paint(image, labels, body, CAR, texture)
 
-    # People: skin-toned head over a coloured body, standing on the ground.
+    # People: skin-toned head over a striped shirt and dark trousers, standing on the ground
+    # (at least ~6 px wide at 128 px, so a stride-4 model can resolve them).
     for _ in range(rng.integers(0, 3)):
-        ph = height * rng.uniform(0.12, 0.22)
+        ph = height * rng.uniform(0.2, 0.32)
         cx = rng.uniform(0, width)
-        feet = rng.uniform(horizon + ph * 0.3, height)
-        head_r = ph * 0.14
+        feet = rng.uniform(horizon + ph * 0.3, height + ph * 0.2)
+        head_r = ph * 0.13
+        top = feet - ph + 2 * head_r
         head = (rows - (feet - ph + head_r)) ** 2 + (cols - cx) ** 2 < head_r ** 2
-        body = (np.abs(cols - cx) < ph * 0.15) & (rows >= feet - ph + 2 * head_r) & (rows < feet)
+        body = (np.abs(cols - cx) < ph * 0.13) & (rows >= top) & (rows < feet)
         texture = colour_field(rng, height, width, rng.uniform(60, 220, 3), 0, 4, 0.3)
+        texture[(rows - int(top)) % 4 < 2] *= 0.6
+        texture[rows >= top + (feet - top) * 0.55] = (40, 40, 70)
         texture[head] = (225, 180, 150)
         paint(image, labels, head | body, PERSON, texture)
 
@@ -147,14 +153,18 @@ def make_demo_ade(out_dir='data/demo_ade', num_train=200, num_val=50, size=128, 
     """Write the dataset under ``out_dir`` and return its metadata dict (also saved as meta.json).
 
     ``size`` is the image height; widths vary in [size, 1.5 * size] (ADE images are not square,
-    so whole-image testing sees non-multiple sizes).
+    so whole-image testing sees non-multiple sizes). Files of an earlier run in ``out_dir`` are
+    replaced (stale ``demo_ade_*`` files beyond the new counts are removed).
     """
     counts = {'training': num_train, 'validation': num_val}
     for split, count in counts.items():
         img_dir = osp.join(out_dir, 'images', split)
         ann_dir = osp.join(out_dir, 'annotations', split)
-        os.makedirs(img_dir, exist_ok=True)
-        os.makedirs(ann_dir, exist_ok=True)
+        for folder in (img_dir, ann_dir):
+            os.makedirs(folder, exist_ok=True)
+            for name in os.listdir(folder):
+                if name.startswith('demo_ade_'):
+                    os.remove(osp.join(folder, name))
         for index in range(count):
             rng = np.random.default_rng([seed, SPLITS[split], index])
             width = int(size * rng.choice([1.0, 1.0, 1.25, 1.5]))
@@ -164,7 +174,7 @@ def make_demo_ade(out_dir='data/demo_ade', num_train=200, num_val=50, size=128, 
                         [cv2.IMWRITE_JPEG_QUALITY, 95])
             cv2.imwrite(osp.join(ann_dir, name + '.png'), labels)
     meta = dict(classes=list(DEMO_ADE_CLASSES), palette=DEMO_ADE_PALETTE, num_train=num_train,
-                num_val=num_val, size=size, seed=seed)
+                num_val=num_val, size=size, seed=seed, version=GENERATOR_VERSION)
     with open(osp.join(out_dir, 'meta.json'), 'w') as f:
         json.dump(meta, f, indent=1)
     return meta
@@ -177,7 +187,7 @@ def demo_ade_is_complete(out_dir, num_train=200, num_val=50, size=128, seed=0):
         return False
     with open(meta_file) as f:
         meta = json.load(f)
-    wanted = dict(num_train=num_train, num_val=num_val, size=size, seed=seed)
+    wanted = dict(num_train=num_train, num_val=num_val, size=size, seed=seed, version=GENERATOR_VERSION)
     if any(meta.get(key) != value for key, value in wanted.items()):
         return False
     for split, count in (('training', num_train), ('validation', num_val)):

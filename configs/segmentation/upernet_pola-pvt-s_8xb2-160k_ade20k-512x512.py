@@ -1,0 +1,12 @@
+# UperNet + Pola-PVT-S on ADE20K, 512x512 crops, 160k iterations, 8 GPUs x 2 images: mmseg's Swin
+# UperNet recipe (see _base_/upernet_8xb2-160k_ade20k-512x512.py) with the Pola-PVT-S backbone
+# of configs/_base_/models/pola_pvt_small.py, ImageNet-1k weights at checkpoints/pola_pvt_small.pth
+# (official PolaFormer release or our own classification run; without it, train from scratch
+# with --cfg-options model.backbone.init_cfg=None).
+_base_ = ['./_base_/upernet_8xb2-160k_ade20k-512x512.py', '../_base_/models/pola_pvt_small.py']
+
+model = dict(
+    backbone=dict(_delete_=True, **_base_.backbone),
+    decode_head=dict(in_channels=_base_.backbone_out_channels),
+    auxiliary_head=dict(in_channels=_base_.backbone_out_channels[2]))
+optim_wrapper = dict(paramwise_cfg=dict(custom_keys=_base_.backbone_no_decay_keys))

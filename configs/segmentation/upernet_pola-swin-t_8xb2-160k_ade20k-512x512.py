@@ -1,0 +1,13 @@
+# UperNet + Pola-Swin-T on ADE20K, 512x512 crops, 160k iterations, 8 GPUs x 2 images: mmseg's Swin
+# UperNet recipe (see _base_/upernet_8xb2-160k_ade20k-512x512.py) with the Pola-Swin-T backbone
+# of configs/_base_/models/pola_swin_tiny.py, ImageNet-1k weights at checkpoints/pola_swin_tiny.pth
+# (official PolaFormer release or our own classification run; without it, train from scratch
+# with --cfg-options model.backbone.init_cfg=None).
+# Stochastic depth 0.3 as in mmseg's Swin-T UperNet (the shared backbone dict has detection's 0.2).
+_base_ = ['./_base_/upernet_8xb2-160k_ade20k-512x512.py', '../_base_/models/pola_swin_tiny.py']
+
+model = dict(
+    backbone=dict(_delete_=True, **dict(_base_.backbone, drop_path_rate=0.3)),
+    decode_head=dict(in_channels=_base_.backbone_out_channels),
+    auxiliary_head=dict(in_channels=_base_.backbone_out_channels[2]))
+optim_wrapper = dict(paramwise_cfg=dict(custom_keys=_base_.backbone_no_decay_keys))
