@@ -394,7 +394,9 @@ def bench_backbone(args, device):
 
             try:
                 first = time_once(forward, device)
-                seconds = min(time_once(forward, device) for _ in range(args.repeat))
+                # fast inputs are noisy on a shared machine: repeat them until ~2 s (at most 10 times)
+                repeat = max(args.repeat, min(10, int(2.0 / max(first, 1e-3))))
+                seconds = min(time_once(forward, device) for _ in range(repeat))
                 flops, _ = count_flops(model, image, depth=1)
             except (RuntimeError, AssertionError, ValueError) as err:  # e.g. out of memory
                 rows.append(dict(model=name, size=f'{height}x{width}', error=str(err).splitlines()[0][:100]))
@@ -409,25 +411,26 @@ def bench_backbone(args, device):
                 memory = backbone_peak_child(spec, device) if device.type == 'cuda' else \
                     run_peak_subprocess(spec, torch.get_num_threads())
             rows.append(dict(model=name, size=f'{height}x{width}', params=params, gmacs=flops / 2e9,
-                             ms=1e3 * seconds, first=first, ms_per_mpx=1e3 * rate, scaling=rate / base_rate,
+                             ms=1e3 * seconds, runs=repeat, ms_per_mpx=1e3 * rate, scaling=rate / base_rate,
                              gflops=flops / seconds / 1e9, memory=memory))
         del model
         gc.collect()
-    print('\n| model | input | params M | GMACs | fwd ms | ms / Mpx | time/px vs first size | peak MiB | '
+    print('\n| model | input | params M | GMACs | fwd ms | runs | ms / Mpx | time/px vs first size | peak MiB | '
           'GFLOP/s | % of matmul |')
-    print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+    print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
     for r in rows:
         if 'error' in r:
-            print(f"| {r['model']} | {r['size']} | failed: {r['error']} |||||||| ")
+            print(f"| {r['model']} | {r['size']} | failed: {r['error']} ||||||||| ")
             continue
         peak = r['memory'].get('fwd')
         peak = f'{peak:.0f}' if peak is not None else r['memory'].get('error', '-')
         print(f"| {r['model']} | {r['size']} | {r['params'] / 1e6:.2f} | {r['gmacs']:.2f} | {r['ms']:.1f} | "
-              f"{r['ms_per_mpx']:.1f} | {r['scaling']:.2f} | {peak} | {r['gflops']:.1f} | "
+              f"{r['runs']} | {r['ms_per_mpx']:.1f} | {r['scaling']:.2f} | {peak} | {r['gflops']:.1f} | "
               f"{100 * r['gflops'] / gemm:.0f}% |")
-    print('\nfwd: batch 1, no_grad, eval mode, min over the runs. GMACs: torch.utils.flop_counter (matmul/linear/conv/sdpa; '
-          '1 MAC = 2 FLOPs). time/px vs first size: 1.00 = time grows linearly with pixels. '
-          f'% of matmul: achieved FLOP rate / measured GEMM rate. Pola core impl: {args.attn_impl}.')
+    print('\nfwd: batch 1, no_grad, eval mode, min over the runs. GMACs: torch.utils.flop_counter '
+          '(matmul/linear/conv/sdpa; 1 MAC = 2 FLOPs). time/px vs first size: 1.00 = time grows linearly '
+          'with pixels. % of matmul: achieved FLOP rate / measured GEMM rate. '
+          f'Pola core impl: {args.attn_impl}.')
     for line in skipped:
         print(f'skipped {line}')
 

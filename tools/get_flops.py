@@ -176,7 +176,8 @@ def format_count(value, unit):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument('--backbone', help="registered backbone type, e.g. PolaPVT, PolaSwin, mmdet.SwinTransformer")
+    source.add_argument('--backbone',
+                        help='registered backbone type, e.g. PolaPVT, PolaSwin, mmdet.SwinTransformer')
     source.add_argument('--config', help='mmengine config of a detector or segmentor')
     parser.add_argument('--arch', default=None, help='backbone arch preset (tiny, small, ...)')
     parser.add_argument('--shape', type=int, nargs='+', default=[224, 224], help='input H W (or one size)')

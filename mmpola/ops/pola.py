@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 __all__ = [
     'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
-    'compile_status'
+    'polarity_feature_map_and_mean', 'compile_status'
 ]
 
 # torch.compile is used only for feature-map inputs (q or k) of at least this many elements: below
@@ -105,7 +105,7 @@ def _feature_map_forward(t, s, p):
     return y
 
 
-def _feature_map_backward(grad_y, t, s, p, y, need_grad_p=True):
+def _feature_map_backward(grad_y, t, s, p, y, grad_mean=None, need_grad_p=True):
     """Eager kernel body of the hand-written backward.
 
     With x = t/s, y+ = relu(x)^p and y- = relu(-x)^p have disjoint supports, so
@@ -114,11 +114,16 @@ def _feature_map_backward(grad_y, t, s, p, y, need_grad_p=True):
         dL/ds = -p * gm / s         (dx/ds = -x/s),
         dL/dp = gm * log|x|         (0 where gm = 0, in particular at x = 0).
     No log or pow over the whole tensor, no NaN at 0. grad_s and grad_p are summed over the
-    dimensions along which s and p were broadcast. Returns (grad_t, grad_s, grad_p); grad_p is None
-    unless ``need_grad_p`` (its log pass is the most expensive part).
+    dimensions along which s and p were broadcast. ``grad_mean`` (..., 1, 2d), the gradient of the
+    token mean of y, adds grad_mean / n to every token's g (accumulated in place: no (..., n, 2d)
+    broadcast of it is materialised). Returns (grad_t, grad_s, grad_p); grad_p is None unless
+    ``need_grad_p`` (its log pass is the most expensive part).
     """
     d = t.shape[-1]
     gm = torch.addcmul(grad_y[..., :d] * y[..., :d], grad_y[..., d:], y[..., d:])
+    if grad_mean is not None:
+        grad_mean = grad_mean / t.shape[-2]
+        gm.addcmul_(y[..., :d], grad_mean[..., :d]).addcmul_(y[..., d:], grad_mean[..., d:])
     grad_p = None
     if need_grad_p:
         # log|x| clamped at the smallest normal: where |x| is below it, gm is exactly 0 (|x|^p underflows)
@@ -132,16 +137,19 @@ def _feature_map_backward(grad_y, t, s, p, y, need_grad_p=True):
     return grad_t, grad_s, grad_p
 
 
-def _feature_map_forward_fusable(t, s, p):
+def _feature_map_forward_fusable(t, s, p, with_mean=False):
     """The math of :func:`_feature_map_forward`, out-of-place, for torch.compile (one fused kernel)."""
     mag = (t.abs() / s).pow(p)
     y_pos = torch.where(t > 0, mag, 0.0)
-    return torch.cat([y_pos, mag - y_pos], dim=-1)
+    y = torch.cat([y_pos, mag - y_pos], dim=-1)
+    return (y, y.mean(dim=-2, keepdim=True)) if with_mean else y
 
 
-def _feature_map_backward_fusable(grad_y, t, s, p, y):
+def _feature_map_backward_fusable(grad_y, t, s, p, y, grad_mean=None):
     """The math of :func:`_feature_map_backward`, out-of-place, for torch.compile."""
     d = t.shape[-1]
+    if grad_mean is not None:
+        grad_y = grad_y + grad_mean / t.shape[-2]  # fused into the kernel, not materialised
     gm = grad_y[..., :d] * y[..., :d] + grad_y[..., d:] * y[..., d:]
     log_x = (t.abs() / s).clamp_min(torch.finfo(t.dtype).tiny).log()
     grad_p = _sum_to_shape(gm * log_x, p.shape)
@@ -217,36 +225,47 @@ def _run_compiled(name, fusable, *args):
 
 
 class _PolarityFeatureMap(torch.autograd.Function):
-    """y = [relu(t/s)^p || relu(-t/s)^p] with a hand-written backward (saves t and y only)."""
+    """y = [relu(t/s)^p || relu(-t/s)^p] (and optionally its token mean) with a hand-written
+    backward that saves t and y only."""
 
     @staticmethod
-    def forward(ctx, t, s, p):
+    def forward(ctx, t, s, p, with_mean):
         if _traced():
-            y = _feature_map_forward_fusable(t, s, p)
+            out = _feature_map_forward_fusable(t, s, p, with_mean)
         else:
-            y = None
+            out = None
             if _want_compile(t):
-                y = _run_compiled('forward', _feature_map_forward_fusable, t, s, p)
-            if y is None:
+                out = _run_compiled('forward', _feature_map_forward_fusable, t, s, p, with_mean)
+            if out is None:
                 y = _feature_map_forward(t, s, p)
-        ctx.save_for_backward(t, s, p, y)
-        return y
+                out = (y, y.mean(dim=-2, keepdim=True)) if with_mean else y
+        ctx.save_for_backward(t, s, p, out[0] if with_mean else out)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_y):
+    def backward(ctx, grad_y, grad_mean=None):
         t, s, p, y = ctx.saved_tensors
         if _traced():
-            grads = _feature_map_backward_fusable(grad_y, t, s, p, y)
+            grads = _feature_map_backward_fusable(grad_y, t, s, p, y, grad_mean)
         else:
             grads = None
             if _want_compile(t):
-                grads = _run_compiled('backward', _feature_map_backward_fusable, grad_y, t, s, p, y)
+                grads = _run_compiled('backward', _feature_map_backward_fusable, grad_y, t, s, p, y,
+                                      grad_mean)
             if grads is None:
-                grads = _feature_map_backward(grad_y, t, s, p, y, need_grad_p=ctx.needs_input_grad[2])
+                grads = _feature_map_backward(grad_y, t, s, p, y, grad_mean,
+                                              need_grad_p=ctx.needs_input_grad[2])
         grad_t, grad_s, grad_p = grads
         return (grad_t if ctx.needs_input_grad[0] else None, grad_s if ctx.needs_input_grad[1] else None,
-                grad_p if ctx.needs_input_grad[2] else None)
+                grad_p if ctx.needs_input_grad[2] else None, None)
+
+
+def _promote(t, s, p):
+    if p.dtype != t.dtype or s.dtype != t.dtype:
+        dtype = torch.promote_types(t.dtype, torch.promote_types(s.dtype, p.dtype))
+        t, s, p = t.to(dtype), s.to(dtype), p.to(dtype)
+    return t, s, p
 
 
 def polarity_feature_map(t, s, p):
@@ -259,10 +278,16 @@ def polarity_feature_map(t, s, p):
     Returns:
         (..., 2d): ``[relu(t/s)^p || relu(-t/s)^p]``, differentiable w.r.t. t, s and p.
     """
-    if p.dtype != t.dtype or s.dtype != t.dtype:
-        dtype = torch.promote_types(t.dtype, torch.promote_types(s.dtype, p.dtype))
-        t, s, p = t.to(dtype), s.to(dtype), p.to(dtype)
-    return _PolarityFeatureMap.apply(t, s, p)
+    return _PolarityFeatureMap.apply(*_promote(t, s, p), False)
+
+
+def polarity_feature_map_and_mean(t, s, p):
+    """:func:`polarity_feature_map` of t (..., n, d) and its mean over the n tokens (..., 1, 2d).
+
+    The mean's gradient is folded into the feature map's backward, so the (..., n, 2d) broadcast
+    of it that autograd's mean backward would allocate is never materialised.
+    """
+    return _PolarityFeatureMap.apply(*_promote(t, s, p), True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -292,14 +317,13 @@ def pola_attention_fast(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     p = 1 + alpha * torch.sigmoid(power)
 
     q_sim = polarity_feature_map(q, s, p)  # (B, h, N, 2d) = [q+ || q-]
-    k_feat = polarity_feature_map(k, s, p)  # (B, h, n, 2d) = [k+ || k-]
+    k_feat, k_mean = polarity_feature_map_and_mean(k, s, p)  # (B, h, n, 2d), (B, h, 1, 2d)
 
     # One key-value product for both branches: k'^T @ (v / n), rows [k+ ; k-], columns [v1 | v2].
     # Dividing the (half as wide) value operand first keeps the product a mean, O(1), as in the
     # official code, so it cannot overflow in low precision (fp32=False).
     kv = k_feat.transpose(-2, -1) @ (v * (1.0 / n)).to(k_feat.dtype)  # (B, h, 2d, d)
-    k_mean = k_feat.mean(dim=-2).unsqueeze(-1)  # (B, h, 2d, 1) = [mean k+ ; mean k-]
-    kv = torch.cat([kv, k_mean], dim=-1)  # (B, h, 2d, d+1), small
+    kv = torch.cat([kv, k_mean.transpose(-2, -1)], dim=-1)  # (B, h, 2d, d+1), last column the key mean
 
     # q_opp = [q- || q+] is q_sim with halves swapped, so q_opp @ M == q_sim @ M_rowswapped.
     # W columns: [same-sign values | opposite-sign values | same-sign norm | opposite-sign norm].

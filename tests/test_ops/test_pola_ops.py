@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from mmpola.ops import pola
 from mmpola.ops import pola_attention, pola_attention_reference
-from mmpola.ops.pola import pola_attention_fast, polarity_feature_map
+from mmpola.ops.pola import pola_attention_fast, polarity_feature_map, polarity_feature_map_and_mean
 
 # (B, h, N, n, d): odd token counts, spatial reduction (n != N), single tokens, batch and heads > 1
 SHAPES = [
@@ -130,6 +130,9 @@ def test_feature_map_gradcheck():
     p = 1 + 4 * torch.sigmoid(torch.randn(1, 3, 1, 4, generator=g, dtype=torch.float64))
     args = [x.requires_grad_() for x in (t, s, p)]
     assert torch.autograd.gradcheck(polarity_feature_map, args)
+    # the token mean's gradient is folded into the same backward
+    assert torch.autograd.gradcheck(polarity_feature_map_and_mean, args)
+    assert torch.autograd.gradcheck(lambda *a: polarity_feature_map_and_mean(*a)[1], args)
 
 
 def test_feature_map_values_and_zero_gradients():
