@@ -11,7 +11,7 @@
 # without a duplicate-key error.) Put the ImageNet checkpoint at checkpoints/pola_swin_small.pth
 # (official PolaFormer file or our own classification run; both load as is), or train from
 # scratch with model.backbone.init_cfg=None.
-custom_imports = dict(imports=['mmpola'], allow_failed_imports=False)
+_base_ = ['./pola_common.py']
 
 backbone = dict(
     type='PolaSwin',
@@ -23,15 +23,3 @@ backbone = dict(
     with_cp=False,
     init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pola_swin_small.pth'))
 backbone_out_channels = [96, 192, 384, 768]
-
-# No weight decay for norms, position parameters, the softmax stages' relative position bias
-# and Pola's exponent / temperature logits (mmengine matches these as substrings of parameter
-# names): optim_wrapper = dict(paramwise_cfg=dict(custom_keys=_base_.backbone_no_decay_keys)).
-backbone_no_decay_keys = {
-    'norm': dict(decay_mult=0.),
-    'pos_embed': dict(decay_mult=0.),
-    'positional_encoding': dict(decay_mult=0.),
-    'relative_position_bias_table': dict(decay_mult=0.),
-    'attn.power': dict(decay_mult=0.),
-    'attn.scale': dict(decay_mult=0.),
-}
