@@ -24,4 +24,5 @@ test: setup
 	$(PY) -m pytest tests
 
 bench: setup
-	$(PY) tools/benchmark.py
+	$(PY) tools/benchmark.py attention
+	$(PY) tools/benchmark.py backbone
