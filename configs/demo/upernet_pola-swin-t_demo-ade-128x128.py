@@ -4,7 +4,7 @@
 # Same segmentor as configs/segmentation/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py with only
 # what small images, few iterations and a CPU need changed:
 #   * heads shrunk to 64 (UPerHead) / 32 (FCNHead) channels, plain BN;
-#   * 96x96 crops of the images resized by 0.75-1.25, batch 8, 240 iterations (~10 epochs);
+#   * 96x96 crops of the images resized by 0.75-1.25, batch 4, 480 iterations (~10 epochs);
 #   * the backbone starts from random weights (tools/demo_segmentation.py uses
 #     checkpoints/pola_swin_tiny.pth when that file exists), hence the larger lr, no drop path.
 _base_ = ['../segmentation/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py']
@@ -48,7 +48,7 @@ dataset = dict(
     seg_map_suffix='.png',
     reduce_zero_label=True)
 train_dataloader = dict(
-    batch_size=8,
+    batch_size=4,
     num_workers=0,
     persistent_workers=False,
     dataset=dict(
@@ -70,15 +70,15 @@ test_dataloader = val_dataloader
 # From scratch and short: a higher learning rate than the fine-tuning recipe, 5x more for the
 # heads (AdamW moves a weight by ~lr per step, so the 0.01-std classifiers would otherwise need
 # hundreds of steps to produce confident logits), and a short warm-up.
-max_iters = 240
+max_iters = 480
 optim_wrapper = dict(optimizer=dict(lr=1e-3), paramwise_cfg=dict(custom_keys={'head': dict(lr_mult=5.)}))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=20),
-    dict(type='PolyLR', eta_min=0.0, power=1.0, by_epoch=False, begin=20, end=max_iters),
+    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=40),
+    dict(type='PolyLR', eta_min=0.0, power=1.0, by_epoch=False, begin=40, end=max_iters),
 ]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 default_hooks = dict(
     logger=dict(interval=10),
     checkpoint=dict(interval=max_iters, max_keep_ckpts=1, save_optimizer=False))
-auto_scale_lr = dict(enable=False, base_batch_size=8)
+auto_scale_lr = dict(enable=False, base_batch_size=4)
 randomness = dict(seed=0)

@@ -29,7 +29,7 @@ DEMO_ADE_PALETTE = [[70, 130, 180], [180, 120, 120], [4, 200, 3], [4, 250, 7], [
                     [61, 230, 250], [150, 5, 61], [0, 102, 200]]
 
 # Bumped whenever the drawing changes, so that stale data on disk is regenerated.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 SPLITS = {'training': 1, 'validation': 2}
 SKY, BUILDING, TREE, GRASS, ROAD, WATER, PERSON, CAR = range(1, len(DEMO_ADE_CLASSES) + 1)
 
@@ -83,17 +83,17 @@ def draw_scene(rng, height, width):
         texture = np.array([30, 80, 150], np.float32) + waves[..., None] * np.array([20, 50, 60])
     paint(image, labels, ground, kind, texture)
 
-    # Buildings standing on the horizon: brick-red/grey blocks with a window grid.
+    # Buildings standing on the horizon: concrete-grey/beige blocks with a grid of dark windows.
     for _ in range(rng.integers(0, 3)):
         bw = int(width * rng.uniform(0.12, 0.3))
         bh = int(height * rng.uniform(0.15, 0.4))
         x0 = int(rng.integers(0, max(1, width - bw)))
         y0 = max(0, horizon - bh)
         mask = (cols >= x0) & (cols < x0 + bw) & (rows >= y0) & (rows < horizon + 2)
-        texture = colour_field(rng, height, width, (160, 110, 100), 30, 8, 0.2)
+        texture = colour_field(rng, height, width, (175, 165, 150), 25, 8, 0.2)
         pitch = int(rng.integers(5, 8))
         windows = ((rows - y0) % pitch < pitch // 2) & ((cols - x0) % pitch < pitch // 2)
-        texture[windows] = (235, 220, 120)
+        texture[windows] = (45, 60, 90)
         paint(image, labels, mask, BUILDING, texture)
 
     # Trees: a dark, blotchy green crown on a short trunk (trunk counts as tree, as in ADE).
@@ -115,7 +115,8 @@ def draw_scene(rng, height, width):
         texture = colour_field(rng, height, width, rng.uniform(0, 255, 3), 0, 4, 0.6)
         paint(image, labels, mask, 0, texture)
 
-    # Cars on the ground: saturated boxes with dark wheels, only on roads or grass.
+    # Cars on the ground: boxes in saturated paint colours (none of which occurs elsewhere in the
+    # scenes) with dark wheels, only on roads or grass.
     if kind != WATER:
         for _ in range(rng.integers(0, 3)):
             cw = int(width * rng.uniform(0.12, 0.22))
@@ -123,7 +124,7 @@ def draw_scene(rng, height, width):
             x0 = int(rng.integers(0, max(1, width - cw)))
             y0 = int(rng.integers(horizon, max(horizon + 1, height - ch)))
             body = (cols >= x0) & (cols < x0 + cw) & (rows >= y0) & (rows < y0 + ch)
-            colour = [(200, 30, 30), (30, 60, 200), (230, 200, 40), (240, 240, 240)][rng.integers(4)]
+            colour = [(210, 30, 30), (235, 200, 30), (240, 120, 20), (200, 40, 160)][rng.integers(4)]
             texture = colour_field(rng, height, width, colour, 20, 16, 0.1)
             wheels = (rows >= y0 + ch * 0.7) & (((cols - x0) % max(2, cw // 2)) < max(1, cw // 6))
             texture[wheels] = (20, 20, 20)
