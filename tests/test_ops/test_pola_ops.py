@@ -79,6 +79,19 @@ def test_fast_equals_reference_math_in_fp64(shape):
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize('shape', [(2, 3, 49, 13, 32), (2, 1, 64, 64, 64)])
+def test_fast_is_as_accurate_as_reference_in_fp32(shape):
+    """Against the float64 truth the fast path's fp32 error is of the reference's order: the
+    1e-5-scaled bound above is fp32 rounding of sums, not a deviation of the fast path."""
+    inputs, grad_out = make_inputs(*shape)
+    truth = forward_backward(pola_attention_reference, [t.double() for t in inputs], grad_out.double())
+    ref = forward_backward(pola_attention_reference, inputs, grad_out)
+    fast = forward_backward(pola_attention_fast, inputs, grad_out)
+    for name, a, r, e in zip(NAMES, fast, ref, truth):
+        fast_err, ref_err = max_scaled_error(a.double(), e), max_scaled_error(r.double(), e)
+        assert fast_err <= 4 * ref_err + 1e-7, f'{name}: fast {fast_err:.1e} vs reference {ref_err:.1e}'
+
+
 def test_dispatcher_impls_and_default():
     inputs, _ = make_inputs(2, 2, 9, 9, 8)
     ref = pola_attention(*inputs, impl='reference')
