@@ -4,6 +4,9 @@
     python tools/benchmark.py attention --cases pvt-s1@800x1344 --impls reference fast
     python tools/benchmark.py backbone                  # Pola-PVT-T/S, Pola-Swin-T vs mmdet PVT-T, Swin-T
     python tools/benchmark.py backbone --models pola-pvt-t swin-t --sizes 224 800x1333
+    python tools/benchmark.py scaling                   # Pola-PVT-T 800x1333 -> 1600x2666 time growth
+    python tools/benchmark.py amp                       # bf16 (CPU) / fp16+bf16 (CUDA) autocast fwd+bwd
+                                                        # of every full-size backbone at 800x1216
 
 Prints Markdown tables (and the environment: torch, device, threads, dtype, seed, load) and asserts
 nothing. Times are taken over --repeat runs after one warm-up (attention: more runs for fast cases);
@@ -66,6 +69,17 @@ BACKBONES = {
     'swin-t': ('mmdet.SwinTransformer', dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                                              window_size=7)),
 }
+# every released size (autocast check)
+FULL_BACKBONES = {
+    'pola-pvt-t': ('PolaPVT', dict(arch='tiny')),
+    'pola-pvt-s': ('PolaPVT', dict(arch='small')),
+    'pola-pvt-m': ('PolaPVT', dict(arch='medium')),
+    'pola-pvt-l': ('PolaPVT', dict(arch='large')),
+    'pola-swin-t': ('PolaSwin', dict(arch='tiny')),
+    'pola-swin-s': ('PolaSwin', dict(arch='small')),
+    'pola-swin-b': ('PolaSwin', dict(arch='base')),
+    'pola-swin-b-384': ('PolaSwin', dict(arch='base', pretrain_img_size=384)),
+}
 BACKBONE_SIZES = ('224', '512', '800x1333', '1024', '1600')
 
 CPU_MEMORY_METHOD = ('peak RSS above the post-setup baseline, fresh subprocess per row '
@@ -108,9 +122,12 @@ def environment_lines(args, device):
         lines.append(f'device: CPU {cpu_name()} ({os.cpu_count()} logical cores)')
         if hasattr(os, 'getloadavg'):
             lines.append('load average (1/5/15 min) at start: %.2f %.2f %.2f' % os.getloadavg())
-    lines.append(f'threads: {torch.get_num_threads()}, dtype: float32, seed: {args.seed}, '
+    dtype = 'autocast (per row)' if args.command == 'amp' else 'float32'
+    lines.append(f'threads: {torch.get_num_threads()}, dtype: {dtype}, seed: {args.seed}, '
                  f'repeat: >= {args.repeat} after 1 warm-up')
     lines.append(f'torch.compile for the fast path: {pola.compile_status()[1]}')
+    if device.type == 'cpu':
+        lines.append(f'glibc malloc tuning (mmpola.engine.allocator): {getattr(args, "malloc_state", "n/a")}')
     lines.append('peak memory: ' + (CUDA_MEMORY_METHOD if device.type == 'cuda' else CPU_MEMORY_METHOD))
     return lines
 
@@ -435,6 +452,86 @@ def bench_backbone(args, device):
         print(f'skipped {line}')
 
 
+def bench_scaling(args, device):
+    """Forward time at two sizes, interleaved (small, large, small, large, ...) so that load hits both."""
+    (h0, w0), (h1, w1) = (parse_size(s) for s in args.sizes)
+    pixel_ratio = h1 * w1 / (h0 * w0)
+    print(f'\n| model | {h0}x{w0} fwd s (min) | {h1}x{w1} fwd s (min) | pixels x | time x | runs |')
+    print('|---|---:|---:|---:|---:|---:|')
+    results = []
+    for name in args.models:
+        model = build_named_backbone(name).to(device)
+        images = [torch.randn(1, 3, h, w, device=device) for h, w in ((h0, w0), (h1, w1))]
+        times = [[], []]
+        with torch.no_grad():
+            for image in images:  # warm-up (and compile) at both sizes
+                model(image)
+            for _ in range(args.repeat):
+                for i, image in enumerate(images):
+                    times[i].append(time_once(lambda: model(image), device))
+        small, large = min(times[0]), min(times[1])
+        results.append((name, large / small))
+        print(f'| {name} | {small:.3f} | {large:.3f} | {pixel_ratio:.2f} | {large / small:.2f} | {args.repeat} |')
+        del model, images
+        gc.collect()
+    print('\nbatch 1, no_grad, eval mode; min over the runs. Linear growth = time x equal to pixels x. '
+          'Target (issue #7): Pola-PVT-T 800x1333 -> 1600x2666 time x <= 4.5.')
+
+
+def _finite_report(model, image, dtype, device):
+    """Autocast forward+backward; returns (seconds, outputs finite, all grads finite, max |out|, #grads)."""
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        outs = model(image)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    loss = sum(o.float().pow(2).mean() for o in outs)
+    loss.backward()
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    out_finite = all(bool(torch.isfinite(o).all()) for o in outs)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grad_finite = all(bool(torch.isfinite(g).all()) for g in grads)
+    max_abs = max(float(o.detach().float().abs().max()) for o in outs)
+    missing = sum(1 for p in model.parameters() if p.requires_grad and p.grad is None)
+    return seconds, out_finite, grad_finite, max_abs, len(grads), missing, [o.dtype for o in outs]
+
+
+def bench_amp(args, device):
+    dtypes = args.dtypes or (['float16', 'bfloat16'] if device.type == 'cuda' else ['bfloat16'])
+    height, width = parse_size(args.size)
+    print(f'\n| backbone | autocast dtype | input | fwd+bwd s | outputs finite | grads finite | '
+          'max abs output | params with grad | output dtypes |')
+    print('|---|---|---|---:|---|---|---:|---:|---|')
+    failures = []
+    for name in args.models:
+        type_name, kwargs = FULL_BACKBONES[name]
+        from get_flops import build_backbone
+        model = build_backbone(type_name, **kwargs).to(device)
+        model.train()
+        image = torch.randn(1, 3, height, width, device=device, generator=None) * 1.5
+        for dtype_name in dtypes:
+            dtype = getattr(torch, dtype_name)
+            try:
+                seconds, out_ok, grad_ok, max_abs, n_grads, missing, out_dtypes = \
+                    _finite_report(model, image, dtype, device)
+            except RuntimeError as err:  # e.g. out of memory: reported, the other rows still run
+                failures.append(name)
+                print(f'| {name} | {dtype_name} | {height}x{width} | failed: {str(err).splitlines()[0][:80]} ||||||')
+                continue
+            if not (out_ok and grad_ok) or missing:
+                failures.append(name)
+            kinds = ','.join(sorted({str(d).replace('torch.', '') for d in out_dtypes}))
+            print(f'| {name} | {dtype_name} | {height}x{width} | {seconds:.1f} | {out_ok} | {grad_ok} | '
+                  f'{max_abs:.3g} | {n_grads} (missing {missing}) | {kinds} |')
+        del model, image
+        gc.collect()
+    print('\nbatch 1, train mode, random weights (init as built), input N(0, 1.5^2); loss = mean of squared '
+          'outputs in fp32. Finite = no NaN/inf anywhere in the 4 stage outputs and in every parameter '
+          'gradient.')
+    print('result: ' + ('all finite' if not failures else 'NOT finite / failed: ' + ', '.join(failures)))
+
+
 # --------------------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------------------
@@ -449,6 +546,9 @@ def parse_args(argv=None):
         p.add_argument('--threads', type=int, default=None, help='torch threads (default: torch default)')
         p.add_argument('--seed', type=int, default=0)
         p.add_argument('--no-memory', dest='memory', action='store_false', help='skip peak-memory runs')
+        p.add_argument('--malloc', default='tuned', choices=['tuned', 'default'],
+                       help="'tuned': what mmpola's tools do (mmpola.engine.allocator.tune_malloc); "
+                       "'default': glibc's defaults")
 
     attention = sub.add_parser('attention', help='Pola attention core: reference vs fast')
     common(attention)
@@ -463,6 +563,20 @@ def parse_args(argv=None):
     backbone.add_argument('--attn-impl', default='default', choices=['default', 'auto', 'fast', 'reference'],
                           help="override every PolaAttention's attn_impl ('default': as built)")
     backbone.add_argument('--repeat', type=int, default=2)
+
+    scaling = sub.add_parser('scaling', help='growth of backbone forward time with pixel count')
+    common(scaling)
+    scaling.add_argument('--models', nargs='+', default=['pola-pvt-t'], choices=list(BACKBONES))
+    scaling.add_argument('--sizes', nargs=2, default=['800x1333', '1600x2666'], metavar=('SMALL', 'LARGE'))
+    scaling.add_argument('--repeat', type=int, default=3)
+
+    amp = sub.add_parser('amp', help='autocast forward+backward of every full-size backbone: finite?')
+    common(amp)
+    amp.add_argument('--models', nargs='+', default=list(FULL_BACKBONES), choices=list(FULL_BACKBONES))
+    amp.add_argument('--size', default='800x1216', help='S or HxW')
+    amp.add_argument('--dtypes', nargs='+', default=None, choices=['bfloat16', 'float16'],
+                     help='default: bfloat16 on the CPU, float16 and bfloat16 on CUDA')
+    amp.add_argument('--repeat', type=int, default=1)
 
     peak = sub.add_parser('_peak', help=argparse.SUPPRESS)  # internal: one memory measurement
     peak.add_argument('spec')
@@ -481,6 +595,10 @@ def main(argv=None):
         child = attention_peak_child if spec['kind'] == 'attention' else backbone_peak_child
         print(json.dumps(child(spec, device)))
         return
+    args.malloc_state = 'off (--malloc default)'
+    if args.malloc == 'tuned':
+        from mmpola.engine.allocator import tune_malloc
+        args.malloc_state = tune_malloc()
     device = torch.device(args.device)
     if device.type == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda requested but torch.cuda.is_available() is False; use --device cpu')
@@ -491,10 +609,8 @@ def main(argv=None):
     print(f'# benchmark {args.command}')
     for line in environment_lines(args, device):
         print(f'- {line}')
-    if args.command == 'attention':
-        bench_attention(args, device)
-    else:
-        bench_backbone(args, device)
+    {'attention': bench_attention, 'backbone': bench_backbone, 'scaling': bench_scaling,
+     'amp': bench_amp}[args.command](args, device)
 
 
 if __name__ == '__main__':
