@@ -11,15 +11,25 @@ carry a few such globals:
 Instead of falling back to ``weights_only=False`` (which runs whatever code the pickle names), we
 allowlist exactly those types. ``getattr`` is replaced by a stand-in that only resolves the
 statistics methods of ``HistoryBuffer``, and ``CfgNode`` by a plain dict subclass, so yacs does not
-need to be installed and nothing from the file is executed. Any other global is still refused.
+need to be installed and nothing from the file is executed. Any other global is still refused,
+with an :class:`UnsafeCheckpointError` that names the file and says how to convert a trusted one.
+
+Importing mmpola also routes mmengine's checkpoint loading (``load_from``, ``--resume``,
+``tools/test.py``) through :func:`safe_torch_load` (:func:`install_mmengine_loaders`), and
+:mod:`mmpola.models.timm_models` gives timm's refusals the same message.
 """
 import collections
+import functools
+import os
 import os.path as osp
+import pickle
+import re
 
 import numpy as np
 import torch
 
-__all__ = ['register_safe_globals', 'safe_torch_load', 'OfficialConfigNode', 'UnsafeCheckpointError']
+__all__ = ['register_safe_globals', 'safe_torch_load', 'OfficialConfigNode', 'UnsafeCheckpointError',
+           'unsafe_checkpoint_error', 'is_weights_only_refusal', 'install_mmengine_loaders']
 
 
 class UnsafeCheckpointError(RuntimeError):
@@ -86,26 +96,125 @@ def register_safe_globals():
         pass
     safe.append((OfficialConfigNode, 'yacs.config.CfgNode'))
     torch.serialization.add_safe_globals(safe)
+    install_mmengine_loaders()
     _REGISTERED = True
+
+
+def _refusal_detail(path, error):
+    """What the unpickler refused, in a few words (the globals it names, or torch's own reason)."""
+    names = []
+    if isinstance(path, (str, os.PathLike)) and hasattr(torch.serialization,
+                                                        'get_unsafe_globals_in_checkpoint'):
+        try:  # every global outside the allowlist, not only the first one the unpickler met
+            allowed = {f'{g.__module__}.{g.__qualname__}' if not isinstance(g, tuple) else g[1]
+                       for g in torch.serialization.get_safe_globals()}
+            names = [n for n in torch.serialization.get_unsafe_globals_in_checkpoint(os.fspath(path))
+                     if n not in allowed]
+        except Exception:  # legacy (non-zip) files, unreadable archives
+            names = []
+    if names:
+        return 'globals: ' + ', '.join(names[:5]) + (' ...' if len(names) > 5 else '')
+    msg = str(error)
+    msg = msg.split('WeightsUnpickler error:', 1)[-1]
+    lines = [line.strip() for line in msg.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(
+        ('Weights only load failed', 'Check the documentation', 'Please file an issue'))]
+    for line in lines:
+        if re.search(r'GLOBAL|[Uu]nsupported|getattr|blocked', line):
+            return line
+    return lines[0] if lines else type(error).__name__
+
+
+def is_weights_only_refusal(error):
+    """Whether ``error`` is torch's (or timm's) refusal of a global under ``weights_only=True``."""
+    msg = str(error)
+    return (isinstance(error, (pickle.UnpicklingError, UnsafeCheckpointError)) or
+            'Weights only load failed' in msg or 'Unsupported global' in msg or
+            'weights_only=True blocked' in msg or 'UnpicklingError' in msg)
+
+
+def unsafe_checkpoint_error(path, error):
+    """The :class:`UnsafeCheckpointError` a refusal of ``path`` is reported with (names the file,
+    the reason, and what to do with a trusted file)."""
+    where = os.fspath(path) if isinstance(path, (str, os.PathLike)) else 'the checkpoint'
+    detail = _refusal_detail(path, error)
+    if detail.startswith('Unsupported operand'):  # not a pickle stream torch's reader follows
+        why = (f'it is not a checkpoint the weights-only unpickler can read ({detail}: a raw '
+               'pickle, which could execute code, or not a checkpoint at all, e.g. an HTML error '
+               'page saved by a failed download)')
+    else:
+        why = (f"it names Python objects outside the allowlist of mmpola's safe loader ({detail}); "
+               'unpickling them would let the file execute code')
+    return UnsafeCheckpointError(
+        f'refused to load checkpoint {where!r}: {why}, so nothing from it was loaded. If you trust '
+        'its origin, convert it once in a trusted environment: sd = torch.load('
+        f'{where!r}, weights_only=False)["state_dict"]  (or ["model"]), then '
+        'torch.save({"state_dict": sd}, "clean.pth"), and load clean.pth (tensors only).')
 
 
 def safe_torch_load(path, map_location='cpu'):
     """``torch.load(path, weights_only=True)`` with the allowlist and an actionable error."""
     register_safe_globals()
-    if isinstance(path, str) and not osp.isfile(path):
+    if isinstance(path, (str, os.PathLike)) and not osp.isfile(path):
         raise FileNotFoundError(
-            f'checkpoint file {path!r} does not exist; check the path (init_cfg.checkpoint, '
-            '--resume, --checkpoint or checkpoint_path)')
+            f'checkpoint file {os.fspath(path)!r} does not exist; check the path (init_cfg.checkpoint, '
+            'load_from, --resume, the checkpoint argument of tools/test.py or checkpoint_path)')
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
+    except UnsafeCheckpointError as e:  # raised by the getattr stand-in, not wrapped by torch
+        raise unsafe_checkpoint_error(path, e) from e
     except Exception as e:  # torch raises UnpicklingError wrapped in various types
-        msg = str(e)
-        if 'Weights only load failed' in msg or 'Unsupported global' in msg or 'UnpicklingError' in msg:
-            detail = [line.strip() for line in msg.splitlines() if 'Unsupported' in line]
-            raise UnsafeCheckpointError(
-                f'refused to load {path!r}: it contains Python objects outside the allowlist of '
-                f"mmpola's safe loader ({detail[0] if detail else msg.splitlines()[0]}). Loading it "
-                'would let the file run code. If you trust its origin, re-save only its tensors '
-                "(torch.save({'state_dict': sd}, new_path)) in a trusted environment and load that."
-            ) from e
+        if is_weights_only_refusal(e):
+            raise unsafe_checkpoint_error(path, e) from e
         raise
+
+
+def _guarded_loader(loader):
+    """An mmengine checkpoint loader whose weights-only refusals name the file (see below)."""
+    if getattr(loader, '_mmpola_guarded', False):
+        return loader
+
+    @functools.wraps(loader)
+    def guarded(filename, map_location=None, *args, **kwargs):
+        try:
+            return loader(filename, map_location, *args, **kwargs)
+        except UnsafeCheckpointError:
+            raise
+        except Exception as e:
+            if is_weights_only_refusal(e):
+                raise unsafe_checkpoint_error(filename, e) from e
+            raise
+
+    guarded._mmpola_guarded = True
+    return guarded
+
+
+def load_from_local(filename, map_location=None):
+    """mmengine's local-file checkpoint loader, through :func:`safe_torch_load`.
+
+    (mmengine prints ``Loads checkpoint by <name[10:]> backend``, hence the name.)
+    """
+    return safe_torch_load(osp.expanduser(filename), map_location=map_location)
+
+
+load_from_local._mmpola_guarded = True
+
+
+def install_mmengine_loaders():
+    """Route mmengine's checkpoint loading (``load_from``, ``--resume``, ``tools/test.py``, mmengine
+    ``Pretrained`` inits of necks and heads) through the safe loader.
+
+    mmengine calls plain ``torch.load``: weights-only by default since torch 2.6, but its refusal
+    names neither the file nor a way forward, and ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns it
+    off. Local files now go through :func:`safe_torch_load` (weights-only whatever the
+    environment says); the other schemes (http, s3 ...) keep their loader, with a refusal turned
+    into :class:`UnsafeCheckpointError` naming the file. Idempotent.
+    """
+    try:
+        from mmengine.runner.checkpoint import CheckpointLoader
+    except ImportError:  # mmengine is optional for plain timm users
+        return
+    for prefix, loader in list(CheckpointLoader._schemes.items()):
+        if prefix != '':
+            CheckpointLoader.register_scheme(prefix, _guarded_loader(loader), force=True)
+    CheckpointLoader.register_scheme('', load_from_local, force=True)

@@ -29,6 +29,7 @@ from mmengine.config import DictAction  # noqa: E402
 
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
 from mmpola.engine import runtime  # noqa: E402
+from mmpola.safe_load import UnsafeCheckpointError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -101,7 +102,10 @@ def main(argv=None):
     tune_malloc()  # reuse freed CPU tensors instead of page-faulting them in again (see its doc)
     with runtime.exit_on_user_error():
         runner = build_runner(args)
-        return runner.test()
+        try:
+            return runner.test()
+        except UnsafeCheckpointError as e:  # a checkpoint that would run code: the user's to fix
+            raise runtime.UserError(str(e)) from e
 
 
 if __name__ == '__main__':
