@@ -193,7 +193,35 @@ def _guess_family(keys):
         return 'Pola-PVT (type="PolaPVT")'
     if re.search(r'(^|\.)stages\.0\.blocks\.', joined, re.M):
         return "mmdet/mmseg Swin (not Pola; no Pola attention weights)"
+    if re.search(r'(^|\.)layers\.0\.0\.projection\.', joined, re.M):
+        return "mmdet/mmseg PVT (not Pola; no Pola attention weights)"
     return None
+
+
+# parameters only Pola attention has (softmax PVT / Swin blocks have none of them)
+_POLA_ONLY = ('.attn.power', '.attn.qg.weight', '.attn.qkvg.weight', '.attn.dwc.weight')
+
+
+def _check_pola_attention(state_dict, model_state, source, name):
+    """A checkpoint with none of the model's Pola attention weights (a softmax PVT / Swin file)
+    would load everything around the attention and leave the Pola attention random: refuse it."""
+    wanted = [k for k in model_state if k.endswith(_POLA_ONLY)]
+    if not wanted or any(k in state_dict for k in wanted):
+        return
+    joined = '\n'.join(state_dict)
+    if re.search(r'(^|\.)block1\.0\.attn\.q\.weight', joined, re.M):
+        kind, fix = 'a softmax PVT (PVT-v1) checkpoint', "attn_type='SSSS'"
+    elif re.search(r'(^|\.)layers\.0\.blocks\.0\.attn\.qkv\.weight', joined, re.M):
+        kind, fix = 'a softmax Swin checkpoint', "attn_type='SSSS'"
+    else:
+        kind, fix = 'not a PolaFormer checkpoint', None
+    raise CheckpointMismatchError(
+        f'checkpoint {source} has none of the Pola attention weights of {name} (such as '
+        f"'{wanted[0]}'): it looks like {kind}. Loading it would leave every Pola attention "
+        'randomly initialised. Use a PolaFormer checkpoint (official release or an mmpola '
+        'classification run)' + (f', build the backbone with {fix} (softmax attention in every '
+                                   'stage) to use this one' if fix else '') +
+        ", or train from random initialisation with init_cfg=None.")
 
 
 def _infer_pvt_la_sr_ratios(state_dict, num_stages=4):
@@ -252,9 +280,13 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
         msg = (f'checkpoint {source} has no key matching {name} (expected attention keys like '
                f"'{hint}'{', under prefix ' + repr(prefix) if prefix else ''}); ")
         msg += f'is it a {family} checkpoint? ' if family else ''
-        msg += (f'its keys look like {sample}. Build the backbone that fits the checkpoint, or pass '
-                f"the right prefix (e.g. init_cfg=dict(type='Pretrained', checkpoint=..., "
-                f"prefix='backbone.')).")
+        msg += f'its keys look like {sample}. '
+        if family and 'not Pola' in family:
+            msg += ('A Pola backbone needs a PolaFormer checkpoint (official release or an mmpola '
+                    'classification run), or train from random initialisation with init_cfg=None.')
+        else:
+            msg += ("Build the backbone that fits the checkpoint, or pass the right prefix (e.g. "
+                    "init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')).")
         raise CheckpointMismatchError(msg)
 
     outside = [k for k in state_dict if not k.startswith(prefix)]
@@ -267,6 +299,7 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
     state_dict = OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
     for key, value in final_norm.items():
         state_dict.setdefault(key, value)
+    _check_pola_attention(state_dict, model_state, source, name)
 
     if hasattr(model, 'la_sr_ratios') and hasattr(model, 'pos_embed1'):
         stored = _infer_pvt_la_sr_ratios(state_dict)
