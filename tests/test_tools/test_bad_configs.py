@@ -46,7 +46,8 @@ BUILD_CASES = {
                       'swin': r"unknown arch 'huge' for PolaSwin; valid: tiny, small, base"}),
     'out_indices': (dict(out_indices=(0, 4)), r'out_indices \(0, 4\) out of range; valid stages are 0\.\.3'),
     'frozen_stages': (dict(frozen_stages=5),
-                      r'frozen_stages=5 is beyond the depth.*use -1 \(nothing\), 0 \(patch embedding\) \.\. 4'),
+                      r'frozen_stages=5 is beyond the depth.*'
+                      r'use -1 \(nothing\), 0 \(patch embedding\) \.\. 4'),
 }
 SMALL_INPUT = r'input size 16x48 is smaller than the minimum 32x32'
 FAMILY_NAME = {'pvt': r'Pola-PVT \(type="PolaPVT"\)', 'swin': r'Pola-Swin \(type="PolaSwin"\)'}
@@ -83,7 +84,8 @@ def test_plain_softmax_checkpoints_are_refused(family, tmp_path):
     everything around the attention would load and the Pola attention would stay random."""
     from mmdet.models.backbones import PyramidVisionTransformer, SwinTransformer
     if family == 'pvt':
-        mmdet_sd = PyramidVisionTransformer(embed_dims=16, num_layers=[1, 1, 1, 1], num_heads=[1, 2, 5, 8]).state_dict()
+        mmdet_sd = PyramidVisionTransformer(embed_dims=16, num_layers=[1, 1, 1, 1],
+                                            num_heads=[1, 2, 5, 8]).state_dict()
     else:
         mmdet_sd = SwinTransformer(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]).state_dict()
     path = _save_detector_checkpoint(mmdet_sd, tmp_path / 'mmdet.pth')
@@ -177,7 +179,8 @@ def tiny_det(tmp_path_factory):
 _base_ = [{DEMO_CONFIG!r}]
 data_root = {str(root) + '/'!r}
 model = dict(backbone=dict(_delete_=True, **{backbone!r}), neck=dict(in_channels={MINI_CHANNELS[family]!r}))
-train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False, dataset=dict(data_root=data_root))
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+                        dataset=dict(data_root=data_root))
 val_dataloader = None
 val_cfg = None
 val_evaluator = None
@@ -214,8 +217,8 @@ def test_train_tool_reports_bad_configs(tiny_det, family, tmp_path, capsys):
         message = _train_error(base + ['--cfg-options', option[case]], capsys)
         assert re.search(_match(expected, family), message), (case, message)
 
-    message = _train_error(base + ['--cfg-options', f'model.backbone.init_cfg.checkpoint={_official(OTHER[family])}'],
-                           capsys)
+    other = _official(OTHER[family])
+    message = _train_error(base + ['--cfg-options', f'model.backbone.init_cfg.checkpoint={other}'], capsys)
     assert re.search(FAMILY_NAME[OTHER[family]], message), message
 
     # images resized to 16x48 and not padded: the backbone refuses the first batch

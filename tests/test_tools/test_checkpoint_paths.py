@@ -290,7 +290,8 @@ pipeline = [
     dict(type='PackClsInputs'),
 ]
 loader = dict(num_workers=0, persistent_workers=False, pin_memory=False)
-train_dataloader = dict(batch_size=2, **loader, dataset=dict(data_root=data_root, indices=4, pipeline=pipeline))
+train_dataloader = dict(batch_size=2, **loader,
+                        dataset=dict(data_root=data_root, indices=4, pipeline=pipeline))
 val_dataloader = dict(batch_size=6, **loader, dataset=dict(data_root=data_root, pipeline=pipeline))
 test_dataloader = val_dataloader
 train_cfg = dict(max_epochs=1, val_interval=100)
