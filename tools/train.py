@@ -30,6 +30,7 @@ from mmengine.config import DictAction  # noqa: E402
 
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
 from mmpola.engine import runtime  # noqa: E402
+from mmpola.engine.hooks import NonFiniteLossError, add_nonfinite_loss_guard  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -49,7 +50,8 @@ def parse_args(argv=None):
                         'in the work dir')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. train_dataloader.batch_size=4 '
-                        'model.backbone.init_cfg=None')
+                        'model.backbone.init_cfg=None; nonfinite_loss.action=skip '
+                        '[nonfinite_loss.max_skips=N] skips steps with a NaN/inf loss instead of stopping')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
                         help='job launcher (set by tools/dist_train.sh and tools/slurm_train.sh)')
     # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK
@@ -69,6 +71,9 @@ def build_train_config(args):
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    # a NaN / inf loss stops the run before the optimizer step, with a clear message (or the
+    # step is skipped: --cfg-options nonfinite_loss.action=skip); see NonFiniteLossHook
+    add_nonfinite_loss_guard(cfg)
 
     notes = []
     if args.amp:
@@ -113,7 +118,11 @@ def main(argv=None):
     tune_malloc()  # reuse freed CPU tensors instead of page-faulting them in again (see its doc)
     with runtime.exit_on_user_error():
         runner = build_runner(args)
-        runner.train()
+        try:
+            runner.train()
+        except NonFiniteLossError as e:  # the message says it all: no traceback
+            runner.logger.error(f'[mmpola] {e}')
+            sys.exit(1)
 
 
 if __name__ == '__main__':
