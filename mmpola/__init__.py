@@ -9,5 +9,6 @@ from .version import __version__
 register_safe_globals()
 
 from . import models  # noqa: E402,F401  (registers the backbones)
+from . import datasets  # noqa: E402,F401  (registers the pipeline checks, e.g. CheckSegLabels)
 
 __all__ = ['__version__']

@@ -1,5 +1,7 @@
-"""Dataset helpers: the synthetic COCO-format demo dataset (tools/make_demo_coco.py)."""
+"""Dataset helpers: the synthetic demo datasets (tools/make_demo_coco.py, tools/make_demo_ade.py) and
+pipeline checks that name the bad file (:class:`CheckSegLabels`)."""
 from .demo_ade import DEMO_ADE_CLASSES, DEMO_ADE_PALETTE, demo_ade_is_complete, make_demo_ade  # noqa: F401
 from .demo_coco import DEMO_CLASSES, demo_coco_files, demo_coco_is_complete, make_demo_coco
+from .transforms import CheckSegLabels
 
-__all__ = ['DEMO_CLASSES', 'make_demo_coco', 'demo_coco_is_complete', 'demo_coco_files']
+__all__ = ['DEMO_CLASSES', 'make_demo_coco', 'demo_coco_is_complete', 'demo_coco_files', 'CheckSegLabels']

@@ -36,8 +36,22 @@ param_scheduler = [
 ]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=160000, val_interval=16000)
 
+# mmseg's ADE20K training pipeline plus CheckSegLabels (mmpola.datasets.transforms): a map with a
+# label the heads have no class for fails there, naming the file, instead of in the loss.
+crop_size = (512, 512)
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='CheckSegLabels', num_classes=150),
+    dict(type='RandomResize', scale=(2048, 512), ratio_range=(0.5, 2.0), keep_ratio=True),
+    dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PhotoMetricDistortion'),
+    dict(type='PackSegInputs'),
+]
+
 # 8 GPUs x 2 images; --auto-scale-lr rescales the lr for another total batch size.
-train_dataloader = dict(batch_size=2)
+train_dataloader = dict(batch_size=2, dataset=dict(pipeline=train_pipeline))
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
