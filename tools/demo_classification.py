@@ -26,7 +26,7 @@ if REPO_ROOT not in sys.path:
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.classification.demo_imagenet import demo_imagenet_is_complete, make_demo_imagenet  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine import InitialEvaluationHook, add_nonfinite_loss_guard, runtime  # noqa: E402
+from mmpola.engine import InitialEvaluationHook, add_nonfinite_loss_guard, add_random_state_hook, runtime  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'pola-pvt_demo-imagenet-64x64.py')
 
@@ -61,6 +61,7 @@ def build_config(args):
         cosine.T_max = max(1, epochs - cosine.begin)
     cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
     add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
+    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
     notes = runtime.adapt_cfg_to_machine(cfg, 'none')
     runtime.check_data_files(cfg, ['train_dataloader', 'val_dataloader'])
     return cfg, notes

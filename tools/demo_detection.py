@@ -33,7 +33,7 @@ if REPO_ROOT not in sys.path:
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.datasets.demo_coco import demo_coco_is_complete, make_demo_coco  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine import InitialEvaluationHook, add_nonfinite_loss_guard, runtime  # noqa: E402
+from mmpola.engine import InitialEvaluationHook, add_nonfinite_loss_guard, add_random_state_hook, runtime  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 PRETRAINED = osp.join('checkpoints', 'pola_pvt_tiny.pth')
@@ -77,6 +77,7 @@ def build_config(args):
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=PRETRAINED)
     cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
     add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
+    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
     notes = runtime.adapt_cfg_to_machine(cfg, 'none')
     runtime.check_data_files(cfg, ['train_dataloader', 'val_dataloader'])
     return cfg, notes

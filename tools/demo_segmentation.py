@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.datasets.demo_ade import demo_ade_is_complete, make_demo_ade  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine import InitialEvaluationHook, add_nonfinite_loss_guard, runtime  # noqa: E402
+from mmpola.engine import InitialEvaluationHook, add_nonfinite_loss_guard, add_random_state_hook, runtime  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
 PRETRAINED = osp.join('checkpoints', 'pola_swin_tiny.pth')
@@ -98,6 +98,7 @@ def build_config(args):
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=PRETRAINED)
     cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
     add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
+    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
     notes = runtime.adapt_cfg_to_machine(cfg, 'none')
     runtime.check_data_files(cfg, ['train_dataloader', 'val_dataloader'])
     return cfg, notes

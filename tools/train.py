@@ -31,6 +31,7 @@ from mmengine.config import DictAction  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
 from mmpola.engine import runtime  # noqa: E402
 from mmpola.engine.hooks import NonFiniteLossError, add_nonfinite_loss_guard  # noqa: E402
+from mmpola.engine.resume import add_random_state_hook  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -62,6 +63,20 @@ def parse_args(argv=None):
     return args
 
 
+def check_resumable(path):
+    """An explicit --resume file must be a training checkpoint (weights + meta), not weights only."""
+    from mmpola.safe_load import safe_torch_load
+    checkpoint = safe_torch_load(path)  # refuses a code-running pickle (UnsafeCheckpointError)
+    if not (isinstance(checkpoint, dict) and 'meta' in checkpoint and 'state_dict' in checkpoint):
+        keys = sorted(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        raise runtime.UserError(
+            f'--resume {path}: this is not a training checkpoint written by tools/train.py (it has no '
+            f'meta/state_dict, top-level keys: {keys}), so there is no iteration, optimizer or scheduler '
+            f'state to resume. To start a new run from its weights, drop --resume and use '
+            f'--cfg-options load_from={path} (weights of this same model) or model.backbone.init_cfg.checkpoint={path} '
+            f'(official PolaFormer / ImageNet weights for the backbone).')
+
+
 def build_train_config(args):
     """The config as the Runner will get it, after flags, machine fallbacks and input checks."""
     cfg = runtime.load_config(args.config, args.cfg_options)
@@ -74,6 +89,7 @@ def build_train_config(args):
     # a NaN / inf loss stops the run before the optimizer step, with a clear message (or the
     # step is skipped: --cfg-options nonfinite_loss.action=skip); see NonFiniteLossHook
     add_nonfinite_loss_guard(cfg)
+    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
 
     notes = []
     if args.amp:
@@ -89,6 +105,7 @@ def build_train_config(args):
         cfg.load_from = None
     elif args.resume is not None:
         runtime.check_checkpoint_file(args.resume, '--resume checkpoint')
+        check_resumable(args.resume)
         cfg.resume = True
         cfg.load_from = args.resume
     elif cfg.get('load_from'):

@@ -42,10 +42,18 @@ class UserError(Exception):
 
 @contextlib.contextmanager
 def exit_on_user_error():
-    """Turn :class:`UserError` into ``error: <message>`` on stderr and exit status 2."""
+    """Turn errors the user can fix into ``error: <message>`` on stderr and exit status 2.
+
+    They are :class:`UserError` (paths, flags, data), a refused checkpoint (``UnsafeCheckpointError``),
+    a checkpoint of another model (``CheckpointMismatchError``) and bad backbone arguments or input
+    sizes (``PolaConfigError``): their messages name the problem and the fix, a traceback adds noise.
+    """
+    from mmpola.checkpoint import CheckpointMismatchError
+    from mmpola.models.utils import PolaConfigError
+    from mmpola.safe_load import UnsafeCheckpointError
     try:
         yield
-    except UserError as e:
+    except (UserError, UnsafeCheckpointError, CheckpointMismatchError, PolaConfigError) as e:
         print(f'error: {e}', file=sys.stderr, flush=True)
         sys.exit(2)
 

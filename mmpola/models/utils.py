@@ -6,15 +6,23 @@ import warnings
 
 import torch
 
-__all__ = ['pretrained_alias', 'is_pretrained_cfg', 'resolve_arch', 'check_out_indices',
+__all__ = ['PolaConfigError', 'pretrained_alias', 'is_pretrained_cfg', 'resolve_arch', 'check_out_indices',
            'check_frozen_stages', 'check_stage_string', 'check_input']
+
+
+class PolaConfigError(ValueError):
+    """A backbone argument or input the user can fix (arch, out_indices, frozen_stages, input size).
+
+    A ``ValueError``, so existing ``except ValueError`` code still sees it; mmpola's tools print it
+    without a traceback.
+    """
 
 
 def pretrained_alias(pretrained, init_cfg):
     if pretrained is None:
         return init_cfg
     if init_cfg is not None:
-        raise ValueError('pass either init_cfg or the deprecated pretrained=, not both')
+        raise PolaConfigError('pass either init_cfg or the deprecated pretrained=, not both')
     if not isinstance(pretrained, str):
         raise TypeError(f'pretrained must be a checkpoint path or URL, got {type(pretrained).__name__}')
     warnings.warn('pretrained= is deprecated; use init_cfg=dict(type="Pretrained", checkpoint=...)',
@@ -30,14 +38,14 @@ def resolve_arch(arch, arch_settings, required, name):
     if isinstance(arch, str):
         key = arch.lower()
         if key not in arch_settings:
-            raise ValueError(f'unknown arch {arch!r} for {name}; valid: {", ".join(arch_settings)} '
+            raise PolaConfigError(f'unknown arch {arch!r} for {name}; valid: {", ".join(arch_settings)} '
                              f'or a dict with keys {", ".join(required)}')
         return dict(arch_settings[key])
     if isinstance(arch, dict):
         missing = [k for k in required if k not in arch]
         extra = [k for k in arch if k not in required]
         if missing or extra:
-            raise ValueError(f'a custom arch for {name} needs exactly the keys {", ".join(required)}; '
+            raise PolaConfigError(f'a custom arch for {name} needs exactly the keys {", ".join(required)}; '
                              f'missing {missing}, unknown {extra}')
         return dict(arch)
     raise TypeError(f'arch must be a preset name or a dict, got {type(arch).__name__}')
@@ -48,24 +56,24 @@ def check_out_indices(out_indices, num_stages, name):
         out_indices = (out_indices,)
     out_indices = tuple(out_indices)
     if not out_indices:
-        raise ValueError(f'{name}: out_indices is empty; pass stages from 0 to {num_stages - 1}')
+        raise PolaConfigError(f'{name}: out_indices is empty; pass stages from 0 to {num_stages - 1}')
     for i in out_indices:
         if not isinstance(i, int) or not 0 <= i < num_stages:
-            raise ValueError(f'{name}: out_indices {out_indices} out of range; '
+            raise PolaConfigError(f'{name}: out_indices {out_indices} out of range; '
                              f'valid stages are 0..{num_stages - 1}')
     return out_indices
 
 
 def check_frozen_stages(frozen_stages, num_stages, name):
     if not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= num_stages:
-        raise ValueError(f'{name}: frozen_stages={frozen_stages!r} is beyond the depth of the model; '
+        raise PolaConfigError(f'{name}: frozen_stages={frozen_stages!r} is beyond the depth of the model; '
                          f'use -1 (nothing), 0 (patch embedding) .. {num_stages} (all stages)')
     return frozen_stages
 
 
 def check_stage_string(value, allowed, num_stages, what):
     if not isinstance(value, str) or len(value) != num_stages or any(c not in allowed for c in value):
-        raise ValueError(f'{what} must be a string of {num_stages} characters from '
+        raise PolaConfigError(f'{what} must be a string of {num_stages} characters from '
                          f'{allowed!r}, got {value!r}')
     return value
 
@@ -73,11 +81,11 @@ def check_stage_string(value, allowed, num_stages, what):
 def check_input(x, in_channels, min_size, name):
     if not torch.is_tensor(x) or x.dim() != 4:
         shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-        raise ValueError(f'{name} expects a 4-D (B, C, H, W) image tensor, got {shape}')
+        raise PolaConfigError(f'{name} expects a 4-D (B, C, H, W) image tensor, got {shape}')
     if x.shape[1] != in_channels:
-        raise ValueError(f'{name} was built for {in_channels} input channels, got {x.shape[1]} '
+        raise PolaConfigError(f'{name} was built for {in_channels} input channels, got {x.shape[1]} '
                          f'(input shape {tuple(x.shape)}); set in_channels={x.shape[1]}')
     H, W = x.shape[-2:]
     if H < min_size or W < min_size:
-        raise ValueError(f'{name}: input size {H}x{W} is smaller than the minimum {min_size}x{min_size} '
+        raise PolaConfigError(f'{name}: input size {H}x{W} is smaller than the minimum {min_size}x{min_size} '
                          f'(four stages down to stride 32); resize or pad the image')

@@ -341,8 +341,12 @@ def test_train_resume_and_load_from(tiny_cls, tmp_path):
     for key, value in saved['state_dict'].items():
         assert torch.equal(seen['model'][key], value), key
 
-    # an official file: load_from initialises the classifier (head included)
+    # an official file: --resume says it holds weights only and how to start from them
     path, official = _official('pvt')
+    with pytest.raises(train.runtime.UserError, match=r'not a training checkpoint.*load_from='):
+        _probe_train(train, base + ['--resume', path])
+
+    # an official file: load_from initialises the classifier (head included)
     seen = _probe_train(train, base + ['--cfg-options', f'load_from={path}'])
     assert seen['iter'] == 0
     _assert_backbone_equals(seen['model'], {f'backbone.{k}': v for k, v in official.items()} |
