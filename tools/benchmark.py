@@ -513,8 +513,11 @@ def bench_amp(args, device):
         for dtype_name in dtypes:
             dtype = getattr(torch, dtype_name)
             try:
+                # first call: warm-up (torch.compile of the Pola core), checked as well
+                first = _finite_report(model, image, dtype, device)
                 seconds, out_ok, grad_ok, max_abs, n_grads, missing, out_dtypes = \
                     _finite_report(model, image, dtype, device)
+                out_ok, grad_ok = out_ok and first[1], grad_ok and first[2]
             except RuntimeError as err:  # e.g. out of memory: reported, the other rows still run
                 failures.append(name)
                 print(f'| {name} | {dtype_name} | {height}x{width} | failed: {str(err).splitlines()[0][:80]} ||||||')
@@ -527,7 +530,7 @@ def bench_amp(args, device):
         del model, image
         gc.collect()
     print('\nbatch 1, train mode, random weights (init as built), input N(0, 1.5^2); loss = mean of squared '
-          'outputs in fp32. Finite = no NaN/inf anywhere in the 4 stage outputs and in every parameter '
+          'outputs in fp32; time of the second call (the first one compiles). Finite = no NaN/inf anywhere in the 4 stage outputs and in every parameter '
           'gradient.')
     print('result: ' + ('all finite' if not failures else 'NOT finite / failed: ' + ', '.join(failures)))
 

@@ -159,12 +159,36 @@ def _feature_map_backward_fusable(grad_y, t, s, p, y, grad_mean=None):
     return grad_t, grad_s, grad_p
 
 
+def _fused_forward(t, s, p):
+    return _feature_map_forward_fusable(t, s, p, False)
+
+
+def _fused_forward_with_mean(t, s, p):
+    return _feature_map_forward_fusable(t, s, p, True)
+
+
+def _fused_backward(grad_y, t, s, p, y):
+    return _feature_map_backward_fusable(grad_y, t, s, p, y, None)
+
+
+def _fused_backward_with_mean(grad_y, t, s, p, y, grad_mean):
+    return _feature_map_backward_fusable(grad_y, t, s, p, y, grad_mean)
+
+
+# One compiled function (own code object, so its own dynamo cache and recompile budget) per variant:
+# a model calls the forward with and without the token mean (q and k) and the backward with and
+# without its gradient; sharing one code object made a detector (heads of 1 and >1, train and eval,
+# batch 1 and 2) reach dynamo's recompile limit.
+_FUSED = {'forward': _fused_forward, 'forward_mean': _fused_forward_with_mean,
+          'backward': _fused_backward, 'backward_mean': _fused_backward_with_mean}
+
+
 class _CompileState:
     """Lazily compiled kernels plus the reason they are not used (logged once)."""
-    forward = None
-    backward = None
+    compiled = {}
     disabled_reason = None
     logged = False
+    limit_logged = False
 
 
 def _log_once(msg):
@@ -210,16 +234,26 @@ def _want_compile(t):
     return t.numel() >= COMPILE_MIN_NUMEL and _compile_unavailable_reason() is None
 
 
-def _run_compiled(name, fusable, *args):
-    """Call the compiled ``fusable``; on failure disable compiling and return None (caller runs eager)."""
-    fn = getattr(_CompileState, name)
+def _run_compiled(name, *args):
+    """Call the compiled variant ``name`` of :data:`_FUSED`; returns None when the caller must run
+    eager: compiling failed (then it is disabled for the process) or this input is one variant too
+    many for dynamo's recompile limit (then only this call runs eager; compiled variants stay)."""
+    fn = _CompileState.compiled.get(name)
+    # detached: the autograd.Function owns the graph, and requires_grad would be one more guard
+    args = [a.detach() if torch.is_tensor(a) else a for a in args]
     try:
         if fn is None:
-            fn = torch.compile(fusable, dynamic=True, fullgraph=True)
-            setattr(_CompileState, name, fn)
+            fn = torch.compile(_FUSED[name], dynamic=True, fullgraph=True)
+            _CompileState.compiled[name] = fn
         return fn(*args)
     except Exception as err:  # no C++ compiler, no triton, unsupported platform, ...
         first_line = (str(err).strip().splitlines() or [''])[0][:200]
+        if 'RecompileLimit' in type(err).__name__ or 'recompile_limit' in first_line:
+            if not _CompileState.limit_logged:
+                _CompileState.limit_logged = True
+                logging.getLogger(__name__).info(
+                    'mmpola: an input variant beyond dynamo\'s recompile limit runs the eager fast path')
+            return None
         _disable_compile(f'{type(err).__name__}: {first_line}')
         return None
 
@@ -235,7 +269,7 @@ class _PolarityFeatureMap(torch.autograd.Function):
         else:
             out = None
             if _want_compile(t):
-                out = _run_compiled('forward', _feature_map_forward_fusable, t, s, p, with_mean)
+                out = _run_compiled('forward_mean' if with_mean else 'forward', t, s, p)
             if out is None:
                 y = _feature_map_forward(t, s, p)
                 out = (y, y.mean(dim=-2, keepdim=True)) if with_mean else y
@@ -251,8 +285,8 @@ class _PolarityFeatureMap(torch.autograd.Function):
         else:
             grads = None
             if _want_compile(t):
-                grads = _run_compiled('backward', _feature_map_backward_fusable, grad_y, t, s, p, y,
-                                      grad_mean)
+                grads = _run_compiled('backward', grad_y, t, s, p, y) if grad_mean is None else \
+                    _run_compiled('backward_mean', grad_y, t, s, p, y, grad_mean)
             if grads is None:
                 grads = _feature_map_backward(grad_y, t, s, p, y, grad_mean,
                                               need_grad_p=ctx.needs_input_grad[2])

@@ -249,8 +249,7 @@ def test_compile_failure_falls_back_to_eager_once(monkeypatch):
     """A broken torch.compile (no compiler, unsupported platform) must not break the op."""
     monkeypatch.delenv('MMPOLA_NO_COMPILE')
     monkeypatch.setattr(pola, 'COMPILE_MIN_NUMEL', 0)
-    monkeypatch.setattr(pola._CompileState, 'forward', None)
-    monkeypatch.setattr(pola._CompileState, 'backward', None)
+    monkeypatch.setattr(pola._CompileState, 'compiled', {})
     monkeypatch.setattr(pola._CompileState, 'disabled_reason', None)
     monkeypatch.setattr(pola._CompileState, 'logged', False)
     calls = []
@@ -268,10 +267,41 @@ def test_compile_failure_falls_back_to_eager_once(monkeypatch):
     fast = forward_backward(pola_attention, inputs, grad_out)
     for name, a, e in zip(NAMES, fast, ref):
         assert max_scaled_error(a, e) <= 1e-5, name
-    assert calls == ['_feature_map_forward_fusable']  # tried once, then disabled
+    assert len(calls) == 1 and calls[0].startswith('_fused_forward'), calls  # tried once, then disabled
     enabled, reason = pola.compile_status()
     assert not enabled and 'no working C++ compiler' in reason
     assert pola._CompileState.logged
+
+
+def test_recompile_limit_runs_that_call_eager_and_keeps_compiling(monkeypatch):
+    """An input variant beyond dynamo's recompile limit must not switch compiling off for good."""
+    monkeypatch.delenv('MMPOLA_NO_COMPILE')
+    monkeypatch.setattr(pola, 'COMPILE_MIN_NUMEL', 0)
+    monkeypatch.setattr(pola._CompileState, 'compiled', {})
+    monkeypatch.setattr(pola._CompileState, 'disabled_reason', None)
+
+    class FailOnRecompileLimitHit(RuntimeError):
+        pass
+
+    calls = []
+
+    def limited_compile(fn, **kwargs):
+        def run(*args):
+            calls.append(fn.__name__)
+            assert not any(torch.is_tensor(a) and a.requires_grad for a in args)  # detached inputs
+            raise FailOnRecompileLimitHit('Hard failure due to fullgraph=True')
+
+        return run
+
+    monkeypatch.setattr(torch, 'compile', limited_compile)
+    inputs, grad_out = make_inputs(1, 2, 9, 9, 8)
+    ref = forward_backward(pola_attention_reference, inputs, grad_out)
+    fast = forward_backward(pola_attention, inputs, grad_out)
+    for name, a, e in zip(NAMES, fast, ref):
+        assert max_scaled_error(a, e) <= 1e-5, name
+    assert pola.compile_status()[0]
+    # forward with and without the token mean and both backwards: separate compiled functions
+    assert {'_fused_forward', '_fused_forward_with_mean', '_fused_backward'} <= set(calls), calls
 
 
 def test_no_compile_env_disables_compile(monkeypatch):
