@@ -26,3 +26,5 @@ test: setup
 bench: setup
 	$(PY) tools/benchmark.py attention
 	$(PY) tools/benchmark.py backbone
+	$(PY) tools/benchmark.py scaling
+	$(PY) tools/benchmark.py amp
