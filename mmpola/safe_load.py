@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 __all__ = ['register_safe_globals', 'safe_torch_load', 'OfficialConfigNode', 'UnsafeCheckpointError',
-           'unsafe_checkpoint_error', 'is_weights_only_refusal', 'install_mmengine_loaders']
+           'unsafe_checkpoint_error', 'is_weights_only_refusal', 'name_refused_file',
+           'install_mmengine_loaders']
 
 
 class UnsafeCheckpointError(RuntimeError):
@@ -169,20 +170,24 @@ def safe_torch_load(path, map_location='cpu'):
         raise
 
 
-def _guarded_loader(loader):
-    """An mmengine checkpoint loader whose weights-only refusals name the file (see below)."""
+def name_refused_file(loader):
+    """Wrap ``loader(path, *args, **kwargs)`` so that a weights-only refusal raises
+    :class:`UnsafeCheckpointError` naming ``path`` (torch's and timm's own messages name no file).
+    What loads and what is refused does not change. Used for mmengine's non-local loaders and
+    timm's file reader; idempotent."""
     if getattr(loader, '_mmpola_guarded', False):
         return loader
 
     @functools.wraps(loader)
-    def guarded(filename, map_location=None, *args, **kwargs):
+    def guarded(path, *args, **kwargs):
         try:
-            return loader(filename, map_location, *args, **kwargs)
+            return loader(path, *args, **kwargs)
         except UnsafeCheckpointError:
             raise
         except Exception as e:
-            if is_weights_only_refusal(e):
-                raise unsafe_checkpoint_error(filename, e) from e
+            cause = e if is_weights_only_refusal(e) else e.__cause__
+            if cause is not None and is_weights_only_refusal(cause):
+                raise unsafe_checkpoint_error(path, cause) from e
             raise
 
     guarded._mmpola_guarded = True
@@ -216,5 +221,5 @@ def install_mmengine_loaders():
         return
     for prefix, loader in list(CheckpointLoader._schemes.items()):
         if prefix != '':
-            CheckpointLoader.register_scheme(prefix, _guarded_loader(loader), force=True)
+            CheckpointLoader.register_scheme(prefix, name_refused_file(loader), force=True)
     CheckpointLoader.register_scheme('', load_from_local, force=True)

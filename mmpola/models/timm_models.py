@@ -23,14 +23,13 @@ There are no download URLs: the official weights are published on the Hugging Fa
 (``ZachMeng/PolaFormer``) under file names this package does not pin; download them and pass
 the file.
 """
-import functools
 from collections import OrderedDict
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from mmpola.safe_load import UnsafeCheckpointError, is_weights_only_refusal, unsafe_checkpoint_error
+from mmpola.safe_load import name_refused_file
 from .classifier import PolaClassifier, checkpoint_filter_fn
 
 __all__ = ['accept_official_checkpoints', 'create_pola_classifier', 'TIMM_MODEL_ARGS']
@@ -129,26 +128,11 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
 def _name_refused_files():
     """Make timm's weights-only refusal name the file (``checkpoint_path=``, ``pretrained_cfg``
     files, ``timm.models.load_checkpoint``), for every timm model: timm reads every file through
-    ``timm.models._helpers._torch_load``, which is wrapped; what loads and what is refused does not
-    change. Idempotent; a timm without that function keeps its own message."""
+    ``timm.models._helpers._torch_load``, which is wrapped. A timm without that function keeps its
+    own message."""
     from timm.models import _helpers
-    original = getattr(_helpers, '_torch_load', None)
-    if original is None or getattr(original, '_mmpola_guarded', False):
-        return
-
-    @functools.wraps(original)
-    def _torch_load(checkpoint_path, *args, **kwargs):
-        try:
-            return original(checkpoint_path, *args, **kwargs)
-        except UnsafeCheckpointError:
-            raise
-        except Exception as e:
-            if is_weights_only_refusal(e) or is_weights_only_refusal(e.__cause__ or e):
-                raise unsafe_checkpoint_error(checkpoint_path, e.__cause__ or e) from e
-            raise
-
-    _torch_load._mmpola_guarded = True
-    _helpers._torch_load = _torch_load
+    if getattr(_helpers, '_torch_load', None) is not None:
+        _helpers._torch_load = name_refused_file(_helpers._torch_load)
 
 
 _name_refused_files()

@@ -252,8 +252,8 @@ def test_refusal_through_other_loaders_names_the_file(tmp_path):
     for prefix in ('https://', 's3://'):
         loader = CheckpointLoader._schemes[[p for p in CheckpointLoader._schemes if prefix in p][0]]
         assert getattr(loader, '_mmpola_guarded', False), prefix
-    from mmpola.safe_load import _guarded_loader
-    plain = _guarded_loader(lambda filename, map_location: torch.load(evil, map_location=map_location))
+    from mmpola.safe_load import name_refused_file
+    plain = name_refused_file(lambda filename, map_location: torch.load(evil, map_location=map_location))
     with pytest.raises(UnsafeCheckpointError) as exc:
         plain(evil, 'cpu')
     _assert_refused(exc, evil, marker)
