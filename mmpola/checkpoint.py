@@ -33,6 +33,7 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 
+from mmpola.errors import MMPolaUserError
 from mmpola.safe_load import safe_torch_load
 
 __all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict',
@@ -42,7 +43,7 @@ _RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
 _EMA_KEYS = ('state_dict_ema', 'model_ema')
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(MMPolaUserError, ValueError):
     """The checkpoint does not fit the model (no matching key, wrong architecture)."""
 
 

@@ -28,12 +28,14 @@ import re
 import numpy as np
 import torch
 
+from mmpola.errors import MMPolaUserError
+
 __all__ = ['register_safe_globals', 'safe_torch_load', 'OfficialConfigNode', 'UnsafeCheckpointError',
            'unsafe_checkpoint_error', 'is_weights_only_refusal', 'name_refused_file',
            'install_mmengine_loaders']
 
 
-class UnsafeCheckpointError(RuntimeError):
+class UnsafeCheckpointError(MMPolaUserError, RuntimeError):
     """A checkpoint names Python objects outside the allowlist; it was not loaded."""
 
 

@@ -1,5 +1,55 @@
+"""Settings and fixtures shared by the whole suite (the golden reference data of tests/data)."""
 import os
+import os.path as osp
 
-# OpenMP's default busy-waiting makes torch ~10x slower when the 2 cores are shared with other
-# processes (measured: 14.9 s vs 1.5 s per demo training step). Must be set before torch loads.
+# OpenMP's default busy-waiting makes torch many times slower when the cores are shared with other
+# processes. Must be set before torch loads (tools/_mmpola_tools.py does the same for the tools).
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+
+import pytest  # noqa: E402
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DATA = osp.join(REPO_ROOT, 'tests', 'data')
+
+
+def data_path(name):
+    """Path of a file in tests/data; the test fails (never skips) when it is missing."""
+    path = osp.join(DATA, name)
+    if not osp.isfile(path):
+        pytest.fail(f'golden file {path} is missing (restore tests/data from the repository)')
+    return path
+
+
+@pytest.fixture(scope='session')
+def data_file():
+    """``data_file(name)``: path of a file in tests/data (fails clearly when it is missing)."""
+    return data_path
+
+
+@pytest.fixture(autouse=True)
+def _no_compile(monkeypatch):
+    """Keep the attention cores eager: a torch.compile build costs seconds per new shape on a CPU.
+    Tests of the compiled kernels remove the variable themselves; subprocesses inherit it."""
+    monkeypatch.setenv('MMPOLA_NO_COMPILE', '1')
+
+
+_GOLDEN_CACHE = {}
+
+
+def golden_mini(name):
+    """``(expected, official checkpoint path)`` of the golden mini model ``name`` (e.g. 'pola_pvt').
+
+    ``expected`` holds 'input', 'stages', 'logits' and the official 'constructor' kwargs, made by
+    the official implementation; ``<name>_mini_official.pth`` is its official-format checkpoint.
+    """
+    if name not in _GOLDEN_CACHE:
+        from mmpola.safe_load import safe_torch_load
+        _GOLDEN_CACHE[name] = (safe_torch_load(data_path(f'{name}_mini_expected.pth')),
+                               data_path(f'{name}_mini_official.pth'))
+    return _GOLDEN_CACHE[name]
+
+
+@pytest.fixture(scope='session')
+def golden():
+    """{'pvt' | 'swin': (expected dict, official checkpoint path)} of the Pola mini models."""
+    return {family: golden_mini(f'pola_{family}') for family in ('pvt', 'swin')}

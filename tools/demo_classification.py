@@ -14,19 +14,18 @@ for a few CPU minutes and show that it learns.
 Everything runs in this process, on the CPU (or the first GPU when there is one).
 """
 import argparse
-import json
 import os.path as osp
 import sys
 import time
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
+from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.classification.demo_imagenet import demo_imagenet_is_complete, make_demo_imagenet  # noqa: E402
+from mmpola.engine import cli, demo  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine import InitialEvaluationHook, add_nonfinite_loss_guard, add_random_state_hook, runtime  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'pola-pvt_demo-imagenet-64x64.py')
 
@@ -44,13 +43,8 @@ def parse_args(argv=None):
 
 
 def build_config(args):
-    cfg = runtime.load_config(args.config)
-    runtime.register_task_modules(cfg)
-    cfg.work_dir = args.work_dir
-    cfg.randomness = dict(seed=args.seed)
-    root = args.data_root.rstrip('/') + '/'
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        cfg[loader].dataset.data_root = root
+    cfg = cli.load_config(args.config)
+    cli.register_task_modules(cfg)
     if args.epochs is not None:
         epochs = args.epochs
         cfg.train_cfg.max_epochs = epochs
@@ -59,11 +53,7 @@ def build_config(args):
         cosine = cfg.param_scheduler[-1]
         cosine.end = epochs
         cosine.T_max = max(1, epochs - cosine.begin)
-    cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
-    add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
-    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
-    notes = runtime.adapt_cfg_to_machine(cfg, 'none')
-    runtime.check_data_files(cfg, ['train_dataloader', 'val_dataloader'])
+    notes = demo.prepare_demo_config(cfg, args.work_dir, args.data_root.rstrip('/') + '/', args.seed)
     return cfg, notes
 
 
@@ -87,38 +77,32 @@ def main(argv=None):
     args = parse_args(argv)
     tune_malloc()  # reuse freed CPU tensors instead of page-faulting them in again (see its doc)
     start = time.time()
-    with runtime.exit_on_user_error():
+    with cli.exit_on_user_error():
         if not demo_imagenet_is_complete(args.data_root):
             print(f'Generating the demo dataset in {args.data_root} ...', flush=True)
             make_demo_imagenet(args.data_root, num_train=args.num_train, num_val=args.num_val,
                                seed=args.seed)
         cfg, notes = build_config(args)
 
-    from mmengine.runner import Runner
-    runner = Runner.from_cfg(cfg)
-    for note in notes:
-        runner.logger.info(f'[mmpola] {note}')
-    num_params = sum(p.numel() for p in runner.model.parameters())
-    runner.logger.info(f'Demo: Pola-PVT ({num_params / 1e6:.2f} M parameters) from random '
-                       f'initialisation, {cfg.train_cfg.max_epochs} epochs on {args.data_root}')
-    train_start = time.time()
-    runner.train()
-    train_seconds = time.time() - train_start
+    def description(runner):
+        num_params = sum(p.numel() for p in runner.model.parameters())
+        return (f'Demo: Pola-PVT ({num_params / 1e6:.2f} M parameters) from random initialisation, '
+                f'{cfg.train_cfg.max_epochs} epochs on {args.data_root}')
 
-    hook = next(h for h in runner.hooks if isinstance(h, InitialEvaluationHook))
-    before, after = dict(hook.initial_metrics or {}), dict(hook.last_metrics or {})
+    result = demo.run_demo(cfg, notes, description)
+    runner, train_seconds = result.runner, result.train_seconds
+    num_params = sum(p.numel() for p in runner.model.parameters())
+    before, after = result.initial_metrics, result.final_metrics
     classes_acc = per_class_accuracy(runner)
     total_seconds = time.time() - start
 
     keys = sorted(k for k in after if k.startswith('accuracy/'))
-    summary = dict(config=osp.relpath(args.config, REPO_ROOT) if args.config.startswith(REPO_ROOT)
-                   else args.config, parameters=num_params, epochs=cfg.train_cfg.max_epochs,
+    summary = dict(config=demo.config_label(args.config, REPO_ROOT), parameters=num_params, epochs=cfg.train_cfg.max_epochs,
                    iterations=runner.iter, before={k: round(before.get(k, float('nan')), 2) for k in keys},
                    after={k: round(after[k], 2) for k in keys}, per_class_top1=classes_acc,
                    train_seconds=round(train_seconds, 1), total_seconds=round(total_seconds, 1),
                    checkpoint=osp.join(args.work_dir, f'epoch_{cfg.train_cfg.max_epochs}.pth'))
-    with open(osp.join(args.work_dir, 'summary.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
+    summary_path = demo.write_summary(args.work_dir, summary)
 
     num_val = len(runner.val_dataloader.dataset)
     num_classes = len(classes_acc)
@@ -130,7 +114,7 @@ def main(argv=None):
               f'  training: {runner.iter} iterations in {train_seconds / 60:.1f} min; '
               f'total {total_seconds / 60:.1f} min',
               f'  checkpoint: {summary["checkpoint"]}',
-              f'  summary: {osp.join(args.work_dir, "summary.json")}']
+              f'  summary: {summary_path}']
     runner.logger.info('\n'.join(lines))
     return summary
 

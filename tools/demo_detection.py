@@ -12,28 +12,19 @@ minutes and show that it learns.
 The backbone starts from checkpoints/pola_pvt_tiny.pth when that file exists, else from random
 initialisation. Everything runs in this process, on the CPU (or the first GPU when there is one).
 """
-import os
-
-# Idle OpenMP threads sleep instead of spinning. On a CPU shared with other jobs, spinning threads
-# wait for descheduled peers at every parallel region: a CPU training step measured 15 s with the
-# default policy and 1.5 s with this one (2 threads, 2 busy cores); idle machines barely notice.
-# It must be set before torch loads OpenMP; an explicit OMP_WAIT_POLICY wins.
-os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
-
 import argparse
-import json
 import os.path as osp
 import sys
 import time
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
+from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.datasets.demo_coco import demo_coco_is_complete, make_demo_coco  # noqa: E402
+from mmpola.engine import cli, demo  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine import InitialEvaluationHook, add_nonfinite_loss_guard, add_random_state_hook, runtime  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 PRETRAINED = osp.join('checkpoints', 'pola_pvt_tiny.pth')
@@ -56,13 +47,9 @@ def parse_args(argv=None):
 
 
 def build_config(args):
-    cfg = runtime.load_config(args.config)
-    runtime.register_task_modules(cfg)
-    cfg.work_dir = args.work_dir
-    cfg.randomness = dict(seed=args.seed)
+    cfg = cli.load_config(args.config)
+    cli.register_task_modules(cfg)
     root = args.data_root.rstrip('/') + '/'
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        cfg[loader].dataset.data_root = root
     for evaluator in ('val_evaluator', 'test_evaluator'):
         cfg[evaluator].ann_file = root + 'annotations/instances_val.json'
     if args.epochs is not None:
@@ -73,13 +60,7 @@ def build_config(args):
             if scheduler.type == 'MultiStepLR':
                 scheduler.end = args.epochs
                 scheduler.milestones = [max(1, args.epochs - 1)]
-    if osp.isfile(PRETRAINED):
-        cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=PRETRAINED)
-    cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
-    add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
-    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
-    notes = runtime.adapt_cfg_to_machine(cfg, 'none')
-    runtime.check_data_files(cfg, ['train_dataloader', 'val_dataloader'])
+    notes = demo.prepare_demo_config(cfg, args.work_dir, root, args.seed, PRETRAINED)
     return cfg, notes
 
 
@@ -108,25 +89,17 @@ def main(argv=None):
     args = parse_args(argv)
     tune_malloc()  # reuse freed CPU tensors instead of page-faulting them in again (see its doc)
     start = time.time()
-    with runtime.exit_on_user_error():
+    with cli.exit_on_user_error():
         if not demo_coco_is_complete(args.data_root):
             print(f'Generating the demo dataset in {args.data_root} ...', flush=True)
             make_demo_coco(args.data_root, num_train=args.num_train, num_val=args.num_val, seed=args.seed)
         cfg, notes = build_config(args)
 
-    from mmengine.runner import Runner
-    runner = Runner.from_cfg(cfg)
-    for note in notes:
-        runner.logger.info(f'[mmpola] {note}')
-    init = 'checkpoints/pola_pvt_tiny.pth' if osp.isfile(PRETRAINED) else 'random initialisation'
-    runner.logger.info(f'Demo: Mask R-CNN + Pola-PVT-T from {init}, {cfg.train_cfg.max_epochs} epochs '
-                       f'on {args.data_root}')
-    train_start = time.time()
-    runner.train()
-    train_seconds = time.time() - train_start
-
-    hook = next(h for h in runner.hooks if isinstance(h, InitialEvaluationHook))
-    before, after = format_metrics(hook.initial_metrics or {}), format_metrics(hook.last_metrics or {})
+    init = PRETRAINED if osp.isfile(PRETRAINED) else 'random initialisation'
+    result = demo.run_demo(cfg, notes, f'Demo: Mask R-CNN + Pola-PVT-T from {init}, '
+                           f'{cfg.train_cfg.max_epochs} epochs on {args.data_root}')
+    runner, train_seconds, initial_seconds = result.runner, result.train_seconds, result.initial_eval_seconds
+    before, after = format_metrics(result.initial_metrics), format_metrics(result.final_metrics)
 
     from mmpola.engine.visualization import save_detection_figure
     images, samples = predict_samples(runner, args.num_figure_images)
@@ -139,25 +112,23 @@ def main(argv=None):
                           score_thr=args.score_thr)
 
     total_seconds = time.time() - start
-    summary = dict(config=osp.relpath(args.config, REPO_ROOT) if args.config.startswith(REPO_ROOT)
-                   else args.config, backbone_init=init, epochs=cfg.train_cfg.max_epochs,
+    summary = dict(config=demo.config_label(args.config, REPO_ROOT), backbone_init=init, epochs=cfg.train_cfg.max_epochs,
                    iterations=runner.iter, before=before, after=after,
-                   initial_eval_seconds=round(hook.initial_seconds, 1),
-                   train_and_final_eval_seconds=round(train_seconds - hook.initial_seconds, 1),
+                   initial_eval_seconds=round(initial_seconds, 1),
+                   train_and_final_eval_seconds=round(train_seconds - initial_seconds, 1),
                    total_seconds=round(total_seconds, 1),
                    figure=figure_path)
-    with open(osp.join(args.work_dir, 'summary.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
+    summary_path = demo.write_summary(args.work_dir, summary)
 
     width = max(len(label) for _, label in REPORTED)
     num_val = len(runner.val_dataloader.dataset)
     lines = ['', f'Detection demo (COCO metrics on the {num_val} generated validation images)',
              f'  {"":{width}}  untrained  trained']
     lines += [f'  {label:{width}}  {before[label]:9.3f}  {after[label]:7.3f}' for _, label in REPORTED]
-    lines += [f'  untrained evaluation {hook.initial_seconds:.0f} s; training {runner.iter} iterations '
-              f'+ final evaluation {(train_seconds - hook.initial_seconds) / 60:.1f} min; '
+    lines += [f'  untrained evaluation {initial_seconds:.0f} s; training {runner.iter} iterations '
+              f'+ final evaluation {(train_seconds - initial_seconds) / 60:.1f} min; '
               f'total {total_seconds / 60:.1f} min',
-              f'  figure: {figure_path}', f'  summary: {osp.join(args.work_dir, "summary.json")}']
+              f'  figure: {figure_path}', f'  summary: {summary_path}']
     runner.logger.info('\n'.join(lines))
     return summary
 

@@ -13,30 +13,23 @@ CPU minutes and show that it learns.
 The backbone starts from checkpoints/pola_swin_tiny.pth when that file exists, else from random
 initialisation. Everything runs in this process, on the CPU (or the first GPU when there is one).
 """
+import argparse
 import os
+import os.path as osp
+import sys
+import time
 
-# Idle OpenMP threads sleep instead of spinning (as in tools/train.py): on a CPU shared with other
-# jobs, spinning threads wait for descheduled peers at every parallel region, which made this demo
-# ~7x slower on a busy 2-core machine. Set before torch loads OpenMP; an explicit value wins.
-os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os.path as osp  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
+from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.datasets.demo_ade import demo_ade_is_complete, make_demo_ade  # noqa: E402
+from mmpola.engine import cli, demo  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine import InitialEvaluationHook, add_nonfinite_loss_guard, add_random_state_hook, runtime  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
 PRETRAINED = osp.join('checkpoints', 'pola_swin_tiny.pth')
@@ -81,12 +74,8 @@ def choose_cpu_threads(requested=None):
 
 
 def build_config(args):
-    cfg = runtime.load_config(args.config)
-    runtime.register_task_modules(cfg)
-    cfg.work_dir = args.work_dir
-    cfg.randomness = dict(seed=args.seed)
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        cfg[loader].dataset.data_root = args.data_root
+    cfg = cli.load_config(args.config)
+    cli.register_task_modules(cfg)
     if args.iters is not None:
         cfg.train_cfg.max_iters = args.iters
         cfg.train_cfg.val_interval = args.iters
@@ -94,13 +83,7 @@ def build_config(args):
         warmup, decay = cfg.param_scheduler
         warmup.end = min(warmup.end, max(1, args.iters // 10))
         decay.begin, decay.end = warmup.end, args.iters
-    if osp.isfile(PRETRAINED):
-        cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=PRETRAINED)
-    cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
-    add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
-    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
-    notes = runtime.adapt_cfg_to_machine(cfg, 'none')
-    runtime.check_data_files(cfg, ['train_dataloader', 'val_dataloader'])
+    notes = demo.prepare_demo_config(cfg, args.work_dir, args.data_root, args.seed, PRETRAINED)
     return cfg, notes
 
 
@@ -159,31 +142,27 @@ def main(argv=None):
     args = parse_args(argv)
     tune_malloc()  # reuse freed CPU tensors instead of page-faulting them in again (see its doc)
     start = time.time()
-    with runtime.exit_on_user_error():
+    with cli.exit_on_user_error():
         if not demo_ade_is_complete(args.data_root, args.num_train, args.num_val, args.size, args.seed):
             print(f'Generating the demo dataset in {args.data_root} ...', flush=True)
             make_demo_ade(args.data_root, args.num_train, args.num_val, args.size, args.seed)
         cfg, notes = build_config(args)
 
     threads, reason = choose_cpu_threads(args.threads)
-    from mmengine.runner import Runner
-    runner = Runner.from_cfg(cfg)
-    for note in notes + [f'{threads} torch CPU thread(s) ({reason})']:
-        runner.logger.info(f'[mmpola] {note}')
     init = PRETRAINED if osp.isfile(PRETRAINED) else 'random initialisation'
-    runner.logger.info(f'Demo: UperNet + Pola-Swin-T from {init}, {cfg.train_cfg.max_iters} iterations '
-                       f'on {args.data_root}')
-    # Initialise now (train() does not initialise twice) so that the untrained predictions of the
-    # figure come from the very model that the initial evaluation scores and training starts from.
-    runner.model.init_weights()
-    untrained = predict_masks(runner, args.num_figure_images)
-    train_start = time.time()
-    runner.train()
-    train_seconds = time.time() - train_start
-    trained = predict_masks(runner, args.num_figure_images)
 
-    hook = next(h for h in runner.hooks if isinstance(h, InitialEvaluationHook))
-    before, after = format_metrics(hook.initial_metrics or {}), format_metrics(hook.last_metrics or {})
+    def untrained_predictions(runner):
+        # Initialise now (train() does not initialise twice) so that the untrained predictions of
+        # the figure come from the very model that the initial evaluation scores and training starts from.
+        runner.model.init_weights()
+        return predict_masks(runner, args.num_figure_images)
+
+    result = demo.run_demo(cfg, notes + [f'{threads} torch CPU thread(s) ({reason})'],
+                           f'Demo: UperNet + Pola-Swin-T from {init}, {cfg.train_cfg.max_iters} iterations '
+                           f'on {args.data_root}', before_train=untrained_predictions)
+    runner, train_seconds, untrained = result.runner, result.train_seconds, result.before_train
+    trained = predict_masks(runner, args.num_figure_images)
+    before, after = format_metrics(result.initial_metrics), format_metrics(result.final_metrics)
     figure_path = osp.join(args.work_dir, 'predictions.png')
     caption = (f'UperNet + Pola-Swin-T ({init}), {runner.iter} iterations on demo_ade: '
                f'mIoU {before["mIoU"]:.1f} -> {after["mIoU"]:.1f}')
@@ -191,12 +170,10 @@ def main(argv=None):
                              caption)
 
     total_seconds = time.time() - start
-    summary = dict(config=osp.relpath(args.config, REPO_ROOT) if args.config.startswith(REPO_ROOT)
-                   else args.config, backbone_init=init, iterations=runner.iter, before=before,
+    summary = dict(config=demo.config_label(args.config, REPO_ROOT), backbone_init=init, iterations=runner.iter, before=before,
                    after=after, cpu_threads=threads, train_seconds=round(train_seconds, 1),
                    total_seconds=round(total_seconds, 1), figure=figure_path)
-    with open(osp.join(args.work_dir, 'summary.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
+    summary_path = demo.write_summary(args.work_dir, summary)
 
     num_val = len(runner.val_dataloader.dataset)
     lines = ['', f'Segmentation demo (IoUMetric on the {num_val} generated validation images, %)',
@@ -204,7 +181,7 @@ def main(argv=None):
     lines += [f'  {label:5}  {before[label]:9.2f}  {after[label]:7.2f}' for _, label in REPORTED]
     lines += [f'  training: {runner.iter} iterations in {train_seconds / 60:.1f} min; '
               f'total {total_seconds / 60:.1f} min',
-              f'  figure: {figure_path}', f'  summary: {osp.join(args.work_dir, "summary.json")}']
+              f'  figure: {figure_path}', f'  summary: {summary_path}']
     runner.logger.info('\n'.join(lines))
     return summary
 

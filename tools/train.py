@@ -7,31 +7,22 @@ The task library comes from the config's ``default_scope`` (mmdet, mmseg, ...). 
 tools/dist_train.sh (torchrun) or tools/slurm_train.sh. Without a GPU the same commands run on
 the CPU (gloo process group, SyncBN -> BN, bf16 autocast for --amp).
 """
-import os
-
-# Idle OpenMP threads sleep instead of spinning. On a CPU shared with other jobs, spinning threads
-# wait for descheduled peers at every parallel region: a CPU training step measured 15 s with the
-# default policy and 1.5 s with this one (2 threads, 2 busy cores); idle machines barely notice.
-# It must be set before torch loads OpenMP; an explicit OMP_WAIT_POLICY wins.
-os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
-
 import argparse
 import os.path as osp
 import sys
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)  # run from a plain checkout, without `pip install -e .`
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
 
-# import mmpola first: it registers the backbones and the safe checkpoint-loading allowlist that
-# every torch.load below (pretrained weights, --resume) goes through
+# mmpola before anything that loads a checkpoint: it registers the backbones and the safe
+# checkpoint-loading allowlist that every torch.load below (pretrained weights, --resume) goes through
 import mmpola  # noqa: E402,F401
-from mmengine.config import DictAction  # noqa: E402
-
+from mmpola.engine import cli, launch  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine import runtime  # noqa: E402
-from mmpola.engine.hooks import NonFiniteLossError, add_nonfinite_loss_guard  # noqa: E402
+from mmpola.engine.data_checks import check_data_files  # noqa: E402
+from mmpola.engine.hooks import add_nonfinite_loss_guard  # noqa: E402
 from mmpola.engine.resume import add_random_state_hook  # noqa: E402
+from mmpola.errors import UserError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -49,18 +40,8 @@ def parse_args(argv=None):
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CHECKPOINT, or, without a value, from the latest checkpoint '
                         'in the work dir')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, e.g. train_dataloader.batch_size=4 '
-                        'model.backbone.init_cfg=None; nonfinite_loss.action=skip '
-                        '[nonfinite_loss.max_skips=N] skips steps with a NaN/inf loss instead of stopping')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
-                        help='job launcher (set by tools/dist_train.sh and tools/slurm_train.sh)')
-    # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    cli.add_launch_args(parser)
+    return cli.parse_tool_args(parser, argv)
 
 
 def check_resumable(path):
@@ -69,7 +50,7 @@ def check_resumable(path):
     checkpoint = safe_torch_load(path)  # refuses a code-running pickle (UnsafeCheckpointError)
     if not (isinstance(checkpoint, dict) and 'meta' in checkpoint and 'state_dict' in checkpoint):
         keys = sorted(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        raise runtime.UserError(
+        raise UserError(
             f'--resume {path}: this is not a training checkpoint written by tools/train.py (it has no '
             f'meta/state_dict, top-level keys: {keys}), so there is no iteration, optimizer or scheduler '
             f'state to resume. To start a new run from its weights, drop --resume and use '
@@ -79,13 +60,9 @@ def check_resumable(path):
 
 def build_train_config(args):
     """The config as the Runner will get it, after flags, machine fallbacks and input checks."""
-    cfg = runtime.load_config(args.config, args.cfg_options)
-    scope = runtime.register_task_modules(cfg)
-
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    cfg = cli.load_config(args.config, args.cfg_options)
+    scope = cli.register_task_modules(cfg)
+    cli.set_work_dir(cfg, args.config, args.work_dir)
     # a NaN / inf loss stops the run before the optimizer step, with a clear message (or the
     # step is skipped: --cfg-options nonfinite_loss.action=skip); see NonFiniteLossHook
     add_nonfinite_loss_guard(cfg)
@@ -93,10 +70,10 @@ def build_train_config(args):
 
     notes = []
     if args.amp:
-        notes.append(runtime.setup_amp(cfg, args.amp_dtype))
+        notes.append(launch.setup_amp(cfg, args.amp_dtype))
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
-            raise runtime.UserError('--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) '
+            raise UserError('--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) '
                                     'in the config')
         cfg.auto_scale_lr.enable = True
 
@@ -104,42 +81,33 @@ def build_train_config(args):
         cfg.resume = True
         cfg.load_from = None
     elif args.resume is not None:
-        runtime.check_checkpoint_file(args.resume, '--resume checkpoint')
+        cli.check_checkpoint_file(args.resume, '--resume checkpoint')
         check_resumable(args.resume)
         cfg.resume = True
         cfg.load_from = args.resume
     elif cfg.get('load_from'):
-        runtime.check_checkpoint_file(cfg.load_from, 'load_from checkpoint')
+        cli.check_checkpoint_file(cfg.load_from, 'load_from checkpoint')
 
-    notes += runtime.adapt_cfg_to_machine(cfg, args.launcher)
-    runtime.check_pretrained_files(cfg)
+    notes += launch.adapt_cfg_to_machine(cfg, args.launcher)
+    cli.check_pretrained_files(cfg)
     keys = ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else [])
-    runtime.check_data_files(cfg, keys)
+    check_data_files(cfg, keys)
     return cfg, scope, notes
 
 
 def build_runner(args):
     """Build (but do not start) the Runner; tests use this to inspect a resumed run."""
-    from mmengine.registry import RUNNERS
-    from mmengine.runner import Runner
     cfg, scope, notes = build_train_config(args)
-    runtime.init_distributed(args.launcher, cfg)
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    for note in notes:
-        runner.logger.info(f'[mmpola] {note}')
-    return runner
+    return cli.build_runner(cfg, args.launcher, notes)
 
 
 def main(argv=None):
     args = parse_args(argv)
     tune_malloc()  # reuse freed CPU tensors instead of page-faulting them in again (see its doc)
-    with runtime.exit_on_user_error():
+    with cli.exit_on_user_error():
         runner = build_runner(args)
-        try:
-            runner.train()
-        except NonFiniteLossError as e:  # the message says it all: no traceback
-            runner.logger.error(f'[mmpola] {e}')
-            sys.exit(1)
+    with cli.exit_on_user_error(runner.logger):  # e.g. a NaN loss: the message says it all
+        runner.train()
 
 
 if __name__ == '__main__':

@@ -8,6 +8,8 @@ from mmengine import dist as mmdist
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from mmpola.errors import MMPolaUserError
+
 __all__ = ['InitialEvaluationHook', 'NonFiniteLossError', 'NonFiniteLossHook', 'add_nonfinite_loss_guard']
 
 
@@ -47,8 +49,10 @@ class InitialEvaluationHook(Hook):
 # --------------------------------------------------------------------------------------------
 # non-finite losses (#8): stop with a clear message, or skip the step, before the weights change
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(MMPolaUserError, FloatingPointError):
     """A training loss was NaN or infinite; raised before the optimizer step of that iteration."""
+
+    exit_code = 1
 
 
 _FIXES = (
@@ -362,7 +366,7 @@ def add_nonfinite_loss_guard(cfg):
     ``--cfg-options nonfinite_loss=skip`` creates) is moved into the hook's arguments, so the
     dumped config shows what ran. Returns the hook's config entry.
     """
-    from .runtime import UserError
+    from mmpola.errors import UserError
     options = cfg.pop('nonfinite_loss', None) if 'nonfinite_loss' in cfg else None
     if isinstance(options, str):
         options = dict(action=options)

@@ -6,11 +6,13 @@ import warnings
 
 import torch
 
+from mmpola.errors import MMPolaUserError
+
 __all__ = ['PolaConfigError', 'pretrained_alias', 'is_pretrained_cfg', 'resolve_arch', 'check_out_indices',
            'check_frozen_stages', 'check_stage_string', 'check_input']
 
 
-class PolaConfigError(ValueError):
+class PolaConfigError(MMPolaUserError, ValueError):
     """A backbone argument or input the user can fix (arch, out_indices, frozen_stages, input size).
 
     A ``ValueError``, so existing ``except ValueError`` code still sees it; mmpola's tools print it

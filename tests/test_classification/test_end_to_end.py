@@ -105,12 +105,12 @@ def _backbone_matches(backbone, checkpoint):
 
 
 def _build_with_backbone_checkpoint(config_path, scope, checkpoint):
-    from mmpola.engine import runtime
+    from mmpola.engine import register_task_modules, replace_sync_bn
     cfg = Config.fromfile(config_path)
     assert cfg.model.backbone.type == 'PolaPVT' and cfg.model.backbone.init_cfg.type == 'Pretrained'
     cfg.model.backbone.init_cfg.checkpoint = checkpoint  # the only change: where the file is
-    runtime.replace_sync_bn(cfg.model)
-    runtime.register_task_modules(cfg)
+    replace_sync_bn(cfg.model)
+    register_task_modules(cfg)
     registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
     model = registry.build(cfg.model)
     model.init_weights()

@@ -25,12 +25,6 @@ SHAPES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def eager_fast_path(monkeypatch):
-    """Run the fast path eagerly unless compile tests are requested explicitly."""
-    monkeypatch.setenv('MMPOLA_NO_COMPILE', '1')
-
-
 def make_inputs(B, h, N, n, d, dtype=torch.float32, seed=0, q_scale=1.0):
     """Inputs near the trained regime: p in (1, 5) around 3, s around ln 2."""
     g = torch.Generator().manual_seed(seed)

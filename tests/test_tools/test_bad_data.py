@@ -31,7 +31,7 @@ from mmengine.dataset import Compose, pseudo_collate  # noqa: E402
 from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 
-from mmpola.engine.runtime import UserError, check_data_files, load_config, register_task_modules  # noqa: E402
+from mmpola.engine import UserError, check_data_files, load_config, register_task_modules  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DET_DEMO = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')

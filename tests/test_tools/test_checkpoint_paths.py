@@ -343,7 +343,7 @@ def test_train_resume_and_load_from(tiny_cls, tmp_path):
 
     # an official file: --resume says it holds weights only and how to start from them
     path, official = _official('pvt')
-    with pytest.raises(train.runtime.UserError, match=r'not a training checkpoint.*load_from='):
+    with pytest.raises(train.UserError, match=r'not a training checkpoint.*load_from='):
         _probe_train(train, base + ['--resume', path])
 
     # an official file: load_from initialises the classifier (head included)

@@ -353,10 +353,14 @@ def test_tools_train_adds_the_guard_and_stops_with_the_message(tmp_path, monkeyp
     assert 'mmpola.engine' in dumped.custom_imports['imports']
 
 
-def test_demos_add_the_guard():
+def test_demos_add_the_guard(tmp_path):
+    from mmpola.engine.demo import prepare_demo_config
     for name in ('detection', 'segmentation', 'classification'):
         with open(osp.join(REPO, 'tools', f'demo_{name}.py')) as f:
-            assert 'add_nonfinite_loss_guard(cfg)' in f.read(), name
+            assert 'demo.prepare_demo_config(cfg' in f.read(), name
+    cfg = Config(dict(model=dict(type='NonFiniteToyModel')))
+    prepare_demo_config(cfg, str(tmp_path), str(tmp_path), seed=0)
+    assert [h['type'] for h in cfg.custom_hooks] == ['InitialEvaluationHook', 'NonFiniteLossHook', 'RandomStateHook']
 
 
 def test_argument_checks():

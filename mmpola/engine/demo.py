@@ -1,0 +1,82 @@
+"""The shared course of the demos (tools/demo_*.py): evaluate untrained, train, evaluate, report.
+
+Each demo generates its data, adjusts its config (:func:`prepare_demo_config` does what every demo
+does), then :func:`run_demo` builds the Runner, lets the demo look at the untrained model
+(``before_train``, e.g. predictions for the figure), trains with :class:`InitialEvaluationHook`
+(which scores the untrained model first), and returns the metrics before and after with the
+timings. Drawing and the printed table are the demo's own; :func:`write_summary` saves its
+``summary.json``.
+"""
+import json
+import os.path as osp
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .cli import build_runner
+from .data_checks import check_data_files
+from .hooks import InitialEvaluationHook, add_nonfinite_loss_guard
+from .launch import adapt_cfg_to_machine
+from .resume import add_random_state_hook
+
+__all__ = ['DemoResult', 'prepare_demo_config', 'run_demo', 'write_summary', 'config_label']
+
+
+@dataclass
+class DemoResult:
+    runner: Any
+    initial_metrics: dict  # the untrained model's, from InitialEvaluationHook
+    final_metrics: dict  # after training
+    initial_eval_seconds: float
+    train_seconds: float  # training, including the initial and the final evaluation
+    before_train: Any = None  # what ``before_train`` returned
+
+
+def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
+    """What every demo does to its config; returns the notes of :func:`adapt_cfg_to_machine`.
+
+    Work dir and seed; ``data_root`` for the train/val/test datasets; the backbone from
+    ``pretrained`` when that file exists; the initial evaluation, the non-finite loss guard and
+    the RNG states in checkpoints; the machine fallbacks; the data-file check.
+    """
+    cfg.work_dir = work_dir
+    cfg.randomness = dict(seed=seed)
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        if loader in cfg:
+            cfg[loader].dataset.data_root = data_root
+    if pretrained and osp.isfile(pretrained):
+        cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+    cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
+    add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
+    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
+    notes = adapt_cfg_to_machine(cfg, 'none')
+    check_data_files(cfg, ['train_dataloader', 'val_dataloader'])
+    return notes
+
+
+def run_demo(cfg, notes, description, before_train=None):
+    """Build the Runner, log ``description``, call ``before_train(runner)``, train; a :class:`DemoResult`.
+
+    ``description`` is a string, or a function of the built runner that returns one.
+    """
+    runner = build_runner(cfg, 'none', notes)
+    runner.logger.info(description(runner) if callable(description) else description)
+    seen = before_train(runner) if before_train is not None else None
+    start = time.time()
+    runner.train()
+    train_seconds = time.time() - start
+    hook = next(h for h in runner.hooks if isinstance(h, InitialEvaluationHook))
+    return DemoResult(runner, dict(hook.initial_metrics or {}), dict(hook.last_metrics or {}),
+                      hook.initial_seconds, train_seconds, seen)
+
+
+def config_label(config, repo_root):
+    """The config path relative to the repository when it is inside it (for summaries)."""
+    return osp.relpath(config, repo_root) if osp.abspath(config).startswith(repo_root) else config
+
+
+def write_summary(work_dir, summary):
+    path = osp.join(work_dir, 'summary.json')
+    with open(path, 'w') as f:
+        json.dump(summary, f, indent=2)
+    return path

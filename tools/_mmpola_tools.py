@@ -1,0 +1,21 @@
+"""The shared start of every script in tools/; each imports it before torch (or mmpola) is loaded.
+
+* ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads sleep instead of spinning. On a CPU shared with
+  other jobs, spinning threads wait for descheduled peers at every parallel region, which makes
+  CPU training several times slower; idle machines barely notice. It only takes effect before
+  torch loads OpenMP, hence here; an explicit ``OMP_WAIT_POLICY`` wins.
+* the repository root goes on ``sys.path``, so the tools run from a plain checkout without
+  ``pip install -e .``.
+
+Everything after torch is loaded (config loading, checks, runner construction) lives in
+:mod:`mmpola.engine.cli`.
+"""
+import os
+import os.path as osp
+import sys
+
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
