@@ -14,11 +14,21 @@ statistics methods of ``HistoryBuffer``, and ``CfgNode`` by a plain dict subclas
 need to be installed and nothing from the file is executed. Any other global is still refused,
 with an :class:`UnsafeCheckpointError` that names the file and says how to convert a trusted one.
 
-Importing mmpola also routes mmengine's checkpoint loading (``load_from``, ``--resume``,
-``tools/test.py``) through :func:`safe_torch_load` (:func:`install_mmengine_loaders`), and
-:mod:`mmpola.models.timm_models` gives timm's refusals the same message.
+mmpola's own loaders (:func:`safe_torch_load`, used by :mod:`mmpola.checkpoint`) apply the
+allowlist by themselves. ``import mmpola`` calls :func:`install`, which extends it to the other
+libraries' loading paths, reversibly (:func:`uninstall`), and only when ``MMPOLA_SAFE_LOAD`` is not
+``0``:
+
+* torch: the allowlist is added to torch's global weights-only allowlist
+  (``torch.serialization.add_safe_globals``), so a plain ``torch.load`` of such a file works;
+* mmengine: the loaders of its checkpoint schemes are re-registered (``CheckpointLoader.register_scheme``,
+  its public extension point): local files go through :func:`safe_torch_load` (weights-only whatever
+  ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says), and a refusal by another scheme's loader names the file;
+* timm: its file reader ``timm.models._helpers._torch_load`` (timm has no public hook for this) is
+  wrapped so that a refusal names the file; what loads and what is refused does not change.
 """
 import collections
+import contextlib
 import functools
 import os
 import os.path as osp
@@ -30,9 +40,8 @@ import torch
 
 from mmpola.errors import MMPolaUserError
 
-__all__ = ['register_safe_globals', 'safe_torch_load', 'OfficialConfigNode', 'UnsafeCheckpointError',
-           'unsafe_checkpoint_error', 'is_weights_only_refusal', 'name_refused_file',
-           'install_mmengine_loaders']
+__all__ = ['install', 'uninstall', 'is_installed', 'allowlist', 'safe_torch_load', 'OfficialConfigNode',
+           'UnsafeCheckpointError', 'unsafe_checkpoint_error', 'is_weights_only_refusal', 'name_refused_file']
 
 
 class UnsafeCheckpointError(MMPolaUserError, RuntimeError):
@@ -82,25 +91,70 @@ def _numpy_globals():
     return out, named
 
 
-_REGISTERED = False
+_ALLOWLIST = []
+_INSTALLED = None  # what install() replaced, to put back in uninstall()
+SAFE_LOAD_ENV = 'MMPOLA_SAFE_LOAD'
 
 
-def register_safe_globals():
-    """Allowlist the types mmengine and official PolaFormer checkpoints contain (idempotent)."""
-    global _REGISTERED
-    if _REGISTERED or not hasattr(torch.serialization, 'add_safe_globals'):
+def allowlist():
+    """The globals mmengine and official PolaFormer checkpoints contain, as ``add_safe_globals`` takes them."""
+    if not _ALLOWLIST:
+        plain, named = _numpy_globals()
+        safe = list(plain) + named
+        try:
+            from mmengine.logging import HistoryBuffer
+            safe += [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr')]
+        except ImportError:  # mmengine is optional for plain timm users
+            pass
+        safe.append((OfficialConfigNode, 'yacs.config.CfgNode'))
+        _ALLOWLIST.extend(safe)
+    return list(_ALLOWLIST)
+
+
+def install():
+    """Extend the safe loading to torch's, mmengine's and timm's loading paths (idempotent).
+
+    ``import mmpola`` calls it unless the environment variable ``MMPOLA_SAFE_LOAD`` is ``0``; see the
+    module docstring for exactly what changes. Returns whether it is installed.
+    """
+    global _INSTALLED
+    if _INSTALLED is not None:
+        return True
+    if not hasattr(torch.serialization, 'add_safe_globals'):  # torch < 2.4: nothing to extend
+        return False
+    torch.serialization.add_safe_globals(allowlist())
+    _INSTALLED = dict(mmengine=_install_mmengine_loaders(), timm=_install_timm_reader())
+    return True
+
+
+def uninstall():
+    """Undo :func:`install`: torch's allowlist, mmengine's scheme loaders and timm's reader as before."""
+    global _INSTALLED
+    if _INSTALLED is None:
         return
-    plain, named = _numpy_globals()
-    safe = list(plain) + named
-    try:
-        from mmengine.logging import HistoryBuffer
-        safe += [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr')]
-    except ImportError:  # mmengine is optional for plain timm users
-        pass
-    safe.append((OfficialConfigNode, 'yacs.config.CfgNode'))
-    torch.serialization.add_safe_globals(safe)
-    install_mmengine_loaders()
-    _REGISTERED = True
+    ours = allowlist()
+    kept = [g for g in torch.serialization.get_safe_globals() if g not in ours]
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(kept)
+    if _INSTALLED['mmengine']:
+        from mmengine.runner.checkpoint import CheckpointLoader
+        for prefix, loader in _INSTALLED['mmengine'].items():
+            CheckpointLoader.register_scheme(prefix, loader, force=True)
+    if _INSTALLED['timm'] is not None:
+        from timm.models import _helpers
+        _helpers._torch_load = _INSTALLED['timm']
+    _INSTALLED = None
+
+
+def is_installed():
+    return _INSTALLED is not None
+
+
+def install_unless_disabled():
+    """What ``import mmpola`` runs: :func:`install` unless ``MMPOLA_SAFE_LOAD=0``."""
+    if os.environ.get(SAFE_LOAD_ENV, '1').strip().lower() in ('0', 'false', 'no', 'off'):
+        return False
+    return install()
 
 
 def _refusal_detail(path, error):
@@ -156,14 +210,17 @@ def unsafe_checkpoint_error(path, error):
 
 
 def safe_torch_load(path, map_location='cpu'):
-    """``torch.load(path, weights_only=True)`` with the allowlist and an actionable error."""
-    register_safe_globals()
+    """``torch.load(path, weights_only=True)`` with the allowlist and an actionable error.
+
+    The allowlist applies to this call whether or not :func:`install` ran.
+    """
     if isinstance(path, (str, os.PathLike)) and not osp.isfile(path):
         raise FileNotFoundError(
             f'checkpoint file {os.fspath(path)!r} does not exist; check the path (init_cfg.checkpoint, '
             'load_from, --resume, the checkpoint argument of tools/test.py or checkpoint_path)')
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with _allowlisted():
+            return torch.load(path, map_location=map_location, weights_only=True)
     except UnsafeCheckpointError as e:  # raised by the getattr stand-in, not wrapped by torch
         raise unsafe_checkpoint_error(path, e) from e
     except Exception as e:  # torch raises UnpicklingError wrapped in various types
@@ -207,21 +264,47 @@ def load_from_local(filename, map_location=None):
 load_from_local._mmpola_guarded = True
 
 
-def install_mmengine_loaders():
+def _allowlisted():
+    """The allowlist for the calls inside the ``with`` block (torch's ``safe_globals`` context)."""
+    if hasattr(torch.serialization, 'safe_globals'):
+        return torch.serialization.safe_globals(allowlist())
+    torch.serialization.add_safe_globals(allowlist())  # torch 2.4: no context manager
+    return contextlib.nullcontext()
+
+
+def _install_mmengine_loaders():
     """Route mmengine's checkpoint loading (``load_from``, ``--resume``, ``tools/test.py``, mmengine
-    ``Pretrained`` inits of necks and heads) through the safe loader.
+    ``Pretrained`` inits of necks and heads) through the safe loader; returns the replaced loaders.
 
     mmengine calls plain ``torch.load``: weights-only by default since torch 2.6, but its refusal
     names neither the file nor a way forward, and ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns it
     off. Local files now go through :func:`safe_torch_load` (weights-only whatever the
     environment says); the other schemes (http, s3 ...) keep their loader, with a refusal turned
-    into :class:`UnsafeCheckpointError` naming the file. Idempotent.
+    into :class:`UnsafeCheckpointError` naming the file.
     """
     try:
         from mmengine.runner.checkpoint import CheckpointLoader
     except ImportError:  # mmengine is optional for plain timm users
-        return
-    for prefix, loader in list(CheckpointLoader._schemes.items()):
+        return {}
+    previous = dict(CheckpointLoader._schemes)
+    for prefix, loader in previous.items():
         if prefix != '':
             CheckpointLoader.register_scheme(prefix, name_refused_file(loader), force=True)
     CheckpointLoader.register_scheme('', load_from_local, force=True)
+    return previous
+
+
+def _install_timm_reader():
+    """Make timm's weights-only refusal name the file (``checkpoint_path=``, ``pretrained_cfg``
+    files, ``timm.models.load_checkpoint``) for every timm model: timm reads every file through
+    ``timm.models._helpers._torch_load``, which is wrapped. Returns the original (None: no timm,
+    or a timm without that function, which keeps its own message)."""
+    try:
+        from timm.models import _helpers
+    except ImportError:
+        return None
+    original = getattr(_helpers, '_torch_load', None)
+    if original is None:
+        return None
+    _helpers._torch_load = name_refused_file(original)
+    return original

@@ -245,7 +245,7 @@ def main():
     # 3. the rest of the stack and mmpola itself (editable)
     stack = [wheel] + [spec(pins, n) for n in (
         'mmengine', 'mmdet', 'mmsegmentation', 'ftfy', 'regex', 'timm', 'einops', 'pycocotools',
-        'numpy', 'opencv-python', 'opencv-python-headless', 'setuptools', 'pytest')]
+        'numpy', 'opencv-python', 'opencv-python-headless', 'setuptools', 'pytest', 'ruff')]
     uv_install(uv, python, stack + ['-c', constraints])
     uv_install(uv, python, ['--no-deps', '-e', REPO])
 

@@ -29,7 +29,6 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from mmpola.safe_load import name_refused_file
 from .classifier import PolaClassifier, checkpoint_filter_fn
 
 __all__ = ['accept_official_checkpoints', 'create_pola_classifier', 'TIMM_MODEL_ARGS']
@@ -123,19 +122,6 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(feature_cls='getter', out_indices=(0, 1, 2, 3)),
         **model_args)
-
-
-def _name_refused_files():
-    """Make timm's weights-only refusal name the file (``checkpoint_path=``, ``pretrained_cfg``
-    files, ``timm.models.load_checkpoint``), for every timm model: timm reads every file through
-    ``timm.models._helpers._torch_load``, which is wrapped. A timm without that function keeps its
-    own message."""
-    from timm.models import _helpers
-    if getattr(_helpers, '_torch_load', None) is not None:
-        _helpers._torch_load = name_refused_file(_helpers._torch_load)
-
-
-_name_refused_files()
 
 
 @register_model

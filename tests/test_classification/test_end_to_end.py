@@ -119,16 +119,14 @@ def _build_with_backbone_checkpoint(config_path, scope, checkpoint):
 
 def test_checkpoint_initialises_mask_rcnn_backbone(trained):
     _, checkpoint, _ = trained
-    if not osp.isfile(DET_CONFIG):
-        pytest.skip(f'{DET_CONFIG} is not there yet')
+    assert osp.isfile(DET_CONFIG), f'{DET_CONFIG} is missing'
     detector = _build_with_backbone_checkpoint(DET_CONFIG, 'mmdet', checkpoint)
     _backbone_matches(detector.backbone, checkpoint)
 
 
 def test_checkpoint_initialises_upernet_backbone(trained):
     _, checkpoint, _ = trained
-    if not osp.isfile(SEG_CONFIG):
-        pytest.skip(f'{SEG_CONFIG} is not there yet')
+    assert osp.isfile(SEG_CONFIG), f'{SEG_CONFIG} is missing'
     segmentor = _build_with_backbone_checkpoint(SEG_CONFIG, 'mmseg', checkpoint)
     _backbone_matches(segmentor.backbone, checkpoint)
 

@@ -1,4 +1,4 @@
-"""NonFiniteLossHook (#8): a NaN / inf loss stops training before the optimizer step with a clear
+"""NonFiniteLossHook: a NaN / inf loss stops training before the optimizer step with a clear
 message, or the step is skipped when configured; tools/train.py and the demos always add it.
 
 A tiny mmengine Runner trains a two-parameter model whose ``loss_mask`` turns NaN (or inf) at

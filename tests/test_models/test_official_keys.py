@@ -1,4 +1,4 @@
-"""Every released size has the official parameter names and shapes (spec §2.2, §2.3, §5).
+"""Every released size has the official parameter names and shapes, and the parameter counts of the papers.
 
 Built on the meta device: no memory, no init cost.
 """

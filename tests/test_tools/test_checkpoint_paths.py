@@ -1,4 +1,4 @@
-"""Every checkpoint load path (#8): a pickle that would run code is refused, naming the file, and
+"""Every checkpoint load path: a pickle that would run code is refused, naming the file, and
 never runs; official PolaFormer files (with their yacs config object) and mmengine runner
 checkpoints (numpy values and HistoryBuffers in meta / message_hub) load.
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip('mmdet')
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 PYTHON = sys.executable
