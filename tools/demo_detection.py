@@ -112,7 +112,8 @@ def main(argv=None):
                           score_thr=args.score_thr)
 
     total_seconds = time.time() - start
-    summary = dict(config=demo.config_label(args.config, REPO_ROOT), backbone_init=init, epochs=cfg.train_cfg.max_epochs,
+    summary = dict(config=demo.config_label(args.config, REPO_ROOT),
+                   backbone_init=init, epochs=cfg.train_cfg.max_epochs,
                    iterations=runner.iter, before=before, after=after,
                    initial_eval_seconds=round(initial_seconds, 1),
                    train_and_final_eval_seconds=round(train_seconds - initial_seconds, 1),

@@ -21,7 +21,6 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
-
 import torch  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 
