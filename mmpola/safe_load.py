@@ -265,7 +265,14 @@ load_from_local._mmpola_guarded = True
 
 
 def _allowlisted():
-    """The allowlist for the calls inside the ``with`` block (torch's ``safe_globals`` context)."""
+    """The allowlist for the calls inside the ``with`` block (torch's ``safe_globals`` context).
+
+    When :func:`install` ran, torch's global allowlist has it already; the context is then skipped,
+    because torch's context manager removes its entries from the global list on exit, also entries
+    that were there before it was entered.
+    """
+    if is_installed():
+        return contextlib.nullcontext()
     if hasattr(torch.serialization, 'safe_globals'):
         return torch.serialization.safe_globals(allowlist())
     torch.serialization.add_safe_globals(allowlist())  # torch 2.4: no context manager
