@@ -10,5 +10,6 @@ register_safe_globals()
 
 from . import models  # noqa: E402,F401  (registers the backbones)
 from . import datasets  # noqa: E402,F401  (registers the pipeline checks, e.g. CheckSegLabels)
+from . import detection  # noqa: E402,F401  (registers PolaCocoMetric and PolaDetTTAModel)
 
 __all__ = ['__version__']
