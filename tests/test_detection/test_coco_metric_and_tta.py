@@ -103,9 +103,11 @@ def test_tta_model_without_detections_gives_an_empty_prediction():
 
 @pytest.mark.parametrize('name', sorted(osp.basename(p)[:-3] for p in glob.glob(osp.join(
     REPO, 'configs', 'detection', '*.py'))))
-def test_detection_configs_evaluate_any_coco_file_and_have_tta(name):
+def test_detection_configs_evaluate_any_coco_file_and_have_tta(name, tmp_path):
     """Every detection config: PolaCocoMetric for val and test, and --tta with the flip (1x) or the
-    flip at three scales (3x: multi-scale training)."""
+    flip at three scales (3x: multi-scale training); the TTA pipeline gives one input per view."""
+    import cv2
+    from mmcv.transforms import Compose
     from mmengine.config import Config
     cfg = Config.fromfile(osp.join(REPO, 'configs', 'detection', f'{name}.py'))
     assert cfg.val_evaluator.type == cfg.test_evaluator.type == 'PolaCocoMetric'
@@ -116,3 +118,9 @@ def test_detection_configs_evaluate_any_coco_file_and_have_tta(name):
     assert scales == ([(1333, 800), (666, 400), (2000, 1200)] if '3x' in name else [(1333, 800)])
     assert [t.prob for t in augment[1]] == [1., 0.]
     assert 'flip' in augment[-1][0].meta_keys and 'flip_direction' in augment[-1][0].meta_keys
+
+    _mmdet_scope()
+    cv2.imwrite(str(tmp_path / 'image.jpg'), np.full((60, 90, 3), 127, np.uint8))
+    views = Compose(cfg.tta_pipeline)(dict(img_path=str(tmp_path / 'image.jpg'), img_id=0))
+    assert len(views['inputs']) == len(views['data_samples']) == 2 * len(scales)
+    assert [s.flip for s in views['data_samples']] == [True, False] * len(scales)
