@@ -12,5 +12,6 @@ install_unless_disabled()
 
 from . import models  # noqa: E402,F401  (registers the backbones)
 from . import datasets  # noqa: E402,F401  (registers the pipeline checks, e.g. CheckSegLabels)
+from . import detection  # noqa: E402,F401  (registers PolaCocoMetric and PolaDetTTAModel)
 
 __all__ = ['__version__']

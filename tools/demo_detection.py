@@ -50,8 +50,6 @@ def build_config(args):
     cfg = cli.load_config(args.config)
     cli.register_task_modules(cfg)
     root = args.data_root.rstrip('/') + '/'
-    for evaluator in ('val_evaluator', 'test_evaluator'):
-        cfg[evaluator].ann_file = root + 'annotations/instances_val.json'
     if args.epochs is not None:
         cfg.train_cfg.max_epochs = args.epochs
         cfg.train_cfg.val_interval = args.epochs

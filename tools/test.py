@@ -34,7 +34,7 @@ def parse_args(argv=None):
     parser.add_argument('--show-dir', help='save images with predictions drawn next to the ground truth')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per image with --show')
     parser.add_argument('--tta', action='store_true', help="test-time augmentation with the config's "
-                        '`tta_model` and `tta_pipeline` (e.g. mmseg multi-scale + flip)')
+                        '`tta_model` and `tta_pipeline` (flips; multi-scale for mmseg and the 3x detection configs)')
     parser.add_argument('--amp', action='store_true', help='run inference under fp16 autocast (CUDA only)')
     cli.add_launch_args(parser)
     return cli.parse_tool_args(parser, argv)

@@ -18,7 +18,7 @@ from mmpola.errors import MMPolaUserError, UserError
 __all__ = [
     'UserError', 'exit_on_user_error', 'is_url', 'load_config', 'register_task_modules', 'check_checkpoint_file',
     'check_pretrained_files', 'enable_test_dump', 'enable_tta', 'enable_test_visualization', 'add_launch_args',
-    'parse_tool_args', 'set_work_dir', 'build_runner',
+    'parse_tool_args', 'set_work_dir', 'build_runner', 'move_data_root',
 ]
 
 
@@ -56,8 +56,47 @@ def load_config(path, cfg_options=None):
         raise UserError(f'config {path!r} needs the package {e.name!r}, which is not installed; '
                         'see requirements/pins.txt') from e
     if cfg_options:
+        if 'data_root' in cfg_options:  # first, so that explicit per-dataset options still win
+            move_data_root(cfg, cfg_options['data_root'])
         cfg.merge_from_dict(cfg_options)
     return cfg
+
+
+_DATA_ROOT_USERS = ('train_dataloader', 'val_dataloader', 'test_dataloader', 'val_evaluator', 'test_evaluator')
+
+
+def move_data_root(cfg, new_root):
+    """``--cfg-options data_root=DIR``: move every dataset and evaluator file that follows the old root.
+
+    A config's top-level ``data_root`` is substituted into ``dataset.data_root`` and the
+    evaluators' ``ann_file`` (``data_root + 'annotations/...'``) when the file is parsed, so setting
+    it afterwards changes nothing else. Here, in the dataloaders and evaluators, each ``data_root``
+    equal to the old root becomes ``new_root`` and each path under the old root is moved under it.
+    """
+    old_root = cfg.get('data_root')
+    if not isinstance(old_root, str) or not old_root.strip('/'):
+        raise UserError(f'--cfg-options data_root={new_root}: this config has no top-level data_root to '
+                        'replace; set the datasets themselves, e.g. train_dataloader.dataset.data_root=DIR '
+                        '(and val_dataloader / test_dataloader, and val_evaluator.ann_file for COCO)')
+    old = old_root.rstrip('/')
+
+    def move(node, key=None):
+        if isinstance(node, dict):
+            for k in node:
+                node[k] = move(node[k], k)
+        elif isinstance(node, list):
+            node[:] = [move(item) for item in node]
+        elif isinstance(node, str):
+            if key == 'data_root' and node.rstrip('/') == old:
+                return new_root
+            if node.startswith(old + '/'):
+                return osp.join(new_root, node[len(old) + 1:])
+        return node
+
+    for key in _DATA_ROOT_USERS:
+        if key in cfg and cfg[key] is not None:
+            cfg[key] = move(cfg[key])
+    cfg.data_root = new_root
 
 
 
@@ -140,8 +179,9 @@ def enable_tta(cfg):
     """``--tta``: wrap the model in the config's ``tta_model`` and test with its ``tta_pipeline``."""
     missing = [key for key in ('tta_model', 'tta_pipeline') if key not in cfg]
     if missing:
-        raise UserError(f'--tta needs {" and ".join(missing)} in the config (mmseg configs inherit both '
-                        'from their dataset and runtime bases)')
+        raise UserError(f'--tta needs {" and ".join(missing)} in the config (the detection configs inherit '
+                        'both from configs/detection/_base_/coco_tta.py, mmseg configs from their dataset and '
+                        'runtime bases)')
     dataset = cfg.test_dataloader.dataset
     while 'dataset' in dataset:  # wrapped datasets: the pipeline lives on the innermost one
         dataset = dataset['dataset']

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .cli import build_runner
+from .cli import build_runner, move_data_root
 from .data_checks import check_data_files
 from .hooks import InitialEvaluationHook, add_nonfinite_loss_guard
 from .launch import adapt_cfg_to_machine
@@ -35,15 +35,13 @@ class DemoResult:
 def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
     """What every demo does to its config; returns the notes of :func:`adapt_cfg_to_machine`.
 
-    Work dir and seed; ``data_root`` for the train/val/test datasets; the backbone from
+    Work dir and seed; ``data_root`` for the train/val/test datasets and evaluators; the backbone from
     ``pretrained`` when that file exists; the initial evaluation, the non-finite loss guard and
     the RNG states in checkpoints; the machine fallbacks; the data-file check.
     """
     cfg.work_dir = work_dir
     cfg.randomness = dict(seed=seed)
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        if loader in cfg:
-            cfg[loader].dataset.data_root = data_root
+    move_data_root(cfg, data_root)  # the datasets and the evaluators' annotation files
     if pretrained and osp.isfile(pretrained):
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=pretrained)
     cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
