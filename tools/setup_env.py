@@ -11,8 +11,9 @@ What it handles (measured traps, see DEVELOPERS.md):
   fails to import ("operator torchvision::nms does not exist").
 * mmcv 2.1.0 has no wheel for modern torch: it is built once from its sdist with compiled ops
   using --no-build-isolation and setuptools < 81 (its setup.py needs pkg_resources). CUDA ops
-  whenever nvcc and a CUDA torch are present (a GPU need not be visible: login nodes have none),
-  else CPU ops; MMPOLA_MMCV_OPS=cpu|cuda overrides. nvcc's CUDA major version must be torch's.
+  whenever nvcc and a CUDA torch are present on a GPU machine (a GPU visible, nvidia-smi installed,
+  or TORCH_CUDA_ARCH_LIST set, as on a login node), else CPU ops; MMPOLA_MMCV_OPS=cpu|cuda
+  overrides. nvcc's CUDA major version must be torch's.
   The wheel is kept in a wheelhouse outside the clone, keyed by mmcv/torch/CUDA/ops/arch
   list/python, so later set-ups take seconds.
 * GPU machines (nvidia-smi): the default torch build must run on the driver (else the build
@@ -190,9 +191,13 @@ def probe_nvcc():
     return path, parse_nvcc_version(out)
 
 
+def nvidia_smi():
+    return shutil.which('nvidia-smi')
+
+
 def probe_gpus():
     """``(gpus, error)`` from nvidia-smi: dicts with name, compute_cap (None on old drivers), driver."""
-    exe = shutil.which('nvidia-smi')
+    exe = nvidia_smi()
     if exe is None:
         return [], None
     for fields in ('name,compute_cap,driver_version', 'name,driver_version'):
@@ -237,11 +242,15 @@ def describe_gpus(gpus):
     return f"{len(gpus)} x {names}" + (f" (compute capability {', '.join(caps)})" if caps else '')
 
 
-def decide_mmcv_ops(override, torch_cuda, nvcc_version, gpus=()):
-    """'cuda' when nvcc and a CUDA torch are present (a GPU need not be visible), else 'cpu'.
+def decide_mmcv_ops(override, torch_cuda, nvcc_version, gpus=(), gpu_machine=False):
+    """'cuda' or 'cpu': the kind of compiled ops mmcv is built with. ``override`` is ``MMPOLA_MMCV_OPS``.
 
-    ``override`` is ``MMPOLA_MMCV_OPS``. On a machine with a GPU, CPU ops are not chosen silently:
-    mmcv's detection ops would fail on CUDA tensors.
+    CUDA ops need nvcc and a CUDA torch, and are built whenever both are present on a machine meant
+    for GPUs, whether or not a GPU is visible: ``gpus`` (visible ones) or ``gpu_machine`` (nvidia-smi
+    is installed, or TORCH_CUDA_ARCH_LIST names the GPUs to build for, as on a login node). A machine
+    with neither gets CPU ops: the project's CPU machines (CI's too) carry a CUDA torch *and* a CUDA
+    toolkit, and a CUDA build there would take hours on 2 cores for GPUs that are not there. On a
+    machine with a GPU, CPU ops are not chosen silently: mmcv's detection ops fail on CUDA tensors.
     """
     if override:
         if override not in ('cpu', 'cuda'):
@@ -253,7 +262,7 @@ def decide_mmcv_ops(override, torch_cuda, nvcc_version, gpus=()):
             raise SetupError('MMPOLA_MMCV_OPS=cuda, but nvcc was not found (CUDA_HOME, PATH, /usr/local/cuda); '
                              f'install the CUDA {torch_cuda} toolkit or point CUDA_HOME at it')
         return override
-    if torch_cuda and nvcc_version:
+    if torch_cuda and nvcc_version and (gpus or gpu_machine):
         return 'cuda'
     if gpus and torch_cuda:
         raise SetupError(
@@ -532,6 +541,8 @@ def setup(args):
     pins = read_pins()
     ops_override = os.environ.get('MMPOLA_MMCV_OPS') or None
     gpus, smi_error = probe_gpus()
+    arch_env = os.environ.get('TORCH_CUDA_ARCH_LIST')
+    gpu_machine = nvidia_smi() is not None or bool(arch_env and arch_env.strip())
     if smi_error:
         log(f'nvidia-smi failed ({smi_error}): set up as for a machine without a GPU')
     elif gpus:
@@ -611,12 +622,15 @@ def setup(args):
     # 2. which mmcv ops (decided before anything is built), its build requirements, the wheel (cached)
     torch_version, cuda = info[0], info[2]
     nvcc_path, nvcc_version = probe_nvcc()
-    ops = decide_mmcv_ops(ops_override, cuda, nvcc_version, gpus)
+    ops = decide_mmcv_ops(ops_override, cuda, nvcc_version, gpus, gpu_machine)
     arch_list = None
     if ops == 'cuda':
         check_nvcc_matches_torch(nvcc_path, nvcc_version, torch_version, cuda)
-        arch_list, source = decide_arch_list(os.environ.get('TORCH_CUDA_ARCH_LIST'), gpus, nvcc_version)
+        arch_list, source = decide_arch_list(arch_env, gpus, nvcc_version)
         log(f'mmcv: CUDA ops, nvcc {nvcc_path} (CUDA {nvcc_version}), GPU architectures {arch_list} (from {source})')
+    elif cuda and nvcc_version and not ops_override:
+        log(f'mmcv: CPU ops: nvcc {nvcc_path} is here but no GPU, nvidia-smi or TORCH_CUDA_ARCH_LIST; to build CUDA '
+            'ops for GPU jobs from this machine, set TORCH_CUDA_ARCH_LIST (e.g. "8.0;9.0") or MMPOLA_MMCV_OPS=cuda')
     uv_install(uv, python, build_reqs + ['-c', constraints])
     wheel = mmcv_wheel(python, pins, torch_version, cuda, ops, arch_list, args.wheelhouse)
 

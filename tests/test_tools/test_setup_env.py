@@ -33,11 +33,13 @@ H100 = dict(name='NVIDIA H100 80GB HBM3', compute_cap='9.0', driver='580.82.07')
 # ----------------------------------------------------------------------------------------------
 # mmcv: ops kind, architectures, nvcc vs torch, wheel cache key
 
-def test_cuda_ops_whenever_nvcc_and_a_cuda_torch_exist(se):
-    assert se.decide_mmcv_ops(None, '13.0', '13.0', []) == 'cuda'  # login node: no GPU visible
+def test_cuda_ops_whenever_nvcc_and_a_cuda_torch_exist_on_a_gpu_machine(se):
+    assert se.decide_mmcv_ops(None, '13.0', '13.0', [], gpu_machine=True) == 'cuda'  # login node: no GPU visible
     assert se.decide_mmcv_ops(None, '13.0', '13.0', [A100]) == 'cuda'
-    assert se.decide_mmcv_ops(None, '13.0', None, []) == 'cpu'  # CPU machine (the CI's): as before
-    assert se.decide_mmcv_ops(None, None, '12.8', []) == 'cpu'  # CPU build of torch
+    assert se.decide_mmcv_ops(None, '13.0', '13.0', []) == 'cpu'  # this project's CPU machines (CI): as before
+    assert se.decide_mmcv_ops(None, '13.0', None, []) == 'cpu'
+    assert se.decide_mmcv_ops(None, None, '12.8', [], gpu_machine=True) == 'cpu'  # CPU build of torch
+    assert se.decide_mmcv_ops('cuda', '13.0', '13.0', []) == 'cuda'
     assert se.decide_mmcv_ops('cpu', '13.0', '13.0', [A100]) == 'cpu'
     with pytest.raises(se.SetupError, match='nvcc was not found') as exc:  # a GPU, no toolkit
         se.decide_mmcv_ops(None, '13.0', None, [A100])
@@ -226,6 +228,7 @@ def machine(se, monkeypatch, tmp_path):
         return 0, '311', ''
 
     monkeypatch.setattr(se, 'probe_gpus', lambda: (state.gpus, None))
+    monkeypatch.setattr(se, 'nvidia_smi', lambda: '/usr/bin/nvidia-smi' if state.gpus else None)
     monkeypatch.setattr(se, 'probe_nvcc', lambda: state.nvcc)
     monkeypatch.setattr(se, 'py_info', py_info)
     monkeypatch.setattr(se, 'ensure_uv', lambda python, pins: 'uv')
@@ -255,8 +258,22 @@ def test_up_to_date_env_with_cpu_ops_is_rebuilt_on_a_gpu_machine(se, machine, ca
     assert (ops, arch_list) == ('cuda', '8.0')  # a CUDA build for the visible GPU
 
 
+def test_cpu_machine_with_a_cuda_toolkit_keeps_cpu_ops_unless_told(se, machine, monkeypatch, capsys):
+    """This project's machines (CI's too) have a CUDA torch and nvcc but no GPU: CPU ops, the same
+    wheel as before; TORCH_CUDA_ARCH_LIST (a login node building for GPU jobs) asks for CUDA ops."""
+    machine.nvcc = ('/usr/local/cuda/bin/nvcc', '13.0')
+    with pytest.raises(Stop):
+        se.setup(machine.args())
+    assert machine.built[-1][2:6] == ('2.13.0+cu130', '13.0', 'cpu', None)
+    assert 'set TORCH_CUDA_ARCH_LIST' in capsys.readouterr().out
+    monkeypatch.setenv('TORCH_CUDA_ARCH_LIST', '8.0;9.0')
+    with pytest.raises(Stop):
+        se.setup(machine.args())
+    assert machine.built[-1][2:6] == ('2.13.0+cu130', '13.0', 'cuda', '8.0;9.0')
+
+
 def test_nvcc_mismatch_stops_before_the_build(se, machine):
-    machine.nvcc = ('/usr/local/cuda-12.8/bin/nvcc', '12.8')
+    machine.gpus, machine.nvcc = [H100], ('/usr/local/cuda-12.8/bin/nvcc', '12.8')
     with pytest.raises(se.SetupError, match='nvcc /usr/local/cuda-12.8/bin/nvcc is CUDA 12.8'):
         se.setup(machine.args())
     assert len(machine.installs) == 1 and machine.installs[0][:2] == ['torch==2.13.0', 'torchvision==0.28.0']
