@@ -13,7 +13,6 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 from datetime import timedelta
 
 import torch
@@ -252,7 +251,7 @@ def check_device(launcher='none', device=None, environ=None, facts=None):
     * otherwise, when CUDA is not usable (:func:`cuda_problem` names the cause): a launcher other
       than ``none`` (one process per GPU) or ``cuda`` asked for raises :class:`UserError` with the
       cause, its fix and how to ask for the CPU; a single process runs on the CPU after one
-      ``WARNING`` line on stderr.
+      ``WARNING`` line on stdout, where the run's log goes (stderr is kept for the tools' ``error:`` line).
     """
     environ = os.environ if environ is None else environ
     choice = requested_device(device, environ)
@@ -272,7 +271,7 @@ def check_device(launcher='none', device=None, environ=None, facts=None):
         raise UserError(f'{what}, but CUDA is not usable here: {cause}. Fix: {fix}. To run on the CPU on '
                         f'purpose, add --device cpu (or set {DEVICE_ENV}=cpu).')
     print(f'WARNING: running on the CPU: CUDA is not usable ({cause}). If a GPU was meant: {fix}. If the CPU is '
-          f'meant, --device cpu (or {DEVICE_ENV}=cpu) says so and silences this warning.', file=sys.stderr, flush=True)
+          f'meant, --device cpu (or {DEVICE_ENV}=cpu) says so and silences this warning.', flush=True)
     return 'cpu'
 
 

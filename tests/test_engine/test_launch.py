@@ -79,9 +79,10 @@ def test_empty_cuda_visible_devices_is_named(no_cuda, monkeypatch):
 
 def test_single_process_on_cpu_warns_once_and_runs(no_cuda, capsys):
     assert launch.check_device('none') == 'cpu'
-    err = capsys.readouterr().err
-    assert err.count('\n') == 1 and err.startswith('WARNING: running on the CPU: CUDA is not usable')
-    assert 'nvidia-smi is not installed' in err and '--device cpu' in err
+    out, err = capsys.readouterr()
+    assert out.count('\n') == 1 and out.startswith('WARNING: running on the CPU: CUDA is not usable')
+    assert 'nvidia-smi is not installed' in out and '--device cpu' in out
+    assert err == ''  # stderr is the tools' error line's
 
 
 def test_cpu_asked_for_is_silent_and_hides_the_gpus(no_cuda, monkeypatch, capsys):
@@ -90,7 +91,7 @@ def test_cpu_asked_for_is_silent_and_hides_the_gpus(no_cuda, monkeypatch, capsys
     assert os.environ['CUDA_VISIBLE_DEVICES'] == ''
     monkeypatch.setenv(launch.DEVICE_ENV, 'cpu')
     assert launch.check_device('slurm') == 'cpu'
-    assert capsys.readouterr().err == ''
+    assert capsys.readouterr() == ('', '')
 
 
 def test_cuda_asked_for_stops_a_single_process_too(no_cuda, monkeypatch):
