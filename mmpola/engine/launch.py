@@ -208,6 +208,7 @@ def probe_cuda(environ=None):
     environ = os.environ if environ is None else environ
     facts = dict(available=torch.cuda.is_available(), torch=torch.__version__, torch_cuda=torch.version.cuda,
                  visible_devices=environ.get('CUDA_VISIBLE_DEVICES'), gpus=None, driver=None, smi_error=None)
+    facts['device_count'] = torch.cuda.device_count() if facts['available'] else 0
     if not facts['available']:
         facts['gpus'], facts['driver'], facts['smi_error'] = nvidia_smi_gpus()
     return facts
@@ -252,6 +253,7 @@ def check_device(launcher='none', device=None, environ=None, facts=None):
       than ``none`` (one process per GPU) or ``cuda`` asked for raises :class:`UserError` with the
       cause, its fix and how to ask for the CPU; a single process runs on the CPU after one
       ``WARNING`` line on stdout, where the run's log goes (stderr is kept for the tools' ``error:`` line).
+    * with CUDA and a launcher, a local rank beyond the visible GPUs (8 processes, 4 GPUs) stops too.
     """
     environ = os.environ if environ is None else environ
     choice = requested_device(device, environ)
@@ -261,8 +263,10 @@ def check_device(launcher='none', device=None, environ=None, facts=None):
             raise UserError('--device cpu could not hide the GPUs (CUDA was already initialised in this '
                             'process); start the command with CUDA_VISIBLE_DEVICES= (empty) instead')
         return 'cpu'
-    problem = cuda_problem(probe_cuda(environ) if facts is None else facts)
+    facts = probe_cuda(environ) if facts is None else facts
+    problem = cuda_problem(facts)
     if problem is None:
+        _check_local_rank(launcher, facts, environ)
         return 'cuda'
     cause, fix = problem
     if launcher != 'none' or choice == 'cuda':
@@ -273,6 +277,19 @@ def check_device(launcher='none', device=None, environ=None, facts=None):
     print(f'WARNING: running on the CPU: CUDA is not usable ({cause}). If a GPU was meant: {fix}. If the CPU is '
           f'meant, --device cpu (or {DEVICE_ENV}=cpu) says so and silences this warning.', flush=True)
     return 'cpu'
+
+
+def _check_local_rank(launcher, facts, environ):
+    """One process per GPU: a local rank without its GPU would fail in ``torch.cuda.set_device``."""
+    if launcher == 'none':
+        return
+    local_rank = environ.get('LOCAL_RANK') or environ.get('SLURM_LOCALID')
+    count = facts.get('device_count') or 0
+    if local_rank is not None and local_rank.isdigit() and count and int(local_rank) >= count:
+        raise UserError(f'--launcher {launcher}: this process has local rank {local_rank}, but only {count} GPU(s) '
+                        f'are visible on this machine (CUDA_VISIBLE_DEVICES={facts.get("visible_devices")!r}); '
+                        f'start at most {count} processes per machine (e.g. tools/dist_train.sh CONFIG {count}, '
+                        'or GPUS_PER_NODE for tools/slurm_*.sh)')
 
 
 # --------------------------------------------------------------------------------------------

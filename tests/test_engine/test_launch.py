@@ -24,7 +24,7 @@ DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-c
 
 def _facts(**kwargs):
     facts = dict(available=False, torch='2.13.0+cu130', torch_cuda='13.0', visible_devices=None, gpus=None,
-                 driver=None, smi_error=None)
+                 driver=None, smi_error=None, device_count=0)
     facts.update(kwargs)
     return facts
 
@@ -102,9 +102,17 @@ def test_cuda_asked_for_stops_a_single_process_too(no_cuda, monkeypatch):
         launch.check_device('none')
 
 
-def test_usable_cuda_passes(monkeypatch):
+def test_usable_cuda_passes_with_a_gpu_per_local_rank(monkeypatch):
     monkeypatch.delenv(launch.DEVICE_ENV, raising=False)
-    assert launch.check_device('pytorch', facts=_facts(available=True)) == 'cuda'
+    four = _facts(available=True, device_count=4, visible_devices='0,1,2,3')
+    assert launch.check_device('pytorch', environ={'LOCAL_RANK': '3'}, facts=four) == 'cuda'
+    assert launch.check_device('none', environ={}, facts=four) == 'cuda'
+    with pytest.raises(UserError) as exc:  # tools/dist_train.sh CONFIG 8 on a 4-GPU machine
+        launch.check_device('pytorch', environ={'LOCAL_RANK': '5'}, facts=four)
+    assert 'local rank 5, but only 4 GPU(s) are visible' in str(exc.value)
+    assert 'dist_train.sh CONFIG 4' in str(exc.value)
+    with pytest.raises(UserError, match='local rank 4'):
+        launch.check_device('slurm', environ={'SLURM_LOCALID': '4'}, facts=four)
 
 
 def _fake_tool(folder, name, script):
@@ -199,6 +207,18 @@ def test_without_a_process_group_the_check_just_runs(tmp_path):
 
 # ----------------------------------------------------------------------------------------------
 # through the tool: a torchrun-style launch where CUDA is not usable stops before any work
+
+def test_dist_train_on_cpu_stops_every_rank_with_rank0s_data_error(tmp_path):
+    """Two CPU processes (--device cpu), data missing: rank 0 checks, both exit with its message."""
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHON=sys.executable, PORT=_free_port(), OMP_NUM_THREADS='1')
+    proc = subprocess.run(['bash', 'tools/dist_train.sh', DEMO_CONFIG, '2', '--device', 'cpu', '--work-dir',
+                           str(tmp_path / 'work'), '--cfg-options', 'train_dataloader.dataset.data_root=/nonexistent/'],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
+    assert len(errors) == 2 and errors[0] == errors[1] and '/nonexistent/' in errors[0], proc.stderr[-3000:]
+    assert 'train.py", line' not in proc.stderr  # no traceback of ours (torchrun prints its own summary)
+
 
 def test_train_tool_with_launcher_and_no_cuda_stops_at_once(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO, RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
