@@ -395,6 +395,19 @@ def check_user_torch(torch_version, python):
             'or leave out --python to let the set-up create .venv with the pinned torch')
 
 
+def torch_fit_problem(torch_version, cuda, gpu, gpus):
+    """Why a CUDA torch does not use this machine's GPUs (None: it does, or there are none)."""
+    if not gpus or not cuda or gpu:
+        return None
+    driver = gpus[0].get('driver')
+    why = (f'the NVIDIA driver {driver} is older than a CUDA {cuda} build needs (>= {min_driver(cuda)}); install '
+           'the torch build for this driver (README, "torch builds and NVIDIA drivers") or update the driver'
+           if not driver_runs(driver, cuda) else
+           f'driver {driver} should run it; check that `nvidia-smi` works and that CUDA_VISIBLE_DEVICES does not '
+           'hide the GPUs')
+    return f"torch {torch_version} (CUDA {cuda}) cannot use this machine's {describe_gpus(gpus)}: {why}"
+
+
 def env_fit_problem(report, gpus, ops_override=None):
     """Why an environment that imports does not suit this machine (None: it does).
 
@@ -404,11 +417,9 @@ def env_fit_problem(report, gpus, ops_override=None):
     """
     if not gpus or not report.get('cuda'):  # no GPU, or a CPU build of torch chosen on purpose
         return None
-    if not report.get('gpu'):
-        driver = gpus[0].get('driver')
-        return (f"torch {report.get('torch')} (CUDA {report.get('cuda')}) cannot use this machine's "
-                f'{describe_gpus(gpus)} with NVIDIA driver {driver}: a CUDA build for this driver is needed '
-                '(README, "torch builds and NVIDIA drivers")')
+    problem = torch_fit_problem(report.get('torch'), report.get('cuda'), report.get('gpu'), gpus)
+    if problem:
+        return problem
     if ops_override == 'cpu':
         return None
     if report.get('mmcv_ops') != 'cuda':
@@ -593,9 +604,10 @@ def setup(args):
             raise SetupError(f'--python mode keeps your torch build, but torch/torchvision do not import '
                              f'together in {python}: {err}. Install a matching pair first (see README).')
         check_user_torch(info[0], python)
-        if driver and info[2] and not driver_runs(driver, info[2]):
-            log(f'WARNING: torch {info[0]} is a CUDA {info[2]} build, which needs NVIDIA driver >= '
-                f'{min_driver(info[2])}; this machine has {driver}, so torch will not see its GPUs')
+        problem = torch_fit_problem(info[0], info[2], info[3], gpus)
+        if problem:
+            raise SetupError(f'{problem}. --python keeps the torch of {python}: change it there (torch and '
+                             'torchvision together)')
         log(f'keeping torch {info[0]} / torchvision {info[1]} (CUDA {info[2]})')
         write_constraints(constraints, info)
         review_changes(python, build_reqs + stack + [spec(pins, 'uv')], constraints, args.yes)
@@ -618,6 +630,9 @@ def setup(args):
             raise SetupError(f'torch and torchvision do not import together: {err}. They must be from the same '
                              'release train and build (see DEVELOPERS.md, "torch / torchvision").')
         write_constraints(constraints, info)
+        problem = torch_fit_problem(info[0], info[2], info[3], gpus)
+        if problem:  # before the mmcv build, which would be for nothing
+            raise SetupError(problem)
 
     # 2. which mmcv ops (decided before anything is built), its build requirements, the wheel (cached)
     torch_version, cuda = info[0], info[2]
@@ -644,9 +659,7 @@ def setup(args):
     versions = json.loads(out)
     problem = env_fit_problem(versions, gpus, ops_override)
     if problem:
-        raise SetupError(f'{problem}. Check that `nvidia-smi` works and that CUDA_VISIBLE_DEVICES does not hide the '
-                         'GPUs; set TORCH_CUDA_ARCH_LIST for other GPUs, or --torch-index-url for another driver '
-                         '(README, "Set-up on GPU machines")')
+        raise SetupError(f'{problem} (README, "Set-up on GPU machines")')
     with open(stamp_path, 'w') as f:
         json.dump(dict(fingerprint=want, repo=REPO, versions=versions, mmcv_wheel=wheel, mmcv_ops=ops,
                        arch_list=arch_list), f, indent=1)

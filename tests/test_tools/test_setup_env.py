@@ -133,7 +133,10 @@ def test_env_fit_on_gpu_machines(se):
                                          'for execution on the device'), [H100])
     assert 'no kernel image' in problem and 'compute capability 9.0' in problem and 'TORCH_CUDA_ARCH_LIST' in problem
     problem = se.env_fit_problem(_report(gpu=False), [dict(A100, driver='535.104.05')])
-    assert 'cannot use' in problem and '535.104.05' in problem
+    assert 'cannot use' in problem and 'driver 535.104.05 is older than a CUDA 13.0 build needs' in problem
+    assert '(>= 580.65.06)' in problem
+    problem = se.env_fit_problem(_report(gpu=False), [A100])  # the driver would do: something hides the GPU
+    assert 'CUDA_VISIBLE_DEVICES' in problem
     assert se.env_fit_problem(_report(), [A100]) is None
     assert se.env_fit_problem(_report(cuda=None, gpu=False, mmcv_ops='cpu'), [A100]) is None  # CPU torch on purpose
 
@@ -233,7 +236,9 @@ def machine(se, monkeypatch, tmp_path):
     monkeypatch.setattr(se, 'py_info', py_info)
     monkeypatch.setattr(se, 'ensure_uv', lambda python, pins: 'uv')
     monkeypatch.setattr(se, 'uv_install', lambda uv, python, args, extra_env=None: state.installs.append(args))
-    monkeypatch.setattr(se, 'torch_pair', lambda python: (state.torch or torch_info, None))
+    # a CUDA torch sees the GPUs the machine has, unless a test says otherwise
+    monkeypatch.setattr(se, 'torch_pair', lambda python: (state.torch or torch_info[:3] + [bool(state.gpus)]
+                                                           + torch_info[4:], None))
     monkeypatch.setattr(se, 'mmcv_wheel', lambda *a: state.built.append(a) or (_ for _ in ()).throw(Stop()))
     monkeypatch.delenv('MMPOLA_MMCV_OPS', raising=False)
     monkeypatch.delenv('TORCH_CUDA_ARCH_LIST', raising=False)
@@ -295,6 +300,22 @@ def test_old_driver_gets_the_matching_torch_build(se, machine, capsys, monkeypat
     assert torch_args[torch_args.index('--index-url') + 1] == 'https://download.pytorch.org/whl/cu128'
     assert '--reinstall-package' in torch_args  # the installed cu130 build is replaced
     assert machine.built[0][2:6] == ('2.13.0+cu128', '12.8', 'cuda', '8.0')  # mmcv for that torch
+
+
+def test_torch_that_does_not_see_the_gpu_stops_before_the_build(se, machine):
+    machine.gpus, machine.nvcc = [A100], ('/usr/local/cuda/bin/nvcc', '13.0')
+    machine.torch = ['2.13.0+cu130', '0.28.0+cu130', '13.0', False, '2.13.0', '0.28.0']
+    with pytest.raises(se.SetupError, match='CUDA_VISIBLE_DEVICES does not hide the GPUs'):
+        se.setup(machine.args())
+    assert machine.built == [] and len(machine.installs) == 1  # torch only
+
+
+def test_python_mode_with_a_torch_the_driver_cannot_run_stops_first(se, machine, monkeypatch):
+    machine.gpus = [dict(A100, driver='550.54.14')]
+    machine.torch = ['2.13.0+cu130', '0.28.0+cu130', '13.0', False, '2.13.0', '0.28.0']
+    monkeypatch.setattr(se, 'ensure_uv', lambda python, pins: pytest.fail('nothing may be installed'))
+    with pytest.raises(se.SetupError, match='driver 550.54.14 is older than a CUDA 13.0 build needs'):
+        se.setup(se.parse_args(['--python', osp.join(machine.venv, 'bin', 'python')]))
 
 
 def test_python_mode_refuses_old_torch_before_installing_anything(se, machine, monkeypatch):
