@@ -248,7 +248,8 @@ def check_device(launcher='none', device=None, environ=None, facts=None):
     """Decide the device of this run before anything is built; returns ``'cuda'`` or ``'cpu'``.
 
     * ``device`` (``--device``) or ``MMPOLA_DEVICE`` = ``cpu``: the CPU, asked for; the GPUs are
-      hidden from this process (``CUDA_VISIBLE_DEVICES=''``, effective before CUDA starts).
+      hidden from this process (``CUDA_VISIBLE_DEVICES=''``; it only takes effect before CUDA is first
+      asked, which importing mmengine does, so the tools set it in their bootstrap before torch loads).
     * otherwise, when CUDA is not usable (:func:`cuda_problem` names the cause): a launcher other
       than ``none`` (one process per GPU) or ``cuda`` asked for raises :class:`UserError` with the
       cause, its fix and how to ask for the CPU; a single process runs on the CPU after one
@@ -260,8 +261,8 @@ def check_device(launcher='none', device=None, environ=None, facts=None):
     if choice == 'cpu':
         environ['CUDA_VISIBLE_DEVICES'] = ''
         if torch.cuda.is_available():  # CUDA started before the GPUs could be hidden
-            raise UserError('--device cpu could not hide the GPUs (CUDA was already initialised in this '
-                            'process); start the command with CUDA_VISIBLE_DEVICES= (empty) instead')
+            raise UserError('--device cpu could not hide the GPUs (CUDA was already queried in this process, '
+                            'e.g. by importing mmengine); start the command with CUDA_VISIBLE_DEVICES= (empty)')
         return 'cpu'
     facts = probe_cuda(environ) if facts is None else facts
     problem = cuda_problem(facts)

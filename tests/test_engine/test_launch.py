@@ -94,6 +94,19 @@ def test_cpu_asked_for_is_silent_and_hides_the_gpus(no_cuda, monkeypatch, capsys
     assert capsys.readouterr() == ('', '')
 
 
+@pytest.mark.parametrize('argv, env, hidden', [(['--device', 'cpu'], {}, True), (['--device=cpu'], {}, True),
+                                               ([], {'MMPOLA_DEVICE': 'cpu'}, True), (['--device', 'cuda'], {}, False),
+                                               ([], {}, False)])
+def test_tools_hide_the_gpus_before_torch_loads(argv, env, hidden):
+    """mmengine asks CUDA for its devices when imported: the tools' bootstrap hides them first."""
+    code = ('import sys, os; sys.path.insert(0, "tools"); import _mmpola_tools; '
+            'print(repr(os.environ.get("CUDA_VISIBLE_DEVICES")), "torch" in sys.modules)')
+    full_env = {k: v for k, v in os.environ.items() if k not in ('CUDA_VISIBLE_DEVICES', launch.DEVICE_ENV)}
+    out = subprocess.run([sys.executable, '-c', code, *argv], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env=dict(full_env, **env), check=True).stdout.split()
+    assert out == (["''", 'False'] if hidden else ['None', 'False'])
+
+
 def test_cuda_asked_for_stops_a_single_process_too(no_cuda, monkeypatch):
     with pytest.raises(UserError, match=r'--device cuda \(MMPOLA_DEVICE=cuda\) asks for a GPU'):
         launch.check_device('none', 'cuda')
