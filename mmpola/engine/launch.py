@@ -230,12 +230,14 @@ def cuda_problem(facts):
     if gpus:
         names = ', '.join(sorted(set(gpus)))
         driver = f", driver {facts['driver']}" if facts.get('driver') else ''
+        also = (f'; or CUDA_VISIBLE_DEVICES={visible!r} names no existing GPU (nvidia-smi numbers them '
+                f'0..{len(gpus) - 1})' if visible is not None else '')
         return (f"nvidia-smi lists {len(gpus)} GPU(s) ({names}{driver}) but torch {facts['torch']}, built for "
                 f"CUDA {facts['torch_cuda']}, cannot use them (torch.cuda.is_available() is False): the NVIDIA "
-                'driver is older than this CUDA build needs, or does not match it',
+                f'driver is older than this CUDA build needs, or does not match it{also}',
                 'install the torch build for your driver (python3 tools/setup_env.py reads the driver version '
-                'and picks it; the README table "torch builds and drivers" lists what each needs) or update the '
-                'NVIDIA driver')
+                'and picks it; the README table "torch builds and NVIDIA drivers" lists what each needs) or '
+                'update the NVIDIA driver')
     if facts.get('smi_error'):
         return (f"no GPU is usable: nvidia-smi fails ({facts['smi_error']})",
                 'the NVIDIA driver is not loaded or not installed on this machine; run on a GPU node')

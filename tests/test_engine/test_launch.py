@@ -52,6 +52,8 @@ def test_cuda_problem_names_each_cause():
     cause, fix = launch.cuda_problem(_facts(gpus=['NVIDIA A100-SXM4-80GB'] * 8, driver='525.60.13'))
     assert '8 GPU(s)' in cause and 'driver 525.60.13' in cause and 'CUDA 13.0' in cause
     assert 'torch.cuda.is_available() is False' in cause and 'setup_env.py' in fix and 'driver' in fix
+    cause, _ = launch.cuda_problem(_facts(gpus=['NVIDIA A100-SXM4-80GB'] * 4, visible_devices='4,5'))
+    assert "CUDA_VISIBLE_DEVICES='4,5' names no existing GPU (nvidia-smi numbers them 0..3)" in cause
     cause, fix = launch.cuda_problem(_facts(gpus=[], smi_error="NVIDIA-SMI has failed because it couldn't "
                                             'communicate with the NVIDIA driver'))
     assert 'NVIDIA-SMI has failed' in cause and 'driver' in fix
