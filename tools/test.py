@@ -1,11 +1,11 @@
 """Evaluate a trained checkpoint on a config's test set (one entry point for every task).
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--show-dir DIR]
-                         [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
+                         [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi] [--device auto|cuda|cpu]
 
 Metrics come from the config's test_evaluator (CocoMetric bbox/segm for detection, IoUMetric for
-segmentation). Several processes: tools/dist_test.sh or tools/slurm_test.sh; without a GPU the
-same commands run on the CPU.
+segmentation). Several processes: tools/dist_test.sh or tools/slurm_test.sh; without a GPU they
+run on the CPU when asked to with --device cpu.
 """
 import argparse
 import os.path as osp
@@ -41,6 +41,7 @@ def parse_args(argv=None):
 
 
 def build_test_config(args):
+    launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
     cfg = cli.load_config(args.config, args.cfg_options)
     scope = cli.register_task_modules(cfg)
     cli.set_work_dir(cfg, args.config, args.work_dir)
@@ -62,7 +63,8 @@ def build_test_config(args):
         cli.enable_test_dump(cfg, args.out, scope)
 
     notes = launch.adapt_cfg_to_machine(cfg, args.launcher)
-    check_data_files(cfg, ['test_dataloader'])
+    launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the data check's verdict
+    launch.run_on_rank0_and_share(check_data_files, cfg, ['test_dataloader'])
     return cfg, scope, notes
 
 

@@ -1,11 +1,12 @@
 """Train a detector, segmentor or classifier from a config (one entry point for every task).
 
-    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT]]
+    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT]] [--device auto|cuda|cpu]
                           [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
 
 The task library comes from the config's ``default_scope`` (mmdet, mmseg, ...). Several processes:
-tools/dist_train.sh (torchrun) or tools/slurm_train.sh. Without a GPU the same commands run on
-the CPU (gloo process group, SyncBN -> BN, bf16 autocast for --amp).
+tools/dist_train.sh (torchrun) or tools/slurm_train.sh. Without usable CUDA a multi-process launch
+stops with the cause; with --device cpu the same commands run on the CPU (gloo process group,
+SyncBN -> BN, bf16 autocast for --amp).
 """
 import argparse
 import os.path as osp
@@ -60,6 +61,7 @@ def check_resumable(path):
 
 def build_train_config(args):
     """The config as the Runner will get it, after flags, machine fallbacks and input checks."""
+    launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
     cfg = cli.load_config(args.config, args.cfg_options)
     scope = cli.register_task_modules(cfg)
     cli.set_work_dir(cfg, args.config, args.work_dir)
@@ -91,7 +93,8 @@ def build_train_config(args):
     notes += launch.adapt_cfg_to_machine(cfg, args.launcher)
     cli.check_pretrained_files(cfg)
     keys = ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else [])
-    check_data_files(cfg, keys)
+    launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the data check's verdict
+    launch.run_on_rank0_and_share(check_data_files, cfg, keys)
     return cfg, scope, notes
 
 

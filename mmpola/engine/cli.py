@@ -215,12 +215,16 @@ def enable_test_visualization(cfg, show_dir, scope, show=False, wait_time=2.0):
 # the parts of tools/train.py, tools/test.py and the demos that must not drift apart
 
 def add_launch_args(parser):
-    """``--cfg-options``, ``--launcher`` and ``--local-rank`` (torch.distributed.launch's spelling too)."""
+    """``--cfg-options``, ``--launcher``, ``--device``, ``--local-rank`` (torch.distributed.launch's spelling too)."""
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. train_dataloader.batch_size=4 '
                         'model.backbone.init_cfg=None')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
                         help='job launcher (set by tools/dist_*.sh and tools/slurm_*.sh)')
+    parser.add_argument('--device', choices=['auto', 'cuda', 'cpu'], default=None,
+                        help='auto (default; also MMPOLA_DEVICE): CUDA when usable; a multi-process launch '
+                        'without usable CUDA stops with the cause, one process warns and runs on the CPU. '
+                        'cpu: run on the CPU on purpose (GPUs hidden). cuda: stop unless CUDA is usable')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0, help=argparse.SUPPRESS)
     return parser
 

@@ -16,7 +16,7 @@ from typing import Any
 from .cli import build_runner, move_data_root
 from .data_checks import check_data_files
 from .hooks import InitialEvaluationHook, add_nonfinite_loss_guard
-from .launch import adapt_cfg_to_machine
+from .launch import adapt_cfg_to_machine, check_device
 from .resume import add_random_state_hook
 
 __all__ = ['DemoResult', 'prepare_demo_config', 'run_demo', 'write_summary', 'config_label']
@@ -37,8 +37,9 @@ def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
 
     Work dir and seed; ``data_root`` for the train/val/test datasets and evaluators; the backbone from
     ``pretrained`` when that file exists; the initial evaluation, the non-finite loss guard and
-    the RNG states in checkpoints; the machine fallbacks; the data-file check.
+    the RNG states in checkpoints; the device check; the machine fallbacks; the data-file check.
     """
+    check_device()  # one process: on the CPU when CUDA is not usable, with one warning line naming why
     cfg.work_dir = work_dir
     cfg.randomness = dict(seed=seed)
     move_data_root(cfg, data_root)  # the datasets and the evaluators' annotation files
