@@ -20,7 +20,7 @@ from mmpola.errors import MMPolaUserError
 from .utils import PolaConfigError
 
 __all__ = ['TimmClassifierMixin', 'NotScriptableError', 'refuse_scriptable', 'timm_pretrained_cfg',
-           'GLOBAL_POOL_TYPES']
+           'check_global_pool', 'GLOBAL_POOL_TYPES']
 
 GLOBAL_POOL_TYPES = ('avg', '')
 

@@ -1,7 +1,8 @@
 """timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base')``.
 
 Importing mmpola registers them. The entries build :class:`PolaClassifier` (official forward,
-state dict ``backbone.*`` / ``norm.*`` / ``head.*``) and differ only in an args dict::
+state dict ``backbone.*`` / ``norm.*`` (Pola-Swin) / ``head.*``; timm's model conventions from
+:class:`~mmpola.models.timm_conventions.TimmClassifierMixin`) and differ only in an args dict::
 
     import mmpola, timm
     model = timm.create_model('pola_swin_tiny', checkpoint_path='pola_swin_t.pth')  # official file
@@ -9,6 +10,7 @@ state dict ``backbone.*`` / ``norm.*`` / ``head.*``) and differ only in an args 
     model = timm.create_model('pola_pvt_tiny', pretrained=True,                      # head dropped
                               pretrained_cfg_overlay=dict(file='pola_pvt_t.pth'), num_classes=10)
     features = timm.create_model('pola_swin_tiny', features_only=True)               # 4 NCHW maps
+    pooled = timm.create_model('pola_pvt_tiny', num_classes=0)                       # (B, 512)
 
 Checkpoints: official PolaFormer files (``{'model': ..., 'config': <yacs CfgNode>}``), mmengine
 checkpoints of our classification runs (``{'state_dict': ...}``) and bare state dicts all load,

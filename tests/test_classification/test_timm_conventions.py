@@ -4,7 +4,7 @@ forward_features / forward_head, reset_classifier, forward_intermediates and fea
 torch.fx tracing, and an explicit TorchScript refusal.
 
 Parametrized over every entry of ``TIMM_MODEL_ARGS``; inputs are reduced as timm's tests reduce them
-(``_input_size``), and each entry is built once (:func:`_model` copies it).
+(``_input_size``), and each entry is built once (the ``entry`` fixture).
 """
 import copy
 import math
@@ -17,7 +17,7 @@ from timm.models import FeatureInfo, get_notrace_functions, get_notrace_modules
 from timm.models._features import FeatureGetterNet
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
-from mmpola.models.timm_conventions import NotScriptableError, TimmClassifierMixin
+from mmpola.models.timm_conventions import NotScriptableError
 from mmpola.models.timm_models import TIMM_MODEL_ARGS
 
 NAMES = sorted(TIMM_MODEL_ARGS)
@@ -27,16 +27,19 @@ TARGET_FFEAT_SIZE = 96
 TARGET_FX_SIZE = 128
 CFG_KEYS = ('num_classes', 'input_size', 'pool_size', 'crop_pct', 'crop_mode', 'interpolation', 'mean', 'std',
             'first_conv', 'classifier', 'fixed_input_size', 'min_input_size')
-_BUILT = {}
 
 
-def _model(name, **kwargs):
-    """A fresh copy of the entry ``name`` (built once with timm.create_model), then reset as
-    ``create_model(name, num_classes=..., global_pool=...)`` would build it."""
-    if name not in _BUILT:
-        torch.manual_seed(0)
-        _BUILT[name] = timm.create_model(name)
-    model = copy.deepcopy(_BUILT[name])
+@pytest.fixture(scope='module', params=NAMES)
+def entry(request):
+    """An entry built once with ``timm.create_model`` (in eval mode); tests that change it copy it
+    with :func:`_copy` (pytest runs all tests of one entry before building the next)."""
+    torch.manual_seed(0)
+    return timm.create_model(request.param).eval()
+
+
+def _copy(model, **kwargs):
+    """A copy of ``model``, reset as ``create_model(name, num_classes=..., global_pool=...)`` builds it."""
+    model = copy.deepcopy(model)
     if kwargs:
         model.reset_classifier(kwargs.pop('num_classes', model.num_classes), kwargs.pop('global_pool', None))
     assert not kwargs
@@ -81,11 +84,9 @@ def _check_maps(maps, model_or_info, input_size, batch_size):
         assert not torch.isnan(m).any()
 
 
-@pytest.mark.parametrize('name', NAMES)
-def test_backward_reaches_every_parameter(name):
+def test_backward_reaches_every_parameter(entry):
     """timm's test_model_backward (and test_model_forward's grad-checkpointing check)."""
-    model = _model(name, num_classes=42).train()
-    assert isinstance(model, TimmClassifierMixin)
+    model = _copy(entry, num_classes=42).train()
     input_size = _input_size(model, TARGET_BWD_SIZE)
     outputs = model(torch.randn(2, *input_size))
     outputs.mean().backward()
@@ -103,11 +104,10 @@ def test_backward_reaches_every_parameter(name):
     assert torch.allclose(model(x), reference, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize('name', NAMES)
-def test_pretrained_cfg_and_head_api(name):
+def test_pretrained_cfg_and_head_api(entry):
     """timm's test_model_default_cfgs: the config describes the model, forward_features is the
     unpooled map of ``pool_size``, forward_head(pre_logits=True) / reset_classifier / global_pool=''."""
-    model = _model(name).eval()
+    model = _copy(entry)
     cfg = model.pretrained_cfg
     assert model.default_cfg == cfg
     assert [k for k in CFG_KEYS if cfg.get(k) is None] == []
@@ -141,16 +141,15 @@ def test_pretrained_cfg_and_head_api(name):
         model.reset_classifier(5, 'avg')
         assert model(x).shape == (1, 5)
     with torch.device('meta'):
-        unpooled = timm.create_model(name, num_classes=0, global_pool='')
+        unpooled = timm.create_model(model.pretrained_cfg['architecture'], num_classes=0, global_pool='')
     assert unpooled.global_pool == '' and unpooled.num_classes == 0
     with pytest.raises(ValueError, match="global_pool='max'"):
         model.reset_classifier(0, 'max')
 
 
-@pytest.mark.parametrize('name', NAMES)
-def test_forward_intermediates_and_features_only(name):
+def test_forward_intermediates_and_features_only(entry):
     """timm's test_model_forward_intermediates and test_model_forward_(intermediates_)features."""
-    model = _model(name).eval()
+    model = _copy(entry)
     info = FeatureInfo(model.feature_info, len(model.feature_info))
     assert len(info.channels()) >= 3 and info.reduction() == [4, 8, 16, 32][:len(info.reduction())]
     input_size = _input_size(model, TARGET_FFEAT_SIZE)
@@ -165,7 +164,7 @@ def test_forward_intermediates_and_features_only(name):
         assert torch.allclose(model.forward_intermediates(x)[0], final, rtol=1e-4, atol=1e-5)
 
     with torch.device('meta'):  # the entry's features_only model: timm's FeatureGetterNet, no classifier
-        created = timm.create_model(name, features_only=True)
+        created = timm.create_model(model.pretrained_cfg['architecture'], features_only=True)
     assert isinstance(created, FeatureGetterNet)
     assert not any(k.startswith(('model.head.', 'model.norm.')) for k in created.state_dict())
     features = FeatureGetterNet(model, out_indices=created.out_indices).eval()  # the same on real weights
@@ -177,10 +176,9 @@ def test_forward_intermediates_and_features_only(name):
     assert all(torch.allclose(a, b) for a, b in zip(feature_maps, maps))
 
 
-@pytest.mark.parametrize('name', NAMES)
-def test_fx_forward_matches_eager(name):
+def test_fx_forward_matches_eager(entry):
     """timm's test_model_forward_fx: symbolic tracing with timm's leaf modules reproduces forward."""
-    model = _model(name).eval()
+    model = entry
     x = torch.randn(1, *_input_size(model, TARGET_FX_SIZE))
     with torch.inference_mode():
         outputs = model(x)
@@ -188,11 +186,10 @@ def test_fx_forward_matches_eager(name):
     assert torch.equal(fx_outputs, outputs)
 
 
-@pytest.mark.parametrize('name', NAMES)
-def test_fx_features_of_feature_info_modules(name):
+def test_fx_features_of_feature_info_modules(entry):
     """timm's fx feature extraction (timm.models.create_feature_extractor): each ``feature_info``
     module names a traceable node with that stage's features (here as (B, H*W, C) tokens)."""
-    model = _model(name).eval()
+    model = entry
     modules = [info['module'] for info in model.feature_info]
     for module in modules:
         model.get_submodule(module)
@@ -207,10 +204,9 @@ def test_fx_features_of_feature_info_modules(name):
     assert torch.equal(outputs[model.pretrained_cfg['classifier']], logits)
 
 
-@pytest.mark.parametrize('name', NAMES)
-def test_fx_backward_reaches_every_parameter(name):
+def test_fx_backward_reaches_every_parameter(entry):
     """timm's test_model_backward_fx."""
-    model = _model(name, num_classes=42).train()
+    model = _copy(entry, num_classes=42).train()
     num_params = sum(p.numel() for p in model.parameters())
     fx_model = _fx_model(model, train=True)
     outputs = torch.cat(tuple(fx_model(torch.randn(2, *_input_size(model, TARGET_FX_SIZE))).values()))
@@ -221,15 +217,15 @@ def test_fx_backward_reaches_every_parameter(name):
     assert outputs.shape[-1] == 42 and not torch.isnan(outputs).any()
 
 
-@pytest.mark.parametrize('name', NAMES)
-def test_torchscript_refused_with_reason(name):
+def test_torchscript_refused_with_reason(entry):
     """Not scriptable: ``create_model(scriptable=True)`` (what timm's TorchScript tests do) and
     ``torch.jit.script`` both fail with the reason, before any compiler trace."""
+    name = entry.pretrained_cfg['architecture']
     with pytest.raises(NotScriptableError, match='cannot be compiled with torch.jit.script: .+'):
         timm.create_model(name, scriptable=True)
     with timm.layers.set_scriptable(True), pytest.raises(NotScriptableError):
         timm.create_model(name)
-    model = _model(name)
+    model = entry
     assert not model.scriptable and model.not_scriptable_reason
     with pytest.raises(NotScriptableError, match=type(model).__name__):
         torch.jit.script(model)
