@@ -229,3 +229,24 @@ def test_torchscript_refused_with_reason(entry):
     assert not model.scriptable and model.not_scriptable_reason
     with pytest.raises(NotScriptableError, match=type(model).__name__):
         torch.jit.script(model)
+
+
+@pytest.mark.parametrize('backbone', ['PolaPVT', 'PolaSwin'])
+def test_dense_backbones_trace_with_timm_leaves(backbone):
+    """The dense backbones (mmdet / mmseg) trace too: the input check skips fx proxies, timm's
+    notrace modules stay leaves; the graph returns the same four maps (odd, non-square input)."""
+    from mmpola.models import PolaPVT, PolaSwin
+    torch.manual_seed(0)
+    if backbone == 'PolaPVT':
+        model = PolaPVT(arch=dict(embed_dims=[16, 32, 64, 128], num_heads=[1, 2, 4, 8], mlp_ratios=[2, 2, 2, 2],
+                                  depths=[1, 1, 1, 1]))
+    else:
+        model = PolaSwin(arch=dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]))
+    model.eval()
+    graph = NodePathTracer(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions()).trace(model)
+    traced = torch.fx.GraphModule(model, graph)
+    x = torch.randn(1, 3, 67, 97)
+    with torch.no_grad():
+        expected, outputs = model(x), traced(x)
+    assert len(outputs) == len(expected) == 4
+    assert all(torch.equal(a, b) for a, b in zip(outputs, expected))
