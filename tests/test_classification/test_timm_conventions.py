@@ -12,12 +12,13 @@ import math
 import pytest
 import timm
 import torch
+import torch.nn as nn
 from timm.data import resolve_data_config
 from timm.models import FeatureInfo, get_notrace_functions, get_notrace_modules
 from timm.models._features import FeatureGetterNet
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
-from mmpola.models.timm_conventions import NotScriptableError
+from mmpola.models.timm_conventions import NotScriptableError, TimmClassifierMixin, check_global_pool
 from mmpola.models.timm_models import TIMM_MODEL_ARGS
 
 NAMES = sorted(TIMM_MODEL_ARGS)
@@ -250,3 +251,51 @@ def test_dense_backbones_trace_with_timm_leaves(backbone):
         expected, outputs = model(x), traced(x)
     assert len(outputs) == len(expected) == 4
     assert all(torch.equal(a, b) for a, b in zip(outputs, expected))
+
+
+class _ToyClassifier(TimmClassifierMixin, nn.Module):
+    """Only what the mixin's docstring asks of a new classifier class: four strided conv stages."""
+
+    not_scriptable_reason = 'a toy model'
+
+    def __init__(self, num_classes=3, global_pool='avg'):
+        super().__init__()
+        self.num_classes, self.num_features = num_classes, 8
+        self.global_pool = check_global_pool(global_pool)
+        self.stages = nn.ModuleList(nn.Conv2d(3 if i == 0 else 8, 8, 4 if i == 0 else 2, stride=4 if i == 0 else 2)
+                                    for i in range(4))
+        self.feature_info = [dict(num_chs=8, reduction=4 * 2 ** i, module=f'stages.{i}') for i in range(4)]
+        self.grad_checkpointing = False
+        self.head = self._make_head(num_classes)
+
+    def forward_intermediates(self, x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
+                              intermediates_only=False):
+        take = self._stage_indices(indices, len(self.stages))
+        maps = []
+        for stage in self.stages:
+            x = stage(x)
+            maps.append(x)
+        maps = [maps[i] for i in take]
+        return maps if intermediates_only else (x.permute(0, 2, 3, 1), maps)
+
+    def forward_features(self, x):
+        return self.forward_intermediates(x)[0]
+
+
+def test_mixin_serves_any_classifier_class():
+    """A class providing what the mixin's docstring lists gets timm's head / pooling / features API."""
+    model = _ToyClassifier().eval()
+    x = torch.randn(2, 3, 64, 64)
+    assert model(x).shape == (2, 3) and model.head_hidden_size == 8 and model.get_classifier() is model.head
+    assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (2, 8)
+    model.set_grad_checkpointing()
+    assert model.grad_checkpointing
+    model.reset_classifier(0, '')
+    assert model(x).shape == (2, 2, 2, 8)
+    with pytest.raises(ValueError, match='out of range'):
+        model.forward_intermediates(x, indices=[4])
+    features = FeatureGetterNet(_ToyClassifier(), out_indices=(1, 3))
+    assert isinstance(features.model.head, nn.Identity)
+    assert [m.shape[-1] for m in features(x)] == [8, 2]
+    with pytest.raises(NotScriptableError, match='_ToyClassifier cannot be compiled with torch.jit.script: a toy'):
+        torch.jit.script(model)
