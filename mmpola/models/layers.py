@@ -124,7 +124,7 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(x))
 
 
-@register_notrace_module  # torch.fx leaf: data-dependent padding / caches
+@register_notrace_module  # torch.fx leaf: padding and (H, W) depend on the input size
 class PatchEmbed(nn.Module):
     """Non-overlapping patch embedding: Conv2d(k = s = patch_size) -> flatten -> LayerNorm.
 
@@ -159,7 +159,7 @@ class PatchEmbed(nn.Module):
         return x, hw
 
 
-@register_notrace_module  # torch.fx leaf: data-dependent padding / caches
+@register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
 class PolaAttention(nn.Module):
     """Polarity-aware linear attention over one whole H x W token grid (spec §1.2, §1.3).
 
@@ -409,7 +409,7 @@ class WindowAttention(nn.Module):
         return f'dim={self.dim}, window_size={self.window_size}, num_heads={self.num_heads}'
 
 
-@register_notrace_module  # torch.fx leaf: data-dependent padding / caches
+@register_notrace_module  # torch.fx leaf: odd sizes are padded
 class PatchMerging(nn.Module):
     """2x2 patch merging with the official phase order (spec §1.9, §3.3).
 
