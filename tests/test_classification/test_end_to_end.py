@@ -72,7 +72,7 @@ def test_checkpoint_keeps_backbone_names(trained):
     _, checkpoint, _ = trained
     ckpt = safe_torch_load(checkpoint)
     keys = list(ckpt['state_dict'])
-    assert {k.split('.')[0] for k in keys} == {'backbone', 'norm', 'head'}
+    assert {k.split('.')[0] for k in keys} == {'backbone', 'head'}  # Pola-PVT: no final norm
     assert 'backbone.block1.0.attn.qg.weight' in keys and 'backbone.pos_embed1' in keys
     # EMA on: state_dict holds the averaged weights, the raw ones are kept aside
     assert 'ema_state_dict' in ckpt
@@ -132,7 +132,7 @@ def test_checkpoint_initialises_upernet_backbone(trained):
 
 
 def test_checkpoint_loads_by_filtering_only(trained):
-    """mmpola.checkpoint finds the 'backbone.' prefix itself, leaves head/norm outside, and loads
+    """mmpola.checkpoint finds the 'backbone.' prefix itself, leaves the head outside, and loads
     every backbone tensor without resizing or renaming."""
     from mmpola.models import PolaPVT
     _, checkpoint, _ = trained
@@ -140,7 +140,7 @@ def test_checkpoint_loads_by_filtering_only(trained):
     report = load_pola_checkpoint(backbone, checkpoint, logger=None)
     assert report.prefix == 'backbone.'
     assert not report.missing and not report.unexpected and not report.resized
-    assert {k.split('.')[0] for k in report.outside_prefix} == {'head', 'norm'}
+    assert {k.split('.')[0] for k in report.outside_prefix} == {'head'}
     _backbone_matches(backbone, checkpoint)
 
 
