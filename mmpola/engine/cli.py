@@ -36,7 +36,9 @@ def exit_on_user_error(logger=None):
     except MMPolaUserError as e:
         if logger is not None:
             logger.error(f'[mmpola] {e}')
-        print(f'error: {e}', file=sys.stderr, flush=True)
+        # one write per line: the lines of several processes (one per rank) do not interleave
+        sys.stderr.write(f'error: {e}\n')
+        sys.stderr.flush()
         sys.exit(e.exit_code)
 
 

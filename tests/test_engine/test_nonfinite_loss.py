@@ -358,7 +358,7 @@ def test_demos_add_the_guard(tmp_path):
     for name in ('detection', 'segmentation', 'classification'):
         with open(osp.join(REPO, 'tools', f'demo_{name}.py')) as f:
             assert 'demo.prepare_demo_config(cfg' in f.read(), name
-    cfg = Config(dict(model=dict(type='NonFiniteToyModel')))
+    cfg = Config(dict(model=dict(type='NonFiniteToyModel'), data_root='data/toy/'))
     prepare_demo_config(cfg, str(tmp_path), str(tmp_path), seed=0)
     assert [h['type'] for h in cfg.custom_hooks] == ['InitialEvaluationHook', 'NonFiniteLossHook', 'RandomStateHook']
 
