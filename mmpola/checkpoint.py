@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from mmpola.errors import MMPolaUserError
-from mmpola.safe_load import safe_torch_load
+from mmpola.safe_load import download_error, safe_torch_load
 
 __all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict',
            'load_pola_checkpoint', 'LoadReport', 'CheckpointMismatchError']
@@ -79,7 +79,13 @@ def read_checkpoint(source, map_location='cpu'):
         os.makedirs(cache_dir, exist_ok=True)
         local = osp.join(cache_dir, osp.basename(source.split('?')[0]))
         if not osp.isfile(local):
-            torch.hub.download_url_to_file(source, local)
+            try:
+                torch.hub.download_url_to_file(source, local)
+            except Exception as e:
+                error = download_error(source, e)
+                if error is None:
+                    raise
+                raise error from e
         source = local
     return safe_torch_load(source, map_location=map_location)
 

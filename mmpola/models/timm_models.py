@@ -129,10 +129,12 @@ def _name_refused_files():
     """Make timm's weights-only refusal name the file (``checkpoint_path=``, ``pretrained_cfg``
     files, ``timm.models.load_checkpoint``), for every timm model: timm reads every file through
     ``timm.models._helpers._torch_load``, which is wrapped. A timm without that function keeps its
-    own message."""
+    own message. ``load_state_dict`` is wrapped too, so that a missing path or a directory is named
+    (timm raises a bare ``FileNotFoundError``)."""
     from timm.models import _helpers
-    if getattr(_helpers, '_torch_load', None) is not None:
-        _helpers._torch_load = name_refused_file(_helpers._torch_load)
+    for name in ('_torch_load', 'load_state_dict'):
+        if getattr(_helpers, name, None) is not None:
+            setattr(_helpers, name, name_refused_file(getattr(_helpers, name)))
 
 
 _name_refused_files()
