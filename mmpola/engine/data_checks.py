@@ -10,10 +10,54 @@ import os
 import os.path as osp
 import re
 
-from mmpola.errors import UserError
+from mmpola.errors import MMPolaUserError, UserError
 from .cli import is_url
 
-__all__ = ['check_data_files', 'check_dataset_images', 'coco_image_file_names']
+__all__ = ['run_preflight', 'check_data_files', 'check_dataset_images', 'coco_image_file_names']
+
+
+def run_preflight(cfg, dataloader_keys, skip_data_check=False, launcher='none'):
+    """Everything tools/train.py and tools/test.py check before building anything, once.
+
+    * the model's channels (:func:`mmpola.engine.preflight.check_model_channels`), always;
+    * unless ``skip_data_check`` (``--skip-data-check``): the data files
+      (:func:`check_data_files`) and what they hold against the model
+      (:func:`mmpola.engine.preflight.check_dataset_contents`: annotations, segmentation maps,
+      classes and ``num_classes``).
+
+    With several processes only rank 0 checks; the others wait for its verdict (the error text is
+    broadcast) and stop with the same message. With a ``launcher``, the process group is started
+    here where :func:`mmpola.engine.launch.init_distributed` can (CPU); otherwise every process
+    checks for itself (same files, same verdict).
+    """
+    from mmengine import dist
+
+    from .preflight import check_dataset_contents, check_model_channels
+
+    def checks():
+        check_model_channels(cfg)
+        if not skip_data_check:
+            check_data_files(cfg, dataloader_keys)
+            check_dataset_contents(cfg, dataloader_keys)
+
+    if launcher != 'none':
+        from .launch import init_distributed
+        init_distributed(launcher, cfg)
+    if dist.get_world_size() <= 1:
+        checks()
+        return
+    verdict = [None]
+    if dist.get_rank() == 0:
+        try:
+            checks()
+        except MMPolaUserError as e:
+            verdict = [str(e)]
+        except BaseException as e:  # a bug: the other ranks must not wait for ever
+            dist.broadcast_object_list([f'the pre-flight checks failed on rank 0 ({type(e).__name__}: {e})'], src=0)
+            raise
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise UserError(verdict[0])
 
 
 def _dataset_cfgs(node):
