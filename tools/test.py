@@ -18,6 +18,7 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 import mmpola  # noqa: E402,F401
 from mmpola.engine import cli, launch  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
+from mmpola.engine.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
 from mmpola.engine.data_checks import run_preflight  # noqa: E402
 from mmpola.errors import UserError  # noqa: E402
 
@@ -50,6 +51,7 @@ def build_test_config(args):
     cli.check_checkpoint_file(args.checkpoint)
     cfg.load_from = args.checkpoint
     cfg.resume = False
+    add_checkpoint_fit_check(cfg)  # refuse a checkpoint of another model (it would test random weights)
     if args.amp:
         import torch
         if not torch.cuda.is_available():

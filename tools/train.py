@@ -19,6 +19,7 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 import mmpola  # noqa: E402,F401
 from mmpola.engine import cli, launch  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
+from mmpola.engine.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
 from mmpola.engine.data_checks import run_preflight  # noqa: E402
 from mmpola.engine.hooks import add_nonfinite_loss_guard  # noqa: E402
 from mmpola.engine.resume import add_random_state_hook  # noqa: E402
@@ -69,6 +70,7 @@ def build_train_config(args):
     # step is skipped: --cfg-options nonfinite_loss.action=skip); see NonFiniteLossHook
     add_nonfinite_loss_guard(cfg)
     add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
+    add_checkpoint_fit_check(cfg)  # load_from / --resume: refuse a checkpoint of another model
 
     notes = []
     if args.amp:

@@ -139,6 +139,8 @@ def explain_build_error(error, cfg=None):
     close matches (difflib) among the registered types or the class's arguments, or None when
     ``error`` is something else. ``cfg`` (optional) adds where in the config the name is."""
     msg = str(error)
+    if cfg is not None and not isinstance(cfg, dict) and hasattr(cfg, 'to_dict'):
+        cfg = cfg.to_dict()  # an mmengine Config
     if isinstance(error, KeyError):
         found = _NOT_REGISTERED.search(msg)
         if found is None:
