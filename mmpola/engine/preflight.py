@@ -29,8 +29,8 @@ from mmpola.errors import UserError
 from .cli import is_url
 from .data_checks import _SHOW_PATHS, _dataset_cfgs, _dataset_class, _defining_class, _seg_dataset_files
 
-__all__ = ['check_num_classes', 'check_coco_annotations', 'check_seg_maps', 'check_model_channels',
-           'check_dataset_contents', 'dataset_classes', 'head_num_classes', 'png_header']
+__all__ = ['check_num_classes', 'check_coco_annotations', 'checked_coco_categories', 'check_seg_maps',
+           'check_model_channels', 'check_dataset_contents', 'load_coco_json', 'dataset_classes', 'head_num_classes', 'png_header']
 
 # parts of a model config whose num_classes is not the dataset's (RPN is class-agnostic)
 _NOT_DATASET_CLASSES = ('rpn_head', 'train_cfg', 'test_cfg', 'data_preprocessor')
@@ -101,13 +101,13 @@ def _coco_category_names(coco):
     return [c.get('name') for c in coco.get('categories') or [] if isinstance(c, dict)]
 
 
-def check_num_classes(cfg, dataloader_keys, coco_files=None):
+def check_num_classes(cfg, dataloader_keys, coco_categories=None):
     """Every head's ``num_classes`` must equal the number of classes of every dataset it trains or
     is evaluated on; for COCO files, every class must also be one of the file's categories.
 
     Today a Mask R-CNN with 80 classes on a 3-class set trains an epoch and crashes in the metric,
     and a RetinaNet with 2 on a 3-class set learns the third class as background, exit status 0.
-    ``coco_files`` maps annotation paths to their parsed JSON (to read each file once).
+    ``coco_categories`` maps annotation paths to their category names (to read each file once).
     """
     heads = head_num_classes(cfg.get('model') or {})
     for key in dataloader_keys:
@@ -118,9 +118,9 @@ def check_num_classes(cfg, dataloader_keys, coco_files=None):
             classes, source = dataset_classes(dataset)
             if classes is None:
                 continue
-            coco = (coco_files or {}).get(_coco_ann_path(dataset)) if _is_coco(dataset) else None
-            if coco is not None:
-                _check_classes_in_file(key, dataset, classes, source, coco)
+            names = (coco_categories or {}).get(_coco_ann_path(dataset)) if _is_coco(dataset) else None
+            if names is not None:
+                _check_classes_in_file(key, dataset, classes, source, names)
             wrong = [(path, n) for path, n in heads if n != len(classes)]
             if wrong:
                 listed = ', '.join(f'{path}={n}' for path, n in wrong)
@@ -138,8 +138,7 @@ def _class_list(classes):
     return '(' + ', '.join(repr(c) for c in classes[:8]) + (', ...)' if len(classes) > 8 else ')')
 
 
-def _check_classes_in_file(key, dataset, classes, source, coco):
-    names = _coco_category_names(coco)
+def _check_classes_in_file(key, dataset, classes, source, names):
     missing = [c for c in classes if c not in names]
     if not missing:
         return
@@ -214,8 +213,7 @@ def _bad_segmentation(segm):
     if not isinstance(segm, list) or not segm:
         return 'missing'
     for poly in segm:
-        if not isinstance(poly, list) or len(poly) % 2 or \
-                not all(isinstance(v, (int, float)) and math.isfinite(v) for v in poly):
+        if not isinstance(poly, list) or len(poly) % 2 or (poly and not isinstance(poly[0], (int, float))):
             return 'a polygon that is not a flat list of x, y numbers'
         if len(poly) < 6:
             return 'a polygon with fewer than 3 points'
@@ -354,11 +352,45 @@ def _indented(items):
 # ------------------------------------------------------------------------------------------------
 # everything a dataset holds
 
+def _cache_file(path, needs_masks):
+    """Where the verdict on a COCO annotation file is kept: the file's path, size and modification
+    time name it, so an edited file is checked again. ``MMPOLA_CACHE_DIR`` overrides the folder."""
+    import hashlib
+    stat = os.stat(path)
+    key = f'{osp.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{bool(needs_masks)}|1'
+    folder = os.environ.get('MMPOLA_CACHE_DIR') or osp.join(osp.expanduser('~'), '.cache', 'mmpola')
+    return osp.join(folder, 'preflight', hashlib.sha1(key.encode()).hexdigest() + '.json')
+
+
+def checked_coco_categories(path, key='dataset', needs_masks=False):
+    """Category names of a COCO annotation file whose annotations pass
+    :func:`check_coco_annotations`. A file that passed once is not parsed again while it is
+    unchanged (COCO train2017's ~450 MB take most of a minute to parse): the verdict is cached."""
+    cache = _cache_file(path, needs_masks)
+    try:
+        with open(cache) as f:
+            return json.load(f)['categories']
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    coco = load_coco_json(path)
+    check_coco_annotations(coco, path, key, needs_masks)
+    names = _coco_category_names(coco)
+    try:  # a read-only home only costs the next run the parse
+        os.makedirs(osp.dirname(cache), exist_ok=True)
+        tmp = f'{cache}.{os.getpid()}.tmp'
+        with open(tmp, 'w') as f:
+            json.dump(dict(file=osp.abspath(path), categories=names), f)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return names
+
+
 def check_dataset_contents(cfg, dataloader_keys):
     """The content checks of every (leaf) dataset of ``dataloader_keys``: COCO annotations, class
     names against the file's categories, segmentation maps, and ``num_classes`` of the heads.
-    Each annotation file is parsed once."""
-    coco_files = {}
+    Each annotation file is parsed at most once (and not again while it is unchanged)."""
+    categories = {}
     for key in dataloader_keys:
         loader = cfg.get(key)
         if not isinstance(loader, dict):
@@ -370,15 +402,16 @@ def check_dataset_contents(cfg, dataloader_keys):
                 path = _coco_ann_path(dataset)
                 if not path or not osp.isfile(path):
                     continue
-                if path not in coco_files:
-                    coco_files[path] = load_coco_json(path)
-                check_coco_annotations(coco_files[path], path, key, _needs_masks(cfg, key, dataset))
+                masks = _needs_masks(cfg, key, dataset)
+                if (path, masks) not in categories:
+                    categories[path, masks] = checked_coco_categories(path, key, masks)
+                categories[path] = categories[path, masks]
             elif _is_seg(dataset):
                 root = dataset.get('data_root') or ''
                 images, seg_maps = _seg_dataset_files(dataset, root)
                 if seg_maps:
                     check_seg_maps(images, seg_maps, key, root)
-    check_num_classes(cfg, dataloader_keys, coco_files)
+    check_num_classes(cfg, dataloader_keys, categories)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -27,6 +27,12 @@ SEG_DEMO = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x1
 MMLogger.get_current_instance()  # mmengine's logger keeps the stream it first sees: not a test's capsys
 
 
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    """Verdicts on annotation files are cached; keep each test's cache to itself."""
+    monkeypatch.setenv('MMPOLA_CACHE_DIR', str(tmp_path / 'cache'))
+
+
 def _tool(name):
     spec = importlib.util.spec_from_file_location(f'mmpola_tools_{name}_preflight',
                                                   osp.join(REPO, 'tools', f'{name}.py'))
@@ -238,3 +244,18 @@ def test_other_ranks_take_the_verdict_of_rank_zero(coco, monkeypatch):
     with pytest.raises(UserError) as on_rank1:
         data_checks.run_preflight(cfg, ['train_dataloader'])
     assert str(on_rank1.value) == str(exc.value)
+
+
+def test_a_checked_annotation_file_is_not_parsed_again_until_it_changes(coco, tmp_path, monkeypatch):
+    from mmpola.engine import preflight
+    ann = tmp_path / 'ann.json'
+    ann.write_bytes((coco / 'annotations' / 'instances_train.json').read_bytes())
+    names = preflight.checked_coco_categories(str(ann), needs_masks=True)
+    assert names == ['circle', 'rectangle', 'triangle']
+    monkeypatch.setattr(preflight, 'load_coco_json', lambda path: pytest.fail('parsed a second time'))
+    assert preflight.checked_coco_categories(str(ann), needs_masks=True) == names
+    monkeypatch.undo()
+    monkeypatch.setenv('MMPOLA_CACHE_DIR', str(tmp_path / 'cache'))
+    _bad_annotations(coco, ann)  # changed: checked again
+    with pytest.raises(UserError, match='has annotations the model cannot use'):
+        preflight.checked_coco_categories(str(ann), needs_masks=True)
