@@ -29,15 +29,30 @@ def _bare_model(model):
     return model
 
 
+def _as_loaded(model, checkpoint):
+    """The name -> tensor mapping mmengine's loading would match against ``model``: the checkpoint's
+    ``state_dict`` (or the checkpoint itself), ``module.`` stripped, then the model's own
+    top-level ``load_state_dict`` pre-hooks (e.g. the classifier's mapping of official keys)."""
+    state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
+    if not isinstance(state_dict, dict):
+        return {}
+    state_dict = {re.sub(r'^module\.', '', str(k)): v for k, v in state_dict.items()}
+    for hook in getattr(model, '_load_state_dict_pre_hooks', {}).values():
+        try:
+            hook(state_dict, '', {}, False, [], [], [])
+        except Exception:  # the real load will report it
+            break
+    return state_dict
+
+
 def checkpoint_fit(model, checkpoint):
     """``(loaded, total, loaded tensors, total tensors)``: parameter elements and tensors of
-    ``model`` that ``checkpoint`` provides with the same name (after mmengine's ``module.``
-    stripping) and shape, as mmengine's loading would use them."""
-    state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
-    state_dict = {re.sub(r'^module\.', '', str(k)): v for k, v in state_dict.items()} \
-        if isinstance(state_dict, dict) else {}
+    ``model`` that ``checkpoint`` provides with the same name and shape, as mmengine's loading
+    would use them (:func:`_as_loaded`)."""
+    model = _bare_model(model)
+    state_dict = _as_loaded(model, checkpoint)
     loaded = total = loaded_n = total_n = 0
-    for name, param in _bare_model(model).named_parameters():
+    for name, param in model.named_parameters():
         total += param.numel()
         total_n += 1
         value = state_dict.get(name)
