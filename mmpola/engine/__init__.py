@@ -13,7 +13,7 @@ from mmpola.errors import MMPolaUserError, UserError
 from .checkpoint_fit import CheckpointFitHook, add_checkpoint_fit_check
 from .cli import (check_checkpoint_file, check_pretrained_files, enable_test_dump, enable_test_visualization,
                   enable_tta, exit_on_user_error, is_url, load_config, register_task_modules)
-from .data_checks import check_data_files, check_dataset_images, coco_image_file_names
+from .data_checks import check_data_files, check_dataset_images, coco_image_file_names, run_preflight
 from .hooks import InitialEvaluationHook, NonFiniteLossError, NonFiniteLossHook, add_nonfinite_loss_guard
 from .launch import adapt_cfg_to_machine, init_distributed, replace_sync_bn, setup_amp
 from .optim import BF16AmpOptimWrapper, autocast_module
@@ -25,5 +25,5 @@ __all__ = [
     'adapt_cfg_to_machine', 'check_checkpoint_file', 'check_data_files', 'check_dataset_images',
     'coco_image_file_names', 'check_pretrained_files', 'enable_test_dump', 'enable_test_visualization', 'enable_tta',
     'exit_on_user_error', 'init_distributed', 'is_url', 'load_config', 'register_task_modules', 'replace_sync_bn',
-    'setup_amp',
+    'run_preflight', 'setup_amp',
 ]

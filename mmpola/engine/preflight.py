@@ -295,14 +295,16 @@ def png_header(path):
 
 
 def _image_header(path):
-    """``(width, height, channels, mode)`` of any image from its header (PIL opens lazily)."""
+    """``(width, height, channels, mode, transposed)`` of any image from its header (PIL opens
+    lazily); ``transposed``: an EXIF orientation that decoders apply by swapping width and height."""
     header = png_header(path)
     if header is not None:
-        return header
+        return header + (False,)
     from PIL import Image
     try:
         with Image.open(path) as img:
-            return img.width, img.height, len(img.getbands()), img.mode
+            orientation = img.getexif().get(0x0112, 1) if img.format in ('JPEG', 'TIFF', 'WEBP') else 1
+            return img.width, img.height, len(img.getbands()), img.mode, orientation in (5, 6, 7, 8)
     except Exception:  # unreadable: decoding errors are the pipeline's to report, naming the file
         return None
 
@@ -322,7 +324,7 @@ def check_seg_maps(images, seg_maps, key='dataset', root=''):
         if seg[2] is not None and seg[2] > 1:
             coloured.append(f'{_rel(seg_map, root)}: {seg[2]} channels ({seg[3]})')
         img = _image_header(image)
-        if img is not None and img[:2] != seg[:2]:
+        if img is not None and img[:2] != seg[:2] and not (img[4] and img[1::-1] == seg[:2]):
             wrong_size.append(f'{_rel(seg_map, root)}: {seg[0]}x{seg[1]}, its image {_rel(image, root)}: '
                               f'{img[0]}x{img[1]}')
     lines = []

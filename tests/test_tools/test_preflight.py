@@ -259,3 +259,18 @@ def test_a_checked_annotation_file_is_not_parsed_again_until_it_changes(coco, tm
     _bad_annotations(coco, ann)  # changed: checked again
     with pytest.raises(UserError, match='has annotations the model cannot use'):
         preflight.checked_coco_categories(str(ann), needs_masks=True)
+
+
+def test_rotated_jpeg_with_a_map_of_the_decoded_size_passes(tmp_path):
+    """Decoders apply the EXIF orientation: a map of the *decoded* (transposed) size is right."""
+    from PIL import Image
+
+    from mmpola.engine.preflight import check_seg_maps
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees on decoding
+    Image.new('RGB', (48, 32)).save(tmp_path / 'a.jpg', exif=exif)
+    Image.new('L', (32, 48)).save(tmp_path / 'a.png')
+    check_seg_maps([str(tmp_path / 'a.jpg')], [str(tmp_path / 'a.png')])
+    Image.new('L', (40, 48)).save(tmp_path / 'a.png')
+    with pytest.raises(UserError, match=r'a\.png: 40x48, its image .*a\.jpg: 48x32'):
+        check_seg_maps([str(tmp_path / 'a.jpg')], [str(tmp_path / 'a.png')])
