@@ -69,7 +69,8 @@ def _fix(kind, model_name):
                'model.backbone.init_cfg.checkpoint=FILE) instead of load_from, and test a checkpoint written '
                'by training this config (work_dirs/<config>/epoch_N.pth)')
         if any(name in kind for name in ('FLatten', 'InLine', 'PolaFormer++')):
-            fix += "; mmpola's Pola backbones do not take FLatten, InLine or PolaFormer++ weights: use a PolaFormer file"
+            fix += ("; mmpola's Pola backbones do not take FLatten, InLine or PolaFormer++ weights: use a "
+                    'PolaFormer file')
         return fix
     if 'detector' in kind or 'segmentor' in kind:
         return f'use a checkpoint of this {model_name} (written by training this config)'

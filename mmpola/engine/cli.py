@@ -19,7 +19,8 @@ from mmengine.config import Config, DictAction
 from mmpola.errors import MMPolaUserError, UserError
 
 __all__ = [
-    'UserError', 'exit_on_user_error', 'explain_build_error', 'is_url', 'load_config', 'register_task_modules', 'check_checkpoint_file',
+    'UserError', 'exit_on_user_error', 'explain_build_error', 'is_url', 'load_config', 'register_task_modules',
+    'check_checkpoint_file',
     'check_pretrained_files', 'enable_test_dump', 'enable_tta', 'enable_test_visualization', 'add_launch_args',
     'parse_tool_args', 'set_work_dir', 'build_runner',
 ]

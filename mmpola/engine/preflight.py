@@ -30,7 +30,8 @@ from .cli import is_url
 from .data_checks import _SHOW_PATHS, _dataset_cfgs, _dataset_class, _defining_class, _seg_dataset_files
 
 __all__ = ['check_num_classes', 'check_coco_annotations', 'checked_coco_categories', 'check_seg_maps',
-           'check_model_channels', 'check_dataset_contents', 'load_coco_json', 'dataset_classes', 'head_num_classes', 'png_header']
+           'check_model_channels', 'check_dataset_contents', 'load_coco_json', 'dataset_classes', 'head_num_classes',
+           'png_header']
 
 # parts of a model config whose num_classes is not the dataset's (RPN is class-agnostic)
 _NOT_DATASET_CLASSES = ('rpn_head', 'train_cfg', 'test_cfg', 'data_preprocessor')

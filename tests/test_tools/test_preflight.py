@@ -105,7 +105,8 @@ def test_head_num_classes_against_dataset_classes(coco, tmp_path, capsys):
 
     # no metainfo: mmdet's 80 COCO class names, none of which is a category of the file
     config.write_text(f"_base_ = [{RETINANET!r}]\nmodel = dict(backbone=dict(init_cfg=None), "
-                      "bbox_head=dict(num_classes=3))\ntrain_dataloader = dict(dataset=dict(data_prefix=dict(img='train/')))\n")
+                      "bbox_head=dict(num_classes=3))\n"
+                      "train_dataloader = dict(dataset=dict(data_prefix=dict(img='train/')))\n")
     err = _refused(TRAIN, [str(config), '--work-dir', str(work)] + _det_opts(coco), capsys, coco, work)
     assert "none of the dataset's 80 classes ('person', 'bicycle'" in err
     assert "(from CocoDataset's default METAINFO (no metainfo=dict(classes=...) in the config))" in err

@@ -115,7 +115,8 @@ def test_describe_checkpoint_and_fit_counts():
     z = torch.zeros(2, 2)
     flatten = {'model': {'block1.0.attn.scale': z, 'block1.0.attn.dwc.weight': z, 'head.weight': torch.zeros(5, 2)},
                'config': {}}
-    assert describe_checkpoint(flatten) == 'an official classification checkpoint, 5-class head (FLatten Transformer PVT)'
+    assert describe_checkpoint(flatten) == \
+        'an official classification checkpoint, 5-class head (FLatten Transformer PVT)'
     inline = {'layers.0.blocks.0.attn.residual.0.weight': z, 'head.weight': torch.zeros(3, 2)}
     assert describe_checkpoint(inline) == 'a classification checkpoint, 3-class head (InLine Swin)'
     polapp = {'model': {'layers.0.blocks.0.attn.qkvg.weight': z, 'layers.0.blocks.0.attn.s1': z}}
@@ -199,8 +200,8 @@ def test_unreadable_checkpoints_through_the_tools(coco, tmp_path, capsys):
     assert err.startswith(f"load_from checkpoint: checkpoint file '{files['lfs']}' is not a PyTorch checkpoint: a Git "
                           'LFS pointer')
     config = tmp_path / 'pretrained.py'
-    config.write_text(f"_base_ = [{DET_DEMO!r}]\nmodel = dict(backbone=dict(init_cfg=dict(_delete_=True, type='Pretrained', "
-                      f"checkpoint={files['empty']!r})))\n")
+    config.write_text(f"_base_ = [{DET_DEMO!r}]\nmodel = dict(backbone=dict(init_cfg=dict(_delete_=True, "
+                      f"type='Pretrained', checkpoint={files['empty']!r})))\n")
     err = _refused(TRAIN, [str(config), '--work-dir', work] + _opts(coco), capsys, [files['empty']], work)
     assert err.startswith(f"pretrained checkpoint (model.backbone.init_cfg): checkpoint file '{files['empty']}' is "
                           'empty (0 bytes)')
