@@ -209,6 +209,14 @@ def test_unreadable_checkpoints_through_the_tools(coco, tmp_path, capsys):
     err = _refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + [f"load_from={files['legacy_truncated']}"],
                    capsys, [files['legacy_truncated']], work)
     assert err.startswith(f"checkpoint file '{files['legacy_truncated']}' is truncated or damaged")
+    # --resume without a path: the work dir's last checkpoint, cut short (the Runner reads it)
+    resume_dir = tmp_path / 'resume_work'
+    resume_dir.mkdir()
+    (resume_dir / 'epoch_1.pth').write_bytes(open(files['truncated'], 'rb').read())
+    (resume_dir / 'last_checkpoint').write_text(str(resume_dir / 'epoch_1.pth'))
+    err = _refused(TRAIN, [DET_DEMO, '--work-dir', str(resume_dir), '--resume'] + _opts(coco), capsys,
+                   [str(resume_dir / 'epoch_1.pth')])
+    assert err.startswith(f"checkpoint file '{resume_dir / 'epoch_1.pth'}' is a truncated or damaged zip archive")
     err = _refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + ['load_from=http://127.0.0.1:9/w.pth'],
                    capsys, [], work)
     assert err.startswith("downloading checkpoint 'http://127.0.0.1:9/w.pth' failed (URLError: ")
