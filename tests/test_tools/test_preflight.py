@@ -275,3 +275,23 @@ def test_rotated_jpeg_with_a_map_of_the_decoded_size_passes(tmp_path):
     Image.new('L', (40, 48)).save(tmp_path / 'a.png')
     with pytest.raises(UserError, match=r'a\.png: 40x48, its image .*a\.jpg: 48x32'):
         check_seg_maps([str(tmp_path / 'a.jpg')], [str(tmp_path / 'a.png')])
+
+
+def test_the_shipped_configs_pass_the_model_checks():
+    """No false alarm on the repository's configs (classes vs num_classes, channels); the channel
+    check really sees every dense backbone's outputs."""
+    import glob
+
+    from mmengine.registry import DefaultScope
+
+    from mmpola.engine import load_config, register_task_modules
+    from mmpola.engine.preflight import _backbone_out_channels, check_model_channels, check_num_classes
+    paths = sorted(glob.glob(osp.join(REPO, 'configs', '*', '*.py')))
+    assert len(paths) > 20
+    for path in paths:
+        cfg = load_config(path)
+        with DefaultScope.overwrite_default_scope(register_task_modules(cfg)):
+            check_num_classes(cfg, ['train_dataloader', 'val_dataloader', 'test_dataloader'])
+            check_model_channels(cfg)
+            if 'backbone' in cfg.model:
+                assert _backbone_out_channels(cfg.model.backbone) is not None, path
