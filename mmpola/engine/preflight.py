@@ -128,8 +128,8 @@ def check_num_classes(cfg, dataloader_keys, coco_categories=None):
                 fix = ' '.join(f'{path}={len(classes)}' for path, _ in wrong)
                 raise UserError(
                     f'{key}: the dataset has {len(classes)} classes {_class_list(classes)} (from {source}) but '
-                    f'the model predicts another number: {listed}. A head with too many classes crashes the '
-                    'metric after a whole epoch; one with too few learns the remaining classes as background. '
+                    f'the model predicts another number: {listed}. Too many classes break the evaluation after '
+                    'training; too few train the remaining classes as background (or fail on their labels). '
                     f'Fix: set num_classes={len(classes)} in every head, e.g. --cfg-options {fix}'
                     + ('' if source == 'its metainfo' else
                        f", or give the dataset its classes: metainfo=dict(classes=(...)) in {key}.dataset"))
