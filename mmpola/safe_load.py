@@ -24,8 +24,9 @@ libraries' loading paths, reversibly (:func:`uninstall`), and only when ``MMPOLA
 * mmengine: the loaders of its checkpoint schemes are re-registered (``CheckpointLoader.register_scheme``,
   its public extension point): local files go through :func:`safe_torch_load` (weights-only whatever
   ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says), and a refusal by another scheme's loader names the file;
-* timm: its file reader ``timm.models._helpers._torch_load`` (timm has no public hook for this) is
-  wrapped so that a refusal names the file; what loads and what is refused does not change.
+* timm: its file readers ``timm.models._helpers._torch_load`` and ``load_state_dict`` (timm has no
+  public hook for this) are wrapped so that a refusal or a missing file names the file; what loads
+  and what is refused does not change.
 """
 import collections
 import contextlib
@@ -41,11 +42,130 @@ import torch
 from mmpola.errors import MMPolaUserError
 
 __all__ = ['install', 'uninstall', 'is_installed', 'allowlist', 'safe_torch_load', 'OfficialConfigNode',
-           'UnsafeCheckpointError', 'unsafe_checkpoint_error', 'is_weights_only_refusal', 'name_refused_file']
+           'UnsafeCheckpointError', 'CheckpointFileError', 'MissingCheckpointError', 'checkpoint_file_problem',
+           'checkpoint_file_error', 'download_error', 'unsafe_checkpoint_error', 'is_weights_only_refusal',
+           'name_refused_file']
+
+# where a checkpoint path comes from, for the messages that say how to pass another one
+_CHECKPOINT_OPTIONS = ('init_cfg.checkpoint, load_from, --resume, the checkpoint argument of tools/test.py '
+                       'or checkpoint_path')
 
 
 class UnsafeCheckpointError(MMPolaUserError, RuntimeError):
     """A checkpoint names Python objects outside the allowlist; it was not loaded."""
+
+
+class CheckpointFileError(MMPolaUserError, OSError):
+    """A checkpoint file that cannot be read at all (empty, truncated, a directory, text, a failed
+    download); the message names the file, the problem and the fix."""
+
+
+class MissingCheckpointError(CheckpointFileError, FileNotFoundError):
+    """The checkpoint path does not exist."""
+
+
+# the first bytes of what torch.save writes: a zip archive (torch >= 1.6) or a pickle (legacy)
+_ZIP_MAGIC = b'PK\x03\x04'
+_PICKLE_MAGIC = b'\x80'
+
+
+def _describe_text(head):
+    """What a text file that should have been a checkpoint probably is, from its first bytes."""
+    text = head.decode('utf-8', 'replace').lstrip()
+    if text.startswith('version https://git-lfs'):
+        return 'a Git LFS pointer, not the file itself: fetch it with `git lfs pull`'
+    if text[:15].lower().startswith(('<!doctype html', '<html', '<?xml', '<head')):
+        return 'an HTML/XML page, e.g. the error or login page of a failed download: download the file again'
+    if text.startswith(('{', '[')):
+        return 'a JSON file: download the checkpoint itself again'
+    first = text.splitlines()[0][:60] if text else ''
+    return f'a text file starting with {first!r}: download or copy the checkpoint again'
+
+
+def checkpoint_file_problem(path):
+    """Why the local file ``path`` cannot be a checkpoint, as ``(error class, message)``, or None.
+
+    Cheap (a ``stat`` and the first bytes): a missing path, a directory, an empty file, a text
+    file (an HTML page of a failed download, a Git LFS pointer), a zip archive without its end
+    (interrupted download or copy). A file that passes may still fail to unpickle.
+    """
+    where = os.fspath(path)
+    if osp.isdir(where):
+        inside = sorted(n for n in os.listdir(where) if n.endswith(('.pth', '.pt', '.bin', '.ckpt')))
+        found = f' (it holds {", ".join(inside[:5])})' if inside else ''
+        return CheckpointFileError, (f'checkpoint {where!r} is a directory{found}; pass the checkpoint file '
+                                     'inside it, e.g. work_dirs/<config>/epoch_12.pth')
+    if not osp.isfile(where):
+        return MissingCheckpointError, (f'checkpoint file {where!r} does not exist; check the path '
+                                        f'({_CHECKPOINT_OPTIONS})')
+    size = os.path.getsize(where)
+    if size == 0:
+        return CheckpointFileError, (f'checkpoint file {where!r} is empty (0 bytes): an interrupted download '
+                                     'or copy; download or copy it again')
+    with open(where, 'rb') as f:
+        head = f.read(64)
+    if head.startswith(_ZIP_MAGIC):
+        import zipfile
+        if not zipfile.is_zipfile(where):  # the central directory at the end is missing
+            return CheckpointFileError, (
+                f'checkpoint file {where!r} is a truncated or damaged zip archive ({size} bytes, no end '
+                'record): an interrupted download or copy; download or copy it again')
+        return None
+    if head.startswith(_PICKLE_MAGIC):
+        return None
+    try:
+        head.decode('utf-8')
+        is_text = b'\x00' not in head
+    except UnicodeDecodeError:
+        is_text = False
+    what = _describe_text(head) if is_text else (
+        f'its first bytes are {head[:8]!r}, neither a zip archive nor a pickle; download or copy it again')
+    return CheckpointFileError, f'checkpoint file {where!r} is not a PyTorch checkpoint: {what}'
+
+
+def checkpoint_file_error(path, error=None):
+    """The :class:`CheckpointFileError` for ``path`` (local) when the file is unreadable, or None.
+
+    ``error`` (what torch raised while reading, if anything) fills in a truncated file that the
+    first bytes did not give away."""
+    problem = checkpoint_file_problem(path)
+    if problem is not None:
+        return problem[0](problem[1])
+    if error is None:
+        return None
+    msg = str(error)
+    damaged = ('truncated', 'unexpected EOF', 'might be corrupted', 'failed finding central directory',
+               'failed reading', 'invalid header or archive is corrupted')
+    if isinstance(error, EOFError) or any(marker in msg for marker in damaged):
+        reason = msg.splitlines()[0] if msg else type(error).__name__
+        return CheckpointFileError(
+            f'checkpoint file {os.fspath(path)!r} is truncated or damaged ({type(error).__name__}: {reason}): '
+            'an interrupted download or copy; download or copy it again')
+    return None
+
+
+def download_error(url, error):
+    """A :class:`CheckpointFileError` for a checkpoint URL that could not be fetched (no network,
+    a proxy, a 404), or None when ``error`` is no download failure."""
+    import socket
+    import urllib.error
+    chain, e = [], error
+    while e is not None and len(chain) < 5:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    network = (urllib.error.URLError, socket.timeout, socket.gaierror, ConnectionError, TimeoutError)
+    cause = next((c for c in chain if isinstance(c, network)), None)
+    if cause is None:
+        cause = next((c for c in chain if type(c).__module__.startswith(('requests', 'urllib3', 'huggingface_hub'))
+                      and 'Error' in type(c).__name__), None)
+    if cause is None:
+        return None
+    reason = getattr(cause, 'reason', None) or cause
+    return CheckpointFileError(
+        f'downloading checkpoint {url!r} failed ({type(cause).__name__}: {reason}). Without network access, '
+        'download it on another machine and pass the local file instead of the URL (e.g. '
+        '--cfg-options load_from=checkpoints/file.pth or model.backbone.init_cfg.checkpoint=checkpoints/file.pth, '
+        'or the local path as tools/test.py CHECKPOINT)')
 
 
 class OfficialConfigNode:
@@ -140,9 +260,10 @@ def uninstall():
         from mmengine.runner.checkpoint import CheckpointLoader
         for prefix, loader in _INSTALLED['mmengine'].items():
             CheckpointLoader.register_scheme(prefix, loader, force=True)
-    if _INSTALLED['timm'] is not None:
+    if _INSTALLED['timm']:
         from timm.models import _helpers
-        _helpers._torch_load = _INSTALLED['timm']
+        for name, original in _INSTALLED['timm'].items():
+            setattr(_helpers, name, original)
     _INSTALLED = None
 
 
@@ -214,16 +335,20 @@ def safe_torch_load(path, map_location='cpu'):
 
     The allowlist applies to this call whether or not :func:`install` ran.
     """
-    if isinstance(path, (str, os.PathLike)) and not osp.isfile(path):
-        raise FileNotFoundError(
-            f'checkpoint file {os.fspath(path)!r} does not exist; check the path (init_cfg.checkpoint, '
-            'load_from, --resume, the checkpoint argument of tools/test.py or checkpoint_path)')
+    local = isinstance(path, (str, os.PathLike))
+    if local:
+        problem = checkpoint_file_problem(path)  # missing, a directory, empty, text, a cut-off zip
+        if problem is not None:
+            raise problem[0](problem[1])
     try:
         with _allowlisted():
             return torch.load(path, map_location=map_location, weights_only=True)
     except UnsafeCheckpointError as e:  # raised by the getattr stand-in, not wrapped by torch
         raise unsafe_checkpoint_error(path, e) from e
     except Exception as e:  # torch raises UnpicklingError wrapped in various types
+        damaged = checkpoint_file_error(path, e) if local else None
+        if damaged is not None:  # a truncated legacy pickle reads as an unpickling error
+            raise damaged from e
         if is_weights_only_refusal(e):
             raise unsafe_checkpoint_error(path, e) from e
         raise
@@ -231,9 +356,10 @@ def safe_torch_load(path, map_location='cpu'):
 
 def name_refused_file(loader):
     """Wrap ``loader(path, *args, **kwargs)`` so that a weights-only refusal raises
-    :class:`UnsafeCheckpointError` naming ``path`` (torch's and timm's own messages name no file).
-    What loads and what is refused does not change. Used for mmengine's non-local loaders and
-    timm's file reader; idempotent."""
+    :class:`UnsafeCheckpointError` naming ``path`` (torch's and timm's own messages name no file),
+    an unreadable local file (empty, truncated, text, a directory) :class:`CheckpointFileError` and a
+    failed download of a URL one saying how to pass a local file. What loads and what is refused
+    does not change. Used for mmengine's non-local loaders and timm's file reader; idempotent."""
     if getattr(loader, '_mmpola_guarded', False):
         return loader
 
@@ -241,9 +367,14 @@ def name_refused_file(loader):
     def guarded(path, *args, **kwargs):
         try:
             return loader(path, *args, **kwargs)
-        except UnsafeCheckpointError:
+        except MMPolaUserError:
             raise
         except Exception as e:
+            url = isinstance(path, str) and '://' in path
+            better = download_error(path, e) if url else (
+                checkpoint_file_error(path, e) if isinstance(path, (str, os.PathLike)) else None)
+            if better is not None:
+                raise better from e
             cause = e if is_weights_only_refusal(e) else e.__cause__
             if cause is not None and is_weights_only_refusal(cause):
                 raise unsafe_checkpoint_error(path, cause) from e
@@ -302,16 +433,19 @@ def _install_mmengine_loaders():
 
 
 def _install_timm_reader():
-    """Make timm's weights-only refusal name the file (``checkpoint_path=``, ``pretrained_cfg``
+    """Make timm's refusals and missing files name the file (``checkpoint_path=``, ``pretrained_cfg``
     files, ``timm.models.load_checkpoint``) for every timm model: timm reads every file through
-    ``timm.models._helpers._torch_load``, which is wrapped. Returns the original (None: no timm,
-    or a timm without that function, which keeps its own message)."""
+    ``timm.models._helpers._torch_load`` (a weights-only refusal names no file) and
+    ``load_state_dict`` (a missing path or a directory is a bare ``FileNotFoundError``), which are
+    wrapped. Returns the originals (empty: no timm, or a timm without these functions)."""
     try:
         from timm.models import _helpers
     except ImportError:
-        return None
-    original = getattr(_helpers, '_torch_load', None)
-    if original is None:
-        return None
-    _helpers._torch_load = name_refused_file(original)
-    return original
+        return {}
+    originals = {}
+    for name in ('_torch_load', 'load_state_dict'):
+        original = getattr(_helpers, name, None)
+        if original is not None:
+            originals[name] = original
+            setattr(_helpers, name, name_refused_file(original))
+    return originals

@@ -18,7 +18,8 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 import mmpola  # noqa: E402,F401
 from mmpola.engine import cli, launch  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine.data_checks import check_data_files  # noqa: E402
+from mmpola.engine.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
+from mmpola.engine.data_checks import run_preflight  # noqa: E402
 from mmpola.errors import UserError  # noqa: E402
 
 
@@ -36,6 +37,8 @@ def parse_args(argv=None):
     parser.add_argument('--tta', action='store_true', help="test-time augmentation with the config's "
                         '`tta_model` and `tta_pipeline` (flips; multi-scale for mmseg and the 3x detection configs)')
     parser.add_argument('--amp', action='store_true', help='run inference under fp16 autocast (CUDA only)')
+    parser.add_argument('--skip-data-check', action='store_true', help='skip the pre-flight check of the '
+                        'data (files, annotations, segmentation maps, classes vs num_classes)')
     cli.add_launch_args(parser)
     return cli.parse_tool_args(parser, argv)
 
@@ -49,6 +52,7 @@ def build_test_config(args):
     cli.check_checkpoint_file(args.checkpoint)
     cfg.load_from = args.checkpoint
     cfg.resume = False
+    add_checkpoint_fit_check(cfg)  # refuse a checkpoint of another model (it would test random weights)
     if args.amp:
         import torch
         if not torch.cuda.is_available():
@@ -63,8 +67,8 @@ def build_test_config(args):
         cli.enable_test_dump(cfg, args.out, scope)
 
     notes = launch.adapt_cfg_to_machine(cfg, args.launcher)
-    launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the data check's verdict
-    launch.run_on_rank0_and_share(check_data_files, cfg, ['test_dataloader'])
+    launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
+    run_preflight(cfg, ['test_dataloader'], args.skip_data_check)
     return cfg, scope, notes
 
 

@@ -20,7 +20,8 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 import mmpola  # noqa: E402,F401
 from mmpola.engine import cli, launch  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine.data_checks import check_data_files  # noqa: E402
+from mmpola.engine.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
+from mmpola.engine.data_checks import run_preflight  # noqa: E402
 from mmpola.engine.hooks import add_nonfinite_loss_guard  # noqa: E402
 from mmpola.engine.resume import add_random_state_hook  # noqa: E402
 from mmpola.errors import UserError  # noqa: E402
@@ -41,6 +42,8 @@ def parse_args(argv=None):
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CHECKPOINT, or, without a value, from the latest checkpoint '
                         'in the work dir')
+    parser.add_argument('--skip-data-check', action='store_true', help='skip the pre-flight check of the '
+                        'data (files, annotations, segmentation maps, classes vs num_classes)')
     cli.add_launch_args(parser)
     return cli.parse_tool_args(parser, argv)
 
@@ -69,6 +72,7 @@ def build_train_config(args):
     # step is skipped: --cfg-options nonfinite_loss.action=skip); see NonFiniteLossHook
     add_nonfinite_loss_guard(cfg)
     add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
+    add_checkpoint_fit_check(cfg)  # load_from / --resume: refuse a checkpoint of another model
 
     notes = []
     if args.amp:
@@ -93,8 +97,8 @@ def build_train_config(args):
     notes += launch.adapt_cfg_to_machine(cfg, args.launcher)
     cli.check_pretrained_files(cfg)
     keys = ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else [])
-    launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the data check's verdict
-    launch.run_on_rank0_and_share(check_data_files, cfg, keys)
+    launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
+    run_preflight(cfg, keys, args.skip_data_check)
     return cfg, scope, notes
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cli import build_runner, move_data_root
-from .data_checks import check_data_files
+from .data_checks import run_preflight
 from .hooks import InitialEvaluationHook, add_nonfinite_loss_guard
 from .launch import adapt_cfg_to_machine, check_device
 from .resume import add_random_state_hook
@@ -37,7 +37,7 @@ def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
 
     Work dir and seed; ``data_root`` for the train/val/test datasets and evaluators; the backbone from
     ``pretrained`` when that file exists; the initial evaluation, the non-finite loss guard and
-    the RNG states in checkpoints; the device check; the machine fallbacks; the data-file check.
+    the RNG states in checkpoints; the device check; the machine fallbacks; the pre-flight checks of data and model.
     """
     check_device()  # one process: on the CPU when CUDA is not usable, with one warning line naming why
     cfg.work_dir = work_dir
@@ -49,7 +49,7 @@ def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
     add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
     add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
     notes = adapt_cfg_to_machine(cfg, 'none')
-    check_data_files(cfg, ['train_dataloader', 'val_dataloader'])
+    run_preflight(cfg, ['train_dataloader', 'val_dataloader'])  # data files and contents, model channels
     return notes
 
 

@@ -349,7 +349,8 @@ def test_tools_train_adds_the_guard_and_stops_with_the_message(tmp_path, monkeyp
     assert 'NOT taken' in log and 'nonfinite_loss.action=skip' in log
     assert 'Traceback' not in capsys.readouterr().err
     dumped = Config.fromfile(str(work_dir / 'toy_stop.py'))
-    assert dumped.custom_hooks == [dict(type='NonFiniteLossHook'), dict(type='RandomStateHook')]
+    assert dumped.custom_hooks == [dict(type='NonFiniteLossHook'), dict(type='RandomStateHook'),
+                                   dict(type='CheckpointFitHook', min_loaded=0.5)]
     assert 'mmpola.engine' in dumped.custom_imports['imports']
 
 
