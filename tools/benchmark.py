@@ -1,9 +1,11 @@
-"""Benchmarks of the Pola attention core and of whole backbones: time, peak memory, FLOP rate.
+"""Benchmarks of the attention cores and of whole backbones: time, peak memory, FLOP rate.
 
-    python tools/benchmark.py attention                 # core: reference vs fast, dense sizes
+    python tools/benchmark.py attention                 # cores (Pola, FLatten, InLine): reference vs fast
     python tools/benchmark.py attention --cases pvt-s1@800x1344 --impls reference fast
+    python tools/benchmark.py attention --kinds flatten inline --cases pvt-s1@800x1344 swin-s1@800x1344
     python tools/benchmark.py backbone                  # Pola-PVT-T/S, Pola-Swin-T vs mmdet PVT-T, Swin-T
     python tools/benchmark.py backbone --models pola-pvt-t swin-t --sizes 224 800x1333
+    python tools/benchmark.py backbone --models all --sizes 224 800x1333 --no-memory  # every backbone
     python tools/benchmark.py scaling                   # Pola-PVT-T 800x1333 -> 1600x2666 time growth
     python tools/benchmark.py amp                       # bf16 (CPU) / fp16+bf16 (CUDA) autocast fwd+bwd
                                                         # of every full-size backbone at 800x1216
@@ -26,7 +28,9 @@ Peak memory:
 
 Implementations of the core (--impls): 'reference' (official op order), 'fast' (fast path, eager:
 MMPOLA_NO_COMPILE=1), 'fast+compile' (fast path with the torch.compile kernels forced at every size);
-'auto' is what models use by default (fast, compiled for inputs of >= 2**20 elements).
+'auto' is what models use by default (fast, compiled for inputs of >= 2**20 elements). Kinds
+(--kinds): 'pola', 'flatten', 'inline'; FLatten and InLine have no compiled kernels, so only their
+'reference' and 'fast' rows are run.
 """
 import argparse
 import contextlib
@@ -80,6 +84,13 @@ FULL_BACKBONES = {
     'pola-swin-b': ('PolaSwin', dict(arch='base')),
     'pola-swin-b-384': ('PolaSwin', dict(arch='base', pretrain_img_size=384)),
 }
+# FLatten and InLine, every released size
+LINEAGE_BACKBONES = {
+    f'{kind}-{family}-{size[0]}': (f'{title}{family.upper() if family == "pvt" else "Swin"}', dict(arch=size))
+    for kind, title in (('flatten', 'FLatten'), ('inline', 'InLine'))
+    for family, sizes in (('pvt', ('tiny', 'small', 'medium', 'large')), ('swin', ('tiny', 'small', 'base')))
+    for size in sizes}
+ALL_BACKBONES = {**BACKBONES, **FULL_BACKBONES, **LINEAGE_BACKBONES}
 BACKBONE_SIZES = ('224', '512', '800x1333', '1024', '1600')
 
 CPU_MEMORY_METHOD = ('peak RSS above the post-setup baseline, fresh subprocess per row '
@@ -227,31 +238,51 @@ def run_peak_subprocess(spec, threads):
 # --------------------------------------------------------------------------------------------------
 
 
-def attention_inputs(case, device, seed):
-    """Inputs of one attention case at the trained regime (power, scale logits around 0)."""
+def attention_inputs(case, device, seed, kind='pola'):
+    """Inputs of one attention case at the trained regime (power, scale logits around 0).
+
+    Pola takes per-head tensors (B, h, N, d) and (1, h, 1, d) logits; FLatten and InLine take
+    (B, N, C) tensors (FLatten also a (1, 1, C) temperature logit), as their modules call them.
+    """
     batch, heads, (height, width), dim = ATTENTION_CASES[case]
     tokens = height * width
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
-    power = torch.randn(1, heads, 1, dim, generator=g) * 0.5
-    scale = torch.randn(1, heads, 1, dim, generator=g) * 0.3
-    grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
-    leaves = [t.to(device).requires_grad_() for t in (q, k, v, power, scale)]
+    if kind == 'pola':
+        q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
+        power = torch.randn(1, heads, 1, dim, generator=g) * 0.5
+        scale = torch.randn(1, heads, 1, dim, generator=g) * 0.3
+        leaves = (q, k, v, power, scale)
+        grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
+    else:
+        q, k, v = (torch.randn(batch, tokens, heads * dim, generator=g) for _ in range(3))
+        leaves = (q, k, v, torch.randn(1, 1, heads * dim, generator=g) * 0.3) if kind == 'flatten' else (q, k, v)
+        grad_out = torch.randn(batch, tokens, heads * dim, generator=g)
+    leaves = [t.to(device).requires_grad_() for t in leaves]
     return leaves, grad_out.to(device)
 
 
-def attention_passes(leaves, grad_out, impl_arg):
+def attention_core(kind, heads):
+    """``fn(*leaves, impl=...)`` of an attention kind's core."""
+    from mmpola.ops import flatten_attention, inline_attention, pola_attention
+    if kind == 'pola':
+        return pola_attention
+    if kind == 'flatten':
+        return lambda q, k, v, scale, impl: flatten_attention(q, k, v, scale, heads, impl=impl)
+    return lambda q, k, v, impl: inline_attention(q, k, v, heads, impl=impl)
+
+
+def attention_passes(leaves, grad_out, impl_arg, kind='pola', heads=1):
     """(forward without grad, forward + backward) closures of the core."""
-    from mmpola.ops import pola_attention
+    core = attention_core(kind, heads)
 
     def forward():
         with torch.no_grad():
-            pola_attention(*leaves, impl=impl_arg)
+            core(*leaves, impl=impl_arg)
 
     def forward_backward():
         for t in leaves:
             t.grad = None
-        pola_attention(*leaves, impl=impl_arg).backward(grad_out)
+        core(*leaves, impl=impl_arg).backward(grad_out)
 
     def clear():
         for t in leaves:
@@ -261,9 +292,11 @@ def attention_passes(leaves, grad_out, impl_arg):
 
 
 def attention_peak_child(spec, device):
-    leaves, grad_out = attention_inputs(spec['case'], device, spec['seed'])
+    kind = spec.get('attn', 'pola')
+    leaves, grad_out = attention_inputs(spec['case'], device, spec['seed'], kind)
     with core_impl(spec['impl']) as impl_arg:
-        forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg)
+        forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind,
+                                                            ATTENTION_CASES[spec['case']][1])
         forward()  # warm-up (and compile) before measuring
         forward_backward()
         clear()
@@ -273,50 +306,58 @@ def attention_peak_child(spec, device):
 
 
 def bench_attention(args, device):
-    impls = args.impls
     rows = []
-    for case in args.cases:
-        batch, heads, (height, width), dim = ATTENTION_CASES[case]
-        leaves, grad_out = attention_inputs(case, device, args.seed)
-        times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
-        first_call = {}
-        for impl in impls:  # warm-up: compiles where the impl compiles
-            with core_impl(impl) as impl_arg:
-                forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg)
-                first_call[impl] = time_once(forward_backward, device)
-                forward()
-                clear()
-        # small cases are fast and noisy: repeat them until ~1 s per impl (at most 20 times)
-        repeat = max(args.repeat, min(20, int(1.0 / max(min(first_call.values()), 1e-3))))
-        for _ in range(repeat):
-            for impl in impls:
-                with core_impl(impl) as impl_arg:
-                    forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg)
-                    times[impl]['fwd'].append(time_once(forward, device))
-                    times[impl]['fwd+bwd'].append(time_once(forward_backward, device))
-                    clear()
-        del leaves, grad_out
-        gc.collect()
+    for kind in args.kinds:
+        # FLatten and InLine have no compiled kernels: 'fast+compile' would repeat 'fast'
+        impls = [i for i in args.impls if kind == 'pola' or i != 'fast+compile']
+        for case in args.cases:
+            rows += bench_attention_case(args, device, kind, case, impls)
+    print_attention_table(rows, args.impls)
+
+
+def bench_attention_case(args, device, kind, case, impls):
+    rows = []
+    batch, heads, (height, width), dim = ATTENTION_CASES[case]
+    leaves, grad_out = attention_inputs(case, device, args.seed, kind)
+    times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
+    first_call = {}
+    for impl in impls:  # warm-up: compiles where the impl compiles
+        with core_impl(impl) as impl_arg:
+            forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, heads)
+            first_call[impl] = time_once(forward_backward, device)
+            forward()
+            clear()
+    # small cases are fast and noisy: repeat them until ~1 s per impl (at most 20 times)
+    repeat = max(args.repeat, min(20, int(1.0 / max(min(first_call.values()), 1e-3))))
+    for _ in range(repeat):
         for impl in impls:
-            memory = {}
-            if args.memory:
-                spec = dict(kind='attention', case=case, impl=impl, seed=args.seed, device=str(device))
-                if device.type == 'cuda':
-                    memory = attention_peak_child(spec, device)
-                else:
-                    memory = run_peak_subprocess(spec, torch.get_num_threads())
-            rows.append(dict(case=case, tokens=f'{height}x{width}', shape=f'{batch},{heads},{dim}', impl=impl,
-                             fwd=min(times[impl]['fwd']), train=min(times[impl]['fwd+bwd']),
-                             fwd_median=median(times[impl]['fwd']), train_median=median(times[impl]['fwd+bwd']),
-                             repeat=repeat, first=first_call[impl], memory=memory))
-    print_attention_table(rows, impls)
+            with core_impl(impl) as impl_arg:
+                forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, heads)
+                times[impl]['fwd'].append(time_once(forward, device))
+                times[impl]['fwd+bwd'].append(time_once(forward_backward, device))
+                clear()
+    del leaves, grad_out
+    gc.collect()
+    for impl in impls:
+        memory = {}
+        if args.memory:
+            spec = dict(kind='attention', attn=kind, case=case, impl=impl, seed=args.seed, device=str(device))
+            if device.type == 'cuda':
+                memory = attention_peak_child(spec, device)
+            else:
+                memory = run_peak_subprocess(spec, torch.get_num_threads())
+        rows.append(dict(attn=kind, case=case, tokens=f'{height}x{width}', shape=f'{batch},{heads},{dim}', impl=impl,
+                         fwd=min(times[impl]['fwd']), train=min(times[impl]['fwd+bwd']),
+                         fwd_median=median(times[impl]['fwd']), train_median=median(times[impl]['fwd+bwd']),
+                         repeat=repeat, first=first_call[impl], memory=memory))
+    return rows
 
 
 def print_attention_table(rows, impls):
-    base = {(r['case'], 'reference'): r for r in rows if r['impl'] == 'reference'}
+    base = {(r['attn'], r['case']): r for r in rows if r['impl'] == 'reference'}
 
     def ratio(row, key, sub=None):
-        ref = base.get((row['case'], 'reference'))
+        ref = base.get((row['attn'], row['case']))
         if ref is None or row['impl'] == 'reference':
             return ''
         mine, theirs = (row[key], ref[key]) if sub is None else (row[key].get(sub), ref[key].get(sub))
@@ -330,15 +371,16 @@ def print_attention_table(rows, impls):
             return row['memory'].get('error', '-') if sub == 'fwd+bwd' else '-'
         return f'{value:.0f}'
 
-    print('\n| case | tokens | B,h,d | impl | fwd ms (min / med) | fwd speed-up | fwd+bwd ms (min / med) | '
+    print('\n| attention | case | tokens | B,h,d | impl | fwd ms (min / med) | fwd speed-up | fwd+bwd ms (min / med) | '
           'fwd+bwd speed-up | fwd MiB | fwd+bwd MiB | fwd+bwd mem vs ref | runs | 1st call s |')
-    print('|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+    print('|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
     for r in rows:
-        print(f"| {r['case']} | {r['tokens']} | {r['shape']} | {r['impl']} | "
+        print(f"| {r['attn']} | {r['case']} | {r['tokens']} | {r['shape']} | {r['impl']} | "
               f"{1e3 * r['fwd']:.1f} / {1e3 * r['fwd_median']:.1f} | {ratio(r, 'fwd')} | "
               f"{1e3 * r['train']:.1f} / {1e3 * r['train_median']:.1f} | {ratio(r, 'train')} | {mem(r, 'fwd')} | "
               f"{mem(r, 'fwd+bwd')} | {ratio(r, 'memory', 'fwd+bwd')} | {r['repeat']} | {r['first']:.1f} |")
-    print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to q, k, v, power, scale. '
+    print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to every input (q, k, v and the '
+          'logits: Pola power and scale, FLatten scale). B,h,d: batch, heads, head dim (C = h * d). '
           'Times: min and median over the runs (impls interleaved); speed-up = reference min / min. '
           'Memory ratio = peak / reference peak. 1st call: first fwd+bwd in the process (includes '
           'torch.compile for compiled rows).')
@@ -350,16 +392,16 @@ def print_attention_table(rows, impls):
 
 
 def build_named_backbone(name, attn_impl=None):
-    """Build a backbone of BACKBONES in eval mode; raises RuntimeError when it is not available."""
+    """Build a backbone of ALL_BACKBONES in eval mode; raises RuntimeError when it is not available."""
     from get_flops import build_backbone
-    type_name, kwargs = BACKBONES[name]
+    type_name, kwargs = ALL_BACKBONES[name]
     try:
         model = build_backbone(type_name, **kwargs)
     except (ImportError, KeyError, RuntimeError) as err:
         raise RuntimeError(str(err).splitlines()[0][:160]) from err
     if attn_impl is not None:
         for module in model.modules():
-            if hasattr(module, 'attn_impl'):  # PolaAttention's plain attribute (see mmpola.models.layers)
+            if hasattr(module, 'attn_impl'):  # the attention modules' plain attribute (mmpola.models.layers)
                 module.attn_impl = attn_impl
     model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
     return model
@@ -393,7 +435,9 @@ def bench_backbone(args, device):
     print(f'\nmeasured fp32 matmul (2048^3): {gemm:.1f} GFLOP/s')
     attn_impl = None if args.attn_impl == 'default' else args.attn_impl
     rows, skipped = [], []
-    for name in args.models:
+    names = [n for n in ALL_BACKBONES if n not in BACKBONES or n in FULL_BACKBONES] if 'all' in args.models \
+        else args.models
+    for name in names:
         try:
             model = build_named_backbone(name, attn_impl).to(device)
         except RuntimeError as err:
@@ -553,15 +597,18 @@ def parse_args(argv=None):
                        help="'tuned': what mmpola's tools do (mmpola.engine.allocator.tune_malloc); "
                        "'default': glibc's defaults")
 
-    attention = sub.add_parser('attention', help='Pola attention core: reference vs fast')
+    attention = sub.add_parser('attention', help='attention cores (Pola, FLatten, InLine): reference vs fast')
     common(attention)
+    attention.add_argument('--kinds', nargs='+', default=['pola', 'flatten', 'inline'],
+                           choices=['pola', 'flatten', 'inline'])
     attention.add_argument('--cases', nargs='+', default=list(ATTENTION_CASES), choices=list(ATTENTION_CASES))
     attention.add_argument('--impls', nargs='+', default=['reference', 'fast', 'fast+compile'], choices=IMPLS)
     attention.add_argument('--repeat', type=int, default=3)
 
     backbone = sub.add_parser('backbone', help='whole backbones: time, memory, FLOP rate vs input size')
     common(backbone)
-    backbone.add_argument('--models', nargs='+', default=list(BACKBONES), choices=list(BACKBONES))
+    backbone.add_argument('--models', nargs='+', default=list(BACKBONES), choices=list(ALL_BACKBONES) + ['all'],
+                          help="names of ALL_BACKBONES, or 'all' (every Pola, FLatten and InLine size)")
     backbone.add_argument('--sizes', nargs='+', default=list(BACKBONE_SIZES), help='S or HxW')
     backbone.add_argument('--attn-impl', default='default', choices=['default', 'auto', 'fast', 'reference'],
                           help="override every PolaAttention's attn_impl ('default': as built)")

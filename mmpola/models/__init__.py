@@ -1,10 +1,15 @@
 # Importing this package registers the backbones and the classifier in mmengine's root MODELS
 # registry, which makes them visible to mmdet, mmseg and mmpretrain alike.
+from .attention_kinds import ATTENTION_KINDS, AttentionKind, build_attention, register_attention_kind
+from .base import DenseBackbone
 from .classifier import PolaClassifier
-from .layers import PatchMerging, PolaAttention, PVTAttention, WindowAttention
-from .pola_pvt import PolaPVT
-from .pola_swin import PolaSwin
+from .layers import (FocusedLinearAttention, InLineAttention, PatchMerging, PolaAttention, PVTAttention,
+                     WindowAttention)
+from .pvt import FLattenPVT, InLinePVT, PolaPVT, PVTBackbone
+from .swin import FLattenSwin, InLineSwin, PolaSwin, SwinBackbone
 from . import timm_models  # noqa: F401  (registers the timm entries pola_pvt_tiny ... pola_swin_base)
 
-__all__ = ['PolaPVT', 'PolaSwin', 'PolaClassifier', 'PolaAttention', 'PVTAttention',
-           'WindowAttention', 'PatchMerging']
+__all__ = ['PolaPVT', 'PolaSwin', 'FLattenPVT', 'FLattenSwin', 'InLinePVT', 'InLineSwin', 'PolaClassifier',
+           'FocusedLinearAttention', 'InLineAttention', 'PolaAttention', 'PVTAttention',
+           'WindowAttention', 'PatchMerging', 'DenseBackbone', 'PVTBackbone', 'SwinBackbone',
+           'ATTENTION_KINDS', 'AttentionKind', 'build_attention', 'register_attention_kind']

@@ -1,13 +1,14 @@
-"""ImageNet classifiers: a Pola backbone plus the official classification head (spec §1.9).
+"""ImageNet classifiers: a backbone of the linear-attention lineage (Pola, FLatten, InLine) plus the
+official classification head.
 
 ``PolaClassifier`` reproduces the official forward exactly and loads official checkpoints
 strictly (head and Pola-Swin's final norm included):
 
-* Pola-PVT: mean of the stage-4 tokens **without** a final norm, then ``head``. The official
-  model also owns a ``norm`` that its forward never uses (so it never trains); this class has
-  none (``norm`` is an ``nn.Identity``) and :func:`checkpoint_filter_fn` drops the official
-  ``norm.*`` tensors, so every parameter gets a gradient.
-* Pola-Swin: final ``norm`` (LN eps 1e-5), average pool over tokens, ``head``. Softmax blocks use
+* PVT family: mean of the stage-4 tokens **without** a final norm, then ``head``. The official
+  Pola and FLatten models also own a ``norm`` that their forward never uses (so it never trains);
+  this class has none (``norm`` is an ``nn.Identity``) and :func:`checkpoint_filter_fn` drops the
+  official ``norm.*`` tensors, so every parameter gets a gradient. InLine-PVT has none anyway.
+* Swin family: final ``norm`` (LN eps 1e-5), average pool over tokens, ``head``. Softmax blocks use
   the classification shift rule (no shift when the map fits in one window, ``clamp_shift``).
 
 The state dict is ``backbone.*`` (official names below it), ``norm.*`` (Pola-Swin), ``head.*``;
@@ -22,23 +23,28 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 
-from .pola_pvt import PolaPVT
-from .pola_swin import PolaSwin
+from .pvt import FLattenPVT, InLinePVT, PolaPVT
+from .swin import FLattenSwin, InLineSwin, PolaSwin
 from .timm_conventions import TimmClassifierMixin, check_global_pool
 from .utils import is_pretrained_cfg
 
-__all__ = ['PolaClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs']
+__all__ = ['PolaClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs', 'BACKBONES']
 
-_FAMILIES = {'pvt': PolaPVT, 'swin': PolaSwin}
+# (family, attention kind) -> backbone class
+BACKBONES = {('pvt', 'pola'): PolaPVT, ('swin', 'pola'): PolaSwin,
+             ('pvt', 'flatten'): FLattenPVT, ('swin', 'flatten'): FLattenSwin,
+             ('pvt', 'inline'): InLinePVT, ('swin', 'inline'): InLineSwin}
+_FAMILIES = ('pvt', 'swin')
 _RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
 
 
 @MODELS.register_module()
 class PolaClassifier(TimmClassifierMixin, BaseModule):
-    """Pola-PVT / Pola-Swin image classifier with the official forward.
+    """PVT / Swin image classifier of the lineage (Pola, FLatten, InLine) with the official forward.
 
     Args:
         family: ``'pvt'`` or ``'swin'``.
+        kind: the linear attention, ``'pola'``, ``'flatten'`` or ``'inline'`` (see :data:`BACKBONES`).
         arch: preset name of the backbone (``'tiny'`` ...) or a custom arch dict (see
             :class:`PolaPVT` / :class:`PolaSwin`).
         num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
@@ -53,32 +59,37 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH, strict=True)`` loads with
             :meth:`load_checkpoint` (official, mmengine or this class' own files).
         **backbone_kwargs: any other backbone argument (``pretrain_img_size``, ``window_size``,
-            ``attn_type``, ``la_sr_ratios``, ``alpha``, ``kernel_size`` ...).
+            ``attn_type``, ``la_sr_ratios``, the kind's options ``alpha``, ``focusing_factor``,
+            ``kernel_size`` ...).
 
     Shapes: images (B, C, H, W) -> logits (B, num_classes); ``forward_features``: the final
     map (B, H/32, W/32, C) in NHWC (``output_fmt``), as timm's Swin.
     """
 
-    not_scriptable_reason = ('the Pola attention core is a custom autograd Function (optionally '
+    not_scriptable_reason = ('the linear-attention cores are custom autograd Functions (optionally '
                              'torch.compile-d), and the stages pass Python (H, W) tuples and build '
                              'module names at run time, which TorchScript does not support')
 
     def __init__(self, family='pvt', arch='tiny', num_classes=1000, global_pool='avg', drop_rate=0.,
-                 drop_path_rate=0.1, attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None,
+                 drop_path_rate=0.1, attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, kind='pola',
                  **backbone_kwargs):
         super().__init__(init_cfg=init_cfg)
         if family not in _FAMILIES:
             raise ValueError(f'unknown family {family!r}; valid: {", ".join(_FAMILIES)}')
+        if (family, kind) not in BACKBONES:
+            raise ValueError(f'unknown attention kind {kind!r}; valid: '
+                             f'{", ".join(sorted({k for _, k in BACKBONES}))}')
         for key in ('out_indices', 'out_norm', 'norm_after_stage', 'clamp_shift', 'init_cfg',
                     'pretrained'):
             if key in backbone_kwargs:
                 raise ValueError(f'{key} is fixed by PolaClassifier (the official classification '
                                  'forward); build the backbone directly to change it')
         self.family = family
+        self.kind = kind
         self.num_classes = num_classes
         self.global_pool = check_global_pool(global_pool)
         extra = dict(out_norm=False, clamp_shift=True) if family == 'swin' else {}
-        self.backbone = _FAMILIES[family](
+        self.backbone = BACKBONES[(family, kind)](
             arch=arch, out_indices=(0, 1, 2, 3), drop_rate=drop_rate, drop_path_rate=drop_path_rate,
             attn_impl=attn_impl, fp32_attn=fp32_attn, with_cp=with_cp, **extra, **backbone_kwargs)
         self.num_features = self.backbone.embed_dims[-1]
@@ -110,7 +121,7 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         return cls(**official_kwargs_to_classifier_kwargs(kwargs), **overrides)
 
     def set_attn_impl(self, impl):
-        """Switch every Pola attention between ``'auto'`` and ``'reference'``."""
+        """Switch every attention core between ``'auto'``, ``'fast'`` and ``'reference'``."""
         self.backbone.set_attn_impl(impl)
 
     def init_weights(self):
@@ -191,8 +202,10 @@ def _nhwc(tokens, hw):
 
 
 def official_kwargs_to_classifier_kwargs(kwargs):
-    """Keyword arguments of the official ``PyramidVisionTransformer`` / ``PolaSwinTransformer``
-    -> ``PolaClassifier`` keyword arguments (a custom arch dict).
+    """Keyword arguments of the official ``PyramidVisionTransformer`` / ``PolaSwinTransformer`` /
+    ``FLattenSwinTransformer`` / ``InLineSwin`` -> ``PolaClassifier`` keyword arguments (a custom
+    arch dict). The kind is told by the arguments: ``focusing_factor`` (FLatten), an ``'I'`` in
+    ``attn_type`` (InLine), else Pola.
 
     Raises for settings the official release never used and this port does not support
     (``ape=True``, ``patch_norm=False``, patch size other than 4).
@@ -204,7 +217,11 @@ def official_kwargs_to_classifier_kwargs(kwargs):
                drop_rate=kwargs.pop('drop_rate', 0.),
                drop_path_rate=kwargs.pop('drop_path_rate', 0.),
                pretrain_img_size=kwargs.pop('img_size', 224))
-    for key in ('qkv_bias', 'qk_scale', 'attn_type', 'alpha', 'kernel_size'):
+    if 'focusing_factor' in kwargs:
+        out['kind'] = 'flatten'
+    elif 'I' in kwargs.get('attn_type', ''):
+        out['kind'] = 'inline'
+    for key in ('qkv_bias', 'qk_scale', 'attn_type', 'alpha', 'kernel_size', 'focusing_factor'):
         if key in kwargs:
             out[key] = kwargs.pop(key)
     if 'attn_drop_rate' in kwargs:

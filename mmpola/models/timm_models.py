@@ -1,4 +1,6 @@
-"""timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base')``.
+"""timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base')`` and the lineage
+``flatten_pvt_{tiny,small,medium,large}``, ``flatten_swin_{tiny,small,base}``,
+``inline_pvt_{...}``, ``inline_swin_{...}``.
 
 Importing mmpola registers them. The entries build :class:`PolaClassifier` (official forward,
 state dict ``backbone.*`` / ``norm.*`` (Pola-Swin) / ``head.*``; timm's model conventions from
@@ -12,7 +14,7 @@ state dict ``backbone.*`` / ``norm.*`` (Pola-Swin) / ``head.*``; timm's model co
     features = timm.create_model('pola_swin_tiny', features_only=True)               # 4 NCHW maps
     pooled = timm.create_model('pola_pvt_tiny', num_classes=0)                       # (B, 512)
 
-Checkpoints: official PolaFormer files (``{'model': ..., 'config': <yacs CfgNode>}``), mmengine
+Checkpoints: official PolaFormer / FLatten / InLine files (``{'model': ..., 'config': <yacs CfgNode>}``), mmengine
 checkpoints of our classification runs (``{'state_dict': ...}``) and bare state dicts all load,
 through ``checkpoint_path=`` as well as ``pretrained_cfg_overlay=dict(file=...)``. timm reads
 them with ``torch.load(weights_only=True)`` (no unsafe fallback); importing mmpola adds the
@@ -21,15 +23,16 @@ nothing in the file is executed, and a refused file raises
 :class:`mmpola.safe_load.UnsafeCheckpointError` naming it (timm's own message names no file).
 Official keys are mapped by :func:`checkpoint_filter_fn`.
 
-There are no download URLs: the official weights are published on the Hugging Face hub
-(``ZachMeng/PolaFormer``) under file names this package does not pin; download them and pass
-the file.
+There are no download URLs: the official weights are published by their authors (PolaFormer on
+the Hugging Face hub ``ZachMeng/PolaFormer``; FLatten and InLine through the links of their
+repositories) under file names this package does not pin; download them and pass the file.
 """
 from collections import OrderedDict
 
 import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
+from .attention_kinds import get_attention_kind
 from .classifier import PolaClassifier, checkpoint_filter_fn
 from .timm_conventions import refuse_scriptable, timm_pretrained_cfg
 
@@ -45,20 +48,33 @@ TIMM_MODEL_ARGS = {
     'pola_swin_small': dict(family='swin', arch='small', drop_path_rate=0.3),
     'pola_swin_base': dict(family='swin', arch='base', drop_path_rate=0.5),
 }
+# FLatten and InLine (the official yaml files: same drop-path rates; window 56 for Swin)
+for _kind in ('flatten', 'inline'):
+    for _name, _args in list(TIMM_MODEL_ARGS.items()):
+        if _name.startswith('pola_'):
+            TIMM_MODEL_ARGS[_name.replace('pola_', f'{_kind}_', 1)] = dict(_args, kind=_kind)
+del _kind, _name, _args
 
 _FIRST_CONV = {'pvt': 'backbone.patch_embed1.proj', 'swin': 'backbone.patch_embed.proj'}
+_PAPERS = {
+    'pola': ('PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
+             'https://github.com/ZacharyMeng/PolaFormer'),
+    'flatten': ('FLatten Transformer: Vision Transformer using Focused Linear Attention',
+                'https://github.com/LeapLabTHU/FLatten-Transformer'),
+    'inline': ('Bridging the Divide: Reconsidering Softmax and Linear Attention',
+               'https://github.com/LeapLabTHU/InLine'),
+}
 
 
-def _cfg(family, **kwargs):
+def _cfg(family, kind='pola', **kwargs):
     # Evaluation exactly as the official code: square resize to 256 (bicubic), centre crop 224.
-    return timm_pretrained_cfg(
-        first_conv=_FIRST_CONV[family], classifier='head',
-        paper_name='PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
-        origin_url='https://github.com/ZacharyMeng/PolaFormer', **kwargs)
+    paper, origin = _PAPERS[kind]
+    return timm_pretrained_cfg(first_conv=_FIRST_CONV[family], classifier='head', paper_name=paper,
+                               origin_url=origin, **kwargs)
 
 
 default_cfgs = generate_default_cfgs({
-    f'{name}.in1k': _cfg(args['family']) for name, args in TIMM_MODEL_ARGS.items()})
+    f'{name}.in1k': _cfg(args['family'], args.get('kind', 'pola')) for name, args in TIMM_MODEL_ARGS.items()})
 
 
 def _official_state_dict_pre_hook(module, state_dict, prefix, *args):
@@ -109,9 +125,15 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
     refuse_scriptable(PolaClassifier)
     model_args = dict(TIMM_MODEL_ARGS[variant])
     family = kwargs.pop('family', model_args['family'])
+    kind = kwargs.pop('kind', model_args.get('kind', 'pola'))
+    prefix = model_args.get('kind', 'pola')
     if family != model_args['family']:
-        raise ValueError(f"{variant} is a Pola-{model_args['family'].upper()} model; family={family!r} "
-                         f"does not fit (use a pola_{family}_* entry)")
+        title = get_attention_kind(prefix).title
+        raise ValueError(f"{variant} is a {title}-{model_args['family'].upper()} model; "
+                         f"family={family!r} does not fit (use a {prefix}_{family}_* entry)")
+    if kind != prefix:
+        raise ValueError(f'{variant} is a {prefix!r} attention model; kind={kind!r} does not fit '
+                         f'(use a {kind}_{family}_* entry)')
     model_args.update(kwargs)
     if model_args.get('features_only'):
         model_args.setdefault('num_classes', 0)  # a feature extractor carries no classifier
@@ -155,3 +177,59 @@ def pola_swin_small(pretrained=False, **kwargs):
 @register_model
 def pola_swin_base(pretrained=False, **kwargs):
     return create_pola_classifier('pola_swin_base', pretrained, **kwargs)
+
+@register_model
+def flatten_pvt_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_pvt_tiny', pretrained, **kwargs)
+
+@register_model
+def flatten_pvt_small(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_pvt_small', pretrained, **kwargs)
+
+@register_model
+def flatten_pvt_medium(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_pvt_medium', pretrained, **kwargs)
+
+@register_model
+def flatten_pvt_large(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_pvt_large', pretrained, **kwargs)
+
+@register_model
+def flatten_swin_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_swin_tiny', pretrained, **kwargs)
+
+@register_model
+def flatten_swin_small(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_swin_small', pretrained, **kwargs)
+
+@register_model
+def flatten_swin_base(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_swin_base', pretrained, **kwargs)
+
+@register_model
+def inline_pvt_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_pvt_tiny', pretrained, **kwargs)
+
+@register_model
+def inline_pvt_small(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_pvt_small', pretrained, **kwargs)
+
+@register_model
+def inline_pvt_medium(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_pvt_medium', pretrained, **kwargs)
+
+@register_model
+def inline_pvt_large(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_pvt_large', pretrained, **kwargs)
+
+@register_model
+def inline_swin_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_swin_tiny', pretrained, **kwargs)
+
+@register_model
+def inline_swin_small(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_swin_small', pretrained, **kwargs)
+
+@register_model
+def inline_swin_base(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_swin_base', pretrained, **kwargs)
