@@ -155,8 +155,10 @@ class DenseBackbone(BaseModule):
         unknown = sorted(set(options) - set(valid))
         if unknown:
             title = get_attention_kind(cls.attn_kind).title if cls.attn_kind else 'this backbone'
-            raise TypeError(f'{cls.__name__} got unexpected argument(s) {", ".join(unknown)}; the {title} '
-                            f'attention options are: {", ".join(valid) or "none"}')
+            # Python's own wording, which the tools turn into a one-line error with the close matches
+            raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument '{unknown[0]}' "
+                            f'(unknown: {", ".join(unknown)}; the {title} attention options are: '
+                            f'{", ".join(valid) or "none"})')
 
     @property
     def norm_after_stage(self):
