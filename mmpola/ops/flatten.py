@@ -52,6 +52,15 @@ def flatten_attention_reference(q, k, v, scale, num_heads, focusing_factor=3, ep
     return x.transpose(1, 2).reshape(B, N, C)
 
 
+def _focused_forward(x, s, f, keep_a):
+    """(a, y) of the feature map; with ``keep_a=False`` a is overwritten by y (no second tensor)."""
+    a = F.relu(x).add_(_KERNEL_EPS).div_(s)
+    r = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
+    y = a.pow(f) if keep_a else a.pow_(f)
+    y.mul_(r / torch.linalg.vector_norm(y, dim=-1, keepdim=True))
+    return a, y
+
+
 class _FocusedFeatureMap(torch.autograd.Function):
     """y = a**f * ||a|| / ||a**f||, a = (relu(x) + 1e-6) / s, norms over the last dim.
 
@@ -64,10 +73,7 @@ class _FocusedFeatureMap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, s, f):
-        a = F.relu(x).add_(_KERNEL_EPS).div_(s)
-        r = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
-        y = a.pow(f)
-        y.mul_(r / torch.linalg.vector_norm(y, dim=-1, keepdim=True))
+        a, y = _focused_forward(x, s, f, keep_a=True)
         ctx.f = f
         ctx.save_for_backward(x, s, a, y)
         return y
@@ -95,6 +101,8 @@ def focused_feature_map(x, s, focusing_factor=3):
     if s.dtype != x.dtype:
         dtype = torch.promote_types(x.dtype, s.dtype)
         x, s = x.to(dtype), s.to(dtype)
+    if not (torch.is_grad_enabled() and (x.requires_grad or s.requires_grad)):
+        return _focused_forward(x, s, focusing_factor, keep_a=False)[1]  # inference: nothing saved
     return _FocusedFeatureMap.apply(x, s, focusing_factor)
 
 
@@ -118,14 +126,20 @@ def flatten_attention_fast(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-
     s = F.softplus(scale)
     q = focused_feature_map(q, s, focusing_factor)
     k = focused_feature_map(k, s, focusing_factor)
-    v = v * (1.0 / n)
+    # the key-value product is a mean over n tokens: divide the small (d, d) result in fp32 / fp64, the
+    # (half as wide as q) value operand first in low precision, where the sum could overflow
+    wide = v.dtype in (torch.float32, torch.float64)
+    if not wide:
+        v = v * (1.0 / n)
     k_mean = k.mean(dim=1, keepdim=True)  # (B, 1, C)
     outs = []
     # heads are column slices of the (B, N, C) tensors (strided matmuls; the backward of split is
     # one concatenation), so no large tensor is split into a (B, h, N, d) copy
     for q_h, k_h, v_h, m_h in zip(q.split(d, -1), k.split(d, -1), v.split(d, -1), k_mean.split(d, -1)):
         # W columns: [phi(k)^T v / n | mean(phi(k))^T] -> numerator | normaliser in one product
-        out = q_h @ torch.cat([k_h.transpose(1, 2) @ v_h, m_h.transpose(1, 2)], dim=-1)  # (B, N, d + 1)
+        kv = k_h.transpose(1, 2) @ v_h
+        kv = kv / n if wide else kv
+        out = q_h @ torch.cat([kv, m_h.transpose(1, 2)], dim=-1)  # (B, N, d + 1)
         outs.append(out[..., :d] / (out[..., d:] + eps))
     return outs[0] if num_heads == 1 else torch.cat(outs, dim=-1)
 

@@ -45,9 +45,10 @@ def test_recipe_is_the_pola_recipe_with_another_attention(name):
 
 @pytest.mark.parametrize('name', ['flatten/flatten-swin-t_8xb128_in1k.py', 'inline/inline-pvt-t_8xb128_in1k.py'])
 def test_recipe_model_trains_one_step(name):
-    import mmpola.classification  # noqa: F401
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import MODELS
+
+    import mmpola.classification  # noqa: F401
     cfg = Config.fromfile(osp.join(CONFIG_DIR, name))
     cfg.model.arch = (dict(embed_dims=8, depths=[1, 1, 2, 1], num_heads=[1, 1, 2, 2]) if 'swin' in name else
                       dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2],
