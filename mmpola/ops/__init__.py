@@ -1,7 +1,10 @@
+from .pacs import (pacs_attention, pacs_attention_fast, pacs_attention_reference, rope_angles, rope_rotate,
+                   rope_tables)
 from .pola import (compile_status, pola_attention, pola_attention_fast, pola_attention_reference,
                    polarity_feature_map, polarity_feature_map_and_mean)
 
 __all__ = [
     'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
-    'polarity_feature_map_and_mean', 'compile_status'
+    'polarity_feature_map_and_mean', 'compile_status', 'pacs_attention', 'pacs_attention_reference',
+    'pacs_attention_fast', 'rope_angles', 'rope_tables', 'rope_rotate'
 ]
