@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from mmpola.safe_load import safe_torch_load
 
 __all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict',
-           'load_pola_checkpoint', 'LoadReport', 'CheckpointMismatchError']
+           'load_pola_checkpoint', 'check_checkpoint_family', 'LoadReport', 'CheckpointMismatchError']
 
 _RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
 _EMA_KEYS = ('state_dict_ema', 'model_ema')
@@ -187,6 +187,13 @@ def resize_state_dict(state_dict, model_state):
 
 def _guess_family(keys):
     joined = '\n'.join(keys)
+    if re.search(r'(^|\.)layers\.0\.blocks\.0\.norm1\.norm\.weight$', joined, re.M):
+        return 'PolaFormer++ (type="PolaPP")'
+    if re.search(r'(^|\.)(layers\.0\.blocks\.0|block1\.0)\.attn\.residual\.0\.weight$', joined, re.M):
+        return 'InLine (injective linear attention; not Pola)'
+    if re.search(r'(^|\.)(layers\.0\.blocks\.0|block1\.0)\.attn\.dwc\.weight$', joined, re.M) and \
+            not re.search(r'\.attn\.power$', joined, re.M):
+        return 'FLatten (focused linear attention; not Pola)'
     if re.search(r'(^|\.)layers\.0\.blocks\.', joined, re.M):
         return 'Pola-Swin (type="PolaSwin")'
     if re.search(r'(^|\.)block1\.0\.', joined, re.M):
@@ -222,6 +229,25 @@ def _check_pola_attention(state_dict, model_state, source, name):
         'classification run)' + (f', build the backbone with {fix} (softmax attention in every '
                                    'stage) to use this one' if fix else '') +
         ", or train from random initialisation with init_cfg=None.")
+
+
+def check_checkpoint_family(state_dict, model, source):
+    """Refuse a checkpoint of another family for a model that declares ``family_key_suffixes`` (keys
+    every checkpoint of its family has): look-alike names (``layers.0.blocks.0.attn.qkvg.weight`` in a
+    Pola-Swin file, ``downsample.reduction`` in any Swin) would otherwise load a few tensors and leave
+    the rest random."""
+    suffixes = tuple(getattr(model, 'family_key_suffixes', ()))
+    if not suffixes or any(key.endswith(suffixes) for key in state_dict):
+        return
+    name = type(model).__name__
+    family = _guess_family(state_dict)
+    raise CheckpointMismatchError(
+        f'checkpoint {source} is not a {getattr(model, "official_name", name)} checkpoint: it has no key '
+        f'ending in {suffixes[0]!r} (such as {getattr(model, "official_key_pattern", suffixes[0])!r})'
+        + (f'; it looks like a {family} checkpoint' if family else '') +
+        f'. Use a {getattr(model, "official_name", name)} checkpoint with {name} (official release or an '
+        'mmpola classification run), build the backbone that fits this file, or train from random '
+        'initialisation with init_cfg=None.')
 
 
 def _infer_pvt_la_sr_ratios(state_dict, num_stages=4):
@@ -299,6 +325,7 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
     state_dict = OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
     for key, value in final_norm.items():
         state_dict.setdefault(key, value)
+    check_checkpoint_family(state_dict, model, source)
     _check_pola_attention(state_dict, model_state, source, name)
 
     if hasattr(model, 'la_sr_ratios') and hasattr(model, 'pos_embed1'):
@@ -311,9 +338,10 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
 
     dropped = []
     kept = OrderedDict()
+    classification_only = tuple(getattr(model, 'classification_only_modules', ()))
     for key, value in state_dict.items():
         leaf_module = key.split('.', 1)[0]
-        if leaf_module == 'head':
+        if leaf_module == 'head' or (leaf_module in classification_only and key not in model_state):
             dropped.append(key)
         elif leaf_module == 'norm' and key not in model_state:
             if map_final_norm and f'norm3.{key.split(".", 1)[1]}' in model_state:
@@ -340,8 +368,8 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
 
     lines = [f'{name}: loaded {len(loaded)}/{len(model_state)} tensors from {source} ({origin}'
              f"{', prefix ' + repr(prefix) if prefix else ''}); missing {len(missing)}, unexpected "
-             f'{len(unexpected)}, dropped {len(dropped)} (head / classification norm / run-time '
-             f'buffers), resized {len(resized)}, shape-mismatched {len(mismatched)}, outside the '
+             f'{len(unexpected)}, dropped {len(dropped)} (head / classification-only modules / '
+             f'run-time buffers), resized {len(resized)}, shape-mismatched {len(mismatched)}, outside the '
              f'prefix {len(outside)}']
     for title, keys in (('missing', missing), ('unexpected', unexpected), ('resized', resized),
                         ('shape mismatch', mismatched)):

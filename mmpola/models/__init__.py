@@ -4,7 +4,8 @@ from .classifier import PolaClassifier
 from .layers import PatchMerging, PolaAttention, PVTAttention, WindowAttention
 from .pola_pvt import PolaPVT
 from .pola_swin import PolaSwin
-from . import timm_models  # noqa: F401  (registers the timm entries pola_pvt_tiny ... pola_swin_base)
+from .polapp import PolaPP, PolaPPClassifier
+from . import timm_models  # noqa: F401  (registers the timm entries pola_* and polapp_*)
 
-__all__ = ['PolaPVT', 'PolaSwin', 'PolaClassifier', 'PolaAttention', 'PVTAttention',
+__all__ = ['PolaPVT', 'PolaSwin', 'PolaPP', 'PolaClassifier', 'PolaPPClassifier', 'PolaAttention', 'PVTAttention',
            'WindowAttention', 'PatchMerging']

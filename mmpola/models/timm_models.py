@@ -1,7 +1,8 @@
-"""timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base')``.
+"""timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base', 'polapp_b0' ... 'polapp_b5')``.
 
 Importing mmpola registers them. The entries build :class:`PolaClassifier` (official forward,
-state dict ``backbone.*`` / ``norm.*`` / ``head.*``) and differ only in an args dict::
+state dict ``backbone.*`` / ``norm.*`` / ``head.*``) or, for PolaFormer++, :class:`PolaPPClassifier`
+(``backbone.*`` / ``proj.*`` / ``norm.*`` / ``head.*``), and differ only in an args dict::
 
     import mmpola, timm
     model = timm.create_model('pola_swin_tiny', checkpoint_path='pola_swin_t.pth')  # official file
@@ -21,7 +22,8 @@ Official keys are mapped by :func:`checkpoint_filter_fn`.
 
 There are no download URLs: the official weights are published on the Hugging Face hub
 (``ZachMeng/PolaFormer``) under file names this package does not pin; download them and pass
-the file.
+the file (PolaFormer++: ``ZachMeng/PolaFormerPP``; their EMA weights, ``state_dict_ema``, are
+used when present).
 """
 from collections import OrderedDict
 
@@ -31,6 +33,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 
 from mmpola.safe_load import name_refused_file
 from .classifier import PolaClassifier, checkpoint_filter_fn
+from .polapp import DROP_PATH_RATE, PolaPPClassifier
 
 __all__ = ['accept_official_checkpoints', 'create_pola_classifier', 'TIMM_MODEL_ARGS']
 
@@ -43,20 +46,29 @@ TIMM_MODEL_ARGS = {
     'pola_swin_tiny': dict(family='swin', arch='tiny', drop_path_rate=0.2),
     'pola_swin_small': dict(family='swin', arch='small', drop_path_rate=0.3),
     'pola_swin_base': dict(family='swin', arch='base', drop_path_rate=0.5),
+    **{f'polapp_{arch}': dict(family='polapp', arch=arch, drop_path_rate=rate)
+       for arch, rate in DROP_PATH_RATE.items()},
 }
 
-_FIRST_CONV = {'pvt': 'backbone.patch_embed1.proj', 'swin': 'backbone.patch_embed.proj'}
+_FIRST_CONV = {'pvt': 'backbone.patch_embed1.proj', 'swin': 'backbone.patch_embed.proj',
+               'polapp': 'backbone.patch_embed.proj.0'}
+_PAPERS = {
+    'pola': ('PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
+             'https://github.com/ZacharyMeng/PolaFormer'),
+    'polapp': ('PolaFormer++: Polarity-aware Linear Attention with Channel-wise Spikiness',
+               'https://github.com/ZacharyMeng/PolaFormerPP'),
+}
 
 
 def _cfg(family, **kwargs):
     # Evaluation exactly as the official code: square resize to 256 (bicubic), centre crop 224.
+    paper_name, origin_url = _PAPERS['polapp' if family == 'polapp' else 'pola']
     return {
         'url': '', 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': (7, 7),
         'crop_pct': 0.875, 'crop_mode': 'squash', 'interpolation': 'bicubic',
         'fixed_input_size': False, 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
         'first_conv': _FIRST_CONV[family], 'classifier': 'head',
-        'paper_name': 'PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
-        'origin_url': 'https://github.com/ZacharyMeng/PolaFormer',
+        'paper_name': paper_name, 'origin_url': origin_url,
         **kwargs,
     }
 
@@ -97,9 +109,11 @@ def accept_official_checkpoints(model):
     return model
 
 
-def _build_classifier(in_chans=3, **kwargs):
+def _build_classifier(in_chans=3, family='pvt', **kwargs):
     """timm calls the model class with ``in_chans``; the Pola backbones say ``in_channels``."""
-    return accept_official_checkpoints(PolaClassifier(in_channels=in_chans, **kwargs))
+    if family == 'polapp':
+        return accept_official_checkpoints(PolaPPClassifier(in_channels=in_chans, **kwargs))
+    return accept_official_checkpoints(PolaClassifier(family=family, in_channels=in_chans, **kwargs))
 
 
 def create_pola_classifier(variant, pretrained=False, **kwargs):
@@ -113,8 +127,9 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
     model_args = dict(TIMM_MODEL_ARGS[variant])
     family = kwargs.pop('family', model_args['family'])
     if family != model_args['family']:
-        raise ValueError(f"{variant} is a Pola-{model_args['family'].upper()} model; family={family!r} "
-                         f"does not fit (use a pola_{family}_* entry)")
+        entries = 'a polapp_* entry' if family == 'polapp' else f'a pola_{family}_* entry'
+        raise ValueError(f"{variant} is a {model_args['family']} model; family={family!r} does not fit "
+                         f"(use {entries})")
     model_args.update(kwargs)
     if model_args.get('features_only'):
         model_args.setdefault('num_classes', 0)  # a feature extractor carries no classifier
@@ -171,3 +186,33 @@ def pola_swin_small(pretrained=False, **kwargs):
 @register_model
 def pola_swin_base(pretrained=False, **kwargs):
     return create_pola_classifier('pola_swin_base', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b0(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b0', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b1(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b1', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b2(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b2', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b3(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b3', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b4(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b4', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b5(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b5', pretrained, **kwargs)

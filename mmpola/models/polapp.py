@@ -1,0 +1,637 @@
+"""PolaFormer++ (PolaPP): convolutional stem, stages of blocks with a depthwise positional conv,
+LayerNorm2d, layer scale and 2-D RoPE, BatchNorm patch merging; PaCS linear attention in the
+first stages and softmax attention in the last ones.
+
+The module tree is the official one (``patch_embed.proj.{0..10}``, ``layers.{i}.blocks.{j}.attn.qkvg``,
+``layers.{i}.RoPE_linear.angle``, ``layers.{i}.downsample.reduction`` ...; the dense output norms
+``extra_norms.{i}``), so official classification and dense checkpoints load by filtering keys.
+
+Layout: every block works on NCHW maps (B, C, H, W); attention flattens them to N = H * W tokens
+in row-major order.
+"""
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
+from mmengine.registry import MODELS
+from timm.layers import DropPath, trunc_normal_
+
+from mmpola.ops import pacs_attention, rope_angles, rope_rotate, rope_tables
+from .utils import (check_frozen_stages, check_input, check_out_indices, check_stage_string, is_pretrained_cfg,
+                    pretrained_alias, resolve_arch)
+
+__all__ = ['PolaPP', 'PolaPPBlock', 'PaCSAttention', 'RoPESoftmaxAttention', 'LayerNorm2d']
+
+_STRUCTURE_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'layer_scale_init_values')
+_ATTN_IMPLS = ('auto', 'reference')
+
+
+class LayerNorm2d(nn.Module):
+    """LayerNorm over the channels of an NCHW map (eps 1e-6), parameters under ``norm.*``."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, x):
+        return self.norm(x.permute(0, 2, 3, 1).contiguous()).permute(0, 3, 1, 2).contiguous()
+
+
+class RotaryEmbedding(nn.Module):
+    """The official 2-D RoPE angles (buffer ``angle``, kept in checkpoints) -> tables of a grid.
+
+    ``dim`` is the width the rotation acts on summed over heads: C for softmax attention, 2C for the
+    PaCS feature maps (which are twice as wide as a head).
+    """
+
+    def __init__(self, dim, num_heads, base=10000.0):
+        super().__init__()
+        self.register_buffer('angle', rope_angles(dim, num_heads, base))
+
+    def forward(self, hw):
+        """(H, W) -> (sin, cos), each (H * W, 2 * len(angle))."""
+        return rope_tables(self.angle, hw)
+
+
+def _check_impl(impl):
+    if impl not in _ATTN_IMPLS:
+        raise ValueError(f"attn_impl must be 'auto' or 'reference', got {impl!r}")
+    return impl
+
+
+class PaCSAttention(nn.Module):
+    """Polarity-aware linear attention with channel-wise spikiness (the official linear block).
+
+    ``qkvg`` projects to queries, keys, values and a gate; ``lepe`` is a 5x5 depthwise conv on the
+    values; ``s1`` / ``s2`` are the per-channel spikiness logits of the same-sign and opposite-sign
+    flows. ``forward(x, sin, cos)``: x (B, C, H, W), tables (H*W, 2*head_dim) -> (B, C, H, W).
+    """
+
+    def __init__(self, dim, num_heads, attn_impl='auto', fp32_attn=True):
+        super().__init__()
+        if dim % num_heads or (dim // num_heads) % 2:
+            raise ValueError(f'PaCSAttention needs an even head dim: channels {dim} / heads {num_heads}')
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkvg = nn.Linear(dim, dim * 4)
+        self.lepe = nn.Conv2d(dim, dim, 5, 1, 2, groups=dim)
+        self.proj = nn.Linear(dim, dim)
+        self.s1 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
+        self.s2 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
+        self.attn_impl = _check_impl(attn_impl)
+        self.fp32_attn = fp32_attn
+
+    def forward(self, x, sin, cos):
+        B, C, H, W = x.shape
+        N = H * W
+        q, k, v, g = self.qkvg(x.reshape(B, C, N).transpose(1, 2)).reshape(B, N, 4, C).permute(2, 0, 1, 3).unbind(0)
+        lepe = self.lepe(v.reshape(B, H, W, C).permute(0, 3, 1, 2))
+        q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        x = pacs_attention(q, k, v, self.s1, self.s2, sin, cos, fp32=self.fp32_attn, impl=self.attn_impl)
+        x = x.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2) + lepe
+        x = self.proj(x.reshape(B, C, N).transpose(1, 2) * g)
+        return x.reshape(B, H, W, C).permute(0, 3, 1, 2)
+
+    def extra_repr(self):
+        return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'
+
+
+class RoPESoftmaxAttention(nn.Module):
+    """Softmax attention with RoPE on queries and keys (the official last-stage block).
+
+    ``qkvo`` projects to queries, keys, values and an output gate; ``lepe`` as in
+    :class:`PaCSAttention`. ``attn_impl='reference'`` runs the official op order, ``'auto'`` uses
+    ``F.scaled_dot_product_attention`` (same function, memory-efficient kernels).
+    """
+
+    def __init__(self, dim, num_heads, attn_impl='auto'):
+        super().__init__()
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkvo = nn.Linear(dim, dim * 4)
+        self.lepe = nn.Conv2d(dim, dim, 5, 1, 2, groups=dim)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_impl = _check_impl(attn_impl)
+
+    def forward(self, x, sin, cos):
+        B, C, H, W = x.shape
+        N = H * W
+        q, k, v, o = self.qkvo(x.reshape(B, C, N).transpose(1, 2)).reshape(B, N, 4, C).permute(2, 0, 1, 3).unbind(0)
+        lepe = self.lepe(v.reshape(B, H, W, C).permute(0, 3, 1, 2))
+        q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        sin, cos = sin.to(q.dtype), cos.to(q.dtype)
+        q = rope_rotate(q, sin, cos)
+        k = rope_rotate(k, sin, cos)
+        if self.attn_impl == 'reference':
+            x = torch.softmax(self.scale * q @ k.transpose(-1, -2), dim=-1) @ v
+        else:
+            x = F.scaled_dot_product_attention(q, k, v.contiguous(), scale=self.scale)
+        x = x.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2) + lepe
+        x = self.proj(x.reshape(B, C, N).transpose(1, 2) * o)
+        return x.reshape(B, H, W, C).permute(0, 3, 1, 2)
+
+    def extra_repr(self):
+        return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'
+
+
+class FeedForwardNetwork(nn.Module):
+    """fc1 -> GELU -> (3x3 depthwise conv + identity) -> fc2 on NCHW maps (the official ``ffn``)."""
+
+    def __init__(self, dim, hidden_dim, drop=0.):
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.dwconv = nn.Conv2d(hidden_dim, hidden_dim, 3, 1, 1, groups=hidden_dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x):
+        B, C, H, W = x.shape
+        N = H * W
+        x = self.drop(F.gelu(self.fc1(x.reshape(B, C, N).transpose(1, 2))))
+        x = x.reshape(B, H, W, self.hidden_dim).permute(0, 3, 1, 2)
+        x = self.dwconv(x) + x
+        x = self.drop(self.fc2(x.reshape(B, self.hidden_dim, N).transpose(1, 2)))
+        return x.reshape(B, H, W, C).permute(0, 3, 1, 2)
+
+
+class PolaPPBlock(nn.Module):
+    """x + pos(x), then x + DropPath(gamma_1 * Attn(LN(x))), x + DropPath(gamma_2 * FFN(LN(x))).
+
+    ``attn_type='L'``: :class:`PaCSAttention` (RoPE tables of the 2x wide feature maps);
+    ``'S'``: :class:`RoPESoftmaxAttention` (tables of the head dim). ``layer_scale_init``: initial
+    value of ``gamma_1`` / ``gamma_2``, None for no layer scale.
+    """
+
+    def __init__(self, dim, num_heads, mlp_ratio, attn_type='L', drop_path=0., layer_scale_init=1.0,
+                 drop=0., attn_impl='auto', fp32_attn=True):
+        super().__init__()
+        self.attn_type = attn_type
+        self.pos = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
+        self.norm1 = LayerNorm2d(dim)
+        if attn_type == 'L':
+            self.attn = PaCSAttention(dim, num_heads, attn_impl=attn_impl, fp32_attn=fp32_attn)
+        elif attn_type == 'S':
+            self.attn = RoPESoftmaxAttention(dim, num_heads, attn_impl=attn_impl)
+        else:
+            raise ValueError(f"attn_type must be 'L' (PaCS) or 'S' (softmax), got {attn_type!r}")
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = LayerNorm2d(dim)
+        self.ffn = FeedForwardNetwork(dim, int(mlp_ratio * dim), drop=drop)
+        self.layer_scale = layer_scale_init is not None
+        if self.layer_scale:
+            self.gamma_1 = nn.Parameter(torch.full((1, dim, 1, 1), float(layer_scale_init)))
+            self.gamma_2 = nn.Parameter(torch.full((1, dim, 1, 1), float(layer_scale_init)))
+
+    def forward(self, x, tables):
+        """x (B, C, H, W); tables: {'L': (sin, cos) of the feature maps, 'S': (sin, cos) of a head}."""
+        x = x + self.pos(x)
+        attn = self.attn(self.norm1(x), *tables[self.attn_type])
+        x = x + self.drop_path(self.gamma_1 * attn if self.layer_scale else attn)
+        ffn = self.ffn(self.norm2(x))
+        return x + self.drop_path(self.gamma_2 * ffn if self.layer_scale else ffn)
+
+
+class PatchMerging(nn.Module):
+    """3x3 stride-2 conv + BatchNorm (``reduction``, ``norm``): (B, C, H, W) -> (B, C', ceil(H/2), ceil(W/2))."""
+
+    def __init__(self, dim, out_dim):
+        super().__init__()
+        self.reduction = nn.Conv2d(dim, out_dim, 3, 2, 1)
+        self.norm = nn.BatchNorm2d(out_dim)
+
+    def forward(self, x):
+        return self.norm(self.reduction(x))
+
+
+class PolaPPStage(nn.Module):
+    """Blocks of one stage (``blocks``), its RoPE angles (``RoPE`` for softmax attention,
+    ``RoPE_linear`` for the PaCS maps) and the patch merging after it (``downsample``)."""
+
+    def __init__(self, dim, out_dim, depth, num_heads, mlp_ratio, attn_type, drop_paths, layer_scale_init,
+                 drop=0., attn_impl='auto', fp32_attn=True):
+        super().__init__()
+        self.RoPE = RotaryEmbedding(dim, num_heads)
+        self.RoPE_linear = RotaryEmbedding(2 * dim, num_heads)
+        self.blocks = nn.ModuleList([
+            PolaPPBlock(dim, num_heads, mlp_ratio, attn_type=attn_type, drop_path=drop_paths[j],
+                        layer_scale_init=layer_scale_init, drop=drop, attn_impl=attn_impl, fp32_attn=fp32_attn)
+            for j in range(depth)])
+        self.downsample = PatchMerging(dim, out_dim) if out_dim is not None else None
+        self.with_cp = False
+
+    def forward(self, x):
+        """(B, C, H, W) -> the last block's output (B, C, H, W), before ``downsample``."""
+        hw = x.shape[-2:]
+        tables = {'S': self.RoPE(hw), 'L': self.RoPE_linear(hw)}
+        for block in self.blocks:
+            if self.with_cp and torch.is_grad_enabled() and x.requires_grad:
+                x = cp.checkpoint(block, x, tables, use_reentrant=False)
+            else:
+                x = block(x, tables)
+        return x
+
+
+def conv_stem(in_channels, dim):
+    """The official stem (``patch_embed.proj``): four 3x3 convs (strides 2, 1, 1, 2) with BatchNorm,
+    GELU between them; (B, C_in, H, W) -> (B, dim, ceil(ceil(H/2)/2), ...)."""
+    half = dim // 2
+    return nn.Sequential(
+        nn.Conv2d(in_channels, half, 3, 2, 1), nn.BatchNorm2d(half), nn.GELU(),
+        nn.Conv2d(half, half, 3, 1, 1), nn.BatchNorm2d(half), nn.GELU(),
+        nn.Conv2d(half, half, 3, 1, 1), nn.BatchNorm2d(half), nn.GELU(),
+        nn.Conv2d(half, dim, 3, 2, 1), nn.BatchNorm2d(dim))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, in_channels, dim):
+        super().__init__()
+        self.proj = conv_stem(in_channels, dim)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def init_polapp_weights(module):
+    """The official ``_init_weights``: Conv2d trunc_normal(.02) with zero bias, LayerNorm (1, 0);
+    Linear layers keep PyTorch's default init, as in the official code."""
+    if isinstance(module, nn.Conv2d):
+        trunc_normal_(module.weight, std=.02)
+        if module.bias is not None:
+            nn.init.constant_(module.bias, 0)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.constant_(module.bias, 0)
+        nn.init.constant_(module.weight, 1.0)
+
+
+@MODELS.register_module()
+class PolaPP(BaseModule):
+    """PolaFormer++ backbone for mmdet / mmseg (registered in mmengine's root ``MODELS``).
+
+    Input (B, in_channels, H, W), any H, W >= 32 (odd and non-square included): RoPE tables are
+    built for the real map size of every stage. Output: a tuple of NCHW maps for ``out_indices``,
+    channels ``embed_dims[i]``, sizes H_1 = ceil(ceil(H / 2) / 2), H_{i+1} = ceil(H_i / 2)
+    (strides 4, 8, 16, 32): each stage's last block output before its patch merging, through the
+    stage's dense output norm ``extra_norms[i]`` (LayerNorm2d) when ``out_norm``, as the official
+    dense backbone.
+
+    Args:
+        arch: ``'b0'`` ... ``'b5'`` (see ``arch_settings``) or a dict with ``embed_dims``, ``depths``,
+            ``num_heads``, ``mlp_ratios``, ``layer_scale_init_values`` (four entries each; a None
+            initial value builds the stage without layer scale).
+        in_channels: input image channels.
+        out_indices: stages (0-based) to return.
+        attn_type: one char per stage, ``'L'`` PaCS linear attention or ``'S'`` softmax attention
+            (released: ``'LLSS'``).
+        drop_rate: dropout inside the FFNs (the official models use 0).
+        drop_path_rate: stochastic depth, linear over all blocks (official: b0-b2 0.1, b3 0.15,
+            b4 0.4, b5 0.55 for ImageNet; the dense configs set theirs).
+        out_norm: build and apply the dense output norms ``extra_norms.{0..3}`` (new parameters of the
+            official dense backbone; the classifier builds the backbone without them).
+        frozen_stages: -1 none; 0 freezes the stem ``patch_embed``; k >= 1 also freezes stages
+            1..k (``layers[i]`` with its patch merging, and ``extra_norms[i]``). Frozen parts stay in
+            eval mode and without gradients through ``train()``.
+        norm_eval: keep every BatchNorm (stem, patch merging) in eval mode while training, freezing
+            its running statistics. Off by default: the official dense code trains them (its
+            ``norm_eval`` argument is ignored there).
+        with_cp: gradient checkpointing of every block.
+        attn_impl: ``'auto'`` (fast PaCS core, SDPA softmax) or ``'reference'`` (official op order).
+        fp32_attn: run the PaCS core in float32 under autocast.
+        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, use_ema=True)``
+            loads official classification (``state_dict_ema`` when present and ``use_ema``) or
+            dense files, mmengine checkpoints of our runs and bare state dicts through
+            :func:`mmpola.checkpoint.load_pola_checkpoint`; the classification projection, its
+            BatchNorm and the head are dropped; other init configs go to mmengine.
+
+    Stages after ``max(out_indices)`` are built (checkpoints load unchanged) but not run.
+    """
+
+    arch_settings = {
+        'b0': dict(embed_dims=[32, 64, 128, 384], depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 12],
+                   mlp_ratios=[3.5] * 4, layer_scale_init_values=[1.0] * 4),
+        'b1': dict(embed_dims=[32, 64, 192, 384], depths=[2, 2, 4, 2], num_heads=[1, 2, 6, 12],
+                   mlp_ratios=[3.5] * 4, layer_scale_init_values=[1.0] * 4),
+        'b2': dict(embed_dims=[64, 128, 256, 512], depths=[2, 2, 6, 2], num_heads=[1, 2, 4, 8],
+                   mlp_ratios=[3.5] * 4, layer_scale_init_values=[1.0] * 4),
+        'b3': dict(embed_dims=[64, 128, 320, 512], depths=[3, 5, 9, 3], num_heads=[1, 2, 5, 8],
+                   mlp_ratios=[3.5] * 4, layer_scale_init_values=[1.0] * 4),
+        'b4': dict(embed_dims=[96, 192, 384, 512], depths=[4, 6, 12, 6], num_heads=[1, 2, 6, 8],
+                   mlp_ratios=[3.5] * 4, layer_scale_init_values=[1.0, 1.0, 1e-6, 1e-6]),
+        'b5': dict(embed_dims=[96, 192, 448, 640], depths=[4, 7, 19, 8], num_heads=[1, 2, 7, 10],
+                   mlp_ratios=[3.5] * 4, layer_scale_init_values=[1e-6] * 4),
+    }
+    num_stages = 4
+    min_input_size = 32
+    # for the checkpoint loader: keys every PolaFormer++ checkpoint has, and the official
+    # classification-only modules (projection, its BatchNorm, head) it drops
+    official_name = 'PolaFormer++'
+    official_key_pattern = 'layers.0.blocks.0.norm1.norm.weight'
+    family_key_suffixes = ('.norm1.norm.weight', '.ffn.dwconv.weight')
+    classification_only_modules = ('proj', 'norm', 'head')
+
+    def __init__(self, arch='b2', in_channels=3, out_indices=(0, 1, 2, 3), attn_type='LLSS', drop_rate=0.,
+                 drop_path_rate=0.1, out_norm=True, frozen_stages=-1, norm_eval=False, with_cp=False,
+                 attn_impl='auto', fp32_attn=True, pretrained=None, init_cfg=None):
+        init_cfg = pretrained_alias(pretrained, init_cfg)
+        super().__init__(init_cfg=init_cfg)
+        name = type(self).__name__
+        settings = resolve_arch(arch, self.arch_settings, _STRUCTURE_KEYS, name)
+        for key in _STRUCTURE_KEYS:
+            if len(settings[key]) != self.num_stages:
+                raise ValueError(f'arch {key} must have {self.num_stages} entries, got {settings[key]!r}')
+        self.embed_dims = list(settings['embed_dims'])
+        self.depths = list(settings['depths'])
+        self.num_heads = list(settings['num_heads'])
+        self.mlp_ratios = list(settings['mlp_ratios'])
+        self.layer_scale_init_values = list(settings['layer_scale_init_values'])
+        self.out_indices = check_out_indices(out_indices, self.num_stages, name)
+        self.frozen_stages = check_frozen_stages(frozen_stages, self.num_stages, name)
+        self.attn_type = check_stage_string(attn_type, 'LS', self.num_stages, 'attn_type')
+        self.in_channels = in_channels
+        self.out_norm = out_norm
+        self.norm_eval = norm_eval
+
+        self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0])
+        total = sum(self.depths)
+        dpr = torch.linspace(0, drop_path_rate, total, device='cpu').tolist() if total > 1 else [0.0] * total
+        self.layers = nn.ModuleList()
+        for i in range(self.num_stages):
+            start = sum(self.depths[:i])
+            self.layers.append(PolaPPStage(
+                self.embed_dims[i], self.embed_dims[i + 1] if i < self.num_stages - 1 else None, self.depths[i],
+                self.num_heads[i], self.mlp_ratios[i], self.attn_type[i], dpr[start:start + self.depths[i]],
+                self.layer_scale_init_values[i], drop=drop_rate, attn_impl=attn_impl, fp32_attn=fp32_attn))
+        if out_norm:
+            self.extra_norms = nn.ModuleList([LayerNorm2d(dim) for dim in self.embed_dims])
+        self.apply(init_polapp_weights)
+        self.with_cp = with_cp
+        self._freeze_stages()
+
+    @property
+    def out_channels(self):
+        """Channels of the returned maps, in ``out_indices`` order (for necks' in_channels)."""
+        return [self.embed_dims[i] for i in self.out_indices]
+
+    @property
+    def with_cp(self):
+        return self.layers[0].with_cp
+
+    @with_cp.setter
+    def with_cp(self, value):
+        for stage in self.layers:
+            stage.with_cp = value
+
+    def init_weights(self):
+        """Load ``init_cfg`` type 'Pretrained' with mmpola's loader; other configs go to mmengine."""
+        if is_pretrained_cfg(self.init_cfg):
+            from mmpola.checkpoint import load_pola_checkpoint
+            cfg = dict(self.init_cfg)
+            load_pola_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'), use_ema=cfg.get('use_ema', True),
+                                 map_location=cfg.get('map_location', 'cpu'))
+            self._is_init = True
+        else:
+            super().init_weights()
+        self._freeze_stages()
+
+    def set_attn_impl(self, impl):
+        """Switch every attention between ``'auto'`` and ``'reference'`` (official op order)."""
+        _check_impl(impl)
+        for module in self.modules():
+            if isinstance(module, (PaCSAttention, RoPESoftmaxAttention)):
+                module.attn_impl = impl
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        modules = [self.patch_embed]
+        for i in range(self.frozen_stages):
+            modules.append(self.layers[i])
+            if self.out_norm:
+                modules.append(self.extra_norms[i])
+        for module in modules:
+            module.eval()
+            for param in module.parameters():
+                param.requires_grad = False
+
+    def train(self, mode=True):
+        """Set train/eval mode, keeping frozen stages frozen and, with ``norm_eval``, BatchNorms in eval."""
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for module in self.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+        return self
+
+    def forward_stages(self, x, last_stage=None):
+        """Run the stem and stages 0..last_stage.
+
+        Args:
+            x: (B, in_channels, H, W) images.
+            last_stage: last 0-based stage to run (default: the last one).
+
+        Returns:
+            list of (B, C_i, H_i, W_i): every stage's last block output, before patch merging and
+            before any norm.
+        """
+        check_input(x, self.in_channels, self.min_input_size, type(self).__name__)
+        last_stage = self.num_stages - 1 if last_stage is None else last_stage
+        x = self.patch_embed(x)
+        outs = []
+        for i in range(last_stage + 1):
+            stage = self.layers[i]
+            out = stage(x)
+            outs.append(out)
+            if i < last_stage:
+                x = stage.downsample(out)
+        return outs
+
+    def forward(self, x):
+        """(B, C_in, H, W) -> tuple of (B, C_i, H_i, W_i) for i in ``out_indices``."""
+        stages = self.forward_stages(x, max(self.out_indices))
+        return tuple(self.extra_norms[i](stages[i]) if self.out_norm else stages[i] for i in self.out_indices)
+
+
+# --------------------------------------------------------------------------------------------------
+# ImageNet classifier (official head: 1x1 projection, BatchNorm, swish, average pool, 1x1 conv head)
+# --------------------------------------------------------------------------------------------------
+
+# width of the classification projection of the released sizes
+PROJECTION = {'b0': 2048, 'b1': 2048, 'b2': 2048, 'b3': 2048, 'b4': 2048, 'b5': 2560}
+# stochastic depth of the official ImageNet recipes
+DROP_PATH_RATE = {'b0': 0.1, 'b1': 0.1, 'b2': 0.1, 'b3': 0.15, 'b4': 0.4, 'b5': 0.55}
+
+
+@MODELS.register_module()
+class PolaPPClassifier(BaseModule):
+    """PolaFormer++ image classifier with the official forward.
+
+    State dict: ``backbone.*`` (official names below it), ``proj.*``, ``norm.*`` (BatchNorm2d),
+    ``head.*`` (1x1 conv); :func:`mmpola.models.classifier.checkpoint_filter_fn` maps official files
+    to it.
+
+    Args:
+        arch: ``'b0'`` ... ``'b5'`` or a custom arch dict (see :class:`PolaPP`).
+        num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
+        projection: channels of the 1x1 projection before pooling (default: the released value of
+            the preset, ``PROJECTION``; required for a custom arch).
+        drop_rate, drop_path_rate: FFN dropout, stochastic depth (official: ``DROP_PATH_RATE``).
+        attn_impl, fp32_attn, with_cp, attn_type, in_channels: passed to :class:`PolaPP`.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH, strict=True)`` loads with
+            :meth:`load_checkpoint` (official, mmengine or this class' own files; EMA weights first).
+
+    Shapes: images (B, C, H, W) -> logits (B, num_classes).
+    """
+
+    family = 'polapp'
+    classification_modules = ('proj', 'norm', 'head')
+
+    def __init__(self, arch='b2', num_classes=1000, projection=None, drop_rate=0., drop_path_rate=0.1,
+                 attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, **backbone_kwargs):
+        super().__init__(init_cfg=init_cfg)
+        for key in ('out_indices', 'out_norm', 'frozen_stages', 'init_cfg', 'pretrained'):
+            if key in backbone_kwargs:
+                raise ValueError(f'{key} is fixed by PolaPPClassifier (the official classification forward); '
+                                 'build the PolaPP backbone directly to change it')
+        if projection is None:
+            if not isinstance(arch, str) or arch.lower() not in PROJECTION:
+                raise ValueError('a custom PolaPP arch needs projection= (channels of the classification '
+                                 f'projection; released sizes use {sorted(set(PROJECTION.values()))})')
+            projection = PROJECTION[arch.lower()]
+        self.num_classes = num_classes
+        self.backbone = PolaPP(arch=arch, out_indices=(0, 1, 2, 3), out_norm=False, drop_rate=drop_rate,
+                               drop_path_rate=drop_path_rate, attn_impl=attn_impl, fp32_attn=fp32_attn,
+                               with_cp=with_cp, **backbone_kwargs)
+        self.num_features = projection
+        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f'backbone.layers.{i}')
+                             for i, c in enumerate(self.backbone.embed_dims)]
+        self.proj = nn.Conv2d(self.backbone.embed_dims[-1], projection, 1)
+        self.norm = nn.BatchNorm2d(projection)
+        self.head = self._make_head(num_classes)
+        init_polapp_weights(self.proj)
+
+    def _make_head(self, num_classes):
+        if num_classes <= 0:
+            return nn.Identity()
+        head = nn.Conv2d(self.num_features, num_classes, 1)
+        init_polapp_weights(head)
+        return head
+
+    @classmethod
+    def from_official_kwargs(cls, kwargs, **overrides):
+        """Build from the keyword arguments of the official ``POLA`` class (``embed_dims``, ``depths``,
+        ``num_heads``, ``mlp_ratios``, ``drop_path_rate``, ``projection``, ``layerscales``,
+        ``layer_init_values``, ``num_classes``)."""
+        kwargs = dict(kwargs)
+        layerscales = kwargs.pop('layerscales', [False] * 4)
+        init_values = kwargs.pop('layer_init_values', [1e-6] * 4)
+        arch = dict(embed_dims=list(kwargs.pop('embed_dims')), depths=list(kwargs.pop('depths')),
+                    num_heads=list(kwargs.pop('num_heads')), mlp_ratios=list(kwargs.pop('mlp_ratios')),
+                    layer_scale_init_values=[v if on else None for on, v in zip(layerscales, init_values)])
+        out = dict(arch=arch, num_classes=kwargs.pop('num_classes', 1000),
+                   projection=kwargs.pop('projection', 1024), drop_path_rate=kwargs.pop('drop_path_rate', 0.1))
+        if 'in_chans' in kwargs:
+            out['in_channels'] = kwargs.pop('in_chans')
+        if 'flagss' in kwargs:
+            flags = kwargs.pop('flagss')
+            kinds = [set(f[:d]) for f, d in zip(flags, arch['depths'])]
+            if any(len(k) != 1 for k in kinds):
+                raise ValueError('per-block attention flags that differ within a stage are not supported')
+            out['attn_type'] = ''.join('L' if k == {'l'} else 'S' for k in kinds)
+        if kwargs:
+            raise ValueError(f'unsupported official POLA arguments: {sorted(kwargs)}')
+        out.update(overrides)
+        return cls(**out)
+
+    def set_attn_impl(self, impl):
+        """Switch every attention between ``'auto'`` and ``'reference'`` (official op order)."""
+        self.backbone.set_attn_impl(impl)
+
+    def init_weights(self):
+        if is_pretrained_cfg(self.init_cfg):
+            self.load_checkpoint(self.init_cfg['checkpoint'], strict=self.init_cfg.get('strict', True),
+                                 use_ema=self.init_cfg.get('use_ema', True))
+            self._is_init = True
+        else:
+            super().init_weights()
+
+    def load_checkpoint(self, checkpoint, strict=True, use_ema=True, map_location='cpu'):
+        """Load an official, mmengine or PolaPPClassifier checkpoint (path, URL or dict); returns the
+        ``load_state_dict`` result."""
+        from mmpola.checkpoint import check_checkpoint_family, extract_state_dict, read_checkpoint
+        from .classifier import checkpoint_filter_fn
+        state_dict, _ = extract_state_dict(read_checkpoint(checkpoint, map_location), use_ema)
+        state_dict = checkpoint_filter_fn(state_dict, self)
+        source = checkpoint if isinstance(checkpoint, (str, os.PathLike)) else 'the given state dict'
+        check_checkpoint_family(state_dict, self.backbone, source)
+        return self.load_state_dict(state_dict, strict=strict)
+
+    def get_classifier(self):
+        return self.head
+
+    def reset_classifier(self, num_classes, global_pool=None):
+        """New head for ``num_classes`` (0: none); pooling is always the official average."""
+        if global_pool not in (None, '', 'avg'):
+            raise ValueError(f"PolaPP pools by average only; global_pool={global_pool!r} is not supported")
+        self.num_classes = num_classes
+        self.head = self._make_head(num_classes)
+
+    def _final_features(self, x):
+        return F.silu(self.norm(self.proj(x)))
+
+    def forward_features(self, x):
+        """(B, C, H, W) -> (B, projection, H/32, W/32): last stage, projection, BatchNorm, swish."""
+        return self._final_features(self.backbone.forward_stages(x)[-1])
+
+    def forward_head(self, x, pre_logits=False):
+        """(B, projection, h, w) -> logits (B, num_classes), or pooled (B, projection) with ``pre_logits``."""
+        x = x.mean(dim=(2, 3), keepdim=True)
+        return x.flatten(1) if pre_logits else self.head(x).flatten(1)
+
+    def forward_intermediates(self, x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
+                              intermediates_only=False):
+        """Stage maps and final features in one pass (timm's ``forward_intermediates`` API).
+
+        Args:
+            x: (B, C, H, W) images.
+            indices: stages to return: None (all four), an int n (the last n) or 0-based indices.
+            norm: accepted for API compatibility (the official classifier has no per-stage norm).
+            stop_early: do not run the stages after the last requested one (needs
+                ``intermediates_only``).
+            output_fmt: only ``'NCHW'``.
+            intermediates_only: return only the list of maps.
+
+        Returns:
+            ``(forward_features output, [maps])`` or ``[maps]``; each map (B, C_i, H_i, W_i) is the
+            raw stage output before patch merging.
+        """
+        if output_fmt != 'NCHW':
+            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+        num_stages = self.backbone.num_stages
+        if indices is None:
+            take = list(range(num_stages))
+        elif isinstance(indices, int):
+            take = list(range(num_stages - indices, num_stages))
+        else:
+            take = [i + num_stages if i < 0 else i for i in indices]
+        if not take or any(not 0 <= i < num_stages for i in take):
+            raise ValueError(f'indices {indices!r} out of range for {num_stages} stages')
+        last = max(take) if stop_early else num_stages - 1
+        if last != num_stages - 1 and not intermediates_only:
+            raise ValueError('stop_early needs intermediates_only=True (the final features come from the '
+                             'last stage)')
+        stages = self.backbone.forward_stages(x, last)
+        maps = [stages[i] for i in take]
+        if intermediates_only:
+            return maps
+        return self._final_features(stages[-1]), maps
+
+    def forward(self, x):
+        return self.forward_head(self.forward_features(x))
