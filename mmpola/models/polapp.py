@@ -278,8 +278,10 @@ class PolaPP(BaseModule):
     built for the real map size of every stage. Output: a tuple of NCHW maps for ``out_indices``,
     channels ``embed_dims[i]``, sizes H_1 = ceil(ceil(H / 2) / 2), H_{i+1} = ceil(H_i / 2)
     (strides 4, 8, 16, 32): each stage's last block output before its patch merging, through the
-    stage's dense output norm ``extra_norms[i]`` (LayerNorm2d) when ``out_norm``, as the official
-    dense backbone.
+    stage's dense output norm ``extra_norms.{i}`` (LayerNorm2d) when ``out_norm``, as the official
+    dense backbone (which builds the norms of all four stages; here only the returned stages have one,
+    so every parameter takes part in the loss, and official dense files load with the others reported
+    as unexpected).
 
     Args:
         arch: ``'b0'`` ... ``'b5'`` (see ``arch_settings``) or a dict with ``embed_dims``, ``depths``,
@@ -292,10 +294,10 @@ class PolaPP(BaseModule):
         drop_rate: dropout inside the FFNs (the official models use 0).
         drop_path_rate: stochastic depth, linear over all blocks (official: b0-b2 0.1, b3 0.15,
             b4 0.4, b5 0.55 for ImageNet; the dense configs set theirs).
-        out_norm: build and apply the dense output norms ``extra_norms.{0..3}`` (new parameters of the
-            official dense backbone; the classifier builds the backbone without them).
+        out_norm: build and apply the dense output norms ``extra_norms.{i}`` of the returned stages
+            (parameters of the official dense backbone only; the classifier builds it without them).
         frozen_stages: -1 none; 0 freezes the stem ``patch_embed``; k >= 1 also freezes stages
-            1..k (``layers[i]`` with its patch merging, and ``extra_norms[i]``). Frozen parts stay in
+            1..k (``layers[i]`` with its patch merging, and ``extra_norms.{i}``). Frozen parts stay in
             eval mode and without gradients through ``train()``.
         norm_eval: keep every BatchNorm (stem, patch merging) in eval mode while training, freezing
             its running statistics. Off by default: the official dense code trains them (its
@@ -369,7 +371,9 @@ class PolaPP(BaseModule):
                 self.num_heads[i], self.mlp_ratios[i], self.attn_type[i], dpr[start:start + self.depths[i]],
                 self.layer_scale_init_values[i], drop=drop_rate, attn_impl=attn_impl, fp32_attn=fp32_attn))
         if out_norm:
-            self.extra_norms = nn.ModuleList([LayerNorm2d(dim) for dim in self.embed_dims])
+            # keyed by stage index, so the names are the official 'extra_norms.{i}' whichever stages
+            # are returned (a norm for a stage that is not returned would never get a gradient)
+            self.extra_norms = nn.ModuleDict({str(i): LayerNorm2d(self.embed_dims[i]) for i in self.out_indices})
         self.apply(init_polapp_weights)
         self.with_cp = with_cp
         self._freeze_stages()
@@ -413,8 +417,8 @@ class PolaPP(BaseModule):
         modules = [self.patch_embed]
         for i in range(self.frozen_stages):
             modules.append(self.layers[i])
-            if self.out_norm:
-                modules.append(self.extra_norms[i])
+            if self.out_norm and str(i) in self.extra_norms:
+                modules.append(self.extra_norms[str(i)])
         for module in modules:
             module.eval()
             for param in module.parameters():
@@ -456,7 +460,7 @@ class PolaPP(BaseModule):
     def forward(self, x):
         """(B, C_in, H, W) -> tuple of (B, C_i, H_i, W_i) for i in ``out_indices``."""
         stages = self.forward_stages(x, max(self.out_indices))
-        return tuple(self.extra_norms[i](stages[i]) if self.out_norm else stages[i] for i in self.out_indices)
+        return tuple(self.extra_norms[str(i)](stages[i]) if self.out_norm else stages[i] for i in self.out_indices)
 
 
 # --------------------------------------------------------------------------------------------------
