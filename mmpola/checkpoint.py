@@ -185,10 +185,37 @@ def resize_state_dict(state_dict, model_state):
     return out, resized
 
 
+def _family_of(kind, layout):
+    """(family name, registered backbone type) of an attention kind in a layout: ('Pola-Swin',
+    'PolaSwin'); PolaFormer++'s own layout: ('PolaFormer++', 'PolaPP')."""
+    from mmpola.models.attention_kinds import get_attention_kind
+    if layout == 'polapp':
+        return 'PolaFormer++', 'PolaPP'
+    family = 'PVT' if layout == 'pvt' else 'Swin'
+    title = get_attention_kind(kind).title
+    return f'{title}-{family}', f'{title}{family}'
+
+
+def _kind_title(kind, layout):
+    """'Pola-Swin (type="PolaSwin")' for a linear kind; None for softmax."""
+    if kind == 'softmax':
+        return None
+    family, type_name = _family_of(kind, layout)
+    return f'{family} (type="{type_name}")'
+
+
+def _checkpoint_kinds(keys):
+    """``[(kind, layout), ...]`` of the attention modules of a state dict (identified ones only)."""
+    from mmpola.models.attention_kinds import kinds_in_state_dict
+    return [k for k in kinds_in_state_dict(keys).values() if k is not None]
+
+
 def _guess_family(keys):
     joined = '\n'.join(keys)
-    if re.search(r'(^|\.)layers\.0\.blocks\.0\.norm1\.norm\.weight$', joined, re.M):
-        return 'PolaFormer++ (type="PolaPP")'
+    for kind, layout in _checkpoint_kinds(keys):
+        if kind != 'softmax':
+            return _kind_title(kind, layout)
+    # attention kinds without a table entry
     if re.search(r'(^|\.)(layers\.0\.blocks\.0|block1\.0)\.attn\.residual\.0\.weight$', joined, re.M):
         return 'InLine (injective linear attention; not Pola)'
     if re.search(r'(^|\.)(layers\.0\.blocks\.0|block1\.0)\.attn\.dwc\.weight$', joined, re.M) and \
@@ -205,30 +232,39 @@ def _guess_family(keys):
     return None
 
 
-# parameters only Pola attention has (softmax PVT / Swin blocks have none of them)
-_POLA_ONLY = ('.attn.power', '.attn.qg.weight', '.attn.qkvg.weight', '.attn.dwc.weight')
-
-
-def _check_pola_attention(state_dict, model_state, source, name):
-    """A checkpoint with none of the model's Pola attention weights (a softmax PVT / Swin file)
-    would load everything around the attention and leave the Pola attention random: refuse it."""
-    wanted = [k for k in model_state if k.endswith(_POLA_ONLY)]
-    if not wanted or any(k in state_dict for k in wanted):
-        return
-    joined = '\n'.join(state_dict)
-    if re.search(r'(^|\.)block1\.0\.attn\.q\.weight', joined, re.M):
-        kind, fix = 'a softmax PVT (PVT-v1) checkpoint', "attn_type='SSSS'"
-    elif re.search(r'(^|\.)layers\.0\.blocks\.0\.attn\.qkv\.weight', joined, re.M):
-        kind, fix = 'a softmax Swin checkpoint', "attn_type='SSSS'"
-    else:
-        kind, fix = 'not a PolaFormer checkpoint', None
-    raise CheckpointMismatchError(
-        f'checkpoint {source} has none of the Pola attention weights of {name} (such as '
-        f"'{wanted[0]}'): it looks like {kind}. Loading it would leave every Pola attention "
-        'randomly initialised. Use a PolaFormer checkpoint (official release or an mmpola '
-        'classification run)' + (f', build the backbone with {fix} (softmax attention in every '
-                                   'stage) to use this one' if fix else '') +
-        ", or train from random initialisation with init_cfg=None.")
+def _check_attention_kind(state_dict, model_state, source, name):
+    """Refuse a checkpoint with none of the attention modules of the model's linear attention kind
+    (a softmax PVT / Swin file, or weights of another kind: Pola into FLatten ...): loading it would
+    fill everything around the attention and leave the model's attention randomly initialised."""
+    from mmpola.models.attention_kinds import get_attention_kind, kinds_in_state_dict
+    model_kinds = kinds_in_state_dict(model_state)
+    linear = {kind for kind in model_kinds.values() if kind is not None and kind[0] != 'softmax'}
+    found = set(_checkpoint_kinds(state_dict))
+    for kind, layout in sorted(linear):
+        if (kind, layout) in found:
+            continue
+        title = get_attention_kind(kind).title
+        example = next(prefix for prefix, k in model_kinds.items() if k == (kind, layout))
+        example += sorted(k for k in model_state if k.startswith(example))[0][len(example):]
+        others = sorted(k for k in found if k[0] != 'softmax')
+        softmax_fix = "build the backbone with attn_type='SSSS' (softmax attention in every stage) to use this one"
+        if others:  # weights of another linear attention kind
+            family, type_name = _family_of(*others[0])
+            kind_desc = f'a {family} checkpoint'
+            fix = f"build type='{type_name}' to use this one"
+        elif ('softmax', 'pvt') in found or re.search(r'(^|\.)block1\.0\.attn\.q\.weight', '\n'.join(state_dict),
+                                                      re.M):
+            kind_desc, fix = 'a softmax PVT (PVT-v1) checkpoint', softmax_fix
+        elif ('softmax', 'swin') in found:
+            kind_desc, fix = 'a softmax Swin checkpoint', softmax_fix
+        else:
+            kind_desc, fix = f'not a {title} checkpoint', None
+        raise CheckpointMismatchError(
+            f'checkpoint {source} has none of the {title} attention weights of {name} (such as '
+            f"'{example}'): it looks like {kind_desc}. Loading it would leave every {title} attention "
+            f'randomly initialised. Use a checkpoint of {title} attention (official release or an mmpola '
+            'classification run)' + (f', {fix}' if fix else '') +
+            ', or train from random initialisation with init_cfg=None.')
 
 
 def check_checkpoint_family(state_dict, model, source):
@@ -326,7 +362,7 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
     for key, value in final_norm.items():
         state_dict.setdefault(key, value)
     check_checkpoint_family(state_dict, model, source)
-    _check_pola_attention(state_dict, model_state, source, name)
+    _check_attention_kind(state_dict, model_state, source, name)
 
     if hasattr(model, 'la_sr_ratios') and hasattr(model, 'pos_embed1'):
         stored = _infer_pvt_la_sr_ratios(state_dict)

@@ -21,8 +21,8 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from timm.layers import trunc_normal_
 
-from .pola_pvt import PolaPVT
-from .pola_swin import PolaSwin
+from .pvt import PolaPVT
+from .swin import PolaSwin
 from .utils import is_pretrained_cfg
 
 __all__ = ['PolaClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs']

@@ -14,19 +14,19 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from timm.layers import DropPath, trunc_normal_
 
 from mmpola.ops import pacs_attention, rope_angles, rope_rotate, rope_tables
-from .utils import (check_frozen_stages, check_input, check_out_indices, check_stage_string, is_pretrained_cfg,
-                    pretrained_alias, resolve_arch)
+from .attention_kinds import AttentionKind, build_attention, register_attention_kind
+from .base import DenseBackbone, drop_path_rates
+from .utils import PolaConfigError, check_stage_string, is_pretrained_cfg
 
 __all__ = ['PolaPP', 'PolaPPBlock', 'PaCSAttention', 'RoPESoftmaxAttention', 'LayerNorm2d']
 
 _STRUCTURE_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'layer_scale_init_values')
-_ATTN_IMPLS = ('auto', 'reference')
+_ATTN_IMPLS = ('auto', 'fast', 'reference')
 
 
 class LayerNorm2d(nn.Module):
@@ -58,7 +58,7 @@ class RotaryEmbedding(nn.Module):
 
 def _check_impl(impl):
     if impl not in _ATTN_IMPLS:
-        raise ValueError(f"attn_impl must be 'auto' or 'reference', got {impl!r}")
+        raise ValueError(f"attn_impl must be one of {', '.join(_ATTN_IMPLS)}, got {impl!r}")
     return impl
 
 
@@ -128,7 +128,7 @@ class RoPESoftmaxAttention(nn.Module):
         sin, cos = sin.to(q.dtype), cos.to(q.dtype)
         q = rope_rotate(q, sin, cos)
         k = rope_rotate(k, sin, cos)
-        if self.attn_impl == 'reference':
+        if self.attn_impl == 'reference':  # 'auto' and 'fast': SDPA
             x = torch.softmax(self.scale * q @ k.transpose(-1, -2), dim=-1) @ v
         else:
             x = F.scaled_dot_product_attention(q, k, v.contiguous(), scale=self.scale)
@@ -138,6 +138,21 @@ class RoPESoftmaxAttention(nn.Module):
 
     def extra_repr(self):
         return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'
+
+
+def _build_pacs(layout, dim, num_heads, *, attn_impl, fp32_attn, **unused):
+    return PaCSAttention(dim, num_heads, attn_impl=attn_impl, fp32_attn=fp32_attn)
+
+
+def _build_rope_softmax(layout, dim, num_heads, *, attn_impl, **unused):
+    return RoPESoftmaxAttention(dim, num_heads, attn_impl=attn_impl)
+
+
+# PolaFormer++'s two kinds, in its own layout 'polapp': the modules take NCHW maps and the RoPE tables of
+# the map, ``attn(x, sin, cos)`` (x: (B, C, H, W)); the common builder arguments of the pvt / swin layouts
+# (spatial reduction, windows, qkv_bias ...) do not apply and are ignored.
+register_attention_kind(AttentionKind('pacs', 'L', 'PaCS', _build_pacs, layouts=('polapp',)))
+register_attention_kind(AttentionKind('rope_softmax', 'S', 'RoPE softmax', _build_rope_softmax, layouts=('polapp',)))
 
 
 class FeedForwardNetwork(nn.Module):
@@ -164,23 +179,18 @@ class FeedForwardNetwork(nn.Module):
 class PolaPPBlock(nn.Module):
     """x + pos(x), then x + DropPath(gamma_1 * Attn(LN(x))), x + DropPath(gamma_2 * FFN(LN(x))).
 
-    ``attn_type='L'``: :class:`PaCSAttention` (RoPE tables of the 2x wide feature maps);
-    ``'S'``: :class:`RoPESoftmaxAttention` (tables of the head dim). ``layer_scale_init``: initial
-    value of ``gamma_1`` / ``gamma_2``, None for no layer scale.
+    ``attn``: the attention module, :class:`PaCSAttention` (``attn_type='L'``, RoPE tables of the 2x wide
+    feature maps) or :class:`RoPESoftmaxAttention` (``'S'``, tables of the head dim), built from the
+    attention-kind table. ``layer_scale_init``: initial value of ``gamma_1`` / ``gamma_2``, None for no
+    layer scale.
     """
 
-    def __init__(self, dim, num_heads, mlp_ratio, attn_type='L', drop_path=0., layer_scale_init=1.0,
-                 drop=0., attn_impl='auto', fp32_attn=True):
+    def __init__(self, dim, attn, mlp_ratio, attn_type='L', drop_path=0., layer_scale_init=1.0, drop=0.):
         super().__init__()
         self.attn_type = attn_type
         self.pos = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
         self.norm1 = LayerNorm2d(dim)
-        if attn_type == 'L':
-            self.attn = PaCSAttention(dim, num_heads, attn_impl=attn_impl, fp32_attn=fp32_attn)
-        elif attn_type == 'S':
-            self.attn = RoPESoftmaxAttention(dim, num_heads, attn_impl=attn_impl)
-        else:
-            raise ValueError(f"attn_type must be 'L' (PaCS) or 'S' (softmax), got {attn_type!r}")
+        self.attn = attn
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = LayerNorm2d(dim)
         self.ffn = FeedForwardNetwork(dim, int(mlp_ratio * dim), drop=drop)
@@ -214,28 +224,16 @@ class PolaPPStage(nn.Module):
     """Blocks of one stage (``blocks``), its RoPE angles (``RoPE`` for softmax attention,
     ``RoPE_linear`` for the PaCS maps) and the patch merging after it (``downsample``)."""
 
-    def __init__(self, dim, out_dim, depth, num_heads, mlp_ratio, attn_type, drop_paths, layer_scale_init,
-                 drop=0., attn_impl='auto', fp32_attn=True):
+    def __init__(self, dim, out_dim, num_heads, blocks):
         super().__init__()
         self.RoPE = RotaryEmbedding(dim, num_heads)
         self.RoPE_linear = RotaryEmbedding(2 * dim, num_heads)
-        self.blocks = nn.ModuleList([
-            PolaPPBlock(dim, num_heads, mlp_ratio, attn_type=attn_type, drop_path=drop_paths[j],
-                        layer_scale_init=layer_scale_init, drop=drop, attn_impl=attn_impl, fp32_attn=fp32_attn)
-            for j in range(depth)])
+        self.blocks = nn.ModuleList(blocks)
         self.downsample = PatchMerging(dim, out_dim) if out_dim is not None else None
-        self.with_cp = False
 
-    def forward(self, x):
-        """(B, C, H, W) -> the last block's output (B, C, H, W), before ``downsample``."""
-        hw = x.shape[-2:]
-        tables = {'S': self.RoPE(hw), 'L': self.RoPE_linear(hw)}
-        for block in self.blocks:
-            if self.with_cp and torch.is_grad_enabled() and x.requires_grad:
-                x = cp.checkpoint(block, x, tables, use_reentrant=False)
-            else:
-                x = block(x, tables)
-        return x
+    def rope_tables(self, hw):
+        """The blocks' second argument for an H x W map: {'S': tables of a head, 'L': of the PaCS maps}."""
+        return {'S': self.RoPE(hw), 'L': self.RoPE_linear(hw)}
 
 
 def conv_stem(in_channels, dim):
@@ -271,7 +269,7 @@ def init_polapp_weights(module):
 
 
 @MODELS.register_module()
-class PolaPP(BaseModule):
+class PolaPP(DenseBackbone):
     """PolaFormer++ backbone for mmdet / mmseg (registered in mmengine's root ``MODELS``).
 
     Input (B, in_channels, H, W), any H, W >= 32 (odd and non-square included): RoPE tables are
@@ -303,7 +301,8 @@ class PolaPP(BaseModule):
             its running statistics. Off by default: the official dense code trains them (its
             ``norm_eval`` argument is ignored there).
         with_cp: gradient checkpointing of every block.
-        attn_impl: ``'auto'`` (fast PaCS core, SDPA softmax) or ``'reference'`` (official op order).
+        attn_impl: ``'auto'`` / ``'fast'`` (fast PaCS core, SDPA softmax) or ``'reference'`` (official
+            op order).
         fp32_attn: run the PaCS core in float32 under autocast.
         pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, use_ema=True)``
@@ -312,7 +311,10 @@ class PolaPP(BaseModule):
             :func:`mmpola.checkpoint.load_pola_checkpoint`; the classification projection, its
             BatchNorm and the head are dropped; other init configs go to mmengine.
 
-    Stages after ``max(out_indices)`` are built (checkpoints load unchanged) but not run.
+    Stages after ``max(out_indices)`` are built (checkpoints load unchanged) but not run. Arguments,
+    loading, freezing, the drop-path schedule and the checkpointed block loop are the shared
+    :class:`~mmpola.models.base.DenseBackbone`'s; the attention modules come from the attention-kind
+    table (kinds ``'pacs'`` and ``'rope_softmax'``, layout ``'polapp'``).
     """
 
     arch_settings = {
@@ -329,8 +331,8 @@ class PolaPP(BaseModule):
         'b5': dict(embed_dims=[96, 192, 448, 640], depths=[4, 7, 19, 8], num_heads=[1, 2, 7, 10],
                    mlp_ratios=[3.5] * 4, layer_scale_init_values=[1e-6] * 4),
     }
-    num_stages = 4
-    min_input_size = 32
+    arch_keys = _STRUCTURE_KEYS
+    default_out_norm = True
     # for the checkpoint loader: keys every PolaFormer++ checkpoint has, and the official
     # classification-only modules (projection, its BatchNorm, head) it drops
     official_name = 'PolaFormer++'
@@ -341,93 +343,73 @@ class PolaPP(BaseModule):
     def __init__(self, arch='b2', in_channels=3, out_indices=(0, 1, 2, 3), attn_type='LLSS', drop_rate=0.,
                  drop_path_rate=0.1, out_norm=True, frozen_stages=-1, norm_eval=False, with_cp=False,
                  attn_impl='auto', fp32_attn=True, pretrained=None, init_cfg=None):
-        init_cfg = pretrained_alias(pretrained, init_cfg)
-        super().__init__(init_cfg=init_cfg)
-        name = type(self).__name__
-        settings = resolve_arch(arch, self.arch_settings, _STRUCTURE_KEYS, name)
-        for key in _STRUCTURE_KEYS:
+        super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
+                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, pretrained=pretrained,
+                         init_cfg=init_cfg)
+        settings = self.arch
+        for key in self.arch_keys:
             if len(settings[key]) != self.num_stages:
-                raise ValueError(f'arch {key} must have {self.num_stages} entries, got {settings[key]!r}')
+                raise PolaConfigError(f'arch {key} must have {self.num_stages} entries, got {settings[key]!r}')
         self.embed_dims = list(settings['embed_dims'])
         self.depths = list(settings['depths'])
         self.num_heads = list(settings['num_heads'])
         self.mlp_ratios = list(settings['mlp_ratios'])
         self.layer_scale_init_values = list(settings['layer_scale_init_values'])
-        self.out_indices = check_out_indices(out_indices, self.num_stages, name)
-        self.frozen_stages = check_frozen_stages(frozen_stages, self.num_stages, name)
-        self.attn_type = check_stage_string(attn_type, 'LS', self.num_stages, 'attn_type')
-        self.in_channels = in_channels
-        self.out_norm = out_norm
-        self.norm_eval = norm_eval
+        letters = self.attention_letters()
+        self.attn_type = check_stage_string(attn_type, ''.join(letters), self.num_stages, 'attn_type')
+        _check_impl(attn_impl)
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0])
-        total = sum(self.depths)
-        dpr = torch.linspace(0, drop_path_rate, total, device='cpu').tolist() if total > 1 else [0.0] * total
+        dpr = drop_path_rates(drop_path_rate, self.depths)
         self.layers = nn.ModuleList()
-        for i in range(self.num_stages):
-            start = sum(self.depths[:i])
-            self.layers.append(PolaPPStage(
-                self.embed_dims[i], self.embed_dims[i + 1] if i < self.num_stages - 1 else None, self.depths[i],
-                self.num_heads[i], self.mlp_ratios[i], self.attn_type[i], dpr[start:start + self.depths[i]],
-                self.layer_scale_init_values[i], drop=drop_rate, attn_impl=attn_impl, fp32_attn=fp32_attn))
-        if out_norm:
+        for i, dim in enumerate(self.embed_dims):
+            letter = self.attn_type[i]
+            blocks = [PolaPPBlock(dim, build_attention(letters[letter], 'polapp', dim, self.num_heads[i],
+                                                       attn_impl=attn_impl, fp32_attn=fp32_attn),
+                                  self.mlp_ratios[i], attn_type=letter, drop_path=dpr[i][j],
+                                  layer_scale_init=self.layer_scale_init_values[i], drop=drop_rate)
+                      for j in range(self.depths[i])]
+            out_dim = self.embed_dims[i + 1] if i < self.num_stages - 1 else None
+            self.layers.append(PolaPPStage(dim, out_dim, self.num_heads[i], blocks))
+        if self.out_norm:
             # keyed by stage index, so the names are the official 'extra_norms.{i}' whichever stages
             # are returned (a norm for a stage that is not returned would never get a gradient)
             self.extra_norms = nn.ModuleDict({str(i): LayerNorm2d(self.embed_dims[i]) for i in self.out_indices})
         self.apply(init_polapp_weights)
-        self.with_cp = with_cp
         self._freeze_stages()
 
-    @property
-    def out_channels(self):
-        """Channels of the returned maps, in ``out_indices`` order (for necks' in_channels)."""
-        return [self.embed_dims[i] for i in self.out_indices]
+    @classmethod
+    def attention_letters(cls):
+        """``{'L': 'pacs', 'S': 'rope_softmax'}``: the kinds of the official per-stage letters."""
+        return {'L': 'pacs', 'S': 'rope_softmax'}
 
-    @property
-    def with_cp(self):
-        return self.layers[0].with_cp
+    # ---------------------------------------------------------------------------------------------
+    # DenseBackbone hooks: the stem gives an NCHW map, each stage patch-merges the previous output
+    # and hands its blocks the RoPE tables of the real map size (``run_blocks`` passes them on)
 
-    @with_cp.setter
-    def with_cp(self, value):
-        for stage in self.layers:
-            stage.with_cp = value
+    def _stem(self, x):
+        return self.patch_embed(x), None
 
-    def init_weights(self):
-        """Load ``init_cfg`` type 'Pretrained' with mmpola's loader; other configs go to mmengine."""
-        if is_pretrained_cfg(self.init_cfg):
-            from mmpola.checkpoint import load_pola_checkpoint
-            cfg = dict(self.init_cfg)
-            load_pola_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'), use_ema=cfg.get('use_ema', True),
-                                 map_location=cfg.get('map_location', 'cpu'))
-            self._is_init = True
-        else:
-            super().init_weights()
-        self._freeze_stages()
+    def _enter_stage(self, i, x, hw):
+        if i > 0:
+            x = self.layers[i - 1].downsample(x)
+        return x, self.layers[i].rope_tables(x.shape[-2:])
 
-    def set_attn_impl(self, impl):
-        """Switch every attention between ``'auto'`` and ``'reference'`` (official op order)."""
-        _check_impl(impl)
-        for module in self.modules():
-            if isinstance(module, (PaCSAttention, RoPESoftmaxAttention)):
-                module.attn_impl = impl
+    def _stage_blocks(self, i):
+        return self.layers[i].blocks
 
-    def _freeze_stages(self):
-        if self.frozen_stages < 0:
-            return
-        modules = [self.patch_embed]
-        for i in range(self.frozen_stages):
-            modules.append(self.layers[i])
-            if self.out_norm and str(i) in self.extra_norms:
-                modules.append(self.extra_norms[str(i)])
-        for module in modules:
-            module.eval()
-            for param in module.parameters():
-                param.requires_grad = False
+    def _stem_parts(self):
+        return [self.patch_embed], []
+
+    def _stage_parts(self, i):
+        modules = [self.layers[i]]
+        if self.out_norm and str(i) in self.extra_norms:
+            modules.append(self.extra_norms[str(i)])
+        return modules, []
 
     def train(self, mode=True):
         """Set train/eval mode, keeping frozen stages frozen and, with ``norm_eval``, BatchNorms in eval."""
         super().train(mode)
-        self._freeze_stages()
         if mode and self.norm_eval:
             for module in self.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -445,17 +427,7 @@ class PolaPP(BaseModule):
             list of (B, C_i, H_i, W_i): every stage's last block output, before patch merging and
             before any norm.
         """
-        check_input(x, self.in_channels, self.min_input_size, type(self).__name__)
-        last_stage = self.num_stages - 1 if last_stage is None else last_stage
-        x = self.patch_embed(x)
-        outs = []
-        for i in range(last_stage + 1):
-            stage = self.layers[i]
-            out = stage(x)
-            outs.append(out)
-            if i < last_stage:
-                x = stage.downsample(out)
-        return outs
+        return [out for out, _ in super().forward_stages(x, last_stage)]
 
     def forward(self, x):
         """(B, C_in, H, W) -> tuple of (B, C_i, H_i, W_i) for i in ``out_indices``."""
