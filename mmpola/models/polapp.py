@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
 from mmpola.ops import pacs_attention, rope_angles, rope_rotate, rope_tables
 from .attention_kinds import AttentionKind, build_attention, register_attention_kind
@@ -40,6 +40,7 @@ class LayerNorm2d(nn.Module):
         return self.norm(x.permute(0, 2, 3, 1).contiguous()).permute(0, 3, 1, 2).contiguous()
 
 
+@register_notrace_module  # torch.fx leaf: the tables depend on the run-time map size
 class RotaryEmbedding(nn.Module):
     """The official 2-D RoPE angles (buffer ``angle``, kept in checkpoints) -> tables of a grid.
 
@@ -52,8 +53,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer('angle', rope_angles(dim, num_heads, base))
 
     def forward(self, hw):
-        """(H, W) -> (sin, cos), each (H * W, 2 * len(angle))."""
-        return rope_tables(self.angle, hw)
+        """(H, W) -> (2, H * W, 2 * len(angle)): sin and cos stacked (one tensor, so a traced graph can
+        index it)."""
+        return torch.stack(rope_tables(self.angle, hw))
 
 
 def _check_impl(impl):
@@ -62,6 +64,7 @@ def _check_impl(impl):
     return impl
 
 
+@register_notrace_module  # torch.fx leaf: custom autograd Function, run-time shapes
 class PaCSAttention(nn.Module):
     """Polarity-aware linear attention with channel-wise spikiness (the official linear block).
 
@@ -100,6 +103,7 @@ class PaCSAttention(nn.Module):
         return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'
 
 
+@register_notrace_module  # torch.fx leaf: run-time shapes
 class RoPESoftmaxAttention(nn.Module):
     """Softmax attention with RoPE on queries and keys (the official last-stage block).
 
@@ -167,13 +171,9 @@ class FeedForwardNetwork(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x):
-        B, C, H, W = x.shape
-        N = H * W
-        x = self.drop(F.gelu(self.fc1(x.reshape(B, C, N).transpose(1, 2))))
-        x = x.reshape(B, H, W, self.hidden_dim).permute(0, 3, 1, 2)
+        x = self.drop(F.gelu(self.fc1(x.permute(0, 2, 3, 1)))).permute(0, 3, 1, 2)  # channels last for fc1
         x = self.dwconv(x) + x
-        x = self.drop(self.fc2(x.reshape(B, self.hidden_dim, N).transpose(1, 2)))
-        return x.reshape(B, H, W, C).permute(0, 3, 1, 2)
+        return self.drop(self.fc2(x.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
 
 
 class PolaPPBlock(nn.Module):
@@ -200,9 +200,10 @@ class PolaPPBlock(nn.Module):
             self.gamma_2 = nn.Parameter(torch.full((1, dim, 1, 1), float(layer_scale_init)))
 
     def forward(self, x, tables):
-        """x (B, C, H, W); tables: {'L': (sin, cos) of the feature maps, 'S': (sin, cos) of a head}."""
+        """x (B, C, H, W); tables: {'L': sin and cos of the feature maps, 'S': of a head}, each (2, H*W, c)."""
         x = x + self.pos(x)
-        attn = self.attn(self.norm1(x), *tables[self.attn_type])
+        table = tables[self.attn_type]
+        attn = self.attn(self.norm1(x), table[0], table[1])
         x = x + self.drop_path(self.gamma_1 * attn if self.layer_scale else attn)
         ffn = self.ffn(self.norm2(x))
         return x + self.drop_path(self.gamma_2 * ffn if self.layer_scale else ffn)
@@ -447,15 +448,24 @@ DROP_PATH_RATE = {'b0': 0.1, 'b1': 0.1, 'b2': 0.1, 'b3': 0.15, 'b4': 0.4, 'b5': 
 
 @MODELS.register_module()
 class PolaPPClassifier(BaseModule):
-    """PolaFormer++ image classifier with the official forward.
+    """PolaFormer++ image classifier with the official forward, and timm's model API.
 
     State dict: ``backbone.*`` (official names below it), ``proj.*``, ``norm.*`` (BatchNorm2d),
     ``head.*`` (1x1 conv); :func:`mmpola.models.classifier.checkpoint_filter_fn` maps official files
     to it.
 
+    timm's conventions as for the ``pola_*`` entries: ``forward_features`` -> the final map
+    (B, h, w, projection) in NHWC (``output_fmt``), after the projection, BatchNorm and swish;
+    ``forward_head(x, pre_logits)``; ``global_pool`` ``'avg'`` (official) or ``''`` (unpooled);
+    ``num_features`` / ``head_hidden_size`` (= ``projection``); ``get_classifier`` /
+    ``reset_classifier``; ``grad_checkpointing`` / ``set_grad_checkpointing``;
+    ``forward_intermediates`` / ``prune_intermediate_layers`` (timm's ``features_only``); TorchScript
+    is refused with the reason.
+
     Args:
         arch: ``'b0'`` ... ``'b5'`` or a custom arch dict (see :class:`PolaPP`).
         num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
+        global_pool: ``'avg'`` (official) or ``''`` (no pooling: ``forward`` returns the NHWC map).
         projection: channels of the 1x1 projection before pooling (default: the released value of
             the preset, ``PROJECTION``; required for a custom arch).
         drop_rate, drop_path_rate: FFN dropout, stochastic depth (official: ``DROP_PATH_RATE``).
@@ -468,9 +478,14 @@ class PolaPPClassifier(BaseModule):
 
     family = 'polapp'
     classification_modules = ('proj', 'norm', 'head')
+    output_fmt = 'NHWC'
+    scriptable = False
+    not_scriptable_reason = ('the PaCS attention core is a custom autograd Function and the stages build '
+                             'their rotary tables from the run-time map size, which TorchScript does not support')
 
-    def __init__(self, arch='b2', num_classes=1000, projection=None, drop_rate=0., drop_path_rate=0.1,
-                 attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, **backbone_kwargs):
+    def __init__(self, arch='b2', num_classes=1000, global_pool='avg', projection=None, drop_rate=0.,
+                 drop_path_rate=0.1, attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None,
+                 **backbone_kwargs):
         super().__init__(init_cfg=init_cfg)
         for key in ('out_indices', 'out_norm', 'frozen_stages', 'init_cfg', 'pretrained'):
             if key in backbone_kwargs:
@@ -481,12 +496,17 @@ class PolaPPClassifier(BaseModule):
                 raise ValueError('a custom PolaPP arch needs projection= (channels of the classification '
                                  f'projection; released sizes use {sorted(set(PROJECTION.values()))})')
             projection = PROJECTION[arch.lower()]
+        if global_pool not in ('avg', ''):
+            raise PolaConfigError(f"global_pool={global_pool!r} is not supported; use 'avg' (average over the "
+                                  "final map) or '' (no pooling: forward returns the NHWC map)")
         self.num_classes = num_classes
+        self.global_pool = global_pool
         self.backbone = PolaPP(arch=arch, out_indices=(0, 1, 2, 3), out_norm=False, drop_rate=drop_rate,
                                drop_path_rate=drop_path_rate, attn_impl=attn_impl, fp32_attn=fp32_attn,
                                with_cp=with_cp, **backbone_kwargs)
         self.num_features = projection
-        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f'backbone.layers.{i}')
+        # timm's description of the stage maps; ``module``: the stage's blocks
+        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f'backbone.layers.{i}.blocks')
                              for i, c in enumerate(self.backbone.embed_dims)]
         self.proj = nn.Conv2d(self.backbone.embed_dims[-1], projection, 1)
         self.norm = nn.BatchNorm2d(projection)
@@ -549,27 +569,53 @@ class PolaPPClassifier(BaseModule):
         check_checkpoint_family(state_dict, self.backbone, source)
         return self.load_state_dict(state_dict, strict=strict)
 
+    @property
+    def head_hidden_size(self):
+        """Width of ``forward_head(x, pre_logits=True)``: the projection."""
+        return self.num_features
+
+    @property
+    def grad_checkpointing(self):
+        return self.backbone.with_cp
+
+    @grad_checkpointing.setter
+    def grad_checkpointing(self, enable):
+        self.backbone.with_cp = bool(enable)
+
+    def set_grad_checkpointing(self, enable=True):
+        """Gradient checkpointing of every block (same outputs, less memory in training)."""
+        self.grad_checkpointing = enable
+
     def get_classifier(self):
         return self.head
 
     def reset_classifier(self, num_classes, global_pool=None):
-        """New head for ``num_classes`` (0: none); pooling is always the official average."""
-        if global_pool not in (None, '', 'avg'):
-            raise ValueError(f"PolaPP pools by average only; global_pool={global_pool!r} is not supported")
+        """New head for ``num_classes`` (0: none, ``forward`` returns pooled features); with
+        ``global_pool=''`` ``forward`` returns the unpooled NHWC map."""
+        if global_pool is not None:
+            if global_pool not in ('avg', ''):
+                raise PolaConfigError(f"global_pool={global_pool!r} is not supported; use 'avg' or ''")
+            self.global_pool = global_pool
         self.num_classes = num_classes
-        self.head = self._make_head(num_classes)
+        reference = next(self.parameters())
+        self.head = self._make_head(num_classes).to(device=reference.device, dtype=reference.dtype)
 
     def _final_features(self, x):
-        return F.silu(self.norm(self.proj(x)))
+        """Last stage map (B, C, h, w) -> (B, h, w, projection): projection, BatchNorm, swish (NHWC view)."""
+        return F.silu(self.norm(self.proj(x))).permute(0, 2, 3, 1)
 
     def forward_features(self, x):
-        """(B, C, H, W) -> (B, projection, H/32, W/32): last stage, projection, BatchNorm, swish."""
+        """(B, C, H, W) -> the final map (B, H/32, W/32, projection), NHWC, unpooled."""
         return self._final_features(self.backbone.forward_stages(x)[-1])
 
     def forward_head(self, x, pre_logits=False):
-        """(B, projection, h, w) -> logits (B, num_classes), or pooled (B, projection) with ``pre_logits``."""
-        x = x.mean(dim=(2, 3), keepdim=True)
-        return x.flatten(1) if pre_logits else self.head(x).flatten(1)
+        """Final map (B, h, w, P) -> logits (B, num_classes), or the pooled (B, P) with ``pre_logits``
+        (with ``global_pool=''`` no pooling: (B, h, w, P) / (B, h, w, num_classes))."""
+        if self.global_pool == 'avg':
+            x = x.mean(dim=(1, 2), keepdim=True)  # the official average pool, (B, 1, 1, P)
+        if not pre_logits:
+            x = self.head(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # the official 1x1 conv head
+        return x.flatten(1) if self.global_pool == 'avg' else x
 
     def forward_intermediates(self, x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
                               intermediates_only=False):
@@ -577,9 +623,10 @@ class PolaPPClassifier(BaseModule):
 
         Args:
             x: (B, C, H, W) images.
-            indices: stages to return: None (all four), an int n (the last n) or 0-based indices.
+            indices: stages to return: None (all four), an int n (the last n) or 0-based indices
+                (negative ones count from the end).
             norm: accepted for API compatibility (the official classifier has no per-stage norm).
-            stop_early: do not run the stages after the last requested one (needs
+            stop_early: do not run the stages after the last requested one (only with
                 ``intermediates_only``).
             output_fmt: only ``'NCHW'``.
             intermediates_only: return only the list of maps.
@@ -591,14 +638,7 @@ class PolaPPClassifier(BaseModule):
         if output_fmt != 'NCHW':
             raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
         num_stages = self.backbone.num_stages
-        if indices is None:
-            take = list(range(num_stages))
-        elif isinstance(indices, int):
-            take = list(range(num_stages - indices, num_stages))
-        else:
-            take = [i + num_stages if i < 0 else i for i in indices]
-        if not take or any(not 0 <= i < num_stages for i in take):
-            raise ValueError(f'indices {indices!r} out of range for {num_stages} stages')
+        take = _stage_indices(indices, num_stages)
         last = max(take) if stop_early else num_stages - 1
         if last != num_stages - 1 and not intermediates_only:
             raise ValueError('stop_early needs intermediates_only=True (the final features come from the '
@@ -609,5 +649,35 @@ class PolaPPClassifier(BaseModule):
             return maps
         return self._final_features(stages[-1]), maps
 
+    def prune_intermediate_layers(self, indices=1, prune_norm=False, prune_head=True):
+        """Drop what a feature extractor does not use (timm's ``features_only`` wrapper calls it): the
+        head, and with ``prune_norm`` the projection and its BatchNorm. Returns the 0-based stage
+        indices; stages stay (``forward_intermediates`` runs only the needed ones with ``stop_early``)."""
+        take = _stage_indices(indices, self.backbone.num_stages)
+        if prune_head:
+            self.reset_classifier(0, '')
+        if prune_norm:
+            self.proj, self.norm = nn.Identity(), nn.Identity()
+        return take
+
+    def __prepare_scriptable__(self):
+        """``torch.jit.script`` calls this first: refuse with the reason instead of a compiler trace."""
+        raise TypeError(f'{type(self).__name__} cannot be compiled with torch.jit.script: '
+                        f'{self.not_scriptable_reason}. Use eager mode, torch.compile, torch.export or torch.fx')
+
     def forward(self, x):
         return self.forward_head(self.forward_features(x))
+
+
+def _stage_indices(indices, num_stages):
+    """timm's ``indices``: None (all stages), an int n (the last n) or 0-based (or negative) indices."""
+    if indices is None:
+        take = list(range(num_stages))
+    elif isinstance(indices, int):
+        take = list(range(num_stages - indices, num_stages))
+    else:
+        take = [i + num_stages if i < 0 else i for i in indices]
+    if not take or any(not 0 <= i < num_stages for i in take):
+        raise PolaConfigError(f'indices {indices!r} out of range for {num_stages} stages; pass None, a count '
+                              f'1..{num_stages} or indices in -{num_stages}..{num_stages - 1}')
+    return take

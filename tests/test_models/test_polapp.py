@@ -204,6 +204,15 @@ def test_classifier_timm_api(expected):
         assert model(x).shape == (2, 3)
         model.reset_classifier(0)
         assert model(x).shape == (2, 256)
+        model.reset_classifier(0, '')
+        assert model(x).shape == (2, 2, 2, 256)  # timm's unpooled NHWC map
+        assert features.shape == (2, 2, 2, 256)
+        model.set_grad_checkpointing()
+        assert model.grad_checkpointing and model.backbone.with_cp
+    with pytest.raises(TypeError, match='cannot be compiled with torch.jit.script'):
+        torch.jit.script(model)
+    assert model.prune_intermediate_layers(indices=2, prune_norm=True) == [2, 3]
+    assert isinstance(model.proj, torch.nn.Identity)
 
 
 def test_timm_entries_load_official_files(expected, data_file):
