@@ -2,6 +2,7 @@
 
     python tools/benchmark.py attention                 # core: reference vs fast, dense sizes
     python tools/benchmark.py attention --cases pvt-s1@800x1344 --impls reference fast
+    python tools/benchmark.py attention --cases polapp-b2-s1@800x1344   # PolaFormer++'s PaCS core
     python tools/benchmark.py backbone                  # Pola-PVT-T/S, Pola-Swin-T vs mmdet PVT-T, Swin-T
     python tools/benchmark.py backbone --models pola-pvt-t swin-t --sizes 224 800x1333
     python tools/benchmark.py scaling                   # Pola-PVT-T 800x1333 -> 1600x2666 time growth
@@ -57,6 +58,10 @@ ATTENTION_CASES = {
     'swin-s2@800x1344': (2, 6, (100, 168), 32),  # Pola-Swin-T stage 2, C = 192
     'pvt-s1@224': (2, 1, (56, 56), 64),
     'swin-s1@224': (2, 3, (56, 56), 32),
+    # PolaFormer++ (PaCS core, RoPE tables of the grid): PolaPP-B2 stages 1 and 2, C = 64 and 128
+    'polapp-b2-s1@800x1344': (2, 1, (200, 336), 64),
+    'polapp-b2-s2@800x1344': (2, 2, (100, 168), 64),
+    'polapp-b2-s1@224': (2, 1, (56, 56), 64),
 }
 IMPLS = ('reference', 'fast', 'fast+compile', 'auto')
 
@@ -227,31 +232,44 @@ def run_peak_subprocess(spec, threads):
 # --------------------------------------------------------------------------------------------------
 
 
+def is_pacs_case(case):
+    """PolaFormer++ cases run the PaCS core (mmpola.ops.pacs), the others the Pola core."""
+    return case.startswith('polapp')
+
+
 def attention_inputs(case, device, seed):
-    """Inputs of one attention case at the trained regime (power, scale logits around 0)."""
+    """Inputs of one attention case at the trained regime (power, scale / spikiness logits around 0).
+
+    Returns (leaves: tensors that get gradients, constants: the PaCS core's RoPE tables, grad_out)."""
     batch, heads, (height, width), dim = ATTENTION_CASES[case]
     tokens = height * width
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
-    power = torch.randn(1, heads, 1, dim, generator=g) * 0.5
-    scale = torch.randn(1, heads, 1, dim, generator=g) * 0.3
+    if is_pacs_case(case):
+        from mmpola.ops import rope_angles, rope_tables
+        params = [torch.randn(1, heads, 1, 2 * dim, generator=g) for _ in range(2)]  # s_same, s_opp
+        constants = [t.to(device) for t in rope_tables(rope_angles(2 * heads * dim, heads), (height, width))]
+    else:
+        params = [torch.randn(1, heads, 1, dim, generator=g) * 0.5, torch.randn(1, heads, 1, dim, generator=g) * 0.3]
+        constants = []
     grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
-    leaves = [t.to(device).requires_grad_() for t in (q, k, v, power, scale)]
-    return leaves, grad_out.to(device)
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v, *params)]
+    return leaves, constants, grad_out.to(device)
 
 
-def attention_passes(leaves, grad_out, impl_arg):
+def attention_passes(case, leaves, constants, grad_out, impl_arg):
     """(forward without grad, forward + backward) closures of the core."""
-    from mmpola.ops import pola_attention
+    from mmpola.ops import pacs_attention, pola_attention
+    core = pacs_attention if is_pacs_case(case) else pola_attention
 
     def forward():
         with torch.no_grad():
-            pola_attention(*leaves, impl=impl_arg)
+            core(*leaves, *constants, impl=impl_arg)
 
     def forward_backward():
         for t in leaves:
             t.grad = None
-        pola_attention(*leaves, impl=impl_arg).backward(grad_out)
+        core(*leaves, *constants, impl=impl_arg).backward(grad_out)
 
     def clear():
         for t in leaves:
@@ -261,9 +279,9 @@ def attention_passes(leaves, grad_out, impl_arg):
 
 
 def attention_peak_child(spec, device):
-    leaves, grad_out = attention_inputs(spec['case'], device, spec['seed'])
+    leaves, constants, grad_out = attention_inputs(spec['case'], device, spec['seed'])
     with core_impl(spec['impl']) as impl_arg:
-        forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg)
+        forward, forward_backward, clear = attention_passes(spec['case'], leaves, constants, grad_out, impl_arg)
         forward()  # warm-up (and compile) before measuring
         forward_backward()
         clear()
@@ -273,16 +291,17 @@ def attention_peak_child(spec, device):
 
 
 def bench_attention(args, device):
-    impls = args.impls
     rows = []
     for case in args.cases:
+        # the PaCS core has no torch.compile kernels: 'fast+compile' would time 'fast' again
+        impls = [i for i in args.impls if not (is_pacs_case(case) and i == 'fast+compile')]
         batch, heads, (height, width), dim = ATTENTION_CASES[case]
-        leaves, grad_out = attention_inputs(case, device, args.seed)
+        leaves, constants, grad_out = attention_inputs(case, device, args.seed)
         times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
         first_call = {}
         for impl in impls:  # warm-up: compiles where the impl compiles
             with core_impl(impl) as impl_arg:
-                forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg)
+                forward, forward_backward, clear = attention_passes(case, leaves, constants, grad_out, impl_arg)
                 first_call[impl] = time_once(forward_backward, device)
                 forward()
                 clear()
@@ -291,11 +310,12 @@ def bench_attention(args, device):
         for _ in range(repeat):
             for impl in impls:
                 with core_impl(impl) as impl_arg:
-                    forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg)
+                    forward, forward_backward, clear = attention_passes(case, leaves, constants, grad_out,
+                                                                        impl_arg)
                     times[impl]['fwd'].append(time_once(forward, device))
                     times[impl]['fwd+bwd'].append(time_once(forward_backward, device))
                     clear()
-        del leaves, grad_out
+        del leaves, constants, grad_out
         gc.collect()
         for impl in impls:
             memory = {}
@@ -309,7 +329,7 @@ def bench_attention(args, device):
                              fwd=min(times[impl]['fwd']), train=min(times[impl]['fwd+bwd']),
                              fwd_median=median(times[impl]['fwd']), train_median=median(times[impl]['fwd+bwd']),
                              repeat=repeat, first=first_call[impl], memory=memory))
-    print_attention_table(rows, impls)
+    print_attention_table(rows, args.impls)
 
 
 def print_attention_table(rows, impls):
@@ -338,7 +358,8 @@ def print_attention_table(rows, impls):
               f"{1e3 * r['fwd']:.1f} / {1e3 * r['fwd_median']:.1f} | {ratio(r, 'fwd')} | "
               f"{1e3 * r['train']:.1f} / {1e3 * r['train_median']:.1f} | {ratio(r, 'train')} | {mem(r, 'fwd')} | "
               f"{mem(r, 'fwd+bwd')} | {ratio(r, 'memory', 'fwd+bwd')} | {r['repeat']} | {r['first']:.1f} |")
-    print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to q, k, v, power, scale. '
+    print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to q, k, v and the power / scale (Pola) or '
+          's_same / s_opp (PaCS) logits. '
           'Times: min and median over the runs (impls interleaved); speed-up = reference min / min. '
           'Memory ratio = peak / reference peak. 1st call: first fwd+bwd in the process (includes '
           'torch.compile for compiled rows).')
@@ -553,7 +574,7 @@ def parse_args(argv=None):
                        help="'tuned': what mmpola's tools do (mmpola.engine.allocator.tune_malloc); "
                        "'default': glibc's defaults")
 
-    attention = sub.add_parser('attention', help='Pola attention core: reference vs fast')
+    attention = sub.add_parser('attention', help='Pola / PaCS attention core: reference vs fast')
     common(attention)
     attention.add_argument('--cases', nargs='+', default=list(ATTENTION_CASES), choices=list(ATTENTION_CASES))
     attention.add_argument('--impls', nargs='+', default=['reference', 'fast', 'fast+compile'], choices=IMPLS)
