@@ -165,3 +165,25 @@ register_attention_kind(AttentionKind(
     'softmax', 'S', 'softmax', _build_softmax, windowed=True))
 register_attention_kind(AttentionKind(
     'pola', 'L', 'Pola', _build_pola, options=dict(alpha=4.0, kernel_size=5, v_upsample='linear1d')))
+
+
+def _build_flatten(layout, dim, num_heads, *, pe_grid, window_size, sr_ratio, qkv_bias, qk_scale, attn_drop,
+                   proj_drop, attn_impl, fp32_attn, focusing_factor, kernel_size, v_upsample):
+    from .layers import FocusedLinearAttention
+    return FocusedLinearAttention(dim, num_heads, pe_grid, qkv_layout='q_kv' if layout == 'pvt' else 'qkv',
+                                  qkv_bias=qkv_bias, sr_ratio=sr_ratio, focusing_factor=focusing_factor,
+                                  kernel_size=kernel_size, proj_drop=proj_drop, v_upsample=v_upsample,
+                                  attn_impl=attn_impl, fp32_attn=fp32_attn)
+
+
+def _build_inline(layout, dim, num_heads, *, pe_grid, window_size, sr_ratio, qkv_bias, qk_scale, attn_drop,
+                  proj_drop, attn_impl, fp32_attn):
+    from .layers import InLineAttention
+    return InLineAttention(dim, num_heads, qkv_layout='q_kv' if layout == 'pvt' else 'qkv', qkv_bias=qkv_bias,
+                           sr_ratio=sr_ratio, proj_drop=proj_drop, attn_impl=attn_impl, fp32_attn=fp32_attn)
+
+
+register_attention_kind(AttentionKind(
+    'flatten', 'L', 'FLatten', _build_flatten,
+    options=dict(focusing_factor=3, kernel_size=5, v_upsample='linear1d')))
+register_attention_kind(AttentionKind('inline', 'I', 'InLine', _build_inline))

@@ -1,12 +1,14 @@
-"""ImageNet classifiers: a Pola backbone plus the official classification head (spec §1.9).
+"""ImageNet classifiers: a backbone of the linear-attention lineage (Pola, FLatten, InLine) plus the
+official classification head.
 
 ``PolaClassifier`` reproduces the official forward exactly and loads official checkpoints
 strictly (head and final norm included):
 
-* Pola-PVT: mean of the stage-4 tokens **without** the final norm, then ``head``. The official
-  model still owns an (untrained, unused) ``norm``; it is kept so checkpoints round-trip, and
-  frozen (``requires_grad=False``) so DDP does not report it as an unused parameter.
-* Pola-Swin: final ``norm`` (LN eps 1e-5), average pool over tokens, ``head``. Softmax blocks use
+* PVT family: mean of the stage-4 tokens **without** the final norm, then ``head``. The official
+  Pola and FLatten models still own an (untrained, unused) ``norm``; it is kept so checkpoints
+  round-trip, and frozen (``requires_grad=False``) so DDP does not report it as an unused
+  parameter. InLine-PVT has none.
+* Swin family: final ``norm`` (LN eps 1e-5), average pool over tokens, ``head``. Softmax blocks use
   the classification shift rule (no shift when the map fits in one window, ``clamp_shift``).
 
 The state dict is ``backbone.*`` (official names below it), ``norm.*``, ``head.*``;
@@ -21,22 +23,29 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from timm.layers import trunc_normal_
 
-from .pvt import PolaPVT
-from .swin import PolaSwin
+from .pvt import FLattenPVT, InLinePVT, PolaPVT
+from .swin import FLattenSwin, InLineSwin, PolaSwin
 from .utils import is_pretrained_cfg
 
-__all__ = ['PolaClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs']
+__all__ = ['PolaClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs', 'BACKBONES']
 
-_FAMILIES = {'pvt': PolaPVT, 'swin': PolaSwin}
+# (family, attention kind) -> backbone class
+BACKBONES = {('pvt', 'pola'): PolaPVT, ('swin', 'pola'): PolaSwin,
+             ('pvt', 'flatten'): FLattenPVT, ('swin', 'flatten'): FLattenSwin,
+             ('pvt', 'inline'): InLinePVT, ('swin', 'inline'): InLineSwin}
+_FAMILIES = ('pvt', 'swin')
+# official classification models without the (unused) final norm of PVT
+_NO_FINAL_NORM = {('pvt', 'inline')}
 _RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
 
 
 @MODELS.register_module()
 class PolaClassifier(BaseModule):
-    """Pola-PVT / Pola-Swin image classifier with the official forward.
+    """PVT / Swin image classifier of the lineage (Pola, FLatten, InLine) with the official forward.
 
     Args:
         family: ``'pvt'`` or ``'swin'``.
+        kind: the linear attention, ``'pola'``, ``'flatten'`` or ``'inline'`` (see :data:`BACKBONES`).
         arch: preset name of the backbone (``'tiny'`` ...) or a custom arch dict (see
             :class:`PolaPVT` / :class:`PolaSwin`).
         num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
@@ -49,32 +58,39 @@ class PolaClassifier(BaseModule):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH, strict=True)`` loads with
             :meth:`load_checkpoint` (official, mmengine or this class' own files).
         **backbone_kwargs: any other backbone argument (``pretrain_img_size``, ``window_size``,
-            ``attn_type``, ``la_sr_ratios``, ``alpha``, ``kernel_size`` ...).
+            ``attn_type``, ``la_sr_ratios``, the kind's options ``alpha``, ``focusing_factor``,
+            ``kernel_size`` ...).
 
     Shapes: images (B, C, H, W) -> logits (B, num_classes).
     """
 
     def __init__(self, family='pvt', arch='tiny', num_classes=1000, drop_rate=0., drop_path_rate=0.1,
-                 attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, **backbone_kwargs):
+                 attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, kind='pola', **backbone_kwargs):
         super().__init__(init_cfg=init_cfg)
         if family not in _FAMILIES:
             raise ValueError(f'unknown family {family!r}; valid: {", ".join(_FAMILIES)}')
+        if (family, kind) not in BACKBONES:
+            raise ValueError(f'unknown attention kind {kind!r}; valid: '
+                             f'{", ".join(sorted({k for _, k in BACKBONES}))}')
         for key in ('out_indices', 'out_norm', 'norm_after_stage', 'clamp_shift', 'init_cfg',
                     'pretrained'):
             if key in backbone_kwargs:
                 raise ValueError(f'{key} is fixed by PolaClassifier (the official classification '
                                  'forward); build the backbone directly to change it')
         self.family = family
+        self.kind = kind
         self.num_classes = num_classes
         extra = dict(out_norm=False, clamp_shift=True) if family == 'swin' else {}
-        self.backbone = _FAMILIES[family](
+        self.backbone = BACKBONES[(family, kind)](
             arch=arch, out_indices=(0, 1, 2, 3), drop_rate=drop_rate, drop_path_rate=drop_path_rate,
             attn_impl=attn_impl, fp32_attn=fp32_attn, with_cp=with_cp, **extra, **backbone_kwargs)
         self.num_features = self.backbone.embed_dims[-1]
         # timm's description of the intermediate maps (for features_only wrappers)
         self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f'backbone.stage{i}')
                              for i, c in enumerate(self.backbone.embed_dims)]
-        if family == 'pvt':
+        if (family, kind) in _NO_FINAL_NORM:
+            self.norm = nn.Identity()
+        elif family == 'pvt':
             self.norm = nn.LayerNorm(self.num_features, eps=1e-6)
             self.norm.requires_grad_(False)  # never used by the official forward
         else:
@@ -91,7 +107,7 @@ class PolaClassifier(BaseModule):
         return cls(**official_kwargs_to_classifier_kwargs(kwargs), **overrides)
 
     def set_attn_impl(self, impl):
-        """Switch every Pola attention between ``'auto'`` and ``'reference'``."""
+        """Switch every attention core between ``'auto'``, ``'fast'`` and ``'reference'``."""
         self.backbone.set_attn_impl(impl)
 
     def init_weights(self):
@@ -177,8 +193,10 @@ class PolaClassifier(BaseModule):
 
 
 def official_kwargs_to_classifier_kwargs(kwargs):
-    """Keyword arguments of the official ``PyramidVisionTransformer`` / ``PolaSwinTransformer``
-    -> ``PolaClassifier`` keyword arguments (a custom arch dict).
+    """Keyword arguments of the official ``PyramidVisionTransformer`` / ``PolaSwinTransformer`` /
+    ``FLattenSwinTransformer`` / ``InLineSwin`` -> ``PolaClassifier`` keyword arguments (a custom
+    arch dict). The kind is told by the arguments: ``focusing_factor`` (FLatten), an ``'I'`` in
+    ``attn_type`` (InLine), else Pola.
 
     Raises for settings the official release never used and this port does not support
     (``ape=True``, ``patch_norm=False``, patch size other than 4).
@@ -190,7 +208,11 @@ def official_kwargs_to_classifier_kwargs(kwargs):
                drop_rate=kwargs.pop('drop_rate', 0.),
                drop_path_rate=kwargs.pop('drop_path_rate', 0.),
                pretrain_img_size=kwargs.pop('img_size', 224))
-    for key in ('qkv_bias', 'qk_scale', 'attn_type', 'alpha', 'kernel_size'):
+    if 'focusing_factor' in kwargs:
+        out['kind'] = 'flatten'
+    elif 'I' in kwargs.get('attn_type', ''):
+        out['kind'] = 'inline'
+    for key in ('qkv_bias', 'qk_scale', 'attn_type', 'alpha', 'kernel_size', 'focusing_factor'):
         if key in kwargs:
             out[key] = kwargs.pop(key)
     if 'attn_drop_rate' in kwargs:

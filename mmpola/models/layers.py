@@ -1,8 +1,9 @@
-"""Building blocks shared by Pola-PVT and Pola-Swin (spec: /work/shared/design/pola_spec.md).
+"""Building blocks shared by the PVT and Swin families (Pola, FLatten, InLine and softmax attention).
 
-Every module keeps the attribute names of the official PolaFormer code (``qkvg``, ``qg``, ``kv``,
-``power``, ``scale``, ``positional_encoding``, ``dwc``, ``proj``, ``relative_position_bias_table``,
-``reduction`` ...), so official checkpoints load by filtering keys, never by renaming them.
+Every module keeps the attribute names of the official PolaFormer / FLatten / InLine code (``qkvg``,
+``qg``, ``q``, ``kv``, ``qkv``, ``power``, ``scale``, ``positional_encoding``, ``dwc``, ``residual``,
+``proj``, ``relative_position_bias_table``, ``reduction`` ...), so official checkpoints load by
+filtering keys, never by renaming them.
 
 Token layout everywhere: ``x`` is (B, N, C), the row-major flatten of an H x W grid, and the grid
 size travels beside it as ``hw = (H, W)``.
@@ -12,11 +13,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, trunc_normal_
 
-from mmpola.ops import pola_attention
+from mmpola.ops import flatten_attention, inline_attention, pola_attention
 
 __all__ = [
-    'DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PolaAttention', 'PVTAttention',
-    'WindowAttention', 'resize_grid_embedding', 'to_2tuple_int', 'init_official_weights',
+    'DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PolaAttention', 'FocusedLinearAttention',
+    'InLineAttention', 'PVTAttention', 'WindowAttention', 'resize_grid_embedding', 'to_2tuple_int',
+    'init_official_weights',
 ]
 
 
@@ -152,6 +154,53 @@ class PatchEmbed(nn.Module):
         return x, hw
 
 
+def upsample_values(v, kv_hw, hw, mode):
+    """(B, h, n, d) values of a spatially reduced key grid -> (B, h, N, d) on the query grid.
+
+    ``mode='linear1d'``: along the flattened token axis (the official PVT models' choice, needed for
+    their outputs); ``'bilinear2d'``: on the 2-D grid (geometrically sound; a documented deviation).
+    """
+    B, heads, n, head_dim = v.shape
+    N = hw[0] * hw[1]
+    if mode == 'linear1d':
+        v = F.interpolate(v.transpose(-2, -1).reshape(B * heads, head_dim, n), size=N, mode='linear')
+        return v.reshape(B, heads, head_dim, N).transpose(-2, -1)
+    v = v.transpose(-2, -1).reshape(B * heads, head_dim, *kv_hw)
+    v = F.interpolate(v, size=hw, mode='bilinear', align_corners=False)
+    return v.reshape(B, heads, head_dim, N).transpose(-2, -1)
+
+
+def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d'):
+    """The ``dwc`` term of Pola / FLatten attention: a depthwise conv over each head's values.
+
+    Args:
+        dwc: Conv2d(d, d, groups=d), shared by the heads.
+        v: (B, h, n, d) values on the key grid ``kv_hw``.
+        hw: (H, W) query grid; values are upsampled to it first when n != H * W.
+    Returns:
+        (B, N, C) with C = h * d in head-major channel order.
+    """
+    B, heads, n, head_dim = v.shape
+    H, W = hw
+    if n != H * W:
+        v = upsample_values(v, kv_hw, hw, v_upsample)
+    v = v.reshape(B * heads, H, W, head_dim).permute(0, 3, 1, 2)
+    return dwc(v).reshape(B, heads * head_dim, H * W).permute(0, 2, 1)
+
+
+def spatial_reduction(x, hw, sr, norm):
+    """Keys/values source of PVT attention: (B, N, C) -> ``sr`` conv (k = s = r) -> LayerNorm.
+
+    Returns (tokens (B, n, C), (Hk, Wk)); the input itself when ``sr`` is None.
+    """
+    if sr is None:
+        return x, tuple(hw)
+    B, N, C = x.shape
+    x = sr(x.permute(0, 2, 1).reshape(B, C, *hw))
+    kv_hw = tuple(x.shape[-2:])
+    return norm(x.reshape(B, C, -1).permute(0, 2, 1)), kv_hw
+
+
 class PolaAttention(nn.Module):
     """Polarity-aware linear attention over one whole H x W token grid (spec §1.2, §1.3).
 
@@ -249,12 +298,7 @@ class PolaAttention(nn.Module):
             kv_hw = (H, W)
         else:
             q, g = self.qg(x).reshape(B, N, 2, C).unbind(2)
-            if self.sr_ratio > 1:
-                x_ = self.sr(x.permute(0, 2, 1).reshape(B, C, H, W))
-                kv_hw = tuple(x_.shape[-2:])
-                x_ = self.norm(x_.reshape(B, C, -1).permute(0, 2, 1))
-            else:
-                x_, kv_hw = x, (H, W)
+            x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
             k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
         n = k.shape[1]
         k = k + self.resized_positional_encoding(kv_hw)
@@ -271,28 +315,163 @@ class PolaAttention(nn.Module):
                              impl=self.attn_impl)
         out = out.transpose(1, 2).reshape(B, N, C)
 
-        if n != N:
-            v = self._upsample_v(v, kv_hw, (H, W))
-        v = v.reshape(B * heads, H, W, head_dim).permute(0, 3, 1, 2)
-        out = out + self.dwc(v).reshape(B, C, N).permute(0, 2, 1)
+        out = out + depthwise_value_term(self.dwc, v, kv_hw, (H, W), self.v_upsample)
         out = out * g
         return self.proj_drop(self.proj(out))
-
-    def _upsample_v(self, v, kv_hw, hw):
-        """(B, h, n, d) values of the reduced grid -> (B, h, N, d) for the depthwise conv."""
-        B, heads, n, head_dim = v.shape
-        N = hw[0] * hw[1]
-        if self.v_upsample == 'linear1d':
-            v = F.interpolate(v.transpose(-2, -1).reshape(B * heads, head_dim, n), size=N,
-                              mode='linear')
-            return v.reshape(B, heads, head_dim, N).transpose(-2, -1)
-        v = v.transpose(-2, -1).reshape(B * heads, head_dim, *kv_hw)
-        v = F.interpolate(v, size=hw, mode='bilinear', align_corners=False)
-        return v.reshape(B, heads, head_dim, N).transpose(-2, -1)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, '
                 f'sr_ratio={self.sr_ratio}, alpha={self.alpha}, attn_impl={self.attn_impl!r}')
+
+
+class FocusedLinearAttention(nn.Module):
+    """Focused linear attention (FLatten Transformer, ICCV 2023) over one whole H x W token grid.
+
+    * ``qkv_layout='qkv'`` (FLatten-Swin): ``qkv`` Linear(C, 3C) gives q, k, v.
+    * ``qkv_layout='q_kv'`` (FLatten-PVT): ``q`` Linear(C, C); ``kv`` Linear(C, 2C) gives k, v from
+      the map, spatially reduced first by ``sr`` / ``norm`` when ``sr_ratio > 1``.
+
+    k gets the learned ``positional_encoding`` (stored on ``pe_grid``, bilinearly resized to the
+    real key grid when they differ); the core (:func:`mmpola.ops.flatten_attention`) applies the
+    focusing feature map with the per-channel temperature ``softplus(scale)``; a depthwise conv
+    ``dwc`` (d channels, shared by the heads) on v is added, then ``proj``.
+
+    Args:
+        dim, num_heads, pe_grid, qkv_bias, sr_ratio, kernel_size, proj_drop, v_upsample, attn_impl,
+            fp32_attn: as in :class:`PolaAttention`.
+        qkv_layout: ``'qkv'`` or ``'q_kv'``.
+        focusing_factor: the power f of the focusing function (3 in every released model).
+
+    Shapes: ``forward(x, hw)`` with x (B, N, C), hw = (H, W), N = H * W -> (B, N, C).
+    """
+
+    def __init__(self, dim, num_heads, pe_grid, qkv_layout='qkv', qkv_bias=True, sr_ratio=1, focusing_factor=3,
+                 kernel_size=5, proj_drop=0., v_upsample='linear1d', attn_impl='auto', fp32_attn=True):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        if qkv_layout not in ('qkv', 'q_kv'):
+            raise ValueError(f"qkv_layout must be 'qkv' (Swin) or 'q_kv' (PVT), got {qkv_layout!r}")
+        if sr_ratio > 1 and qkv_layout != 'q_kv':
+            raise ValueError('spatial reduction (sr_ratio > 1) exists only in the PVT layout')
+        if v_upsample not in ('linear1d', 'bilinear2d'):
+            raise ValueError(f"v_upsample must be 'linear1d' or 'bilinear2d', got {v_upsample!r}")
+        head_dim = dim // num_heads
+        self.dim = dim
+        self.num_heads = num_heads
+        self.pe_grid = tuple(pe_grid)
+        self.qkv_layout = qkv_layout
+        self.sr_ratio = sr_ratio
+        self.focusing_factor = focusing_factor
+        self.v_upsample = v_upsample
+        self.attn_impl = attn_impl
+        self.fp32_attn = fp32_attn
+        if qkv_layout == 'qkv':
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        else:
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(dim)
+        self.dwc = nn.Conv2d(head_dim, head_dim, kernel_size=kernel_size, groups=head_dim,
+                             padding=kernel_size // 2)
+        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
+        self.positional_encoding = nn.Parameter(torch.zeros(1, self.pe_grid[0] * self.pe_grid[1], dim))
+        self._pe_cache = _ResizedEmbeddingCache()
+
+    def resized_positional_encoding(self, kv_hw):
+        """(1, Hk*Wk, C) positional encoding for a Hk x Wk key grid (cached in eval mode)."""
+        return self._pe_cache.get(self.positional_encoding, self.pe_grid, kv_hw, 'bilinear',
+                                  enabled=not self.training)
+
+    def forward(self, x, hw):
+        B, N, C = x.shape
+        if self.qkv_layout == 'qkv':
+            q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
+            kv_hw = tuple(hw)
+        else:
+            q = self.q(x)
+            x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
+            k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
+        n = k.shape[1]
+        k = k + self.resized_positional_encoding(kv_hw)
+        out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
+                                impl=self.attn_impl)
+        v = v.reshape(B, n, self.num_heads, C // self.num_heads).transpose(1, 2)
+        out = out + depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample)
+        return self.proj_drop(self.proj(out))
+
+    def extra_repr(self):
+        return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '
+                f'focusing_factor={self.focusing_factor}, attn_impl={self.attn_impl!r}')
+
+
+class InLineAttention(nn.Module):
+    """Injective linear attention (InLine, NeurIPS 2024) over one whole H x W token grid.
+
+    * ``qkv_layout='qkv'`` (InLine-Swin): ``qkv`` Linear(C, 3C).
+    * ``qkv_layout='q_kv'`` (InLine-PVT): ``q`` Linear(C, C) and ``kv`` Linear(C, 2C).
+
+    The core (:func:`mmpola.ops.inline_attention`, identity kernel) is followed by a local residual:
+    a 3x3 depthwise conv over v whose kernels are predicted per image and channel from the mean
+    token by ``residual`` (grouped 1x1 Conv1d(C, C) -> GELU -> Conv1d(C, 9C)); then ``proj``. There
+    is no positional encoding and no spatial reduction (the official model has none in any release).
+
+    Args:
+        dim, num_heads, qkv_bias, proj_drop, attn_impl, fp32_attn: as in :class:`PolaAttention`.
+        qkv_layout: ``'qkv'`` or ``'q_kv'``.
+        sr_ratio: must be 1.
+
+    Shapes: ``forward(x, hw)`` with x (B, N, C), hw = (H, W), N = H * W -> (B, N, C).
+    """
+
+    def __init__(self, dim, num_heads, qkv_layout='qkv', qkv_bias=True, sr_ratio=1, proj_drop=0., attn_impl='auto',
+                 fp32_attn=True):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        if qkv_layout not in ('qkv', 'q_kv'):
+            raise ValueError(f"qkv_layout must be 'qkv' (Swin) or 'q_kv' (PVT), got {qkv_layout!r}")
+        if sr_ratio != 1:
+            raise ValueError(f'InLine attention has no spatial reduction (got sr_ratio={sr_ratio}); use '
+                             "la_sr_ratios='1111' as every released InLine model")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.qkv_layout = qkv_layout
+        self.attn_impl = attn_impl
+        self.fp32_attn = fp32_attn
+        if qkv_layout == 'qkv':
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        else:
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.residual = nn.Sequential(
+            nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads),
+            nn.GELU(),
+            nn.Conv1d(dim, dim * 9, kernel_size=1, groups=num_heads))
+
+    def forward(self, x, hw):
+        B, N, C = x.shape
+        H, W = hw
+        if self.qkv_layout == 'qkv':
+            q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
+        else:
+            q = self.q(x)
+            k, v = self.kv(x).reshape(B, N, 2, C).unbind(2)
+        kernels = self.residual(x.mean(dim=1).unsqueeze(-1)).reshape(B * C, 1, 3, 3)
+        out = inline_attention(q, k, v, self.num_heads, fp32=self.fp32_attn, impl=self.attn_impl)
+        v = v.reshape(B, H, W, C).permute(0, 3, 1, 2).reshape(1, B * C, H, W)
+        local = F.conv2d(v, kernels.to(v.dtype), None, padding=1, groups=B * C)
+        out = out + local.reshape(B, C, N).permute(0, 2, 1)
+        return self.proj_drop(self.proj(out))
+
+    def extra_repr(self):
+        return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'
 
 
 class PVTAttention(nn.Module):
@@ -324,11 +503,7 @@ class PVTAttention(nn.Module):
         H, W = hw
         heads = self.num_heads
         q = self.q(x).reshape(B, N, heads, C // heads).permute(0, 2, 1, 3)
-        if self.sr_ratio > 1:
-            x_ = self.sr(x.permute(0, 2, 1).reshape(B, C, H, W)).reshape(B, C, -1).permute(0, 2, 1)
-            x_ = self.norm(x_)
-        else:
-            x_ = x
+        x_, _ = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
         kv = self.kv(x_).reshape(B, -1, 2, heads, C // heads).permute(2, 0, 3, 1, 4)
         k, v = kv[0], kv[1]
         attn = (q @ k.transpose(-2, -1)) * self.scale

@@ -16,7 +16,7 @@ from .base import DenseBackbone, drop_path_rates, tokens_to_nchw
 from .layers import DropPath, Mlp, PatchEmbed, _ResizedEmbeddingCache, to_2tuple_int
 from .utils import PolaConfigError, check_stage_string
 
-__all__ = ['PVTBackbone', 'PVTBlock', 'PolaPVT']
+__all__ = ['PVTBackbone', 'PVTBlock', 'PolaPVT', 'FLattenPVT', 'InLinePVT']
 
 
 class PVTBlock(nn.Module):
@@ -203,3 +203,33 @@ class PolaPVT(PVTBackbone):
     attn_kind = 'pola'
     default_attn_type = 'LLLL'
     official_name = 'Pola-PVT'
+
+
+@MODELS.register_module()
+class FLattenPVT(PVTBackbone):
+    """FLatten-PVT backbone (FLatten Transformer, ICCV 2023) for mmdet / mmseg: :class:`PVTBackbone`
+    with focused linear attention (:class:`~mmpola.models.layers.FocusedLinearAttention`).
+
+    FLatten options: ``focusing_factor=3``, ``kernel_size=5``, ``v_upsample='linear1d'`` (see
+    :class:`PolaPVT`). ``attn_type``: ``'L'`` focused linear, ``'S'`` softmax per stage (released
+    ``'LLLL'``).
+    """
+    attn_kind = 'flatten'
+    default_attn_type = 'LLLL'
+    official_name = 'FLatten-PVT'
+
+
+@MODELS.register_module()
+class InLinePVT(PVTBackbone):
+    """InLine-PVT backbone (InLine attention, NeurIPS 2024) for mmdet / mmseg: :class:`PVTBackbone`
+    with injective linear attention (:class:`~mmpola.models.layers.InLineAttention`; no positional
+    encoding inside the attention, no spatial reduction: ``la_sr_ratios`` must stay ``'1111'``).
+
+    The released models use twice the heads of PVT (``arch_settings``). ``attn_type``: ``'I'``
+    InLine, ``'S'`` softmax per stage (released ``'IIII'``). No attention options.
+    """
+    arch_settings = {
+        name: dict(settings, num_heads=[2, 4, 10, 16]) for name, settings in PVTBackbone.arch_settings.items()}
+    attn_kind = 'inline'
+    default_attn_type = 'IIII'
+    official_name = 'InLine-PVT'

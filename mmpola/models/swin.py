@@ -21,7 +21,7 @@ from .base import DenseBackbone, drop_path_rates
 from .layers import DropPath, Mlp, PatchEmbed, PatchMerging, to_2tuple_int
 from .utils import PolaConfigError
 
-__all__ = ['SwinBackbone', 'SwinBlock', 'SwinStage', 'PolaSwin', 'parse_swin_attn_type']
+__all__ = ['SwinBackbone', 'SwinBlock', 'SwinStage', 'PolaSwin', 'FLattenSwin', 'InLineSwin', 'parse_swin_attn_type']
 
 
 def parse_swin_attn_type(attn_type, depths, linear='L'):
@@ -323,3 +323,33 @@ class PolaSwin(SwinBackbone):
     attn_kind = 'pola'
     default_attn_type = 'LLSS'
     official_name = 'Pola-Swin'
+
+
+@MODELS.register_module()
+class FLattenSwin(SwinBackbone):
+    """FLatten-Swin backbone (FLatten Transformer, ICCV 2023) for mmdet / mmseg: :class:`SwinBackbone`
+    with focused linear attention (:class:`~mmpola.models.layers.FocusedLinearAttention`).
+
+    FLatten options: ``focusing_factor=3``, ``kernel_size=5``. ``attn_type``: 'L' / 'S' / 'M' per
+    stage (released ``'LLSS'``, window 56).
+    """
+    attn_kind = 'flatten'
+    default_attn_type = 'LLSS'
+    official_name = 'FLatten-Swin'
+
+
+@MODELS.register_module()
+class InLineSwin(SwinBackbone):
+    """InLine-Swin backbone (InLine attention, NeurIPS 2024) for mmdet / mmseg: :class:`SwinBackbone`
+    with injective linear attention (:class:`~mmpola.models.layers.InLineAttention`).
+
+    ``attn_type``: 'I' / 'S' / 'M' per stage (released ``'IIIS'``, window 56). No attention options.
+    """
+    attn_kind = 'inline'
+    default_attn_type = 'IIIS'
+    official_name = 'InLine-Swin'
+
+    @staticmethod
+    def default_softmax_window_size(window_size):
+        """The official InLine rule: max(7, window_size // 8) (7 at 56, 12 at 96)."""
+        return max(7, window_size // 8)

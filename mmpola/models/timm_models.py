@@ -1,4 +1,6 @@
-"""timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base', 'polapp_b0' ... 'polapp_b5')``.
+"""timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base')``, the lineage
+``flatten_pvt_{tiny,small,medium,large}``, ``flatten_swin_{tiny,small,base}``, ``inline_pvt_{...}``,
+``inline_swin_{...}``, and PolaFormer++'s ``polapp_b0`` ... ``polapp_b5``.
 
 Importing mmpola registers them. The entries build :class:`PolaClassifier` (official forward,
 state dict ``backbone.*`` / ``norm.*`` / ``head.*``) or, for PolaFormer++, :class:`PolaPPClassifier`
@@ -11,7 +13,7 @@ state dict ``backbone.*`` / ``norm.*`` / ``head.*``) or, for PolaFormer++, :clas
                               pretrained_cfg_overlay=dict(file='pola_pvt_t.pth'), num_classes=10)
     features = timm.create_model('pola_swin_tiny', features_only=True)               # 4 NCHW maps
 
-Checkpoints: official PolaFormer files (``{'model': ..., 'config': <yacs CfgNode>}``), mmengine
+Checkpoints: official PolaFormer / FLatten / InLine files (``{'model': ..., 'config': <yacs CfgNode>}``), mmengine
 checkpoints of our classification runs (``{'state_dict': ...}``) and bare state dicts all load,
 through ``checkpoint_path=`` as well as ``pretrained_cfg_overlay=dict(file=...)``. timm reads
 them with ``torch.load(weights_only=True)`` (no unsafe fallback); importing mmpola adds the
@@ -20,10 +22,10 @@ nothing in the file is executed, and a refused file raises
 :class:`mmpola.safe_load.UnsafeCheckpointError` naming it (timm's own message names no file).
 Official keys are mapped by :func:`checkpoint_filter_fn`.
 
-There are no download URLs: the official weights are published on the Hugging Face hub
-(``ZachMeng/PolaFormer``) under file names this package does not pin; download them and pass
-the file (PolaFormer++: ``ZachMeng/PolaFormerPP``; their EMA weights, ``state_dict_ema``, are
-used when present).
+There are no download URLs: the official weights are published by their authors (PolaFormer on
+the Hugging Face hub ``ZachMeng/PolaFormer``, PolaFormer++ on ``ZachMeng/PolaFormerPP``, whose EMA
+weights ``state_dict_ema`` are used when present; FLatten and InLine through the links of their
+repositories) under file names this package does not pin; download them and pass the file.
 """
 from collections import OrderedDict
 
@@ -32,6 +34,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from mmpola.safe_load import name_refused_file
+from .attention_kinds import get_attention_kind
 from .classifier import PolaClassifier, checkpoint_filter_fn
 from .polapp import DROP_PATH_RATE, PolaPPClassifier
 
@@ -49,32 +52,43 @@ TIMM_MODEL_ARGS = {
     **{f'polapp_{arch}': dict(family='polapp', arch=arch, drop_path_rate=rate)
        for arch, rate in DROP_PATH_RATE.items()},
 }
+# FLatten and InLine (the official yaml files: same drop-path rates; window 56 for Swin)
+for _kind in ('flatten', 'inline'):
+    for _name, _args in list(TIMM_MODEL_ARGS.items()):
+        if _name.startswith('pola_'):
+            TIMM_MODEL_ARGS[_name.replace('pola_', f'{_kind}_', 1)] = dict(_args, kind=_kind)
+del _kind, _name, _args
 
 _FIRST_CONV = {'pvt': 'backbone.patch_embed1.proj', 'swin': 'backbone.patch_embed.proj',
                'polapp': 'backbone.patch_embed.proj.0'}
 _PAPERS = {
     'pola': ('PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
              'https://github.com/ZacharyMeng/PolaFormer'),
+    'flatten': ('FLatten Transformer: Vision Transformer using Focused Linear Attention',
+                'https://github.com/LeapLabTHU/FLatten-Transformer'),
+    'inline': ('Bridging the Divide: Reconsidering Softmax and Linear Attention',
+               'https://github.com/LeapLabTHU/InLine'),
     'polapp': ('PolaFormer++: Polarity-aware Linear Attention with Channel-wise Spikiness',
                'https://github.com/ZacharyMeng/PolaFormerPP'),
 }
 
 
-def _cfg(family, **kwargs):
+def _cfg(family, kind='pola', **kwargs):
     # Evaluation exactly as the official code: square resize to 256 (bicubic), centre crop 224.
-    paper_name, origin_url = _PAPERS['polapp' if family == 'polapp' else 'pola']
+    paper, origin = _PAPERS[kind]
     return {
         'url': '', 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': (7, 7),
         'crop_pct': 0.875, 'crop_mode': 'squash', 'interpolation': 'bicubic',
         'fixed_input_size': False, 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
         'first_conv': _FIRST_CONV[family], 'classifier': 'head',
-        'paper_name': paper_name, 'origin_url': origin_url,
+        'paper_name': paper, 'origin_url': origin,
         **kwargs,
     }
 
 
 default_cfgs = generate_default_cfgs({
-    f'{name}.in1k': _cfg(args['family']) for name, args in TIMM_MODEL_ARGS.items()})
+    f'{name}.in1k': _cfg(args['family'], args.get('kind', 'polapp' if args['family'] == 'polapp' else 'pola'))
+    for name, args in TIMM_MODEL_ARGS.items()})
 
 
 def _official_state_dict_pre_hook(module, state_dict, prefix, *args):
@@ -126,10 +140,24 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
     """
     model_args = dict(TIMM_MODEL_ARGS[variant])
     family = kwargs.pop('family', model_args['family'])
+    if 'polapp' in (family, model_args['family']):  # PolaFormer++: one attention kind (PaCS)
+        if family != model_args['family']:
+            entries = 'a polapp_* entry' if family == 'polapp' else f'a pola_{family}_* entry'
+            raise ValueError(f"{variant} is a {model_args['family']} model; family={family!r} does not fit "
+                             f"(use {entries})")
+        if 'kind' in kwargs:
+            raise ValueError(f'{variant} is a PolaFormer++ model (PaCS attention); kind= does not apply')
+        kind = prefix = None
+    else:
+        kind = kwargs.pop('kind', model_args.get('kind', 'pola'))
+        prefix = model_args.get('kind', 'pola')
     if family != model_args['family']:
-        entries = 'a polapp_* entry' if family == 'polapp' else f'a pola_{family}_* entry'
-        raise ValueError(f"{variant} is a {model_args['family']} model; family={family!r} does not fit "
-                         f"(use {entries})")
+        title = get_attention_kind(prefix).title
+        raise ValueError(f"{variant} is a {title}-{model_args['family'].upper()} model; "
+                         f"family={family!r} does not fit (use a {prefix}_{family}_* entry)")
+    if kind != prefix:
+        raise ValueError(f'{variant} is a {prefix!r} attention model; kind={kind!r} does not fit '
+                         f'(use a {kind}_{family}_* entry)')
     model_args.update(kwargs)
     if model_args.get('features_only'):
         model_args.setdefault('num_classes', 0)  # a feature extractor carries no classifier
@@ -216,3 +244,73 @@ def polapp_b4(pretrained=False, **kwargs):
 @register_model
 def polapp_b5(pretrained=False, **kwargs):
     return create_pola_classifier('polapp_b5', pretrained, **kwargs)
+
+
+@register_model
+def flatten_pvt_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_pvt_tiny', pretrained, **kwargs)
+
+
+@register_model
+def flatten_pvt_small(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_pvt_small', pretrained, **kwargs)
+
+
+@register_model
+def flatten_pvt_medium(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_pvt_medium', pretrained, **kwargs)
+
+
+@register_model
+def flatten_pvt_large(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_pvt_large', pretrained, **kwargs)
+
+
+@register_model
+def flatten_swin_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_swin_tiny', pretrained, **kwargs)
+
+
+@register_model
+def flatten_swin_small(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_swin_small', pretrained, **kwargs)
+
+
+@register_model
+def flatten_swin_base(pretrained=False, **kwargs):
+    return create_pola_classifier('flatten_swin_base', pretrained, **kwargs)
+
+
+@register_model
+def inline_pvt_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_pvt_tiny', pretrained, **kwargs)
+
+
+@register_model
+def inline_pvt_small(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_pvt_small', pretrained, **kwargs)
+
+
+@register_model
+def inline_pvt_medium(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_pvt_medium', pretrained, **kwargs)
+
+
+@register_model
+def inline_pvt_large(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_pvt_large', pretrained, **kwargs)
+
+
+@register_model
+def inline_swin_tiny(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_swin_tiny', pretrained, **kwargs)
+
+
+@register_model
+def inline_swin_small(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_swin_small', pretrained, **kwargs)
+
+
+@register_model
+def inline_swin_base(pretrained=False, **kwargs):
+    return create_pola_classifier('inline_swin_base', pretrained, **kwargs)

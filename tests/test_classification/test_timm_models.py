@@ -14,8 +14,14 @@ ENTRY = {'pvt': 'pola_pvt_tiny', 'swin': 'pola_swin_tiny'}
 # parameters with the 1000-class head (spec §5)
 PARAMS_M = {'pola_pvt_tiny': 12.92, 'pola_pvt_small': 23.16, 'pola_pvt_medium': 39.97,
             'pola_pvt_large': 54.37, 'pola_swin_tiny': 29.29, 'pola_swin_small': 50.60,
-            'pola_swin_base': 89.14, 'polapp_b0': 7.55, 'polapp_b1': 9.23, 'polapp_b2': 16.45,
-            'polapp_b3': 27.15, 'polapp_b4': 49.80, 'polapp_b5': 97.77}
+            'pola_swin_base': 89.14,
+            'flatten_pvt_tiny': 12.15, 'flatten_pvt_small': 21.67, 'flatten_pvt_medium': 37.24,
+            'flatten_pvt_large': 50.65, 'flatten_swin_tiny': 29.19, 'flatten_swin_small': 50.51,
+            'flatten_swin_base': 88.97, 'inline_pvt_tiny': 12.03, 'inline_pvt_small': 21.56,
+            'inline_pvt_medium': 37.62, 'inline_pvt_large': 51.15, 'inline_swin_tiny': 29.22,
+            'inline_swin_small': 52.04, 'inline_swin_base': 91.01,
+            'polapp_b0': 7.55, 'polapp_b1': 9.23, 'polapp_b2': 16.45, 'polapp_b3': 27.15,
+            'polapp_b4': 49.80, 'polapp_b5': 97.77}
 
 
 def _mini_kwargs(expected):
@@ -37,12 +43,12 @@ def test_every_entry_builds(name):
 
 
 def test_entries_listed_and_overridable():
-    assert set(timm.list_models('pola*')) >= set(TIMM_MODEL_ARGS)
+    assert set(timm.list_models(['pola_*', 'flatten_*', 'inline_*', 'polapp_*'])) >= set(TIMM_MODEL_ARGS)
     with torch.device('meta'):
         model = timm.create_model('pola_swin_small', num_classes=7, drop_path_rate=0.0, in_chans=1)
     assert model.head.out_features == 7
     assert model.backbone.patch_embed.proj.in_channels == 1
-    with pytest.raises(ValueError, match='pvt model'):
+    with pytest.raises(ValueError, match='Pola-PVT model'):
         timm.create_model('pola_pvt_tiny', family='swin')
 
 

@@ -1,0 +1,165 @@
+"""Focused linear attention core (FLatten Transformer, ICCV 2023).
+
+Plain functions; no module state.
+
+Shapes:
+    q: (B, N, C) queries after the projection (all heads, before the head split)
+    k: (B, n, C) keys (positional encoding already added)
+    v: (B, n, C) values
+    scale: (1, 1, C) raw temperature logit; s = softplus(scale)
+    num_heads: h (d = C / h)
+Returns (B, N, C) (heads merged back, as the official module does before its depthwise-conv term).
+
+The focusing feature map works on all C channels at once (its norms are over C, across heads)::
+
+    a = (relu(x) + 1e-6) / s,   phi(x) = a**f * ||a|| / ||a**f||      (f: focusing factor)
+    out = phi(q) (phi(k)^T v / n) / (phi(q) mean(phi(k))^T + 1e-6)    per head
+
+* :func:`flatten_attention_reference` follows the official op order.
+* :func:`flatten_attention_fast` computes the same function with a fused feature map whose backward
+  is written by hand (it saves the input and the feature map only) and ONE query product for the
+  numerator and the normaliser together; with few heads (<= ``BLOCK_DIAG_MAX_HEADS``) the heads'
+  (d, d) matrices form one block-diagonal (C, C) matrix, so no large tensor is split into heads.
+"""
+import torch
+import torch.nn.functional as F
+
+from .heads import BLOCK_DIAG_MAX_HEADS, block_diagonal_mask, head_indicator
+
+__all__ = ['flatten_attention', 'flatten_attention_reference', 'flatten_attention_fast', 'focused_feature_map']
+
+_KERNEL_EPS = 1e-6  # relu(x) + 1e-6 in the official kernel function
+
+
+def flatten_attention_reference(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6):
+    """The official op order."""
+    B, N, C = q.shape
+    n = k.shape[1]
+    scale = F.softplus(scale)
+    q = F.relu(q) + _KERNEL_EPS
+    k = F.relu(k) + _KERNEL_EPS
+    q = q / scale
+    k = k / scale
+    q_norm = q.norm(dim=-1, keepdim=True)
+    k_norm = k.norm(dim=-1, keepdim=True)
+    q = q ** focusing_factor
+    k = k ** focusing_factor
+    q = (q / q.norm(dim=-1, keepdim=True)) * q_norm
+    k = (k / k.norm(dim=-1, keepdim=True)) * k_norm
+    q = q.reshape(B, N, num_heads, -1).permute(0, 2, 1, 3)
+    k = k.reshape(B, n, num_heads, -1).permute(0, 2, 1, 3)
+    v = v.reshape(B, n, num_heads, -1).permute(0, 2, 1, 3)
+    z = 1 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + eps)
+    kv = (k.transpose(-2, -1) * (n ** -0.5)) @ (v * (n ** -0.5))
+    x = q @ kv * z
+    return x.transpose(1, 2).reshape(B, N, C)
+
+
+class _FocusedFeatureMap(torch.autograd.Function):
+    """y = a**f * ||a|| / ||a**f||, a = (relu(x) + 1e-6) / s, norms over the last dim.
+
+    Backward (g = dL/dy, r = ||a|| = ||y||, G = sum(g * y) per token):
+        dL/da = f * (y / a) * (g - G * y / r**2) + G * a / r**2
+        dL/dx = dL/da / s  where x > 0 (relu), else 0
+        dL/ds = -sum(dL/da * a) / s   (over the dims s is broadcast along)
+    a > 0 everywhere (>= 1e-6 / s), so y / a is finite. Saves x and y; a is recomputed.
+    """
+
+    @staticmethod
+    def forward(ctx, x, s, f):
+        a = F.relu(x).add_(_KERNEL_EPS).div_(s)
+        r = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
+        y = a.pow_(f)
+        y.mul_(r / torch.linalg.vector_norm(y, dim=-1, keepdim=True))
+        ctx.f = f
+        ctx.save_for_backward(x, s, y)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, s, y = ctx.saved_tensors
+        f = ctx.f
+        a = F.relu(x).add_(_KERNEL_EPS).div_(s)
+        big_g = (g.unsqueeze(-2) @ y.unsqueeze(-1)).squeeze(-1)  # (..., 1) = sum(g * y)
+        coef = big_g / (y.unsqueeze(-2) @ y.unsqueeze(-1)).squeeze(-1)  # G / r**2 (||y|| = ||a|| = r)
+        grad_a = torch.addcmul(g, y, coef, value=-1.0)  # g - G y / r**2
+        grad_a.mul_(y).div_(a).mul_(f).addcmul_(a, coef)
+        grad_s = None
+        if ctx.needs_input_grad[1]:
+            lead = grad_a.dim() - s.dim()
+            dims = list(range(lead)) + [lead + i for i, size in enumerate(s.shape) if size == 1]
+            grad_s = (grad_a * a).sum(dims, keepdim=True).reshape(s.shape).div(s).neg_()
+        grad_x = grad_a.div_(s).masked_fill_(x <= 0, 0.0) if ctx.needs_input_grad[0] else None
+        return grad_x, grad_s, None
+
+
+def focused_feature_map(x, s, focusing_factor=3):
+    """The FLatten feature map of (..., C) queries or keys; s = softplus(scale) > 0 broadcastable."""
+    if s.dtype != x.dtype:
+        dtype = torch.promote_types(x.dtype, s.dtype)
+        x, s = x.to(dtype), s.to(dtype)
+    return _FocusedFeatureMap.apply(x, s, focusing_factor)
+
+
+def _check_shapes(q, k, v, scale, num_heads):
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]:
+        raise ValueError('flatten_attention expects q (B, N, C), k and v (B, n, C); got '
+                         f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
+    if q.shape[-1] % num_heads:
+        raise ValueError(f'channels {q.shape[-1]} are not divisible by num_heads {num_heads}')
+    if scale.numel() != q.shape[-1]:
+        raise ValueError(f'scale must hold one value per channel ({q.shape[-1]}), got shape {tuple(scale.shape)}')
+
+
+def flatten_attention_fast(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6):
+    """Same function as :func:`flatten_attention_reference`, fewer passes and less memory
+    (matches it to ~1e-6 in fp32; sums are accumulated in another order)."""
+    _check_shapes(q, k, v, scale, num_heads)
+    B, N, C = q.shape
+    n = k.shape[1]
+    d = C // num_heads
+    s = F.softplus(scale)
+    q = focused_feature_map(q, s, focusing_factor)
+    k = focused_feature_map(k, s, focusing_factor)
+    if num_heads <= BLOCK_DIAG_MAX_HEADS:
+        # W columns: [phi(k)^T v / n (block diagonal) | mean(phi(k)) per head] -> numerator | normaliser
+        kv = k.transpose(1, 2) @ (v * (1.0 / n))  # (B, C, C)
+        k_mean = k.mean(dim=1).unsqueeze(-1)  # (B, C, 1)
+        if num_heads > 1:
+            kv = kv * block_diagonal_mask(C, num_heads, q)
+            k_mean = k_mean * head_indicator(C, num_heads, q)  # (B, C, h)
+        out = q @ torch.cat([kv, k_mean], dim=-1)  # (B, N, C + h)
+        norm = out[..., C:].unsqueeze(-1) + eps  # (B, N, h, 1)
+        return (out[..., :C].view(B, N, num_heads, d) / norm).view(B, N, C)
+    q = q.view(B, N, num_heads, d).transpose(1, 2)
+    k = k.view(B, n, num_heads, d).transpose(1, 2)
+    v = v.reshape(B, n, num_heads, d).transpose(1, 2)
+    w = torch.cat([k.transpose(-2, -1) @ (v * (1.0 / n)), k.mean(dim=-2).unsqueeze(-1)], dim=-1)
+    out = q @ w  # (B, h, N, d + 1)
+    return (out[..., :d] / (out[..., d:] + eps)).transpose(1, 2).reshape(B, N, C)
+
+
+_IMPLS = {'reference': flatten_attention_reference, 'fast': flatten_attention_fast, 'auto': flatten_attention_fast}
+
+
+def flatten_attention(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6, fp32=True, impl='auto'):
+    """Focused linear attention with an fp32 island under autocast.
+
+    Args:
+        q: (B, N, C); k, v: (B, n, C); scale: (1, 1, C) raw logit; num_heads: h.
+        focusing_factor: the power f of the feature map (3 in every released model).
+        fp32: compute in float32 with autocast disabled (default), then cast back to q's dtype.
+        impl: 'reference' (official op order), 'fast' or 'auto' (currently 'fast').
+    Returns:
+        (B, N, C).
+    """
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be 'auto', 'fast' or 'reference', got {impl!r}")
+    fn = _IMPLS[impl]
+    if fp32:
+        out_dtype = q.dtype
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            out = fn(q.float(), k.float(), v.float(), scale.float(), num_heads, focusing_factor, eps)
+        return out.to(out_dtype)
+    return fn(q, k, v, scale, num_heads, focusing_factor, eps)

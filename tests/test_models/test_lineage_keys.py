@@ -1,0 +1,61 @@
+"""Every released FLatten / InLine size has the official parameter names and shapes and the
+published backbone parameter count. Built on the meta device: no memory, no init cost."""
+import json
+import re
+
+import pytest
+import torch
+
+from mmpola.models import FLattenPVT, FLattenSwin, InLinePVT, InLineSwin, PolaClassifier
+
+SIZES = {
+    'flatten_pvt_tiny': (FLattenPVT, 'tiny', 11_636_480),
+    'flatten_pvt_small': (FLattenPVT, 'small', 21_156_224),
+    'flatten_pvt_medium': (FLattenPVT, 'medium', 36_728_192),
+    'flatten_pvt_large': (FLattenPVT, 'large', 50_135_168),
+    'inline_pvt_tiny': (InLinePVT, 'tiny', 11_519_232),
+    'inline_pvt_small': (InLinePVT, 'small', 21_043_136),
+    'inline_pvt_medium': (InLinePVT, 'medium', 37_105_856),
+    'inline_pvt_large': (InLinePVT, 'large', 50_641_280),
+    'flatten_swin_tiny': (FLattenSwin, 'tiny', 28_421_848),
+    'flatten_swin_small': (FLattenSwin, 'small', 49_739_752),
+    'flatten_swin_base': (FLattenSwin, 'base', 87_945_440),
+    'inline_swin_tiny': (InLineSwin, 'tiny', 28_453_008),
+    'inline_swin_small': (InLineSwin, 'small', 51_267_216),
+    'inline_swin_base': (InLineSwin, 'base', 89_983_168),
+}
+_CLASSIFICATION_ONLY = re.compile(r'^(head|norm)\.')
+_BUFFERS = re.compile(r'(attn_mask|relative_position_index)$')
+_OUT_NORM = re.compile(r'^norm\d\.')
+
+
+@pytest.fixture(scope='module')
+def manifest(data_file):
+    with open(data_file('lineage_key_manifest.json')) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize('name', list(SIZES))
+def test_backbone_keys_shapes_and_param_count(manifest, name):
+    cls, arch, n_params = SIZES[name]
+    with torch.device('meta'):
+        model = cls(arch=arch)
+    official = {k: tuple(v) for k, v in manifest[name]['keys'].items()
+                if not _CLASSIFICATION_ONLY.match(k) and not _BUFFERS.search(k)}
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items() if not _OUT_NORM.match(k)}
+    assert sorted(set(official) - set(ours)) == []
+    assert sorted(set(ours) - set(official)) == []
+    assert {k: v for k, v in ours.items() if official[k] != v} == {}
+    assert sum(p.numel() for k, p in model.named_parameters() if not _OUT_NORM.match(k)) == n_params
+
+
+@pytest.mark.parametrize('name', list(SIZES))
+def test_classifier_matches_official_total(manifest, name):
+    """The classifier owns exactly the official tensors (minus recomputed buffers)."""
+    kind, family, _ = name.split('_')
+    with torch.device('meta'):
+        model = PolaClassifier(family=family, kind=kind, arch=SIZES[name][1])
+    ours = {re.sub(r'^backbone\.', '', k): tuple(v.shape) for k, v in model.state_dict().items()}
+    official = {k: tuple(v) for k, v in manifest[name]['keys'].items() if not _BUFFERS.search(k)}
+    assert ours == official
+    assert sum(p.numel() for p in model.parameters()) == manifest[name]['params_total']
