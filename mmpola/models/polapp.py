@@ -19,11 +19,12 @@ from mmengine.registry import MODELS
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
 from mmpola.ops import pacs_attention, rope_angles, rope_rotate, rope_tables
+
 from .attention_kinds import AttentionKind, build_attention, register_attention_kind
 from .base import DenseBackbone, drop_path_rates
 from .utils import PolaConfigError, check_stage_string, is_pretrained_cfg
 
-__all__ = ['PolaPP', 'PolaPPBlock', 'PaCSAttention', 'RoPESoftmaxAttention', 'LayerNorm2d']
+__all__ = ['PolaPP', 'PolaPPClassifier', 'PolaPPBlock', 'PaCSAttention', 'RoPESoftmaxAttention', 'LayerNorm2d']
 
 _STRUCTURE_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'layer_scale_init_values')
 _ATTN_IMPLS = ('auto', 'fast', 'reference')
@@ -562,6 +563,7 @@ class PolaPPClassifier(BaseModule):
         """Load an official, mmengine or PolaPPClassifier checkpoint (path, URL or dict); returns the
         ``load_state_dict`` result."""
         from mmpola.checkpoint import check_checkpoint_family, extract_state_dict, read_checkpoint
+
         from .classifier import checkpoint_filter_fn
         state_dict, _ = extract_state_dict(read_checkpoint(checkpoint, map_location), use_ema)
         state_dict = checkpoint_filter_fn(state_dict, self)

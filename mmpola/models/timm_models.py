@@ -34,6 +34,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from mmpola.safe_load import name_refused_file
+
 from .attention_kinds import get_attention_kind
 from .classifier import PolaClassifier, checkpoint_filter_fn
 from .polapp import DROP_PATH_RATE, PolaPPClassifier

@@ -148,7 +148,7 @@ def _spiky_map(x, t_first, t_second, out):
 def _relu_grad(x, grad_pos, grad_neg):
     """Gradient w.r.t. x of relu(x) (gradient grad_pos) and relu(-x) (gradient grad_neg); 0 at x = 0
     as autograd's relu."""
-    return torch.where(x > 0, grad_pos, -grad_neg).masked_fill_(x == 0, 0.0)
+    return torch.where(x > 0, grad_pos, grad_neg).mul_(torch.sign(x))
 
 
 class _PaCSAttention(torch.autograd.Function):

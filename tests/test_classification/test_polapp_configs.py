@@ -54,10 +54,10 @@ def test_recipe_model_reproduces_official_logits_and_trains_one_step():
     """The b0 recipe's model, built for the golden mini arch, loads the official file through
     init_cfg=Pretrained (official logits), then one optimizer step of the recipe runs on the CPU with
     a gradient for every parameter."""
-    import mmpola.classification  # noqa: F401
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import MODELS
 
+    import mmpola.classification  # noqa: F401
     from mmpola.models import PolaPPClassifier
     from mmpola.safe_load import safe_torch_load
     expected = safe_torch_load(osp.join(DATA, 'polapp_mini_expected.pth'))

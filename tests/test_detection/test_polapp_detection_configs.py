@@ -6,7 +6,6 @@ import os.path as osp
 
 import pytest
 import torch
-
 from test_detection_configs import REPO, _build_detector, _load, _names, _num_classes
 
 POLAPP_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'detection', '*_polapp-*.py')))

@@ -7,7 +7,6 @@ import os.path as osp
 
 import pytest
 import torch
-
 from seg_test_utils import REPO, build_segmentor, load_config, seg_batch
 
 POLAPP_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'segmentation', '*_polapp-*.py')))
