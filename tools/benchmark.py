@@ -1,8 +1,9 @@
-"""Benchmarks of the Pola attention core and of whole backbones: time, peak memory, FLOP rate.
+"""Benchmarks of the attention cores and of whole backbones: time, peak memory, FLOP rate.
 
-    python tools/benchmark.py attention                 # core: reference vs fast, dense sizes
+    python tools/benchmark.py attention                 # cores (Pola, FLatten, InLine): reference vs fast
     python tools/benchmark.py attention --cases pvt-s1@800x1344 --impls reference fast
-    python tools/benchmark.py attention --cases polapp-b2-s1@800x1344   # PolaFormer++'s PaCS core
+    python tools/benchmark.py attention --kinds flatten inline --cases pvt-s1@800x1344 swin-s1@800x1344
+    python tools/benchmark.py attention --kinds pacs --cases pvt-s1@800x1344   # PolaFormer++'s PaCS core
     python tools/benchmark.py backbone                  # Pola-PVT-T/S, Pola-Swin-T vs mmdet PVT-T, Swin-T
     python tools/benchmark.py backbone --models pola-pvt-t swin-t --sizes 224 800x1333
     python tools/benchmark.py scaling                   # Pola-PVT-T 800x1333 -> 1600x2666 time growth
@@ -27,7 +28,10 @@ Peak memory:
 
 Implementations of the core (--impls): 'reference' (official op order), 'fast' (fast path, eager:
 MMPOLA_NO_COMPILE=1), 'fast+compile' (fast path with the torch.compile kernels forced at every size);
-'auto' is what models use by default (fast, compiled for inputs of >= 2**20 elements).
+'auto' is what models use by default (fast, compiled for inputs of >= 2**20 elements). Kinds
+(--kinds): 'pola', 'flatten', 'inline', 'pacs' (PolaFormer++; the pvt-s* cases are the shapes of
+PolaPP-B2's stages 1 and 2: C = 64 / 128, head dim 64); FLatten, InLine and PaCS have no compiled
+kernels, so only their 'reference' and 'fast' rows are run.
 """
 import argparse
 import contextlib
@@ -58,10 +62,6 @@ ATTENTION_CASES = {
     'swin-s2@800x1344': (2, 6, (100, 168), 32),  # Pola-Swin-T stage 2, C = 192
     'pvt-s1@224': (2, 1, (56, 56), 64),
     'swin-s1@224': (2, 3, (56, 56), 32),
-    # PolaFormer++ (PaCS core, RoPE tables of the grid): PolaPP-B2 stages 1 and 2, C = 64 and 128
-    'polapp-b2-s1@800x1344': (2, 1, (200, 336), 64),
-    'polapp-b2-s2@800x1344': (2, 2, (100, 168), 64),
-    'polapp-b2-s1@224': (2, 1, (56, 56), 64),
 }
 IMPLS = ('reference', 'fast', 'fast+compile', 'auto')
 
@@ -232,44 +232,60 @@ def run_peak_subprocess(spec, threads):
 # --------------------------------------------------------------------------------------------------
 
 
-def is_pacs_case(case):
-    """PolaFormer++ cases run the PaCS core (mmpola.ops.pacs), the others the Pola core."""
-    return case.startswith('polapp')
+def attention_inputs(case, device, seed, kind='pola'):
+    """Inputs of one attention case at the trained regime (power, scale logits around 0).
 
-
-def attention_inputs(case, device, seed):
-    """Inputs of one attention case at the trained regime (power, scale / spikiness logits around 0).
-
-    Returns (leaves: tensors that get gradients, constants: the PaCS core's RoPE tables, grad_out)."""
+    Pola takes per-head tensors (B, h, N, d) and (1, h, 1, d) logits; FLatten and InLine take
+    (B, N, C) tensors (FLatten also a (1, 1, C) temperature logit), as their modules call them.
+    """
     batch, heads, (height, width), dim = ATTENTION_CASES[case]
     tokens = height * width
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
-    if is_pacs_case(case):
-        from mmpola.ops import rope_angles, rope_tables
-        params = [torch.randn(1, heads, 1, 2 * dim, generator=g) for _ in range(2)]  # s_same, s_opp
-        constants = [t.to(device) for t in rope_tables(rope_angles(2 * heads * dim, heads), (height, width))]
+    if kind == 'pola':
+        q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
+        power = torch.randn(1, heads, 1, dim, generator=g) * 0.5
+        scale = torch.randn(1, heads, 1, dim, generator=g) * 0.3
+        leaves = (q, k, v, power, scale)
+        grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
+    elif kind == 'pacs':  # spikiness logits of the same-sign and opposite-sign flows, (1, h, 1, 2d)
+        q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
+        leaves = (q, k, v, *(torch.randn(1, heads, 1, 2 * dim, generator=g) for _ in range(2)))
+        grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
     else:
-        params = [torch.randn(1, heads, 1, dim, generator=g) * 0.5, torch.randn(1, heads, 1, dim, generator=g) * 0.3]
-        constants = []
-    grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
-    leaves = [t.to(device).requires_grad_() for t in (q, k, v, *params)]
-    return leaves, constants, grad_out.to(device)
+        q, k, v = (torch.randn(batch, tokens, heads * dim, generator=g) for _ in range(3))
+        leaves = (q, k, v, torch.randn(1, 1, heads * dim, generator=g) * 0.3) if kind == 'flatten' else (q, k, v)
+        grad_out = torch.randn(batch, tokens, heads * dim, generator=g)
+    leaves = [t.to(device).requires_grad_() for t in leaves]
+    return leaves, grad_out.to(device)
 
 
-def attention_passes(case, leaves, constants, grad_out, impl_arg):
+def attention_core(kind, case):
+    """``fn(*leaves, impl=...)`` of an attention kind's core for one case."""
+    from mmpola.ops import flatten_attention, inline_attention, pacs_attention, pola_attention, rope_angles, rope_tables
+    _, heads, grid, dim = ATTENTION_CASES[case]
+    if kind == 'pola':
+        return pola_attention
+    if kind == 'pacs':  # RoPE tables of the grid (constants, as the backbone's per-stage tables)
+        sin, cos = rope_tables(rope_angles(2 * heads * dim, heads), grid)
+        return lambda q, k, v, s_same, s_opp, impl: pacs_attention(q, k, v, s_same, s_opp, sin.to(q.device),
+                                                                     cos.to(q.device), impl=impl)
+    if kind == 'flatten':
+        return lambda q, k, v, scale, impl: flatten_attention(q, k, v, scale, heads, impl=impl)
+    return lambda q, k, v, impl: inline_attention(q, k, v, heads, impl=impl)
+
+
+def attention_passes(leaves, grad_out, impl_arg, kind, case):
     """(forward without grad, forward + backward) closures of the core."""
-    from mmpola.ops import pacs_attention, pola_attention
-    core = pacs_attention if is_pacs_case(case) else pola_attention
+    core = attention_core(kind, case)
 
     def forward():
         with torch.no_grad():
-            core(*leaves, *constants, impl=impl_arg)
+            core(*leaves, impl=impl_arg)
 
     def forward_backward():
         for t in leaves:
             t.grad = None
-        core(*leaves, *constants, impl=impl_arg).backward(grad_out)
+        core(*leaves, impl=impl_arg).backward(grad_out)
 
     def clear():
         for t in leaves:
@@ -279,9 +295,10 @@ def attention_passes(case, leaves, constants, grad_out, impl_arg):
 
 
 def attention_peak_child(spec, device):
-    leaves, constants, grad_out = attention_inputs(spec['case'], device, spec['seed'])
+    kind = spec.get('attn', 'pola')
+    leaves, grad_out = attention_inputs(spec['case'], device, spec['seed'], kind)
     with core_impl(spec['impl']) as impl_arg:
-        forward, forward_backward, clear = attention_passes(spec['case'], leaves, constants, grad_out, impl_arg)
+        forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, spec['case'])
         forward()  # warm-up (and compile) before measuring
         forward_backward()
         clear()
@@ -292,51 +309,57 @@ def attention_peak_child(spec, device):
 
 def bench_attention(args, device):
     rows = []
-    for case in args.cases:
-        # the PaCS core has no torch.compile kernels: 'fast+compile' would time 'fast' again
-        impls = [i for i in args.impls if not (is_pacs_case(case) and i == 'fast+compile')]
-        batch, heads, (height, width), dim = ATTENTION_CASES[case]
-        leaves, constants, grad_out = attention_inputs(case, device, args.seed)
-        times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
-        first_call = {}
-        for impl in impls:  # warm-up: compiles where the impl compiles
-            with core_impl(impl) as impl_arg:
-                forward, forward_backward, clear = attention_passes(case, leaves, constants, grad_out, impl_arg)
-                first_call[impl] = time_once(forward_backward, device)
-                forward()
-                clear()
-        # small cases are fast and noisy: repeat them until ~1 s per impl (at most 20 times)
-        repeat = max(args.repeat, min(20, int(1.0 / max(min(first_call.values()), 1e-3))))
-        for _ in range(repeat):
-            for impl in impls:
-                with core_impl(impl) as impl_arg:
-                    forward, forward_backward, clear = attention_passes(case, leaves, constants, grad_out,
-                                                                        impl_arg)
-                    times[impl]['fwd'].append(time_once(forward, device))
-                    times[impl]['fwd+bwd'].append(time_once(forward_backward, device))
-                    clear()
-        del leaves, constants, grad_out
-        gc.collect()
-        for impl in impls:
-            memory = {}
-            if args.memory:
-                spec = dict(kind='attention', case=case, impl=impl, seed=args.seed, device=str(device))
-                if device.type == 'cuda':
-                    memory = attention_peak_child(spec, device)
-                else:
-                    memory = run_peak_subprocess(spec, torch.get_num_threads())
-            rows.append(dict(case=case, tokens=f'{height}x{width}', shape=f'{batch},{heads},{dim}', impl=impl,
-                             fwd=min(times[impl]['fwd']), train=min(times[impl]['fwd+bwd']),
-                             fwd_median=median(times[impl]['fwd']), train_median=median(times[impl]['fwd+bwd']),
-                             repeat=repeat, first=first_call[impl], memory=memory))
+    for kind in args.kinds:
+        # FLatten, InLine and PaCS have no compiled kernels: 'fast+compile' would repeat 'fast'
+        impls = [i for i in args.impls if kind == 'pola' or i != 'fast+compile']
+        for case in args.cases:
+            rows += bench_attention_case(args, device, kind, case, impls)
     print_attention_table(rows, args.impls)
 
 
+def bench_attention_case(args, device, kind, case, impls):
+    rows = []
+    batch, heads, (height, width), dim = ATTENTION_CASES[case]
+    leaves, grad_out = attention_inputs(case, device, args.seed, kind)
+    times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
+    first_call = {}
+    for impl in impls:  # warm-up: compiles where the impl compiles
+        with core_impl(impl) as impl_arg:
+            forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, case)
+            first_call[impl] = time_once(forward_backward, device)
+            forward()
+            clear()
+    # small cases are fast and noisy: repeat them until ~1 s per impl (at most 20 times)
+    repeat = max(args.repeat, min(20, int(1.0 / max(min(first_call.values()), 1e-3))))
+    for _ in range(repeat):
+        for impl in impls:
+            with core_impl(impl) as impl_arg:
+                forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, case)
+                times[impl]['fwd'].append(time_once(forward, device))
+                times[impl]['fwd+bwd'].append(time_once(forward_backward, device))
+                clear()
+    del leaves, grad_out
+    gc.collect()
+    for impl in impls:
+        memory = {}
+        if args.memory:
+            spec = dict(kind='attention', attn=kind, case=case, impl=impl, seed=args.seed, device=str(device))
+            if device.type == 'cuda':
+                memory = attention_peak_child(spec, device)
+            else:
+                memory = run_peak_subprocess(spec, torch.get_num_threads())
+        rows.append(dict(attn=kind, case=case, tokens=f'{height}x{width}', shape=f'{batch},{heads},{dim}', impl=impl,
+                         fwd=min(times[impl]['fwd']), train=min(times[impl]['fwd+bwd']),
+                         fwd_median=median(times[impl]['fwd']), train_median=median(times[impl]['fwd+bwd']),
+                         repeat=repeat, first=first_call[impl], memory=memory))
+    return rows
+
+
 def print_attention_table(rows, impls):
-    base = {(r['case'], 'reference'): r for r in rows if r['impl'] == 'reference'}
+    base = {(r['attn'], r['case']): r for r in rows if r['impl'] == 'reference'}
 
     def ratio(row, key, sub=None):
-        ref = base.get((row['case'], 'reference'))
+        ref = base.get((row['attn'], row['case']))
         if ref is None or row['impl'] == 'reference':
             return ''
         mine, theirs = (row[key], ref[key]) if sub is None else (row[key].get(sub), ref[key].get(sub))
@@ -350,16 +373,16 @@ def print_attention_table(rows, impls):
             return row['memory'].get('error', '-') if sub == 'fwd+bwd' else '-'
         return f'{value:.0f}'
 
-    print('\n| case | tokens | B,h,d | impl | fwd ms (min / med) | fwd speed-up | fwd+bwd ms (min / med) | '
+    print('\n| attention | case | tokens | B,h,d | impl | fwd ms (min / med) | fwd speed-up | fwd+bwd ms (min / med) | '
           'fwd+bwd speed-up | fwd MiB | fwd+bwd MiB | fwd+bwd mem vs ref | runs | 1st call s |')
-    print('|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+    print('|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
     for r in rows:
-        print(f"| {r['case']} | {r['tokens']} | {r['shape']} | {r['impl']} | "
+        print(f"| {r['attn']} | {r['case']} | {r['tokens']} | {r['shape']} | {r['impl']} | "
               f"{1e3 * r['fwd']:.1f} / {1e3 * r['fwd_median']:.1f} | {ratio(r, 'fwd')} | "
               f"{1e3 * r['train']:.1f} / {1e3 * r['train_median']:.1f} | {ratio(r, 'train')} | {mem(r, 'fwd')} | "
               f"{mem(r, 'fwd+bwd')} | {ratio(r, 'memory', 'fwd+bwd')} | {r['repeat']} | {r['first']:.1f} |")
-    print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to q, k, v and the power / scale (Pola) or '
-          's_same / s_opp (PaCS) logits. '
+    print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to every input (q, k, v and the '
+          'logits: Pola power and scale, FLatten scale). B,h,d: batch, heads, head dim (C = h * d). '
           'Times: min and median over the runs (impls interleaved); speed-up = reference min / min. '
           'Memory ratio = peak / reference peak. 1st call: first fwd+bwd in the process (includes '
           'torch.compile for compiled rows).')
@@ -574,8 +597,10 @@ def parse_args(argv=None):
                        help="'tuned': what mmpola's tools do (mmpola.engine.allocator.tune_malloc); "
                        "'default': glibc's defaults")
 
-    attention = sub.add_parser('attention', help='Pola / PaCS attention core: reference vs fast')
+    attention = sub.add_parser('attention', help='attention cores (Pola, FLatten, InLine): reference vs fast')
     common(attention)
+    attention.add_argument('--kinds', nargs='+', default=['pola', 'flatten', 'inline', 'pacs'],
+                           choices=['pola', 'flatten', 'inline', 'pacs'])
     attention.add_argument('--cases', nargs='+', default=list(ATTENTION_CASES), choices=list(ATTENTION_CASES))
     attention.add_argument('--impls', nargs='+', default=['reference', 'fast', 'fast+compile'], choices=IMPLS)
     attention.add_argument('--repeat', type=int, default=3)

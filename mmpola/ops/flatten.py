@@ -17,14 +17,11 @@ The focusing feature map works on all C channels at once (its norms are over C, 
 
 * :func:`flatten_attention_reference` follows the official op order.
 * :func:`flatten_attention_fast` computes the same function with a fused feature map whose backward
-  is written by hand (it saves the input and the feature map only) and ONE query product for the
-  numerator and the normaliser together; with few heads (<= ``BLOCK_DIAG_MAX_HEADS``) the heads'
-  (d, d) matrices form one block-diagonal (C, C) matrix, so no large tensor is split into heads.
+  is written by hand (it saves the input and the feature map only) and ONE query product per head
+  for the numerator and the normaliser together, on column slices of the (B, N, C) tensors.
 """
 import torch
 import torch.nn.functional as F
-
-from .heads import BLOCK_DIAG_MAX_HEADS, block_diagonal_mask, head_indicator
 
 __all__ = ['flatten_attention', 'flatten_attention_reference', 'flatten_attention_fast', 'focused_feature_map']
 
@@ -62,25 +59,24 @@ class _FocusedFeatureMap(torch.autograd.Function):
         dL/da = f * (y / a) * (g - G * y / r**2) + G * a / r**2
         dL/dx = dL/da / s  where x > 0 (relu), else 0
         dL/ds = -sum(dL/da * a) / s   (over the dims s is broadcast along)
-    a > 0 everywhere (>= 1e-6 / s), so y / a is finite. Saves x and y; a is recomputed.
+    a > 0 everywhere (>= 1e-6 / s), so y / a is finite. Saves x (for the relu mask), a and y.
     """
 
     @staticmethod
     def forward(ctx, x, s, f):
         a = F.relu(x).add_(_KERNEL_EPS).div_(s)
         r = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
-        y = a.pow_(f)
+        y = a.pow(f)
         y.mul_(r / torch.linalg.vector_norm(y, dim=-1, keepdim=True))
         ctx.f = f
-        ctx.save_for_backward(x, s, y)
+        ctx.save_for_backward(x, s, a, y)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        x, s, y = ctx.saved_tensors
+        x, s, a, y = ctx.saved_tensors
         f = ctx.f
-        a = F.relu(x).add_(_KERNEL_EPS).div_(s)
         big_g = (g.unsqueeze(-2) @ y.unsqueeze(-1)).squeeze(-1)  # (..., 1) = sum(g * y)
         coef = big_g / (y.unsqueeze(-2) @ y.unsqueeze(-1)).squeeze(-1)  # G / r**2 (||y|| = ||a|| = r)
         grad_a = torch.addcmul(g, y, coef, value=-1.0)  # g - G y / r**2
@@ -122,22 +118,16 @@ def flatten_attention_fast(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-
     s = F.softplus(scale)
     q = focused_feature_map(q, s, focusing_factor)
     k = focused_feature_map(k, s, focusing_factor)
-    if num_heads <= BLOCK_DIAG_MAX_HEADS:
-        # W columns: [phi(k)^T v / n (block diagonal) | mean(phi(k)) per head] -> numerator | normaliser
-        kv = k.transpose(1, 2) @ (v * (1.0 / n))  # (B, C, C)
-        k_mean = k.mean(dim=1).unsqueeze(-1)  # (B, C, 1)
-        if num_heads > 1:
-            kv = kv * block_diagonal_mask(C, num_heads, q)
-            k_mean = k_mean * head_indicator(C, num_heads, q)  # (B, C, h)
-        out = q @ torch.cat([kv, k_mean], dim=-1)  # (B, N, C + h)
-        norm = out[..., C:].unsqueeze(-1) + eps  # (B, N, h, 1)
-        return (out[..., :C].view(B, N, num_heads, d) / norm).view(B, N, C)
-    q = q.view(B, N, num_heads, d).transpose(1, 2)
-    k = k.view(B, n, num_heads, d).transpose(1, 2)
-    v = v.reshape(B, n, num_heads, d).transpose(1, 2)
-    w = torch.cat([k.transpose(-2, -1) @ (v * (1.0 / n)), k.mean(dim=-2).unsqueeze(-1)], dim=-1)
-    out = q @ w  # (B, h, N, d + 1)
-    return (out[..., :d] / (out[..., d:] + eps)).transpose(1, 2).reshape(B, N, C)
+    v = v * (1.0 / n)
+    k_mean = k.mean(dim=1, keepdim=True)  # (B, 1, C)
+    outs = []
+    # heads are column slices of the (B, N, C) tensors (strided matmuls; the backward of split is
+    # one concatenation), so no large tensor is split into a (B, h, N, d) copy
+    for q_h, k_h, v_h, m_h in zip(q.split(d, -1), k.split(d, -1), v.split(d, -1), k_mean.split(d, -1)):
+        # W columns: [phi(k)^T v / n | mean(phi(k))^T] -> numerator | normaliser in one product
+        out = q_h @ torch.cat([k_h.transpose(1, 2) @ v_h, m_h.transpose(1, 2)], dim=-1)  # (B, N, d + 1)
+        outs.append(out[..., :d] / (out[..., d:] + eps))
+    return outs[0] if num_heads == 1 else torch.cat(outs, dim=-1)
 
 
 _IMPLS = {'reference': flatten_attention_reference, 'fast': flatten_attention_fast, 'auto': flatten_attention_fast}

@@ -14,13 +14,10 @@ Returns (B, N, C) (heads merged back, as the official module does before its pro
 * :func:`inline_attention_reference` follows the official op order.
 * :func:`inline_attention_fast` folds everything into one (d, d) matrix per head,
   ``M = c k^T v / n - c mean(k)^T mean(v)``, so the output is ONE fused multiply-add over the
-  queries, ``out = mean(v) + q M`` (``baddbmm``). With few heads (<= ``BLOCK_DIAG_MAX_HEADS``) the
-  heads' matrices form one block-diagonal (C, C) matrix, so q, k, v and the output stay in the
-  (B, N, C) layout (no head split / merge copies).
+  queries, ``out = mean(v) + q M`` (``baddbmm``), with a hand-written backward of three more
+  products; heads stay column slices of the (B, N, C) tensors (no head split / merge copies).
 """
 import torch
-
-from .heads import BLOCK_DIAG_MAX_HEADS, block_diagonal_mask
 
 __all__ = ['inline_attention', 'inline_attention_reference', 'inline_attention_fast']
 
@@ -47,26 +44,80 @@ def _check_shapes(q, k, v, num_heads):
         raise ValueError(f'channels {q.shape[-1]} are not divisible by num_heads {num_heads}')
 
 
+class _InLineCore(torch.autograd.Function):
+    """out = mean(v) + q M per head, M = c k^T v / n - c mean(k)^T mean(v), with a hand-written
+    backward (g = dL/dout, per head):
+
+        dq = g M^T,   dM = q^T g,   dA = dM * c / n   (A = k^T v)
+        d mean(v) = sum_N g - c mean(k) dM,   d mean(k) = -c mean(v) dM^T
+        dk = v dA^T + d mean(k) / n,   dv = k dA + d mean(v) / n     (one baddbmm each)
+
+    Heads are column slices of the (B, N, C) tensors, multiplied in place by strided batched
+    matmuls: no head split or merge copies. Saves the inputs and the small (d, d) matrices only.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, num_heads):
+        B, N, C = q.shape
+        n = k.shape[1]
+        d = C // num_heads
+        c = d ** -0.5
+        v_mean = v.mean(dim=1, keepdim=True)  # (B, 1, C)
+        k_mean = k.mean(dim=1, keepdim=True)
+        out = q.new_empty(B, N, C) if num_heads > 1 else None
+        mats = []
+        for sl in _head_slices(num_heads, d):
+            m = (k[..., sl].transpose(1, 2) @ v[..., sl]).mul_(c / n)
+            m.baddbmm_(k_mean[..., sl].transpose(1, 2), v_mean[..., sl], alpha=-c)
+            mats.append(m)
+            head_out = torch.baddbmm(v_mean[..., sl], q[..., sl], m)
+            if out is None:
+                out = head_out
+            else:
+                out[..., sl] = head_out
+        ctx.num_heads = num_heads
+        ctx.save_for_backward(q, k, v, k_mean, v_mean, *mats)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        q, k, v, k_mean, v_mean, *mats = ctx.saved_tensors
+        num_heads = ctx.num_heads
+        B, N, C = q.shape
+        n = k.shape[1]
+        d = C // num_heads
+        c = d ** -0.5
+        g_sum = g.sum(dim=1, keepdim=True)  # (B, 1, C)
+        single = num_heads == 1
+        grad_q = None if single else torch.empty_like(q)
+        grad_k = None if single else torch.empty_like(k)
+        grad_v = None if single else torch.empty_like(v)
+        for sl, m in zip(_head_slices(num_heads, d), mats):
+            g_h = g[..., sl]
+            grad_m = q[..., sl].transpose(1, 2) @ g_h  # (B, d, d)
+            d_vmean = torch.baddbmm(g_sum[..., sl], k_mean[..., sl], grad_m, alpha=-c).div_(n)
+            d_kmean = (v_mean[..., sl] @ grad_m.transpose(1, 2)).mul_(-c / n)
+            grad_a = grad_m.mul_(c / n)
+            heads = (g_h @ m.transpose(1, 2),
+                     torch.baddbmm(d_kmean, v[..., sl], grad_a.transpose(1, 2)),
+                     torch.baddbmm(d_vmean, k[..., sl], grad_a))
+            if single:
+                grad_q, grad_k, grad_v = heads
+            else:
+                grad_q[..., sl], grad_k[..., sl], grad_v[..., sl] = heads
+        return grad_q, grad_k, grad_v, None
+
+
+def _head_slices(num_heads, head_dim):
+    return [slice(i * head_dim, (i + 1) * head_dim) for i in range(num_heads)]
+
+
 def inline_attention_fast(q, k, v, num_heads):
     """Same function as :func:`inline_attention_reference` in one fused pass over the queries
     (matches it to ~1e-6 in fp32; sums are accumulated in another order)."""
     _check_shapes(q, k, v, num_heads)
-    B, N, C = q.shape
-    n = k.shape[1]
-    d = C // num_heads
-    scale = d ** -0.5
-    v_mean = v.mean(dim=1, keepdim=True)  # (B, 1, C)
-    k_mean = k.mean(dim=1, keepdim=True)
-    if num_heads <= BLOCK_DIAG_MAX_HEADS:
-        m = k.transpose(1, 2) @ (v * (scale / n)) - (k_mean * scale).transpose(1, 2) @ v_mean  # (B, C, C)
-        if num_heads > 1:
-            m = m * block_diagonal_mask(C, num_heads, q)
-        return torch.baddbmm(v_mean, q, m)
-    qh, kh, vh = (t.reshape(B, -1, num_heads, d).transpose(1, 2).reshape(B * num_heads, -1, d) for t in (q, k, v))
-    vm, km = v_mean.reshape(B * num_heads, 1, d), k_mean.reshape(B * num_heads, 1, d)
-    m = kh.transpose(1, 2) @ (vh * (scale / n)) - (km * scale).transpose(1, 2) @ vm  # (B * h, d, d)
-    out = torch.baddbmm(vm, qh, m)
-    return out.view(B, num_heads, N, d).transpose(1, 2).reshape(B, N, C)
+    return _InLineCore.apply(q, k, v, num_heads)
 
 
 _IMPLS = {'reference': inline_attention_reference, 'fast': inline_attention_fast, 'auto': inline_attention_fast}

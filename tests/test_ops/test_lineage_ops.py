@@ -4,10 +4,9 @@ import torch
 
 from mmpola.ops import (flatten_attention, flatten_attention_fast, flatten_attention_reference, focused_feature_map,
                         inline_attention, inline_attention_fast, inline_attention_reference)
-from mmpola.ops.heads import BLOCK_DIAG_MAX_HEADS
 
-# (B, N, n, C, h): n != N (PVT spatial reduction), one token, block-diagonal and per-head paths
-SHAPES = [(1, 7, 7, 4, 1), (2, 49, 49, 32, 2), (2, 37, 9, 48, 3), (1, 15, 15, 64, BLOCK_DIAG_MAX_HEADS + 4),
+# (B, N, n, C, h): n != N (PVT spatial reduction), one token, one and many heads
+SHAPES = [(1, 7, 7, 4, 1), (2, 49, 49, 32, 2), (2, 37, 9, 48, 3), (1, 15, 15, 64, 8),
           (2, 1, 1, 8, 2), (1, 1, 6, 16, 1), (3, 11, 1, 12, 6)]
 
 

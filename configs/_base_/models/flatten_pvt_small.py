@@ -1,0 +1,7 @@
+# FLatten-PVT-S backbone (ImageNet-1k pretrained at 224x224): pola_pvt_small.py with the
+# focused linear attention of FLatten Transformer (ICCV 2023)
+# (one word differs: type='FLattenPVT'). Use it like pola_pvt_small.py;
+# the official FLatten ImageNet file at checkpoints/flatten_pvt_small.pth loads as is.
+_base_ = ['./pola_pvt_small.py']
+
+backbone = dict(type='FLattenPVT', init_cfg=dict(checkpoint='checkpoints/flatten_pvt_small.pth'))

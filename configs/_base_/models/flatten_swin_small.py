@@ -1,0 +1,7 @@
+# FLatten-Swin-S backbone (ImageNet-1k pretrained at 224x224): pola_swin_small.py with the
+# focused linear attention of FLatten Transformer (ICCV 2023)
+# (one word differs: type='FLattenSwin'). Use it like pola_swin_small.py;
+# the official FLatten ImageNet file at checkpoints/flatten_swin_small.pth loads as is.
+_base_ = ['./pola_swin_small.py']
+
+backbone = dict(type='FLattenSwin', init_cfg=dict(checkpoint='checkpoints/flatten_swin_small.pth'))

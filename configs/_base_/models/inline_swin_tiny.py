@@ -1,0 +1,7 @@
+# InLine-Swin-T backbone (ImageNet-1k pretrained at 224x224): pola_swin_tiny.py with the
+# injective linear attention of InLine (NeurIPS 2024)
+# (one word differs: type='InLineSwin'). Use it like pola_swin_tiny.py;
+# the official InLine ImageNet file at checkpoints/inline_swin_tiny.pth loads as is.
+_base_ = ['./pola_swin_tiny.py']
+
+backbone = dict(type='InLineSwin', init_cfg=dict(checkpoint='checkpoints/inline_swin_tiny.pth'))

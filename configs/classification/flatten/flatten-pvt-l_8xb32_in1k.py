@@ -1,0 +1,8 @@
+# FLatten-PVT-L (50.6 M parameters): ImageNet-1k from scratch with the official recipe of
+# LeapLabTHU/FLatten-Transformer (cfgs/flatten_pvt_b.yaml), which is the Pola-PVT-L recipe
+# (../pola-pvt-l_8xb32_in1k.py) with the focused linear attention (FLatten Transformer, ICCV 2023).
+#   tools/dist_train.sh configs/classification/flatten/flatten-pvt-l_8xb32_in1k.py 8 [--amp]
+#   tools/test.py configs/classification/flatten/flatten-pvt-l_8xb32_in1k.py CHECKPOINT  (official files load as is)
+_base_ = ['../pola-pvt-l_8xb32_in1k.py']
+
+model = dict(kind='flatten')

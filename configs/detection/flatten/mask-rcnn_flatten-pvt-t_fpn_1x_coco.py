@@ -1,0 +1,7 @@
+# Mask R-CNN + FPN with FLatten-PVT-T on COCO 2017, 1x schedule: ../mask-rcnn_pola-pvt-t_fpn_1x_coco.py with the
+# focused linear attention of FLatten Transformer (ICCV 2023) in the backbone, everything else identical, so the two
+# compare the attention alone. Backbone weights: the official FLatten-PVT-T ImageNet file at
+# checkpoints/flatten_pvt_tiny.pth (or --cfg-options model.backbone.init_cfg=None).
+_base_ = ['../mask-rcnn_pola-pvt-t_fpn_1x_coco.py']
+
+model = dict(backbone=dict(type='FLattenPVT', init_cfg=dict(checkpoint='checkpoints/flatten_pvt_tiny.pth')))
