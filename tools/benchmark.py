@@ -6,6 +6,7 @@
     python tools/benchmark.py attention --kinds pacs --cases pvt-s1@800x1344   # PolaFormer++'s PaCS core
     python tools/benchmark.py backbone                  # Pola-PVT-T/S, Pola-Swin-T vs mmdet PVT-T, Swin-T
     python tools/benchmark.py backbone --models pola-pvt-t swin-t --sizes 224 800x1333
+    python tools/benchmark.py backbone --models all --sizes 224 800x1333 --no-memory  # every backbone
     python tools/benchmark.py scaling                   # Pola-PVT-T 800x1333 -> 1600x2666 time growth
     python tools/benchmark.py amp                       # bf16 (CPU) / fp16+bf16 (CUDA) autocast fwd+bwd
                                                         # of every full-size backbone at 800x1216
@@ -85,6 +86,13 @@ FULL_BACKBONES = {
     'pola-swin-b': ('PolaSwin', dict(arch='base')),
     'pola-swin-b-384': ('PolaSwin', dict(arch='base', pretrain_img_size=384)),
 }
+# FLatten and InLine, every released size
+LINEAGE_BACKBONES = {
+    f'{kind}-{family}-{size[0]}': (f'{title}{family.upper() if family == "pvt" else "Swin"}', dict(arch=size))
+    for kind, title in (('flatten', 'FLatten'), ('inline', 'InLine'))
+    for family, sizes in (('pvt', ('tiny', 'small', 'medium', 'large')), ('swin', ('tiny', 'small', 'base')))
+    for size in sizes}
+ALL_BACKBONES = {**BACKBONES, **FULL_BACKBONES, **LINEAGE_BACKBONES}
 BACKBONE_SIZES = ('224', '512', '800x1333', '1024', '1600')
 
 CPU_MEMORY_METHOD = ('peak RSS above the post-setup baseline, fresh subprocess per row '
@@ -394,16 +402,16 @@ def print_attention_table(rows, impls):
 
 
 def build_named_backbone(name, attn_impl=None):
-    """Build a backbone of BACKBONES in eval mode; raises RuntimeError when it is not available."""
+    """Build a backbone of ALL_BACKBONES in eval mode; raises RuntimeError when it is not available."""
     from get_flops import build_backbone
-    type_name, kwargs = BACKBONES[name]
+    type_name, kwargs = ALL_BACKBONES[name]
     try:
         model = build_backbone(type_name, **kwargs)
     except (ImportError, KeyError, RuntimeError) as err:
         raise RuntimeError(str(err).splitlines()[0][:160]) from err
     if attn_impl is not None:
         for module in model.modules():
-            if hasattr(module, 'attn_impl'):  # PolaAttention's plain attribute (see mmpola.models.layers)
+            if hasattr(module, 'attn_impl'):  # the attention modules' plain attribute (mmpola.models.layers)
                 module.attn_impl = attn_impl
     model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
     return model
@@ -437,7 +445,9 @@ def bench_backbone(args, device):
     print(f'\nmeasured fp32 matmul (2048^3): {gemm:.1f} GFLOP/s')
     attn_impl = None if args.attn_impl == 'default' else args.attn_impl
     rows, skipped = [], []
-    for name in args.models:
+    names = [n for n in ALL_BACKBONES if n not in BACKBONES or n in FULL_BACKBONES] if 'all' in args.models \
+        else args.models
+    for name in names:
         try:
             model = build_named_backbone(name, attn_impl).to(device)
         except RuntimeError as err:
@@ -607,7 +617,8 @@ def parse_args(argv=None):
 
     backbone = sub.add_parser('backbone', help='whole backbones: time, memory, FLOP rate vs input size')
     common(backbone)
-    backbone.add_argument('--models', nargs='+', default=list(BACKBONES), choices=list(BACKBONES))
+    backbone.add_argument('--models', nargs='+', default=list(BACKBONES), choices=list(ALL_BACKBONES) + ['all'],
+                          help="names of ALL_BACKBONES, or 'all' (every Pola, FLatten and InLine size)")
     backbone.add_argument('--sizes', nargs='+', default=list(BACKBONE_SIZES), help='S or HxW')
     backbone.add_argument('--attn-impl', default='default', choices=['default', 'auto', 'fast', 'reference'],
                           help="override every PolaAttention's attn_impl ('default': as built)")
