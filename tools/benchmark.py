@@ -390,7 +390,8 @@ def print_attention_table(rows, impls):
               f"{1e3 * r['train']:.1f} / {1e3 * r['train_median']:.1f} | {ratio(r, 'train')} | {mem(r, 'fwd')} | "
               f"{mem(r, 'fwd+bwd')} | {ratio(r, 'memory', 'fwd+bwd')} | {r['repeat']} | {r['first']:.1f} |")
     print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to every input (q, k, v and the '
-          'logits: Pola power and scale, FLatten scale, PaCS s_same and s_opp). B,h,d: batch, heads, head dim (C = h * d). '
+          'logits: Pola power and scale, FLatten scale, PaCS s_same and s_opp). '
+          'B,h,d: batch, heads, head dim (C = h * d). '
           'Times: min and median over the runs (impls interleaved); speed-up = reference min / min. '
           'Memory ratio = peak / reference peak. 1st call: first fwd+bwd in the process (includes '
           'torch.compile for compiled rows).')
