@@ -235,3 +235,19 @@ def test_timm_entries_load_official_files(expected, data_file):
         assert (ours - theirs).abs().max() <= 1e-4
     with pytest.raises(ValueError, match='polapp model'):
         timm.create_model('polapp_b0', family='swin')
+
+
+def test_released_b0_at_dense_sizes_and_bf16():
+    """The smallest released preset (not the mini arch) at the sizes of the dense checks: finite
+    outputs, a gradient for every parameter, finite under bf16 autocast."""
+    torch.manual_seed(0)
+    model = PolaPP(arch='b0', drop_path_rate=0.0).train()
+    for size in [(800, 1216), (513, 677), (32, 480)]:
+        model.zero_grad(set_to_none=True)
+        outs = model(torch.randn(1, 3, *size))
+        assert all(torch.isfinite(o).all() for o in outs), size
+        sum(o.square().mean() for o in outs).backward()
+        assert [n for n, p in model.named_parameters() if p.grad is None] == [], size
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(1, 3, 513, 677))
+    assert all(torch.isfinite(o.float()).all() for o in outs)
