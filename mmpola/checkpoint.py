@@ -37,7 +37,8 @@ from mmpola.errors import MMPolaUserError
 from mmpola.safe_load import download_error, safe_torch_load
 
 __all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict',
-           'load_pola_checkpoint', 'describe_checkpoint', 'LoadReport', 'CheckpointMismatchError']
+           'load_pola_checkpoint', 'describe_checkpoint', 'check_checkpoint_family', 'LoadReport',
+           'CheckpointMismatchError']
 
 _RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
 _EMA_KEYS = ('state_dict_ema', 'model_ema')
@@ -192,14 +193,23 @@ def resize_state_dict(state_dict, model_state):
     return out, resized
 
 
-def _kind_title(kind, layout):
-    """'Pola-Swin (type="PolaSwin")' for a linear kind; None for softmax."""
+def _family_of(kind, layout):
+    """(family name, registered backbone type) of an attention kind in a layout: ('Pola-Swin',
+    'PolaSwin'); PolaFormer++'s own layout: ('PolaFormer++', 'PolaPP')."""
     from mmpola.models.attention_kinds import get_attention_kind
-    if kind == 'softmax':
-        return None
+    if layout == 'polapp':
+        return 'PolaFormer++', 'PolaPP'
     family = 'PVT' if layout == 'pvt' else 'Swin'
     title = get_attention_kind(kind).title
-    return f'{title}-{family} (type="{title}{family}")'
+    return f'{title}-{family}', f'{title}{family}'
+
+
+def _kind_title(kind, layout):
+    """'Pola-Swin (type="PolaSwin")' for a linear kind; None for softmax."""
+    if kind == 'softmax':
+        return None
+    family, type_name = _family_of(kind, layout)
+    return f'{family} (type="{type_name}")'
 
 
 def _checkpoint_kinds(keys):
@@ -213,6 +223,12 @@ def _guess_family(keys):
     for kind, layout in _checkpoint_kinds(keys):
         if kind != 'softmax':
             return _kind_title(kind, layout)
+    # attention kinds without a table entry
+    if re.search(r'(^|\.)(layers\.0\.blocks\.0|block1\.0)\.attn\.residual\.0\.weight$', joined, re.M):
+        return 'InLine (injective linear attention; not Pola)'
+    if re.search(r'(^|\.)(layers\.0\.blocks\.0|block1\.0)\.attn\.dwc\.weight$', joined, re.M) and \
+            not re.search(r'\.attn\.power$', joined, re.M):
+        return 'FLatten (focused linear attention; not Pola)'
     if re.search(r'(^|\.)layers\.0\.blocks\.', joined, re.M):
         return 'Pola-Swin (type="PolaSwin")'
     if re.search(r'(^|\.)block1\.0\.', joined, re.M):
@@ -287,10 +303,9 @@ def _check_attention_kind(state_dict, model_state, source, name):
         others = sorted(k for k in found if k[0] != 'softmax')
         softmax_fix = "build the backbone with attn_type='SSSS' (softmax attention in every stage) to use this one"
         if others:  # weights of another linear attention kind
-            other_title = get_attention_kind(others[0][0]).title
-            family = 'PVT' if others[0][1] == 'pvt' else 'Swin'
-            kind_desc = f'a {other_title}-{family} checkpoint'
-            fix = f"build type='{other_title}{family}' to use this one"
+            family, type_name = _family_of(*others[0])
+            kind_desc = f'a {family} checkpoint'
+            fix = f"build type='{type_name}' to use this one"
         elif ('softmax', 'pvt') in found or re.search(r'(^|\.)block1\.0\.attn\.q\.weight', '\n'.join(state_dict),
                                                       re.M):
             kind_desc, fix = 'a softmax PVT (PVT-v1) checkpoint', softmax_fix
@@ -304,6 +319,25 @@ def _check_attention_kind(state_dict, model_state, source, name):
             f'randomly initialised. Use a checkpoint of {title} attention (official release or an mmpola '
             'classification run)' + (f', {fix}' if fix else '') +
             ', or train from random initialisation with init_cfg=None.')
+
+
+def check_checkpoint_family(state_dict, model, source):
+    """Refuse a checkpoint of another family for a model that declares ``family_key_suffixes`` (keys
+    every checkpoint of its family has): look-alike names (``layers.0.blocks.0.attn.qkvg.weight`` in a
+    Pola-Swin file, ``downsample.reduction`` in any Swin) would otherwise load a few tensors and leave
+    the rest random."""
+    suffixes = tuple(getattr(model, 'family_key_suffixes', ()))
+    if not suffixes or any(key.endswith(suffixes) for key in state_dict):
+        return
+    name = type(model).__name__
+    family = _guess_family(state_dict)
+    raise CheckpointMismatchError(
+        f'checkpoint {source} is not a {getattr(model, "official_name", name)} checkpoint: it has no key '
+        f'ending in {suffixes[0]!r} (such as {getattr(model, "official_key_pattern", suffixes[0])!r})'
+        + (f'; it looks like a {family} checkpoint' if family else '') +
+        f'. Use a {getattr(model, "official_name", name)} checkpoint with {name} (official release or an '
+        'mmpola classification run), build the backbone that fits this file, or train from random '
+        'initialisation with init_cfg=None.')
 
 
 def _infer_pvt_la_sr_ratios(state_dict, num_stages=4):
@@ -381,6 +415,7 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
     state_dict = OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
     for key, value in final_norm.items():
         state_dict.setdefault(key, value)
+    check_checkpoint_family(state_dict, model, source)
     _check_attention_kind(state_dict, model_state, source, name)
 
     if hasattr(model, 'la_sr_ratios') and hasattr(model, 'pos_embed1'):
@@ -393,9 +428,10 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
 
     dropped = []
     kept = OrderedDict()
+    classification_only = tuple(getattr(model, 'classification_only_modules', ()))
     for key, value in state_dict.items():
         leaf_module = key.split('.', 1)[0]
-        if leaf_module == 'head':
+        if leaf_module == 'head' or (leaf_module in classification_only and key not in model_state):
             dropped.append(key)
         elif leaf_module == 'norm' and key not in model_state:
             if map_final_norm and f'norm3.{key.split(".", 1)[1]}' in model_state:
@@ -422,8 +458,8 @@ def load_pola_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final
 
     lines = [f'{name}: loaded {len(loaded)}/{len(model_state)} tensors from {source} ({origin}'
              f"{', prefix ' + repr(prefix) if prefix else ''}); missing {len(missing)}, unexpected "
-             f'{len(unexpected)}, dropped {len(dropped)} (head / classification norm / run-time '
-             f'buffers), resized {len(resized)}, shape-mismatched {len(mismatched)}, outside the '
+             f'{len(unexpected)}, dropped {len(dropped)} (head / classification-only modules / '
+             f'run-time buffers), resized {len(resized)}, shape-mismatched {len(mismatched)}, outside the '
              f'prefix {len(outside)}']
     for title, keys in (('missing', missing), ('unexpected', unexpected), ('resized', resized),
                         ('shape mismatch', mismatched)):

@@ -3,6 +3,7 @@
     python tools/benchmark.py attention                 # cores (Pola, FLatten, InLine): reference vs fast
     python tools/benchmark.py attention --cases pvt-s1@800x1344 --impls reference fast
     python tools/benchmark.py attention --kinds flatten inline --cases pvt-s1@800x1344 swin-s1@800x1344
+    python tools/benchmark.py attention --kinds pacs --cases pvt-s1@800x1344   # PolaFormer++'s PaCS core
     python tools/benchmark.py backbone                  # Pola-PVT-T/S, Pola-Swin-T vs mmdet PVT-T, Swin-T
     python tools/benchmark.py backbone --models pola-pvt-t swin-t --sizes 224 800x1333
     python tools/benchmark.py backbone --models all --sizes 224 800x1333 --no-memory  # every backbone
@@ -29,8 +30,9 @@ Peak memory:
 Implementations of the core (--impls): 'reference' (official op order), 'fast' (fast path, eager:
 MMPOLA_NO_COMPILE=1), 'fast+compile' (fast path with the torch.compile kernels forced at every size);
 'auto' is what models use by default (fast, compiled for inputs of >= 2**20 elements). Kinds
-(--kinds): 'pola', 'flatten', 'inline'; FLatten and InLine have no compiled kernels, so only their
-'reference' and 'fast' rows are run.
+(--kinds): 'pola', 'flatten', 'inline', 'pacs' (PolaFormer++; the pvt-s* cases are the shapes of
+PolaPP-B2's stages 1 and 2: C = 64 / 128, head dim 64); FLatten, InLine and PaCS have no compiled
+kernels, so only their 'reference' and 'fast' rows are run.
 """
 import argparse
 import contextlib
@@ -253,6 +255,10 @@ def attention_inputs(case, device, seed, kind='pola'):
         scale = torch.randn(1, heads, 1, dim, generator=g) * 0.3
         leaves = (q, k, v, power, scale)
         grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
+    elif kind == 'pacs':  # spikiness logits of the same-sign and opposite-sign flows, (1, h, 1, 2d)
+        q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
+        leaves = (q, k, v, *(torch.randn(1, heads, 1, 2 * dim, generator=g) for _ in range(2)))
+        grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
     else:
         q, k, v = (torch.randn(batch, tokens, heads * dim, generator=g) for _ in range(3))
         leaves = (q, k, v, torch.randn(1, 1, heads * dim, generator=g) * 0.3) if kind == 'flatten' else (q, k, v)
@@ -261,19 +267,24 @@ def attention_inputs(case, device, seed, kind='pola'):
     return leaves, grad_out.to(device)
 
 
-def attention_core(kind, heads):
-    """``fn(*leaves, impl=...)`` of an attention kind's core."""
-    from mmpola.ops import flatten_attention, inline_attention, pola_attention
+def attention_core(kind, case):
+    """``fn(*leaves, impl=...)`` of an attention kind's core for one case."""
+    from mmpola.ops import flatten_attention, inline_attention, pacs_attention, pola_attention, rope_angles, rope_tables
+    _, heads, grid, dim = ATTENTION_CASES[case]
     if kind == 'pola':
         return pola_attention
+    if kind == 'pacs':  # RoPE tables of the grid (constants, as the backbone's per-stage tables)
+        sin, cos = rope_tables(rope_angles(2 * heads * dim, heads), grid)
+        return lambda q, k, v, s_same, s_opp, impl: pacs_attention(q, k, v, s_same, s_opp, sin.to(q.device),
+                                                                     cos.to(q.device), impl=impl)
     if kind == 'flatten':
         return lambda q, k, v, scale, impl: flatten_attention(q, k, v, scale, heads, impl=impl)
     return lambda q, k, v, impl: inline_attention(q, k, v, heads, impl=impl)
 
 
-def attention_passes(leaves, grad_out, impl_arg, kind='pola', heads=1):
+def attention_passes(leaves, grad_out, impl_arg, kind, case):
     """(forward without grad, forward + backward) closures of the core."""
-    core = attention_core(kind, heads)
+    core = attention_core(kind, case)
 
     def forward():
         with torch.no_grad():
@@ -295,8 +306,7 @@ def attention_peak_child(spec, device):
     kind = spec.get('attn', 'pola')
     leaves, grad_out = attention_inputs(spec['case'], device, spec['seed'], kind)
     with core_impl(spec['impl']) as impl_arg:
-        forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind,
-                                                            ATTENTION_CASES[spec['case']][1])
+        forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, spec['case'])
         forward()  # warm-up (and compile) before measuring
         forward_backward()
         clear()
@@ -308,7 +318,7 @@ def attention_peak_child(spec, device):
 def bench_attention(args, device):
     rows = []
     for kind in args.kinds:
-        # FLatten and InLine have no compiled kernels: 'fast+compile' would repeat 'fast'
+        # FLatten, InLine and PaCS have no compiled kernels: 'fast+compile' would repeat 'fast'
         impls = [i for i in args.impls if kind == 'pola' or i != 'fast+compile']
         for case in args.cases:
             rows += bench_attention_case(args, device, kind, case, impls)
@@ -323,7 +333,7 @@ def bench_attention_case(args, device, kind, case, impls):
     first_call = {}
     for impl in impls:  # warm-up: compiles where the impl compiles
         with core_impl(impl) as impl_arg:
-            forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, heads)
+            forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, case)
             first_call[impl] = time_once(forward_backward, device)
             forward()
             clear()
@@ -332,7 +342,7 @@ def bench_attention_case(args, device, kind, case, impls):
     for _ in range(repeat):
         for impl in impls:
             with core_impl(impl) as impl_arg:
-                forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, heads)
+                forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, case)
                 times[impl]['fwd'].append(time_once(forward, device))
                 times[impl]['fwd+bwd'].append(time_once(forward_backward, device))
                 clear()
@@ -380,7 +390,8 @@ def print_attention_table(rows, impls):
               f"{1e3 * r['train']:.1f} / {1e3 * r['train_median']:.1f} | {ratio(r, 'train')} | {mem(r, 'fwd')} | "
               f"{mem(r, 'fwd+bwd')} | {ratio(r, 'memory', 'fwd+bwd')} | {r['repeat']} | {r['first']:.1f} |")
     print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to every input (q, k, v and the '
-          'logits: Pola power and scale, FLatten scale). B,h,d: batch, heads, head dim (C = h * d). '
+          'logits: Pola power and scale, FLatten scale, PaCS s_same and s_opp). '
+          'B,h,d: batch, heads, head dim (C = h * d). '
           'Times: min and median over the runs (impls interleaved); speed-up = reference min / min. '
           'Memory ratio = peak / reference peak. 1st call: first fwd+bwd in the process (includes '
           'torch.compile for compiled rows).')
@@ -599,8 +610,8 @@ def parse_args(argv=None):
 
     attention = sub.add_parser('attention', help='attention cores (Pola, FLatten, InLine): reference vs fast')
     common(attention)
-    attention.add_argument('--kinds', nargs='+', default=['pola', 'flatten', 'inline'],
-                           choices=['pola', 'flatten', 'inline'])
+    attention.add_argument('--kinds', nargs='+', default=['pola', 'flatten', 'inline', 'pacs'],
+                           choices=['pola', 'flatten', 'inline', 'pacs'])
     attention.add_argument('--cases', nargs='+', default=list(ATTENTION_CASES), choices=list(ATTENTION_CASES))
     attention.add_argument('--impls', nargs='+', default=['reference', 'fast', 'fast+compile'], choices=IMPLS)
     attention.add_argument('--repeat', type=int, default=3)

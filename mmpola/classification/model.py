@@ -5,41 +5,18 @@ from mmengine.registry import MODELS
 from timm.loss import SoftTargetCrossEntropy
 
 from mmpola.models.classifier import PolaClassifier
+from mmpola.models.polapp import PolaPPClassifier
 from mmpola.models.timm_models import accept_official_checkpoints
 
-__all__ = ['PolaImageClassifier']
+__all__ = ['PolaImageClassifier', 'PolaPPImageClassifier']
 
 
-@MODELS.register_module()
-class PolaImageClassifier(PolaClassifier, BaseModel):
-    """:class:`PolaClassifier` with mmengine's model interface: data preprocessor, loss, predictions.
+class _MMEngineClassifierMixin:
+    """mmengine's model interface over a classifier's ``forward_features`` / ``forward_head``: data
+    preprocessor, loss (hard or Mixup/CutMix soft targets), predictions. Listed before the classifier
+    and ``BaseModel`` in the bases, so its ``forward`` wins."""
 
-    It *is* the classifier (subclass, no wrapper prefix), so the checkpoints it saves hold
-    ``backbone.<official names>``, ``norm.*`` (Pola-Swin) and ``head.*``: every detection / segmentation
-    config loads them through ``init_cfg=dict(type='Pretrained', checkpoint=...)`` as they are,
-    and ``timm.create_model('pola_*', checkpoint_path=...)`` too. Official PolaFormer files
-    load into it as well (``load_from``, ``tools/test.py CONFIG OFFICIAL.pth``,
-    ``init_cfg=dict(type='Pretrained', ...)``).
-
-    Args:
-        data_preprocessor: config of :class:`TimmClsDataPreprocessor` (or any mmengine data
-            preprocessor).
-        label_smoothing: smoothing of the cross-entropy with hard labels (official 0.1). With
-            Mixup/CutMix in the data preprocessor the targets arrive as soft scores
-            (``data_samples['gt_score']``, smoothing already applied by timm's Mixup) and the
-            loss is timm's ``SoftTargetCrossEntropy``, as in the official training.
-        **kwargs: :class:`PolaClassifier` arguments (``family``, ``arch``, ``num_classes``,
-            ``drop_path_rate``, ``with_cp``, ``init_cfg`` ...).
-
-    ``forward(inputs, data_samples, mode)``: ``'tensor'`` -> logits (B, num_classes);
-    ``'loss'`` -> ``dict(loss=...)``; ``'predict'`` -> one dict per image with ``pred_score``
-    (softmax, (num_classes,)), ``pred_label`` and the sample's ``gt_label`` / ``img_path``.
-    """
-
-    def __init__(self, data_preprocessor=None, label_smoothing=0.1, **kwargs):
-        # PolaClassifier.__init__ reaches BaseModel.__init__ through super() (MRO), which
-        # installs a default preprocessor; the configured one replaces it.
-        super().__init__(**kwargs)
+    def _setup_mmengine(self, data_preprocessor, label_smoothing):
         if data_preprocessor is not None:
             if isinstance(data_preprocessor, dict):
                 data_preprocessor = MODELS.build(data_preprocessor)
@@ -79,3 +56,55 @@ class PolaImageClassifier(PolaClassifier, BaseModel):
                         result[key] = value[i]
             results.append(result)
         return results
+
+
+@MODELS.register_module()
+class PolaImageClassifier(_MMEngineClassifierMixin, PolaClassifier, BaseModel):
+    """:class:`PolaClassifier` with mmengine's model interface: data preprocessor, loss, predictions.
+
+    It *is* the classifier (subclass, no wrapper prefix), so the checkpoints it saves hold
+    ``backbone.<official names>``, ``norm.*`` (Swin) and ``head.*``: every detection / segmentation
+    config loads them through ``init_cfg=dict(type='Pretrained', checkpoint=...)`` as they are,
+    and ``timm.create_model('pola_*', checkpoint_path=...)`` too. Official PolaFormer files
+    load into it as well (``load_from``, ``tools/test.py CONFIG OFFICIAL.pth``,
+    ``init_cfg=dict(type='Pretrained', ...)``).
+
+    Args:
+        data_preprocessor: config of :class:`TimmClsDataPreprocessor` (or any mmengine data
+            preprocessor).
+        label_smoothing: smoothing of the cross-entropy with hard labels (official 0.1). With
+            Mixup/CutMix in the data preprocessor the targets arrive as soft scores
+            (``data_samples['gt_score']``, smoothing already applied by timm's Mixup) and the
+            loss is timm's ``SoftTargetCrossEntropy``, as in the official training.
+        **kwargs: :class:`PolaClassifier` arguments (``family``, ``arch``, ``num_classes``,
+            ``drop_path_rate``, ``with_cp``, ``init_cfg`` ...).
+
+    ``forward(inputs, data_samples, mode)``: ``'tensor'`` -> logits (B, num_classes);
+    ``'loss'`` -> ``dict(loss=...)``; ``'predict'`` -> one dict per image with ``pred_score``
+    (softmax, (num_classes,)), ``pred_label`` and the sample's ``gt_label`` / ``img_path``.
+    """
+
+    def __init__(self, data_preprocessor=None, label_smoothing=0.1, **kwargs):
+        # PolaClassifier.__init__ reaches BaseModel.__init__ through super() (MRO), which
+        # installs a default preprocessor; the configured one replaces it.
+        super().__init__(**kwargs)
+        self._setup_mmengine(data_preprocessor, label_smoothing)
+
+
+@MODELS.register_module()
+class PolaPPImageClassifier(_MMEngineClassifierMixin, PolaPPClassifier, BaseModel):
+    """:class:`PolaPPClassifier` (PolaFormer++) with mmengine's model interface, as
+    :class:`PolaImageClassifier`: its checkpoints hold ``backbone.<official names>``, ``proj.*``,
+    ``norm.*`` and ``head.*``, which the dense configs' ``PolaPP`` backbones load through
+    ``init_cfg=dict(type='Pretrained', ...)``, as ``timm.create_model('polapp_*', checkpoint_path=...)``
+    does; official PolaFormer++ files load into it as well.
+
+    Args:
+        data_preprocessor, label_smoothing: as :class:`PolaImageClassifier`.
+        **kwargs: :class:`PolaPPClassifier` arguments (``arch``, ``num_classes``, ``projection``,
+            ``drop_path_rate``, ``with_cp``, ``init_cfg`` ...).
+    """
+
+    def __init__(self, data_preprocessor=None, label_smoothing=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self._setup_mmengine(data_preprocessor, label_smoothing)

@@ -5,11 +5,12 @@ from .base import DenseBackbone
 from .classifier import PolaClassifier
 from .layers import (FocusedLinearAttention, InLineAttention, PatchMerging, PolaAttention, PVTAttention,
                      WindowAttention)
+from .polapp import PolaPP, PolaPPClassifier
 from .pvt import FLattenPVT, InLinePVT, PolaPVT, PVTBackbone
 from .swin import FLattenSwin, InLineSwin, PolaSwin, SwinBackbone
-from . import timm_models  # noqa: F401  (registers the timm entries pola_pvt_tiny ... pola_swin_base)
+from . import timm_models  # noqa: F401  (registers the timm entries pola_*, flatten_*, inline_*, polapp_*)
 
-__all__ = ['PolaPVT', 'PolaSwin', 'FLattenPVT', 'FLattenSwin', 'InLinePVT', 'InLineSwin', 'PolaClassifier',
-           'FocusedLinearAttention', 'InLineAttention', 'PolaAttention', 'PVTAttention',
+__all__ = ['PolaPVT', 'PolaSwin', 'FLattenPVT', 'FLattenSwin', 'InLinePVT', 'InLineSwin', 'PolaPP', 'PolaClassifier',
+           'PolaPPClassifier', 'FocusedLinearAttention', 'InLineAttention', 'PolaAttention', 'PVTAttention',
            'WindowAttention', 'PatchMerging', 'DenseBackbone', 'PVTBackbone', 'SwinBackbone',
            'ATTENTION_KINDS', 'AttentionKind', 'build_attention', 'register_attention_kind']

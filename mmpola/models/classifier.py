@@ -260,18 +260,20 @@ def official_kwargs_to_classifier_kwargs(kwargs):
 def checkpoint_filter_fn(state_dict, model):
     """Official / mmengine / own checkpoint state dict -> ``PolaClassifier`` state dict (timm style).
 
-    Official keys get the ``backbone.`` prefix except ``head.*`` and ``norm.*``; ``module.`` is
-    stripped; run-time buffers are dropped, and so is a final ``norm.*`` the model does not have
-    (the official Pola-PVT's, which its forward never uses); grids are resized to the model.
+    Official keys get the ``backbone.`` prefix except the classification modules (the model's
+    ``classification_modules``; default ``head.*`` and ``norm.*``); ``module.`` is stripped; run-time
+    buffers are dropped, and so is a final ``norm.*`` the model does not have (the official PVT
+    models', which their forward never uses); grids are resized to the model.
     """
     from mmpola.checkpoint import find_key_prefix, resize_state_dict
     model_state = model.state_dict()
     own_prefix, own = find_key_prefix(state_dict, model_state)
+    classification_modules = tuple(getattr(model, 'classification_modules', ('head', 'norm')))
     official = OrderedDict()
     for key, value in state_dict.items():
         key = key[len('module.'):] if key.startswith('module.') else key
         top = key.split('.', 1)[0]
-        official[key if top in ('head', 'norm') else 'backbone.' + key] = value
+        official[key if top in classification_modules else 'backbone.' + key] = value
     _, n_official = find_key_prefix(official, model_state)
     if own >= n_official:
         state_dict = OrderedDict((k[len(own_prefix):], v) for k, v in state_dict.items()

@@ -1,10 +1,11 @@
-"""timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base')`` and the lineage
-``flatten_pvt_{tiny,small,medium,large}``, ``flatten_swin_{tiny,small,base}``,
-``inline_pvt_{...}``, ``inline_swin_{...}``.
+"""timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base')``, the lineage
+``flatten_pvt_{tiny,small,medium,large}``, ``flatten_swin_{tiny,small,base}``, ``inline_pvt_{...}``,
+``inline_swin_{...}``, and PolaFormer++'s ``polapp_b0`` ... ``polapp_b5``.
 
 Importing mmpola registers them. The entries build :class:`PolaClassifier` (official forward,
-state dict ``backbone.*`` / ``norm.*`` (Pola-Swin) / ``head.*``; timm's model conventions from
-:class:`~mmpola.models.timm_conventions.TimmClassifierMixin`) and differ only in an args dict::
+state dict ``backbone.*`` / ``norm.*`` (Swin) / ``head.*``) or, for PolaFormer++, :class:`PolaPPClassifier`
+(``backbone.*`` / ``proj.*`` / ``norm.*`` / ``head.*``); timm's model conventions come from
+:class:`~mmpola.models.timm_conventions.TimmClassifierMixin`. The entries differ only in an args dict::
 
     import mmpola, timm
     model = timm.create_model('pola_swin_tiny', checkpoint_path='pola_swin_t.pth')  # official file
@@ -24,7 +25,8 @@ nothing in the file is executed, and a refused file raises
 Official keys are mapped by :func:`checkpoint_filter_fn`.
 
 There are no download URLs: the official weights are published by their authors (PolaFormer on
-the Hugging Face hub ``ZachMeng/PolaFormer``; FLatten and InLine through the links of their
+the Hugging Face hub ``ZachMeng/PolaFormer``, PolaFormer++ on ``ZachMeng/PolaFormerPP``, whose EMA
+weights ``state_dict_ema`` are used when present; FLatten and InLine through the links of their
 repositories) under file names this package does not pin; download them and pass the file.
 """
 from collections import OrderedDict
@@ -34,6 +36,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 
 from .attention_kinds import get_attention_kind
 from .classifier import PolaClassifier, checkpoint_filter_fn
+from .polapp import DROP_PATH_RATE, PolaPPClassifier
 from .timm_conventions import refuse_scriptable, timm_pretrained_cfg
 
 __all__ = ['accept_official_checkpoints', 'create_pola_classifier', 'TIMM_MODEL_ARGS']
@@ -47,6 +50,8 @@ TIMM_MODEL_ARGS = {
     'pola_swin_tiny': dict(family='swin', arch='tiny', drop_path_rate=0.2),
     'pola_swin_small': dict(family='swin', arch='small', drop_path_rate=0.3),
     'pola_swin_base': dict(family='swin', arch='base', drop_path_rate=0.5),
+    **{f'polapp_{arch}': dict(family='polapp', arch=arch, drop_path_rate=rate)
+       for arch, rate in DROP_PATH_RATE.items()},
 }
 # FLatten and InLine (the official yaml files: same drop-path rates; window 56 for Swin)
 for _kind in ('flatten', 'inline'):
@@ -55,7 +60,8 @@ for _kind in ('flatten', 'inline'):
             TIMM_MODEL_ARGS[_name.replace('pola_', f'{_kind}_', 1)] = dict(_args, kind=_kind)
 del _kind, _name, _args
 
-_FIRST_CONV = {'pvt': 'backbone.patch_embed1.proj', 'swin': 'backbone.patch_embed.proj'}
+_FIRST_CONV = {'pvt': 'backbone.patch_embed1.proj', 'swin': 'backbone.patch_embed.proj',
+               'polapp': 'backbone.patch_embed.proj.0'}
 _PAPERS = {
     'pola': ('PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
              'https://github.com/ZacharyMeng/PolaFormer'),
@@ -63,6 +69,8 @@ _PAPERS = {
                 'https://github.com/LeapLabTHU/FLatten-Transformer'),
     'inline': ('Bridging the Divide: Reconsidering Softmax and Linear Attention',
                'https://github.com/LeapLabTHU/InLine'),
+    'polapp': ('PolaFormer++: Polarity-aware Linear Attention with Channel-wise Spikiness',
+               'https://github.com/ZacharyMeng/PolaFormerPP'),
 }
 
 
@@ -74,7 +82,8 @@ def _cfg(family, kind='pola', **kwargs):
 
 
 default_cfgs = generate_default_cfgs({
-    f'{name}.in1k': _cfg(args['family'], args.get('kind', 'pola')) for name, args in TIMM_MODEL_ARGS.items()})
+    f'{name}.in1k': _cfg(args['family'], args.get('kind', 'polapp' if args['family'] == 'polapp' else 'pola'))
+    for name, args in TIMM_MODEL_ARGS.items()})
 
 
 def _official_state_dict_pre_hook(module, state_dict, prefix, *args):
@@ -109,9 +118,11 @@ def accept_official_checkpoints(model):
     return model
 
 
-def _build_classifier(in_chans=3, **kwargs):
+def _build_classifier(in_chans=3, family='pvt', **kwargs):
     """timm calls the model class with ``in_chans``; the Pola backbones say ``in_channels``."""
-    return accept_official_checkpoints(PolaClassifier(in_channels=in_chans, **kwargs))
+    if family == 'polapp':
+        return accept_official_checkpoints(PolaPPClassifier(in_channels=in_chans, **kwargs))
+    return accept_official_checkpoints(PolaClassifier(family=family, in_channels=in_chans, **kwargs))
 
 
 def create_pola_classifier(variant, pretrained=False, **kwargs):
@@ -122,11 +133,20 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
     wraps the model in timm's ``FeatureGetterNet`` (``forward_intermediates``): a list of NCHW
     stage maps, strides 4, 8, 16, 32, ``out_indices`` 0-based (default all four).
     """
-    refuse_scriptable(PolaClassifier)
     model_args = dict(TIMM_MODEL_ARGS[variant])
+    refuse_scriptable(PolaPPClassifier if model_args['family'] == 'polapp' else PolaClassifier)
     family = kwargs.pop('family', model_args['family'])
-    kind = kwargs.pop('kind', model_args.get('kind', 'pola'))
-    prefix = model_args.get('kind', 'pola')
+    if 'polapp' in (family, model_args['family']):  # PolaFormer++: one attention kind (PaCS)
+        if family != model_args['family']:
+            entries = 'a polapp_* entry' if family == 'polapp' else f'a pola_{family}_* entry'
+            raise ValueError(f"{variant} is a {model_args['family']} model; family={family!r} does not fit "
+                             f"(use {entries})")
+        if 'kind' in kwargs:
+            raise ValueError(f'{variant} is a PolaFormer++ model (PaCS attention); kind= does not apply')
+        kind = prefix = None
+    else:
+        kind = kwargs.pop('kind', model_args.get('kind', 'pola'))
+        prefix = model_args.get('kind', 'pola')
     if family != model_args['family']:
         title = get_attention_kind(prefix).title
         raise ValueError(f"{variant} is a {title}-{model_args['family'].upper()} model; "
@@ -178,57 +198,101 @@ def pola_swin_small(pretrained=False, **kwargs):
 def pola_swin_base(pretrained=False, **kwargs):
     return create_pola_classifier('pola_swin_base', pretrained, **kwargs)
 
+
+@register_model
+def polapp_b0(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b0', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b1(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b1', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b2(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b2', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b3(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b3', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b4(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b4', pretrained, **kwargs)
+
+
+@register_model
+def polapp_b5(pretrained=False, **kwargs):
+    return create_pola_classifier('polapp_b5', pretrained, **kwargs)
+
+
 @register_model
 def flatten_pvt_tiny(pretrained=False, **kwargs):
     return create_pola_classifier('flatten_pvt_tiny', pretrained, **kwargs)
+
 
 @register_model
 def flatten_pvt_small(pretrained=False, **kwargs):
     return create_pola_classifier('flatten_pvt_small', pretrained, **kwargs)
 
+
 @register_model
 def flatten_pvt_medium(pretrained=False, **kwargs):
     return create_pola_classifier('flatten_pvt_medium', pretrained, **kwargs)
+
 
 @register_model
 def flatten_pvt_large(pretrained=False, **kwargs):
     return create_pola_classifier('flatten_pvt_large', pretrained, **kwargs)
 
+
 @register_model
 def flatten_swin_tiny(pretrained=False, **kwargs):
     return create_pola_classifier('flatten_swin_tiny', pretrained, **kwargs)
+
 
 @register_model
 def flatten_swin_small(pretrained=False, **kwargs):
     return create_pola_classifier('flatten_swin_small', pretrained, **kwargs)
 
+
 @register_model
 def flatten_swin_base(pretrained=False, **kwargs):
     return create_pola_classifier('flatten_swin_base', pretrained, **kwargs)
+
 
 @register_model
 def inline_pvt_tiny(pretrained=False, **kwargs):
     return create_pola_classifier('inline_pvt_tiny', pretrained, **kwargs)
 
+
 @register_model
 def inline_pvt_small(pretrained=False, **kwargs):
     return create_pola_classifier('inline_pvt_small', pretrained, **kwargs)
+
 
 @register_model
 def inline_pvt_medium(pretrained=False, **kwargs):
     return create_pola_classifier('inline_pvt_medium', pretrained, **kwargs)
 
+
 @register_model
 def inline_pvt_large(pretrained=False, **kwargs):
     return create_pola_classifier('inline_pvt_large', pretrained, **kwargs)
+
 
 @register_model
 def inline_swin_tiny(pretrained=False, **kwargs):
     return create_pola_classifier('inline_swin_tiny', pretrained, **kwargs)
 
+
 @register_model
 def inline_swin_small(pretrained=False, **kwargs):
     return create_pola_classifier('inline_swin_small', pretrained, **kwargs)
+
 
 @register_model
 def inline_swin_base(pretrained=False, **kwargs):

@@ -1,11 +1,19 @@
 from .flatten import flatten_attention, flatten_attention_fast, flatten_attention_reference, focused_feature_map
 from .inline import inline_attention, inline_attention_fast, inline_attention_reference
-from .pola import (compile_status, pola_attention, pola_attention_fast, pola_attention_reference,
-                   polarity_feature_map, polarity_feature_map_and_mean)
+from .pacs import pacs_attention, pacs_attention_fast, pacs_attention_reference, rope_angles, rope_rotate, rope_tables
+from .pola import (
+    compile_status,
+    pola_attention,
+    pola_attention_fast,
+    pola_attention_reference,
+    polarity_feature_map,
+    polarity_feature_map_and_mean,
+)
 
 __all__ = [
     'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
     'polarity_feature_map_and_mean', 'compile_status', 'flatten_attention', 'flatten_attention_reference',
     'flatten_attention_fast', 'focused_feature_map', 'inline_attention', 'inline_attention_reference',
-    'inline_attention_fast'
+    'inline_attention_fast', 'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'rope_angles',
+    'rope_tables', 'rope_rotate'
 ]

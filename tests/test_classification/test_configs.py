@@ -32,7 +32,7 @@ def load_tool(name):
 
 
 def test_every_size_has_a_recipe():
-    found = {osp.basename(p) for p in glob.glob(osp.join(CONFIG_DIR, '*.py'))}
+    found = {osp.basename(p) for p in glob.glob(osp.join(CONFIG_DIR, 'pola-*.py'))}
     assert found == set(RECIPES)
 
 

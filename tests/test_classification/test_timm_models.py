@@ -5,7 +5,7 @@ import pytest
 import timm
 import torch
 
-from mmpola.models import PolaClassifier
+from mmpola.models import PolaClassifier, PolaPPClassifier
 from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
 from mmpola.models.timm_models import TIMM_MODEL_ARGS
 
@@ -19,7 +19,9 @@ PARAMS_M = {'pola_pvt_tiny': 12.92, 'pola_pvt_small': 23.16, 'pola_pvt_medium': 
             'flatten_pvt_large': 50.65, 'flatten_swin_tiny': 29.19, 'flatten_swin_small': 50.51,
             'flatten_swin_base': 88.97, 'inline_pvt_tiny': 12.03, 'inline_pvt_small': 21.56,
             'inline_pvt_medium': 37.62, 'inline_pvt_large': 51.15, 'inline_swin_tiny': 29.22,
-            'inline_swin_small': 52.04, 'inline_swin_base': 91.01}
+            'inline_swin_small': 52.04, 'inline_swin_base': 91.01,
+            'polapp_b0': 7.55, 'polapp_b1': 9.23, 'polapp_b2': 16.45, 'polapp_b3': 27.15,
+            'polapp_b4': 49.80, 'polapp_b5': 97.77}
 
 
 def _mini_kwargs(expected):
@@ -33,15 +35,15 @@ def test_every_entry_builds(name):
     assert timm.is_model(name)
     with torch.device('meta'):
         model = timm.create_model(name)
-    assert isinstance(model, PolaClassifier)
-    assert model.head.out_features == 1000
+    assert isinstance(model, (PolaClassifier, PolaPPClassifier))
+    assert model.num_classes == 1000
     assert model.family == TIMM_MODEL_ARGS[name]['family']
     assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(PARAMS_M[name], abs=0.01)
     assert model.pretrained_cfg['crop_mode'] == 'squash'
 
 
 def test_entries_listed_and_overridable():
-    assert set(timm.list_models(['pola_*', 'flatten_*', 'inline_*'])) >= set(TIMM_MODEL_ARGS)
+    assert set(timm.list_models(['pola_*', 'flatten_*', 'inline_*', 'polapp_*'])) >= set(TIMM_MODEL_ARGS)
     with torch.device('meta'):
         model = timm.create_model('pola_swin_small', num_classes=7, drop_path_rate=0.0, in_chans=1)
     assert model.head.out_features == 7

@@ -10,7 +10,7 @@ import torch
 import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DETECTION_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'detection', '*.py')))
+DETECTION_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'detection', '*_pola-*.py')))
 DEMO_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'demo', '*coco*.py')))
 NO_DECAY_KEYS = {'norm', 'pos_embed', 'positional_encoding', 'relative_position_bias_table', 'attn.power',
                  'attn.scale'}

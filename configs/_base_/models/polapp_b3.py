@@ -1,0 +1,18 @@
+# PolaFormer++-B3 (PolaPP) backbone (ImageNet-1k pretrained at 224x224), shared by every task config.
+#
+# Inherit it next to an mmdet / mmseg base and swap the backbone in, as the Pola bases
+# (see pola_pvt_tiny.py). Put the ImageNet checkpoint at checkpoints/polapp_b3.pth (official
+# PolaFormer++ file, whose EMA weights are used, or our own classification run; both load as is),
+# or train from scratch with model.backbone.init_cfg=None. Drop path as the official dense configs.
+_base_ = ['./pola_common.py']
+
+backbone = dict(
+    type='PolaPP',
+    arch='b3',
+    out_indices=(0, 1, 2, 3),
+    drop_path_rate=0.15,
+    frozen_stages=-1,
+    norm_eval=False,
+    with_cp=False,
+    init_cfg=dict(type='Pretrained', checkpoint='checkpoints/polapp_b3.pth'))
+backbone_out_channels = [64, 128, 320, 512]

@@ -1,0 +1,23 @@
+# PolaFormer++-B3 (24.0 M backbone parameters): official ImageNet top-1 84.3.
+# ImageNet-1k from scratch, 8 GPUs x 128 images, official recipe (polaformer++/cfgs/pola_b3.yaml on the
+# config.py defaults, trained by main_ema.py with an EMA of decay 0.99982 whose weights are the released
+# ones). Train / test:
+#   tools/dist_train.sh configs/classification/polapp-b3_8xb128_in1k.py 8 [--amp]
+#   tools/test.py configs/classification/polapp-b3_8xb128_in1k.py CHECKPOINT   (official PolaFormer++ files load as is)
+# The checkpoint (EMA weights) feeds the dense configs' PolaPP backbone: init_cfg=dict(type='Pretrained', ...).
+_base_ = [
+    './_base_/datasets/imagenet_timm.py',
+    './_base_/schedules/polapp_300e.py',
+    './_base_/default_runtime.py',
+]
+
+model = dict(
+    type='PolaPPImageClassifier',
+    arch='b3',
+    num_classes=1000,
+    drop_path_rate=0.15,
+    label_smoothing=0.1)
+
+train_dataloader = dict(batch_size=128)
+# EMA on, as the official run (--model-ema-decay 0.99982): validation and checkpoints use the averaged weights
+custom_hooks = [dict(type='SwitchableEMAHook', enabled=True, momentum=1.8e-4, priority='ABOVE_NORMAL')]

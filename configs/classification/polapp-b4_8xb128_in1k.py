@@ -1,0 +1,34 @@
+# PolaFormer++-B4 (46.7 M backbone parameters): official ImageNet top-1 85.4.
+# ImageNet-1k from scratch, 8 GPUs x 128 images, official recipe (polaformer++/cfgs/pola_b4.yaml on the
+# config.py defaults, trained by main_ema.py with an EMA of decay 0.99982 whose weights are the released
+# ones). Train / test:
+#   tools/dist_train.sh configs/classification/polapp-b4_8xb128_in1k.py 8 [--amp]
+#   tools/test.py configs/classification/polapp-b4_8xb128_in1k.py CHECKPOINT   (official PolaFormer++ files load as is)
+# The checkpoint (EMA weights) feeds the dense configs' PolaPP backbone: init_cfg=dict(type='Pretrained', ...).
+_base_ = [
+    './_base_/datasets/imagenet_timm.py',
+    './_base_/schedules/polapp_300e.py',
+    './_base_/default_runtime.py',
+]
+
+model = dict(
+    type='PolaPPImageClassifier',
+    arch='b4',
+    num_classes=1000,
+    drop_path_rate=0.4,
+    label_smoothing=0.1)
+
+train_dataloader = dict(batch_size=128)
+# EMA on, as the official run (--model-ema-decay 0.99982): validation and checkpoints use the averaged weights
+custom_hooks = [dict(type='SwitchableEMAHook', enabled=True, momentum=1.8e-4, priority='ABOVE_NORMAL')]
+
+# cfgs/pola_b4.yaml: 5 warm-up epochs from 1e-7, cosine to 1e-5 (per 512) at epoch 300, then 10 cool-down
+# epochs at the minimum; gradient norm clipped at 1.0
+base_lr = 5e-4
+optim_wrapper = dict(clip_grad=dict(max_norm=1.0))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-7 / base_lr, by_epoch=True, begin=0, end=5, convert_to_iter_based=True),
+    dict(type='CosineAnnealingLR', T_max=300 - 5, eta_min_ratio=1e-5 / base_lr, by_epoch=True, begin=5, end=300,
+         convert_to_iter_based=True),
+]
+train_cfg = dict(max_epochs=310)

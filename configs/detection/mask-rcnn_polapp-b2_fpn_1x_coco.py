@@ -1,0 +1,19 @@
+# Mask R-CNN + FPN with PolaFormer++-B2 on COCO 2017, 1x schedule (12 epochs), 8 GPUs x 2 images, as the
+# official PolaFormer++ maskrcnn_b2_1x: AdamW lr 1e-4, weight decay 0.05 without decay on norms, 500
+# warm-up iterations, steps at epochs 8 and 11 (the official run trained with fp16: tools/train.py --amp).
+# Detector, data (1333x800, flip) and runtime are mmdet's (via its Swin-T Mask R-CNN config).
+# Backbone weights: checkpoints/polapp_b2.pth (see configs/_base_/models/polapp_b2.py).
+_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py', '../_base_/models/polapp_b2.py']
+
+model = dict(
+    backbone=dict(_delete_=True, **_base_.backbone),
+    neck=dict(in_channels=_base_.backbone_out_channels))
+
+optim_wrapper = dict(paramwise_cfg=dict(_delete_=True, custom_keys=_base_.backbone_no_decay_keys))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
+    dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
+]
+
+train_dataloader = dict(batch_size=2)
+auto_scale_lr = dict(enable=False, base_batch_size=16)
