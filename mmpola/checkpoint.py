@@ -265,11 +265,14 @@ def describe_checkpoint(checkpoint):
     joined = '\n'.join(keys)
     lineage = next((name for name, patterns in _LINEAGES
                     if all(re.search(p, joined, re.M) for p in patterns)), None)
-    arch = _guess_family(keys)
-    if lineage is None and arch is not None:
-        lineage, arch = arch.split(' (')[0], None
-    elif arch is not None:
-        arch = 'PVT' if 'PVT' in arch else 'Swin'
+    family = _guess_family(keys)
+    if lineage is None and family is not None:
+        lineage, arch = family.split(' (')[0], None
+    elif lineage is None or lineage == 'PolaFormer++':  # one macro architecture of its own
+        arch = None
+    else:
+        arch = ('PVT' if re.search(r'(^|\.)block1\.', joined, re.M) else
+                'Swin' if re.search(r'(^|\.)layers\.0\.blocks\.', joined, re.M) else None)
     backbone = f"{lineage}{f' {arch}' if arch else ''}" if lineage else None
     if any(k.startswith(('roi_head.', 'rpn_head.', 'bbox_head.')) for k in keys):
         task = 'an mmdet detector checkpoint'

@@ -189,7 +189,8 @@ def test_fx_forward_matches_eager(entry):
 
 def test_fx_features_of_feature_info_modules(entry):
     """timm's fx feature extraction (timm.models.create_feature_extractor): each ``feature_info``
-    module names a traceable node with that stage's features (here as (B, H*W, C) tokens)."""
+    module names a traceable node with that stage's features ((B, H*W, C) tokens for the PVT / Swin
+    families, NCHW maps for PolaFormer++, whose blocks work on maps)."""
     model = entry
     modules = [info['module'] for info in model.feature_info]
     for module in modules:
@@ -201,8 +202,10 @@ def test_fx_features_of_feature_info_modules(entry):
         _, maps = model.forward_intermediates(x)
         logits = model(x)
     for module, stage_map in zip(modules, maps):
-        assert torch.equal(outputs[module], stage_map.flatten(2).transpose(1, 2)), module
-    assert torch.equal(outputs[model.pretrained_cfg['classifier']], logits)
+        node = outputs[module]
+        assert torch.equal(node, stage_map if node.dim() == 4 else stage_map.flatten(2).transpose(1, 2)), module
+    # PolaFormer++'s head is a 1x1 conv on the pooled (B, P, 1, 1) map
+    assert torch.equal(outputs[model.pretrained_cfg['classifier']].reshape(logits.shape), logits)
 
 
 def test_fx_backward_reaches_every_parameter(entry):

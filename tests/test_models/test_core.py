@@ -32,7 +32,7 @@ def test_out_norm_is_one_option_with_a_deprecated_alias():
 
 
 def test_attention_kind_options_and_impl_are_checked():
-    with pytest.raises(TypeError, match=r"unexpected argument\(s\) focusing_factor; the Pola attention options"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'focusing_factor' .*the Pola attention options"):
         PolaPVT(arch=TINY_PVT, focusing_factor=3)
     model = PolaSwin(arch=TINY_SWIN)
     with pytest.raises(PolaConfigError, match='attn_impl must be one of'):
