@@ -19,9 +19,11 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 import mmpola  # noqa: E402,F401
 from mmpola.engine import cli, launch  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
+from mmpola.engine.checkpointing import add_safe_checkpointing  # noqa: E402
 from mmpola.engine.data_checks import check_data_files  # noqa: E402
 from mmpola.engine.hooks import add_nonfinite_loss_guard  # noqa: E402
 from mmpola.engine.resume import add_random_state_hook  # noqa: E402
+from mmpola.engine.workdir import lock_work_dir  # noqa: E402
 from mmpola.errors import UserError  # noqa: E402
 
 
@@ -67,6 +69,8 @@ def build_train_config(args):
     # step is skipped: --cfg-options nonfinite_loss.action=skip); see NonFiniteLossHook
     add_nonfinite_loss_guard(cfg)
     add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
+    # atomic saves, old checkpoints removed only after, a checkpoint on SIGTERM, --resume skips broken files
+    add_safe_checkpointing(cfg)
 
     notes = []
     if args.amp:
@@ -98,6 +102,7 @@ def build_train_config(args):
 def build_runner(args):
     """Build (but do not start) the Runner; tests use this to inspect a resumed run."""
     cfg, scope, notes = build_train_config(args)
+    lock_work_dir(cfg.work_dir, args.launcher)  # one run per work dir, before the Runner writes to it
     return cli.build_runner(cfg, args.launcher, notes)
 
 
