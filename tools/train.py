@@ -113,6 +113,10 @@ def main(argv=None):
         runner = build_runner(args)
     with cli.exit_on_user_error(runner.logger):  # e.g. a NaN loss: the message says it all
         runner.train()
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():  # an orderly end: gloo can abort at exit otherwise
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == '__main__':

@@ -71,7 +71,8 @@ def train(config, work_dir, *extra, env=None, expect=0, timeout=300, **popen):
 
 
 def load(path):
-    return torch.load(path, map_location='cpu', weights_only=False)
+    from mmpola.safe_load import safe_torch_load  # mmengine's runner checkpoints pass its allowlist
+    return safe_torch_load(str(path))
 
 
 def last_named(work_dir):
