@@ -200,11 +200,15 @@ def test_second_run_into_a_locked_work_dir_stops_naming_the_first(tmp_path):
 # SIGTERM
 
 @pytest.mark.parametrize('loop,at,saved', [('epoch', 7, 'iter_7.pth'), ('epoch', 10, 'epoch_2.pth'),
-                                           ('iter', 5, 'iter_5.pth')])
+                                           ('iter', 5, 'iter_5.pth'), ('epoch-persistent-worker', 7, 'iter_7.pth')])
 def test_sigterm_saves_a_resumable_checkpoint_and_exits_nonzero(straight, tmp_path, loop, at, saved):
-    config = toy_config(tmp_path, loop=loop, keep=2, iters=9)
+    workers = 1 if loop.endswith('worker') else 0
+    config = toy_config(tmp_path, loop=loop.split('-')[0], keep=2, iters=9, workers=workers, persistent=True)
     if loop == 'epoch':
         reference = straight['work'] / 'epoch_3.pth'
+    elif loop.startswith('epoch'):  # the middle of epoch 2 with a persistent worker: replay, then go on
+        train(config, tmp_path / 'straight')
+        reference = tmp_path / 'straight' / 'epoch_3.pth'
     else:
         train(config, tmp_path / 'straight')
         reference = tmp_path / 'straight' / 'iter_9.pth'
