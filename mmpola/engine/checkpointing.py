@@ -358,19 +358,19 @@ class SafeCheckpointHook(CheckpointHook):
             if self.last_ckpt != self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(done)):
                 self._save_checkpoint_with_step(runner, done, dict(epoch=runner.epoch, iter=done))
             self._interrupted(runner, done)
-        try:
-            per_epoch = len(runner.train_loop.dataloader)
-        except TypeError:
-            per_epoch = None
-        if per_epoch is not None and batch_idx + 1 >= per_epoch:
+        # batches of this epoch trained so far (batch_idx restarts at 0 in an epoch resumed in its middle)
+        per_epoch = len(runner.train_loop.dataloader)
+        batches_done = done - runner.epoch * per_epoch
+        if batches_done >= per_epoch:
             self._stop_after_epoch = True  # the epoch is complete: save it as such in after_train_epoch
             return
         filename = f'iter_{done}.pth'
-        meta = {'epoch': runner.epoch, 'iter': done, EPOCH_BATCHES_DONE: batch_idx + 1}
-        self.last_ckpt = path = self._write(runner, filename, save_optimizer=self.save_optimizer,
-                                            save_param_scheduler=self.save_param_scheduler, meta=meta,
-                                            by_epoch=False, **self.args)
-        self._saved(runner, path)
+        meta = {'epoch': runner.epoch, 'iter': done, EPOCH_BATCHES_DONE: batches_done}
+        self.last_ckpt = self.file_backend.join_path(self.out_dir, filename)
+        runner.message_hub.update_info('last_ckpt', self.last_ckpt)
+        self._write(runner, filename, save_optimizer=self.save_optimizer,
+                    save_param_scheduler=self.save_param_scheduler, meta=meta, by_epoch=False, **self.args)
+        self._saved(runner, self.last_ckpt)
         self._interrupted(runner, done)
 
     def after_train_epoch(self, runner):

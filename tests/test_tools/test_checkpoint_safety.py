@@ -222,6 +222,12 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_nonzero(straight, tmp_pa
     assert last_named(work) == str(work / saved)
     assert load(work / saved)['meta']['iter'] == at
 
+    if (loop, at) == ('epoch', 7):  # stopped again in the epoch resumed in its middle (batches 3..5 of 5)
+        _, out = train(config, work, '--resume', env=dict(TOY_SIGTERM_AT_ITER='9'), expect=143)
+        assert f'Auto resumed from the latest checkpoint {work / saved}' in out
+        saved = 'iter_9.pth'
+        assert load(work / saved)['meta']['mmpola_epoch_batches_done'] == 4
+
     _, out = train(config, work, '--resume')
     assert f'Auto resumed from the latest checkpoint {work / saved}' in out
     assert_same_training(reference, work / osp.basename(reference))
