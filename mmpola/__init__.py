@@ -1,14 +1,17 @@
 """mmpola: PolaFormer backbones for OpenMMLab dense prediction.
 
-Importing this package registers every component (configs list it in ``custom_imports``) and
-installs the safe checkpoint loading rules (see ``mmpola.safe_load``).
+Importing this package registers every component (configs list it in ``custom_imports``) and,
+unless the environment variable ``MMPOLA_SAFE_LOAD`` is ``0``, extends the safe checkpoint loading
+to torch's, mmengine's and timm's loaders (``mmpola.safe_load.install``; undone by
+``mmpola.safe_load.uninstall()``). The README section "What importing mmpola changes" lists it all.
 """
-from .safe_load import register_safe_globals
+from .safe_load import install_unless_disabled
 from .version import __version__
 
-register_safe_globals()
+install_unless_disabled()
 
 from . import models  # noqa: E402,F401  (registers the backbones)
 from . import datasets  # noqa: E402,F401  (registers the pipeline checks, e.g. CheckSegLabels)
+from . import detection  # noqa: E402,F401  (registers PolaCocoMetric and PolaDetTTAModel)
 
 __all__ = ['__version__']

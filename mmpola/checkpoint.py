@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 
 from mmpola.errors import MMPolaUserError
-from mmpola.safe_load import safe_torch_load
+from mmpola.safe_load import download_error, safe_torch_load
 
 __all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict',
-           'load_pola_checkpoint', 'LoadReport', 'CheckpointMismatchError']
+           'load_pola_checkpoint', 'describe_checkpoint', 'LoadReport', 'CheckpointMismatchError']
 
 _RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
 _EMA_KEYS = ('state_dict_ema', 'model_ema')
@@ -79,7 +79,13 @@ def read_checkpoint(source, map_location='cpu'):
         os.makedirs(cache_dir, exist_ok=True)
         local = osp.join(cache_dir, osp.basename(source.split('?')[0]))
         if not osp.isfile(local):
-            torch.hub.download_url_to_file(source, local)
+            try:
+                torch.hub.download_url_to_file(source, local)
+            except Exception as e:
+                error = download_error(source, e)
+                if error is None:
+                    raise
+                raise error from e
         source = local
     return safe_torch_load(source, map_location=map_location)
 
@@ -197,6 +203,52 @@ def _guess_family(keys):
     if re.search(r'(^|\.)layers\.0\.0\.projection\.', joined, re.M):
         return "mmdet/mmseg PVT (not Pola; no Pola attention weights)"
     return None
+
+
+# attention parameters that tell the linear-attention families apart (any key prefix)
+_LINEAGES = (
+    ('PolaFormer++', (r'\.attn\.qkvg\.', r'\.attn\.(s1|lepe\.)')),
+    ('PolaFormer', (r'\.attn\.power$',)),
+    ('InLine', (r'\.attn\.residual\.',)),
+    ('FLatten Transformer', (r'\.attn\.scale$', r'\.attn\.dwc\.')),
+)
+
+
+def describe_checkpoint(checkpoint):
+    """What a checkpoint (the loaded object) holds, in a few words, for error messages: the task
+    (an mmdet detector, an mmseg segmentor, a classifier, a bare backbone), the attention family
+    (PolaFormer, PolaFormer++, FLatten Transformer, InLine, softmax PVT/Swin) and whether it is in
+    the official release format (``{'model': ..., 'config': ...}``)."""
+    if not isinstance(checkpoint, dict):
+        return f'a {type(checkpoint).__name__}, not a checkpoint dict'
+    official = isinstance(checkpoint.get('model'), dict) and any(k in checkpoint for k in ('config', 'max_accuracy'))
+    try:
+        state_dict, _ = extract_state_dict(checkpoint, use_ema=False)
+    except CheckpointMismatchError:
+        return f'no weights (top-level keys {sorted(map(str, checkpoint))[:8]})'
+    keys = [re.sub(r'^module\.', '', str(k)) for k in state_dict]
+    joined = '\n'.join(keys)
+    lineage = next((name for name, patterns in _LINEAGES
+                    if all(re.search(p, joined, re.M) for p in patterns)), None)
+    arch = _guess_family(keys)
+    if lineage is None and arch is not None:
+        lineage, arch = arch.split(' (')[0], None
+    elif arch is not None:
+        arch = 'PVT' if 'PVT' in arch else 'Swin'
+    backbone = f"{lineage}{f' {arch}' if arch else ''}" if lineage else None
+    if any(k.startswith(('roi_head.', 'rpn_head.', 'bbox_head.')) for k in keys):
+        task = 'an mmdet detector checkpoint'
+    elif any(k.startswith(('decode_head.', 'auxiliary_head.')) for k in keys):
+        task = 'an mmseg segmentor checkpoint'
+    elif any(re.match(r'(backbone\.)?head\.(fc\.)?weight$', k) for k in keys):
+        head = next(state_dict[k] for k in state_dict if re.match(r'(module\.)?(backbone\.)?head\.(fc\.)?weight$', k))
+        classes = f', {head.shape[0]}-class head' if getattr(head, 'dim', lambda: 0)() == 2 else ''
+        task = ('an official ' if official else 'a ') + f'classification checkpoint{classes}'
+    elif backbone:
+        task = 'a backbone-only checkpoint'
+    else:
+        return f'a checkpoint of an unknown model (keys like {keys[:3]})'
+    return f'{task} ({backbone})' if backbone else task
 
 
 # parameters only Pola attention has (softmax PVT / Swin blocks have none of them)

@@ -14,11 +14,22 @@ statistics methods of ``HistoryBuffer``, and ``CfgNode`` by a plain dict subclas
 need to be installed and nothing from the file is executed. Any other global is still refused,
 with an :class:`UnsafeCheckpointError` that names the file and says how to convert a trusted one.
 
-Importing mmpola also routes mmengine's checkpoint loading (``load_from``, ``--resume``,
-``tools/test.py``) through :func:`safe_torch_load` (:func:`install_mmengine_loaders`), and
-:mod:`mmpola.models.timm_models` gives timm's refusals the same message.
+mmpola's own loaders (:func:`safe_torch_load`, used by :mod:`mmpola.checkpoint`) apply the
+allowlist by themselves. ``import mmpola`` calls :func:`install`, which extends it to the other
+libraries' loading paths, reversibly (:func:`uninstall`), and only when ``MMPOLA_SAFE_LOAD`` is not
+``0``:
+
+* torch: the allowlist is added to torch's global weights-only allowlist
+  (``torch.serialization.add_safe_globals``), so a plain ``torch.load`` of such a file works;
+* mmengine: the loaders of its checkpoint schemes are re-registered (``CheckpointLoader.register_scheme``,
+  its public extension point): local files go through :func:`safe_torch_load` (weights-only whatever
+  ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says), and a refusal by another scheme's loader names the file;
+* timm: its file readers ``timm.models._helpers._torch_load`` and ``load_state_dict`` (timm has no
+  public hook for this) are wrapped so that a refusal or a missing file names the file; what loads
+  and what is refused does not change.
 """
 import collections
+import contextlib
 import functools
 import os
 import os.path as osp
@@ -30,13 +41,131 @@ import torch
 
 from mmpola.errors import MMPolaUserError
 
-__all__ = ['register_safe_globals', 'safe_torch_load', 'OfficialConfigNode', 'UnsafeCheckpointError',
-           'unsafe_checkpoint_error', 'is_weights_only_refusal', 'name_refused_file',
-           'install_mmengine_loaders']
+__all__ = ['install', 'uninstall', 'is_installed', 'allowlist', 'safe_torch_load', 'OfficialConfigNode',
+           'UnsafeCheckpointError', 'CheckpointFileError', 'MissingCheckpointError', 'checkpoint_file_problem',
+           'checkpoint_file_error', 'download_error', 'unsafe_checkpoint_error', 'is_weights_only_refusal',
+           'name_refused_file']
+
+# where a checkpoint path comes from, for the messages that say how to pass another one
+_CHECKPOINT_OPTIONS = ('init_cfg.checkpoint, load_from, --resume, the checkpoint argument of tools/test.py '
+                       'or checkpoint_path')
 
 
 class UnsafeCheckpointError(MMPolaUserError, RuntimeError):
     """A checkpoint names Python objects outside the allowlist; it was not loaded."""
+
+
+class CheckpointFileError(MMPolaUserError, OSError):
+    """A checkpoint file that cannot be read at all (empty, truncated, a directory, text, a failed
+    download); the message names the file, the problem and the fix."""
+
+
+class MissingCheckpointError(CheckpointFileError, FileNotFoundError):
+    """The checkpoint path does not exist."""
+
+
+# the first bytes of what torch.save writes: a zip archive (torch >= 1.6) or a pickle (legacy)
+_ZIP_MAGIC = b'PK\x03\x04'
+_PICKLE_MAGIC = b'\x80'
+
+
+def _describe_text(head):
+    """What a text file that should have been a checkpoint probably is, from its first bytes."""
+    text = head.decode('utf-8', 'replace').lstrip()
+    if text.startswith('version https://git-lfs'):
+        return 'a Git LFS pointer, not the file itself: fetch it with `git lfs pull`'
+    if text[:15].lower().startswith(('<!doctype html', '<html', '<?xml', '<head')):
+        return 'an HTML/XML page, e.g. the error or login page of a failed download: download the file again'
+    if text.startswith(('{', '[')):
+        return 'a JSON file: download the checkpoint itself again'
+    first = text.splitlines()[0][:60] if text else ''
+    return f'a text file starting with {first!r}: download or copy the checkpoint again'
+
+
+def checkpoint_file_problem(path):
+    """Why the local file ``path`` cannot be a checkpoint, as ``(error class, message)``, or None.
+
+    Cheap (a ``stat`` and the first bytes): a missing path, a directory, an empty file, a text
+    file (an HTML page of a failed download, a Git LFS pointer), a zip archive without its end
+    (interrupted download or copy). A file that passes may still fail to unpickle.
+    """
+    where = os.fspath(path)
+    if osp.isdir(where):
+        inside = sorted(n for n in os.listdir(where) if n.endswith(('.pth', '.pt', '.bin', '.ckpt')))
+        found = f' (it holds {", ".join(inside[:5])})' if inside else ''
+        return CheckpointFileError, (f'checkpoint {where!r} is a directory{found}; pass the checkpoint file '
+                                     'inside it, e.g. work_dirs/<config>/epoch_12.pth')
+    if not osp.isfile(where):
+        return MissingCheckpointError, (f'checkpoint file {where!r} does not exist; check the path '
+                                        f'({_CHECKPOINT_OPTIONS})')
+    size = os.path.getsize(where)
+    if size == 0:
+        return CheckpointFileError, (f'checkpoint file {where!r} is empty (0 bytes): an interrupted download '
+                                     'or copy; download or copy it again')
+    with open(where, 'rb') as f:
+        head = f.read(64)
+    if head.startswith(_ZIP_MAGIC):
+        import zipfile
+        if not zipfile.is_zipfile(where):  # the central directory at the end is missing
+            return CheckpointFileError, (
+                f'checkpoint file {where!r} is a truncated or damaged zip archive ({size} bytes, no end '
+                'record): an interrupted download or copy; download or copy it again')
+        return None
+    if head.startswith(_PICKLE_MAGIC):
+        return None
+    try:
+        head.decode('utf-8')
+        is_text = b'\x00' not in head
+    except UnicodeDecodeError:
+        is_text = False
+    what = _describe_text(head) if is_text else (
+        f'its first bytes are {head[:8]!r}, neither a zip archive nor a pickle; download or copy it again')
+    return CheckpointFileError, f'checkpoint file {where!r} is not a PyTorch checkpoint: {what}'
+
+
+def checkpoint_file_error(path, error=None):
+    """The :class:`CheckpointFileError` for ``path`` (local) when the file is unreadable, or None.
+
+    ``error`` (what torch raised while reading, if anything) fills in a truncated file that the
+    first bytes did not give away."""
+    problem = checkpoint_file_problem(path)
+    if problem is not None:
+        return problem[0](problem[1])
+    if error is None:
+        return None
+    msg = str(error)
+    damaged = ('truncated', 'unexpected EOF', 'might be corrupted', 'failed finding central directory',
+               'failed reading', 'invalid header or archive is corrupted')
+    if isinstance(error, EOFError) or any(marker in msg for marker in damaged):
+        reason = msg.splitlines()[0] if msg else type(error).__name__
+        return CheckpointFileError(
+            f'checkpoint file {os.fspath(path)!r} is truncated or damaged ({type(error).__name__}: {reason}): '
+            'an interrupted download or copy; download or copy it again')
+    return None
+
+
+def download_error(url, error):
+    """A :class:`CheckpointFileError` for a checkpoint URL that could not be fetched (no network,
+    a proxy, a 404), or None when ``error`` is no download failure."""
+    import socket
+    import urllib.error
+    chain, e = [], error
+    while e is not None and len(chain) < 5:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    network = (urllib.error.URLError, socket.timeout, socket.gaierror, ConnectionError, TimeoutError)
+    cause = next((c for c in chain if isinstance(c, network)), None)
+    if cause is None:
+        cause = next((c for c in chain if type(c).__module__.startswith(('requests', 'urllib3', 'huggingface_hub'))
+                      and 'Error' in type(c).__name__), None)
+    if cause is None:
+        return None
+    reason = getattr(cause, 'reason', None) or cause
+    return CheckpointFileError(
+        f'downloading checkpoint {url!r} failed ({type(cause).__name__}: {reason}). Without network access, '
+        'download it on another machine and pass the local file instead of the URL (e.g. '
+        '--cfg-options load_from=checkpoints/file.pth or model.backbone.init_cfg.checkpoint=checkpoints/file.pth, '
+        'or the local path as tools/test.py CHECKPOINT)')
 
 
 class OfficialConfigNode:
@@ -82,25 +211,71 @@ def _numpy_globals():
     return out, named
 
 
-_REGISTERED = False
+_ALLOWLIST = []
+_INSTALLED = None  # what install() replaced, to put back in uninstall()
+SAFE_LOAD_ENV = 'MMPOLA_SAFE_LOAD'
 
 
-def register_safe_globals():
-    """Allowlist the types mmengine and official PolaFormer checkpoints contain (idempotent)."""
-    global _REGISTERED
-    if _REGISTERED or not hasattr(torch.serialization, 'add_safe_globals'):
+def allowlist():
+    """The globals mmengine and official PolaFormer checkpoints contain, as ``add_safe_globals`` takes them."""
+    if not _ALLOWLIST:
+        plain, named = _numpy_globals()
+        safe = list(plain) + named
+        try:
+            from mmengine.logging import HistoryBuffer
+            safe += [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr')]
+        except ImportError:  # mmengine is optional for plain timm users
+            pass
+        safe.append((OfficialConfigNode, 'yacs.config.CfgNode'))
+        _ALLOWLIST.extend(safe)
+    return list(_ALLOWLIST)
+
+
+def install():
+    """Extend the safe loading to torch's, mmengine's and timm's loading paths (idempotent).
+
+    ``import mmpola`` calls it unless the environment variable ``MMPOLA_SAFE_LOAD`` is ``0``; see the
+    module docstring for exactly what changes. Returns whether it is installed.
+    """
+    global _INSTALLED
+    if _INSTALLED is not None:
+        return True
+    if not hasattr(torch.serialization, 'add_safe_globals'):  # torch < 2.4: nothing to extend
+        return False
+    torch.serialization.add_safe_globals(allowlist())
+    _INSTALLED = dict(mmengine=_install_mmengine_loaders(), timm=_install_timm_reader())
+    return True
+
+
+def uninstall():
+    """Undo :func:`install`: torch's allowlist, mmengine's scheme loaders and timm's reader as before."""
+    global _INSTALLED
+    if _INSTALLED is None:
         return
-    plain, named = _numpy_globals()
-    safe = list(plain) + named
-    try:
-        from mmengine.logging import HistoryBuffer
-        safe += [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr')]
-    except ImportError:  # mmengine is optional for plain timm users
-        pass
-    safe.append((OfficialConfigNode, 'yacs.config.CfgNode'))
-    torch.serialization.add_safe_globals(safe)
-    install_mmengine_loaders()
-    _REGISTERED = True
+    ours = allowlist()
+    kept = [g for g in torch.serialization.get_safe_globals() if g not in ours]
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(kept)
+    if _INSTALLED['mmengine']:
+        from mmengine.runner.checkpoint import CheckpointLoader
+        for prefix, loader in _INSTALLED['mmengine'].items():
+            CheckpointLoader.register_scheme(prefix, loader, force=True)
+    if _INSTALLED['timm']:
+        from timm.models import _helpers
+        for name, original in _INSTALLED['timm'].items():
+            setattr(_helpers, name, original)
+    _INSTALLED = None
+
+
+def is_installed():
+    return _INSTALLED is not None
+
+
+def install_unless_disabled():
+    """What ``import mmpola`` runs: :func:`install` unless ``MMPOLA_SAFE_LOAD=0``."""
+    if os.environ.get(SAFE_LOAD_ENV, '1').strip().lower() in ('0', 'false', 'no', 'off'):
+        return False
+    return install()
 
 
 def _refusal_detail(path, error):
@@ -156,17 +331,24 @@ def unsafe_checkpoint_error(path, error):
 
 
 def safe_torch_load(path, map_location='cpu'):
-    """``torch.load(path, weights_only=True)`` with the allowlist and an actionable error."""
-    register_safe_globals()
-    if isinstance(path, (str, os.PathLike)) and not osp.isfile(path):
-        raise FileNotFoundError(
-            f'checkpoint file {os.fspath(path)!r} does not exist; check the path (init_cfg.checkpoint, '
-            'load_from, --resume, the checkpoint argument of tools/test.py or checkpoint_path)')
+    """``torch.load(path, weights_only=True)`` with the allowlist and an actionable error.
+
+    The allowlist applies to this call whether or not :func:`install` ran.
+    """
+    local = isinstance(path, (str, os.PathLike))
+    if local:
+        problem = checkpoint_file_problem(path)  # missing, a directory, empty, text, a cut-off zip
+        if problem is not None:
+            raise problem[0](problem[1])
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with _allowlisted():
+            return torch.load(path, map_location=map_location, weights_only=True)
     except UnsafeCheckpointError as e:  # raised by the getattr stand-in, not wrapped by torch
         raise unsafe_checkpoint_error(path, e) from e
     except Exception as e:  # torch raises UnpicklingError wrapped in various types
+        damaged = checkpoint_file_error(path, e) if local else None
+        if damaged is not None:  # a truncated legacy pickle reads as an unpickling error
+            raise damaged from e
         if is_weights_only_refusal(e):
             raise unsafe_checkpoint_error(path, e) from e
         raise
@@ -174,9 +356,10 @@ def safe_torch_load(path, map_location='cpu'):
 
 def name_refused_file(loader):
     """Wrap ``loader(path, *args, **kwargs)`` so that a weights-only refusal raises
-    :class:`UnsafeCheckpointError` naming ``path`` (torch's and timm's own messages name no file).
-    What loads and what is refused does not change. Used for mmengine's non-local loaders and
-    timm's file reader; idempotent."""
+    :class:`UnsafeCheckpointError` naming ``path`` (torch's and timm's own messages name no file),
+    an unreadable local file (empty, truncated, text, a directory) :class:`CheckpointFileError` and a
+    failed download of a URL one saying how to pass a local file. What loads and what is refused
+    does not change. Used for mmengine's non-local loaders and timm's file reader; idempotent."""
     if getattr(loader, '_mmpola_guarded', False):
         return loader
 
@@ -184,9 +367,14 @@ def name_refused_file(loader):
     def guarded(path, *args, **kwargs):
         try:
             return loader(path, *args, **kwargs)
-        except UnsafeCheckpointError:
+        except MMPolaUserError:
             raise
         except Exception as e:
+            url = isinstance(path, str) and '://' in path
+            better = download_error(path, e) if url else (
+                checkpoint_file_error(path, e) if isinstance(path, (str, os.PathLike)) else None)
+            if better is not None:
+                raise better from e
             cause = e if is_weights_only_refusal(e) else e.__cause__
             if cause is not None and is_weights_only_refusal(cause):
                 raise unsafe_checkpoint_error(path, cause) from e
@@ -207,21 +395,57 @@ def load_from_local(filename, map_location=None):
 load_from_local._mmpola_guarded = True
 
 
-def install_mmengine_loaders():
+def _allowlisted():
+    """The allowlist for the calls inside the ``with`` block (torch's ``safe_globals`` context).
+
+    When :func:`install` ran, torch's global allowlist has it already; the context is then skipped,
+    because torch's context manager removes its entries from the global list on exit, also entries
+    that were there before it was entered.
+    """
+    if is_installed():
+        return contextlib.nullcontext()
+    if hasattr(torch.serialization, 'safe_globals'):
+        return torch.serialization.safe_globals(allowlist())
+    torch.serialization.add_safe_globals(allowlist())  # torch 2.4: no context manager
+    return contextlib.nullcontext()
+
+
+def _install_mmengine_loaders():
     """Route mmengine's checkpoint loading (``load_from``, ``--resume``, ``tools/test.py``, mmengine
-    ``Pretrained`` inits of necks and heads) through the safe loader.
+    ``Pretrained`` inits of necks and heads) through the safe loader; returns the replaced loaders.
 
     mmengine calls plain ``torch.load``: weights-only by default since torch 2.6, but its refusal
     names neither the file nor a way forward, and ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns it
     off. Local files now go through :func:`safe_torch_load` (weights-only whatever the
     environment says); the other schemes (http, s3 ...) keep their loader, with a refusal turned
-    into :class:`UnsafeCheckpointError` naming the file. Idempotent.
+    into :class:`UnsafeCheckpointError` naming the file.
     """
     try:
         from mmengine.runner.checkpoint import CheckpointLoader
     except ImportError:  # mmengine is optional for plain timm users
-        return
-    for prefix, loader in list(CheckpointLoader._schemes.items()):
+        return {}
+    previous = dict(CheckpointLoader._schemes)
+    for prefix, loader in previous.items():
         if prefix != '':
             CheckpointLoader.register_scheme(prefix, name_refused_file(loader), force=True)
     CheckpointLoader.register_scheme('', load_from_local, force=True)
+    return previous
+
+
+def _install_timm_reader():
+    """Make timm's refusals and missing files name the file (``checkpoint_path=``, ``pretrained_cfg``
+    files, ``timm.models.load_checkpoint``) for every timm model: timm reads every file through
+    ``timm.models._helpers._torch_load`` (a weights-only refusal names no file) and
+    ``load_state_dict`` (a missing path or a directory is a bare ``FileNotFoundError``), which are
+    wrapped. Returns the originals (empty: no timm, or a timm without these functions)."""
+    try:
+        from timm.models import _helpers
+    except ImportError:
+        return {}
+    originals = {}
+    for name in ('_torch_load', 'load_state_dict'):
+        original = getattr(_helpers, name, None)
+        if original is not None:
+            originals[name] = original
+            setattr(_helpers, name, name_refused_file(original))
+    return originals

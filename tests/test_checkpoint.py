@@ -1,4 +1,5 @@
-"""mmpola.checkpoint: every checkpoint layout our users have loads into the backbones (spec §2.5)."""
+"""mmpola.checkpoint: every checkpoint layout our users have loads into the backbones
+(docs/design.md, "Checkpoints: official names, loading is a filter")."""
 import os.path as osp
 import sys
 from collections import OrderedDict

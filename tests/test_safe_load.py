@@ -133,3 +133,61 @@ def test_getattr_is_restricted_to_history_buffer_statistics(tmp_path):
 def test_missing_checkpoint_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match='does not exist'):
         safe_torch_load(str(tmp_path / 'nope.pth'))
+
+
+_PROBE = r'''
+import json, torch
+import mmpola
+from mmengine.logging import HistoryBuffer
+from mmengine.runner.checkpoint import CheckpointLoader
+from timm.models import _helpers
+from mmpola import safe_load
+official = safe_load.safe_torch_load({path!r})  # mmpola's own loader works either way
+print(json.dumps(dict(
+    installed=safe_load.is_installed(),
+    torch_allowlist=HistoryBuffer in torch.serialization.get_safe_globals(),
+    mmengine_local=CheckpointLoader._schemes[''] is safe_load.load_from_local,
+    timm_reader=getattr(_helpers._torch_load, '_mmpola_guarded', False),
+    official_keys=len(official['model']))))
+'''
+
+
+@pytest.mark.parametrize('env, expected', [('1', True), ('0', False)])
+def test_import_side_effects_follow_the_environment(env, expected):
+    """``import mmpola`` installs the safe loading into torch, mmengine and timm unless MMPOLA_SAFE_LOAD=0;
+    mmpola's own loader applies the allowlist in both cases."""
+    import json
+    import subprocess
+    import sys
+    probe = _PROBE.format(path=osp.join(DATA, 'pola_pvt_mini_official.pth'))
+    out = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, MMPOLA_SAFE_LOAD=env)).stdout
+    state = json.loads(out.strip().splitlines()[-1])
+    assert state.pop('official_keys') > 0
+    assert state == dict(installed=expected, torch_allowlist=expected, mmengine_local=expected,
+                         timm_reader=expected)
+
+
+def test_uninstall_restores_and_install_is_idempotent():
+    from mmengine.logging import HistoryBuffer
+    from mmengine.runner.checkpoint import CheckpointLoader
+    from timm.models import _helpers
+
+    from mmpola import safe_load
+    assert safe_load.is_installed()
+    guarded_reader = _helpers._torch_load
+    try:
+        safe_load.uninstall()
+        assert not safe_load.is_installed()
+        assert HistoryBuffer not in torch.serialization.get_safe_globals()
+        assert CheckpointLoader._schemes[''] is not safe_load.load_from_local
+        assert not getattr(_helpers._torch_load, '_mmpola_guarded', False)
+        # mmpola's own loader still reads official checkpoints (its allowlist is per call)
+        assert 'model' in safe_torch_load(osp.join(DATA, 'pola_pvt_mini_official.pth'))
+        safe_load.uninstall()  # a second uninstall is a no-op
+    finally:
+        assert safe_load.install() and safe_load.install()
+    assert HistoryBuffer in torch.serialization.get_safe_globals()
+    assert CheckpointLoader._schemes[''] is safe_load.load_from_local
+    assert getattr(_helpers._torch_load, '_mmpola_guarded', False)
+    assert _helpers._torch_load.__wrapped__ is guarded_reader.__wrapped__  # wrapped once, not twice

@@ -475,7 +475,7 @@ def bench_scaling(args, device):
         del model, images
         gc.collect()
     print('\nbatch 1, no_grad, eval mode; min over the runs. Linear growth = time x equal to pixels x. '
-          'Target (issue #7): Pola-PVT-T 800x1333 -> 1600x2666 time x <= 4.5.')
+          'Target: Pola-PVT-T 800x1333 -> 1600x2666 time x <= 4.5.')
 
 
 def _finite_report(model, image, dtype, device):

@@ -97,7 +97,8 @@ def main(argv=None):
     total_seconds = time.time() - start
 
     keys = sorted(k for k in after if k.startswith('accuracy/'))
-    summary = dict(config=demo.config_label(args.config, REPO_ROOT), parameters=num_params, epochs=cfg.train_cfg.max_epochs,
+    summary = dict(config=demo.config_label(args.config, REPO_ROOT),
+                   parameters=num_params, epochs=cfg.train_cfg.max_epochs,
                    iterations=runner.iter, before={k: round(before.get(k, float('nan')), 2) for k in keys},
                    after={k: round(after[k], 2) for k in keys}, per_class_top1=classes_acc,
                    train_seconds=round(train_seconds, 1), total_seconds=round(total_seconds, 1),

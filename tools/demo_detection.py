@@ -50,8 +50,6 @@ def build_config(args):
     cfg = cli.load_config(args.config)
     cli.register_task_modules(cfg)
     root = args.data_root.rstrip('/') + '/'
-    for evaluator in ('val_evaluator', 'test_evaluator'):
-        cfg[evaluator].ann_file = root + 'annotations/instances_val.json'
     if args.epochs is not None:
         cfg.train_cfg.max_epochs = args.epochs
         cfg.train_cfg.val_interval = args.epochs
@@ -112,7 +110,8 @@ def main(argv=None):
                           score_thr=args.score_thr)
 
     total_seconds = time.time() - start
-    summary = dict(config=demo.config_label(args.config, REPO_ROOT), backbone_init=init, epochs=cfg.train_cfg.max_epochs,
+    summary = dict(config=demo.config_label(args.config, REPO_ROOT),
+                   backbone_init=init, epochs=cfg.train_cfg.max_epochs,
                    iterations=runner.iter, before=before, after=after,
                    initial_eval_seconds=round(initial_seconds, 1),
                    train_and_final_eval_seconds=round(train_seconds - initial_seconds, 1),

@@ -21,10 +21,9 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
-from _mmpola_tools import REPO_ROOT  # noqa: E402
-
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
+from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.datasets.demo_ade import demo_ade_is_complete, make_demo_ade  # noqa: E402
@@ -170,7 +169,8 @@ def main(argv=None):
                              caption)
 
     total_seconds = time.time() - start
-    summary = dict(config=demo.config_label(args.config, REPO_ROOT), backbone_init=init, iterations=runner.iter, before=before,
+    summary = dict(config=demo.config_label(args.config, REPO_ROOT),
+                   backbone_init=init, iterations=runner.iter, before=before,
                    after=after, cpu_threads=threads, train_seconds=round(train_seconds, 1),
                    total_seconds=round(total_seconds, 1), figure=figure_path)
     summary_path = demo.write_summary(args.work_dir, summary)

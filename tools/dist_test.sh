@@ -4,7 +4,8 @@
 #   tools/dist_test.sh CONFIG CHECKPOINT GPUS [tools/test.py options ...]
 #
 # Several machines: NNODES, NODE_RANK, MASTER_ADDR, PORT as for tools/dist_train.sh.
-# Without GPUs, GPUS CPU processes test over gloo. PYTHON selects the interpreter.
+# Without usable CUDA it stops with the cause; with --device cpu, GPUS CPU processes test over
+# gloo. PYTHON selects the interpreter.
 set -e
 if [ $# -lt 3 ]; then
     echo "usage: $0 CONFIG CHECKPOINT GPUS [tools/test.py options ...]" >&2

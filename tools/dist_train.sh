@@ -5,7 +5,8 @@
 #
 # Several machines: run on each, with the same MASTER_ADDR/PORT and its own NODE_RANK:
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 PORT=29500 tools/dist_train.sh CONFIG 8
-# Without GPUs, GPUS CPU processes train over gloo. PYTHON selects the interpreter
+# Without usable CUDA it stops with the cause; with --device cpu, GPUS CPU processes train over
+# gloo. PYTHON selects the interpreter
 # (default: the repository's .venv if present, else python).
 set -e
 if [ $# -lt 2 ]; then

@@ -11,13 +11,18 @@ Convention: FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` on
 batch 1. It counts matrix products and convolutions only (mm/addmm/bmm/baddbmm, hence Linear and the
 Pola attention matmuls, conv, scaled_dot_product_attention); element-wise ops, norms, activations,
 softmax, pow and interpolation are not counted. It reports 2 FLOPs per multiply-accumulate; this
-tool prints multiply-accumulates (MACs), the convention of the papers and of spec §5, and FLOPs = 2 x MACs.
+tool prints multiply-accumulates (MACs), the convention of the papers (and of the model zoo tables), and
+FLOPs = 2 x MACs.
 """
 import argparse
 import os
+import os.path as osp
 import sys
 
-import torch
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
+import torch  # noqa: E402
+from mmengine.config import DictAction  # noqa: E402
 
 MAC_CONVENTION = ('1 MAC = 2 FLOPs; counted by torch.utils.flop_counter (matmul/linear/conv/sdpa only; '
                   'element-wise ops, norms, activations, softmax, pow not counted)')
@@ -75,10 +80,7 @@ def count_flops(model, *inputs, forward=None, depth=2):
 
 
 def _import_mmpola():
-    """Register mmpola's models; the repository root may not be installed as a package."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    """Register mmpola's models (the repository root is on sys.path: tools/_mmpola_tools.py)."""
     import mmpola  # noqa: F401
 
 
@@ -183,21 +185,10 @@ def parse_args(argv=None):
     parser.add_argument('--shape', type=int, nargs='+', default=[224, 224], help='input H W (or one size)')
     parser.add_argument('--per-module', type=int, default=0, metavar='DEPTH',
                         help='also print the FLOPs of modules up to this depth')
-    parser.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE',
-                        help='override config entries, e.g. model.backbone.arch=small')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
+                        help='override config entries (mmengine syntax, as tools/train.py), e.g. '
+                        'model.backbone.arch=small model.backbone.out_indices="(1,2,3)"')
     return parser.parse_args(argv)
-
-
-def _parse_cfg_options(pairs):
-    import ast
-    options = {}
-    for pair in pairs:
-        key, _, value = pair.partition('=')
-        try:
-            options[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            options[key] = value
-    return options
 
 
 def main(argv=None):
@@ -216,7 +207,7 @@ def main(argv=None):
         title = f'{args.backbone}' + (f'(arch={args.arch})' if args.arch else '')
         flops, per_module = count_flops(model, inputs, depth=max(1, args.per_module))
     else:
-        model, forward = build_from_config(args.config, height, width, _parse_cfg_options(args.cfg_options))
+        model, forward = build_from_config(args.config, height, width, args.cfg_options)
         title = f'{os.path.basename(args.config)} ({type(model).__name__})'
         flops, per_module = count_flops(model, forward=forward, depth=max(1, args.per_module))
     params = count_parameters(model)

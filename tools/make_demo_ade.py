@@ -4,8 +4,13 @@
     python tools/make_demo_ade.py --out data/tiny --num-train 8 --num-val 4 --size 64
 """
 import argparse
+import os.path as osp
+import sys
 
-from mmpola.datasets.demo_ade import make_demo_ade
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import _mmpola_tools  # noqa: E402,F401  (the tools' shared start: repo on sys.path)
+
+from mmpola.datasets.demo_ade import make_demo_ade  # noqa: E402
 
 
 def parse_args():

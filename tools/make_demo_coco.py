@@ -10,7 +10,8 @@ import argparse
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # run from a plain checkout
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import _mmpola_tools  # noqa: E402,F401  (the tools' shared start: repo on sys.path)
 
 from mmpola.datasets.demo_coco import demo_coco_is_complete, make_demo_coco  # noqa: E402
 

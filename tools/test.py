@@ -1,11 +1,11 @@
 """Evaluate a trained checkpoint on a config's test set (one entry point for every task).
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--show-dir DIR]
-                         [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
+                         [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi] [--device auto|cuda|cpu]
 
 Metrics come from the config's test_evaluator (CocoMetric bbox/segm for detection, IoUMetric for
-segmentation). Several processes: tools/dist_test.sh or tools/slurm_test.sh; without a GPU the
-same commands run on the CPU.
+segmentation). Several processes: tools/dist_test.sh or tools/slurm_test.sh; without a GPU they
+run on the CPU when asked to with --device cpu.
 """
 import argparse
 import os.path as osp
@@ -18,7 +18,8 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 import mmpola  # noqa: E402,F401
 from mmpola.engine import cli, launch  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine.data_checks import check_data_files  # noqa: E402
+from mmpola.engine.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
+from mmpola.engine.data_checks import run_preflight  # noqa: E402
 from mmpola.errors import UserError  # noqa: E402
 
 
@@ -34,13 +35,16 @@ def parse_args(argv=None):
     parser.add_argument('--show-dir', help='save images with predictions drawn next to the ground truth')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per image with --show')
     parser.add_argument('--tta', action='store_true', help="test-time augmentation with the config's "
-                        '`tta_model` and `tta_pipeline` (e.g. mmseg multi-scale + flip)')
+                        '`tta_model` and `tta_pipeline` (flips; multi-scale for mmseg and the 3x detection configs)')
     parser.add_argument('--amp', action='store_true', help='run inference under fp16 autocast (CUDA only)')
+    parser.add_argument('--skip-data-check', action='store_true', help='skip the pre-flight check of the '
+                        'data (files, annotations, segmentation maps, classes vs num_classes)')
     cli.add_launch_args(parser)
     return cli.parse_tool_args(parser, argv)
 
 
 def build_test_config(args):
+    launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
     cfg = cli.load_config(args.config, args.cfg_options)
     scope = cli.register_task_modules(cfg)
     cli.set_work_dir(cfg, args.config, args.work_dir)
@@ -48,6 +52,7 @@ def build_test_config(args):
     cli.check_checkpoint_file(args.checkpoint)
     cfg.load_from = args.checkpoint
     cfg.resume = False
+    add_checkpoint_fit_check(cfg)  # refuse a checkpoint of another model (it would test random weights)
     if args.amp:
         import torch
         if not torch.cuda.is_available():
@@ -62,7 +67,8 @@ def build_test_config(args):
         cli.enable_test_dump(cfg, args.out, scope)
 
     notes = launch.adapt_cfg_to_machine(cfg, args.launcher)
-    check_data_files(cfg, ['test_dataloader'])
+    launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
+    run_preflight(cfg, ['test_dataloader'], args.skip_data_check)
     return cfg, scope, notes
 
 

@@ -1,11 +1,12 @@
 """Train a detector, segmentor or classifier from a config (one entry point for every task).
 
-    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT]]
+    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT]] [--device auto|cuda|cpu]
                           [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
 
 The task library comes from the config's ``default_scope`` (mmdet, mmseg, ...). Several processes:
-tools/dist_train.sh (torchrun) or tools/slurm_train.sh. Without a GPU the same commands run on
-the CPU (gloo process group, SyncBN -> BN, bf16 autocast for --amp).
+tools/dist_train.sh (torchrun) or tools/slurm_train.sh. Without usable CUDA a multi-process launch
+stops with the cause; with --device cpu the same commands run on the CPU (gloo process group,
+SyncBN -> BN, bf16 autocast for --amp).
 """
 import argparse
 import os.path as osp
@@ -19,8 +20,9 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 import mmpola  # noqa: E402,F401
 from mmpola.engine import cli, launch  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
+from mmpola.engine.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
 from mmpola.engine.checkpointing import add_safe_checkpointing  # noqa: E402
-from mmpola.engine.data_checks import check_data_files  # noqa: E402
+from mmpola.engine.data_checks import run_preflight  # noqa: E402
 from mmpola.engine.hooks import add_nonfinite_loss_guard  # noqa: E402
 from mmpola.engine.resume import add_random_state_hook  # noqa: E402
 from mmpola.engine.workdir import lock_work_dir  # noqa: E402
@@ -42,6 +44,8 @@ def parse_args(argv=None):
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CHECKPOINT, or, without a value, from the latest checkpoint '
                         'in the work dir')
+    parser.add_argument('--skip-data-check', action='store_true', help='skip the pre-flight check of the '
+                        'data (files, annotations, segmentation maps, classes vs num_classes)')
     cli.add_launch_args(parser)
     return cli.parse_tool_args(parser, argv)
 
@@ -62,6 +66,7 @@ def check_resumable(path):
 
 def build_train_config(args):
     """The config as the Runner will get it, after flags, machine fallbacks and input checks."""
+    launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
     cfg = cli.load_config(args.config, args.cfg_options)
     scope = cli.register_task_modules(cfg)
     cli.set_work_dir(cfg, args.config, args.work_dir)
@@ -69,6 +74,7 @@ def build_train_config(args):
     # step is skipped: --cfg-options nonfinite_loss.action=skip); see NonFiniteLossHook
     add_nonfinite_loss_guard(cfg)
     add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
+    add_checkpoint_fit_check(cfg)  # load_from / --resume: refuse a checkpoint of another model
     # atomic saves, old checkpoints removed only after, a checkpoint on SIGTERM, --resume skips broken files
     add_safe_checkpointing(cfg)
 
@@ -95,7 +101,8 @@ def build_train_config(args):
     notes += launch.adapt_cfg_to_machine(cfg, args.launcher)
     cli.check_pretrained_files(cfg)
     keys = ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else [])
-    check_data_files(cfg, keys)
+    launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
+    run_preflight(cfg, keys, args.skip_data_check)
     return cfg, scope, notes
 
 

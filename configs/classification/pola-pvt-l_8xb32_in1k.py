@@ -1,6 +1,6 @@
 # Pola-PVT-L (54.4 M parameters, 11.5 GMACs; the official 'pola_pvt_b'); no official accuracy published.
 # ImageNet-1k from scratch, 8 GPUs x 32 images (256 per step; lr 5e-4 x 256 / 512), official recipe
-# (spec §1.10). Train / test:
+# (the official training configuration). Train / test:
 #   tools/dist_train.sh configs/classification/pola-pvt-l_8xb32_in1k.py 8 [--amp]
 #   GPUS=8 tools/slurm_train.sh PARTITION JOB configs/classification/pola-pvt-l_8xb32_in1k.py WORK_DIR
 #   tools/test.py configs/classification/pola-pvt-l_8xb32_in1k.py CHECKPOINT   (official PolaFormer files load as is)

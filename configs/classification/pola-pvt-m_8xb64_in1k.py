@@ -1,6 +1,6 @@
 # Pola-PVT-M (40.0 M parameters, 7.8 GMACs); no official accuracy published.
 # ImageNet-1k from scratch, 8 GPUs x 64 images (512 per step; lr 5e-4 x 512 / 512), official recipe
-# (spec §1.10). Train / test:
+# (the official training configuration). Train / test:
 #   tools/dist_train.sh configs/classification/pola-pvt-m_8xb64_in1k.py 8 [--amp]
 #   GPUS=8 tools/slurm_train.sh PARTITION JOB configs/classification/pola-pvt-m_8xb64_in1k.py WORK_DIR
 #   tools/test.py configs/classification/pola-pvt-m_8xb64_in1k.py CHECKPOINT   (official PolaFormer files load as is)

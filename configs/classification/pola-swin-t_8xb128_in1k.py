@@ -1,6 +1,6 @@
 # Pola-Swin-T (29.3 M parameters, 4.7 GMACs): official ImageNet top-1 82.6.
 # ImageNet-1k from scratch, 8 GPUs x 128 images (1024 per step; lr 5e-4 x 1024 / 512), official recipe
-# (spec §1.10). Train / test:
+# (the official training configuration). Train / test:
 #   tools/dist_train.sh configs/classification/pola-swin-t_8xb128_in1k.py 8 [--amp]
 #   GPUS=8 tools/slurm_train.sh PARTITION JOB configs/classification/pola-swin-t_8xb128_in1k.py WORK_DIR
 #   tools/test.py configs/classification/pola-swin-t_8xb128_in1k.py CHECKPOINT   (official PolaFormer files load as is)

@@ -70,6 +70,19 @@ val_dataloader = dict(
 test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json', metric=['bbox', 'segm'])
 test_evaluator = val_evaluator
+# --tta: both flips at three scales around the demo's test scale
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(
+        type='TestTimeAug',
+        transforms=[
+            [dict(type='Resize', scale=scale, keep_ratio=True) for scale in ((112, 112), (128, 128), (160, 160))],
+            [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+            [dict(type='LoadAnnotations', with_bbox=True)],
+            [dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor',
+                                                   'flip', 'flip_direction'))],
+        ]),
+]
 
 # 80 iterations per epoch (320 images, batch 4); validation only at the end (the demo also
 # evaluates the untrained model before the first iteration).

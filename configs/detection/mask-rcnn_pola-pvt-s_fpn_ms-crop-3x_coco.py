@@ -4,7 +4,11 @@
 # Data pipeline and schedule are mmdet's Swin 3x recipe (mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco);
 # the optimizer follows mmdet's PVT recipe: AdamW lr 1e-4, weight decay 1e-4.
 # Backbone weights: checkpoints/pola_pvt_small.pth (see mask-rcnn_pola-pvt-t_fpn_1x_coco.py).
-_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', '../_base_/models/pola_pvt_small.py']
+_base_ = [
+    'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
+    '../_base_/models/pola_pvt_small.py',
+    './_base_/coco_tta.py',
+]
 
 model = dict(
     backbone=dict(_base_.backbone, _delete_=True, drop_path_rate=0.2),
@@ -16,3 +20,9 @@ optim_wrapper = dict(
 
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: flips at three scales
+# (_base_/coco_tta.py)
+val_evaluator = dict(type='PolaCocoMetric')
+test_evaluator = dict(type='PolaCocoMetric')
+tta_pipeline = _base_.tta_ms_pipeline

@@ -8,7 +8,11 @@
 # (official PolaFormer release or our own classification run; the backbone's loader reads the
 # official {'model': ...} container and mmengine checkpoints). Without it, train from random
 # initialisation with --cfg-options model.backbone.init_cfg=None.
-_base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', '../_base_/models/pola_pvt_tiny.py']
+_base_ = [
+    'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
+    '../_base_/models/pola_pvt_tiny.py',
+    './_base_/coco_tta.py',
+]
 
 # the shared Pola-PVT-T backbone (arch tiny, drop path 0.1, init from checkpoints/pola_pvt_tiny.pth)
 model = dict(
@@ -36,3 +40,8 @@ param_scheduler = [
 # 8 GPUs x 2 images; --auto-scale-lr rescales the lr for another total batch size.
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: horizontal flip
+# (_base_/coco_tta.py)
+val_evaluator = dict(type='PolaCocoMetric')
+test_evaluator = dict(type='PolaCocoMetric')

@@ -7,7 +7,11 @@
 # Backbone weights: the ImageNet-1k Pola-Swin-T checkpoint at checkpoints/pola_swin_tiny.pth
 # (official PolaFormer release or our own classification run). Without it, train from random
 # initialisation with --cfg-options model.backbone.init_cfg=None.
-_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py', '../_base_/models/pola_swin_tiny.py']
+_base_ = [
+    'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py',
+    '../_base_/models/pola_swin_tiny.py',
+    './_base_/coco_tta.py',
+]
 
 # the shared Pola-Swin-T backbone (arch tiny, drop path 0.2, init from checkpoints/pola_swin_tiny.pth)
 model = dict(
@@ -20,3 +24,8 @@ optim_wrapper = dict(paramwise_cfg=dict(_delete_=True, custom_keys=_base_.backbo
 
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: horizontal flip
+# (_base_/coco_tta.py)
+val_evaluator = dict(type='PolaCocoMetric')
+test_evaluator = dict(type='PolaCocoMetric')

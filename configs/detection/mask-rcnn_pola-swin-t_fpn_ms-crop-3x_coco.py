@@ -6,7 +6,11 @@
 # 384-600 crop then 480-800, DETR style; AdamW lr 1e-4, weight decay 0.05, warm-up 1000 iterations).
 #
 # Backbone weights: checkpoints/pola_swin_tiny.pth (see mask-rcnn_pola-swin-t_fpn_1x_coco.py).
-_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', '../_base_/models/pola_swin_tiny.py']
+_base_ = [
+    'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
+    '../_base_/models/pola_swin_tiny.py',
+    './_base_/coco_tta.py',
+]
 
 # the shared Pola-Swin-T backbone (arch tiny, drop path 0.2, init from checkpoints/pola_swin_tiny.pth)
 model = dict(
@@ -19,3 +23,9 @@ optim_wrapper = dict(paramwise_cfg=dict(_delete_=True, custom_keys=_base_.backbo
 
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: flips at three scales
+# (_base_/coco_tta.py)
+val_evaluator = dict(type='PolaCocoMetric')
+test_evaluator = dict(type='PolaCocoMetric')
+tta_pipeline = _base_.tta_ms_pipeline

@@ -6,7 +6,11 @@
 #
 # Backbone weights: checkpoints/pola_pvt_tiny.pth (see mask-rcnn_pola-pvt-t_fpn_1x_coco.py).
 # Without it: --cfg-options model.backbone.init_cfg=None.
-_base_ = ['mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py', '../_base_/models/pola_pvt_tiny.py']
+_base_ = [
+    'mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py',
+    '../_base_/models/pola_pvt_tiny.py',
+    './_base_/coco_tta.py',
+]
 
 model = dict(
     backbone=dict(_delete_=True, **_base_.backbone),
@@ -17,3 +21,8 @@ optim_wrapper = dict(paramwise_cfg=dict(custom_keys=_base_.backbone_no_decay_key
 
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: horizontal flip
+# (_base_/coco_tta.py)
+val_evaluator = dict(type='PolaCocoMetric')
+test_evaluator = dict(type='PolaCocoMetric')

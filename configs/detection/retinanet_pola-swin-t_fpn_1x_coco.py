@@ -7,7 +7,11 @@
 # instead of that config's SGD.
 #
 # Backbone weights: checkpoints/pola_swin_tiny.pth (see mask-rcnn_pola-swin-t_fpn_1x_coco.py).
-_base_ = ['mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py', '../_base_/models/pola_swin_tiny.py']
+_base_ = [
+    'mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py',
+    '../_base_/models/pola_swin_tiny.py',
+    './_base_/coco_tta.py',
+]
 
 model = dict(
     backbone=dict(_base_.backbone, _delete_=True, out_indices=(1, 2, 3)),
@@ -27,3 +31,8 @@ param_scheduler = [
 
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: horizontal flip
+# (_base_/coco_tta.py)
+val_evaluator = dict(type='PolaCocoMetric')
+test_evaluator = dict(type='PolaCocoMetric')

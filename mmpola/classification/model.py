@@ -15,7 +15,7 @@ class PolaImageClassifier(PolaClassifier, BaseModel):
     """:class:`PolaClassifier` with mmengine's model interface: data preprocessor, loss, predictions.
 
     It *is* the classifier (subclass, no wrapper prefix), so the checkpoints it saves hold
-    ``backbone.<official names>``, ``norm.*`` and ``head.*``: every detection / segmentation
+    ``backbone.<official names>``, ``norm.*`` (Pola-Swin) and ``head.*``: every detection / segmentation
     config loads them through ``init_cfg=dict(type='Pretrained', checkpoint=...)`` as they are,
     and ``timm.create_model('pola_*', checkpoint_path=...)`` too. Official PolaFormer files
     load into it as well (``load_from``, ``tools/test.py CONFIG OFFICIAL.pth``,

@@ -10,10 +10,35 @@ import os
 import os.path as osp
 import re
 
-from mmpola.errors import UserError
+from mmpola.errors import MMPolaUserError, UserError
 from .cli import is_url
 
-__all__ = ['check_data_files', 'check_dataset_images', 'coco_image_file_names']
+__all__ = ['run_preflight', 'check_data_files', 'check_dataset_images', 'coco_image_file_names']
+
+
+def run_preflight(cfg, dataloader_keys, skip_data_check=False):
+    """Everything tools/train.py and tools/test.py check before building anything, once.
+
+    * the model's channels (:func:`mmpola.engine.preflight.check_model_channels`), always;
+    * unless ``skip_data_check`` (``--skip-data-check``): the data files
+      (:func:`check_data_files`) and what they hold against the model
+      (:func:`mmpola.engine.preflight.check_dataset_contents`: annotations, segmentation maps,
+      classes and ``num_classes``).
+
+    With a process group (started by :func:`mmpola.engine.launch.init_distributed`) only rank 0
+    checks; the others wait for its verdict and stop with the same message
+    (:func:`mmpola.engine.launch.run_on_rank0_and_share`).
+    """
+    from .launch import run_on_rank0_and_share
+    from .preflight import check_dataset_contents, check_model_channels
+
+    def checks():
+        check_model_channels(cfg)
+        if not skip_data_check:
+            check_data_files(cfg, dataloader_keys)
+            check_dataset_contents(cfg, dataloader_keys)
+
+    run_on_rank0_and_share(checks)
 
 
 def _dataset_cfgs(node):

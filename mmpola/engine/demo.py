@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checkpointing import add_safe_checkpointing
-from .cli import build_runner
-from .data_checks import check_data_files
+from .cli import build_runner, move_data_root
+from .data_checks import run_preflight
 from .hooks import InitialEvaluationHook, add_nonfinite_loss_guard
-from .launch import adapt_cfg_to_machine
+from .launch import adapt_cfg_to_machine, check_device
 from .resume import add_random_state_hook
 from .workdir import lock_work_dir
 
@@ -37,15 +37,15 @@ class DemoResult:
 def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
     """What every demo does to its config; returns the notes of :func:`adapt_cfg_to_machine`.
 
-    Work dir and seed; ``data_root`` for the train/val/test datasets; the backbone from
-    ``pretrained`` when that file exists; the initial evaluation, the non-finite loss guard,
-    the RNG states in checkpoints and safe checkpoint saves; the machine fallbacks; the data-file check.
+    Work dir and seed; ``data_root`` for the train/val/test datasets and evaluators; the backbone from
+    ``pretrained`` when that file exists; the initial evaluation, the non-finite loss guard, the RNG
+    states in checkpoints and safe checkpoint saves; the device check; the machine fallbacks; the
+    pre-flight checks of data and model.
     """
+    check_device()  # one process: on the CPU when CUDA is not usable, with one warning line naming why
     cfg.work_dir = work_dir
     cfg.randomness = dict(seed=seed)
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        if loader in cfg:
-            cfg[loader].dataset.data_root = data_root
+    move_data_root(cfg, data_root)  # the datasets and the evaluators' annotation files
     if pretrained and osp.isfile(pretrained):
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=pretrained)
     cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
@@ -53,7 +53,7 @@ def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
     add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
     add_safe_checkpointing(cfg)  # atomic checkpoint saves, a checkpoint on SIGTERM
     notes = adapt_cfg_to_machine(cfg, 'none')
-    check_data_files(cfg, ['train_dataloader', 'val_dataloader'])
+    run_preflight(cfg, ['train_dataloader', 'val_dataloader'])  # data files and contents, model channels
     return notes
 
 

@@ -47,7 +47,7 @@ class InitialEvaluationHook(Hook):
 
 
 # --------------------------------------------------------------------------------------------
-# non-finite losses (#8): stop with a clear message, or skip the step, before the weights change
+# non-finite losses: stop with a clear message, or skip the step, before the weights change
 
 class NonFiniteLossError(MMPolaUserError, FloatingPointError):
     """A training loss was NaN or infinite; raised before the optimizer step of that iteration."""

@@ -1,16 +1,18 @@
 """ImageNet classifiers: a Pola backbone plus the official classification head (spec §1.9).
 
 ``PolaClassifier`` reproduces the official forward exactly and loads official checkpoints
-strictly (head and final norm included):
+strictly (head and Pola-Swin's final norm included):
 
-* Pola-PVT: mean of the stage-4 tokens **without** the final norm, then ``head``. The official
-  model still owns an (untrained, unused) ``norm``; it is kept so checkpoints round-trip, and
-  frozen (``requires_grad=False``) so DDP does not report it as an unused parameter.
+* Pola-PVT: mean of the stage-4 tokens **without** a final norm, then ``head``. The official
+  model also owns a ``norm`` that its forward never uses (so it never trains); this class has
+  none (``norm`` is an ``nn.Identity``) and :func:`checkpoint_filter_fn` drops the official
+  ``norm.*`` tensors, so every parameter gets a gradient.
 * Pola-Swin: final ``norm`` (LN eps 1e-5), average pool over tokens, ``head``. Softmax blocks use
   the classification shift rule (no shift when the map fits in one window, ``clamp_shift``).
 
-The state dict is ``backbone.*`` (official names below it), ``norm.*``, ``head.*``;
-:func:`checkpoint_filter_fn` maps official files to it (timm style).
+The state dict is ``backbone.*`` (official names below it), ``norm.*`` (Pola-Swin), ``head.*``;
+:func:`checkpoint_filter_fn` maps official files to it (timm style). timm's model API comes from
+:class:`~mmpola.models.timm_conventions.TimmClassifierMixin`.
 """
 from collections import OrderedDict
 
@@ -19,10 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
-from timm.layers import trunc_normal_
 
 from .pola_pvt import PolaPVT
 from .pola_swin import PolaSwin
+from .timm_conventions import TimmClassifierMixin, check_global_pool
 from .utils import is_pretrained_cfg
 
 __all__ = ['PolaClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs']
@@ -32,7 +34,7 @@ _RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
 
 
 @MODELS.register_module()
-class PolaClassifier(BaseModule):
+class PolaClassifier(TimmClassifierMixin, BaseModule):
     """Pola-PVT / Pola-Swin image classifier with the official forward.
 
     Args:
@@ -40,6 +42,8 @@ class PolaClassifier(BaseModule):
         arch: preset name of the backbone (``'tiny'`` ...) or a custom arch dict (see
             :class:`PolaPVT` / :class:`PolaSwin`).
         num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
+        global_pool: ``'avg'`` (official) or ``''`` (no pooling: ``forward`` returns the final
+            NHWC map, timm's convention).
         drop_rate: dropout inside the backbone (the official models have none before the head).
         drop_path_rate: stochastic depth (official: PVT T/S 0.1, M/L 0.3; Swin T 0.2, S 0.3,
             B 0.5).
@@ -51,11 +55,17 @@ class PolaClassifier(BaseModule):
         **backbone_kwargs: any other backbone argument (``pretrain_img_size``, ``window_size``,
             ``attn_type``, ``la_sr_ratios``, ``alpha``, ``kernel_size`` ...).
 
-    Shapes: images (B, C, H, W) -> logits (B, num_classes).
+    Shapes: images (B, C, H, W) -> logits (B, num_classes); ``forward_features``: the final
+    map (B, H/32, W/32, C) in NHWC (``output_fmt``), as timm's Swin.
     """
 
-    def __init__(self, family='pvt', arch='tiny', num_classes=1000, drop_rate=0., drop_path_rate=0.1,
-                 attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, **backbone_kwargs):
+    not_scriptable_reason = ('the Pola attention core is a custom autograd Function (optionally '
+                             'torch.compile-d), and the stages pass Python (H, W) tuples and build '
+                             'module names at run time, which TorchScript does not support')
+
+    def __init__(self, family='pvt', arch='tiny', num_classes=1000, global_pool='avg', drop_rate=0.,
+                 drop_path_rate=0.1, attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None,
+                 **backbone_kwargs):
         super().__init__(init_cfg=init_cfg)
         if family not in _FAMILIES:
             raise ValueError(f'unknown family {family!r}; valid: {", ".join(_FAMILIES)}')
@@ -66,23 +76,32 @@ class PolaClassifier(BaseModule):
                                  'forward); build the backbone directly to change it')
         self.family = family
         self.num_classes = num_classes
+        self.global_pool = check_global_pool(global_pool)
         extra = dict(out_norm=False, clamp_shift=True) if family == 'swin' else {}
         self.backbone = _FAMILIES[family](
             arch=arch, out_indices=(0, 1, 2, 3), drop_rate=drop_rate, drop_path_rate=drop_path_rate,
             attn_impl=attn_impl, fp32_attn=fp32_attn, with_cp=with_cp, **extra, **backbone_kwargs)
         self.num_features = self.backbone.embed_dims[-1]
-        # timm's description of the intermediate maps (for features_only wrappers)
-        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f'backbone.stage{i}')
+        # timm's description of the stage maps; ``module``: the stage's blocks (in an fx graph, the
+        # node of that name gives the stage's (B, H*W, C) tokens)
+        stage_blocks = 'backbone.block{}' if family == 'pvt' else 'backbone.layers.{}.blocks'
+        first = 1 if family == 'pvt' else 0
+        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=stage_blocks.format(first + i))
                              for i, c in enumerate(self.backbone.embed_dims)]
-        if family == 'pvt':
-            self.norm = nn.LayerNorm(self.num_features, eps=1e-6)
-            self.norm.requires_grad_(False)  # never used by the official forward
-        else:
-            self.norm = nn.LayerNorm(self.num_features)
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        if num_classes > 0:
-            trunc_normal_(self.head.weight, std=.02)
-            nn.init.constant_(self.head.bias, 0)
+        # the official Pola-PVT's final norm is unused by its forward: not built (see the module doc)
+        self.norm = nn.LayerNorm(self.num_features) if family == 'swin' else nn.Identity()
+        self.head = self._make_head(num_classes)
+
+    @property
+    def grad_checkpointing(self):
+        return self.backbone.with_cp
+
+    @grad_checkpointing.setter
+    def grad_checkpointing(self, enable):
+        self.backbone.with_cp = bool(enable)
+
+    def _prune_norm(self):
+        self.norm = nn.Identity()
 
     @classmethod
     def from_official_kwargs(cls, kwargs, **overrides):
@@ -119,61 +138,56 @@ class PolaClassifier(BaseModule):
 
         Args:
             x: (B, C, H, W) images.
-            indices: stages to return: None (all four), an int n (the last n) or 0-based indices.
-            norm: pass the stage-4 map through the final ``norm`` (Pola-Swin only; the official
-                Pola-PVT has no trained final norm).
-            stop_early: do not run the stages after the last requested one (implies
-                ``intermediates_only``-style use; the final features are then not computed).
+            indices: stages to return: None (all four), an int n (the last n) or 0-based indices
+                (negative ones count from the end).
+            norm: pass the stage-4 map through the final ``norm`` (Pola-Swin only; Pola-PVT has
+                no final norm).
+            stop_early: do not run the stages after the last requested one (only with
+                ``intermediates_only``: the final features are then not computed).
             output_fmt: only ``'NCHW'``.
             intermediates_only: return only the list of maps.
 
         Returns:
-            ``(final features (B, N, C) as from forward_features, [maps])`` or ``[maps]``; each map
-            (B, C_i, H_i, W_i) is the raw stage output before patch merging and before any norm.
+            ``(final features (B, h, w, C) as from forward_features, [maps])`` or ``[maps]``; each
+            map (B, C_i, H_i, W_i) is the raw stage output before patch merging and before any norm.
         """
         if output_fmt != 'NCHW':
             raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
         num_stages = len(self.backbone.embed_dims)
-        if indices is None:
-            take = list(range(num_stages))
-        elif isinstance(indices, int):
-            take = list(range(num_stages - indices, num_stages))
-        else:
-            take = [i + num_stages if i < 0 else i for i in indices]
-        if not take or any(not 0 <= i < num_stages for i in take):
-            raise ValueError(f'indices {indices!r} out of range for {num_stages} stages')
+        take = self._stage_indices(indices, num_stages)
         last = max(take) if stop_early else num_stages - 1
+        if last != num_stages - 1 and not intermediates_only:
+            raise ValueError('stop_early needs intermediates_only=True (the final features come '
+                             'from the last stage)')
         stages = self.backbone.forward_stages(x, last)
         maps = []
         for i in take:
-            tokens, (h, w) = stages[i]
-            if norm and self.family == 'swin' and i == num_stages - 1:
+            tokens, hw = stages[i]
+            if norm and i == num_stages - 1:
                 tokens = self.norm(tokens)
-            maps.append(tokens.reshape(tokens.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous())
+            maps.append(_nhwc(tokens, hw).permute(0, 3, 1, 2).contiguous())
         if intermediates_only:
             return maps
-        if last != num_stages - 1:
-            raise ValueError('stop_early needs intermediates_only=True (the final features come '
-                             'from the last stage)')
-        return self._final_features(stages[-1][0]), maps
+        return self._final_features(*stages[-1]), maps
 
-    def _final_features(self, tokens):
-        return self.norm(tokens) if self.family == 'swin' else tokens
+    def _final_features(self, tokens, hw):
+        return _nhwc(self.norm(tokens), hw)
 
     def forward_features(self, x):
-        """(B, C, H, W) -> final-stage tokens (B, N, C), through ``norm`` for Pola-Swin."""
-        return self._final_features(self.backbone.forward_stages(x)[-1][0])
+        """(B, C, H, W) -> final map (B, h, w, C) (NHWC), through ``norm`` for Pola-Swin."""
+        return self._final_features(*self.backbone.forward_stages(x)[-1])
 
-    def forward_head(self, x, pre_logits=False):
-        """(B, N, C) tokens -> logits (B, num_classes), or pooled (B, C) with ``pre_logits``."""
+    def _pool(self, x):
+        """The official pooling of each family (same op order as the official code)."""
+        x = x.flatten(1, 2)
         if self.family == 'pvt':
-            x = x.mean(dim=1)
-        else:
-            x = torch.flatten(F.adaptive_avg_pool1d(x.transpose(1, 2), 1), 1)
-        return x if pre_logits else self.head(x)
+            return x.mean(dim=1)
+        return torch.flatten(F.adaptive_avg_pool1d(x.transpose(1, 2), 1), 1)
 
-    def forward(self, x):
-        return self.forward_head(self.forward_features(x))
+
+def _nhwc(tokens, hw):
+    """(B, H*W, C) tokens of an H x W map -> (B, H, W, C), a view."""
+    return tokens.reshape(tokens.shape[0], hw[0], hw[1], tokens.shape[-1])
 
 
 def official_kwargs_to_classifier_kwargs(kwargs):
@@ -230,7 +244,8 @@ def checkpoint_filter_fn(state_dict, model):
     """Official / mmengine / own checkpoint state dict -> ``PolaClassifier`` state dict (timm style).
 
     Official keys get the ``backbone.`` prefix except ``head.*`` and ``norm.*``; ``module.`` is
-    stripped; run-time buffers are dropped; grids are resized to the model.
+    stripped; run-time buffers are dropped, and so is a final ``norm.*`` the model does not have
+    (the official Pola-PVT's, which its forward never uses); grids are resized to the model.
     """
     from mmpola.checkpoint import find_key_prefix, resize_state_dict
     model_state = model.state_dict()
@@ -246,7 +261,9 @@ def checkpoint_filter_fn(state_dict, model):
                                  if k.startswith(own_prefix))
     else:
         state_dict = official
+    has_norm = any(k.startswith('norm.') for k in model_state)
     state_dict = OrderedDict((k, v) for k, v in state_dict.items()
-                             if not (k.rsplit('.', 1)[-1] in _RUNTIME_BUFFERS and k not in model_state))
+                             if not (k.rsplit('.', 1)[-1] in _RUNTIME_BUFFERS and k not in model_state)
+                             and not (k.startswith('norm.') and not has_norm))
     state_dict, _ = resize_state_dict(state_dict, model_state)
     return state_dict

@@ -10,7 +10,7 @@ size travels beside it as ``hw = (H, W)``.
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
 from mmpola.ops import pola_attention
 
@@ -53,6 +53,10 @@ def resize_grid_embedding(embed, src_hw, dst_hw, mode='bilinear'):
     return grid.flatten(2).transpose(1, 2)
 
 
+# torch.fx records calls with traced sizes as one graph node (the sizes are known only at run time)
+torch.fx.wrap('resize_grid_embedding')
+
+
 class _ResizedEmbeddingCache:
     """Remembers the last run-time resize of a grid embedding.
 
@@ -67,6 +71,8 @@ class _ResizedEmbeddingCache:
         self.value = None
 
     def get(self, param, src_hw, dst_hw, mode, enabled):
+        if isinstance(dst_hw, torch.fx.Proxy):  # symbolic tracing
+            return resize_grid_embedding(param, src_hw, dst_hw, mode)
         if tuple(src_hw) == tuple(dst_hw):
             return param
         if not enabled or torch.is_grad_enabled():
@@ -118,6 +124,7 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(x))
 
 
+@register_notrace_module  # torch.fx leaf: padding and (H, W) depend on the input size
 class PatchEmbed(nn.Module):
     """Non-overlapping patch embedding: Conv2d(k = s = patch_size) -> flatten -> LayerNorm.
 
@@ -152,6 +159,7 @@ class PatchEmbed(nn.Module):
         return x, hw
 
 
+@register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
 class PolaAttention(nn.Module):
     """Polarity-aware linear attention over one whole H x W token grid (spec §1.2, §1.3).
 
@@ -401,6 +409,7 @@ class WindowAttention(nn.Module):
         return f'dim={self.dim}, window_size={self.window_size}, num_heads={self.num_heads}'
 
 
+@register_notrace_module  # torch.fx leaf: odd sizes are padded
 class PatchMerging(nn.Module):
     """2x2 patch merging with the official phase order (spec §1.9, §3.3).
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
+from timm.layers import register_notrace_module
 
 from .layers import (DropPath, Mlp, PatchEmbed, PatchMerging, PolaAttention, WindowAttention,
                      init_official_weights, to_2tuple_int)
@@ -89,6 +90,7 @@ def shifted_window_mask(hw, window_size, shift_size, device):
     return mask.masked_fill(mask != 0, float(-100.0)).masked_fill(mask == 0, float(0.0))
 
 
+@register_notrace_module  # torch.fx leaf: data-dependent padding, shifts and masks
 class PolaSwinBlock(nn.Module):
     """Pre-norm Swin block with Pola ('L') or shifted-window softmax ('S') attention.
 

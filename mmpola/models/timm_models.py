@@ -1,7 +1,8 @@
 """timm model entries: ``timm.create_model('pola_pvt_tiny' ... 'pola_swin_base')``.
 
 Importing mmpola registers them. The entries build :class:`PolaClassifier` (official forward,
-state dict ``backbone.*`` / ``norm.*`` / ``head.*``) and differ only in an args dict::
+state dict ``backbone.*`` / ``norm.*`` (Pola-Swin) / ``head.*``; timm's model conventions from
+:class:`~mmpola.models.timm_conventions.TimmClassifierMixin`) and differ only in an args dict::
 
     import mmpola, timm
     model = timm.create_model('pola_swin_tiny', checkpoint_path='pola_swin_t.pth')  # official file
@@ -9,6 +10,7 @@ state dict ``backbone.*`` / ``norm.*`` / ``head.*``) and differ only in an args 
     model = timm.create_model('pola_pvt_tiny', pretrained=True,                      # head dropped
                               pretrained_cfg_overlay=dict(file='pola_pvt_t.pth'), num_classes=10)
     features = timm.create_model('pola_swin_tiny', features_only=True)               # 4 NCHW maps
+    pooled = timm.create_model('pola_pvt_tiny', num_classes=0)                       # (B, 512)
 
 Checkpoints: official PolaFormer files (``{'model': ..., 'config': <yacs CfgNode>}``), mmengine
 checkpoints of our classification runs (``{'state_dict': ...}``) and bare state dicts all load,
@@ -26,11 +28,10 @@ the file.
 from collections import OrderedDict
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from mmpola.safe_load import name_refused_file
 from .classifier import PolaClassifier, checkpoint_filter_fn
+from .timm_conventions import refuse_scriptable, timm_pretrained_cfg
 
 __all__ = ['accept_official_checkpoints', 'create_pola_classifier', 'TIMM_MODEL_ARGS']
 
@@ -50,15 +51,10 @@ _FIRST_CONV = {'pvt': 'backbone.patch_embed1.proj', 'swin': 'backbone.patch_embe
 
 def _cfg(family, **kwargs):
     # Evaluation exactly as the official code: square resize to 256 (bicubic), centre crop 224.
-    return {
-        'url': '', 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': (7, 7),
-        'crop_pct': 0.875, 'crop_mode': 'squash', 'interpolation': 'bicubic',
-        'fixed_input_size': False, 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
-        'first_conv': _FIRST_CONV[family], 'classifier': 'head',
-        'paper_name': 'PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
-        'origin_url': 'https://github.com/ZacharyMeng/PolaFormer',
-        **kwargs,
-    }
+    return timm_pretrained_cfg(
+        first_conv=_FIRST_CONV[family], classifier='head',
+        paper_name='PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
+        origin_url='https://github.com/ZacharyMeng/PolaFormer', **kwargs)
 
 
 default_cfgs = generate_default_cfgs({
@@ -110,6 +106,7 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
     wraps the model in timm's ``FeatureGetterNet`` (``forward_intermediates``): a list of NCHW
     stage maps, strides 4, 8, 16, 32, ``out_indices`` 0-based (default all four).
     """
+    refuse_scriptable(PolaClassifier)
     model_args = dict(TIMM_MODEL_ARGS[variant])
     family = kwargs.pop('family', model_args['family'])
     if family != model_args['family']:
@@ -123,19 +120,6 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(feature_cls='getter', out_indices=(0, 1, 2, 3)),
         **model_args)
-
-
-def _name_refused_files():
-    """Make timm's weights-only refusal name the file (``checkpoint_path=``, ``pretrained_cfg``
-    files, ``timm.models.load_checkpoint``), for every timm model: timm reads every file through
-    ``timm.models._helpers._torch_load``, which is wrapped. A timm without that function keeps its
-    own message."""
-    from timm.models import _helpers
-    if getattr(_helpers, '_torch_load', None) is not None:
-        _helpers._torch_load = name_refused_file(_helpers._torch_load)
-
-
-_name_refused_files()
 
 
 @register_model

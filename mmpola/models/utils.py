@@ -81,6 +81,8 @@ def check_stage_string(value, allowed, num_stages, what):
 
 
 def check_input(x, in_channels, min_size, name):
+    if isinstance(x, torch.fx.Proxy):  # symbolic tracing: no shape to check
+        return
     if not torch.is_tensor(x) or x.dim() != 4:
         shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
         raise PolaConfigError(f'{name} expects a 4-D (B, C, H, W) image tensor, got {shape}')

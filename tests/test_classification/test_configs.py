@@ -71,7 +71,7 @@ def test_recipe_values(name):
 
 def test_weight_decay_groups_follow_the_official_set():
     """No decay for 1-D parameters and Swin's relative position bias; Pola's power, scale,
-    positional encodings (and PVT's pos_embed) are decayed (spec §1.10)."""
+    positional encodings (and PVT's pos_embed) are decayed (as the official training configs)."""
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import MODELS
     cfg = Config.fromfile(osp.join(CONFIG_DIR, 'pola-swin-t_8xb128_in1k.py'))

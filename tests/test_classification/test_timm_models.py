@@ -11,7 +11,7 @@ from mmpola.models.timm_models import TIMM_MODEL_ARGS
 
 TOL = 1e-5
 ENTRY = {'pvt': 'pola_pvt_tiny', 'swin': 'pola_swin_tiny'}
-# parameters with the 1000-class head (spec §5)
+# parameters with the 1000-class head (the papers' counts)
 PARAMS_M = {'pola_pvt_tiny': 12.92, 'pola_pvt_small': 23.16, 'pola_pvt_medium': 39.97,
             'pola_pvt_large': 54.37, 'pola_swin_tiny': 29.29, 'pola_swin_small': 50.60,
             'pola_swin_base': 89.14}

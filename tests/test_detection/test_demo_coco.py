@@ -60,7 +60,6 @@ def test_objects_are_visible_in_the_pixels(dataset):
 
 
 def test_detection_figure_shows_ground_truth_next_to_predictions(dataset, tmp_path):
-    pytest.importorskip('mmdet')
     import cv2
     import torch
     from mmdet.structures import DetDataSample

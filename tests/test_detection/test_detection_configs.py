@@ -7,7 +7,7 @@ import os.path as osp
 import pytest
 import torch
 
-pytest.importorskip('mmdet')
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DETECTION_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'detection', '*.py')))

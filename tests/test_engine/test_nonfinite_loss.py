@@ -1,4 +1,4 @@
-"""NonFiniteLossHook (#8): a NaN / inf loss stops training before the optimizer step with a clear
+"""NonFiniteLossHook: a NaN / inf loss stops training before the optimizer step with a clear
 message, or the step is skipped when configured; tools/train.py and the demos always add it.
 
 A tiny mmengine Runner trains a two-parameter model whose ``loss_mask`` turns NaN (or inf) at
@@ -349,7 +349,8 @@ def test_tools_train_adds_the_guard_and_stops_with_the_message(tmp_path, monkeyp
     assert 'NOT taken' in log and 'nonfinite_loss.action=skip' in log
     assert 'Traceback' not in capsys.readouterr().err
     dumped = Config.fromfile(str(work_dir / 'toy_stop.py'))
-    assert dumped.custom_hooks == [dict(type='NonFiniteLossHook'), dict(type='RandomStateHook')]
+    assert dumped.custom_hooks == [dict(type='NonFiniteLossHook'), dict(type='RandomStateHook'),
+                                   dict(type='CheckpointFitHook', min_loaded=0.5)]
     assert 'mmpola.engine' in dumped.custom_imports['imports']
 
 
@@ -358,7 +359,7 @@ def test_demos_add_the_guard(tmp_path):
     for name in ('detection', 'segmentation', 'classification'):
         with open(osp.join(REPO, 'tools', f'demo_{name}.py')) as f:
             assert 'demo.prepare_demo_config(cfg' in f.read(), name
-    cfg = Config(dict(model=dict(type='NonFiniteToyModel')))
+    cfg = Config(dict(model=dict(type='NonFiniteToyModel'), data_root='data/toy/'))
     prepare_demo_config(cfg, str(tmp_path), str(tmp_path), seed=0)
     assert [h['type'] for h in cfg.custom_hooks] == ['InitialEvaluationHook', 'NonFiniteLossHook', 'RandomStateHook']
 

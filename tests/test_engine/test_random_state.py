@@ -1,5 +1,5 @@
-"""RandomStateHook (#8) in process, on a toy model whose loss and data draw torch / numpy / python
-random numbers; and the CPU allocator tuning of mmpola's tools (#7)."""
+"""RandomStateHook in process, on a toy model whose loss and data draw torch / numpy / python
+random numbers; and the CPU allocator tuning of mmpola's tools."""
 import os
 import os.path as osp
 import random

@@ -157,7 +157,7 @@ def test_feature_map_values_and_zero_gradients():
 
 
 def closed_form(q, k, v, power, scale, alpha=4.0, eps=1e-6):
-    """Spec §1.2 closed form, quadratic in tokens, float64:
+    """The closed form of docs/design.md ("Attention math and op order"), quadratic in tokens, float64:
     x_s,i = (1/n) sum_j S_ij v1_j / ((1/n) sum_j S_ij + eps), S = phi+(q).phi+(k) + phi-(q).phi-(k);
     x_o,i likewise with O = phi-(q).phi+(k) + phi+(q).phi-(k) and v2."""
     q, k, v, power, scale = (t.double() for t in (q, k, v, power, scale))

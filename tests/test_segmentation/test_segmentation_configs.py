@@ -10,7 +10,7 @@ import torch
 
 from seg_test_utils import REPO, build_segmentor, load_config, seg_batch
 
-pytest.importorskip('mmseg')
+import mmseg  # noqa: E402,F401  (required: a broken install fails here)
 
 SEG_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'segmentation', 'upernet_*.py')))
 DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')

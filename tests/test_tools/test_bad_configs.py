@@ -1,4 +1,4 @@
-"""Bad configs (#8) give clear errors at build or first forward, for PolaPVT and PolaSwin, built
+"""Bad configs give clear errors at build or first forward, for PolaPVT and PolaSwin, built
 directly, through a full mmdet detector config, and through tools/train.py: an unknown arch,
 out_indices out of range, frozen_stages beyond the depth, a pretrained checkpoint of the other
 family (or a plain softmax PVT / Swin one) and an input smaller than the minimum size. Each
@@ -10,7 +10,7 @@ import os.path as osp
 import pytest
 import torch
 
-pytest.importorskip('mmdet')
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 import mmpola  # noqa: E402,F401
 from mmpola.checkpoint import CheckpointMismatchError  # noqa: E402

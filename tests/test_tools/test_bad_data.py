@@ -1,4 +1,4 @@
-"""Bad data (#8): each case is either mmdet/mmseg's documented behaviour or a clear error naming
+"""Bad data: each case is either mmdet/mmseg's documented behaviour or a clear error naming
 the file, never a crash deep in a DataLoader worker.
 
 * missing / empty (0-byte) image or segmentation map: ``check_data_files`` (tools/train.py,
@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip('mmdet')
-pytest.importorskip('mmseg')
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
+import mmseg  # noqa: E402,F401  (required: a broken install fails here)
 
 from mmengine.dataset import Compose, pseudo_collate  # noqa: E402
 from mmengine.logging import MMLogger  # noqa: E402

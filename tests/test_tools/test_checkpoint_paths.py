@@ -1,4 +1,4 @@
-"""Every checkpoint load path (#8): a pickle that would run code is refused, naming the file, and
+"""Every checkpoint load path: a pickle that would run code is refused, naming the file, and
 never runs; official PolaFormer files (with their yacs config object) and mmengine runner
 checkpoints (numpy values and HistoryBuffers in meta / message_hub) load.
 
@@ -22,7 +22,7 @@ import mmpola  # noqa: F401  (registers the models, installs the safe loaders)
 import mmpola.classification  # noqa: F401
 from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
 from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
-from mmpola.safe_load import UnsafeCheckpointError, safe_torch_load
+from mmpola.safe_load import CheckpointFileError, UnsafeCheckpointError, safe_torch_load
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DATA = osp.join(REPO, 'tests', 'data')
@@ -260,7 +260,7 @@ def test_refusal_through_other_loaders_names_the_file(tmp_path):
     # a file that is no checkpoint at all (an HTML error page saved by a failed download)
     html = tmp_path / 'page.pth'
     html.write_text('<html>404</html>')
-    with pytest.raises(UnsafeCheckpointError, match=r"'.*page\.pth'.*not a checkpoint the weights-only"):
+    with pytest.raises(CheckpointFileError, match=r"'.*page\.pth' is not a PyTorch checkpoint: an HTML/XML page"):
         CheckpointLoader.load_checkpoint(str(html))
 
 

@@ -6,7 +6,7 @@ import os.path as osp
 
 import pytest
 
-pytest.importorskip('mmdet')
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 

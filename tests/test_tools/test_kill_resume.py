@@ -1,5 +1,5 @@
 """A training run killed with SIGKILL after a checkpoint and resumed with ``--resume`` ends with the
-same weights as an uninterrupted run (issue #8).
+same weights as an uninterrupted run.
 
 tools/train.py trains the demo detector (Mask R-CNN + Pola-PVT-T, shrunk heads: random flips,
 drop-path, RPN and RoI sampling all draw random numbers) on a tiny generated COCO set, once without
@@ -23,7 +23,7 @@ import torch
 
 from test_train_test_tools import PYTHON, REPO, _run, tiny  # noqa: F401  (tiny is a fixture)
 
-pytest.importorskip('mmdet')
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 LOOPS = {
     # 3 epochs of 2 iterations, a checkpoint per epoch

@@ -15,7 +15,7 @@
 #
 # Weight decay as the official set_weight_decay: none for 1-D parameters (norms, biases) and
 # Swin's relative_position_bias_table / absolute_pos_embed; Pola's power, scale,
-# positional_encoding and PVT's pos_embed{i} ARE decayed (spec §1.10).
+# positional_encoding and PVT's pos_embed{i} ARE decayed (as the official training configuration).
 base_lr = 5e-4
 warmup_epochs = 5
 cosine_epochs = 300
