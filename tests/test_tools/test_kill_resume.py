@@ -163,7 +163,7 @@ def test_two_processes_killed_and_resumed_equal_uninterrupted(tmp_path):
     from test_checkpoint_safety import HERE, load, toy_config
     from test_train_test_tools import _free_port
     config = toy_config(tmp_path, loop='iter', keep=3, iters=8, interval=2)
-    env = dict(PYTHON=PYTHON, OMP_NUM_THREADS='1', PYTHONPATH=HERE)
+    env = dict(PYTHON=PYTHON, OMP_NUM_THREADS='1', PYTHONPATH=HERE, MMPOLA_DEVICE='cpu')
 
     def dist_train(work_dir, *extra):
         return ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(work_dir), *extra]
