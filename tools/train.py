@@ -109,7 +109,8 @@ def build_train_config(args):
 def build_runner(args):
     """Build (but do not start) the Runner; tests use this to inspect a resumed run."""
     cfg, scope, notes = build_train_config(args)
-    lock_work_dir(cfg.work_dir, args.launcher)  # one run per work dir, before the Runner writes to it
+    # one run per work dir, before the Runner writes to it; rank 0 locks, every rank gets its verdict
+    launch.run_on_rank0_and_share(lock_work_dir, cfg.work_dir, args.launcher)
     return cli.build_runner(cfg, args.launcher, notes)
 
 
