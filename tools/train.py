@@ -21,9 +21,11 @@ import mmpola  # noqa: E402,F401
 from mmpola.engine import cli, launch  # noqa: E402
 from mmpola.engine.allocator import tune_malloc  # noqa: E402
 from mmpola.engine.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
+from mmpola.engine.checkpointing import add_safe_checkpointing  # noqa: E402
 from mmpola.engine.data_checks import run_preflight  # noqa: E402
 from mmpola.engine.hooks import add_nonfinite_loss_guard  # noqa: E402
 from mmpola.engine.resume import add_random_state_hook  # noqa: E402
+from mmpola.engine.workdir import lock_work_dir  # noqa: E402
 from mmpola.errors import UserError  # noqa: E402
 
 
@@ -73,6 +75,8 @@ def build_train_config(args):
     add_nonfinite_loss_guard(cfg)
     add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
     add_checkpoint_fit_check(cfg)  # load_from / --resume: refuse a checkpoint of another model
+    # atomic saves, old checkpoints removed only after, a checkpoint on SIGTERM, --resume skips broken files
+    add_safe_checkpointing(cfg)
 
     notes = []
     if args.amp:
@@ -105,6 +109,8 @@ def build_train_config(args):
 def build_runner(args):
     """Build (but do not start) the Runner; tests use this to inspect a resumed run."""
     cfg, scope, notes = build_train_config(args)
+    # one run per work dir, before the Runner writes to it; rank 0 locks, every rank gets its verdict
+    launch.run_on_rank0_and_share(lock_work_dir, cfg.work_dir, args.launcher)
     return cli.build_runner(cfg, args.launcher, notes)
 
 
@@ -115,6 +121,10 @@ def main(argv=None):
         runner = build_runner(args)
     with cli.exit_on_user_error(runner.logger):  # e.g. a NaN loss: the message says it all
         runner.train()
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():  # an orderly end: gloo can abort at exit otherwise
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == '__main__':

@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .checkpointing import add_safe_checkpointing
 from .cli import build_runner, move_data_root
 from .data_checks import run_preflight
 from .hooks import InitialEvaluationHook, add_nonfinite_loss_guard
 from .launch import adapt_cfg_to_machine, check_device
 from .resume import add_random_state_hook
+from .workdir import lock_work_dir
 
 __all__ = ['DemoResult', 'prepare_demo_config', 'run_demo', 'write_summary', 'config_label']
 
@@ -36,8 +38,9 @@ def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
     """What every demo does to its config; returns the notes of :func:`adapt_cfg_to_machine`.
 
     Work dir and seed; ``data_root`` for the train/val/test datasets and evaluators; the backbone from
-    ``pretrained`` when that file exists; the initial evaluation, the non-finite loss guard and
-    the RNG states in checkpoints; the device check; the machine fallbacks; the pre-flight checks of data and model.
+    ``pretrained`` when that file exists; the initial evaluation, the non-finite loss guard, the RNG
+    states in checkpoints and safe checkpoint saves; the device check; the machine fallbacks; the
+    pre-flight checks of data and model.
     """
     check_device()  # one process: on the CPU when CUDA is not usable, with one warning line naming why
     cfg.work_dir = work_dir
@@ -48,6 +51,7 @@ def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
     cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
     add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
     add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
+    add_safe_checkpointing(cfg)  # atomic checkpoint saves, a checkpoint on SIGTERM
     notes = adapt_cfg_to_machine(cfg, 'none')
     run_preflight(cfg, ['train_dataloader', 'val_dataloader'])  # data files and contents, model channels
     return notes
@@ -58,6 +62,7 @@ def run_demo(cfg, notes, description, before_train=None):
 
     ``description`` is a string, or a function of the built runner that returns one.
     """
+    lock_work_dir(cfg.work_dir)  # one run per work dir
     runner = build_runner(cfg, 'none', notes)
     runner.logger.info(description(runner) if callable(description) else description)
     seen = before_train(runner) if before_train is not None else None
