@@ -10,8 +10,8 @@ from .version import __version__
 
 install_unless_disabled()
 
-from . import models  # noqa: E402,F401  (registers the backbones)
-from . import datasets  # noqa: E402,F401  (registers the pipeline checks, e.g. CheckSegLabels)
-from . import detection  # noqa: E402,F401  (registers PolaCocoMetric and PolaDetTTAModel)
+# registration: backbones and classifiers (models), pipeline checks such as CheckSegLabels (datasets),
+# PolaCocoMetric and PolaDetTTAModel (detection)
+from . import datasets, detection, models  # noqa: E402,F401
 
 __all__ = ['__version__']

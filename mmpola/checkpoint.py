@@ -1,4 +1,5 @@
-"""Load PolaFormer weights into the Pola backbones (spec §2.5).
+"""Load PolaFormer weights into the backbones (docs/design.md, "Checkpoints: official names,
+loading is a filter").
 
 Accepted inputs, all read with :func:`mmpola.safe_load.safe_torch_load` (weights only, no yacs):
 

@@ -80,10 +80,10 @@ def test_mmdet_mask_rcnn_trains_and_predicts():
 
 def test_mmseg_upernet_trains_and_predicts():
     from mmengine.config import Config
+    from mmengine.structures import PixelData
     from mmseg.registry import MODELS
     from mmseg.structures import SegDataSample
     from mmseg.utils import register_all_modules
-    from mmengine.structures import PixelData
     register_all_modules()
     cfg = Config.fromfile(_package_config('mmseg', '_base_/models/upernet_r50.py'))
     norm_cfg = dict(type='BN', requires_grad=True)

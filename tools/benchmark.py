@@ -485,7 +485,7 @@ def bench_backbone(args, device):
             rows.append(dict(model=name, size=f'{height}x{width}', params=params, gmacs=flops / 2e9,
                              ms=1e3 * seconds, runs=repeat, ms_per_mpx=1e3 * rate, scaling=rate / base_rate,
                              gflops=flops / seconds / 1e9, memory=memory))
-        del model
+        model = None  # free it before the next backbone
         gc.collect()
     print('\n| model | input | params M | GMACs | fwd ms | runs | ms / Mpx | time/px vs first size | peak MiB | '
           'GFLOP/s | % of matmul |')
@@ -527,7 +527,7 @@ def bench_scaling(args, device):
         small, large = min(times[0]), min(times[1])
         results.append((name, large / small))
         print(f'| {name} | {small:.3f} | {large:.3f} | {pixel_ratio:.2f} | {large / small:.2f} | {args.repeat} |')
-        del model, images
+        model = images = None  # free them before the next backbone
         gc.collect()
     print('\nbatch 1, no_grad, eval mode; min over the runs. Linear growth = time x equal to pixels x. '
           'Target: Pola-PVT-T 800x1333 -> 1600x2666 time x <= 4.5.')
@@ -555,7 +555,7 @@ def _finite_report(model, image, dtype, device):
 def bench_amp(args, device):
     dtypes = args.dtypes or (['float16', 'bfloat16'] if device.type == 'cuda' else ['bfloat16'])
     height, width = parse_size(args.size)
-    print(f'\n| backbone | autocast dtype | input | fwd+bwd s | outputs finite | grads finite | '
+    print('\n| backbone | autocast dtype | input | fwd+bwd s | outputs finite | grads finite | '
           'max abs output | params with grad | output dtypes |')
     print('|---|---|---|---:|---|---|---:|---:|---|')
     failures = []
@@ -582,11 +582,11 @@ def bench_amp(args, device):
             kinds = ','.join(sorted({str(d).replace('torch.', '') for d in out_dtypes}))
             print(f'| {name} | {dtype_name} | {height}x{width} | {seconds:.1f} | {out_ok} | {grad_ok} | '
                   f'{max_abs:.3g} | {n_grads} (missing {missing}) | {kinds} |')
-        del model, image
+        model = image = None  # free them before the next backbone
         gc.collect()
     print('\nbatch 1, train mode, random weights (init as built), input N(0, 1.5^2); loss = mean of squared '
-          'outputs in fp32; time of the second call (the first one compiles). Finite = no NaN/inf anywhere in the 4 stage outputs and in every parameter '
-          'gradient.')
+          'outputs in fp32; time of the second call (the first one compiles). Finite = no NaN/inf anywhere in '
+          'the 4 stage outputs and in every parameter gradient.')
     print('result: ' + ('all finite' if not failures else 'NOT finite / failed: ' + ', '.join(failures)))
 
 

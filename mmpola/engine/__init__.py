@@ -11,11 +11,26 @@ Importing this module registers :class:`BF16AmpOptimWrapper`, :class:`Checkpoint
 :class:`SafeCheckpointHook` in mmengine's root registries (visible from every OpenMMLab scope).
 """
 from mmpola.errors import MMPolaUserError, UserError
+
 from .checkpoint_fit import CheckpointFitHook, add_checkpoint_fit_check
-from .checkpointing import (CheckpointSaveError, SafeCheckpointHook, TrainingInterrupted, add_safe_checkpointing,
-                            find_resumable_checkpoint)
-from .cli import (check_checkpoint_file, check_pretrained_files, enable_test_dump, enable_test_visualization,
-                  enable_tta, exit_on_user_error, is_url, load_config, register_task_modules)
+from .checkpointing import (
+                            CheckpointSaveError,
+                            SafeCheckpointHook,
+                            TrainingInterrupted,
+                            add_safe_checkpointing,
+                            find_resumable_checkpoint,
+)
+from .cli import (
+                            check_checkpoint_file,
+                            check_pretrained_files,
+                            enable_test_dump,
+                            enable_test_visualization,
+                            enable_tta,
+                            exit_on_user_error,
+                            is_url,
+                            load_config,
+                            register_task_modules,
+)
 from .data_checks import check_data_files, check_dataset_images, coco_image_file_names, run_preflight
 from .hooks import InitialEvaluationHook, NonFiniteLossError, NonFiniteLossHook, add_nonfinite_loss_guard
 from .launch import adapt_cfg_to_machine, init_distributed, replace_sync_bn, setup_amp

@@ -10,7 +10,8 @@ import os
 import os.path as osp
 import re
 
-from mmpola.errors import MMPolaUserError, UserError
+from mmpola.errors import UserError
+
 from .cli import is_url
 
 __all__ = ['run_preflight', 'check_data_files', 'check_dataset_images', 'coco_image_file_names']

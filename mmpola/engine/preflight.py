@@ -26,6 +26,7 @@ import struct
 from collections import Counter
 
 from mmpola.errors import UserError
+
 from .cli import is_url
 from .data_checks import _SHOW_PATHS, _dataset_cfgs, _dataset_class, _defining_class, _seg_dataset_files
 

@@ -48,8 +48,15 @@ from mmengine.model import BaseModule
 
 from .attention_kinds import get_attention_kind
 from .layers import init_official_weights
-from .utils import (PolaConfigError, check_frozen_stages, check_input, check_out_indices, is_pretrained_cfg,
-                    pretrained_alias, resolve_arch)
+from .utils import (
+    PolaConfigError,
+    check_frozen_stages,
+    check_input,
+    check_out_indices,
+    is_pretrained_cfg,
+    pretrained_alias,
+    resolve_arch,
+)
 
 __all__ = ['DenseBackbone', 'drop_path_rates', 'tokens_to_nchw', 'run_blocks', 'resolve_out_norm']
 

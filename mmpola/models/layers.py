@@ -210,7 +210,7 @@ def spatial_reduction(x, hw, sr, norm):
 
 @register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
 class PolaAttention(nn.Module):
-    """Polarity-aware linear attention over one whole H x W token grid (spec §1.2, §1.3).
+    """Polarity-aware linear attention over one whole H x W token grid (docs/design.md).
 
     Both official variants in one module:
 
@@ -243,7 +243,7 @@ class PolaAttention(nn.Module):
         attn_impl: ``impl`` of ``pola_attention``: ``'auto'`` or ``'reference'`` (official op
             order, bit-exact to the official module in fp32). A plain attribute, so a wrapper can
             switch it after construction.
-        fp32_attn: run the core in fp32 under autocast (spec §4).
+        fp32_attn: run the core in fp32 under autocast (docs/design.md).
 
     Shapes: ``forward(x, hw)`` with x (B, N, C), hw = (H, W), N = H * W -> (B, N, C).
     """
@@ -485,7 +485,7 @@ class InLineAttention(nn.Module):
 
 
 class PVTAttention(nn.Module):
-    """Softmax attention of PVT 'S' blocks with optional spatial reduction (spec §1.7).
+    """Softmax attention of PVT 'S' blocks with optional spatial reduction.
 
     Keys: ``q`` Linear(C, C), ``kv`` Linear(C, 2C), ``proj``; ``sr`` and ``norm`` if sr_ratio > 1.
     Shapes: ``forward(x, hw)``: (B, N, C), (H, W) -> (B, N, C).
@@ -588,7 +588,7 @@ class WindowAttention(nn.Module):
 
 @register_notrace_module  # torch.fx leaf: odd sizes are padded
 class PatchMerging(nn.Module):
-    """2x2 patch merging with the official phase order (spec §1.9, §3.3).
+    """2x2 patch merging with the official phase order (odd sides padded).
 
     Concatenates the phases (row0, col0), (row1, col0), (row0, col1), (row1, col1) -> ``norm``
     LayerNorm(4C) -> ``reduction`` Linear(4C, 2C, no bias). Odd H or W are zero-padded by one

@@ -41,7 +41,7 @@ from .timm_conventions import refuse_scriptable, timm_pretrained_cfg
 
 __all__ = ['accept_official_checkpoints', 'create_pola_classifier', 'TIMM_MODEL_ARGS']
 
-# Entry name -> PolaClassifier arguments (spec §1.10; drop_path_rate as the official yaml files).
+# Entry name -> PolaClassifier arguments (drop_path_rate as the official yaml files).
 TIMM_MODEL_ARGS = {
     'pola_pvt_tiny': dict(family='pvt', arch='tiny', drop_path_rate=0.1),
     'pola_pvt_small': dict(family='pvt', arch='small', drop_path_rate=0.1),

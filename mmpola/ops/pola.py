@@ -1,6 +1,6 @@
 """Polarity-aware linear attention core (PolaFormer, ICLR 2025).
 
-Plain functions on per-head tensors; no module state. See ../shared/design/pola_spec.md §1.
+Plain functions on per-head tensors; no module state. The math and the op order: docs/design.md.
 
 Shapes:
     q: (B, h, N, d) queries (after the projection, before the temperature division)
@@ -382,7 +382,8 @@ def pola_attention(q, k, v, power, scale, alpha=4.0, eps=1e-6, fp32=True, impl='
     Args:
         q: (B, h, N, d); k, v: (B, h, n, d); power, scale: raw logits (1, h, 1, d) or broadcastable.
         fp32: compute the core in float32 with autocast disabled (default), then cast back to
-            q's dtype. Low-precision matmuls overflow for |q/s| > ~9 at p ~ 5 (spec §4).
+            q's dtype. Low-precision matmuls overflow for |q/s| > ~9 at p ~ 5 (docs/design.md, "Numerical
+            stability under mixed precision").
         impl: 'reference' (official op order), 'fast' (fused feature maps, one kv and one query
             product; torch.compile for large inputs when available) or 'auto' (currently 'fast').
     Returns:

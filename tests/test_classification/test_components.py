@@ -6,8 +6,13 @@ import torch
 from mmengine.registry import DATASETS, HOOKS, METRICS, MODELS, TRANSFORMS
 from PIL import Image
 
-from mmpola.classification import (ImageNetFolderDataset, PolaImageClassifier, SwitchableEMAHook,
-                                   TimmClsDataPreprocessor, TopKAccuracy)
+from mmpola.classification import (
+    ImageNetFolderDataset,
+    PolaImageClassifier,
+    SwitchableEMAHook,
+    TimmClsDataPreprocessor,
+    TopKAccuracy,
+)
 from mmpola.classification.demo_imagenet import DEMO_CLASSES
 
 TINY_ARCH = dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2],
@@ -134,7 +139,7 @@ def test_topk_accuracy():
     assert isinstance(metric, TopKAccuracy)
     scores = torch.tensor([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.5, 0.4, 0.1], [0.2, 0.3, 0.5]])
     labels = [0, 1, 1, 0]
-    metric.process({}, [dict(pred_score=s, gt_label=torch.tensor(l)) for s, l in zip(scores, labels)])
+    metric.process({}, [dict(pred_score=s, gt_label=torch.tensor(label)) for s, label in zip(scores, labels)])
     result = metric.evaluate(4)
     # sample 0: top1; 1: rank 2; 2: rank 2; 3: rank 3 -> top1 1/4, top2 3/4, top5 (>= 3 classes) 4/4
     assert result == {'accuracy/top1': 25.0, 'accuracy/top2': 75.0, 'accuracy/top5': 100.0}

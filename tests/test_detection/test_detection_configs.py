@@ -4,10 +4,9 @@ import copy
 import glob
 import os.path as osp
 
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 import pytest
 import torch
-
-import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DETECTION_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'detection', '*_pola-*.py')))
@@ -17,9 +16,10 @@ NO_DECAY_KEYS = {'norm', 'pos_embed', 'positional_encoding', 'relative_position_
 
 
 def _load(path):
-    import mmpola  # noqa: F401
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
+
+    import mmpola  # noqa: F401
     cfg = Config.fromfile(path)
     init_default_scope(cfg.default_scope)
     return cfg

@@ -7,7 +7,6 @@ import os.path as osp
 
 import pytest
 import torch
-
 from test_detection_configs import REPO, _build_detector, _load, _names, _num_classes
 
 LINEAGE_CONFIGS = sorted(p for kind in ('flatten', 'inline')

@@ -6,9 +6,18 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from mmpola.engine import (BF16AmpOptimWrapper, InitialEvaluationHook, UserError, adapt_cfg_to_machine,
-                           check_data_files, enable_test_dump, enable_test_visualization, enable_tta,
-                           replace_sync_bn, setup_amp)
+from mmpola.engine import (
+    BF16AmpOptimWrapper,
+    InitialEvaluationHook,
+    UserError,
+    adapt_cfg_to_machine,
+    check_data_files,
+    enable_test_dump,
+    enable_test_visualization,
+    enable_tta,
+    replace_sync_bn,
+    setup_amp,
+)
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason='checks the CPU-only fallbacks')
 

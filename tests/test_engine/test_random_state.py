@@ -108,8 +108,9 @@ def test_resuming_a_checkpoint_without_states_warns(tmp_path):
 
 def _tune_in_subprocess(env_extra):
     """tune_malloc() result in a fresh interpreter (the setting is per process)."""
+    allocator = osp.join(REPO, 'mmpola', 'engine', 'allocator.py')
     code = ('import importlib.util, sys; '
-            f"spec = importlib.util.spec_from_file_location('alloc', {osp.join(REPO, 'mmpola', 'engine', 'allocator.py')!r}); "
+            f"spec = importlib.util.spec_from_file_location('alloc', {allocator!r}); "
             'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); '
             'print(m.tune_malloc()); print(m.tune_malloc())')
     env = {k: v for k, v in os.environ.items() if not (k.startswith('MALLOC_') and k.endswith('_'))}

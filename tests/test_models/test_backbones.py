@@ -1,7 +1,6 @@
 """PolaPVT / PolaSwin as dense backbones: sizes, gradients, freezing, checkpointing, registry,
 argument errors (docs/design.md, "Dense forward")."""
 import copy
-
 import importlib
 
 import pytest

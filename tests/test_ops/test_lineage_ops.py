@@ -2,8 +2,15 @@
 import pytest
 import torch
 
-from mmpola.ops import (flatten_attention, flatten_attention_fast, flatten_attention_reference, focused_feature_map,
-                        inline_attention, inline_attention_fast, inline_attention_reference)
+from mmpola.ops import (
+    flatten_attention,
+    flatten_attention_fast,
+    flatten_attention_reference,
+    focused_feature_map,
+    inline_attention,
+    inline_attention_fast,
+    inline_attention_reference,
+)
 
 # (B, N, n, C, h): n != N (PVT spatial reduction), one token, one and many heads
 SHAPES = [(1, 7, 7, 4, 1), (2, 49, 49, 32, 2), (2, 37, 9, 48, 3), (1, 15, 15, 64, 8),

@@ -9,8 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmpola.ops import pola
-from mmpola.ops import pola_attention, pola_attention_reference
+from mmpola.ops import pola, pola_attention, pola_attention_reference
 from mmpola.ops.pola import pola_attention_fast, polarity_feature_map, polarity_feature_map_and_mean
 
 # (B, h, N, n, d): odd token counts, spatial reduction (n != N), single tokens, batch and heads > 1

@@ -8,9 +8,9 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
 def load_config(path):
-    import mmpola  # noqa: F401
     from mmengine.config import Config
 
+    import mmpola  # noqa: F401
     from mmpola.engine import register_task_modules
     cfg = Config.fromfile(path)
     register_task_modules(cfg)

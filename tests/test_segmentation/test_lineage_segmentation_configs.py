@@ -6,7 +6,6 @@ import os.path as osp
 
 import pytest
 import torch
-
 from seg_test_utils import REPO, build_segmentor, load_config, seg_batch
 
 LINEAGE_CONFIGS = sorted(p for kind in ('flatten', 'inline')

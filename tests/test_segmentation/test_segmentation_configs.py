@@ -5,12 +5,10 @@ import copy
 import glob
 import os.path as osp
 
+import mmseg  # noqa: E402,F401  (required: a broken install fails here)
 import pytest
 import torch
-
 from seg_test_utils import REPO, build_segmentor, load_config, seg_batch
-
-import mmseg  # noqa: E402,F401  (required: a broken install fails here)
 
 SEG_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'segmentation', 'upernet_pola-*.py')))
 DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')

@@ -10,13 +10,11 @@ import subprocess
 import sys
 
 import cv2
+import mmseg  # noqa: E402,F401  (required: a broken install fails here)
 import numpy as np
 import pytest
 import torch
-
 from seg_test_utils import REPO, load_config
-
-import mmseg  # noqa: E402,F401  (required: a broken install fails here)
 
 PYTHON = sys.executable
 DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')

@@ -7,10 +7,9 @@ import copy
 import importlib.util
 import os.path as osp
 
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 import pytest
 import torch
-
-import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 import mmpola  # noqa: E402,F401
 from mmpola.checkpoint import CheckpointMismatchError  # noqa: E402
@@ -117,8 +116,8 @@ def test_plain_softmax_checkpoints_are_refused(family, tmp_path):
 
 @pytest.fixture(scope='module')
 def det_cfgs():
-    from mmengine.config import Config
     from mmdet.utils import register_all_modules
+    from mmengine.config import Config
     register_all_modules(init_default_scope=True)
     return {family: Config.fromfile(path) for family, path in DET_CONFIG.items()}
 

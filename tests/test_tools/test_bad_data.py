@@ -20,14 +20,12 @@ import os
 import os.path as osp
 
 import cv2
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
+import mmseg  # noqa: E402,F401  (required: a broken install fails here)
 import numpy as np
 import pytest
 import torch
-
-import mmdet  # noqa: E402,F401  (required: a broken install fails here)
-import mmseg  # noqa: E402,F401  (required: a broken install fails here)
-
-from mmengine.dataset import Compose, pseudo_collate  # noqa: E402
+from mmengine.dataset import pseudo_collate  # noqa: E402
 from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 

@@ -4,8 +4,6 @@ import importlib.util
 import json
 import os.path as osp
 
-import pytest
-
 import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

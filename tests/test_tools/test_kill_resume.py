@@ -18,12 +18,10 @@ import subprocess
 import sys
 import time
 
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 import pytest
 import torch
-
 from test_train_test_tools import PYTHON, REPO, _run, tiny  # noqa: F401  (tiny is a fixture)
-
-import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 LOOPS = {
     # 3 epochs of 2 iterations, a checkpoint per epoch

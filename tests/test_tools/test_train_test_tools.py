@@ -15,10 +15,9 @@ import socket
 import subprocess
 import sys
 
+import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 import pytest
 import torch
-
-import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 PYTHON = sys.executable
