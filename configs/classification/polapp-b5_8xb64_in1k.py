@@ -5,22 +5,10 @@
 #   tools/dist_train.sh configs/classification/polapp-b5_8xb64_in1k.py 8 [--amp]
 #   tools/test.py configs/classification/polapp-b5_8xb64_in1k.py CHECKPOINT   (official PolaFormer++ files load as is)
 # The checkpoint (EMA weights) feeds the dense configs' PolaPP backbone: init_cfg=dict(type='Pretrained', ...).
-_base_ = [
-    './_base_/datasets/imagenet_timm.py',
-    './_base_/schedules/polapp_300e.py',
-    './_base_/default_runtime.py',
-]
+_base_ = ['./polapp-b0_8xb256_in1k.py']  # the official recipe; this size's own settings below
 
-model = dict(
-    type='PolaPPImageClassifier',
-    arch='b5',
-    num_classes=1000,
-    drop_path_rate=0.55,
-    label_smoothing=0.1)
-
+model = dict(arch='b5', drop_path_rate=0.55)
 train_dataloader = dict(batch_size=64)
-# EMA on, as the official run (--model-ema-decay 0.99982): validation and checkpoints use the averaged weights
-custom_hooks = [dict(type='SwitchableEMAHook', enabled=True, momentum=1.8e-4, priority='ABOVE_NORMAL')]
 
 # cfgs/pola_b5.yaml: lr 2e-5 (per 512), weight decay 1e-8, 1 warm-up epoch from 5e-7, cosine to 5e-6 (per
 # 512) at epoch 300, then 5 cool-down epochs at the minimum; no gradient clipping

@@ -3,7 +3,11 @@
 # warm-up iterations, steps at epochs 8 and 11 (the official run trained with fp16: tools/train.py --amp).
 # Detector, data (1333x800, flip) and runtime are mmdet's (via its Swin-T Mask R-CNN config).
 # Backbone weights: checkpoints/polapp_b2.pth (see configs/_base_/models/polapp_b2.py).
-_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py', '../_base_/models/polapp_b2.py']
+_base_ = [
+    'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py',
+    '../_base_/models/polapp_b2.py',
+    './_base_/coco_tta.py',
+]
 
 model = dict(
     backbone=dict(_delete_=True, **_base_.backbone),
@@ -17,3 +21,8 @@ param_scheduler = [
 
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: horizontal flip
+# (_base_/coco_tta.py)
+val_evaluator = dict(type='PolaCocoMetric')
+test_evaluator = dict(type='PolaCocoMetric')

@@ -3,7 +3,11 @@
 # pipeline (flip, then either a resize of the short side to 480..800 or a resize to 400..600, a
 # 384x600 crop and a resize to 480..800), AdamW lr 1e-4, weight decay 0.05 without decay on norms.
 # The pipeline and schedule are mmdet's Swin-T 3x config. Backbone weights: checkpoints/polapp_b2.pth.
-_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', '../_base_/models/polapp_b2.py']
+_base_ = [
+    'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
+    '../_base_/models/polapp_b2.py',
+    './_base_/coco_tta.py',
+]
 
 model = dict(
     backbone=dict(_delete_=True, **_base_.backbone),
@@ -17,3 +21,9 @@ param_scheduler = [
 
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: flips at three scales
+# (_base_/coco_tta.py)
+tta_pipeline = _base_.tta_ms_pipeline
+val_evaluator = dict(type='PolaCocoMetric')
+test_evaluator = dict(type='PolaCocoMetric')

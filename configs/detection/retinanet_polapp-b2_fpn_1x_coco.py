@@ -4,13 +4,21 @@
 # The FPN reads stages 2-4 plus two extra levels from the last input (the official start_level=1 on four
 # inputs): the backbone returns only those stages, so it has no unused output norm.
 # Backbone weights: checkpoints/polapp_b2.pth.
-_base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', '../_base_/models/polapp_b2.py']
+# The detector, data and schedule are mmdet's PVT-T RetinaNet recipe, which is the official one.
+_base_ = [
+    'mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py',
+    '../_base_/models/polapp_b2.py',
+    './_base_/coco_tta.py',
+]
 
 model = dict(
     backbone=dict(_delete_=True, **dict(_base_.backbone, out_indices=(1, 2, 3))),
     neck=dict(in_channels=_base_.backbone_out_channels[1:], start_level=0, add_extra_convs='on_input', num_outs=5))
 
-optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4))
-
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: horizontal flip
+# (_base_/coco_tta.py)
+val_evaluator = dict(type='PolaCocoMetric')
+test_evaluator = dict(type='PolaCocoMetric')

@@ -57,8 +57,10 @@ def test_the_configs_the_issue_lists_exist():
             assert f'{algo}_pola-{backbone}_fpn_{schedule}_coco' in names
 
 
-@pytest.mark.parametrize('path', DETECTION_CONFIGS + DEMO_CONFIGS, ids=_names(DETECTION_CONFIGS + DEMO_CONFIGS))
-def test_config_trains_one_step_and_predicts(path):
+def check_trains_one_step_and_predicts(path):
+    """Build the config's detector, one training step on one small image (sides not multiples of 32:
+    the only thing shrunk) with a gradient for every parameter, then a prediction. Shared by the
+    config tests of every backbone."""
     from mmdet.testing import demo_mm_inputs
     from mmengine.optim import build_optim_wrapper
 
@@ -66,7 +68,6 @@ def test_config_trains_one_step_and_predicts(path):
     torch.manual_seed(0)
     model = _build_detector(cfg)
     with_mask = 'mask_head' in cfg.model.get('roi_head', {})
-    # the only thing shrunk: the input (one small image, sides not multiples of 32)
     data = demo_mm_inputs(1, [[3, 56, 72]], num_items=[3], num_classes=_num_classes(cfg), with_mask=with_mask)
 
     optim_wrapper = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
@@ -144,3 +145,8 @@ def test_config_recipe(path):
         assert all(h.loss_bbox.type == 'GIoULoss' and h.reg_decoded_bbox for h in heads)
     channels = {'PolaPVT': [64, 128, 320, 512], 'PolaSwin': [96, 192, 384, 768]}[backbone.type]
     assert cfg.model.neck.in_channels == [channels[i] for i in backbone.out_indices]
+
+
+@pytest.mark.parametrize('path', DETECTION_CONFIGS + DEMO_CONFIGS, ids=_names(DETECTION_CONFIGS + DEMO_CONFIGS))
+def test_config_trains_one_step_and_predicts(path):
+    check_trains_one_step_and_predicts(path)

@@ -1,13 +1,11 @@
 """FLatten / InLine detection configs: thin deltas on the Pola configs (the backbone type and its
 checkpoint differ, nothing else); each builds, trains one step (every parameter gets a gradient)
 and predicts."""
-import copy
 import glob
 import os.path as osp
 
 import pytest
-import torch
-from test_detection_configs import REPO, _build_detector, _load, _names, _num_classes
+from test_detection_configs import REPO, _load, _names, check_trains_one_step_and_predicts
 
 LINEAGE_CONFIGS = sorted(p for kind in ('flatten', 'inline')
                          for p in glob.glob(osp.join(REPO, 'configs', 'detection', kind, '*.py')))
@@ -40,24 +38,4 @@ def test_config_is_the_pola_config_with_another_attention(path):
 
 @pytest.mark.parametrize('path', LINEAGE_CONFIGS, ids=_names(LINEAGE_CONFIGS))
 def test_config_trains_one_step_and_predicts(path):
-    from mmdet.testing import demo_mm_inputs
-    from mmengine.optim import build_optim_wrapper
-
-    cfg = _load(path)
-    torch.manual_seed(0)
-    model = _build_detector(cfg)
-    with_mask = 'mask_head' in cfg.model.get('roi_head', {})
-    data = demo_mm_inputs(1, [[3, 56, 72]], num_items=[3], num_classes=_num_classes(cfg), with_mask=with_mask)
-    optim_wrapper = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
-    model.train()
-    batch = model.data_preprocessor(copy.deepcopy(data), True)
-    loss, log_vars = model.parse_losses(model(**batch, mode='loss'))
-    assert torch.isfinite(loss), log_vars
-    optim_wrapper.backward(loss)
-    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
-    assert not unused, unused
-    optim_wrapper.step()
-    model.eval()
-    with torch.no_grad():
-        results = model(**model.data_preprocessor(copy.deepcopy(data), False), mode='predict')
-    assert results[0].pred_instances.bboxes.shape[-1] == 4
+    check_trains_one_step_and_predicts(path)

@@ -1,12 +1,10 @@
 """The PolaFormer++ detection configs: each builds, trains one step on the CPU (every parameter gets a
 gradient) and predicts; the recipes hold the official numbers."""
-import copy
 import glob
 import os.path as osp
 
 import pytest
-import torch
-from test_detection_configs import REPO, _build_detector, _load, _names, _num_classes
+from test_detection_configs import REPO, _load, _names, check_trains_one_step_and_predicts
 
 POLAPP_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'detection', '*_polapp-*.py')))
 
@@ -20,27 +18,7 @@ def test_the_listed_configs_exist():
 
 @pytest.mark.parametrize('path', POLAPP_CONFIGS, ids=_names(POLAPP_CONFIGS))
 def test_config_trains_one_step_and_predicts(path):
-    from mmdet.testing import demo_mm_inputs
-    from mmengine.optim import build_optim_wrapper
-
-    cfg = _load(path)
-    torch.manual_seed(0)
-    model = _build_detector(cfg)
-    with_mask = 'mask_head' in cfg.model.get('roi_head', {})
-    data = demo_mm_inputs(1, [[3, 56, 72]], num_items=[3], num_classes=_num_classes(cfg), with_mask=with_mask)
-    optim_wrapper = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
-    model.train()
-    batch = model.data_preprocessor(copy.deepcopy(data), True)
-    loss, log_vars = model.parse_losses(model(**batch, mode='loss'))
-    assert torch.isfinite(loss), log_vars
-    optim_wrapper.backward(loss)
-    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
-    assert not unused, unused
-    optim_wrapper.step()
-    model.eval()
-    with torch.no_grad():
-        results = model(**model.data_preprocessor(copy.deepcopy(data), False), mode='predict')
-    assert len(results) == 1 and results[0].pred_instances.bboxes.shape[-1] == 4
+    check_trains_one_step_and_predicts(path)
 
 
 @pytest.mark.parametrize('path', POLAPP_CONFIGS, ids=_names(POLAPP_CONFIGS))

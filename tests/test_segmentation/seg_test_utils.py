@@ -45,3 +45,28 @@ def seg_batch(shapes, num_classes, seed=0):
         sample.gt_sem_seg = PixelData(data=labels)
         samples.append(sample)
     return dict(inputs=inputs, data_samples=samples)
+
+
+def check_trains_one_step_and_predicts(cfg, train_size, predict_size):
+    """Build ``cfg``'s segmentor, one training step on two ``train_size`` crops with a gradient for
+    every parameter, then a prediction at ``predict_size`` (its own size back). Shared by the
+    config tests of the backbones."""
+    from mmengine.optim import build_optim_wrapper
+    torch.manual_seed(0)
+    model = build_segmentor(cfg.model)
+    num_classes = cfg.model.decode_head.num_classes
+    model.data_preprocessor.size = train_size
+    optim_wrapper = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
+    model.train()
+    batch = model.data_preprocessor(seg_batch([train_size, train_size], num_classes), True)
+    loss, log_vars = model.parse_losses(model(**batch, mode='loss'))
+    assert torch.isfinite(loss), log_vars
+    optim_wrapper.backward(loss)
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not unused, unused
+    optim_wrapper.step()
+    model.eval()
+    with torch.no_grad():
+        batch = model.data_preprocessor(seg_batch([predict_size], num_classes), False)
+        pred = model(**batch, mode='predict')[0].pred_sem_seg.data
+    assert pred.shape == (1, *predict_size)

@@ -1,13 +1,11 @@
 """The PolaFormer++ segmentation configs (UperNet b2/b3, LightHamHead b2): each builds, trains one step on
 the CPU (every parameter gets a gradient) and predicts at a size that is no multiple of the strides; the
 recipes hold the official numbers."""
-import copy
 import glob
 import os.path as osp
 
 import pytest
-import torch
-from seg_test_utils import REPO, build_segmentor, load_config, seg_batch
+from seg_test_utils import REPO, check_trains_one_step_and_predicts, load_config
 
 POLAPP_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'segmentation', '*_polapp-*.py')))
 
@@ -24,29 +22,8 @@ def test_the_listed_configs_exist():
 
 @pytest.mark.parametrize('path', POLAPP_CONFIGS, ids=_names(POLAPP_CONFIGS))
 def test_config_trains_one_step_and_predicts(path):
-    from mmengine.optim import build_optim_wrapper
-
-    cfg = load_config(path)
-    torch.manual_seed(0)
-    model = build_segmentor(cfg.model)
-    num_classes = cfg.model.decode_head.num_classes
-    model.data_preprocessor.size = (64, 64)
-    data = seg_batch([(64, 64), (64, 64)], num_classes)
-    optim_wrapper = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
-    model.train()
-    batch = model.data_preprocessor(copy.deepcopy(data), True)
-    loss, log_vars = model.parse_losses(model(**batch, mode='loss'))
-    assert torch.isfinite(loss), log_vars
-    optim_wrapper.backward(loss)
-    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
-    assert not unused, unused
-    optim_wrapper.step()
-
-    model.eval()
-    with torch.no_grad():
-        batch = model.data_preprocessor(seg_batch([(96, 131)], num_classes), False)
-        results = model(**batch, mode='predict')
-    assert results[0].pred_sem_seg.data.shape == (1, 96, 131)  # the image's size (SegNeXt pads to 32 at test)
+    # predicted at the image's size (SegNeXt pads to 32 at test)
+    check_trains_one_step_and_predicts(load_config(path), (64, 64), (96, 131))
 
 
 @pytest.mark.parametrize('path', POLAPP_CONFIGS, ids=_names(POLAPP_CONFIGS))
