@@ -5,6 +5,7 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.config import Config
+from tool_loading import load_tool
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG_DIR = osp.join(REPO_ROOT, 'configs', 'classification')
@@ -19,16 +20,6 @@ RECIPES = {
     'pola-swin-s_8xb128_in1k.py': ('swin', 'small', 0.3, 128, 5.0, 20, 300),
     'pola-swin-b_8xb128_in1k.py': ('swin', 'base', 0.5, 128, 5.0, 20, 300),
 }
-
-
-def load_tool(name):
-    """tools/<name>.py as a module (tools/ is not a package; 'test' would be the stdlib's)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f'mmpola_tools_{name}',
-                                                  osp.join(REPO_ROOT, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_size_has_a_recipe():

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from mmengine.config import Config
+from tool_loading import load_tool
 
 from mmpola.checkpoint import load_pola_checkpoint
 from mmpola.safe_load import safe_torch_load
@@ -80,11 +81,8 @@ def test_checkpoint_keeps_backbone_names(trained):
 
 def test_tools_test_evaluates_the_checkpoint(trained):
     """tools/test.py (in this process: the imports are already paid) evaluates the checkpoint."""
-    import importlib.util
     config, checkpoint, work = trained
-    spec = importlib.util.spec_from_file_location('mmpola_tools_test', osp.join(REPO_ROOT, 'tools', 'test.py'))
-    test_tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(test_tool)
+    test_tool = load_tool('test')
     out_file = work / 'preds.pkl'
     metrics = test_tool.main([config, checkpoint, '--work-dir', str(work / 'test'), '--out', str(out_file)])
     assert set(metrics) == {'accuracy/top1', 'accuracy/top5'}

@@ -4,7 +4,6 @@ message, or the step is skipped when configured; tools/train.py and the demos al
 A tiny mmengine Runner trains a two-parameter model whose ``loss_mask`` turns NaN (or inf) at
 chosen iterations.
 """
-import importlib.util
 import os.path as osp
 import uuid
 
@@ -16,6 +15,7 @@ from mmengine.model import BaseModel
 from mmengine.registry import DATASETS, MODELS
 from mmengine.runner import Runner
 from mmengine.structures import BaseDataElement
+from tool_loading import load_tool
 from torch.utils.data import DataLoader
 
 from mmpola.engine import NonFiniteLossError, NonFiniteLossHook, UserError, add_nonfinite_loss_guard
@@ -308,13 +308,6 @@ def test_guard_is_added_once_and_respects_the_users_entry():
         add_nonfinite_loss_guard(Config(dict(nonfinite_loss='ignore')))
 
 
-def _train_tool():
-    spec = importlib.util.spec_from_file_location('mmpola_tools_train_nonfinite', osp.join(REPO, 'tools', 'train.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _toy_config(tmp_path, bad_iters, name):
     config = tmp_path / f'{name}.py'  # one name per run: mmengine keys its logger by config name and time
     config.write_text(f"""
@@ -331,7 +324,7 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
 
 def test_tools_train_adds_the_guard_and_stops_with_the_message(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('MMPOLA_MALLOC_TUNING', '0')
-    train = _train_tool()
+    train = load_tool('train')
     args = train.parse_args([_toy_config(tmp_path, {3}, 'toy_skip'), '--work-dir', str(tmp_path / 'skip'),
                              '--cfg-options', 'nonfinite_loss.action=skip', 'nonfinite_loss.max_skips=4'])
     runner = train.build_runner(args)

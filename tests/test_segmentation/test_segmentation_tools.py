@@ -1,7 +1,6 @@
 """UperNet + Pola-Swin-T end to end on a tiny generated ADE-style dataset: tools/train.py and
 tools/test.py (whole image, --out, --tta) in subprocesses with IoUMetric, the data generator, and
 the demo script."""
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from seg_test_utils import REPO, load_config
+from tool_loading import load_tool
 
 PYTHON = sys.executable
 DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
@@ -137,10 +137,7 @@ def test_data_root_option_moves_every_dataset(tiny, trained):
 
 
 def test_demo_script_runs_and_writes_summary_and_figure(tiny, tmp_path):
-    spec = importlib.util.spec_from_file_location('mmpola_tools_demo_segmentation',
-                                                  osp.join(REPO, 'tools', 'demo_segmentation.py'))
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    demo = load_tool('demo_segmentation')
     work_dir = tmp_path / 'demo'
     data_root = tmp_path / 'data'
     threads = str(torch.get_num_threads())  # keep this process's setting for the other tests

@@ -4,12 +4,12 @@ out_indices out of range, frozen_stages beyond the depth, a pretrained checkpoin
 family (or a plain softmax PVT / Swin one) and an input smaller than the minimum size. Each
 message names the bad value and what is valid."""
 import copy
-import importlib.util
 import os.path as osp
 
 import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 import pytest
 import torch
+from tool_loading import load_tool
 
 import mmpola  # noqa: E402,F401
 from mmpola.checkpoint import CheckpointMismatchError  # noqa: E402
@@ -154,14 +154,6 @@ def test_detector_config_checkpoint_and_input_errors(det_cfgs, family):
 # --------------------------------------------------------------------------------------------
 # tools/train.py on a tiny detection config (demo Mask R-CNN, mini backbones, 4 generated images)
 
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(f'mmpola_tools_{name}_bad_cfg',
-                                                  osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
 def tiny_det(tmp_path_factory):
     """{'pvt' | 'swin': config path}: the demo detector with the golden mini backbone (initialised
@@ -195,7 +187,7 @@ train_cfg = dict(max_epochs=1)
 def _train_error(argv, capsys):
     """The message tools/train.py ends with: a user error (exit status 2, one 'error: ...' line on
     stderr, no traceback)."""
-    train = _tool('train')
+    train = load_tool('train')
     with pytest.raises(SystemExit) as exc:
         train.main(argv)
     assert exc.value.code == 2, exc.value.code

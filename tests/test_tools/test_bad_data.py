@@ -14,7 +14,6 @@ the file, never a crash deep in a DataLoader worker.
   valid range and the fix, instead of ``IndexError: Target ... is out of bounds`` in the loss.
 """
 import copy
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -28,6 +27,7 @@ import torch
 from mmengine.dataset import pseudo_collate  # noqa: E402
 from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
+from tool_loading import load_tool
 
 from mmpola.engine import UserError, check_data_files, load_config, register_task_modules  # noqa: E402
 
@@ -136,9 +136,7 @@ def test_missing_and_empty_images_are_reported_before_training(coco, tmp_path, c
 
     # through tools/train.py: one line on stderr, exit status 2, before any model is built
     (root / 'img' / '5.jpg').unlink()
-    spec = importlib.util.spec_from_file_location('mmpola_tools_train_bad_data', osp.join(REPO, 'tools', 'train.py'))
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
+    train = load_tool('train')
     with pytest.raises(SystemExit) as exit_info:
         train.main([DET_DEMO, '--work-dir', str(tmp_path / 'work'), '--cfg-options',
                     f'train_dataloader.dataset.data_root={root}/', 'train_dataloader.dataset.ann_file=ann.json',

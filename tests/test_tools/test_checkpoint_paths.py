@@ -7,7 +7,6 @@ Paths: backbone ``init_cfg=dict(type='Pretrained')`` (PolaPVT, PolaSwin); mmengi
 ``--resume``; tools/test.py CHECKPOINT; timm ``create_model(checkpoint_path=...)``, pretrained
 files and ``timm.models.load_checkpoint``.
 """
-import importlib.util
 import os
 import os.path as osp
 import re
@@ -17,6 +16,7 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
+from tool_loading import load_tool
 
 import mmpola  # noqa: F401  (registers the models, installs the safe loaders)
 import mmpola.classification  # noqa: F401
@@ -57,14 +57,6 @@ def _assert_refused(excinfo_or_text, path, marker):
     assert 'posix.system' in text or 'os.system' in text, text
     assert re.search(REFUSAL, text), text
     assert not marker.exists(), 'the pickle ran code'
-
-
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(f'mmpola_tools_{name}_ckpt',
-                                                  osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _constructor(family):
@@ -299,7 +291,7 @@ param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False, begin=0, 
 auto_scale_lr = dict(enable=False)
 default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1, save_best=None))
 """)
-    train = _tool('train')
+    train = load_tool('train')
     args = train.parse_args([str(config), '--work-dir', str(work / 'train')])
     train.build_runner(args).train()
     checkpoint = _add_numpy(str(work / 'train' / 'epoch_1.pth'))
@@ -326,7 +318,7 @@ def _probe_train(train, argv):
 
 
 def test_train_resume_and_load_from(tiny_cls, tmp_path):
-    train = _tool('train')
+    train = load_tool('train')
     base = [tiny_cls['config'], '--work-dir', str(tmp_path / 'work')]
     evil, marker = _evil(tmp_path)
     for extra in (['--resume', evil], ['--cfg-options', f'load_from={evil}']):
@@ -355,7 +347,7 @@ def test_train_resume_and_load_from(tiny_cls, tmp_path):
 
 
 def test_test_tool(tiny_cls, tmp_path, capsys):
-    test = _tool('test')
+    test = load_tool('test')
     evil, marker = _evil(tmp_path)
     with pytest.raises(SystemExit) as exc:
         test.main([tiny_cls['config'], evil, '--work-dir', str(tmp_path / 'evil')])

@@ -1,18 +1,16 @@
 """tools/demo_detection.py end to end at toy scale: data generation, untrained and trained COCO
 metrics, the figure and the summary (the real demo trains 6 epochs on 320 images)."""
-import importlib.util
 import json
 import os.path as osp
 
 import mmdet  # noqa: E402,F401  (required: a broken install fails here)
+from tool_loading import load_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
 def test_demo_runs_and_reports_before_and_after(tmp_path):
-    spec = importlib.util.spec_from_file_location('mmpola_demo_detection', osp.join(REPO, 'tools', 'demo_detection.py'))
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    demo = load_tool('demo_detection')
     summary = demo.main(['--work-dir', str(tmp_path / 'work'), '--data-root', str(tmp_path / 'data'),
                          '--num-train', '4', '--num-val', '2', '--epochs', '1', '--num-figure-images', '2'])
     assert osp.isfile(tmp_path / 'data' / 'annotations' / 'instances_train.json')  # generated on demand

@@ -1,9 +1,9 @@
 """tools/get_flops.py: exact counts on known layers, Pola attention matmuls counted, the papers' GMACs."""
-import importlib.util
 import os.path as osp
 
 import pytest
 import torch
+from tool_loading import load_tool
 from torch import nn
 
 from mmpola.ops import pola_attention
@@ -11,14 +11,7 @@ from mmpola.ops import pola_attention
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
-def load_get_flops():
-    spec = importlib.util.spec_from_file_location('get_flops', osp.join(ROOT, 'tools', 'get_flops.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-get_flops = load_get_flops()
+get_flops = load_tool('get_flops')
 
 
 def test_linear_and_conv_counts_are_exact():

@@ -5,7 +5,6 @@ problem and the fix (exit status 2), and nothing on disk changes (no checkpoint,
 Tiny generated data: the demo COCO set (3 classes, 64 px) and the demo ADE set (32 px).
 """
 import hashlib
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from mmengine.logging import MMLogger
+from tool_loading import load_tool
 
 from mmpola.errors import UserError
 
@@ -32,15 +32,7 @@ def _cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv('MMPOLA_CACHE_DIR', str(tmp_path / 'cache'))
 
 
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(f'mmpola_tools_{name}_preflight',
-                                                  osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-TRAIN, TEST = _tool('train'), _tool('test')
+TRAIN, TEST = load_tool('train'), load_tool('test')
 
 
 def _digest(root):

@@ -6,7 +6,6 @@ not: login nodes with nvcc and no GPU, GPU nodes with old drivers, mismatched to
 environments with old torch or newer numpy. The flow tests run ``setup()`` with every tool that
 would install or build replaced by a recorder, and check where it stops.
 """
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -14,15 +13,14 @@ import stat
 import types
 
 import pytest
+from tool_loading import load_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
 @pytest.fixture(scope='module')
 def se():
-    spec = importlib.util.spec_from_file_location('mmpola_setup_env', osp.join(REPO, 'tools', 'setup_env.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_tool('setup_env')
     return module
 
 

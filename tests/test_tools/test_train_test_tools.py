@@ -4,7 +4,6 @@ One module-scoped run trains the demo detector (Mask R-CNN + Pola-PVT-T, shrunk 
 epochs of four iterations in a subprocess; the other tests test, resume and distribute from it.
 """
 import copy
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -18,20 +17,13 @@ import sys
 import mmdet  # noqa: E402,F401  (required: a broken install fails here)
 import pytest
 import torch
+from tool_loading import load_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 PYTHON = sys.executable
 DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 NO_VALIDATION = ('val_dataloader=None', 'val_cfg=None', 'val_evaluator=None')
 METRIC_RE = re.compile(r'coco/(bbox|segm)_mAP: (-?[0-9.]+)')
-
-
-def _tool(name):
-    """Import tools/<name>.py as a module (the tools are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f'mmpola_tools_{name}', osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(cmd, timeout=300, env=None):
@@ -160,7 +152,7 @@ def test_resume_restores_weights_optimizer_and_iteration(tiny, trained, tmp_path
     work_dir.mkdir()
     checkpoint = str(trained['work_dir'] / 'epoch_1.pth')
 
-    train = _tool('train')
+    train = load_tool('train')
     args = train.parse_args([tiny['config'], '--work-dir', str(work_dir), '--resume', checkpoint,
                              '--cfg-options', *NO_VALIDATION])
     runner = train.build_runner(args)
@@ -226,7 +218,7 @@ def test_dist_train_two_processes_with_amp(tiny, tmp_path):
 
 def _user_error(tool, argv, capsys):
     with pytest.raises(SystemExit) as exc:
-        _tool(tool).main(argv)
+        load_tool(tool).main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith('error: ') and 'Traceback' not in err

@@ -11,7 +11,6 @@
 Every refusal exits with status 2, one ``error:`` line, and leaves the files as they were.
 """
 import hashlib
-import importlib.util
 import os
 import os.path as osp
 
@@ -20,6 +19,7 @@ import timm
 import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
+from tool_loading import load_tool
 
 import mmpola.classification  # noqa: F401  (registers the timm models)
 from mmpola.checkpoint import describe_checkpoint
@@ -33,15 +33,7 @@ DET_DEMO = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco
 MMLogger.get_current_instance()  # mmengine's logger keeps the stream it first sees: not a test's capsys
 
 
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(f'mmpola_tools_{name}_wrong_ckpt',
-                                                  osp.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-TRAIN, TEST = _tool('train'), _tool('test')
+TRAIN, TEST = load_tool('train'), load_tool('test')
 
 
 def _sha(path):
