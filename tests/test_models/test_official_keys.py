@@ -1,4 +1,5 @@
-"""Every released size has the official parameter names and shapes, and the parameter counts of the papers.
+"""Every released size of the lineage (Pola, FLatten, InLine) has the official parameter names and
+shapes, and the published backbone parameter counts.
 
 Built on the meta device: no memory, no init cost.
 """
@@ -9,8 +10,9 @@ import re
 import pytest
 import torch
 
-from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
+from mmpola.models import FLattenPVT, FLattenSwin, InLinePVT, InLineSwin, PolaClassifier, PolaPVT, PolaSwin
 
+# entry name: (backbone class, arch, backbone parameters without the dense-only output norms)
 SIZES = {
     'pola_pvt_tiny': (PolaPVT, 'tiny', 12_410_624),
     'pola_pvt_small': (PolaPVT, 'small', 22_643_200),
@@ -19,6 +21,20 @@ SIZES = {
     'pola_swin_tiny': (PolaSwin, 'tiny', 28_515_160),
     'pola_swin_small': (PolaSwin, 'small', 49_833_064),
     'pola_swin_base': (PolaSwin, 'base', 88_110_816),
+    'flatten_pvt_tiny': (FLattenPVT, 'tiny', 11_636_480),
+    'flatten_pvt_small': (FLattenPVT, 'small', 21_156_224),
+    'flatten_pvt_medium': (FLattenPVT, 'medium', 36_728_192),
+    'flatten_pvt_large': (FLattenPVT, 'large', 50_135_168),
+    'inline_pvt_tiny': (InLinePVT, 'tiny', 11_519_232),
+    'inline_pvt_small': (InLinePVT, 'small', 21_043_136),
+    'inline_pvt_medium': (InLinePVT, 'medium', 37_105_856),
+    'inline_pvt_large': (InLinePVT, 'large', 50_641_280),
+    'flatten_swin_tiny': (FLattenSwin, 'tiny', 28_421_848),
+    'flatten_swin_small': (FLattenSwin, 'small', 49_739_752),
+    'flatten_swin_base': (FLattenSwin, 'base', 87_945_440),
+    'inline_swin_tiny': (InLineSwin, 'tiny', 28_453_008),
+    'inline_swin_small': (InLineSwin, 'small', 51_267_216),
+    'inline_swin_base': (InLineSwin, 'base', 89_983_168),
 }
 _CLASSIFICATION_ONLY = re.compile(r'^(head|norm)\.')
 _BUFFERS = re.compile(r'(attn_mask|relative_position_index)$')
@@ -27,8 +43,12 @@ _OUT_NORM = re.compile(r'^norm\d\.')
 
 @pytest.fixture(scope='module')
 def manifest(data_file):
-    with open(data_file('official_key_manifest.json')) as f:
-        return json.load(f)
+    """Both key manifests made from the official code: Pola's, and FLatten / InLine / PolaFormer++'s."""
+    keys = {}
+    for name in ('official_key_manifest.json', 'lineage_key_manifest.json'):
+        with open(data_file(name)) as f:
+            keys.update(json.load(f))
+    return keys
 
 
 @pytest.mark.parametrize('name', list(SIZES))
@@ -42,21 +62,21 @@ def test_backbone_keys_shapes_and_param_count(manifest, name):
     assert sorted(set(official) - set(ours)) == []
     assert sorted(set(ours) - set(official)) == []
     assert {k: v for k, v in ours.items() if official[k] != v} == {}
-    count = sum(p.numel() for k, p in model.named_parameters() if not _OUT_NORM.match(k))
-    assert count == n_params
+    assert sum(p.numel() for k, p in model.named_parameters() if not _OUT_NORM.match(k)) == n_params
 
 
 @pytest.mark.parametrize('name', list(SIZES))
 def test_classifier_matches_official_total(manifest, name):
-    """The classifier owns exactly the official tensors (minus recomputed buffers and, for Pola-PVT,
-    the final norm its forward never uses)."""
-    cls, arch, _ = SIZES[name]
+    """The classifier owns exactly the official tensors (minus recomputed buffers and, for PVT, the
+    final norm the official forward never uses)."""
+    kind, family, _ = name.split('_')
     with torch.device('meta'):
-        model = PolaClassifier(family='pvt' if cls is PolaPVT else 'swin', arch=arch)
+        model = PolaClassifier(family=family, kind=kind, arch=SIZES[name][1])
     ours = {re.sub(r'^backbone\.', '', k): tuple(v.shape) for k, v in model.state_dict().items()}
     official = {k: tuple(v) for k, v in manifest[name]['keys'].items() if not _BUFFERS.search(k)}
-    unused = {k: v for k, v in official.items() if cls is PolaPVT and k.startswith('norm.')}
-    assert sorted(unused) == ([] if cls is PolaSwin else ['norm.bias', 'norm.weight'])
+    unused = {k: v for k, v in official.items() if family == 'pvt' and k.startswith('norm.')}
+    if kind == 'pola':
+        assert sorted(unused) == ([] if family == 'swin' else ['norm.bias', 'norm.weight'])
     assert ours == {k: v for k, v in official.items() if k not in unused}
     n_unused = sum(math.prod(shape) for shape in unused.values())
     assert sum(p.numel() for p in model.parameters()) == manifest[name]['params_total'] - n_unused
