@@ -46,6 +46,8 @@ import torch
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 
+from mmpola.ops.dispatch import ATTN_IMPLS
+
 from .attention_kinds import get_attention_kind
 from .layers import init_official_weights
 from .utils import (
@@ -60,7 +62,6 @@ from .utils import (
 
 __all__ = ['DenseBackbone', 'drop_path_rates', 'tokens_to_nchw', 'run_blocks', 'resolve_out_norm']
 
-_ATTN_IMPLS = ('auto', 'fast', 'reference')
 
 
 def drop_path_rates(drop_path_rate, depths):
@@ -223,8 +224,8 @@ class DenseBackbone(BaseModule):
     def set_attn_impl(self, impl):
         """Switch every attention core between ``'auto'``, ``'fast'`` and ``'reference'`` (the
         official op order)."""
-        if impl not in _ATTN_IMPLS:
-            raise PolaConfigError(f'attn_impl must be one of {", ".join(_ATTN_IMPLS)}, got {impl!r}')
+        if impl not in ATTN_IMPLS:
+            raise PolaConfigError(f'attn_impl must be one of {", ".join(ATTN_IMPLS)}, got {impl!r}')
         for module in self.modules():
             if module is not self and hasattr(module, 'attn_impl'):
                 module.attn_impl = impl

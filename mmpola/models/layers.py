@@ -208,8 +208,38 @@ def spatial_reduction(x, hw, sr, norm):
     return norm(x.reshape(B, C, -1).permute(0, 2, 1)), kv_hw
 
 
+def check_attention_args(dim, num_heads, qkv_layout, layouts, sr_ratio=1, v_upsample='linear1d'):
+    """The argument checks the linear attention modules share; ``layouts`` is the (Swin, PVT) pair of
+    ``qkv_layout`` names. Returns the head dim."""
+    if dim % num_heads:
+        raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+    if qkv_layout not in layouts:
+        raise ValueError(f"qkv_layout must be '{layouts[0]}' (Swin) or '{layouts[1]}' (PVT), got {qkv_layout!r}")
+    if sr_ratio > 1 and qkv_layout != layouts[1]:
+        raise ValueError('spatial reduction (sr_ratio > 1) exists only in the PVT layout')
+    if v_upsample not in ('linear1d', 'bilinear2d'):
+        raise ValueError(f"v_upsample must be 'linear1d' or 'bilinear2d', got {v_upsample!r}")
+    return dim // num_heads
+
+
+class KeyPositionalEncoding:
+    """Mixin of Pola and FLatten attention: the learned ``positional_encoding`` added to the keys,
+    stored on the pretraining grid ``pe_grid`` and bilinearly resized to the real key grid (the
+    resized tensor is cached in eval mode)."""
+
+    def _init_positional_encoding(self, dim, pe_grid):
+        self.pe_grid = tuple(pe_grid)
+        self.positional_encoding = nn.Parameter(torch.zeros(1, self.pe_grid[0] * self.pe_grid[1], dim))
+        self._pe_cache = _ResizedEmbeddingCache()
+
+    def resized_positional_encoding(self, kv_hw):
+        """(1, Hk*Wk, C) positional encoding for a Hk x Wk key grid (cached in eval mode)."""
+        return self._pe_cache.get(self.positional_encoding, self.pe_grid, kv_hw, 'bilinear',
+                                  enabled=not self.training)
+
+
 @register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
-class PolaAttention(nn.Module):
+class PolaAttention(KeyPositionalEncoding, nn.Module):
     """Polarity-aware linear attention over one whole H x W token grid (docs/design.md).
 
     Both official variants in one module:
@@ -252,21 +282,12 @@ class PolaAttention(nn.Module):
                  alpha=4.0, kernel_size=5, proj_drop=0., v_upsample='linear1d', attn_impl='auto',
                  fp32_attn=True):
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
-        if qkv_layout not in ('qkvg', 'qg_kv'):
-            raise ValueError(f"qkv_layout must be 'qkvg' (Swin) or 'qg_kv' (PVT), got {qkv_layout!r}")
-        if sr_ratio > 1 and qkv_layout != 'qg_kv':
-            raise ValueError('spatial reduction (sr_ratio > 1) exists only in the PVT layout')
-        if v_upsample not in ('linear1d', 'bilinear2d'):
-            raise ValueError(f"v_upsample must be 'linear1d' or 'bilinear2d', got {v_upsample!r}")
-        head_dim = dim // num_heads
+        head_dim = check_attention_args(dim, num_heads, qkv_layout, ('qkvg', 'qg_kv'), sr_ratio, v_upsample)
         if head_dim % 2:
             raise ValueError(f'head dim {head_dim} (= {dim} / {num_heads}) must be even: '
                              'the value channels are split into two halves')
         self.dim = dim
         self.num_heads = num_heads
-        self.pe_grid = tuple(pe_grid)
         self.qkv_layout = qkv_layout
         self.sr_ratio = sr_ratio
         self.alpha = alpha
@@ -288,14 +309,7 @@ class PolaAttention(nn.Module):
                              padding=kernel_size // 2)
         self.power = nn.Parameter(torch.zeros(1, num_heads, 1, head_dim))
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
-        self.positional_encoding = nn.Parameter(
-            torch.zeros(1, self.pe_grid[0] * self.pe_grid[1], dim))
-        self._pe_cache = _ResizedEmbeddingCache()
-
-    def resized_positional_encoding(self, kv_hw):
-        """(1, Hk*Wk, C) positional encoding for a Hk x Wk key grid (cached in eval mode)."""
-        return self._pe_cache.get(self.positional_encoding, self.pe_grid, kv_hw, 'bilinear',
-                                  enabled=not self.training)
+        self._init_positional_encoding(dim, pe_grid)
 
     def forward(self, x, hw):
         B, N, C = x.shape
@@ -333,7 +347,7 @@ class PolaAttention(nn.Module):
 
 
 @register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
-class FocusedLinearAttention(nn.Module):
+class FocusedLinearAttention(KeyPositionalEncoding, nn.Module):
     """Focused linear attention (FLatten Transformer, ICCV 2023) over one whole H x W token grid.
 
     * ``qkv_layout='qkv'`` (FLatten-Swin): ``qkv`` Linear(C, 3C) gives q, k, v.
@@ -357,18 +371,9 @@ class FocusedLinearAttention(nn.Module):
     def __init__(self, dim, num_heads, pe_grid, qkv_layout='qkv', qkv_bias=True, sr_ratio=1, focusing_factor=3,
                  kernel_size=5, proj_drop=0., v_upsample='linear1d', attn_impl='auto', fp32_attn=True):
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
-        if qkv_layout not in ('qkv', 'q_kv'):
-            raise ValueError(f"qkv_layout must be 'qkv' (Swin) or 'q_kv' (PVT), got {qkv_layout!r}")
-        if sr_ratio > 1 and qkv_layout != 'q_kv':
-            raise ValueError('spatial reduction (sr_ratio > 1) exists only in the PVT layout')
-        if v_upsample not in ('linear1d', 'bilinear2d'):
-            raise ValueError(f"v_upsample must be 'linear1d' or 'bilinear2d', got {v_upsample!r}")
-        head_dim = dim // num_heads
+        head_dim = check_attention_args(dim, num_heads, qkv_layout, ('qkv', 'q_kv'), sr_ratio, v_upsample)
         self.dim = dim
         self.num_heads = num_heads
-        self.pe_grid = tuple(pe_grid)
         self.qkv_layout = qkv_layout
         self.sr_ratio = sr_ratio
         self.focusing_factor = focusing_factor
@@ -388,13 +393,7 @@ class FocusedLinearAttention(nn.Module):
         self.dwc = nn.Conv2d(head_dim, head_dim, kernel_size=kernel_size, groups=head_dim,
                              padding=kernel_size // 2)
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
-        self.positional_encoding = nn.Parameter(torch.zeros(1, self.pe_grid[0] * self.pe_grid[1], dim))
-        self._pe_cache = _ResizedEmbeddingCache()
-
-    def resized_positional_encoding(self, kv_hw):
-        """(1, Hk*Wk, C) positional encoding for a Hk x Wk key grid (cached in eval mode)."""
-        return self._pe_cache.get(self.positional_encoding, self.pe_grid, kv_hw, 'bilinear',
-                                  enabled=not self.training)
+        self._init_positional_encoding(dim, pe_grid)
 
     def forward(self, x, hw):
         B, N, C = x.shape
@@ -441,10 +440,7 @@ class InLineAttention(nn.Module):
     def __init__(self, dim, num_heads, qkv_layout='qkv', qkv_bias=True, sr_ratio=1, proj_drop=0., attn_impl='auto',
                  fp32_attn=True):
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
-        if qkv_layout not in ('qkv', 'q_kv'):
-            raise ValueError(f"qkv_layout must be 'qkv' (Swin) or 'q_kv' (PVT), got {qkv_layout!r}")
+        check_attention_args(dim, num_heads, qkv_layout, ('qkv', 'q_kv'))
         if sr_ratio != 1:
             raise ValueError(f'InLine attention has no spatial reduction (got sr_ratio={sr_ratio}); use '
                              "la_sr_ratios='1111' as every released InLine model")

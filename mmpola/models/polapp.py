@@ -19,6 +19,7 @@ from mmengine.registry import MODELS
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
 from mmpola.ops import pacs_attention, rope_angles, rope_rotate, rope_tables
+from mmpola.ops.dispatch import ATTN_IMPLS
 
 from .attention_kinds import AttentionKind, build_attention, register_attention_kind
 from .base import DenseBackbone, drop_path_rates
@@ -28,7 +29,6 @@ from .utils import PolaConfigError, check_stage_string, is_pretrained_cfg
 __all__ = ['PolaPP', 'PolaPPClassifier', 'PolaPPBlock', 'PaCSAttention', 'RoPESoftmaxAttention', 'LayerNorm2d']
 
 _STRUCTURE_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'layer_scale_init_values')
-_ATTN_IMPLS = ('auto', 'fast', 'reference')
 
 
 class LayerNorm2d(nn.Module):
@@ -61,8 +61,8 @@ class RotaryEmbedding(nn.Module):
 
 
 def _check_impl(impl):
-    if impl not in _ATTN_IMPLS:
-        raise ValueError(f"attn_impl must be one of {', '.join(_ATTN_IMPLS)}, got {impl!r}")
+    if impl not in ATTN_IMPLS:
+        raise ValueError(f"attn_impl must be one of {', '.join(ATTN_IMPLS)}, got {impl!r}")
     return impl
 
 

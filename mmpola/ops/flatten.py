@@ -23,6 +23,8 @@ The focusing feature map works on all C channels at once (its norms are over C, 
 import torch
 import torch.nn.functional as F
 
+from .dispatch import run_attention_core
+
 __all__ = ['flatten_attention', 'flatten_attention_reference', 'flatten_attention_fast', 'focused_feature_map']
 
 _KERNEL_EPS = 1e-6  # relu(x) + 1e-6 in the official kernel function
@@ -144,7 +146,6 @@ def flatten_attention_fast(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-
     return outs[0] if num_heads == 1 else torch.cat(outs, dim=-1)
 
 
-_IMPLS = {'reference': flatten_attention_reference, 'fast': flatten_attention_fast, 'auto': flatten_attention_fast}
 
 
 def flatten_attention(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6, fp32=True, impl='auto'):
@@ -158,12 +159,5 @@ def flatten_attention(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6, fp
     Returns:
         (B, N, C).
     """
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be 'auto', 'fast' or 'reference', got {impl!r}")
-    fn = _IMPLS[impl]
-    if fp32:
-        out_dtype = q.dtype
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            out = fn(q.float(), k.float(), v.float(), scale.float(), num_heads, focusing_factor, eps)
-        return out.to(out_dtype)
-    return fn(q, k, v, scale, num_heads, focusing_factor, eps)
+    return run_attention_core(flatten_attention_reference, flatten_attention_fast, impl, fp32,
+                              (q, k, v, scale), num_heads, focusing_factor, eps)

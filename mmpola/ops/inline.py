@@ -19,6 +19,8 @@ Returns (B, N, C) (heads merged back, as the official module does before its pro
 """
 import torch
 
+from .dispatch import run_attention_core
+
 __all__ = ['inline_attention', 'inline_attention_reference', 'inline_attention_fast']
 
 
@@ -120,7 +122,6 @@ def inline_attention_fast(q, k, v, num_heads):
     return _InLineCore.apply(q, k, v, num_heads)
 
 
-_IMPLS = {'reference': inline_attention_reference, 'fast': inline_attention_fast, 'auto': inline_attention_fast}
 
 
 def inline_attention(q, k, v, num_heads, fp32=True, impl='auto'):
@@ -133,12 +134,5 @@ def inline_attention(q, k, v, num_heads, fp32=True, impl='auto'):
     Returns:
         (B, N, C).
     """
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be 'auto', 'fast' or 'reference', got {impl!r}")
-    fn = _IMPLS[impl]
-    if fp32:
-        out_dtype = q.dtype
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            out = fn(q.float(), k.float(), v.float(), num_heads)
-        return out.to(out_dtype)
-    return fn(q, k, v, num_heads)
+    return run_attention_core(inline_attention_reference, inline_attention_fast, impl, fp32,
+                              (q, k, v), num_heads)

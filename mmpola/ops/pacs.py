@@ -32,6 +32,7 @@ Two implementations:
 """
 import torch
 
+from .dispatch import run_attention_core
 from .pola import _sum_to_shape
 
 __all__ = ['pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'rope_angles', 'rope_tables',
@@ -283,11 +284,6 @@ def pacs_attention_fast(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
     return _PaCSAttention.apply(q, k, v, s_same, s_opp, _rotation(sin, cos, dtype), eps)
 
 
-_IMPLS = {
-    'reference': pacs_attention_reference,
-    'fast': pacs_attention_fast,
-    'auto': pacs_attention_fast,
-}
 
 
 def pacs_attention(q, k, v, s_same, s_opp, sin, cos, eps=1e-6, fp32=True, impl='auto'):
@@ -303,13 +299,5 @@ def pacs_attention(q, k, v, s_same, s_opp, sin, cos, eps=1e-6, fp32=True, impl='
     Returns:
         (B, h, N, d), in q's dtype when fp32=True.
     """
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be 'auto', 'fast' or 'reference', got {impl!r}")
-    fn = _IMPLS[impl]
-    if fp32:
-        out_dtype = q.dtype
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            out = fn(q.float(), k.float(), v.float(), s_same.float(), s_opp.float(), sin.float(), cos.float(),
-                     eps)
-        return out.to(out_dtype)
-    return fn(q, k, v, s_same, s_opp, sin, cos, eps)
+    return run_attention_core(pacs_attention_reference, pacs_attention_fast, impl, fp32,
+                              (q, k, v, s_same, s_opp, sin, cos), eps)

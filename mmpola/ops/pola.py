@@ -35,6 +35,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .dispatch import run_attention_core
+
 __all__ = [
     'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
     'polarity_feature_map_and_mean', 'compile_status'
@@ -369,11 +371,6 @@ def pola_attention_fast(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     return (out[..., :d].unflatten(-1, (2, half)) * z.unsqueeze(-1)).flatten(-2)
 
 
-_IMPLS = {
-    'reference': pola_attention_reference,
-    'fast': pola_attention_fast,
-    'auto': pola_attention_fast,
-}
 
 
 def pola_attention(q, k, v, power, scale, alpha=4.0, eps=1e-6, fp32=True, impl='auto'):
@@ -389,13 +386,5 @@ def pola_attention(q, k, v, power, scale, alpha=4.0, eps=1e-6, fp32=True, impl='
     Returns:
         (B, h, N, d) in q's dtype when fp32=True.
     """
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be 'auto', 'fast' or 'reference', got {impl!r}")
-    fn = _IMPLS[impl]
-    if fp32:
-        out_dtype = q.dtype
-        device_type = q.device.type
-        with torch.autocast(device_type=device_type, enabled=False):
-            out = fn(q.float(), k.float(), v.float(), power.float(), scale.float(), alpha, eps)
-        return out.to(out_dtype)
-    return fn(q, k, v, power, scale, alpha, eps)
+    return run_attention_core(pola_attention_reference, pola_attention_fast, impl, fp32,
+                              (q, k, v, power, scale), alpha, eps)
