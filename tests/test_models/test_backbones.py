@@ -121,7 +121,8 @@ def test_with_cp_gives_same_outputs_and_grads():
 
 
 def test_out_indices_and_norm_after_stage():
-    model = PolaPVT(arch=TINY_PVT, out_indices=(1, 3), norm_after_stage=True).eval()
+    with pytest.deprecated_call(match='norm_after_stage is deprecated; use out_norm'):  # the old name, one release
+        model = PolaPVT(arch=TINY_PVT, out_indices=(1, 3), norm_after_stage=True).eval()
     assert model.out_channels == [32, 64]
     assert hasattr(model, 'norm1') and hasattr(model, 'norm3') and not hasattr(model, 'norm0')
     with torch.no_grad():
