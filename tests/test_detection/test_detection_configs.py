@@ -60,7 +60,7 @@ def test_the_configs_the_issue_lists_exist():
 def check_trains_one_step_and_predicts(path):
     """Build the config's detector, one training step on one small image (sides not multiples of 32:
     the only thing shrunk) with a gradient for every parameter, then a prediction. Shared by the
-    config tests of every backbone."""
+    config tests of every backbone; returns (config, model, optim wrapper)."""
     from mmdet.testing import demo_mm_inputs
     from mmengine.optim import build_optim_wrapper
 
@@ -94,7 +94,12 @@ def check_trains_one_step_and_predicts(path):
     assert pred.bboxes.shape[-1] == 4 and len(pred.scores) == len(pred.labels) == len(pred.bboxes)
     if with_mask:
         assert pred.masks.shape[1:] == (56, 72)
+    return cfg, model, optim_wrapper
 
+
+@pytest.mark.parametrize('path', DETECTION_CONFIGS + DEMO_CONFIGS, ids=_names(DETECTION_CONFIGS + DEMO_CONFIGS))
+def test_config_trains_one_step_and_predicts(path):
+    cfg, model, optim_wrapper = check_trains_one_step_and_predicts(path)
     # weight decay: none for norms, position parameters and Pola's power/scale logits; decayed
     # for everything else (e.g. every projection and conv weight)
     decay = cfg.optim_wrapper.optimizer.weight_decay
@@ -145,8 +150,3 @@ def test_config_recipe(path):
         assert all(h.loss_bbox.type == 'GIoULoss' and h.reg_decoded_bbox for h in heads)
     channels = {'PolaPVT': [64, 128, 320, 512], 'PolaSwin': [96, 192, 384, 768]}[backbone.type]
     assert cfg.model.neck.in_channels == [channels[i] for i in backbone.out_indices]
-
-
-@pytest.mark.parametrize('path', DETECTION_CONFIGS + DEMO_CONFIGS, ids=_names(DETECTION_CONFIGS + DEMO_CONFIGS))
-def test_config_trains_one_step_and_predicts(path):
-    check_trains_one_step_and_predicts(path)

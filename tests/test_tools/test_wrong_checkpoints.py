@@ -208,7 +208,9 @@ def test_unreadable_checkpoints_through_the_tools(coco, tmp_path, capsys):
     (resume_dir / 'last_checkpoint').write_text(str(resume_dir / 'epoch_1.pth'))
     err = _refused(TRAIN, [DET_DEMO, '--work-dir', str(resume_dir), '--resume'] + _opts(coco), capsys,
                    [str(resume_dir / 'epoch_1.pth')])
-    assert err.startswith(f"checkpoint file '{resume_dir / 'epoch_1.pth'}' is a truncated or damaged zip archive")
+    # (the only checkpoint there: no readable one to fall back to; the message names it and why)
+    assert err.startswith(f'--resume: no readable checkpoint in {resume_dir}')
+    assert f"'{resume_dir / 'epoch_1.pth'}' is a truncated or damaged zip archive" in err
     err = _refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + ['load_from=http://127.0.0.1:9/w.pth'],
                    capsys, [], work)
     assert err.startswith("downloading checkpoint 'http://127.0.0.1:9/w.pth' failed (URLError: ")
