@@ -50,6 +50,12 @@ def golden_mini(name):
 
 
 @pytest.fixture(scope='session')
+def golden_data():
+    """``golden_data(name)``: :func:`golden_mini` (e.g. ``golden_data('flatten_pvt')``)."""
+    return golden_mini
+
+
+@pytest.fixture(scope='session')
 def golden():
     """{'pvt' | 'swin': (expected dict, official checkpoint path)} of the Pola mini models."""
     return {family: golden_mini(f'pola_{family}') for family in ('pvt', 'swin')}

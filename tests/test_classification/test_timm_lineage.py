@@ -1,6 +1,5 @@
 """timm entries of FLatten and InLine: official files load as they are and reproduce the official
 logits and stage maps (golden mini models of tests/data)."""
-import os.path as osp
 
 import pytest
 import timm
@@ -8,25 +7,14 @@ import torch
 
 from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
 from mmpola.models.timm_models import TIMM_MODEL_ARGS
-from mmpola.safe_load import safe_torch_load
 
 MINIS = ['flatten_pvt', 'flatten_swin', 'inline_pvt', 'inline_swin']
-DATA = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'data')
-
-
-def data_path(name):
-    path = osp.join(DATA, name)
-    if not osp.isfile(path):
-        pytest.fail(f'golden file {path} is missing (restore tests/data from the repository)')
-    return path
-
-
-def _golden(name):
-    expected = safe_torch_load(data_path(f'{name}_mini_expected.pth'))
+def _golden(golden_data, name):
+    expected, checkpoint = golden_data(name)
     kwargs = official_kwargs_to_classifier_kwargs(expected['constructor'])
     for key in ('family', 'kind'):
         kwargs.pop(key)
-    return expected, data_path(f'{name}_mini_official.pth'), kwargs
+    return expected, checkpoint, kwargs
 
 
 def test_entries_registered():
@@ -42,8 +30,8 @@ def test_entries_registered():
 
 
 @pytest.mark.parametrize('name', MINIS)
-def test_checkpoint_path_reproduces_official(name):
-    expected, ckpt, kwargs = _golden(name)
+def test_checkpoint_path_reproduces_official(golden_data, name):
+    expected, ckpt, kwargs = _golden(golden_data, name)
     model = timm.create_model(f'{name}_tiny', checkpoint_path=ckpt, **kwargs).eval()
     with torch.no_grad():
         assert (model(expected['input']) - expected['logits']).abs().max() <= 1e-4

@@ -5,7 +5,6 @@ import torch
 
 from mmpola.models import FLattenPVT, FLattenSwin, InLinePVT, InLineSwin, PolaClassifier
 from mmpola.models.layers import FocusedLinearAttention, InLineAttention
-from mmpola.safe_load import safe_torch_load
 
 MINIS = ['flatten_pvt', 'flatten_swin', 'inline_pvt', 'inline_swin']
 DENSE = {'flatten_pvt': FLattenPVT, 'flatten_swin': FLattenSwin, 'inline_pvt': InLinePVT,
@@ -13,10 +12,9 @@ DENSE = {'flatten_pvt': FLattenPVT, 'flatten_swin': FLattenSwin, 'inline_pvt': I
 
 
 @pytest.fixture(scope='module')
-def lineage(data_file):
+def lineage(golden_data):
     """{name: (expected dict, official checkpoint path)}."""
-    return {n: (safe_torch_load(data_file(f'{n}_mini_expected.pth')), data_file(f'{n}_mini_official.pth'))
-            for n in MINIS}
+    return {n: golden_data(n) for n in MINIS}
 
 
 def _classifier(lineage, name, **overrides):

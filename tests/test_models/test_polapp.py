@@ -27,8 +27,8 @@ def manifest(data_file):
 
 
 @pytest.fixture(scope='module')
-def expected(data_file):
-    return safe_torch_load(data_file('polapp_mini_expected.pth'))
+def expected(golden_data):
+    return golden_data('polapp')[0]
 
 
 def mini_arch(constructor):
