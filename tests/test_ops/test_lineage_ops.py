@@ -36,14 +36,23 @@ def scaled_error(actual, expected):
     return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1.0)).item()
 
 
+def assert_fast_matches_reference(fast, ref, truth, names):
+    """Each output / gradient of the fast path within 1e-5 of the reference's. A gradient that is a
+    reduction over many products (``scale``) rounds differently in the two fp32 op orders: where
+    they differ by more on some CPU's kernels, the fast path must be within 1e-5 of the float64
+    truth (the reference is then about as far on the other side)."""
+    for name, a, e, t in zip(names, fast, ref, truth):
+        assert a.shape == e.shape, name
+        assert scaled_error(a, e) <= 1e-5 or scaled_error(a.double(), t) <= 1e-5, name
+
+
 @pytest.mark.parametrize('shape', SHAPES, ids=lambda s: 'x'.join(map(str, s)))
 def test_flatten_fast_matches_reference_fp32(shape):
     inputs, grad_out = make_inputs(*shape)
     ref = forward_backward(flatten_attention_reference, inputs, grad_out, shape[-1])
     fast = forward_backward(flatten_attention_fast, inputs, grad_out, shape[-1])
-    for name, a, e in zip(['out', 'q', 'k', 'v', 'scale'], fast, ref):
-        assert a.shape == e.shape, name
-        assert scaled_error(a, e) <= 1e-5, name
+    truth = forward_backward(flatten_attention_reference, [t.double() for t in inputs], grad_out.double(), shape[-1])
+    assert_fast_matches_reference(fast, ref, truth, ['out', 'q', 'k', 'v', 'scale'])
 
 
 @pytest.mark.parametrize('shape', [s for s in SHAPES if s[1] == s[2]], ids=lambda s: 'x'.join(map(str, s)))
@@ -51,9 +60,9 @@ def test_inline_fast_matches_reference_fp32(shape):
     inputs, grad_out = make_inputs(*shape)
     ref = forward_backward(inline_attention_reference, inputs[:3], grad_out, shape[-1])
     fast = forward_backward(inline_attention_fast, inputs[:3], grad_out, shape[-1])
-    for name, a, e in zip(['out', 'q', 'k', 'v'], fast, ref):
-        assert a.shape == e.shape, name
-        assert scaled_error(a, e) <= 1e-5, name
+    truth = forward_backward(inline_attention_reference, [t.double() for t in inputs[:3]], grad_out.double(),
+                             shape[-1])
+    assert_fast_matches_reference(fast, ref, truth, ['out', 'q', 'k', 'v'])
 
 
 @pytest.mark.parametrize('shape', [(2, 13, 13, 16, 2), (1, 9, 9, 48, 6)])
