@@ -46,7 +46,7 @@ import torch
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 
-from mmpola.ops.dispatch import ATTN_IMPLS
+from mmpola.ops.dispatch import check_attn_impl
 
 from .attention_kinds import get_attention_kind
 from .layers import init_official_weights
@@ -224,8 +224,7 @@ class DenseBackbone(BaseModule):
     def set_attn_impl(self, impl):
         """Switch every attention core between ``'auto'``, ``'fast'`` and ``'reference'`` (the
         official op order)."""
-        if impl not in ATTN_IMPLS:
-            raise PolaConfigError(f'attn_impl must be one of {", ".join(ATTN_IMPLS)}, got {impl!r}')
+        check_attn_impl(impl, PolaConfigError)
         for module in self.modules():
             if module is not self and hasattr(module, 'attn_impl'):
                 module.attn_impl = impl

@@ -19,7 +19,7 @@ from mmengine.registry import MODELS
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
 from mmpola.ops import pacs_attention, rope_angles, rope_rotate, rope_tables
-from mmpola.ops.dispatch import ATTN_IMPLS
+from mmpola.ops.dispatch import check_attn_impl
 
 from .attention_kinds import AttentionKind, build_attention, register_attention_kind
 from .base import DenseBackbone, drop_path_rates
@@ -60,12 +60,6 @@ class RotaryEmbedding(nn.Module):
         return torch.stack(rope_tables(self.angle, hw))
 
 
-def _check_impl(impl):
-    if impl not in ATTN_IMPLS:
-        raise ValueError(f"attn_impl must be one of {', '.join(ATTN_IMPLS)}, got {impl!r}")
-    return impl
-
-
 @register_notrace_module  # torch.fx leaf: custom autograd Function, run-time shapes
 class PaCSAttention(nn.Module):
     """Polarity-aware linear attention with channel-wise spikiness (the official linear block).
@@ -87,7 +81,7 @@ class PaCSAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.s1 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
         self.s2 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
-        self.attn_impl = _check_impl(attn_impl)
+        self.attn_impl = check_attn_impl(attn_impl)
         self.fp32_attn = fp32_attn
 
     def forward(self, x, sin, cos):
@@ -123,7 +117,7 @@ class RoPESoftmaxAttention(nn.Module):
         self.qkvo = nn.Linear(dim, dim * 4)
         self.lepe = nn.Conv2d(dim, dim, 5, 1, 2, groups=dim)
         self.proj = nn.Linear(dim, dim)
-        self.attn_impl = _check_impl(attn_impl)
+        self.attn_impl = check_attn_impl(attn_impl)
 
     def forward(self, x, sin, cos):
         B, C, H, W = x.shape
@@ -360,7 +354,7 @@ class PolaPP(DenseBackbone):
         self.layer_scale_init_values = list(settings['layer_scale_init_values'])
         letters = self.attention_letters()
         self.attn_type = check_stage_string(attn_type, ''.join(letters), self.num_stages, 'attn_type')
-        _check_impl(attn_impl)
+        check_attn_impl(attn_impl)
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0])
         dpr = drop_path_rates(drop_path_rate, self.depths)
