@@ -3,7 +3,7 @@
 Importing this package registers every component (configs list it in ``custom_imports``) and,
 unless the environment variable ``MMPOLA_SAFE_LOAD`` is ``0``, extends the safe checkpoint loading
 to torch's, mmengine's and timm's loaders (``mmpola.safe_load.install``; undone by
-``mmpola.safe_load.uninstall()``). The README section "What importing mmpola changes" lists it all.
+``mmpola.safe_load.uninstall()``). docs/development.md, "What `import mmpola` changes", lists it all.
 """
 from .safe_load import install_unless_disabled
 from .version import __version__

@@ -68,7 +68,7 @@ print(json.dumps({
 # The package registry's build of the pinned torch is for this CUDA version; the PyTorch index has
 # builds for older CUDA versions too (newest first), for machines whose driver is older. A build
 # runs on a driver of at least the minimum of its CUDA major version (CUDA minor version
-# compatibility). README, "torch builds and NVIDIA drivers", says the same for users.
+# compatibility). docs/install.md, "torch builds and NVIDIA drivers", says the same for users.
 DEFAULT_TORCH_CUDA = '13.0'
 TORCH_INDEX = 'https://download.pytorch.org/whl/'
 TORCH_CUDA_BUILDS = ('13.0', '12.8', '12.6')
@@ -257,7 +257,7 @@ def decide_mmcv_ops(override, torch_cuda, nvcc_version, gpus=(), gpu_machine=Fal
             raise SetupError(f"MMPOLA_MMCV_OPS must be 'cpu' or 'cuda', got {override!r}")
         if override == 'cuda' and not torch_cuda:
             raise SetupError('MMPOLA_MMCV_OPS=cuda, but the torch of this environment is a CPU build; install '
-                             'a CUDA build (--torch-index-url, see README) or build CPU ops (MMPOLA_MMCV_OPS=cpu)')
+                             'a CUDA build (--torch-index-url, see docs/install.md) or build CPU ops (MMPOLA_MMCV_OPS=cpu)')
         if override == 'cuda' and not nvcc_version:
             raise SetupError('MMPOLA_MMCV_OPS=cuda, but nvcc was not found (CUDA_HOME, PATH, /usr/local/cuda); '
                              f'install the CUDA {torch_cuda} toolkit or point CUDA_HOME at it')
@@ -401,7 +401,7 @@ def torch_fit_problem(torch_version, cuda, gpu, gpus):
         return None
     driver = gpus[0].get('driver')
     why = (f'the NVIDIA driver {driver} is older than a CUDA {cuda} build needs (>= {min_driver(cuda)}); install '
-           'the torch build for this driver (README, "torch builds and NVIDIA drivers") or update the driver'
+           'the torch build for this driver (docs/install.md, "torch builds and NVIDIA drivers") or update the driver'
            if not driver_runs(driver, cuda) else
            f'driver {driver} should run it; check that `nvidia-smi` works and that CUDA_VISIBLE_DEVICES does not '
            'hide the GPUs')
@@ -602,7 +602,7 @@ def setup(args):
         info, err = torch_pair(python)
         if info is None:
             raise SetupError(f'--python mode keeps your torch build, but torch/torchvision do not import '
-                             f'together in {python}: {err}. Install a matching pair first (see README).')
+                             f'together in {python}: {err}. Install a matching pair first (see docs/install.md).')
         check_user_torch(info[0], python)
         problem = torch_fit_problem(info[0], info[2], info[3], gpus)
         if problem:
@@ -659,7 +659,7 @@ def setup(args):
     versions = json.loads(out)
     problem = env_fit_problem(versions, gpus, ops_override)
     if problem:
-        raise SetupError(f'{problem} (README, "Set-up on GPU machines")')
+        raise SetupError(f'{problem} (docs/install.md, "Set-up on GPU machines")')
     with open(stamp_path, 'w') as f:
         json.dump(dict(fingerprint=want, repo=REPO, versions=versions, mmcv_wheel=wheel, mmcv_ops=ops,
                        arch_list=arch_list), f, indent=1)

@@ -299,7 +299,7 @@ def check_pretrained_files(cfg):
             raise UserError(
                 f'pretrained checkpoint {path!r} ({where}) does not exist. Put the ImageNet '
                 'checkpoint there (official PolaFormer release or our own classification run; see '
-                "README 'Pretrained backbones'), or train from random initialisation with "
+                "docs/models.md), or train from random initialisation with "
                 f'--cfg-options {where}=None')
 
 

@@ -221,7 +221,7 @@ def cuda_problem(facts):
     if not facts['torch_cuda']:
         return (f"this torch build ({facts['torch']}) has no CUDA support",
                 'install a CUDA build of torch: python3 tools/setup_env.py picks the one your driver runs '
-                '(README, "Installation")')
+                '(docs/install.md)')
     visible = facts.get('visible_devices')
     if visible is not None and visible.strip() in ('', '-1'):
         return (f'CUDA_VISIBLE_DEVICES is set to {visible!r}, which hides every GPU from this process',
@@ -236,7 +236,7 @@ def cuda_problem(facts):
                 f"CUDA {facts['torch_cuda']}, cannot use them (torch.cuda.is_available() is False): the NVIDIA "
                 f'driver is older than this CUDA build needs, or does not match it{also}',
                 'install the torch build for your driver (python3 tools/setup_env.py reads the driver version '
-                'and picks it; the README table "torch builds and NVIDIA drivers" lists what each needs) or '
+                'and picks it; the table "torch builds and NVIDIA drivers" in docs/install.md lists what each needs) or '
                 'update the NVIDIA driver')
     if facts.get('smi_error'):
         return (f"no GPU is usable: nvidia-smi fails ({facts['smi_error']})",

@@ -1,5 +1,5 @@
 """One image through mmdet's DetInferencer and mmseg's MMSegInferencer from an mmpola config and a
-checkpoint, as the README shows (demo configs: small heads; weights saved from a fresh model)."""
+checkpoint, as docs/training.md shows (demo configs: small heads; weights saved from a fresh model)."""
 import json
 import os.path as osp
 
