@@ -2,10 +2,10 @@
 
 Importing this package registers every component (configs list it in ``custom_imports``) and,
 unless the environment variable ``MMPOLA_SAFE_LOAD`` is ``0``, extends the safe checkpoint loading
-to torch's, mmengine's and timm's loaders (``mmpola.safe_load.install``; undone by
-``mmpola.safe_load.uninstall()``). docs/development.md, "What `import mmpola` changes", lists it all.
+to torch's, mmengine's and timm's loaders (``mmpola.checkpoint.safe_load.install``; undone by
+``mmpola.checkpoint.safe_load.uninstall()``). docs/development.md, "What `import mmpola` changes", lists it all.
 """
-from .safe_load import install_unless_disabled
+from .checkpoint.safe_load import install_unless_disabled
 from .version import __version__
 
 install_unless_disabled()

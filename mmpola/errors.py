@@ -3,7 +3,7 @@
 Every error mmpola raises for a problem on the user's side (a path, a flag, a config value, a
 checkpoint of another model, bad data, a diverging run) derives from :class:`MMPolaUserError`.
 Its message names the problem and the fix, so the tools print it as one ``error: ...`` line with
-no traceback (:func:`mmpola.engine.cli.exit_on_user_error`) and exit with :attr:`exit_code`.
+no traceback (:func:`mmpola.runtime.cli.exit_on_user_error`) and exit with :attr:`exit_code`.
 Each subclass also derives from the builtin type code would naturally catch (``ValueError`` for
 a bad argument, ``RuntimeError`` for a refused file ...), so existing ``except`` clauses keep
 working.

@@ -10,10 +10,9 @@ import torch
 
 import mmpola  # noqa: F401
 from mmpola.checkpoint import CheckpointMismatchError, find_key_prefix, load_pola_checkpoint
+from mmpola.checkpoint.safe_load import safe_torch_load
 from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
-from mmpola.safe_load import safe_torch_load
-
-DATA = osp.join(osp.dirname(__file__), 'data')
+from tests.fixtures.paths import DATA  # noqa: E402
 
 
 def _golden(family):

@@ -4,7 +4,8 @@ import os
 import os.path as osp
 import re
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from tests.fixtures.paths import REPO  # noqa: E402
+
 FOLDERS = ('mmpola', 'tools', 'tests', 'configs')
 SUFFIXES = ('.py', '.sh', '.md', '.txt', '.toml', '.cfg', '.ini', '.yaml', '.yml')
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import mmpola  # noqa: F401  (installs the allowlist)
-from mmpola.safe_load import UnsafeCheckpointError, safe_torch_load
+from mmpola.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 
 DATA = osp.join(osp.dirname(__file__), 'data')
 
@@ -141,7 +141,7 @@ import mmpola
 from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 from timm.models import _helpers
-from mmpola import safe_load
+from mmpola.checkpoint import safe_load
 official = safe_load.safe_torch_load({path!r})  # mmpola's own loader works either way
 print(json.dumps(dict(
     installed=safe_load.is_installed(),
@@ -173,7 +173,7 @@ def test_uninstall_restores_and_install_is_idempotent():
     from mmengine.runner.checkpoint import CheckpointLoader
     from timm.models import _helpers
 
-    from mmpola import safe_load
+    from mmpola.checkpoint import safe_load
     assert safe_load.is_installed()
     guarded_reader = _helpers._torch_load
     try:

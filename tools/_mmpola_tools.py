@@ -6,12 +6,12 @@
   torch loads OpenMP, hence here; an explicit ``OMP_WAIT_POLICY`` wins.
 * ``--device cpu`` (or ``MMPOLA_DEVICE=cpu``) hides the GPUs (``CUDA_VISIBLE_DEVICES=''``) here,
   because importing mmengine already asks CUDA for its devices, after which the variable is read
-  no more; :func:`mmpola.engine.launch.check_device` then makes the choice and checks it took.
+  no more; :func:`mmpola.runtime.launch.check_device` then makes the choice and checks it took.
 * the repository root goes on ``sys.path``, so the tools run from a plain checkout without
   ``pip install -e .``.
 
 Everything after torch is loaded (config loading, checks, runner construction) lives in
-:mod:`mmpola.engine.cli`.
+:mod:`mmpola.runtime.cli`.
 """
 import os
 import os.path as osp

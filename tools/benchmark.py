@@ -140,7 +140,7 @@ def environment_lines(args, device):
                  f'repeat: >= {args.repeat} after 1 warm-up')
     lines.append(f'torch.compile for the fast path: {pola.compile_status()[1]}')
     if device.type == 'cpu':
-        lines.append(f'glibc malloc tuning (mmpola.engine.allocator): {getattr(args, "malloc_state", "n/a")}')
+        lines.append(f'glibc malloc tuning (mmpola.runtime.allocator): {getattr(args, "malloc_state", "n/a")}')
     lines.append('peak memory: ' + (CUDA_MEMORY_METHOD if device.type == 'cuda' else CPU_MEMORY_METHOD))
     return lines
 
@@ -605,7 +605,7 @@ def parse_args(argv=None):
         p.add_argument('--seed', type=int, default=0)
         p.add_argument('--no-memory', dest='memory', action='store_false', help='skip peak-memory runs')
         p.add_argument('--malloc', default='tuned', choices=['tuned', 'default'],
-                       help="'tuned': what mmpola's tools do (mmpola.engine.allocator.tune_malloc); "
+                       help="'tuned': what mmpola's tools do (mmpola.runtime.allocator.tune_malloc); "
                        "'default': glibc's defaults")
 
     attention = sub.add_parser('attention', help='attention cores (Pola, FLatten, InLine): reference vs fast')
@@ -658,7 +658,7 @@ def main(argv=None):
         return
     args.malloc_state = 'off (--malloc default)'
     if args.malloc == 'tuned':
-        from mmpola.engine.allocator import tune_malloc
+        from mmpola.runtime.allocator import tune_malloc
         args.malloc_state = tune_malloc()
     device = torch.device(args.device)
     if device.type == 'cuda' and not torch.cuda.is_available():

@@ -24,8 +24,8 @@ from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.classification.demo_imagenet import demo_imagenet_is_complete, make_demo_imagenet  # noqa: E402
-from mmpola.engine import cli, demo  # noqa: E402
-from mmpola.engine.allocator import tune_malloc  # noqa: E402
+from mmpola.runtime import cli, demo  # noqa: E402
+from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'pola-pvt_demo-imagenet-64x64.py')
 

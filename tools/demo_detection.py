@@ -23,8 +23,8 @@ from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.datasets.demo_coco import demo_coco_is_complete, make_demo_coco  # noqa: E402
-from mmpola.engine import cli, demo  # noqa: E402
-from mmpola.engine.allocator import tune_malloc  # noqa: E402
+from mmpola.runtime import cli, demo  # noqa: E402
+from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 PRETRAINED = osp.join('checkpoints', 'pola_pvt_tiny.pth')
@@ -99,7 +99,7 @@ def main(argv=None):
     runner, train_seconds, initial_seconds = result.runner, result.train_seconds, result.initial_eval_seconds
     before, after = format_metrics(result.initial_metrics), format_metrics(result.final_metrics)
 
-    from mmpola.engine.visualization import save_detection_figure
+    from mmpola.runtime.visualization import save_detection_figure
     images, samples = predict_samples(runner, args.num_figure_images)
     figure_path = osp.join(args.work_dir, 'predictions.png')
     caption = (f'Mask R-CNN + Pola-PVT-T ({init}) after {cfg.train_cfg.max_epochs} epochs on demo_coco; '

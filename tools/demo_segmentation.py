@@ -27,8 +27,8 @@ from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.datasets.demo_ade import demo_ade_is_complete, make_demo_ade  # noqa: E402
-from mmpola.engine import cli, demo  # noqa: E402
-from mmpola.engine.allocator import tune_malloc  # noqa: E402
+from mmpola.runtime import cli, demo  # noqa: E402
+from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
 PRETRAINED = osp.join('checkpoints', 'pola_swin_tiny.pth')

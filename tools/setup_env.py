@@ -257,7 +257,8 @@ def decide_mmcv_ops(override, torch_cuda, nvcc_version, gpus=(), gpu_machine=Fal
             raise SetupError(f"MMPOLA_MMCV_OPS must be 'cpu' or 'cuda', got {override!r}")
         if override == 'cuda' and not torch_cuda:
             raise SetupError('MMPOLA_MMCV_OPS=cuda, but the torch of this environment is a CPU build; install '
-                             'a CUDA build (--torch-index-url, see docs/install.md) or build CPU ops (MMPOLA_MMCV_OPS=cpu)')
+                             'a CUDA build (--torch-index-url, see docs/install.md) or build CPU ops '
+                             '(MMPOLA_MMCV_OPS=cpu)')
         if override == 'cuda' and not nvcc_version:
             raise SetupError('MMPOLA_MMCV_OPS=cuda, but nvcc was not found (CUDA_HOME, PATH, /usr/local/cuda); '
                              f'install the CUDA {torch_cuda} toolkit or point CUDA_HOME at it')

@@ -16,11 +16,11 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 
 # mmpola first: it registers the backbones and the safe checkpoint-loading allowlist
 import mmpola  # noqa: E402,F401
-from mmpola.engine import cli, launch  # noqa: E402
-from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
-from mmpola.engine.data_checks import run_preflight  # noqa: E402
 from mmpola.errors import UserError  # noqa: E402
+from mmpola.runtime import cli, launch  # noqa: E402
+from mmpola.runtime.allocator import tune_malloc  # noqa: E402
+from mmpola.runtime.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
+from mmpola.runtime.data_checks import run_preflight  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -18,15 +18,15 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 # mmpola before anything that loads a checkpoint: it registers the backbones and the safe
 # checkpoint-loading allowlist that every torch.load below (pretrained weights, --resume) goes through
 import mmpola  # noqa: E402,F401
-from mmpola.engine import cli, launch  # noqa: E402
-from mmpola.engine.allocator import tune_malloc  # noqa: E402
-from mmpola.engine.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
-from mmpola.engine.checkpointing import add_safe_checkpointing  # noqa: E402
-from mmpola.engine.data_checks import run_preflight  # noqa: E402
-from mmpola.engine.hooks import add_nonfinite_loss_guard  # noqa: E402
-from mmpola.engine.resume import add_random_state_hook  # noqa: E402
-from mmpola.engine.workdir import lock_work_dir  # noqa: E402
 from mmpola.errors import UserError  # noqa: E402
+from mmpola.runtime import cli, launch  # noqa: E402
+from mmpola.runtime.allocator import tune_malloc  # noqa: E402
+from mmpola.runtime.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
+from mmpola.runtime.checkpointing import add_safe_checkpointing  # noqa: E402
+from mmpola.runtime.data_checks import run_preflight  # noqa: E402
+from mmpola.runtime.hooks import add_nonfinite_loss_guard  # noqa: E402
+from mmpola.runtime.resume import add_random_state_hook  # noqa: E402
+from mmpola.runtime.workdir import lock_work_dir  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -52,7 +52,7 @@ def parse_args(argv=None):
 
 def check_resumable(path):
     """An explicit --resume file must be a training checkpoint (weights + meta), not weights only."""
-    from mmpola.safe_load import safe_torch_load
+    from mmpola.checkpoint.safe_load import safe_torch_load
     checkpoint = safe_torch_load(path)  # refuses a code-running pickle (UnsafeCheckpointError)
     if not (isinstance(checkpoint, dict) and 'meta' in checkpoint and 'state_dict' in checkpoint):
         keys = sorted(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__

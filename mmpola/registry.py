@@ -1,0 +1,33 @@
+"""mmpola's registries.
+
+The backbones, classifiers, hooks, transforms and metrics register in mmengine's root registries,
+so that mmdet, mmseg and mmpretrain configs find them by their plain names (``type='PolaPVT'``)
+from their own default scope. The child registries below give them the ``mmpola`` scope as well
+(``type='mmpola.PolaPVT'`` resolves from any scope: a scoped name is looked up in the child of that
+scope, which falls back on its parent, the root).
+
+``ATTENTIONS`` holds the attention modules a backbone stage can use, under short names
+(``'pola'``, ``'softmax'`` ...); it is mmpola's own.
+"""
+from mmengine.registry import DATA_SAMPLERS as MMENGINE_DATA_SAMPLERS
+from mmengine.registry import DATASETS as MMENGINE_DATASETS
+from mmengine.registry import HOOKS as MMENGINE_HOOKS
+from mmengine.registry import METRICS as MMENGINE_METRICS
+from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import OPTIM_WRAPPERS as MMENGINE_OPTIM_WRAPPERS
+from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
+from mmengine.registry import Registry
+
+__all__ = ['MODELS', 'HOOKS', 'TRANSFORMS', 'METRICS', 'DATASETS', 'DATA_SAMPLERS', 'OPTIM_WRAPPERS',
+           'ATTENTIONS']
+
+MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmpola')
+HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmpola')
+TRANSFORMS = Registry('transform', parent=MMENGINE_TRANSFORMS, scope='mmpola')
+METRICS = Registry('metric', parent=MMENGINE_METRICS, scope='mmpola')
+DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmpola')
+DATA_SAMPLERS = Registry('data sampler', parent=MMENGINE_DATA_SAMPLERS, scope='mmpola')
+OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope='mmpola')
+
+# attention modules of the backbone stages, by short name; see mmpola.models.attention
+ATTENTIONS = Registry('attention', scope='mmpola')

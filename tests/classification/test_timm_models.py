@@ -1,0 +1,125 @@
+"""timm entries: every name builds; official checkpoints load safely and reproduce the official logits."""
+import pickle
+
+import pytest
+import timm
+import torch
+
+from mmpola.models import PolaClassifier, PolaPPClassifier
+from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
+from mmpola.models.timm_models import TIMM_MODEL_ARGS
+
+TOL = 1e-5
+ENTRY = {'pvt': 'pola_pvt_tiny', 'swin': 'pola_swin_tiny'}
+# parameters with the 1000-class head (the papers' counts)
+PARAMS_M = {'pola_pvt_tiny': 12.92, 'pola_pvt_small': 23.16, 'pola_pvt_medium': 39.97,
+            'pola_pvt_large': 54.37, 'pola_swin_tiny': 29.29, 'pola_swin_small': 50.60,
+            'pola_swin_base': 89.14,
+            'flatten_pvt_tiny': 12.15, 'flatten_pvt_small': 21.67, 'flatten_pvt_medium': 37.24,
+            'flatten_pvt_large': 50.65, 'flatten_swin_tiny': 29.19, 'flatten_swin_small': 50.51,
+            'flatten_swin_base': 88.97, 'inline_pvt_tiny': 12.03, 'inline_pvt_small': 21.56,
+            'inline_pvt_medium': 37.62, 'inline_pvt_large': 51.15, 'inline_swin_tiny': 29.22,
+            'inline_swin_small': 52.04, 'inline_swin_base': 91.01,
+            'polapp_b0': 7.55, 'polapp_b1': 9.23, 'polapp_b2': 16.45, 'polapp_b3': 27.15,
+            'polapp_b4': 49.80, 'polapp_b5': 97.77}
+
+
+def _mini_kwargs(expected):
+    kwargs = official_kwargs_to_classifier_kwargs(expected['constructor'])
+    kwargs.pop('family')
+    return kwargs
+
+
+@pytest.mark.parametrize('name', sorted(TIMM_MODEL_ARGS))
+def test_every_entry_builds(name):
+    assert timm.is_model(name)
+    with torch.device('meta'):
+        model = timm.create_model(name)
+    assert isinstance(model, (PolaClassifier, PolaPPClassifier))
+    assert model.num_classes == 1000
+    assert model.family == TIMM_MODEL_ARGS[name]['family']
+    assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(PARAMS_M[name], abs=0.01)
+    assert model.pretrained_cfg['crop_mode'] == 'squash'
+
+
+def test_entries_listed_and_overridable():
+    assert set(timm.list_models(['pola_*', 'flatten_*', 'inline_*', 'polapp_*'])) >= set(TIMM_MODEL_ARGS)
+    with torch.device('meta'):
+        model = timm.create_model('pola_swin_small', num_classes=7, drop_path_rate=0.0, in_chans=1)
+    assert model.head.out_features == 7
+    assert model.backbone.patch_embed.proj.in_channels == 1
+    with pytest.raises(ValueError, match='Pola-PVT model'):
+        timm.create_model('pola_pvt_tiny', family='swin')
+
+
+@pytest.mark.parametrize('family', ['pvt', 'swin'])
+def test_checkpoint_path_reproduces_official_logits(golden, family):
+    """``checkpoint_path=`` an official file (with its yacs config object): timm reads it with
+    weights_only=True (mmpola's allowlist), the entry maps the official keys."""
+    expected, ckpt = golden[family]
+    model = timm.create_model(ENTRY[family], checkpoint_path=ckpt, **_mini_kwargs(expected)).eval()
+    with torch.no_grad():
+        logits = model(expected['input'])
+    assert (logits - expected['logits']).abs().max() <= TOL
+
+
+@pytest.mark.parametrize('family', ['pvt', 'swin'])
+def test_pretrained_file_and_features_only(golden, family):
+    expected, ckpt = golden[family]
+    kwargs = _mini_kwargs(expected)
+    model = timm.create_model(ENTRY[family], pretrained=True,
+                              pretrained_cfg_overlay=dict(file=ckpt, num_classes=kwargs['num_classes']),
+                              **kwargs).eval()
+    with torch.no_grad():
+        assert (model(expected['input']) - expected['logits']).abs().max() <= TOL
+
+    kwargs.pop('num_classes')
+    features = timm.create_model(ENTRY[family], features_only=True, pretrained=True,
+                                 pretrained_cfg_overlay=dict(file=ckpt), **kwargs).eval()
+    assert features.feature_info.reduction() == [4, 8, 16, 32]
+    with torch.no_grad():
+        maps = features(expected['input'])
+    assert len(maps) == 4
+    for i, (ours, ref) in enumerate(zip(maps, expected['stages'])):
+        assert ours.shape == ref.shape, i
+        assert (ours - ref).abs().max() <= TOL, f'stage {i}'
+    # a feature extractor has no classifier
+    assert not any(k.startswith('model.head.') for k in features.state_dict())
+
+
+def test_load_state_dict_accepts_official_and_own_keys(golden):
+    expected, ckpt = golden['pvt']
+    from mmpola.checkpoint.safe_load import safe_torch_load
+    official = safe_torch_load(ckpt)['model']
+    model = timm.create_model('pola_pvt_tiny', **_mini_kwargs(expected)).eval()
+    model.load_state_dict(official)  # strict
+    own = model.state_dict()
+    assert any(k.startswith('backbone.block1.') for k in own)
+    clone = timm.create_model('pola_pvt_tiny', **_mini_kwargs(expected)).eval()
+    clone.load_state_dict(own)
+    with torch.no_grad():
+        assert torch.equal(clone(expected['input']), model(expected['input']))
+
+
+def test_timm_refuses_unsafe_checkpoints(tmp_path):
+    """No unsafe-pickle fallback on the timm path: a file naming an arbitrary global fails."""
+    path = tmp_path / 'evil.pth'
+    with open(path, 'wb') as f:
+        pickle.dump({'model': {}, 'payload': pickle.PickleError}, f)  # a global outside the allowlist
+    with pytest.raises(Exception, match='weights_only|Unsupported global|allowlist'):
+        timm.create_model('pola_pvt_tiny', checkpoint_path=str(path),
+                          arch=dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 1, 1, 1],
+                                    mlp_ratios=[1, 1, 1, 1], depths=[1, 1, 1, 1]))
+
+
+def test_timm_data_config_is_official_eval(golden):
+    """``resolve_data_config`` + ``create_transform`` give the official evaluation transform."""
+    from timm.data import create_transform, resolve_data_config
+    with torch.device('meta'):
+        model = timm.create_model('pola_pvt_tiny')
+    config = resolve_data_config(model=model)
+    assert config['crop_mode'] == 'squash' and config['interpolation'] == 'bicubic'
+    transform = create_transform(**config)
+    steps = [type(t).__name__ for t in transform.transforms]
+    assert steps[:2] == ['Resize', 'CenterCrop']
+    assert tuple(transform.transforms[0].size) == (256, 256)

@@ -1,0 +1,45 @@
+"""``--cfg-options data_root=DIR`` moves every dataset and the evaluators' annotation files
+(mmpola.runtime.cli.load_config / move_data_root), for detection and segmentation configs."""
+import os.path as osp
+
+import pytest
+
+from mmpola.errors import UserError
+from mmpola.runtime.cli import load_config
+from tests.fixtures.paths import REPO  # noqa: E402
+
+DET = osp.join(REPO, 'configs', 'detection', 'mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py')
+SEG = osp.join(REPO, 'configs', 'segmentation', 'upernet_pola-pvt-t_8xb2-160k_ade20k-512x512.py')
+LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
+
+
+def test_detection_datasets_and_coco_evaluators_follow_data_root():
+    cfg = load_config(DET, {'data_root': '/datasets/coco2017'})
+    for key in LOADERS:
+        assert cfg[key].dataset.data_root == '/datasets/coco2017', key
+    assert cfg.train_dataloader.dataset.ann_file == 'annotations/instances_train2017.json'  # relative: unchanged
+    for key in ('val_evaluator', 'test_evaluator'):
+        assert cfg[key].ann_file == '/datasets/coco2017/annotations/instances_val2017.json', key
+    assert cfg.data_root == '/datasets/coco2017'
+
+
+def test_segmentation_datasets_follow_data_root():
+    cfg = load_config(SEG, {'data_root': '/datasets/ADEChallengeData2016/'})
+    for key in LOADERS:
+        assert cfg[key].dataset.data_root == '/datasets/ADEChallengeData2016/', key
+        assert cfg[key].dataset.data_prefix.img_path.startswith('images/'), key
+
+
+def test_explicit_dataset_options_win_over_data_root():
+    cfg = load_config(DET, {'data_root': '/new/', 'val_evaluator.ann_file': '/elsewhere/val.json',
+                            'test_dataloader.dataset.data_root': '/test/'})
+    assert cfg.val_evaluator.ann_file == '/elsewhere/val.json'
+    assert cfg.test_evaluator.ann_file == '/new/annotations/instances_val2017.json'
+    assert cfg.test_dataloader.dataset.data_root == '/test/' and cfg.val_dataloader.dataset.data_root == '/new/'
+
+
+def test_data_root_without_a_top_level_root_says_what_to_set(tmp_path):
+    config = tmp_path / 'no_root.py'
+    config.write_text("train_dataloader = dict(dataset=dict(data_root='somewhere/'))\n")
+    with pytest.raises(UserError, match='train_dataloader.dataset.data_root'):
+        load_config(str(config), {'data_root': '/new/'})

@@ -1,0 +1,248 @@
+"""The device check (never a silent CPU run) and the rank-0 check shared with every rank.
+
+CUDA is reported unusable by monkeypatching torch and nvidia-smi, so these tests say the same on
+machines with and without a GPU.
+"""
+import multiprocessing
+import os
+import os.path as osp
+import socket
+import stat
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch
+
+from mmpola.errors import MMPolaUserError, UserError
+from mmpola.runtime import launch
+from tests.fixtures.paths import REPO  # noqa: E402
+
+DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
+
+
+def _facts(**kwargs):
+    facts = dict(available=False, torch='2.13.0+cu130', torch_cuda='13.0', visible_devices=None, gpus=None,
+                 driver=None, smi_error=None, device_count=0)
+    facts.update(kwargs)
+    return facts
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    """torch reports CUDA unusable; ``no_cuda(gpus, driver)`` sets what nvidia-smi would list."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.version, 'cuda', '13.0')
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    monkeypatch.delenv(launch.DEVICE_ENV, raising=False)
+
+    def set_smi(gpus=None, driver=None, error=None):
+        monkeypatch.setattr(launch, 'nvidia_smi_gpus', lambda: (gpus, driver, error))
+    set_smi()
+    return set_smi
+
+
+def test_cuda_problem_names_each_cause():
+    assert launch.cuda_problem(_facts(available=True)) is None
+    cause, fix = launch.cuda_problem(_facts(torch='2.13.0+cpu', torch_cuda=None))
+    assert '2.13.0+cpu' in cause and 'no CUDA support' in cause and 'setup_env.py' in fix
+    cause, fix = launch.cuda_problem(_facts(visible_devices='', gpus=['NVIDIA A100'] * 8))
+    assert 'CUDA_VISIBLE_DEVICES' in cause and 'hides every GPU' in cause and 'unset' in fix
+    cause, fix = launch.cuda_problem(_facts(gpus=['NVIDIA A100-SXM4-80GB'] * 8, driver='525.60.13'))
+    assert '8 GPU(s)' in cause and 'driver 525.60.13' in cause and 'CUDA 13.0' in cause
+    assert 'torch.cuda.is_available() is False' in cause and 'setup_env.py' in fix and 'driver' in fix
+    cause, _ = launch.cuda_problem(_facts(gpus=['NVIDIA A100-SXM4-80GB'] * 4, visible_devices='4,5'))
+    assert "CUDA_VISIBLE_DEVICES='4,5' names no existing GPU (nvidia-smi numbers them 0..3)" in cause
+    cause, fix = launch.cuda_problem(_facts(gpus=[], smi_error="NVIDIA-SMI has failed because it couldn't "
+                                            'communicate with the NVIDIA driver'))
+    assert 'NVIDIA-SMI has failed' in cause and 'driver' in fix
+    assert 'nvidia-smi is not installed' in launch.cuda_problem(_facts())[0]
+    assert 'nvidia-smi lists no GPU' in launch.cuda_problem(_facts(gpus=[]))[0]
+
+
+@pytest.mark.parametrize('launcher', ['pytorch', 'slurm'])
+def test_multi_process_launch_without_cuda_stops_with_the_cause(no_cuda, launcher):
+    no_cuda(['NVIDIA H100 80GB HBM3'] * 4, '535.104.05')
+    with pytest.raises(UserError) as exc:
+        launch.check_device(launcher)
+    msg = str(exc.value)
+    assert f'--launcher {launcher} starts one process per GPU' in msg and 'CUDA is not usable' in msg
+    assert 'driver 535.104.05' in msg and 'CUDA 13.0' in msg  # driver / torch mismatch
+    assert '--device cpu' in msg and 'MMPOLA_DEVICE=cpu' in msg
+
+
+def test_empty_cuda_visible_devices_is_named(no_cuda, monkeypatch):
+    no_cuda(['NVIDIA H100 80GB HBM3'], '580.65.06')
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
+    with pytest.raises(UserError, match="CUDA_VISIBLE_DEVICES is set to ''"):
+        launch.check_device('pytorch')
+
+
+def test_single_process_on_cpu_warns_once_and_runs(no_cuda, capsys):
+    assert launch.check_device('none') == 'cpu'
+    out, err = capsys.readouterr()
+    assert out.count('\n') == 1 and out.startswith('WARNING: running on the CPU: CUDA is not usable')
+    assert 'nvidia-smi is not installed' in out and '--device cpu' in out
+    assert err == ''  # stderr is the tools' error line's
+
+
+def test_cpu_asked_for_is_silent_and_hides_the_gpus(no_cuda, monkeypatch, capsys):
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '0,1')
+    assert launch.check_device('pytorch', 'cpu') == 'cpu'
+    assert os.environ['CUDA_VISIBLE_DEVICES'] == ''
+    monkeypatch.setenv(launch.DEVICE_ENV, 'cpu')
+    assert launch.check_device('slurm') == 'cpu'
+    assert capsys.readouterr() == ('', '')
+
+
+@pytest.mark.parametrize('argv, env, hidden', [(['--device', 'cpu'], {}, True), (['--device=cpu'], {}, True),
+                                               ([], {'MMPOLA_DEVICE': 'cpu'}, True), (['--device', 'cuda'], {}, False),
+                                               ([], {}, False)])
+def test_tools_hide_the_gpus_before_torch_loads(argv, env, hidden):
+    """mmengine asks CUDA for its devices when imported: the tools' bootstrap hides them first."""
+    code = ('import sys, os; sys.path.insert(0, "tools"); import _mmpola_tools; '
+            'print(repr(os.environ.get("CUDA_VISIBLE_DEVICES")), "torch" in sys.modules)')
+    full_env = {k: v for k, v in os.environ.items() if k not in ('CUDA_VISIBLE_DEVICES', launch.DEVICE_ENV)}
+    out = subprocess.run([sys.executable, '-c', code, *argv], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env=dict(full_env, **env), check=True).stdout.split()
+    assert out == (["''", 'False'] if hidden else ['None', 'False'])
+
+
+def test_cuda_asked_for_stops_a_single_process_too(no_cuda, monkeypatch):
+    with pytest.raises(UserError, match=r'--device cuda \(MMPOLA_DEVICE=cuda\) asks for a GPU'):
+        launch.check_device('none', 'cuda')
+    monkeypatch.setenv(launch.DEVICE_ENV, 'gpu')
+    with pytest.raises(UserError, match="MMPOLA_DEVICE='gpu' is not a device choice"):
+        launch.check_device('none')
+
+
+def test_usable_cuda_passes_with_a_gpu_per_local_rank(monkeypatch):
+    monkeypatch.delenv(launch.DEVICE_ENV, raising=False)
+    four = _facts(available=True, device_count=4, visible_devices='0,1,2,3')
+    assert launch.check_device('pytorch', environ={'LOCAL_RANK': '3'}, facts=four) == 'cuda'
+    assert launch.check_device('none', environ={}, facts=four) == 'cuda'
+    with pytest.raises(UserError) as exc:  # tools/dist_train.sh CONFIG 8 on a 4-GPU machine
+        launch.check_device('pytorch', environ={'LOCAL_RANK': '5'}, facts=four)
+    assert 'local rank 5, but only 4 GPU(s) are visible' in str(exc.value)
+    assert 'dist_train.sh CONFIG 4' in str(exc.value)
+    with pytest.raises(UserError, match='local rank 4'):
+        launch.check_device('slurm', environ={'SLURM_LOCALID': '4'}, facts=four)
+
+
+def _fake_tool(folder, name, script):
+    path = folder / name
+    path.write_text('#!/bin/sh\n' + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_nvidia_smi_is_read_and_its_failure_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv('PATH', str(tmp_path))
+    assert launch.nvidia_smi_gpus() == (None, None, None)
+    _fake_tool(tmp_path, 'nvidia-smi', 'echo "NVIDIA A100-SXM4-80GB, 525.60.13"\n' * 2)
+    assert launch.nvidia_smi_gpus() == (['NVIDIA A100-SXM4-80GB'] * 2, '525.60.13', None)
+    _fake_tool(tmp_path, 'nvidia-smi', "echo \"NVIDIA-SMI has failed because it couldn't communicate with the "
+               'NVIDIA driver."\nexit 9\n')
+    gpus, driver, error = launch.nvidia_smi_gpus()
+    assert gpus == [] and driver is None and error.startswith('NVIDIA-SMI has failed')
+
+
+def test_init_distributed_with_cuda_starts_the_group_as_mmengine_would(monkeypatch):
+    """With CUDA the group starts before the Runner (for the shared data check), through mmengine's
+    init_dist with the config's dist_cfg, which the Runner then finds ready."""
+    import mmengine.dist
+    from mmengine.config import Config
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(mmengine.dist, 'init_dist', lambda launcher, **kw: calls.append((launcher, kw)))
+    monkeypatch.setattr(multiprocessing, 'get_start_method', lambda allow_none=False: 'fork')
+    launch.init_distributed('pytorch', Config(dict(env_cfg=dict(dist_cfg=dict(backend='nccl', timeout=60)))))
+    assert calls == [('pytorch', dict(backend='nccl', timeout=60))]
+
+
+# ----------------------------------------------------------------------------------------------
+# run_on_rank0_and_share
+
+def _check(path, fail):
+    """A stand-in for the data check: counts its calls in ``path``, fails when asked to."""
+    with open(path, 'a') as f:
+        f.write('x')
+    if fail == 'user':
+        raise UserError('train_dataloader: 3 of 5 images do not exist')
+    if fail == 'bug':
+        raise KeyError('oops')
+    return 42
+
+
+def _rank(rank, port, counter, fail, queue):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=port)
+    dist.init_process_group('gloo', rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        result = launch.run_on_rank0_and_share(_check, counter, fail)
+        queue.put((rank, 'ok', result, dist.is_initialized()))
+    except MMPolaUserError as e:
+        queue.put((rank, 'user', f'{e} (exit {e.exit_code})', dist.is_initialized()))
+    except Exception as e:
+        queue.put((rank, type(e).__name__, str(e), dist.is_initialized()))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return str(s.getsockname()[1])
+
+
+@pytest.mark.parametrize('fail', [None, 'user', 'bug'])
+def test_rank0_check_runs_once_and_every_rank_gets_its_verdict(tmp_path, fail):
+    ctx = multiprocessing.get_context('fork')
+    queue, counter, port = ctx.Queue(), str(tmp_path / 'calls'), _free_port()
+    procs = [ctx.Process(target=_rank, args=(rank, port, counter, fail, queue)) for rank in (0, 1)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert open(counter).read() == 'x'  # rank 0 only
+    if fail is None:
+        assert results == [(0, 'ok', 42, True), (1, 'ok', 42, True)]
+    elif fail == 'user':  # the same message and exit status everywhere; the group is left
+        expected = 'train_dataloader: 3 of 5 images do not exist (exit 2)'
+        assert results == [(0, 'user', expected, False), (1, 'user', expected, False)]
+    else:
+        assert results[0][:2] == (0, 'KeyError')
+        assert results[1][:3] == (1, 'RuntimeError', "rank 0 failed: KeyError: 'oops'")
+
+
+def test_without_a_process_group_the_check_just_runs(tmp_path):
+    assert launch.run_on_rank0_and_share(_check, str(tmp_path / 'calls'), None) == 42
+    with pytest.raises(UserError):
+        launch.run_on_rank0_and_share(_check, str(tmp_path / 'calls'), 'user')
+
+
+# ----------------------------------------------------------------------------------------------
+# through the tool: a torchrun-style launch where CUDA is not usable stops before any work
+
+def test_dist_train_on_cpu_stops_every_rank_with_rank0s_data_error(tmp_path):
+    """Two CPU processes (--device cpu), data missing: rank 0 checks, both exit with its message."""
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHON=sys.executable, PORT=_free_port(), OMP_NUM_THREADS='1')
+    proc = subprocess.run(['bash', 'tools/dist_train.sh', DEMO_CONFIG, '2', '--device', 'cpu', '--work-dir',
+                           str(tmp_path / 'work'), '--cfg-options', 'train_dataloader.dataset.data_root=/nonexistent/'],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
+    assert len(errors) == 2 and errors[0] == errors[1] and '/nonexistent/' in errors[0], proc.stderr[-3000:]
+    assert 'train.py", line' not in proc.stderr  # no traceback of ours (torchrun prints its own summary)
+
+
+def test_train_tool_with_launcher_and_no_cuda_stops_at_once(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+               MASTER_PORT=_free_port(), CUDA_VISIBLE_DEVICES='')
+    env.pop(launch.DEVICE_ENV, None)
+    proc = subprocess.run([sys.executable, 'tools/train.py', DEMO_CONFIG, '--launcher', 'pytorch',
+                           '--work-dir', str(tmp_path / 'work')],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.startswith('error: --launcher pytorch starts one process per GPU, but CUDA is not usable')
+    assert '--device cpu' in proc.stderr and 'Traceback' not in proc.stderr
+    assert not (tmp_path / 'work').exists()  # nothing was built or written

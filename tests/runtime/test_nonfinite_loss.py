@@ -1,0 +1,364 @@
+"""NonFiniteLossHook: a NaN / inf loss stops training before the optimizer step with a clear
+message, or the step is skipped when configured; tools/train.py and the demos always add it.
+
+A tiny mmengine Runner trains a two-parameter model whose ``loss_mask`` turns NaN (or inf) at
+chosen iterations.
+"""
+import os.path as osp
+import uuid
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.dataset import pseudo_collate
+from mmengine.model import BaseModel
+from mmengine.registry import DATASETS, MODELS
+from mmengine.runner import Runner
+from mmengine.structures import BaseDataElement
+from torch.utils.data import DataLoader
+
+from mmpola.runtime import NonFiniteLossError, NonFiniteLossHook, UserError, add_nonfinite_loss_guard
+from tests.fixtures.paths import REPO  # noqa: E402
+from tests.fixtures.tools import load_tool
+
+NUM_SAMPLES, BATCH = 8, 2  # 4 iterations per epoch
+
+
+@MODELS.register_module(force=True)
+class NonFiniteToyModel(BaseModel):
+    """``loss_mask`` is multiplied by ``bad_value`` at the (1-based) training forwards in ``bad_iters``."""
+
+    def __init__(self, bad_iters=(), bad_value=float('nan'), bad_as_float=False):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([0.5, -0.25]))
+        self.bad_iters, self.bad_value, self.bad_as_float = set(bad_iters), bad_value, bad_as_float
+        self.forwards = 0
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        out = torch.stack(list(inputs)) @ self.w
+        if mode != 'loss':
+            return out
+        self.forwards += 1
+        losses = dict(loss_cls=0.1 * (out ** 2).mean(), loss_mask=((out - 1) ** 2).mean(),
+                      acc=torch.tensor(float('nan')))  # not a loss: never checked
+        if self.forwards in self.bad_iters:
+            losses['loss_mask'] = losses['loss_mask'] * self.bad_value
+            if self.bad_as_float:  # a model reporting a plain number for a term
+                losses['loss_extra'] = [torch.tensor(0.5), self.bad_value]
+        return losses
+
+    def parse_losses(self, losses):
+        if any(isinstance(v, list) for v in losses.values()):  # mmengine's refuses plain numbers
+            losses = {k: (sum(torch.as_tensor(x) for x in v) if isinstance(v, list) else v)
+                      for k, v in losses.items()}
+        return super().parse_losses(losses)
+
+
+@DATASETS.register_module(force=True)
+class NonFiniteToyDataset(torch.utils.data.Dataset):
+    def __init__(self, num=NUM_SAMPLES):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(num, 2, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return dict(inputs=self.x[i], data_samples=BaseDataElement(metainfo=dict(img_path=f'data/img_{i}.jpg')))
+
+
+def _runner(tmp_path, hook=None, epochs=3, optimizer='SGD', accumulate=1, **model_kwargs):
+    loader = DataLoader(NonFiniteToyDataset(), batch_size=BATCH, shuffle=False, collate_fn=pseudo_collate)
+    lr = 0.05 if optimizer == 'SGD' else 0.01
+    return Runner(
+        model=NonFiniteToyModel(**model_kwargs), work_dir=str(tmp_path / 'work'), train_dataloader=loader,
+        optim_wrapper=dict(optimizer=dict(type=optimizer, lr=lr), accumulative_counts=accumulate),
+        train_cfg=dict(by_epoch=True, max_epochs=epochs), custom_hooks=[hook] if hook is not None else None,
+        default_hooks=dict(checkpoint=None, logger=dict(type='LoggerHook', interval=1)),
+        randomness=dict(seed=0), experiment_name=f'nonfinite_{uuid.uuid4().hex}', log_level='INFO')
+
+
+def _params(runner):
+    return runner.model.w.detach().clone()
+
+
+class _Recorder:
+    """Weights after every training iteration, kept by a hook that runs after the step."""
+
+    def __init__(self, runner):
+        from mmengine.hooks import Hook
+        self.after = {}
+        rec = self
+
+        class Record(Hook):
+            priority = 'LOWEST'
+
+            def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+                rec.after[runner.iter + 1] = _params(runner)
+
+        runner.register_hook(Record())
+
+
+def _log(runner):
+    with open(osp.join(runner.log_dir, f'{runner.timestamp}.log')) as f:
+        return f.read()
+
+
+def test_stop_raises_before_the_step_and_names_iteration_term_and_files(tmp_path):
+    runner = _runner(tmp_path, dict(type='NonFiniteLossHook'), bad_iters={6})
+    rec = _Recorder(runner)
+    with pytest.raises(NonFiniteLossError) as info:
+        runner.train()
+    message = str(info.value)
+    assert isinstance(info.value, FloatingPointError)
+    assert message.startswith('Iteration 6/12 (epoch 2, batch 2/4): non-finite training loss: loss_mask=nan, '
+                              'loss=nan (the total).'), message
+    assert 'Finite terms: loss_cls=' in message and 'acc' not in message
+    assert 'NOT taken' in message and 'checkpoints already written are intact' in message
+    assert 'data/img_2.jpg, data/img_3.jpg' in message  # the batch's files
+    assert 'clip_grad' in message and "action='skip'" in message and 'learning rate' in message
+    assert sorted(rec.after) == [1, 2, 3, 4, 5]
+    # no NaN got in: the weights are exactly those after the last good step
+    assert torch.isfinite(_params(runner)).all() and torch.equal(_params(runner), rec.after[5])
+    assert runner.model.w.grad is None or not torch.isnan(runner.model.w.grad).any()
+    # outside a training iteration the check is off
+    assert runner.model.parse_losses({'loss_a': torch.tensor(float('nan'))})[0].isnan()
+
+
+@pytest.mark.parametrize('value', [float('inf'), -float('inf')])
+def test_inf_is_caught_too(tmp_path, value):
+    runner = _runner(tmp_path, NonFiniteLossHook(), epochs=1, optimizer='AdamW', bad_iters={2}, bad_value=value)
+    rec = _Recorder(runner)
+    with pytest.raises(NonFiniteLossError, match=r'Iteration 2/4 .*loss_mask=-?inf, loss=-?inf \(the total\)'):
+        runner.train()
+    assert torch.equal(_params(runner), rec.after[1])
+
+
+def test_plain_numbers_and_lists_are_checked(tmp_path):
+    runner = _runner(tmp_path, NonFiniteLossHook(), epochs=1, bad_iters={3}, bad_as_float=True)
+    with pytest.raises(NonFiniteLossError, match=r'Iteration 3/4 .*loss_mask=nan, loss_extra\[1\]=nan, loss=nan'):
+        runner.train()
+
+
+def test_skip_skips_the_steps_logs_them_and_finishes(tmp_path):
+    hook = NonFiniteLossHook(action='skip', max_skips=2)
+    runner = _runner(tmp_path, hook, bad_iters={3, 7, 8})
+    rec = _Recorder(runner)
+    runner.train()
+    assert hook.skipped_iters == [3, 7, 8] and runner.iter == 12
+    for it in (3, 7, 8):  # a skipped step leaves the weights as they were
+        assert torch.equal(rec.after[it], rec.after[it - 1]), it
+    assert not torch.equal(rec.after[4], rec.after[3])  # the good steps still train
+    assert all(torch.isfinite(w).all() for w in rec.after.values())
+    log = _log(runner)
+    assert ('Iteration 3/12 (epoch 1, batch 3/4): non-finite loss (loss_mask=nan, loss=nan (the total)): '
+            'optimizer step skipped (1 consecutive, 1 in all; stops after 2 consecutive)') in log
+    assert 'optimizer step skipped (2 consecutive, 3 in all' in log
+
+
+def _sgd_step(w, batches, lr=0.05, scale=1.0):
+    model = NonFiniteToyModel()
+    with torch.no_grad():
+        model.w.copy_(w)
+    for indices in batches:
+        batch = pseudo_collate([NonFiniteToyDataset()[i] for i in indices])
+        (model.parse_losses(model(batch['inputs'], mode='loss'))[0] * scale).backward()
+    return w - lr * model.w.grad
+
+
+def test_a_skipped_batch_is_as_if_it_never_came(tmp_path):
+    """Plain SGD: the step after a skipped one starts from the weights before the skipped one."""
+    runner = _runner(tmp_path, NonFiniteLossHook(action='skip'), epochs=1, bad_iters={2})
+    rec = _Recorder(runner)
+    runner.train()
+    assert torch.equal(rec.after[2], rec.after[1])
+    assert torch.allclose(rec.after[3], _sgd_step(rec.after[1], [(4, 5)]), atol=0, rtol=1e-6)  # iteration 3's batch
+
+
+@pytest.mark.parametrize('bad', [3, 4])
+def test_skip_with_gradient_accumulation(tmp_path, bad):
+    """Windows of 2 iterations: the skipped batch adds no gradient, the other one of its window
+    is applied at the window's end (iteration 4)."""
+    runner = _runner(tmp_path, NonFiniteLossHook(action='skip'), epochs=1, accumulate=2, bad_iters={bad})
+    rec = _Recorder(runner)
+    runner.train()
+    assert torch.equal(rec.after[3], rec.after[2])
+    good = (6, 7) if bad == 3 else (4, 5)
+    assert torch.allclose(rec.after[4], _sgd_step(rec.after[2], [good], scale=0.5), atol=0, rtol=1e-6)
+
+
+def test_too_many_consecutive_skips_stop(tmp_path):
+    hook = NonFiniteLossHook(action='skip', max_skips=2)
+    runner = _runner(tmp_path, hook, bad_iters={5, 6, 7, 8})
+    rec = _Recorder(runner)
+    with pytest.raises(NonFiniteLossError) as info:
+        runner.train()
+    message = str(info.value)
+    assert message.startswith('Iteration 7/12 (epoch 2, batch 3/4): non-finite training loss: loss_mask=nan')
+    assert '3 consecutive iterations had a non-finite loss (NonFiniteLossHook max_skips=2); 2 steps were ' \
+           'skipped in all' in message
+    assert hook.skipped_iters == [5, 6] and torch.equal(_params(runner), rec.after[4])
+
+
+class _FakeDist:
+    """Rank 1 of 2 whose peer has a non-finite loss at the iterations in ``peer_bad``."""
+
+    def __init__(self, peer_bad):
+        self.peer_bad, self.calls = set(peer_bad), 0
+
+    is_distributed = staticmethod(lambda: True)
+    get_world_size = staticmethod(lambda: 2)
+    get_rank = staticmethod(lambda: 1)
+
+    def all_reduce(self, data, op='sum'):
+        assert op == 'sum'
+        self.calls += 1  # one flag per iteration
+        data += int(self.calls in self.peer_bad)
+
+
+@pytest.mark.parametrize('action', ['stop', 'skip'])
+def test_all_ranks_take_the_same_decision(tmp_path, monkeypatch, action):
+    from mmpola.runtime import hooks
+    monkeypatch.setattr(hooks, 'mmdist', _FakeDist(peer_bad={3}))
+    hook = NonFiniteLossHook(action=action)
+    runner = _runner(tmp_path, hook, epochs=1)  # this rank's losses are all finite
+    rec = _Recorder(runner)
+    if action == 'stop':
+        with pytest.raises(NonFiniteLossError, match=r"Iteration 3/4 \(epoch 1, batch 3/4\) \[rank 1\]: "
+                           r"non-finite training loss on another rank \(this rank's losses are finite\)"):
+            runner.train()
+        assert torch.equal(_params(runner), rec.after[2])
+    else:
+        runner.train()
+        assert hook.skipped_iters == [3] and torch.equal(rec.after[3], rec.after[2])
+        assert 'Iteration 3/4 (epoch 1, batch 3/4) [rank 1]: non-finite loss (on another rank)' in _log(runner)
+
+
+@pytest.mark.parametrize('action,optimizer', [('stop', 'SGD'), ('skip', 'AdamW')])
+def test_finite_run_is_bit_identical_with_and_without_the_hook(tmp_path, action, optimizer):
+    plain = _runner(tmp_path / 'plain', epochs=2, optimizer=optimizer)
+    plain.train()
+    guarded = _runner(tmp_path / 'guarded', NonFiniteLossHook(action=action), epochs=2, optimizer=optimizer)
+    guarded.train()
+    assert torch.equal(_params(plain), _params(guarded))
+    # after the run the model and the optimizer wrapper are the original objects' again
+    assert 'parse_losses' not in vars(guarded.model) and 'update_params' not in vars(guarded.optim_wrapper)
+
+
+def test_validation_is_not_checked(tmp_path):
+    hook = NonFiniteLossHook()
+    runner = _runner(tmp_path, hook, epochs=1)
+    runner.train()
+    hook.before_train(runner)  # installed, but outside a training iteration nothing is checked
+    parsed = runner.model.parse_losses({'loss_a': torch.tensor(float('nan'))})
+    assert parsed[0].isnan()
+
+
+class _OwnStepModel(NonFiniteToyModel):
+    """A train_step of its own: no parse_losses (first) or no update_params (second)."""
+
+    def train_step(self, data, optim_wrapper):
+        losses = self(**self.data_preprocessor(data, True), mode='loss')
+        if self.use_parse_losses:
+            loss, log_vars = self.parse_losses(losses)
+            loss.backward()
+            optim_wrapper.step()
+            optim_wrapper.zero_grad()
+            return log_vars
+        loss = losses['loss_cls'] + losses['loss_mask']
+        optim_wrapper.update_params(loss)
+        return dict(loss=loss.detach(), loss_mask=losses['loss_mask'].detach())
+
+
+@pytest.mark.parametrize('use_parse_losses', [False, True])
+def test_models_with_their_own_train_step_do_not_continue_silently(tmp_path, use_parse_losses):
+    runner = _runner(tmp_path, NonFiniteLossHook(action='skip'), epochs=1)
+    model = _OwnStepModel(bad_iters={2})
+    model.use_parse_losses = use_parse_losses
+    runner.model = model
+    with pytest.raises(NonFiniteLossError) as info:
+        runner.train()
+    message = str(info.value)
+    assert message.startswith('Iteration 2/4 (epoch 1, batch 2/4)')
+    if use_parse_losses:
+        assert 'could not be skipped' in message and 'update_params' in message
+    else:
+        assert 'loss_mask=nan' in message and 'weights may be corrupted' in message
+
+
+def test_guard_is_added_once_and_respects_the_users_entry():
+    cfg = Config(dict(custom_hooks=[dict(type='InitialEvaluationHook')]))
+    add_nonfinite_loss_guard(cfg)
+    add_nonfinite_loss_guard(cfg)
+    assert [h['type'] for h in cfg.custom_hooks] == ['InitialEvaluationHook', 'NonFiniteLossHook']
+    assert 'mmpola.runtime' in cfg.custom_imports['imports']  # a dumped config finds the hook again
+
+    own = Config(dict(custom_hooks=[dict(type='NonFiniteLossHook', action='skip', max_skips=3)],
+                      custom_imports=dict(imports=['mmpola'], allow_failed_imports=False)))
+    add_nonfinite_loss_guard(own)
+    assert own.custom_hooks == [dict(type='NonFiniteLossHook', action='skip', max_skips=3)]
+    assert own.custom_imports['imports'] == ['mmpola', 'mmpola.runtime']
+
+    for options, expected in (('skip', dict(action='skip')), (dict(action='skip', max_skips=None),
+                                                              dict(action='skip', max_skips=None))):
+        cfg = Config(dict(nonfinite_loss=options))
+        add_nonfinite_loss_guard(cfg)
+        assert cfg.custom_hooks == [dict(type='NonFiniteLossHook', **expected)] and 'nonfinite_loss' not in cfg
+    with pytest.raises(UserError, match='action'):
+        add_nonfinite_loss_guard(Config(dict(nonfinite_loss='ignore')))
+
+
+def _toy_config(tmp_path, bad_iters, name):
+    config = tmp_path / f'{name}.py'  # one name per run: mmengine keys its logger by config name and time
+    config.write_text(f"""
+default_scope = 'mmengine'
+model = dict(type='NonFiniteToyModel', bad_iters={sorted(bad_iters)!r})
+train_dataloader = dict(dataset=dict(type='NonFiniteToyDataset'), sampler=dict(type='DefaultSampler', shuffle=False),
+                        collate_fn=dict(type='pseudo_collate'), batch_size={BATCH}, num_workers=0)
+optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.05))
+train_cfg = dict(by_epoch=True, max_epochs=2)
+default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
+""")
+    return str(config)
+
+
+def test_tools_train_adds_the_guard_and_stops_with_the_message(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv('MMPOLA_MALLOC_TUNING', '0')
+    train = load_tool('train')
+    args = train.parse_args([_toy_config(tmp_path, {3}, 'toy_skip'), '--work-dir', str(tmp_path / 'skip'),
+                             '--cfg-options', 'nonfinite_loss.action=skip', 'nonfinite_loss.max_skips=4'])
+    runner = train.build_runner(args)
+    hooks = [h for h in runner.hooks if isinstance(h, NonFiniteLossHook)]
+    assert len(hooks) == 1 and (hooks[0].action, hooks[0].max_skips) == ('skip', 4)
+
+    work_dir = tmp_path / 'stop'
+    with pytest.raises(SystemExit) as info:
+        train.main([_toy_config(tmp_path, {3}, 'toy_stop'), '--work-dir', str(work_dir)])
+    assert info.value.code == 1
+    logs = list(work_dir.glob('*/*.log'))
+    assert len(logs) == 1
+    log = logs[0].read_text()
+    assert 'Iteration 3/8 (epoch 1, batch 3/4): non-finite training loss: loss_mask=nan' in log
+    assert 'NOT taken' in log and 'nonfinite_loss.action=skip' in log
+    assert 'Traceback' not in capsys.readouterr().err
+    dumped = Config.fromfile(str(work_dir / 'toy_stop.py'))
+    assert dumped.custom_hooks == [dict(type='NonFiniteLossHook'), dict(type='RandomStateHook'),
+                                   dict(type='CheckpointFitHook', min_loaded=0.5)]
+    assert 'mmpola.runtime' in dumped.custom_imports['imports']
+
+
+def test_demos_add_the_guard(tmp_path):
+    from mmpola.runtime.demo import prepare_demo_config
+    for name in ('detection', 'segmentation', 'classification'):
+        with open(osp.join(REPO, 'tools', f'demo_{name}.py')) as f:
+            assert 'demo.prepare_demo_config(cfg' in f.read(), name
+    cfg = Config(dict(model=dict(type='NonFiniteToyModel'), data_root='data/toy/'))
+    prepare_demo_config(cfg, str(tmp_path), str(tmp_path), seed=0)
+    assert [h['type'] for h in cfg.custom_hooks] == ['InitialEvaluationHook', 'NonFiniteLossHook', 'RandomStateHook']
+
+
+def test_argument_checks():
+    with pytest.raises(ValueError):
+        NonFiniteLossHook(action='warn')
+    with pytest.raises(ValueError):
+        NonFiniteLossHook(max_skips=-1)

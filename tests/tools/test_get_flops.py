@@ -1,0 +1,76 @@
+"""tools/get_flops.py: exact counts on known layers, Pola attention matmuls counted, the papers' GMACs."""
+import os.path as osp
+
+import pytest
+import torch
+from torch import nn
+
+from mmpola.ops import pola_attention
+from tests.fixtures.paths import REPO as ROOT  # noqa: E402
+from tests.fixtures.tools import load_tool
+
+get_flops = load_tool('get_flops')
+
+
+def test_linear_and_conv_counts_are_exact():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 5 * 5, 20))
+    flops, per_module = get_flops.count_flops(model, torch.randn(1, 3, 5, 5))
+    conv_macs = 8 * 3 * 9 * 5 * 5  # out channels x in channels x kernel x output pixels
+    linear_macs = 8 * 5 * 5 * 20
+    assert flops == 2 * (conv_macs + linear_macs)
+    assert per_module['Sequential.0'] == 2 * conv_macs
+    assert get_flops.count_parameters(model) == (8 * 3 * 9 + 8) + (200 * 20 + 20)
+
+
+class PolaCore(nn.Module):
+
+    def __init__(self, impl):
+        super().__init__()
+        self.impl = impl
+
+    def forward(self, q, k, v, power, scale):
+        return pola_attention(q, k, v, power, scale, impl=self.impl)
+
+
+@pytest.mark.parametrize('impl', ['reference', 'fast'])
+def test_pola_attention_matmuls_are_counted(impl):
+    B, h, N, n, d = 2, 3, 50, 20, 8
+    inputs = [torch.randn(B, h, N, d), torch.randn(B, h, n, d), torch.randn(B, h, n, d),
+              torch.zeros(1, h, 1, d), torch.zeros(1, h, 1, d)]
+    flops, _ = get_flops.count_flops(PolaCore(impl), *inputs)
+    # both: query side N x 2d x (d + 2) (numerators + both normalisers); key-value side 2d x n x d
+    query_side = B * h * N * 2 * d * (d + 2)
+    kv_side = B * h * 2 * d * n * d
+    assert flops == 2 * (query_side + kv_side)
+
+
+PAPER_GMACS = {('PolaPVT', 'tiny'): 2.26, ('PolaSwin', 'tiny'): 4.66}  # PolaFormer paper, at 224
+
+
+@pytest.mark.parametrize('type_name,arch', list(PAPER_GMACS))
+def test_backbone_gmacs_match_the_paper(type_name, arch):
+    model = get_flops.build_backbone(type_name, arch)
+    model.eval()
+    flops, _ = get_flops.count_flops(model, torch.randn(1, 3, 224, 224))
+    gmacs = flops / 2e9
+    expected = PAPER_GMACS[(type_name, arch)]
+    assert abs(gmacs - expected) <= 0.02 * expected, f'{type_name}-{arch}: {gmacs:.3f} GMACs, paper {expected}'
+
+
+def test_cli_prints_convention(capsys):
+    get_flops.main(['--backbone', 'PolaPVT', '--arch', 'tiny', '--shape', '64'])
+    out = capsys.readouterr().out
+    assert 'params:' in out and ('GMACs' in out or 'MMACs' in out)
+    assert '1 MAC = 2 FLOPs' in out
+
+
+def test_cfg_options_use_mmengine_syntax(capsys):
+    """--cfg-options is mmengine's DictAction, as in tools/train.py: tuples, lists and nested keys."""
+    args = get_flops.parse_args(['--config', 'x.py', '--cfg-options', 'model.backbone.arch=small',
+                                 'model.backbone.out_indices=(1,2,3)', 'model.neck.in_channels=[128,320,512]'])
+    assert args.cfg_options == {'model.backbone.arch': 'small', 'model.backbone.out_indices': (1, 2, 3),
+                                'model.neck.in_channels': [128, 320, 512]}
+    config = osp.join(ROOT, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
+    tiny, _ = get_flops.main(['--config', config, '--shape', '64'])
+    small, _ = get_flops.main(['--config', config, '--shape', '64', '--cfg-options', 'model.backbone.arch=small'])
+    assert small > tiny  # the override reached the built model

@@ -1,0 +1,64 @@
+"""One image through mmdet's DetInferencer and mmseg's MMSegInferencer from an mmpola config and a
+checkpoint, as docs/training.md shows (demo configs: small heads; weights saved from a fresh model)."""
+import json
+import os.path as osp
+
+import cv2
+import numpy as np
+import torch
+
+from mmpola.runtime.cli import load_config, register_task_modules
+from tests.fixtures.paths import REPO  # noqa: E402
+
+DET_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
+SEG_CONFIG = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
+
+
+def _checkpoint(config, path):
+    """A checkpoint as tools/train.py writes one (state_dict + the dataset's classes and palette)."""
+    cfg = load_config(config)
+    register_task_modules(cfg)
+    from mmengine.registry import MODELS
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    meta = dict(dataset_meta=dict(cfg.test_dataloader.dataset.metainfo))
+    torch.save(dict(state_dict=model.state_dict(), meta=meta), path)
+    return str(path), meta['dataset_meta']['classes']
+
+
+def _image(path, height, width):
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    cv2.rectangle(image, (20, 30), (70, 90), (255, 255, 255), -1)
+    cv2.imwrite(str(path), image)
+    return str(path)
+
+
+def test_det_inferencer_one_image(tmp_path):
+    from mmdet.apis import DetInferencer
+    weights, classes = _checkpoint(DET_CONFIG, tmp_path / 'det.pth')
+    image = _image(tmp_path / 'street.jpg', 96, 128)
+    inferencer = DetInferencer(model=DET_CONFIG, weights=weights, device='cpu')
+    assert inferencer.model.dataset_meta['classes'] == classes
+    result = inferencer(image, out_dir=str(tmp_path / 'out'), no_save_pred=False)
+    pred, = result['predictions']
+    assert {'labels', 'scores', 'bboxes', 'masks'} <= set(pred)
+    assert len(pred['labels']) == len(pred['scores']) == len(pred['bboxes']) == len(pred['masks'])
+    drawn = cv2.imread(str(tmp_path / 'out' / 'vis' / 'street.jpg'))
+    assert drawn is not None and drawn.shape == (96, 128, 3)
+    with open(tmp_path / 'out' / 'preds' / 'street.json') as f:
+        assert set(json.load(f)) >= {'labels', 'scores', 'bboxes', 'masks'}
+
+
+def test_mmseg_inferencer_one_image(tmp_path):
+    from mmseg.apis import MMSegInferencer
+    weights, classes = _checkpoint(SEG_CONFIG, tmp_path / 'seg.pth')
+    image = _image(tmp_path / 'scene.jpg', 80, 112)
+    inferencer = MMSegInferencer(model=SEG_CONFIG, weights=weights, device='cpu')
+    assert tuple(inferencer.model.dataset_meta['classes']) == tuple(classes)
+    result = inferencer(image, out_dir=str(tmp_path / 'out'))
+    labels = result['predictions']
+    assert labels.shape == (80, 112) and labels.min() >= 0 and labels.max() < len(classes)
+    assert cv2.imread(str(tmp_path / 'out' / 'vis' / 'scene.jpg')).shape == (80, 112, 3)
+    saved = cv2.imread(str(tmp_path / 'out' / 'pred' / '00000000_pred.png'), cv2.IMREAD_UNCHANGED)  # mmseg's name
+    assert np.array_equal(saved, labels)
