@@ -107,7 +107,7 @@ def test_resuming_a_checkpoint_without_states_warns(tmp_path):
 
 def _tune_in_subprocess(env_extra):
     """tune_malloc() result in a fresh interpreter (the setting is per process)."""
-    allocator = osp.join(REPO, 'mmpola', 'engine', 'allocator.py')
+    allocator = osp.join(REPO, 'mmpola', 'runtime', 'allocator.py')
     code = ('import importlib.util, sys; '
             f"spec = importlib.util.spec_from_file_location('alloc', {allocator!r}); "
             'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); '
