@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Parameters and FLOPs of a backbone or of a whole detector / segmentor config.
 
 Usage:
