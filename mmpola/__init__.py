@@ -13,7 +13,7 @@ install_unless_disabled()
 register_config_scope()  # `mmpola::` config bases (mmpola/config_scope.py)
 
 # registration: backbones and classifiers (models), pipeline checks such as CheckSegLabels (datasets),
-# PolaCocoMetric and PolaDetTTAModel (detection)
+# PolaDetTTAModel (detection)
 from . import datasets, detection, models  # noqa: E402,F401
 
 __all__ = ['__version__']

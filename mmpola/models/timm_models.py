@@ -159,7 +159,8 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
                          f'(use a {kind}_{family}_* entry)')
     model_args.update(kwargs)
     if pretrained:  # the official file, downloaded once into timm's cache (mmpola.models.pretrained)
-        model_args['pretrained_cfg_overlay'] = timm_pretrained_overlay(variant, model_args.get('pretrained_cfg_overlay'))
+        overlay = model_args.get('pretrained_cfg_overlay')
+        model_args['pretrained_cfg_overlay'] = timm_pretrained_overlay(variant, overlay)
     if model_args.get('features_only'):
         model_args.setdefault('num_classes', 0)  # a feature extractor carries no classifier
     return build_model_with_cfg(

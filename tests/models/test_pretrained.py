@@ -12,8 +12,13 @@ from mmengine.config import Config
 
 from mmpola.checkpoint.safe_load import CheckpointFileError
 from mmpola.models import pretrained
-from mmpola.models.pretrained import (WEIGHT_SOURCES, NoPublishedWeightsError, cache_file_name, pretrained_url,
-                                      weight_source)
+from mmpola.models.pretrained import (
+    WEIGHT_SOURCES,
+    NoPublishedWeightsError,
+    cache_file_name,
+    pretrained_url,
+    weight_source,
+)
 from mmpola.models.timm_models import TIMM_MODEL_ARGS
 from tests.fixtures.paths import CONFIGS
 
