@@ -4,6 +4,7 @@
 import os
 import os.path as osp
 import subprocess
+import sys
 import textwrap
 import zipfile
 
@@ -69,3 +70,19 @@ def test_outside_project_trains_with_mmdets_own_train_script(wheel, tmp_path):
     assert res.returncode == 0, res.stdout[-4000:]
     assert (project / 'work' / 'iter_1.pth').is_file(), res.stdout[-2000:]
     assert 'mmpola is not installed' not in res.stdout  # mmengine finds mmpola's registries
+
+
+def test_loading_a_config_with_an_mmdet_base_prints_no_warning():
+    """mmengine resolves `mmdet::` bases with pkg_resources; the pinned setuptools (requirements/pins.txt)
+    keeps that a DeprecationWarning for mmengine's developers instead of two UserWarnings at every start."""
+    from importlib.metadata import version
+
+    from tests.fixtures.paths import REPO
+    pinned = next(line.split('==')[1].strip() for line in open(osp.join(REPO, 'requirements', 'pins.txt'))
+                  if line.startswith('setuptools=='))
+    assert version('setuptools') == pinned, (f'setuptools {version("setuptools")} is installed, the pin is {pinned}: '
+                                            'run tools/setup_env.py')
+    config = osp.join(CONFIGS, 'detection', 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py')
+    res = subprocess.run([sys.executable, '-c', f'from mmengine.config import Config; Config.fromfile({config!r})'],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert res.returncode == 0 and 'Warning' not in res.stdout, res.stdout[-3000:]
