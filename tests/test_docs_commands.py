@@ -98,7 +98,9 @@ def _problems(argv):
         if arg.startswith('[') or PLACEHOLDER.match(arg):
             continue
         value = arg.split('=', 1)[-1]
-        if value.startswith('configs/') and value.endswith('.py') and not osp.isfile(osp.join(REPO, value)):
+        placeholder_part = any(PLACEHOLDER.match(part) for part in value[:-3].split('/'))
+        if value.startswith('configs/') and value.endswith('.py') and not placeholder_part \
+                and not osp.isfile(osp.join(REPO, value)):
             problems.append(f'config {value} does not exist')
         if script and script.endswith('.py') and re.match(r'^--[a-z][\w-]*$', arg.split('=', 1)[0]):
             option = arg.split('=', 1)[0]
