@@ -1,30 +1,29 @@
+"""Build hook of mmpola (metadata: pyproject.toml).
+
+Besides the package, the wheel gets two files at its root (site-packages): ``_mmpola_config_scope.py``,
+a copy of :mod:`mmpola.config_scope`, and ``mmpola-config-scope.pth``, whose line lets mmengine resolve
+``mmpola::`` config bases in every process of the environment, mmdet's and mmseg's own tools included.
+"""
 import os.path as osp
 
-from setuptools import find_packages, setup
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HOOK_MODULE = '_mmpola_config_scope'
+PTH_FILE = 'mmpola-config-scope.pth'
 
 
-def read_version():
-    ns = {}
-    with open(osp.join(osp.dirname(__file__), 'mmpola', 'version.py')) as f:
-        exec(f.read(), ns)
-    return ns['__version__']
+class BuildPyWithConfigScope(build_py):
+
+    def run(self):
+        super().run()
+        self.copy_file(osp.join('mmpola', 'config_scope.py'), osp.join(self.build_lib, HOOK_MODULE + '.py'))
+        with open(osp.join(self.build_lib, PTH_FILE), 'w') as f:
+            f.write(f'import {HOOK_MODULE}; {HOOK_MODULE}.install_import_hook()\n')
+
+    def get_outputs(self, include_bytecode=True):
+        return super().get_outputs(include_bytecode) + [
+            osp.join(self.build_lib, HOOK_MODULE + '.py'), osp.join(self.build_lib, PTH_FILE)]
 
 
-setup(
-    name='mmpola',
-    version=read_version(),
-    description='PolaFormer (polarity-aware linear attention) backbones for OpenMMLab '
-    'detection, segmentation and ImageNet classification',
-    long_description=open('README.md').read() if osp.exists('README.md') else '',
-    long_description_content_type='text/markdown',
-    packages=find_packages(include=['mmpola', 'mmpola.*']),
-    python_requires='>=3.8',
-    # Known-good pins live in requirements/pins.txt (tools/setup_env.py installs them);
-    # these are the loose runtime requirements for users who manage their own environment.
-    install_requires=[
-        'torch>=2.4', 'torchvision', 'mmengine>=0.10,<0.11', 'mmcv>=2.0.0,<2.2.0', 'mmdet>=3.3,<3.4',
-        'mmsegmentation>=1.2,<1.3', 'ftfy', 'regex', 'timm>=1.0', 'einops', 'pycocotools',
-    ],
-    license='Apache License 2.0',
-    zip_safe=False,
-)
+setup(cmdclass={'build_py': BuildPyWithConfigScope})

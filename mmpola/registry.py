@@ -4,7 +4,9 @@ The backbones, classifiers, hooks, transforms and metrics register in mmengine's
 so that mmdet, mmseg and mmpretrain configs find them by their plain names (``type='PolaPVT'``)
 from their own default scope. The child registries below give them the ``mmpola`` scope as well
 (``type='mmpola.PolaPVT'`` resolves from any scope: a scoped name is looked up in the child of that
-scope, which falls back on its parent, the root).
+scope, which falls back on its parent, the root). Their import location is the package itself, so that
+mmengine, which knows ``mmpola`` as a package with configs (:mod:`mmpola.config_scope`), imports it
+instead of looking for an ``mmpola.utils.register_all_modules``.
 
 ``ATTENTIONS`` holds the attention modules a backbone stage can use, under short names
 (``'pola'``, ``'softmax'`` ...); it is mmpola's own.
@@ -21,13 +23,13 @@ from mmengine.registry import Registry
 __all__ = ['MODELS', 'HOOKS', 'TRANSFORMS', 'METRICS', 'DATASETS', 'DATA_SAMPLERS', 'OPTIM_WRAPPERS',
            'ATTENTIONS']
 
-MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmpola')
-HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmpola')
-TRANSFORMS = Registry('transform', parent=MMENGINE_TRANSFORMS, scope='mmpola')
-METRICS = Registry('metric', parent=MMENGINE_METRICS, scope='mmpola')
-DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmpola')
-DATA_SAMPLERS = Registry('data sampler', parent=MMENGINE_DATA_SAMPLERS, scope='mmpola')
-OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope='mmpola')
+MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmpola', locations=['mmpola'])
+HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmpola', locations=['mmpola'])
+TRANSFORMS = Registry('transform', parent=MMENGINE_TRANSFORMS, scope='mmpola', locations=['mmpola'])
+METRICS = Registry('metric', parent=MMENGINE_METRICS, scope='mmpola', locations=['mmpola'])
+DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmpola', locations=['mmpola'])
+DATA_SAMPLERS = Registry('data sampler', parent=MMENGINE_DATA_SAMPLERS, scope='mmpola', locations=['mmpola'])
+OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope='mmpola', locations=['mmpola'])
 
 # attention modules of the backbone stages, by short name; see mmpola.models.attention
-ATTENTIONS = Registry('attention', scope='mmpola')
+ATTENTIONS = Registry('attention', scope='mmpola', locations=['mmpola'])

@@ -9,13 +9,34 @@
   no more; :func:`mmpola.runtime.launch.check_device` then makes the choice and checks it took.
 * the repository root goes on ``sys.path``, so the tools run from a plain checkout without
   ``pip install -e .``.
+* run directly (``tools/train.py CONFIG``: the tools are executable, ``#!/usr/bin/env python3``) by a
+  python without torch, a tool starts again with the repository's ``.venv`` when there is one (the
+  environment ``tools/setup_env.py`` makes), as ``tools/dist_train.sh`` picks its python. A python
+  with torch (your own environment, activated or named: ``/path/to/python tools/train.py``) is kept.
 
 Everything after torch is loaded (config loading, checks, runner construction) lives in
 :mod:`mmpola.runtime.cli`.
 """
+import importlib.util
 import os
 import os.path as osp
 import sys
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def _repo_venv_python():
+    """The repository's .venv interpreter when this python lacks torch and that one exists, else None."""
+    venv = osp.join(REPO_ROOT, '.venv')
+    python = osp.join(venv, 'bin', 'python')
+    if not osp.exists(python) or osp.realpath(sys.prefix) == osp.realpath(venv):
+        return None
+    return python if importlib.util.find_spec('torch') is None else None
+
+
+_VENV_PYTHON = _repo_venv_python()
+if _VENV_PYTHON is not None:
+    os.execv(_VENV_PYTHON, [_VENV_PYTHON, osp.abspath(sys.argv[0])] + sys.argv[1:])
 
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 
@@ -32,6 +53,5 @@ def _cpu_requested(argv):
 if _cpu_requested(sys.argv[1:]):
     os.environ['CUDA_VISIBLE_DEVICES'] = ''
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)

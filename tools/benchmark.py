@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Benchmarks of the attention cores and of whole backbones: time, peak memory, FLOP rate.
 
     python tools/benchmark.py attention                 # cores (Pola, FLatten, InLine): reference vs fast

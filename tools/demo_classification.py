@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Classification demo: train a small Pola-PVT from scratch on a generated ImageNet-layout dataset
 for a few CPU minutes and show that it learns.
 

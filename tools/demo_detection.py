@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Detection demo: train Mask R-CNN + Pola-PVT-T on a generated COCO-style dataset for a few CPU
 minutes and show that it learns.
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Segmentation demo: train UperNet + Pola-Swin-T on a generated ADE20K-style dataset for a few
 CPU minutes and show that it learns.
 

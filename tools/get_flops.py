@@ -1,31 +1,39 @@
+#!/usr/bin/env python3
 """Parameters and FLOPs of a backbone or of a whole detector / segmentor config.
 
 Usage:
-    python tools/get_flops.py --backbone PolaPVT --arch tiny                  # 224 x 224
-    python tools/get_flops.py --backbone PolaSwin --arch tiny --shape 800 1333
-    python tools/get_flops.py --backbone mmdet.SwinTransformer --shape 224 224
-    python tools/get_flops.py --config configs/detection/CONFIG.py --shape 800 1333
-    python tools/get_flops.py --config ... --per-module 2     # breakdown two module levels deep
+    tools/get_flops.py --backbone PolaPVT --arch tiny                  # 224 x 224
+    tools/get_flops.py --backbone PolaSwin --arch tiny --shape 800 1333
+    tools/get_flops.py --backbone mmdet.SwinTransformer --shape 224 224
+    tools/get_flops.py --config configs/detection/CONFIG.py --shape 800 1333
+    tools/get_flops.py --config ... --per-module 2     # breakdown two module levels deep
 
-Convention: FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` on one forward pass of
-batch 1. It counts matrix products and convolutions only (mm/addmm/bmm/baddbmm, hence Linear and the
-Pola attention matmuls, conv, scaled_dot_product_attention); element-wise ops, norms, activations,
-softmax, pow and interpolation are not counted. It reports 2 FLOPs per multiply-accumulate; this
-tool prints multiply-accumulates (MACs), the convention of the papers (and of the model zoo tables), and
-FLOPs = 2 x MACs.
+Counting: mmengine's ``FlopAnalyzer`` (``mmengine.analysis``, what mmdet's and mmseg's own
+``tools/analysis_tools/get_flops.py`` use), so the figures are comparable with their model zoos. It traces
+one forward pass at batch 1 and counts one multiply-accumulate per multiply-add of matrix products and
+convolutions (mm/addmm/bmm/matmul/einsum/linear, hence the attention matmuls, conv), plus norms,
+upsampling and adaptive pooling at one or a few operations per element; other element-wise ops,
+activations, softmax and pow are not counted. mmdet and mmseg print this count as "Flops"; this tool
+prints it as MACs, the papers' convention, and FLOPs = 2 x MACs. A config's model runs as in
+mmdet's / mmseg's get_flops: the data preprocessor skipped, ``mode='tensor'`` (backbone, neck and heads,
+no post-processing; a two-stage detector's second stage runs on the RPN's test-time proposals). The
+attention runs its reference path (the official op order) while counting.
 """
 import argparse
 import os
 import os.path as osp
 import sys
+from contextlib import contextmanager
+from functools import partial
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
 import torch  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 
-MAC_CONVENTION = ('1 MAC = 2 FLOPs; counted by torch.utils.flop_counter (matmul/linear/conv/sdpa only; '
-                  'element-wise ops, norms, activations, softmax, pow not counted)')
+MAC_CONVENTION = ("1 MAC = 2 FLOPs; counted by mmengine.analysis.FlopAnalyzer, as mmdet's / mmseg's get_flops, "
+                  "which print the MACs as 'Flops' (matmul/linear/conv/einsum, norms, upsampling; other "
+                  'element-wise ops, activations, softmax not counted)')
 
 
 def count_parameters(model):
@@ -33,50 +41,54 @@ def count_parameters(model):
     return sum(p.numel() for p in model.parameters())
 
 
-def count_flops(model, *inputs, forward=None, depth=2):
-    """FLOPs (2 per MAC) of one forward pass and the per-module breakdown.
-
-    Runs under ``no_grad`` with the fused ``nn.MultiheadAttention`` inference fast path disabled
-    (the counter has no formula for it, so it would count those matmuls as zero) and with the Pola
-    core's torch.compile disabled (compiled kernels hold only element-wise work, but compiling under
-    a dispatch mode is slow and pointless here).
-
-    Args:
-        model: an nn.Module (put in eval mode by the caller if needed).
-        inputs: positional inputs of ``forward`` (default ``model(*inputs)``).
-        forward: optional callable run instead of ``model(*inputs)``.
-        depth: module depth of the breakdown.
-    Returns:
-        (total_flops, {module_name: flops}) with module names as FlopCounterMode reports them
-        ('Global' for the total, the root module by its class name, then dotted names with at most
-        ``depth`` dots, e.g. 'PolaPVT.block1' at depth 1).
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-
+@contextmanager
+def _counting_mode(model):
+    """The reference attention path (official op order, no fused autograd functions whose inner matmuls the
+    tracer cannot see), no torch.compile of the Pola core, no fused ``nn.MultiheadAttention`` fast path."""
+    impls = [(m, m.attn_impl) for m in model.modules() if hasattr(m, 'attn_impl')]
     previous_env = os.environ.get('MMPOLA_NO_COMPILE')
     os.environ['MMPOLA_NO_COMPILE'] = '1'
     mha = getattr(torch.backends, 'mha', None)
     previous_fastpath = mha.get_fastpath_enabled() if mha is not None else None
     try:
+        for module, _ in impls:
+            module.attn_impl = 'reference'
         if mha is not None:
             mha.set_fastpath_enabled(False)
-        counter = FlopCounterMode(display=False, depth=depth)
-        with torch.no_grad(), counter:
-            if forward is None:
-                model(*inputs)
-            else:
-                forward()
+        yield
     finally:
+        for module, impl in impls:
+            module.attn_impl = impl
         if mha is not None:
             mha.set_fastpath_enabled(previous_fastpath)
         if previous_env is None:
             os.environ.pop('MMPOLA_NO_COMPILE', None)
         else:
             os.environ['MMPOLA_NO_COMPILE'] = previous_env
-    # the counter records every module; keep names up to `depth` levels below the root module
-    per_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()
-                  if name == 'Global' or name.count('.') <= depth}
-    return counter.get_total_flops(), per_module
+
+
+def count_flops(model, *inputs, depth=2):
+    """FLOPs (2 per MAC) of one forward pass ``model(*inputs)`` and the per-module breakdown.
+
+    Args:
+        model: an nn.Module (put in eval mode by the caller if needed).
+        inputs: positional inputs of ``forward``.
+        depth: module depth of the breakdown.
+    Returns:
+        (total_flops, {module_name: flops}) with the names of ``named_modules`` up to ``depth`` levels
+        (``'backbone'``, ``'backbone.block1'`` ...; ``''`` is the whole model).
+    """
+    from mmengine.analysis import FlopAnalyzer
+    with torch.no_grad(), _counting_mode(model):
+        analyzer = FlopAnalyzer(model, inputs)
+        analyzer.unsupported_ops_warnings(False)
+        analyzer.uncalled_modules_warnings(False)
+        analyzer.tracer_warnings('none')
+        total = analyzer.total()
+        by_module = analyzer.by_module()
+    per_module = {name: 2 * macs for name, macs in by_module.items()
+                  if name == '' or name.count('.') < depth}
+    return 2 * total, per_module
 
 
 def _import_mmpola():
@@ -142,10 +154,11 @@ def _data_samples(scope, height, width):
 
 
 def build_from_config(config_path, height, width, cfg_options=None):
-    """Build the model of an mmengine config and a zero-argument forward on a (1, 3, H, W) input.
+    """The model of an mmengine config, ready for :func:`count_flops` on a (1, 3, H, W) input.
 
-    The data preprocessor is skipped (the input already is a normalised, padded batch); the model
-    runs in mode='tensor' (backbone, neck and heads, no post-processing).
+    As mmdet's and mmseg's get_flops: the data preprocessor is skipped (the input already is a
+    normalised, padded batch) and ``forward`` is bound to data samples of that size and
+    ``mode='tensor'``. Returns ``(model, inputs)``.
     """
     _import_mmpola()
     from mmengine.config import Config
@@ -162,13 +175,8 @@ def build_from_config(config_path, height, width, cfg_options=None):
         model_cfg.backbone.pop('init_cfg', None)
     model = registry.build(model_cfg)
     model.eval()
-    inputs = torch.randn(1, 3, height, width)
-    data_samples = _data_samples(scope, height, width)
-
-    def forward():
-        return model(inputs, data_samples, mode='tensor')
-
-    return model, forward
+    model.forward = partial(model.forward, data_samples=_data_samples(scope, height, width), mode='tensor')
+    return model, (torch.randn(1, 3, height, width), )
 
 
 def format_count(value, unit):
@@ -203,13 +211,12 @@ def main(argv=None):
     if args.backbone:
         model = build_backbone(args.backbone, args.arch)
         model.eval()  # not chained: some backbones' train() override returns None (mmdet Swin)
-        inputs = torch.randn(1, 3, height, width)
+        inputs = (torch.randn(1, 3, height, width), )
         title = f'{args.backbone}' + (f'(arch={args.arch})' if args.arch else '')
-        flops, per_module = count_flops(model, inputs, depth=max(1, args.per_module))
     else:
-        model, forward = build_from_config(args.config, height, width, args.cfg_options)
-        title = f'{os.path.basename(args.config)} ({type(model).__name__})'
-        flops, per_module = count_flops(model, forward=forward, depth=max(1, args.per_module))
+        model, inputs = build_from_config(args.config, height, width, args.cfg_options)
+        title = f'{os.path.basename(args.config)} ({type(model).__name__}, mode=tensor)'
+    flops, per_module = count_flops(model, *inputs, depth=max(1, args.per_module))
     params = count_parameters(model)
     print(f'model:   {title}')
     print(f'input:   (1, 3, {height}, {width})')
@@ -219,7 +226,7 @@ def main(argv=None):
     if args.per_module:
         print('\n| module | GMACs | share |\n|---|---:|---:|')
         for name, value in per_module.items():
-            if name != 'Global' and value:
+            if name and value:
                 print(f'| {name} | {value / 2e9:.4f} | {100 * value / max(flops, 1):.1f}% |')
     return params, flops
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Generate the tiny ADE20K-layout demo dataset (see mmpola/datasets/demo_ade.py).
 
     python tools/make_demo_ade.py                        # 200 train + 50 val, height 128, seed 0

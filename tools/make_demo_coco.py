@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Generate the small synthetic COCO-format instance dataset used by the demo configs.
 
     python tools/make_demo_coco.py                      # -> data/demo_coco (320 train, 64 val)

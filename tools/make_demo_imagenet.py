@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Generate the small synthetic ImageNet-layout dataset of the classification demo and tests.
 
     python tools/make_demo_imagenet.py                     # -> data/demo_imagenet (300 train, 96 val)

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Create (or refresh) mmpola's environment: one idempotent step, pins in requirements/pins.txt.
+"""Create (or refresh) mmpola's environment: one idempotent step, pins in requirements/pins.txt (what
+mmpola runs and builds with) and requirements/dev.txt (pytest, ruff, uv).
 
-    python3 tools/setup_env.py                  # .venv in the repo (the README's commands call this)
-    python3 tools/setup_env.py --python PY      # install into an existing env, keep its torch build
-    python3 tools/setup_env.py --torch-index-url https://download.pytorch.org/whl/cu128
+    tools/setup_env.py                  # .venv in the repo (the README's commands call this)
+    tools/setup_env.py --python PY      # install into an existing env, keep its torch build
+    tools/setup_env.py --torch-index-url https://download.pytorch.org/whl/cu128
 
 What it handles (measured traps, see DEVELOPERS.md):
 * torch + torchvision are installed together with uv from the package registry. pip would prefer the
@@ -22,6 +23,8 @@ What it handles (measured traps, see DEVELOPERS.md):
 * --python: torch >= 2.4 is required; packages of that environment are changed only after
   listing the changes (--yes to accept them).
 * mmseg 1.2.2 imports ftfy and regex without declaring them: they are pinned here.
+* one OpenCV distribution: opencv-python (mmengine's requirement). opencv-python-headless writes the
+  same cv2 files; an environment set up before holds both, and the set-up removes the other one.
 Only the standard library is used, so the system python3 can run it before any env exists.
 The decisions are functions of the probed facts (tests call them with made-up machines).
 """
@@ -39,13 +42,16 @@ import time
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PINS_FILE = osp.join(REPO, 'requirements', 'pins.txt')
+DEV_FILE = osp.join(REPO, 'requirements', 'dev.txt')
+# other distributions of OpenCV's cv2 module: installed beside opencv-python, they overwrite its files
+OTHER_OPENCV = ('opencv-python-headless', 'opencv-contrib-python', 'opencv-contrib-python-headless')
 STAMP_NAME = 'mmpola-setup.json'
 DEFAULT_WHEELHOUSE = osp.join(osp.expanduser('~'), '.cache', 'mmpola', 'wheelhouse')
 # what the env must import at the end; also the quick check of an up-to-date env. With a usable
 # GPU it also runs mmcv's CUDA nms there (a CPU-ops build, or one without kernels for this GPU,
 # is then told apart from a working one by env_fit_problem).
 CHECK_CODE = r'''
-import json, torch, torchvision, mmcv, mmengine, mmdet, mmseg, timm, einops, pycocotools, mmpola
+import json, torch, torchvision, mmcv, mmengine, mmdet, mmseg, timm, pycocotools, cv2, mmpola
 from mmcv.ops import nms, RoIAlign, get_compiling_cuda_version  # compiled ops present
 from torchvision.ops import nms as tv_nms
 b = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.]]); s = torch.tensor([0.9, 0.8])
@@ -105,15 +111,17 @@ def run(cmd, env=None, quiet=False):
     return res
 
 
-def read_pins():
+def read_pins(paths=(PINS_FILE, DEV_FILE)):
+    """name -> pinned version ('' when unpinned) from requirements/pins.txt and requirements/dev.txt."""
     pins = {}
-    with open(PINS_FILE) as f:
-        for line in f:
-            line = line.split('#', 1)[0].strip()
-            if not line:
-                continue
-            name, _, version = line.partition('==')
-            pins[name.strip().lower()] = version.strip()
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                line = line.split('#', 1)[0].strip()
+                if not line:
+                    continue
+                name, _, version = line.partition('==')
+                pins[name.strip().lower()] = version.strip()
     return pins
 
 
@@ -124,7 +132,8 @@ def spec(pins, name):
 
 def fingerprint():
     h = hashlib.sha256()
-    for path in (PINS_FILE, osp.join(REPO, 'setup.py'), osp.abspath(__file__)):
+    for path in (PINS_FILE, DEV_FILE, osp.join(REPO, 'pyproject.toml'), osp.join(REPO, 'setup.py'),
+                 osp.abspath(__file__)):
         with open(path, 'rb') as f:
             h.update(f.read())
     return h.hexdigest()[:16]
@@ -449,6 +458,22 @@ def planned_changes(pip_report, installed):
     return changed, added
 
 
+def other_opencv(installed):
+    """The OpenCV distributions in ``installed`` (normalised name -> version) besides opencv-python."""
+    return [name for name in OTHER_OPENCV if normalize_name(name) in installed]
+
+
+def installed_distributions(python):
+    """normalised name -> version of every distribution of ``python``'s environment ({} if unknown)."""
+    code, out, _ = py_info(python, 'import json, importlib.metadata as m; '
+                           'print(json.dumps({d.metadata["Name"]: d.version for d in m.distributions()}))')
+    try:
+        found = json.loads(out) if code == 0 else {}
+    except ValueError:
+        found = {}
+    return {normalize_name(k): v for k, v in found.items()} if isinstance(found, dict) else {}
+
+
 def format_changes(changed):
     return ', '.join(f"{name} {old} -> {new} ({'downgrade' if version_tuple(new) < version_tuple(old) else 'upgrade'})"
                      for name, old, new in changed)
@@ -459,9 +484,7 @@ def format_changes(changed):
 
 def review_changes(python, specs, constraints, accept):
     """--python: say which packages of the user's environment the set-up would change; stop unless ``accept``."""
-    code, out, _ = py_info(python, 'import json, importlib.metadata as m; '
-                           'print(json.dumps({d.metadata["Name"]: d.version for d in m.distributions()}))')
-    installed = {normalize_name(k): v for k, v in json.loads(out).items()} if code == 0 else {}
+    installed = installed_distributions(python)
     with tempfile.TemporaryDirectory(prefix='mmpola-dry-run-') as tmp:
         report_path = osp.join(tmp, 'report.json')
         res = subprocess.run([python, '-m', 'pip', 'install', '--dry-run', '--quiet', '--report', report_path,
@@ -566,8 +589,9 @@ def setup(args):
         if prefix_code != 0:
             raise SetupError(f'--python {python!r} is not a working Python interpreter')
     else:
-        if sys.version_info < (3, 8):
-            raise SetupError('Python >= 3.8 is needed to create the environment')
+        if sys.version_info < (3, 10):
+            raise SetupError(f'Python >= 3.10 is needed (torch {pins["torch"]} supports no older one); this is '
+                             f'{sys.version.split()[0]}: run the set-up with a newer python3')
         python = osp.join(args.venv, 'bin', 'python')
         prefix = args.venv
         if not osp.exists(python):
@@ -592,11 +616,10 @@ def setup(args):
 
     driver = gpus[0]['driver'] if gpus else None
     constraints = osp.join(prefix, 'mmpola-torch-constraints.txt')
-    build_reqs = [spec(pins, n) for n in ('setuptools', 'wheel', 'ninja', 'numpy',
-                                          'opencv-python', 'opencv-python-headless')]
+    build_reqs = [spec(pins, n) for n in ('setuptools', 'wheel', 'ninja', 'numpy', 'opencv-python')]
     stack = [spec(pins, n) for n in (
-        'mmengine', 'mmdet', 'mmsegmentation', 'ftfy', 'regex', 'timm', 'einops', 'pycocotools',
-        'numpy', 'opencv-python', 'opencv-python-headless', 'setuptools', 'pytest', 'ruff')]
+        'mmengine', 'mmdet', 'mmsegmentation', 'ftfy', 'regex', 'timm', 'pycocotools',
+        'numpy', 'opencv-python', 'setuptools', 'pytest', 'ruff')]
 
     # 1. torch + torchvision: a matching pair from one source
     if args.python:
@@ -647,7 +670,16 @@ def setup(args):
     elif cuda and nvcc_version and not ops_override:
         log(f'mmcv: CPU ops: nvcc {nvcc_path} is here but no GPU, nvidia-smi or TORCH_CUDA_ARCH_LIST; to build CUDA '
             'ops for GPU jobs from this machine, set TORCH_CUDA_ARCH_LIST (e.g. "8.0;9.0") or MMPOLA_MMCV_OPS=cuda')
-    uv_install(uv, python, build_reqs + ['-c', constraints])
+    others = other_opencv(installed_distributions(python))
+    if others and args.python and not args.yes:
+        raise SetupError(f'{python} has {", ".join(others)} besides opencv-python: they write the same cv2 files, '
+                         'so the one installed last wins. Re-run with --yes to remove them (opencv-python, which '
+                         'mmengine requires, is then reinstalled), or use a separate environment')
+    if others:
+        log(f'removing {", ".join(others)}: opencv-python (mmengine\'s requirement) provides cv2')
+        run([uv, 'pip', 'uninstall', '--python', python] + others)
+    uv_install(uv, python, build_reqs + ['-c', constraints]
+               + (['--reinstall-package', 'opencv-python'] if others else []))
     wheel = mmcv_wheel(python, pins, torch_version, cuda, ops, arch_list, args.wheelhouse)
 
     # 3. the rest of the stack and mmpola itself (editable)

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Evaluate a trained checkpoint on a config's test set (one entry point for every task).
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--show-dir DIR]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Train a detector, segmentor or classifier from a config (one entry point for every task).
 
     python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT]] [--device auto|cuda|cpu]

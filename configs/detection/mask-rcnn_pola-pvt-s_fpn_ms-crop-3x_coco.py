@@ -23,6 +23,4 @@ auto_scale_lr = dict(enable=False, base_batch_size=16)
 
 # mmdet's CocoMetric, also for annotation files without `info`; `--tta`: flips at three scales
 # (_base_/coco_tta.py)
-val_evaluator = dict(type='PolaCocoMetric')
-test_evaluator = dict(type='PolaCocoMetric')
 tta_pipeline = _base_.tta_ms_pipeline

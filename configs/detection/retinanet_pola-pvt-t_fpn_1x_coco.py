@@ -24,5 +24,3 @@ auto_scale_lr = dict(enable=False, base_batch_size=16)
 
 # mmdet's CocoMetric, also for annotation files without `info`; `--tta`: horizontal flip
 # (_base_/coco_tta.py)
-val_evaluator = dict(type='PolaCocoMetric')
-test_evaluator = dict(type='PolaCocoMetric')

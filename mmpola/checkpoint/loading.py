@@ -70,7 +70,8 @@ def _log(msg, logger, level=logging.INFO):
 def read_checkpoint(source, map_location='cpu'):
     """Path, URL or an already loaded object -> the loaded object (never runs pickled code).
 
-    URLs are downloaded once into ``$TORCH_HOME/hub/checkpoints``.
+    URLs are downloaded once into ``$TORCH_HOME/hub/checkpoints`` (torch hub's cache, which timm shares),
+    named by :func:`mmpola.models.pretrained.cache_file_name`: a file put there by hand is used as is.
     """
     if isinstance(source, (dict, OrderedDict)):
         return source
@@ -80,7 +81,8 @@ def read_checkpoint(source, map_location='cpu'):
     if source.startswith(('http://', 'https://')):
         cache_dir = osp.join(torch.hub.get_dir(), 'checkpoints')
         os.makedirs(cache_dir, exist_ok=True)
-        local = osp.join(cache_dir, osp.basename(source.split('?')[0]))
+        from mmpola.models.pretrained import cache_file_name
+        local = osp.join(cache_dir, cache_file_name(source))
         if not osp.isfile(local):
             try:
                 torch.hub.download_url_to_file(source, local)

@@ -24,10 +24,11 @@ nothing in the file is executed, and a refused file raises
 :class:`mmpola.checkpoint.safe_load.UnsafeCheckpointError` naming it (timm's own message names no file).
 Official keys are mapped by :func:`checkpoint_filter_fn`.
 
-There are no download URLs: the official weights are published by their authors (PolaFormer on
-the Hugging Face hub ``ZachMeng/PolaFormer``, PolaFormer++ on ``ZachMeng/PolaFormerPP``, whose EMA
-weights ``state_dict_ema`` are used when present; FLatten and InLine through the links of their
-repositories) under file names this package does not pin; download them and pass the file.
+``pretrained=True`` downloads the official ImageNet weights where their release publishes a direct
+download (FLatten and InLine; :mod:`mmpola.models.pretrained` holds the table, ``pretrained_cfg['url']``
+names it) into timm's cache. The PolaFormer weights (Hugging Face ``ZachMeng/PolaFormer``, file names not
+verified) and PolaFormer++'s (Baidu Netdisk; their EMA weights ``state_dict_ema`` are used when present)
+are passed as a file, as above.
 """
 from collections import OrderedDict
 
@@ -37,6 +38,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from .attention_kinds import get_attention_kind
 from .classifier import PolaClassifier, checkpoint_filter_fn
 from .polapp import DROP_PATH_RATE, PolaPPClassifier
+from .pretrained import pretrained_url, timm_pretrained_overlay
 from .timm_conventions import refuse_scriptable, timm_pretrained_cfg
 
 __all__ = ['accept_official_checkpoints', 'create_pola_classifier', 'TIMM_MODEL_ARGS']
@@ -82,7 +84,8 @@ def _cfg(family, kind='pola', **kwargs):
 
 
 default_cfgs = generate_default_cfgs({
-    f'{name}.in1k': _cfg(args['family'], args.get('kind', 'polapp' if args['family'] == 'polapp' else 'pola'))
+    f'{name}.in1k': _cfg(args['family'], args.get('kind', 'polapp' if args['family'] == 'polapp' else 'pola'),
+                         url=pretrained_url(name) or '')
     for name, args in TIMM_MODEL_ARGS.items()})
 
 
@@ -155,6 +158,9 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
         raise ValueError(f'{variant} is a {prefix!r} attention model; kind={kind!r} does not fit '
                          f'(use a {kind}_{family}_* entry)')
     model_args.update(kwargs)
+    if pretrained:  # the official file, downloaded once into timm's cache (mmpola.models.pretrained)
+        overlay = model_args.get('pretrained_cfg_overlay')
+        model_args['pretrained_cfg_overlay'] = timm_pretrained_overlay(variant, overlay)
     if model_args.get('features_only'):
         model_args.setdefault('num_classes', 0)  # a feature extractor carries no classifier
     return build_model_with_cfg(

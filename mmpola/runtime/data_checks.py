@@ -91,9 +91,12 @@ def check_data_files(cfg, dataloader_keys, check_images=True):
             for name, path in paths:
                 if is_url(path) or osp.exists(path):
                     continue
+                # the tools move every dataset with a config's top-level data_root (docs/training.md)
+                option = ('data_root=DIR' if isinstance(cfg.get('data_root'), str) and cfg.data_root.strip('/')
+                          else f'{key}.dataset.data_root=DIR')
                 raise UserError(
                     f'{key}: {name} {path!r} does not exist. ' + _data_hint(cfg, dataset)
-                    + f'Or point the config at your copy: --cfg-options {key}.dataset.data_root=DIR')
+                    + f'Or point the config at your copy: --cfg-options {option}')
             if check_images:
                 check_dataset_images(dataset, key, hint=_data_hint(cfg, dataset))
 

@@ -1,5 +1,6 @@
-"""PolaCocoMetric (annotation files without `info`) and PolaDetTTAModel (test-time augmentation
-that keeps instance masks), the mmdet extensions of mmpola.detection, on small synthetic inputs."""
+"""COCO evaluation of annotation files without `info` (mmdet's CocoMetric with pycocotools >= 2.0.11)
+and PolaDetTTAModel (test-time augmentation that keeps instance masks, mmpola.detection), on small
+synthetic inputs."""
 import glob
 import json
 import os.path as osp
@@ -15,14 +16,22 @@ from tests.fixtures.paths import REPO  # noqa: E402
 def _mmdet_scope():
     from mmengine.registry import init_default_scope
 
-    import mmpola  # noqa: F401  (registers PolaCocoMetric, PolaDetTTAModel)
+    import mmpola  # noqa: F401  (registers PolaDetTTAModel)
     init_default_scope('mmdet')
 
 
 def test_coco_metric_evaluates_a_file_without_info_or_licenses(tmp_path):
-    """Perfect predictions of a user-style annotation file (no `info`, no `licenses`) give mAP 1."""
+    """Perfect predictions of a user-style annotation file (no `info`, no `licenses`) give mAP 1 with
+    mmdet's own CocoMetric, as the detection configs use it."""
+    from importlib.metadata import version
+
     from mmdet.registry import METRICS
     from pycocotools import mask as mask_utils
+
+    installed = version('pycocotools')
+    assert tuple(int(x) for x in installed.split('.')[:3]) >= (2, 0, 11), (
+        f'pycocotools {installed} cannot evaluate files without `info`; requirements/pins.txt pins 2.0.11: run '
+        'tools/setup_env.py')
 
     from mmpola.datasets import DEMO_CLASSES, demo_coco_files, make_demo_coco
     make_demo_coco(str(tmp_path), num_train=1, num_val=3, seed=2, image_shapes=((64, 64), ), crowd_prob=0.0,
@@ -35,7 +44,7 @@ def test_coco_metric_evaluates_a_file_without_info_or_licenses(tmp_path):
         json.dump(data, f)
 
     _mmdet_scope()
-    metric = METRICS.build(dict(type='PolaCocoMetric', ann_file=ann_file, metric=['bbox', 'segm']))
+    metric = METRICS.build(dict(type='CocoMetric', ann_file=ann_file, metric=['bbox', 'segm']))
     metric.dataset_meta = dict(classes=DEMO_CLASSES)
     with open(ann_file) as f:
         assert 'info' not in json.load(f)  # the file itself is left as it is
@@ -104,13 +113,13 @@ def test_tta_model_without_detections_gives_an_empty_prediction():
 @pytest.mark.parametrize('name', sorted(osp.basename(p)[:-3] for p in glob.glob(osp.join(
     REPO, 'configs', 'detection', '*.py'))))
 def test_detection_configs_evaluate_any_coco_file_and_have_tta(name, tmp_path):
-    """Every detection config: PolaCocoMetric for val and test, and --tta with the flip (1x) or the
+    """Every detection config: mmdet's CocoMetric for val and test, and --tta with the flip (1x) or the
     flip at three scales (3x: multi-scale training); the TTA pipeline gives one input per view."""
     import cv2
     from mmcv.transforms import Compose
     from mmengine.config import Config
     cfg = Config.fromfile(osp.join(REPO, 'configs', 'detection', f'{name}.py'))
-    assert cfg.val_evaluator.type == cfg.test_evaluator.type == 'PolaCocoMetric'
+    assert cfg.val_evaluator.type == cfg.test_evaluator.type == 'CocoMetric'
     assert cfg.test_evaluator.ann_file == 'data/coco/annotations/instances_val2017.json'
     assert cfg.tta_model.type == 'PolaDetTTAModel'
     augment = next(t for t in cfg.tta_pipeline if t.type == 'TestTimeAug').transforms

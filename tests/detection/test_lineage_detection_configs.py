@@ -6,6 +6,7 @@ import os.path as osp
 
 import pytest
 
+from mmpola.models.pretrained import pretrained_url
 from tests.fixtures.detection import check_trains_one_step_and_predicts
 from tests.fixtures.detection import config_names as _names
 from tests.fixtures.detection import load_config as _load
@@ -33,7 +34,8 @@ def test_config_is_the_pola_config_with_another_attention(path):
     title = {'flatten': 'FLatten', 'inline': 'InLine'}[kind]
     backbone = cfg.model.backbone
     assert backbone.type == f'{title}{"PVT" if family == "pvt" else "Swin"}'
-    assert backbone.init_cfg == dict(type='Pretrained', checkpoint=f'checkpoints/{kind}_{family}_tiny.pth')
+    # the official weights of that backbone, downloaded from its release
+    assert backbone.init_cfg == dict(type='Pretrained', checkpoint=pretrained_url(f'{kind}_{family}_tiny'))
     ours, theirs = cfg.to_dict(), pola.to_dict()
     for d in (ours, theirs):
         del d['model']['backbone']['type'], d['model']['backbone']['init_cfg']

@@ -43,3 +43,15 @@ def test_data_root_without_a_top_level_root_says_what_to_set(tmp_path):
     config.write_text("train_dataloader = dict(dataset=dict(data_root='somewhere/'))\n")
     with pytest.raises(UserError, match='train_dataloader.dataset.data_root'):
         load_config(str(config), {'data_root': '/new/'})
+
+
+def test_missing_data_hint_names_the_option_that_fits_the_config(tmp_path):
+    """A config with a top-level data_root is pointed elsewhere with `data_root=DIR`, as the docs say."""
+    from mmpola.runtime.data_checks import check_data_files
+    cfg = load_config(DET, {'data_root': str(tmp_path / 'nowhere') + '/'})
+    with pytest.raises(UserError, match=r'--cfg-options data_root=DIR$'):
+        check_data_files(cfg, ['train_dataloader'], check_images=False)
+    config = tmp_path / 'no_root.py'
+    config.write_text(f"train_dataloader = dict(dataset=dict(data_root={str(tmp_path / 'nowhere')!r}))\n")
+    with pytest.raises(UserError, match=r'--cfg-options train_dataloader.dataset.data_root=DIR$'):
+        check_data_files(load_config(str(config)), ['train_dataloader'], check_images=False)

@@ -5,6 +5,7 @@ import os.path as osp
 
 import pytest
 
+from mmpola.models.pretrained import pretrained_url
 from tests.fixtures.segmentation import REPO, check_trains_one_step_and_predicts, load_config
 
 LINEAGE_CONFIGS = sorted(p for kind in ('flatten', 'inline')
@@ -24,7 +25,7 @@ def test_config_trains_one_step_and_predicts(path):
     pola = load_config(osp.join(REPO, 'configs', 'segmentation', osp.basename(path).replace(kind, 'pola')))
     title = {'flatten': 'FLatten', 'inline': 'InLine'}[kind]
     assert cfg.model.backbone.type == f'{title}Swin'
-    assert cfg.model.backbone.init_cfg.checkpoint == f'checkpoints/{kind}_swin_tiny.pth'
+    assert cfg.model.backbone.init_cfg.checkpoint == pretrained_url(f'{kind}_swin_tiny')  # from its release
     ours, theirs = cfg.to_dict(), pola.to_dict()
     for d in (ours, theirs):
         del d['model']['backbone']['type'], d['model']['backbone']['init_cfg']['checkpoint']

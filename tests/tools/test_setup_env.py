@@ -142,7 +142,7 @@ def test_env_fit_on_gpu_machines(se):
 # --python: list what would change, require --yes
 
 PIP_REPORT = {'install': [{'metadata': {'name': 'numpy', 'version': '1.26.4'}},
-                          {'metadata': {'name': 'setuptools', 'version': '80.10.2'}},
+                          {'metadata': {'name': 'setuptools', 'version': '80.8.0'}},
                           {'metadata': {'name': 'mmengine', 'version': '0.10.7'}},
                           {'metadata': {'name': 'opencv_python', 'version': '4.11.0.86'}}]}
 INSTALLED = {'numpy': '2.1.3', 'setuptools': '75.1.0', 'opencv-python': '4.11.0.86', 'torch': '2.5.1'}
@@ -150,9 +150,9 @@ INSTALLED = {'numpy': '2.1.3', 'setuptools': '75.1.0', 'opencv-python': '4.11.0.
 
 def test_planned_changes_name_up_and_downgrades(se):
     changed, added = se.planned_changes(PIP_REPORT, INSTALLED)
-    assert changed == [('numpy', '2.1.3', '1.26.4'), ('setuptools', '75.1.0', '80.10.2')]
+    assert changed == [('numpy', '2.1.3', '1.26.4'), ('setuptools', '75.1.0', '80.8.0')]
     assert added == ['mmengine 0.10.7']
-    assert se.format_changes(changed) == 'numpy 2.1.3 -> 1.26.4 (downgrade), setuptools 75.1.0 -> 80.10.2 (upgrade)'
+    assert se.format_changes(changed) == 'numpy 2.1.3 -> 1.26.4 (downgrade), setuptools 75.1.0 -> 80.8.0 (upgrade)'
 
 
 def test_review_changes_stops_without_yes(se, monkeypatch, capsys):
@@ -319,5 +319,41 @@ def test_python_mode_refuses_old_torch_before_installing_anything(se, machine, m
     machine.torch = ['2.3.1+cu121', '0.18.1+cu121', '12.1', True, '2.3.1', '0.18.1']
     monkeypatch.setattr(se, 'ensure_uv', lambda python, pins: pytest.fail('nothing may be installed'))
     with pytest.raises(se.SetupError, match='older than 2.4'):
+        se.setup(se.parse_args(['--python', osp.join(machine.venv, 'bin', 'python')]))
+    assert machine.installs == []
+
+
+# ----------------------------------------------------------------------------------------------
+# requirements: one file of tested versions, one of development tools, one OpenCV
+
+def test_pins_hold_one_opencv_and_no_dev_tools(se):
+    runtime = se.read_pins([se.PINS_FILE])
+    dev = se.read_pins([se.DEV_FILE])
+    assert 'opencv-python' in runtime and not set(se.OTHER_OPENCV) & set(runtime)
+    assert {'pytest', 'ruff', 'uv'} <= set(dev) and not {'pytest', 'ruff', 'uv'} & set(runtime)
+    assert 'einops' not in se.read_pins()  # imported nowhere
+    assert se.read_pins()['uv'] == dev['uv']  # both files are read by the set-up
+
+
+def test_other_opencv_distributions_are_removed_from_the_venv(se, machine, monkeypatch, capsys):
+    installed = {'opencv-python': '4.11.0.86', 'opencv-python-headless': '4.11.0.86', 'numpy': '1.26.4'}
+    commands = []
+    monkeypatch.setattr(se, 'installed_distributions', lambda python: installed)
+    monkeypatch.setattr(se, 'run', lambda cmd, **kwargs: commands.append(cmd))
+    with pytest.raises(Stop):
+        se.setup(machine.args())
+    assert commands == [['uv', 'pip', 'uninstall', '--python', osp.join(machine.venv, 'bin', 'python'),
+                         'opencv-python-headless']]
+    build_reqs = machine.installs[1]
+    assert 'opencv-python==4.11.0.86' in build_reqs and build_reqs[-2:] == ['--reinstall-package', 'opencv-python']
+    assert not any('headless' in arg for arg in build_reqs)
+    assert 'removing opencv-python-headless' in capsys.readouterr().out
+
+
+def test_python_mode_asks_before_removing_another_opencv(se, machine, monkeypatch):
+    monkeypatch.setattr(se, 'installed_distributions', lambda python: {'opencv-python-headless': '4.10.0.84'})
+    monkeypatch.setattr(se, 'review_changes', lambda *a: None)
+    monkeypatch.setattr(se, 'write_constraints', lambda *a: None)
+    with pytest.raises(se.SetupError, match='opencv-python-headless besides opencv-python.*--yes'):
         se.setup(se.parse_args(['--python', osp.join(machine.venv, 'bin', 'python')]))
     assert machine.installs == []

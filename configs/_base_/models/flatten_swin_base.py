@@ -1,7 +1,10 @@
 # FLatten-Swin-B backbone (ImageNet-1k pretrained at 224x224): pola_swin_base.py with the
 # focused linear attention of FLatten Transformer (ICCV 2023)
 # (one word differs: type='FLattenSwin'). Use it like pola_swin_base.py;
-# the official FLatten ImageNet file at checkpoints/flatten_swin_base.pth loads as is.
+# init_cfg downloads the official FLatten ImageNet weights (its release's link, mmpola/models/pretrained.py;
+# cached in torch hub's checkpoints folder); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
 _base_ = ['./pola_swin_base.py']
 
-backbone = dict(type='FLattenSwin', init_cfg=dict(checkpoint='checkpoints/flatten_swin_base.pth'))
+backbone = dict(
+    type='FLattenSwin',
+    init_cfg=dict(checkpoint='https://cloud.tsinghua.edu.cn/f/7a9e5186bad04e7fb3a9/?dl=1'))

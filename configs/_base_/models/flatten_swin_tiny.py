@@ -1,7 +1,10 @@
 # FLatten-Swin-T backbone (ImageNet-1k pretrained at 224x224): pola_swin_tiny.py with the
 # focused linear attention of FLatten Transformer (ICCV 2023)
 # (one word differs: type='FLattenSwin'). Use it like pola_swin_tiny.py;
-# the official FLatten ImageNet file at checkpoints/flatten_swin_tiny.pth loads as is.
+# init_cfg downloads the official FLatten ImageNet weights (its release's link, mmpola/models/pretrained.py;
+# cached in torch hub's checkpoints folder); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
 _base_ = ['./pola_swin_tiny.py']
 
-backbone = dict(type='FLattenSwin', init_cfg=dict(checkpoint='checkpoints/flatten_swin_tiny.pth'))
+backbone = dict(
+    type='FLattenSwin',
+    init_cfg=dict(checkpoint='https://cloud.tsinghua.edu.cn/f/e1518e76703e4e57a7f2/?dl=1'))

@@ -1,7 +1,10 @@
 # InLine-PVT-T backbone (ImageNet-1k pretrained at 224x224): pola_pvt_tiny.py with the
 # injective linear attention of InLine (NeurIPS 2024)
 # (one word differs: type='InLinePVT'). Use it like pola_pvt_tiny.py;
-# the official InLine ImageNet file at checkpoints/inline_pvt_tiny.pth loads as is.
+# init_cfg downloads the official InLine ImageNet weights (its release's link, mmpola/models/pretrained.py;
+# cached in torch hub's checkpoints folder); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
 _base_ = ['./pola_pvt_tiny.py']
 
-backbone = dict(type='InLinePVT', init_cfg=dict(checkpoint='checkpoints/inline_pvt_tiny.pth'))
+backbone = dict(
+    type='InLinePVT',
+    init_cfg=dict(checkpoint='https://cloud.tsinghua.edu.cn/f/90ac52b1555b401eb5e6/?dl=1'))

@@ -1,7 +1,10 @@
 # InLine-Swin-T backbone (ImageNet-1k pretrained at 224x224): pola_swin_tiny.py with the
 # injective linear attention of InLine (NeurIPS 2024)
 # (one word differs: type='InLineSwin'). Use it like pola_swin_tiny.py;
-# the official InLine ImageNet file at checkpoints/inline_swin_tiny.pth loads as is.
+# init_cfg downloads the official InLine ImageNet weights (its release's link, mmpola/models/pretrained.py;
+# cached in torch hub's checkpoints folder); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
 _base_ = ['./pola_swin_tiny.py']
 
-backbone = dict(type='InLineSwin', init_cfg=dict(checkpoint='checkpoints/inline_swin_tiny.pth'))
+backbone = dict(
+    type='InLineSwin',
+    init_cfg=dict(checkpoint='https://cloud.tsinghua.edu.cn/f/32810869fcc34410966b/?dl=1'))

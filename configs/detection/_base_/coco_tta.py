@@ -7,9 +7,6 @@
 # Mask R-CNN detection keeps its own view's mask (PolaDetTTAModel, mmdet's DetTTAModel plus
 # masks). 1x configs: horizontal flip at the test scale 1333x800. 3x (multi-scale trained)
 # configs: `tta_pipeline = _base_.tta_ms_pipeline`, the flips at mmdet's three TTA scales.
-#
-# `PolaCocoMetric` is mmdet's CocoMetric that also accepts an annotation file without an `info`
-# entry; the leaf configs select it with val_evaluator/test_evaluator = dict(type='PolaCocoMetric').
 
 
 def _tta_pipeline(scales):

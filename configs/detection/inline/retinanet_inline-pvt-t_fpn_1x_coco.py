@@ -1,7 +1,9 @@
 # RetinaNet + FPN with InLine-PVT-T on COCO 2017, 1x schedule: ../retinanet_pola-pvt-t_fpn_1x_coco.py with the
 # injective linear attention of InLine (NeurIPS 2024) in the backbone, everything else identical, so the two
-# compare the attention alone. Backbone weights: the official InLine-PVT-T ImageNet file at
-# checkpoints/inline_pvt_tiny.pth (or --cfg-options model.backbone.init_cfg=None).
+# compare the attention alone. Backbone weights: the official InLine-PVT-T ImageNet weights, downloaded
+# from its release (mmpola/models/pretrained.py); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
 _base_ = ['../retinanet_pola-pvt-t_fpn_1x_coco.py']
 
-model = dict(backbone=dict(type='InLinePVT', init_cfg=dict(checkpoint='checkpoints/inline_pvt_tiny.pth')))
+model = dict(backbone=dict(
+    type='InLinePVT',
+    init_cfg=dict(checkpoint='https://cloud.tsinghua.edu.cn/f/90ac52b1555b401eb5e6/?dl=1')))
