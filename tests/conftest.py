@@ -43,7 +43,7 @@ def golden_mini(name):
     the official implementation; ``<name>_mini_official.pth`` is its official-format checkpoint.
     """
     if name not in _GOLDEN_CACHE:
-        from mmpola.checkpoint.safe_load import safe_torch_load
+        from mmpola.checkpoint.reading import safe_torch_load
         _GOLDEN_CACHE[name] = (safe_torch_load(data_path(f'{name}_mini_expected.pth')),
                                data_path(f'{name}_mini_official.pth'))
     return _GOLDEN_CACHE[name]

@@ -19,9 +19,8 @@ Checkpoints: official PolaFormer / FLatten / InLine files (``{'model': ..., 'con
 checkpoints of our classification runs (``{'state_dict': ...}``) and bare state dicts all load,
 through ``checkpoint_path=`` as well as ``pretrained_cfg_overlay=dict(file=...)``. timm reads
 them with ``torch.load(weights_only=True)`` (no unsafe fallback); importing mmpola adds the
-yacs config and mmengine's logging types to torch's allowlist (:mod:`mmpola.checkpoint.safe_load`), so
-nothing in the file is executed, and a refused file raises
-:class:`mmpola.checkpoint.safe_load.UnsafeCheckpointError` naming it (timm's own message names no file).
+yacs config and mmengine's logging types to torch's allowlist (:mod:`mmpola.checkpoint.reading`), so
+nothing in the file is executed; a refused file raises torch's ``UnpicklingError``.
 Official keys are mapped by :func:`checkpoint_filter_fn`.
 
 There are no download URLs: the official weights are published by their authors (PolaFormer on

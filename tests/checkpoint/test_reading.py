@@ -1,4 +1,6 @@
-"""Checkpoints load with torch.load(weights_only=True) through mmpola's allowlist; code never runs."""
+"""Checkpoint files are read weights-only through mmpola's allowlist (mmpola.checkpoint.reading); code
+never runs. ``import mmpola`` adds the allowlist to torch's, so mmengine's and timm's loaders read
+mmengine and official checkpoints too, and still refuse anything else (with torch's own message)."""
 import os
 import os.path as osp
 import pickle
@@ -8,10 +10,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-import mmpola  # noqa: F401  (installs the allowlist)
-from mmpola.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
-
-DATA = osp.join(osp.dirname(__file__), 'data')
+import mmpola  # noqa: F401  (adds the allowlist to torch's)
+from mmpola.checkpoint.reading import (
+    CheckpointFileError,
+    UnsafeCheckpointError,
+    check_checkpoint_file,
+    refused_globals,
+    safe_torch_load,
+)
+from tests.fixtures.paths import DATA
 
 
 class _RunCode:
@@ -87,13 +94,12 @@ def test_mmengine_runner_checkpoint_loads_weights_only(tmp_path):
     assert 'train/lr' in hub['log_scalars']
     assert hub['log_scalars']['train/lr'].mean() > 0  # HistoryBuffer restored and usable
     # mmengine's own loader (used by --resume, load_from, init_cfg) calls plain torch.load, whose
-    # default is weights_only=True on torch >= 2.6: it must succeed too.
+    # default is weights_only=True on torch >= 2.6: it succeeds through torch's allowlist.
     from mmengine.runner import CheckpointLoader
     loaded = CheckpointLoader.load_checkpoint(path, map_location='cpu')
     assert set(loaded['state_dict']) == {'linear.weight', 'linear.bias'}
-    if hasattr(torch.serialization, 'add_safe_globals'):
-        loaded = torch.load(path, weights_only=True)
-        assert loaded['meta']['np_int'] == 3
+    loaded = torch.load(path, weights_only=True)
+    assert loaded['meta']['np_int'] == 3
 
 
 def test_official_checkpoint_loads_without_yacs():
@@ -115,10 +121,10 @@ def test_code_running_pickle_is_refused(tmp_path, loader):
             safe_torch_load(path)
     elif loader == 'torch.load':
         with pytest.raises(pickle.UnpicklingError):
-            torch.load(path)  # the default (weights_only=True) with our allowlist installed
-    else:
+            torch.load(path)  # the default (weights_only=True) with our allowlist added
+    else:  # mmengine's own loader: torch's refusal, in torch's words
         from mmengine.runner import CheckpointLoader
-        with pytest.raises(Exception):
+        with pytest.raises(pickle.UnpicklingError, match='Weights only load failed'):
             CheckpointLoader.load_checkpoint(path, map_location='cpu')
     assert not marker.exists(), 'the pickle ran code'
 
@@ -135,59 +141,44 @@ def test_missing_checkpoint_names_the_path(tmp_path):
         safe_torch_load(str(tmp_path / 'nope.pth'))
 
 
-_PROBE = r'''
-import json, torch
-import mmpola
-from mmengine.logging import HistoryBuffer
-from mmengine.runner.checkpoint import CheckpointLoader
-from timm.models import _helpers
-from mmpola.checkpoint import safe_load
-official = safe_load.safe_torch_load({path!r})  # mmpola's own loader works either way
-print(json.dumps(dict(
-    installed=safe_load.is_installed(),
-    torch_allowlist=HistoryBuffer in torch.serialization.get_safe_globals(),
-    mmengine_local=CheckpointLoader._schemes[''] is safe_load.load_from_local,
-    timm_reader=getattr(_helpers._torch_load, '_mmpola_guarded', False),
-    official_keys=len(official['model']))))
-'''
+def test_refusal_is_seen_without_loading_and_names_the_file(tmp_path):
+    """What the tools check before a run: the refused globals, from the pickle alone."""
+    marker = tmp_path / 'pwned'
+    path = str(tmp_path / 'evil.pth')
+    torch.save({'state_dict': {'w': torch.zeros(1)}, 'meta': _RunCode(marker)}, path)
+    assert refused_globals(path) == ['posix.system']
+    with pytest.raises(UnsafeCheckpointError, match=f"refused to load checkpoint '{path}'.*posix.system"):
+        check_checkpoint_file(path)
+    good = str(tmp_path / 'good.pth')
+    torch.save({'state_dict': {'w': torch.zeros(1)}, 'meta': {'np': np.float64(1.0)}}, good)
+    assert refused_globals(good) == []
+    check_checkpoint_file(good)
+    legacy = str(tmp_path / 'legacy.pth')  # no zip: only loading it tells
+    torch.save({'meta': _RunCode(marker)}, legacy, _use_new_zipfile_serialization=False)
+    assert refused_globals(legacy) is None
+    with pytest.raises(UnsafeCheckpointError):
+        check_checkpoint_file(legacy)
+    assert not marker.exists()
 
 
-@pytest.mark.parametrize('env, expected', [('1', True), ('0', False)])
-def test_import_side_effects_follow_the_environment(env, expected):
-    """``import mmpola`` installs the safe loading into torch, mmengine and timm unless MMPOLA_SAFE_LOAD=0;
-    mmpola's own loader applies the allowlist in both cases."""
-    import json
-    import subprocess
-    import sys
-    probe = _PROBE.format(path=osp.join(DATA, 'pola_pvt_mini_official.pth'))
-    out = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, MMPOLA_SAFE_LOAD=env)).stdout
-    state = json.loads(out.strip().splitlines()[-1])
-    assert state.pop('official_keys') > 0
-    assert state == dict(installed=expected, torch_allowlist=expected, mmengine_local=expected,
-                         timm_reader=expected)
+def test_safe_loading_holds_whatever_the_environment_says(tmp_path, monkeypatch):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 turns torch.load's default off (torch's own switch, which
+    mmpola leaves to torch); mmpola's own loader and check still refuse."""
+    marker = tmp_path / 'pwned'
+    path = str(tmp_path / 'evil.pth')
+    torch.save({'meta': _RunCode(marker)}, path)
+    monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    with pytest.raises(UnsafeCheckpointError):
+        safe_torch_load(path)
+    with pytest.raises(UnsafeCheckpointError):
+        check_checkpoint_file(path)
+    assert not marker.exists()
 
 
-def test_uninstall_restores_and_install_is_idempotent():
-    from mmengine.logging import HistoryBuffer
-    from mmengine.runner.checkpoint import CheckpointLoader
-    from timm.models import _helpers
-
-    from mmpola.checkpoint import safe_load
-    assert safe_load.is_installed()
-    guarded_reader = _helpers._torch_load
-    try:
-        safe_load.uninstall()
-        assert not safe_load.is_installed()
-        assert HistoryBuffer not in torch.serialization.get_safe_globals()
-        assert CheckpointLoader._schemes[''] is not safe_load.load_from_local
-        assert not getattr(_helpers._torch_load, '_mmpola_guarded', False)
-        # mmpola's own loader still reads official checkpoints (its allowlist is per call)
-        assert 'model' in safe_torch_load(osp.join(DATA, 'pola_pvt_mini_official.pth'))
-        safe_load.uninstall()  # a second uninstall is a no-op
-    finally:
-        assert safe_load.install() and safe_load.install()
-    assert HistoryBuffer in torch.serialization.get_safe_globals()
-    assert CheckpointLoader._schemes[''] is safe_load.load_from_local
-    assert getattr(_helpers._torch_load, '_mmpola_guarded', False)
-    assert _helpers._torch_load.__wrapped__ is guarded_reader.__wrapped__  # wrapped once, not twice
+def test_unreadable_files_name_the_problem(tmp_path):
+    empty = tmp_path / 'empty.pth'
+    empty.write_bytes(b'')
+    with pytest.raises(CheckpointFileError, match=r'is empty \(0 bytes\)'):
+        safe_torch_load(str(empty))
+    with pytest.raises(CheckpointFileError, match='is a directory'):
+        check_checkpoint_file(str(tmp_path))
