@@ -50,11 +50,11 @@ _FIXES = (
     '[nonfinite_loss.max_skips=10], or NonFiniteLossHook(action=\'skip\', max_skips=10) in custom_hooks.')
 
 
-def _check_options(action, max_skips, error=ValueError):
+def _check_options(action, max_skips, error=ValueError, who='NonFiniteLossHook'):
     if action not in ('stop', 'skip'):
-        raise error(f"NonFiniteLossHook: action must be 'stop' or 'skip', got {action!r}")
+        raise error(f"{who}: action must be 'stop' or 'skip', got {action!r}")
     if max_skips is not None and (isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0):
-        raise error(f'NonFiniteLossHook: max_skips must be a non-negative int or None, got {max_skips!r}')
+        raise error(f'{who}: max_skips must be a non-negative int or None, got {max_skips!r}')
 
 
 def _loss_terms(losses):
@@ -151,7 +151,7 @@ class NonFiniteLossHook(Hook):
             raise UserError(f"{OPTION} must be 'stop', 'skip' or a dict with action and max_skips, got {options!r}")
         action = self.action if self._given['action'] else options.get('action', self.action)
         max_skips = self.max_skips if self._given['max_skips'] else options.get('max_skips', self.max_skips)
-        _check_options(action, max_skips, UserError)
+        _check_options(action, max_skips, UserError, f'{OPTION} (NonFiniteLossHook)')
         self.action, self.max_skips = action, max_skips
 
     @staticmethod

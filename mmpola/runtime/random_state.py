@@ -38,7 +38,7 @@ It also gives each data loader its own torch generator, so creating a data loade
 draws a seed) never consumes the global generator that the model's random layers use; a run then
 does not depend on when validation happened. With these and ``randomness=dict(seed=...)``, a run
 killed after checkpoint k and resumed ends with the same weights as an uninterrupted run
-(tests/tools/test_kill_resume.py, also with persistent data workers and with two processes).
+(tests/runtime/test_random_state.py, also with persistent data workers and with two processes).
 Loading weights with ``load_from`` (fine-tuning) leaves the generators alone.
 """
 import random

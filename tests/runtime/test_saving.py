@@ -1,9 +1,20 @@
-"""SafeCheckpointHook in process: best checkpoints go through the atomic save and the previous best is
-removed only after the new one is complete; find_resumable_checkpoint's choice. The tool-level cases
-(kills, disk full, SIGTERM, work dir lock) are in tests/tools/test_checkpoint_safety.py."""
+"""SafeCheckpointHook: checkpoints that survive kills and full disks.
+
+* in process: best checkpoints go through the atomic save and the previous best is removed only
+  after the new one is complete;
+* through tools/train.py (subprocesses on the toy model of tests/fixtures/toy_training.py): a
+  SIGKILL while a checkpoint is written (max_keep_ckpts 1 and 3) leaves the previous checkpoint and
+  ``last_checkpoint`` intact, and ``--resume`` continues and ends equal to an uninterrupted run; a disk
+  that fills during a save ends with one ``error:`` line, the previous checkpoint intact and no
+  partial file.
+"""
 import os
+import os.path as osp
+import resource
+import signal
 import uuid
 
+import pytest
 import torch
 from mmengine.dataset import pseudo_collate
 from mmengine.evaluator import BaseMetric
@@ -11,7 +22,8 @@ from mmengine.model import BaseModel
 from mmengine.registry import METRICS
 from mmengine.runner import Runner
 
-from mmpola.runtime import SafeCheckpointHook, find_resumable_checkpoint
+from mmpola.runtime import SafeCheckpointHook
+from tests.fixtures.toy_runs import assert_same_training, last_named, load, stderr_lines, toy_config, train
 
 SCORES = [0.1, 0.5, 0.3, 0.7]  # per validation: new bests at epochs 1, 2 and 4
 
@@ -77,15 +89,46 @@ def test_best_and_regular_checkpoints_are_written_before_old_ones_go(tmp_path):
         assert f.read() == str(tmp_path / 'epoch_4.pth')
 
 
-def test_find_resumable_checkpoint_falls_back_to_the_newest_readable(tmp_path):
-    assert find_resumable_checkpoint(str(tmp_path)) == (None, [])
-    for step in (1, 2, 3):
-        torch.save({'meta': {'epoch': step}}, tmp_path / f'epoch_{step}.pth')
-        os.utime(tmp_path / f'epoch_{step}.pth', (step, step))
-    (tmp_path / 'epoch_3.pth').write_bytes((tmp_path / 'epoch_3.pth').read_bytes()[:40])  # cut short
-    os.utime(tmp_path / 'epoch_3.pth', (3, 3))
-    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'epoch_4.pth'))  # deleted
-    path, warnings = find_resumable_checkpoint(str(tmp_path))
-    assert path == str(tmp_path / 'epoch_2.pth')
-    assert warnings[0] == f'last_checkpoint names {tmp_path / "epoch_4.pth"}, which is missing'
-    assert warnings[1].startswith(f'{tmp_path / "epoch_3.pth"} is unreadable')
+# --------------------------------------------------------------------------------------------
+# through tools/train.py
+
+@pytest.mark.parametrize('keep', [1, 3])
+def test_kill_while_saving_keeps_previous_checkpoint_and_resume_continues(straight, tmp_path, keep):
+    config = toy_config(tmp_path, keep=keep, workers=1, persistent=True)
+    work = tmp_path / 'work'
+    status, out = train(config, work, env=dict(TOY_KILL_AT_SAVE='2'), expect=None)
+    assert status == -signal.SIGKILL, out[-3000:]
+    # epoch_2.pth was being written: epoch_1.pth is complete and still the latest
+    assert not osp.exists(work / 'epoch_2.pth')
+    assert last_named(work) == str(work / 'epoch_1.pth')
+    assert load(work / 'epoch_1.pth')['meta']['epoch'] == 1
+    assert not [n for n in os.listdir(work) if n.endswith('.part')]
+
+    _, out = train(config, work, '--resume')
+    assert f'Auto resumed from the latest checkpoint {work / "epoch_1.pth"}' in out
+    assert 'resumed epoch: 1, iter: 5' in out
+    assert_same_training(straight['work'] / 'epoch_3.pth', work / 'epoch_3.pth')
+    kept = sorted(n for n in os.listdir(work) if n.endswith('.pth'))
+    assert kept == (['epoch_3.pth'] if keep == 1 else ['epoch_1.pth', 'epoch_2.pth', 'epoch_3.pth'])
+    assert not [n for n in os.listdir(work) if n.endswith('.part')]
+
+
+def _file_size_limit(limit):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes beyond the limit fail with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_disk_full_during_save_keeps_previous_checkpoint_one_line_error(tmp_path):
+    config = toy_config(tmp_path, keep=1, workers=1, persistent=True)
+    work = tmp_path / 'work'
+    status, out = train(config, work, env=dict(TOY_PAD_AT_SAVE='2', TOY_PAD_MB='4'), expect=1,
+                        preexec_fn=_file_size_limit(1 << 20))
+    errors = stderr_lines(out)
+    assert len(errors) == 1 and 'Traceback' not in out, out[-4000:]
+    assert errors[0].startswith(f'error: could not save checkpoint {work / "epoch_2.pth"}: File too large')
+    assert f'the previous checkpoint {work / "epoch_1.pth"} is intact' in errors[0]
+    assert last_named(work) == str(work / 'epoch_1.pth')
+    assert sorted(n for n in os.listdir(work) if 'pth' in n) == ['epoch_1.pth']  # no partial file
+    assert load(work / 'epoch_1.pth')['meta']['epoch'] == 1
