@@ -37,8 +37,7 @@ def parse_args(argv=None):
     parser.add_argument('--tta', action='store_true', help="test-time augmentation with the config's "
                         '`tta_model` and `tta_pipeline` (flips; multi-scale for mmseg and the 3x detection configs)')
     parser.add_argument('--amp', action='store_true', help='run inference under fp16 autocast (CUDA only)')
-    parser.add_argument('--skip-data-check', action='store_true', help='skip the pre-flight check of the '
-                        'data (files, annotations, segmentation maps, classes vs num_classes)')
+    cli.add_check_args(parser)
     cli.add_launch_args(parser)
     return cli.parse_tool_args(parser, argv)
 
@@ -66,7 +65,8 @@ def build_test_config(args):
 
     notes = launch.adapt_cfg_to_machine(cfg, args.launcher)
     notes += runtime_hook_notes(cfg, training=False)
-    check_config(cfg)  # misspelled types and arguments, with the close matches
+    if not args.skip_config_check:
+        check_config(cfg)  # misspelled types and arguments, with the close matches
     launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
     run_preflight(cfg, ['test_dataloader'], args.skip_data_check)  # the checkpoint, data, model
     return cfg, scope, notes

@@ -2,7 +2,7 @@
 
     python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT]] [--device auto|cuda|cpu]
                           [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
-                          [--skip-data-check] [--no-work-dir-lock]
+                          [--skip-data-check] [--skip-config-check] [--no-work-dir-lock]
 
 The task library comes from the config's ``default_scope`` (mmdet, mmseg, ...). Several processes:
 tools/dist_train.sh (torchrun) or tools/slurm_train.sh. Without usable CUDA a multi-process launch
@@ -10,8 +10,8 @@ stops with the cause; with --device cpu the same commands run on the CPU (gloo p
 SyncBN -> BN, bf16 autocast for --amp).
 
 What only a tool can do happens here, each step switchable: the device check (--device), the
-machine's fallbacks, the config check, the pre-flight checks of checkpoints and data
-(--skip-data-check), the work dir's lock (--no-work-dir-lock) and the CPU allocator settings
+machine's fallbacks, the config check (--skip-config-check), the pre-flight checks of checkpoints
+and data (--skip-data-check), the work dir's lock (--no-work-dir-lock) and the CPU allocator settings
 (MMPOLA_MALLOC_TUNING=0). Everything that happens during the run comes from the config.
 """
 import argparse
@@ -46,10 +46,9 @@ def parse_args(argv=None):
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CHECKPOINT, or, without a value, from the latest checkpoint '
                         'in the work dir')
-    parser.add_argument('--skip-data-check', action='store_true', help='skip the pre-flight check of the '
-                        'data (files, annotations, segmentation maps, classes vs num_classes)')
     parser.add_argument('--no-work-dir-lock', action='store_true', help='do not take the work dir\'s lock '
                         '(by default a second training run into the same work dir stops)')
+    cli.add_check_args(parser)
     cli.add_launch_args(parser)
     return cli.parse_tool_args(parser, argv)
 
@@ -81,7 +80,8 @@ def build_train_config(args):
 
     notes += launch.adapt_cfg_to_machine(cfg, args.launcher)
     notes += runtime_hook_notes(cfg)
-    check_config(cfg)  # misspelled types and arguments, with the close matches
+    if not args.skip_config_check:
+        check_config(cfg)  # misspelled types and arguments, with the close matches
     keys = ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else [])
     launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
     run_preflight(cfg, keys, args.skip_data_check, training=True)  # checkpoints, data, model

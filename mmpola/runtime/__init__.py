@@ -26,6 +26,7 @@ from mmpola.errors import MMPolaUserError, UserError
 
 from .amp import BF16AmpOptimWrapper, autocast_module
 from .cli import (
+    add_check_args,
     add_launch_args,
     build_runner,
     enable_test_dump,
@@ -59,6 +60,6 @@ __all__ = [
     'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir', 'is_url', 'check_config',
     'run_preflight', 'check_data_files', 'check_dataset_images', 'find_resumable_checkpoint',
     'adapt_cfg_to_machine', 'check_device', 'init_distributed', 'replace_sync_bn', 'setup_amp', 'lock_work_dir',
-    'add_launch_args', 'parse_tool_args', 'build_runner', 'exit_on_user_error', 'enable_test_dump', 'enable_tta',
-    'enable_test_visualization',
+    'add_launch_args', 'add_check_args', 'parse_tool_args', 'build_runner', 'exit_on_user_error',
+    'enable_test_dump', 'enable_tta', 'enable_test_visualization',
 ]

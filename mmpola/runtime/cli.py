@@ -16,8 +16,8 @@ from mmpola.errors import MMPolaUserError, UserError
 
 from .launch import init_distributed
 
-__all__ = ['exit_on_user_error', 'add_launch_args', 'parse_tool_args', 'enable_test_dump', 'enable_tta',
-           'enable_test_visualization', 'build_runner']
+__all__ = ['exit_on_user_error', 'add_launch_args', 'add_check_args', 'parse_tool_args', 'enable_test_dump',
+           'enable_tta', 'enable_test_visualization', 'build_runner']
 
 
 @contextlib.contextmanager
@@ -55,6 +55,16 @@ def add_launch_args(parser):
                         'without usable CUDA stops with the cause, one process warns and runs on the CPU. '
                         'cpu: run on the CPU on purpose (GPUs hidden). cuda: stop unless CUDA is usable')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0, help=argparse.SUPPRESS)
+    return parser
+
+
+def add_check_args(parser):
+    """The switches of the checks made before anything is built."""
+    parser.add_argument('--skip-data-check', action='store_true', help='skip the pre-flight check of the '
+                        'data (files, annotations, segmentation maps, classes vs num_classes)')
+    parser.add_argument('--skip-config-check', action='store_true', help='skip the check of the config\'s '
+                        'types and arguments against what they build (misspellings are then found, or not, '
+                        'when the Runner builds that part)')
     return parser
 
 

@@ -56,6 +56,15 @@ def test_misspelled_type_and_argument_name_the_close_matches(coco, tmp_path, cap
     assert "did you mean 'CocoDataset'" in err
 
 
+def test_the_check_can_be_skipped(coco, tmp_path):
+    """--skip-config-check: the config goes to the Runner as it is (which fails, or not, when it
+    builds that part)."""
+    args = TRAIN.parse_args([DET_DEMO, '--work-dir', str(tmp_path), '--skip-config-check'] + _opts(coco)
+                            + ['train_dataloader.dataset.type=CocoDatset'])
+    cfg, _, _ = TRAIN.build_train_config(args)
+    assert cfg.train_dataloader.dataset.type == 'CocoDatset'
+
+
 def test_no_false_alarm_on_the_shipped_configs(monkeypatch):
     """Every task config passes the config check and the pre-flight model checks (classes vs
     num_classes, channels); the channel check really sees every dense backbone's outputs."""
