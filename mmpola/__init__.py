@@ -1,19 +1,21 @@
 """mmpola: PolaFormer backbones for OpenMMLab dense prediction.
 
-Importing this package registers every component (configs list it in ``custom_imports``) and,
-unless the environment variable ``MMPOLA_SAFE_LOAD`` is ``0``, extends the safe checkpoint loading
-to torch's, mmengine's and timm's loaders (``mmpola.checkpoint.safe_load.install``; undone by
-``mmpola.checkpoint.safe_load.uninstall()``). docs/development.md, "What `import mmpola` changes", lists it all.
+Importing this package (configs list it in ``custom_imports``) only registers: the backbones,
+classifiers and timm entries (models), pipeline checks (datasets), the detection metric and test-time
+augmentation (detection), the run-time hooks and optimizer wrapper (runtime), and the types that
+mmengine's and official PolaFormer checkpoints hold in torch's weights-only allowlist
+(:func:`mmpola.checkpoint.reading.register_safe_globals`). No function or attribute of torch,
+mmengine or timm is replaced. One entry is added to mmengine's table of packages that ship configs
+(``MODULE2PACKAGE``), so that ``mmpola::`` config bases resolve (mmpola/config_scope.py);
+docs/development.md, "What importing mmpola changes", says it all.
 """
-from .checkpoint.safe_load import install_unless_disabled
+from .checkpoint.reading import register_safe_globals
 from .config_scope import register_config_scope
 from .version import __version__
 
-install_unless_disabled()
+register_safe_globals()
 register_config_scope()  # `mmpola::` config bases (mmpola/config_scope.py)
 
-# registration: backbones and classifiers (models), pipeline checks such as CheckSegLabels (datasets),
-# PolaDetTTAModel (detection)
-from . import datasets, detection, models  # noqa: E402,F401
+from . import datasets, detection, models, runtime  # noqa: E402,F401
 
 __all__ = ['__version__']

@@ -43,7 +43,7 @@ def golden_mini(name):
     the official implementation; ``<name>_mini_official.pth`` is its official-format checkpoint.
     """
     if name not in _GOLDEN_CACHE:
-        from mmpola.checkpoint.safe_load import safe_torch_load
+        from mmpola.checkpoint.reading import safe_torch_load
         _GOLDEN_CACHE[name] = (safe_torch_load(data_path(f'{name}_mini_expected.pth')),
                                data_path(f'{name}_mini_official.pth'))
     return _GOLDEN_CACHE[name]
@@ -59,3 +59,11 @@ def golden_data():
 def golden():
     """{'pvt' | 'swin': (expected dict, official checkpoint path)} of the Pola mini models."""
     return {family: golden_mini(f'pola_{family}') for family in ('pvt', 'swin')}
+
+
+@pytest.fixture(scope='session')
+def tiny(tmp_path_factory):
+    """Tiny COCO set (4 train / 4 val images of 64 px) and the demo detector for it (2 epochs x 2
+    iterations); see :func:`tests.fixtures.runs.make_tiny_coco`."""
+    from tests.fixtures.runs import make_tiny_coco
+    return make_tiny_coco(tmp_path_factory.mktemp('tiny_coco'))

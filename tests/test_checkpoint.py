@@ -10,7 +10,7 @@ import torch
 
 import mmpola  # noqa: F401
 from mmpola.checkpoint import CheckpointMismatchError, find_key_prefix, load_pola_checkpoint
-from mmpola.checkpoint.safe_load import safe_torch_load
+from mmpola.checkpoint.reading import safe_torch_load
 from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
 from tests.fixtures.paths import DATA  # noqa: E402
 

@@ -25,7 +25,7 @@ from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.classification.demo_imagenet import demo_imagenet_is_complete, make_demo_imagenet  # noqa: E402
-from mmpola.runtime import cli, demo  # noqa: E402
+from mmpola.runtime import cli, config, demo  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'pola-pvt_demo-imagenet-64x64.py')
@@ -44,8 +44,8 @@ def parse_args(argv=None):
 
 
 def build_config(args):
-    cfg = cli.load_config(args.config)
-    cli.register_task_modules(cfg)
+    cfg = config.load_config(args.config)
+    config.register_task_modules(cfg)
     if args.epochs is not None:
         epochs = args.epochs
         cfg.train_cfg.max_epochs = epochs

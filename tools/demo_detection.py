@@ -24,7 +24,7 @@ from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.datasets.demo_coco import demo_coco_is_complete, make_demo_coco  # noqa: E402
-from mmpola.runtime import cli, demo  # noqa: E402
+from mmpola.runtime import cli, config, demo  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
@@ -48,8 +48,8 @@ def parse_args(argv=None):
 
 
 def build_config(args):
-    cfg = cli.load_config(args.config)
-    cli.register_task_modules(cfg)
+    cfg = config.load_config(args.config)
+    config.register_task_modules(cfg)
     root = args.data_root.rstrip('/') + '/'
     if args.epochs is not None:
         cfg.train_cfg.max_epochs = args.epochs

@@ -28,7 +28,7 @@ from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 import mmpola  # noqa: E402,F401  (backbones, safe checkpoint loading)
 from mmpola.datasets.demo_ade import demo_ade_is_complete, make_demo_ade  # noqa: E402
-from mmpola.runtime import cli, demo  # noqa: E402
+from mmpola.runtime import cli, config, demo  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
@@ -57,8 +57,8 @@ def choose_cpu_threads(requested=None):
     """Set torch's intra-op threads; returns (threads, reason).
 
     On a machine already running more busy threads than it has cores, one thread per process
-    trains this demo ~2.5x faster than one per core, even with passive OpenMP waiting (measured on
-    a 2-core box at load 4-6: 0.9 s vs 2.2 s per iteration); on an idle machine torch's default
+    trains this demo faster than one per core (the threads of one process wait for each other at
+    every parallel region), even with passive OpenMP waiting; on an idle machine torch's default
     (one per core) is fastest.
     """
     import torch
@@ -74,8 +74,8 @@ def choose_cpu_threads(requested=None):
 
 
 def build_config(args):
-    cfg = cli.load_config(args.config)
-    cli.register_task_modules(cfg)
+    cfg = config.load_config(args.config)
+    config.register_task_modules(cfg)
     if args.iters is not None:
         cfg.train_cfg.max_iters = args.iters
         cfg.train_cfg.val_interval = args.iters

@@ -15,13 +15,13 @@ import sys
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
 
-# mmpola first: it registers the backbones and the safe checkpoint-loading allowlist
+# mmpola first: it registers the backbones, mmpola's hooks and the checkpoint allowlist
 import mmpola  # noqa: E402,F401
 from mmpola.errors import UserError  # noqa: E402
-from mmpola.runtime import cli, launch  # noqa: E402
+from mmpola.runtime import cli, config, launch  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
-from mmpola.runtime.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
-from mmpola.runtime.data_checks import run_preflight  # noqa: E402
+from mmpola.runtime.config_check import check_config, runtime_hook_notes  # noqa: E402
+from mmpola.runtime.preflight import run_preflight  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -38,27 +38,24 @@ def parse_args(argv=None):
     parser.add_argument('--tta', action='store_true', help="test-time augmentation with the config's "
                         '`tta_model` and `tta_pipeline` (flips; multi-scale for mmseg and the 3x detection configs)')
     parser.add_argument('--amp', action='store_true', help='run inference under fp16 autocast (CUDA only)')
-    parser.add_argument('--skip-data-check', action='store_true', help='skip the pre-flight check of the '
-                        'data (files, annotations, segmentation maps, classes vs num_classes)')
+    cli.add_check_args(parser)
     cli.add_launch_args(parser)
     return cli.parse_tool_args(parser, argv)
 
 
 def build_test_config(args):
     launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
-    cfg = cli.load_config(args.config, args.cfg_options)
-    scope = cli.register_task_modules(cfg)
-    cli.set_work_dir(cfg, args.config, args.work_dir)
+    cfg = config.load_config(args.config, args.cfg_options)
+    scope = config.register_task_modules(cfg)
+    config.set_work_dir(cfg, args.config, args.work_dir)
 
-    cli.check_checkpoint_file(args.checkpoint)
     cfg.load_from = args.checkpoint
     cfg.resume = False
-    add_checkpoint_fit_check(cfg)  # refuse a checkpoint of another model (it would test random weights)
     if args.amp:
         import torch
         if not torch.cuda.is_available():
             raise UserError('test-time --amp needs a CUDA device (on the CPU, autocast would '
-                                    "send bf16 tensors to mmcv's fp32-only kernels)")
+                            "send bf16 tensors to mmcv's fp32-only kernels)")
         cfg.test_cfg = dict(cfg.get('test_cfg') or dict(type='TestLoop'), fp16=True)
     if args.tta:
         cli.enable_tta(cfg)
@@ -68,8 +65,11 @@ def build_test_config(args):
         cli.enable_test_dump(cfg, args.out, scope)
 
     notes = launch.adapt_cfg_to_machine(cfg, args.launcher)
+    notes += runtime_hook_notes(cfg, training=False)
+    if not args.skip_config_check:
+        check_config(cfg)  # misspelled types and arguments, with the close matches
     launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
-    run_preflight(cfg, ['test_dataloader'], args.skip_data_check)
+    run_preflight(cfg, ['test_dataloader'], args.skip_data_check)  # the checkpoint, data, model
     return cfg, scope, notes
 
 

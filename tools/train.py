@@ -3,11 +3,17 @@
 
     python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT]] [--device auto|cuda|cpu]
                           [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
+                          [--skip-data-check] [--skip-config-check] [--no-work-dir-lock]
 
 The task library comes from the config's ``default_scope`` (mmdet, mmseg, ...). Several processes:
 tools/dist_train.sh (torchrun) or tools/slurm_train.sh. Without usable CUDA a multi-process launch
 stops with the cause; with --device cpu the same commands run on the CPU (gloo process group,
 SyncBN -> BN, bf16 autocast for --amp).
+
+What only a tool can do happens here, each step switchable: the device check (--device), the
+machine's fallbacks, the config check (--skip-config-check), the pre-flight checks of checkpoints
+and data (--skip-data-check), the work dir's lock (--no-work-dir-lock) and the CPU allocator settings
+(MMPOLA_MALLOC_TUNING=0). Everything that happens during the run comes from the config.
 """
 import argparse
 import os.path as osp
@@ -16,17 +22,13 @@ import sys
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before torch, repo on sys.path)
 
-# mmpola before anything that loads a checkpoint: it registers the backbones and the safe
-# checkpoint-loading allowlist that every torch.load below (pretrained weights, --resume) goes through
+# mmpola first: it registers the backbones, mmpola's hooks and the checkpoint allowlist
 import mmpola  # noqa: E402,F401
 from mmpola.errors import UserError  # noqa: E402
-from mmpola.runtime import cli, launch  # noqa: E402
+from mmpola.runtime import cli, config, launch  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
-from mmpola.runtime.checkpoint_fit import add_checkpoint_fit_check  # noqa: E402
-from mmpola.runtime.checkpointing import add_safe_checkpointing  # noqa: E402
-from mmpola.runtime.data_checks import run_preflight  # noqa: E402
-from mmpola.runtime.hooks import add_nonfinite_loss_guard  # noqa: E402
-from mmpola.runtime.resume import add_random_state_hook  # noqa: E402
+from mmpola.runtime.config_check import check_config, runtime_hook_notes  # noqa: E402
+from mmpola.runtime.preflight import run_preflight  # noqa: E402
 from mmpola.runtime.workdir import lock_work_dir  # noqa: E402
 
 
@@ -45,73 +47,54 @@ def parse_args(argv=None):
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CHECKPOINT, or, without a value, from the latest checkpoint '
                         'in the work dir')
-    parser.add_argument('--skip-data-check', action='store_true', help='skip the pre-flight check of the '
-                        'data (files, annotations, segmentation maps, classes vs num_classes)')
+    parser.add_argument('--no-work-dir-lock', action='store_true', help='do not take the work dir\'s lock '
+                        '(by default a second training run into the same work dir stops)')
+    cli.add_check_args(parser)
     cli.add_launch_args(parser)
     return cli.parse_tool_args(parser, argv)
 
 
-def check_resumable(path):
-    """An explicit --resume file must be a training checkpoint (weights + meta), not weights only."""
-    from mmpola.checkpoint.safe_load import safe_torch_load
-    checkpoint = safe_torch_load(path)  # refuses a code-running pickle (UnsafeCheckpointError)
-    if not (isinstance(checkpoint, dict) and 'meta' in checkpoint and 'state_dict' in checkpoint):
-        keys = sorted(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        raise UserError(
-            f'--resume {path}: this is not a training checkpoint written by tools/train.py (it has no '
-            f'meta/state_dict, top-level keys: {keys}), so there is no iteration, optimizer or scheduler '
-            f'state to resume. To start a new run from its weights, drop --resume and use '
-            f'--cfg-options load_from={path} (weights of this same model) or model.backbone.init_cfg.checkpoint={path} '
-            f'(official PolaFormer / ImageNet weights for the backbone).')
-
-
 def build_train_config(args):
-    """The config as the Runner will get it, after flags, machine fallbacks and input checks."""
+    """The config as the Runner will get it, after flags, machine fallbacks and input checks.
+
+    mmpola's hooks (safe checkpoints, RNG states, the non-finite loss guard, the checkpoint fit check)
+    come from the config itself (configs/_base_/runtime.py); this tool adds none and replaces none."""
     launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
-    cfg = cli.load_config(args.config, args.cfg_options)
-    scope = cli.register_task_modules(cfg)
-    cli.set_work_dir(cfg, args.config, args.work_dir)
-    # a NaN / inf loss stops the run before the optimizer step, with a clear message (or the
-    # step is skipped: --cfg-options nonfinite_loss.action=skip); see NonFiniteLossHook
-    add_nonfinite_loss_guard(cfg)
-    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
-    add_checkpoint_fit_check(cfg)  # load_from / --resume: refuse a checkpoint of another model
-    # atomic saves, old checkpoints removed only after, a checkpoint on SIGTERM, --resume skips broken files
-    add_safe_checkpointing(cfg)
+    cfg = config.load_config(args.config, args.cfg_options)
+    scope = config.register_task_modules(cfg)
+    config.set_work_dir(cfg, args.config, args.work_dir)
 
     notes = []
     if args.amp:
         notes.append(launch.setup_amp(cfg, args.amp_dtype))
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
-            raise UserError('--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) '
-                                    'in the config')
+            raise UserError('--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) in the config')
         cfg.auto_scale_lr.enable = True
 
     if args.resume == 'auto':
         cfg.resume = True
         cfg.load_from = None
     elif args.resume is not None:
-        cli.check_checkpoint_file(args.resume, '--resume checkpoint')
-        check_resumable(args.resume)
         cfg.resume = True
         cfg.load_from = args.resume
-    elif cfg.get('load_from'):
-        cli.check_checkpoint_file(cfg.load_from, 'load_from checkpoint')
 
     notes += launch.adapt_cfg_to_machine(cfg, args.launcher)
-    cli.check_pretrained_files(cfg)
+    notes += runtime_hook_notes(cfg)
+    if not args.skip_config_check:
+        check_config(cfg)  # misspelled types and arguments, with the close matches
     keys = ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else [])
     launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
-    run_preflight(cfg, keys, args.skip_data_check)
+    run_preflight(cfg, keys, args.skip_data_check, training=True)  # checkpoints, data, model
     return cfg, scope, notes
 
 
 def build_runner(args):
     """Build (but do not start) the Runner; tests use this to inspect a resumed run."""
     cfg, scope, notes = build_train_config(args)
-    # one run per work dir, before the Runner writes to it; rank 0 locks, every rank gets its verdict
-    launch.run_on_rank0_and_share(lock_work_dir, cfg.work_dir, args.launcher)
+    if not args.no_work_dir_lock:
+        # one run per work dir, before the Runner writes to it; rank 0 locks, every rank gets its verdict
+        launch.run_on_rank0_and_share(lock_work_dir, cfg.work_dir, args.launcher)
     return cli.build_runner(cfg, args.launcher, notes)
 
 

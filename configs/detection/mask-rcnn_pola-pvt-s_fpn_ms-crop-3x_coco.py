@@ -8,7 +8,10 @@ _base_ = [
     'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
     '../_base_/models/pola_pvt_small.py',
     './_base_/coco_tta.py',
+    '../_base_/runtime.py',
 ]
+# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
+default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
 model = dict(
     backbone=dict(_base_.backbone, _delete_=True, drop_path_rate=0.2),

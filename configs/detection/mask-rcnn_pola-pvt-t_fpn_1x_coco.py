@@ -12,7 +12,10 @@ _base_ = [
     'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
     '../_base_/models/pola_pvt_tiny.py',
     './_base_/coco_tta.py',
+    '../_base_/runtime.py',
 ]
+# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
+default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
 # the shared Pola-PVT-T backbone (arch tiny, drop path 0.1, init from checkpoints/pola_pvt_tiny.pth)
 model = dict(

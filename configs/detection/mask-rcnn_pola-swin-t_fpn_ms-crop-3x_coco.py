@@ -10,7 +10,10 @@ _base_ = [
     'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
     '../_base_/models/pola_swin_tiny.py',
     './_base_/coco_tta.py',
+    '../_base_/runtime.py',
 ]
+# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
+default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
 # the shared Pola-Swin-T backbone (arch tiny, drop path 0.2, init from checkpoints/pola_swin_tiny.pth)
 model = dict(

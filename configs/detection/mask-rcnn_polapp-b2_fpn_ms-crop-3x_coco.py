@@ -7,7 +7,10 @@ _base_ = [
     'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
     '../_base_/models/polapp_b2.py',
     './_base_/coco_tta.py',
+    '../_base_/runtime.py',
 ]
+# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
+default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
 model = dict(
     backbone=dict(_delete_=True, **_base_.backbone),

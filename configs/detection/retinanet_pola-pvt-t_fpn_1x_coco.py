@@ -10,7 +10,10 @@ _base_ = [
     'mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py',
     '../_base_/models/pola_pvt_tiny.py',
     './_base_/coco_tta.py',
+    '../_base_/runtime.py',
 ]
+# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
+default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
 model = dict(
     backbone=dict(_delete_=True, **_base_.backbone),

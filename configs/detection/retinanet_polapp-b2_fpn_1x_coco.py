@@ -9,7 +9,10 @@ _base_ = [
     'mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py',
     '../_base_/models/polapp_b2.py',
     './_base_/coco_tta.py',
+    '../_base_/runtime.py',
 ]
+# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
+default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
 model = dict(
     backbone=dict(_delete_=True, **dict(_base_.backbone, out_indices=(1, 2, 3))),

@@ -5,7 +5,10 @@
 # batch of mmseg's SegNeXt recipe this config inherits; --auto-scale-lr rescales the lr for another one).
 # The backbone returns only the stages the head reads (no unused output norm).
 # ImageNet-1k weights at checkpoints/polapp_b2.pth (see configs/_base_/models/polapp_b2.py).
-_base_ = ['mmseg::segnext/segnext_mscan-t_1xb16-adamw-160k_ade20k-512x512.py', '../_base_/models/polapp_b2.py']
+_base_ = ['mmseg::segnext/segnext_mscan-t_1xb16-adamw-160k_ade20k-512x512.py', '../_base_/models/polapp_b2.py',
+          '../_base_/runtime.py']
+# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
+default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
 model = dict(
     backbone=dict(_delete_=True, **dict(_base_.backbone, out_indices=(1, 2, 3))),

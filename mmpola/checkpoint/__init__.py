@@ -1,4 +1,4 @@
-"""Checkpoints: safe reading (:mod:`.safe_load`) and loading into mmpola's models (:mod:`.loading`)."""
+"""Checkpoints: reading files safely (:mod:`.reading`) and loading them into mmpola's models (:mod:`.loading`)."""
 from .loading import (
     CheckpointMismatchError,
     LoadReport,

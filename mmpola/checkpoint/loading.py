@@ -1,7 +1,7 @@
 """Load PolaFormer weights into the backbones (docs/design.md, "Checkpoints: official names,
 loading is a filter").
 
-Accepted inputs, all read with :func:`mmpola.checkpoint.safe_load.safe_torch_load` (weights only, no yacs):
+Accepted inputs, all read with :func:`mmpola.checkpoint.reading.safe_torch_load` (weights only, no yacs):
 
 * official PolaFormer files ``{'model': state_dict, 'config': CfgNode, ...}``;
 * mmengine / mmdet / mmseg checkpoints ``{'state_dict': ...}`` (detector or segmentor keys
@@ -27,7 +27,6 @@ What happens to the keys:
 import logging
 import math
 import os
-import os.path as osp
 import re
 from collections import OrderedDict
 
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 
 from mmpola.errors import MMPolaUserError
 
-from .safe_load import download_error, safe_torch_load
+from .reading import download_checkpoint, safe_torch_load
 
 __all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict',
            'load_pola_checkpoint', 'describe_checkpoint', 'check_checkpoint_family', 'LoadReport',
@@ -71,7 +70,7 @@ def read_checkpoint(source, map_location='cpu'):
     """Path, URL or an already loaded object -> the loaded object (never runs pickled code).
 
     URLs are downloaded once into ``$TORCH_HOME/hub/checkpoints`` (torch hub's cache, which timm shares),
-    named by :func:`mmpola.models.pretrained.cache_file_name`: a file put there by hand is used as is.
+    named by :func:`mmpola.checkpoint.sources.cache_file_name`: a file put there by hand is used as is.
     """
     if isinstance(source, (dict, OrderedDict)):
         return source
@@ -79,19 +78,7 @@ def read_checkpoint(source, map_location='cpu'):
         raise TypeError(f'checkpoint must be a path, a URL or a state dict, got {type(source).__name__}')
     source = os.fspath(source)
     if source.startswith(('http://', 'https://')):
-        cache_dir = osp.join(torch.hub.get_dir(), 'checkpoints')
-        os.makedirs(cache_dir, exist_ok=True)
-        from mmpola.models.pretrained import cache_file_name
-        local = osp.join(cache_dir, cache_file_name(source))
-        if not osp.isfile(local):
-            try:
-                torch.hub.download_url_to_file(source, local)
-            except Exception as e:
-                error = download_error(source, e)
-                if error is None:
-                    raise
-                raise error from e
-        source = local
+        source = download_checkpoint(source)
     return safe_torch_load(source, map_location=map_location)
 
 

@@ -19,9 +19,8 @@ Checkpoints: official PolaFormer / FLatten / InLine files (``{'model': ..., 'con
 checkpoints of our classification runs (``{'state_dict': ...}``) and bare state dicts all load,
 through ``checkpoint_path=`` as well as ``pretrained_cfg_overlay=dict(file=...)``. timm reads
 them with ``torch.load(weights_only=True)`` (no unsafe fallback); importing mmpola adds the
-yacs config and mmengine's logging types to torch's allowlist (:mod:`mmpola.checkpoint.safe_load`), so
-nothing in the file is executed, and a refused file raises
-:class:`mmpola.checkpoint.safe_load.UnsafeCheckpointError` naming it (timm's own message names no file).
+yacs config and mmengine's logging types to torch's allowlist (:mod:`mmpola.checkpoint.reading`), so
+nothing in the file is executed; a refused file raises torch's ``UnpicklingError``.
 Official keys are mapped by :func:`checkpoint_filter_fn`.
 
 ``pretrained=True`` downloads the official ImageNet weights where their release publishes a direct
@@ -35,10 +34,12 @@ from collections import OrderedDict
 import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
+from mmpola.checkpoint.sources import pretrained_url
+
 from .attention_kinds import get_attention_kind
 from .classifier import PolaClassifier, checkpoint_filter_fn
 from .polapp import DROP_PATH_RATE, PolaPPClassifier
-from .pretrained import pretrained_url, timm_pretrained_overlay
+from .pretrained import timm_pretrained_overlay
 from .timm_conventions import refuse_scriptable, timm_pretrained_cfg
 
 __all__ = ['accept_official_checkpoints', 'create_pola_classifier', 'TIMM_MODEL_ARGS']

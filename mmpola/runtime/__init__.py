@@ -1,50 +1,65 @@
-"""Runtime helpers shared by tools/train.py, tools/test.py and the demos.
+"""What mmpola adds to a training or test run, one module per concept.
 
-* :mod:`.cli`: config loading, argument and file checks, test-time flags, the one-line user errors;
-* :mod:`.launch`: machine and launcher adaptation (CPU fallbacks, AMP, process group);
-* :mod:`.data_checks`: data files checked before anything is built;
-* hooks (:mod:`.hooks`, :mod:`.resume`, :mod:`.checkpointing`), the work dir lock (:mod:`.workdir`) and the
-  bf16 optimizer wrapper (:mod:`.optim`).
+Hooks and the optimizer wrapper (registered on import; the shipped configs name them, so a run
+started with mmdet's or mmseg's own tools gets them too):
 
-Importing this module registers :class:`BF16AmpOptimWrapper`, :class:`CheckpointFitHook`,
-:class:`InitialEvaluationHook`, :class:`NonFiniteLossHook`, :class:`RandomStateHook` and
-:class:`SafeCheckpointHook` in mmengine's root registries (visible from every OpenMMLab scope).
+* :mod:`.saving`: :class:`SafeCheckpointHook` (atomic checkpoint saves, a checkpoint on SIGTERM),
+  with :mod:`.atomic_files`, :mod:`.signals` (stopping on a signal) and :mod:`.resume` (which
+  checkpoint ``--resume`` continues from);
+* :mod:`.random_state`: :class:`RandomStateHook` (random generator states in checkpoints: exact resume);
+* :mod:`.nonfinite_loss`: :class:`NonFiniteLossHook` (stop or skip at a NaN / inf loss);
+* :mod:`.fit_check`: :class:`CheckpointFitHook` (refuse a checkpoint of another model);
+* :mod:`.amp`: :class:`BF16AmpOptimWrapper` (bf16 mixed precision on the CPU and with fp32-only kernels);
+* :mod:`.demo`: ``InitialEvaluationHook`` and the demos' shared course.
+
+What only a tool can do (called explicitly by tools/train.py, tools/test.py and the demos):
+
+* :mod:`.config` (loading a config, ``data_root``, the task library, the work dir) and
+  :mod:`.config_check` (types and arguments against what they build);
+* :mod:`.preflight`: data, checkpoint and model checks before anything is built;
+* :mod:`.launch`: the device, the process group, the machine's fallbacks (SyncBN, AMP);
+* :mod:`.workdir`: one training run per work dir;
+* :mod:`.cli`: arguments, test-time flags, the one-line user errors;
+* :mod:`.allocator`: glibc malloc settings of the tools.
 """
 from mmpola.errors import MMPolaUserError, UserError
 
-from .checkpoint_fit import CheckpointFitHook, add_checkpoint_fit_check
-from .checkpointing import (
-                            CheckpointSaveError,
-                            SafeCheckpointHook,
-                            TrainingInterrupted,
-                            add_safe_checkpointing,
-                            find_resumable_checkpoint,
-)
+from .amp import BF16AmpOptimWrapper, autocast_module
 from .cli import (
-                            check_checkpoint_file,
-                            check_pretrained_files,
-                            enable_test_dump,
-                            enable_test_visualization,
-                            enable_tta,
-                            exit_on_user_error,
-                            is_url,
-                            load_config,
-                            register_task_modules,
+    add_check_args,
+    add_launch_args,
+    build_runner,
+    enable_test_dump,
+    enable_test_visualization,
+    enable_tta,
+    exit_on_user_error,
+    parse_tool_args,
 )
-from .data_checks import check_data_files, check_dataset_images, coco_image_file_names, run_preflight
-from .hooks import InitialEvaluationHook, NonFiniteLossError, NonFiniteLossHook, add_nonfinite_loss_guard
-from .launch import adapt_cfg_to_machine, init_distributed, replace_sync_bn, setup_amp
-from .optim import BF16AmpOptimWrapper, autocast_module
-from .resume import RandomStateHook, add_random_state_hook
+from .config import is_url, load_config, move_data_root, register_task_modules, set_work_dir
+from .config_check import check_config
+from .demo import InitialEvaluationHook
+from .fit_check import CheckpointFitHook
+from .launch import adapt_cfg_to_machine, check_device, init_distributed, replace_sync_bn, setup_amp
+from .nonfinite_loss import NonFiniteLossError, NonFiniteLossHook
+from .preflight import run_preflight
+from .preflight.files import check_data_files, check_dataset_images
+from .random_state import RandomStateHook
+from .resume import find_resumable_checkpoint
+from .saving import CheckpointSaveError, SafeCheckpointHook
+from .signals import TrainingInterrupted
 from .workdir import WorkDirInUseError, lock_work_dir
 
 __all__ = [
-    'BF16AmpOptimWrapper', 'autocast_module', 'CheckpointFitHook', 'add_checkpoint_fit_check', 'InitialEvaluationHook',
-    'NonFiniteLossError', 'NonFiniteLossHook',
-    'add_nonfinite_loss_guard', 'RandomStateHook', 'add_random_state_hook', 'MMPolaUserError', 'UserError',
-    'adapt_cfg_to_machine', 'check_checkpoint_file', 'check_data_files', 'check_dataset_images',
-    'coco_image_file_names', 'check_pretrained_files', 'enable_test_dump', 'enable_test_visualization', 'enable_tta',
-    'exit_on_user_error', 'init_distributed', 'is_url', 'load_config', 'register_task_modules', 'replace_sync_bn',
-    'run_preflight', 'setup_amp', 'CheckpointSaveError', 'SafeCheckpointHook', 'TrainingInterrupted',
-    'add_safe_checkpointing', 'find_resumable_checkpoint', 'WorkDirInUseError', 'lock_work_dir',
+    'MMPolaUserError', 'UserError',
+    # hooks and the optimizer wrapper
+    'SafeCheckpointHook', 'RandomStateHook', 'NonFiniteLossHook', 'CheckpointFitHook', 'InitialEvaluationHook',
+    'BF16AmpOptimWrapper', 'autocast_module',
+    # errors of the run
+    'CheckpointSaveError', 'TrainingInterrupted', 'NonFiniteLossError', 'WorkDirInUseError',
+    # what the tools call
+    'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir', 'is_url', 'check_config',
+    'run_preflight', 'check_data_files', 'check_dataset_images', 'find_resumable_checkpoint',
+    'adapt_cfg_to_machine', 'check_device', 'init_distributed', 'replace_sync_bn', 'setup_amp', 'lock_work_dir',
+    'add_launch_args', 'add_check_args', 'parse_tool_args', 'build_runner', 'exit_on_user_error',
+    'enable_test_dump', 'enable_tta', 'enable_test_visualization',
 ]

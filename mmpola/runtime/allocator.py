@@ -3,10 +3,10 @@
 Dense prediction on the CPU allocates tensors of tens to hundreds of MiB in every layer (PVT stage 1
 at 1600x2666 has 266k tokens; its MLP hidden state alone is 545 MiB). glibc serves every block above
 its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and unmaps it on free, so each of them is
-page-faulted and zero-filled by the kernel again at the next use. Measured on this project's 2-core
-CPU (Pola-PVT-T forward, batch 1): half of the wall time was system time; with the settings below
-800x1333 went from 1.10 s to 0.78 s and 1600x2666 from 6.2 s to 3.3 s (time growth for 4x pixels
-5.7x -> 4.3x). The cost is that the process keeps its peak heap (peak RSS +1.5 GiB at 1600x2666).
+page-faulted and zero-filled by the kernel again at the next use, which shows as system time. The
+settings below keep such blocks in the heap for reuse; docs/benchmarks.md has the measured effect
+(``tools/benchmark.py`` with ``--malloc tuned`` and ``--malloc default``). The cost is that the
+process keeps its peak heap.
 
 The same advice is given for PyTorch on CPUs generally (tcmalloc/jemalloc or these glibc knobs);
 this does it in-process, with ``mallopt``, for mmpola's own tools (train, test, demos, benchmark).

@@ -7,21 +7,57 @@ does), then :func:`run_demo` builds the Runner, lets the demo look at the untrai
 timings. Drawing and the printed table are the demo's own; :func:`write_summary` saves its
 ``summary.json``.
 """
+import copy
 import json
 import os.path as osp
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from .checkpointing import add_safe_checkpointing
-from .cli import build_runner, move_data_root
-from .data_checks import run_preflight
-from .hooks import InitialEvaluationHook, add_nonfinite_loss_guard
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+from .cli import build_runner
+from .config import move_data_root
+from .config_check import check_config
 from .launch import adapt_cfg_to_machine, check_device
-from .resume import add_random_state_hook
+from .preflight import run_preflight
 from .workdir import lock_work_dir
 
-__all__ = ['DemoResult', 'prepare_demo_config', 'run_demo', 'write_summary', 'config_label']
+__all__ = ['DemoResult', 'InitialEvaluationHook', 'prepare_demo_config', 'run_demo', 'write_summary', 'config_label']
+
+
+@HOOKS.register_module()
+class InitialEvaluationHook(Hook):
+    """Validate the freshly initialised model once before the first training iteration.
+
+    Gives the "before training" reference a short run is judged against. The metrics of that
+    first validation and of the latest one are kept in ``initial_metrics`` / ``last_metrics``, the
+    duration of the first in ``initial_seconds``.
+    Skipped when the run resumes (the model is no longer the initial one).
+
+    Priority ``LOWEST`` so it runs after every other ``before_train`` hook (weights are
+    initialised and checkpoints loaded by then).
+    """
+
+    priority = 'LOWEST'
+
+    def __init__(self):
+        self.initial_metrics = None
+        self.last_metrics = None
+        self.initial_seconds = 0.0
+
+    def before_train(self, runner):
+        if runner._resume or runner.iter > 0 or runner.val_loop is None:
+            return
+        runner.logger.info('Evaluating the initial (untrained) model')
+        start = time.perf_counter()
+        self.initial_metrics = copy.deepcopy(runner.val_loop.run())
+        self.initial_seconds = time.perf_counter() - start
+
+    def after_val_epoch(self, runner, metrics=None):
+        if metrics is not None:
+            self.last_metrics = copy.deepcopy(dict(metrics))
 
 
 @dataclass
@@ -38,9 +74,9 @@ def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
     """What every demo does to its config; returns the notes of :func:`adapt_cfg_to_machine`.
 
     Work dir and seed; ``data_root`` for the train/val/test datasets and evaluators; the backbone from
-    ``pretrained`` when that file exists; the initial evaluation, the non-finite loss guard, the RNG
-    states in checkpoints and safe checkpoint saves; the device check; the machine fallbacks; the
-    pre-flight checks of data and model.
+    ``pretrained`` when that file exists; the initial evaluation (:class:`InitialEvaluationHook`); the
+    device check; the machine fallbacks; the config and pre-flight checks. mmpola's run-time hooks
+    (safe checkpoints, RNG states, non-finite loss guard) come with the demo configs' runtime base.
     """
     check_device()  # one process: on the CPU when CUDA is not usable, with one warning line naming why
     cfg.work_dir = work_dir
@@ -48,12 +84,10 @@ def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
     move_data_root(cfg, data_root)  # the datasets and the evaluators' annotation files
     if pretrained and osp.isfile(pretrained):
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=pretrained)
-    cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='InitialEvaluationHook')]
-    add_nonfinite_loss_guard(cfg)  # a NaN / inf loss stops the demo with a clear message
-    add_random_state_hook(cfg)  # RNG states in checkpoints: a resumed run repeats the interrupted one
-    add_safe_checkpointing(cfg)  # atomic checkpoint saves, a checkpoint on SIGTERM
+    cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='mmpola.InitialEvaluationHook')]
     notes = adapt_cfg_to_machine(cfg, 'none')
-    run_preflight(cfg, ['train_dataloader', 'val_dataloader'])  # data files and contents, model channels
+    check_config(cfg)  # misspelled types and arguments
+    run_preflight(cfg, ['train_dataloader', 'val_dataloader'], training=True)  # data, checkpoints, channels
     return notes
 
 

@@ -11,7 +11,7 @@ import torch
 from mmengine.config import Config
 
 from mmpola.checkpoint import load_pola_checkpoint
-from mmpola.checkpoint.safe_load import safe_torch_load
+from mmpola.checkpoint.reading import safe_torch_load
 from tests.fixtures.paths import REPO as REPO_ROOT  # noqa: E402
 from tests.fixtures.tools import load_tool
 

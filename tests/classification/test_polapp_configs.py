@@ -59,7 +59,7 @@ def test_recipe_model_reproduces_official_logits_and_trains_one_step():
     from mmengine.registry import MODELS
 
     import mmpola.classification  # noqa: F401
-    from mmpola.checkpoint.safe_load import safe_torch_load
+    from mmpola.checkpoint.reading import safe_torch_load
     from mmpola.models import PolaPPClassifier
     expected = safe_torch_load(osp.join(DATA, 'polapp_mini_expected.pth'))
     cfg = Config.fromfile(osp.join(CONFIG_DIR, 'polapp-b0_8xb256_in1k.py'))

@@ -89,7 +89,7 @@ def test_pretrained_file_and_features_only(golden, family):
 
 def test_load_state_dict_accepts_official_and_own_keys(golden):
     expected, ckpt = golden['pvt']
-    from mmpola.checkpoint.safe_load import safe_torch_load
+    from mmpola.checkpoint.reading import safe_torch_load
     official = safe_torch_load(ckpt)['model']
     model = timm.create_model('pola_pvt_tiny', **_mini_kwargs(expected)).eval()
     model.load_state_dict(official)  # strict

@@ -6,7 +6,7 @@ import os.path as osp
 
 import pytest
 
-from mmpola.models.pretrained import pretrained_url
+from mmpola.checkpoint.sources import pretrained_url
 from tests.fixtures.detection import check_trains_one_step_and_predicts
 from tests.fixtures.detection import config_names as _names
 from tests.fixtures.detection import load_config as _load

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmpola.checkpoint import CheckpointMismatchError
-from mmpola.checkpoint.safe_load import safe_torch_load
+from mmpola.checkpoint.reading import safe_torch_load
 from mmpola.models import PolaPP, PolaPPClassifier
 from mmpola.models.timm_conventions import NotScriptableError
 from mmpola.models.utils import PolaConfigError

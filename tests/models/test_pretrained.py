@@ -1,4 +1,4 @@
-"""Official weight sources (mmpola/models/pretrained.py): the table, timm's ``pretrained=True`` and the
+"""Official weight sources (mmpola/checkpoint/sources.py): the table, timm's ``pretrained=True`` and the
 configs' ``init_cfg`` reach the published downloads, cached once; no network: downloads are mocked."""
 import glob
 import os.path as osp
@@ -10,15 +10,15 @@ import timm
 import torch
 from mmengine.config import Config
 
-from mmpola.checkpoint.safe_load import CheckpointFileError
-from mmpola.models import pretrained
-from mmpola.models.pretrained import (
+from mmpola.checkpoint.reading import CheckpointFileError
+from mmpola.checkpoint.sources import (
     WEIGHT_SOURCES,
     NoPublishedWeightsError,
     cache_file_name,
     pretrained_url,
     weight_source,
 )
+from mmpola.models import pretrained
 from mmpola.models.timm_models import TIMM_MODEL_ARGS
 from tests.fixtures.paths import CONFIGS
 

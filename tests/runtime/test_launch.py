@@ -1,4 +1,5 @@
-"""The device check (never a silent CPU run) and the rank-0 check shared with every rank.
+"""The device check (never a silent CPU run), the rank-0 check shared with every rank, and the
+machine's fallbacks (SyncBN -> BN, gloo, bf16 AMP on the CPU).
 
 CUDA is reported unusable by monkeypatching torch and nvidia-smi, so these tests say the same on
 machines with and without a GPU.
@@ -6,7 +7,6 @@ machines with and without a GPU.
 import multiprocessing
 import os
 import os.path as osp
-import socket
 import stat
 import subprocess
 import sys
@@ -14,10 +14,14 @@ from datetime import timedelta
 
 import pytest
 import torch
+from mmengine.config import Config
 
 from mmpola.errors import MMPolaUserError, UserError
 from mmpola.runtime import launch
-from tests.fixtures.paths import REPO  # noqa: E402
+from tests.fixtures.paths import REPO
+from tests.fixtures.runs import free_port
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason='checks the CPU-only fallbacks')
 
 DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 
@@ -151,7 +155,6 @@ def test_init_distributed_with_cuda_starts_the_group_as_mmengine_would(monkeypat
     """With CUDA the group starts before the Runner (for the shared data check), through mmengine's
     init_dist with the config's dist_cfg, which the Runner then finds ready."""
     import mmengine.dist
-    from mmengine.config import Config
     calls = []
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(mmengine.dist, 'init_dist', lambda launcher, **kw: calls.append((launcher, kw)))
@@ -187,16 +190,10 @@ def _rank(rank, port, counter, fail, queue):
         queue.put((rank, type(e).__name__, str(e), dist.is_initialized()))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return str(s.getsockname()[1])
-
-
 @pytest.mark.parametrize('fail', [None, 'user', 'bug'])
 def test_rank0_check_runs_once_and_every_rank_gets_its_verdict(tmp_path, fail):
     ctx = multiprocessing.get_context('fork')
-    queue, counter, port = ctx.Queue(), str(tmp_path / 'calls'), _free_port()
+    queue, counter, port = ctx.Queue(), str(tmp_path / 'calls'), free_port()
     procs = [ctx.Process(target=_rank, args=(rank, port, counter, fail, queue)) for rank in (0, 1)]
     for p in procs:
         p.start()
@@ -225,7 +222,7 @@ def test_without_a_process_group_the_check_just_runs(tmp_path):
 
 def test_dist_train_on_cpu_stops_every_rank_with_rank0s_data_error(tmp_path):
     """Two CPU processes (--device cpu), data missing: rank 0 checks, both exit with its message."""
-    env = dict(os.environ, PYTHONPATH=REPO, PYTHON=sys.executable, PORT=_free_port(), OMP_NUM_THREADS='1')
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHON=sys.executable, PORT=free_port(), OMP_NUM_THREADS='1')
     proc = subprocess.run(['bash', 'tools/dist_train.sh', DEMO_CONFIG, '2', '--device', 'cpu', '--work-dir',
                            str(tmp_path / 'work'), '--cfg-options', 'train_dataloader.dataset.data_root=/nonexistent/'],
                           cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
@@ -237,7 +234,7 @@ def test_dist_train_on_cpu_stops_every_rank_with_rank0s_data_error(tmp_path):
 
 def test_train_tool_with_launcher_and_no_cuda_stops_at_once(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO, RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
-               MASTER_PORT=_free_port(), CUDA_VISIBLE_DEVICES='')
+               MASTER_PORT=free_port(), CUDA_VISIBLE_DEVICES='')
     env.pop(launch.DEVICE_ENV, None)
     proc = subprocess.run([sys.executable, 'tools/train.py', DEMO_CONFIG, '--launcher', 'pytorch',
                            '--work-dir', str(tmp_path / 'work')],
@@ -246,3 +243,53 @@ def test_train_tool_with_launcher_and_no_cuda_stops_at_once(tmp_path):
     assert proc.stderr.startswith('error: --launcher pytorch starts one process per GPU, but CUDA is not usable')
     assert '--device cpu' in proc.stderr and 'Traceback' not in proc.stderr
     assert not (tmp_path / 'work').exists()  # nothing was built or written
+
+
+# ----------------------------------------------------------------------------------------------
+# the machine's fallbacks
+
+def _cfg(**kwargs):
+    base = dict(
+        model=dict(type='Net', head=dict(norm_cfg=dict(type='SyncBN', requires_grad=True)),
+                   aux=[dict(norm_cfg=dict(type='MMSyncBN')), dict(norm_cfg=dict(type='BN'))]),
+        env_cfg=dict(dist_cfg=dict(backend='nccl')),
+        optim_wrapper=dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-4)),
+        sync_bn='torch')
+    base.update(kwargs)
+    return Config(base)
+
+
+def test_replace_sync_bn_walks_dicts_and_lists():
+    cfg = _cfg()
+    assert launch.replace_sync_bn(cfg.model) == 2
+    assert cfg.model.head.norm_cfg.type == 'BN' and [a.norm_cfg.type for a in cfg.model.aux] == ['BN', 'BN']
+
+
+def test_single_process_drops_sync_bn():
+    cfg = _cfg()
+    notes = launch.adapt_cfg_to_machine(cfg, 'none')
+    assert cfg.model.head.norm_cfg.type == 'BN' and 'sync_bn' not in cfg
+    assert any('SyncBN' in n for n in notes)
+
+
+@needs_no_cuda
+def test_cpu_distributed_uses_gloo_and_no_device_ids():
+    cfg = _cfg(find_unused_parameters=True)
+    launch.adapt_cfg_to_machine(cfg, 'pytorch')
+    assert cfg.env_cfg.dist_cfg.backend == 'gloo'
+    assert cfg.model_wrapper_cfg.device_ids is None and cfg.model_wrapper_cfg.find_unused_parameters
+    assert cfg.model.head.norm_cfg.type == 'BN'  # no CPU SyncBN kernel
+
+
+@needs_no_cuda
+def test_amp_on_cpu_is_bf16_and_reloadable():
+    cfg = _cfg(custom_imports=dict(imports=['mmpola'], allow_failed_imports=False))
+    assert 'bfloat16' in launch.setup_amp(cfg)
+    assert cfg.optim_wrapper.type == 'BF16AmpOptimWrapper' and cfg.optim_wrapper.dtype == 'bfloat16'
+    assert cfg.custom_imports.imports == ['mmpola', 'mmpola.runtime']  # the dumped config rebuilds it
+    with pytest.raises(UserError):
+        launch.setup_amp(_cfg(), 'float16')
+    # a config written for CUDA AMP runs here too
+    cfg = _cfg(optim_wrapper=dict(type='AmpOptimWrapper', loss_scale='dynamic', optimizer=dict(type='SGD', lr=1)))
+    launch.adapt_cfg_to_machine(cfg, 'none')
+    assert cfg.optim_wrapper.type == 'BF16AmpOptimWrapper' and 'loss_scale' not in cfg.optim_wrapper

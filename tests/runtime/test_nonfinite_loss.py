@@ -1,5 +1,6 @@
 """NonFiniteLossHook: a NaN / inf loss stops training before the optimizer step with a clear
-message, or the step is skipped when configured; tools/train.py and the demos always add it.
+message, or the step is skipped when configured; the shipped configs name it, and tools/train.py
+runs it from the config (``--cfg-options nonfinite_loss.action=skip``).
 
 A tiny mmengine Runner trains a two-parameter model whose ``loss_mask`` turns NaN (or inf) at
 chosen iterations.
@@ -17,9 +18,9 @@ from mmengine.runner import Runner
 from mmengine.structures import BaseDataElement
 from torch.utils.data import DataLoader
 
-from mmpola.runtime import NonFiniteLossError, NonFiniteLossHook, UserError, add_nonfinite_loss_guard
-from tests.fixtures.paths import REPO  # noqa: E402
+from mmpola.runtime import NonFiniteLossError, NonFiniteLossHook, UserError
 from tests.fixtures.tools import load_tool
+from tests.fixtures.toy_runs import RUNTIME_BASE
 
 NUM_SAMPLES, BATCH = 8, 2  # 4 iterations per epoch
 
@@ -218,8 +219,8 @@ class _FakeDist:
 
 @pytest.mark.parametrize('action', ['stop', 'skip'])
 def test_all_ranks_take_the_same_decision(tmp_path, monkeypatch, action):
-    from mmpola.runtime import hooks
-    monkeypatch.setattr(hooks, 'mmdist', _FakeDist(peer_bad={3}))
+    from mmpola.runtime import nonfinite_loss
+    monkeypatch.setattr(nonfinite_loss, 'mmdist', _FakeDist(peer_bad={3}))
     hook = NonFiniteLossHook(action=action)
     runner = _runner(tmp_path, hook, epochs=1)  # this rank's losses are all finite
     rec = _Recorder(runner)
@@ -241,8 +242,9 @@ def test_finite_run_is_bit_identical_with_and_without_the_hook(tmp_path, action,
     guarded = _runner(tmp_path / 'guarded', NonFiniteLossHook(action=action), epochs=2, optimizer=optimizer)
     guarded.train()
     assert torch.equal(_params(plain), _params(guarded))
-    # after the run the model and the optimizer wrapper are the original objects' again
+    # nothing of the model or the optimizer wrapper was replaced, and the hook's torch hooks are gone
     assert 'parse_losses' not in vars(guarded.model) and 'update_params' not in vars(guarded.optim_wrapper)
+    assert not guarded.model._forward_hooks and not guarded.optim_wrapper.optimizer._optimizer_step_pre_hooks
 
 
 def test_validation_is_not_checked(tmp_path):
@@ -255,62 +257,64 @@ def test_validation_is_not_checked(tmp_path):
 
 
 class _OwnStepModel(NonFiniteToyModel):
-    """A train_step of its own: no parse_losses (first) or no update_params (second)."""
+    """A train_step of its own: its forward through the module (``self(...)``), or past its hooks
+    (``self.forward(...)``, which the check sees only in the step's outputs)."""
 
     def train_step(self, data, optim_wrapper):
-        losses = self(**self.data_preprocessor(data, True), mode='loss')
-        if self.use_parse_losses:
-            loss, log_vars = self.parse_losses(losses)
-            loss.backward()
-            optim_wrapper.step()
-            optim_wrapper.zero_grad()
-            return log_vars
+        inputs = self.data_preprocessor(data, True)
+        losses = self(**inputs, mode='loss') if self.through_module else self.forward(**inputs, mode='loss')
         loss = losses['loss_cls'] + losses['loss_mask']
-        optim_wrapper.update_params(loss)
+        loss.backward()
+        optim_wrapper.step()
+        optim_wrapper.zero_grad()
         return dict(loss=loss.detach(), loss_mask=losses['loss_mask'].detach())
 
 
-@pytest.mark.parametrize('use_parse_losses', [False, True])
-def test_models_with_their_own_train_step_do_not_continue_silently(tmp_path, use_parse_losses):
-    runner = _runner(tmp_path, NonFiniteLossHook(action='skip'), epochs=1)
+@pytest.mark.parametrize('through_module', [True, False])
+def test_models_with_their_own_train_step_do_not_continue_silently(tmp_path, through_module):
+    hook = NonFiniteLossHook(action='skip')
+    runner = _runner(tmp_path, hook, epochs=1)
     model = _OwnStepModel(bad_iters={2})
-    model.use_parse_losses = use_parse_losses
+    model.through_module = through_module
     runner.model = model
+    rec = _Recorder(runner)
+    if through_module:  # the forward hook sees the losses: the step is skipped, also without parse_losses
+        runner.train()
+        assert hook.skipped_iters == [2] and torch.equal(rec.after[2], rec.after[1])
+        return
     with pytest.raises(NonFiniteLossError) as info:
         runner.train()
     message = str(info.value)
     assert message.startswith('Iteration 2/4 (epoch 1, batch 2/4)')
-    if use_parse_losses:
-        assert 'could not be skipped' in message and 'update_params' in message
-    else:
-        assert 'loss_mask=nan' in message and 'weights may be corrupted' in message
+    assert 'loss_mask=nan' in message and 'weights may be corrupted' in message
 
 
-def test_guard_is_added_once_and_respects_the_users_entry():
-    cfg = Config(dict(custom_hooks=[dict(type='InitialEvaluationHook')]))
-    add_nonfinite_loss_guard(cfg)
-    add_nonfinite_loss_guard(cfg)
-    assert [h['type'] for h in cfg.custom_hooks] == ['InitialEvaluationHook', 'NonFiniteLossHook']
-    assert 'mmpola.runtime' in cfg.custom_imports['imports']  # a dumped config finds the hook again
+def test_options_come_from_the_hook_then_the_config():
+    class Runner:
+        def __init__(self, **cfg):
+            self.cfg = Config(cfg)
 
-    own = Config(dict(custom_hooks=[dict(type='NonFiniteLossHook', action='skip', max_skips=3)],
-                      custom_imports=dict(imports=['mmpola'], allow_failed_imports=False)))
-    add_nonfinite_loss_guard(own)
-    assert own.custom_hooks == [dict(type='NonFiniteLossHook', action='skip', max_skips=3)]
-    assert own.custom_imports['imports'] == ['mmpola', 'mmpola.runtime']
-
-    for options, expected in (('skip', dict(action='skip')), (dict(action='skip', max_skips=None),
-                                                              dict(action='skip', max_skips=None))):
-        cfg = Config(dict(nonfinite_loss=options))
-        add_nonfinite_loss_guard(cfg)
-        assert cfg.custom_hooks == [dict(type='NonFiniteLossHook', **expected)] and 'nonfinite_loss' not in cfg
-    with pytest.raises(UserError, match='action'):
-        add_nonfinite_loss_guard(Config(dict(nonfinite_loss='ignore')))
+    hook = NonFiniteLossHook()
+    hook.before_run(Runner(nonfinite_loss=dict(action='skip', max_skips=4)))
+    assert (hook.action, hook.max_skips) == ('skip', 4)
+    hook = NonFiniteLossHook()
+    hook.before_run(Runner(nonfinite_loss='skip'))  # --cfg-options nonfinite_loss=skip
+    assert (hook.action, hook.max_skips) == ('skip', 10)
+    hook = NonFiniteLossHook(action='stop', max_skips=None)  # the hook's own arguments win
+    hook.before_run(Runner(nonfinite_loss=dict(action='skip', max_skips=3)))
+    assert (hook.action, hook.max_skips) == ('stop', None)
+    hook = NonFiniteLossHook()
+    hook.before_run(Runner())
+    assert (hook.action, hook.max_skips) == ('stop', 10)
+    for bad in ('ignore', dict(action='skip', max_skip=3), dict(max_skips=-2)):
+        with pytest.raises(UserError, match='nonfinite_loss|max_skips'):
+            NonFiniteLossHook().before_run(Runner(nonfinite_loss=bad))
 
 
 def _toy_config(tmp_path, bad_iters, name):
     config = tmp_path / f'{name}.py'  # one name per run: mmengine keys its logger by config name and time
     config.write_text(f"""
+_base_ = [{RUNTIME_BASE!r}]
 default_scope = 'mmengine'
 model = dict(type='NonFiniteToyModel', bad_iters={sorted(bad_iters)!r})
 train_dataloader = dict(dataset=dict(type='NonFiniteToyDataset'), sampler=dict(type='DefaultSampler', shuffle=False),
@@ -322,13 +326,14 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
     return str(config)
 
 
-def test_tools_train_adds_the_guard_and_stops_with_the_message(tmp_path, monkeypatch, capsys):
+def test_tools_train_runs_the_configs_guard_and_stops_with_the_message(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('MMPOLA_MALLOC_TUNING', '0')
     train = load_tool('train')
     args = train.parse_args([_toy_config(tmp_path, {3}, 'toy_skip'), '--work-dir', str(tmp_path / 'skip'),
                              '--cfg-options', 'nonfinite_loss.action=skip', 'nonfinite_loss.max_skips=4'])
     runner = train.build_runner(args)
     hooks = [h for h in runner.hooks if isinstance(h, NonFiniteLossHook)]
+    hooks[0].before_run(runner)  # the hook reads the config's settings when the run starts
     assert len(hooks) == 1 and (hooks[0].action, hooks[0].max_skips) == ('skip', 4)
 
     work_dir = tmp_path / 'stop'
@@ -341,20 +346,12 @@ def test_tools_train_adds_the_guard_and_stops_with_the_message(tmp_path, monkeyp
     assert 'Iteration 3/8 (epoch 1, batch 3/4): non-finite training loss: loss_mask=nan' in log
     assert 'NOT taken' in log and 'nonfinite_loss.action=skip' in log
     assert 'Traceback' not in capsys.readouterr().err
+    # the dumped config tells what ran: the hooks of the runtime base and their settings, nothing added
     dumped = Config.fromfile(str(work_dir / 'toy_stop.py'))
-    assert dumped.custom_hooks == [dict(type='NonFiniteLossHook'), dict(type='RandomStateHook'),
-                                   dict(type='CheckpointFitHook', min_loaded=0.5)]
-    assert 'mmpola.runtime' in dumped.custom_imports['imports']
-
-
-def test_demos_add_the_guard(tmp_path):
-    from mmpola.runtime.demo import prepare_demo_config
-    for name in ('detection', 'segmentation', 'classification'):
-        with open(osp.join(REPO, 'tools', f'demo_{name}.py')) as f:
-            assert 'demo.prepare_demo_config(cfg' in f.read(), name
-    cfg = Config(dict(model=dict(type='NonFiniteToyModel'), data_root='data/toy/'))
-    prepare_demo_config(cfg, str(tmp_path), str(tmp_path), seed=0)
-    assert [h['type'] for h in cfg.custom_hooks] == ['InitialEvaluationHook', 'NonFiniteLossHook', 'RandomStateHook']
+    assert dumped.custom_hooks == [dict(type='mmpola.RandomStateHook'), dict(type='mmpola.NonFiniteLossHook'),
+                                   dict(type='mmpola.CheckpointFitHook')]
+    assert dumped.nonfinite_loss == dict(action='stop', max_skips=10)
+    assert dumped.default_hooks.get('checkpoint') is None  # the toy config's choice: not replaced
 
 
 def test_argument_checks():

@@ -5,7 +5,7 @@ import os.path as osp
 
 import pytest
 
-from mmpola.models.pretrained import pretrained_url
+from mmpola.checkpoint.sources import pretrained_url
 from tests.fixtures.segmentation import REPO, check_trains_one_step_and_predicts, load_config
 
 LINEAGE_CONFIGS = sorted(p for kind in ('flatten', 'inline')

@@ -1,11 +1,18 @@
-"""Fixtures of the tool tests."""
+"""Fixtures of the tool tests: one tools/train.py run of the demo detector on the tiny COCO set, shared
+by the tests of tools/train.py and tools/test.py."""
+import os.path as osp
+
 import pytest
 
-from tests.fixtures.runs import make_tiny_coco
+from tests.fixtures.paths import PYTHON
+from tests.fixtures.runs import run_tool
 
 
-@pytest.fixture(scope='module')
-def tiny(tmp_path_factory):
-    """Tiny COCO set (4 train / 4 val images of 64 px) and the demo detector for it (2 epochs x 2
-    iterations); see :func:`tests.fixtures.runs.make_tiny_coco`."""
-    return make_tiny_coco(tmp_path_factory.mktemp('tiny_coco'))
+@pytest.fixture(scope='session')
+def trained(tiny, tmp_path_factory):
+    """tools/train.py CONFIG: two epochs of two iterations, validated at the end (its log and work dir)."""
+    work_dir = tmp_path_factory.mktemp('train')
+    log = run_tool([PYTHON, 'tools/train.py', tiny['config'], '--work-dir', str(work_dir)])
+    assert 'Epoch(train) [2][2/2]' in log
+    assert osp.isfile(work_dir / 'epoch_1.pth') and osp.isfile(work_dir / 'epoch_2.pth')
+    return dict(work_dir=work_dir, log=log)

@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 import torch
 
-from mmpola.runtime.cli import load_config, register_task_modules
-from tests.fixtures.paths import REPO  # noqa: E402
+from mmpola.runtime.config import load_config, register_task_modules
+from tests.fixtures.paths import REPO
 
 DET_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 SEG_CONFIG = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')

@@ -1,7 +1,7 @@
 # InLine-PVT-L backbone (ImageNet-1k pretrained at 224x224): pola_pvt_large.py with the
 # injective linear attention of InLine (NeurIPS 2024)
 # (one word differs: type='InLinePVT'). Use it like pola_pvt_large.py;
-# init_cfg downloads the official InLine ImageNet weights (its release's link, mmpola/models/pretrained.py;
+# init_cfg downloads the official InLine ImageNet weights (its release's link, mmpola/checkpoint/sources.py;
 # cached in torch hub's checkpoints folder); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
 _base_ = ['./pola_pvt_large.py']
 

@@ -1,5 +1,7 @@
 # Runtime of the ImageNet runs: log every 100 iterations, validate and checkpoint every epoch
-# (keep the last 3 and the best top-1), seed 0 (+ rank), EMA available but off:
+# (keep the last 3 and the best top-1), seed 0 (+ rank), mmpola's run-time guarantees (the hooks of
+# configs/_base_/runtime.py, here named entries of default_hooks so that a config replacing
+# custom_hooks keeps them; docs/reliability.md), EMA available but off:
 #   tools/train.py CONFIG --cfg-options custom_hooks.0.enabled=True [custom_hooks.0.momentum=1e-4]
 # (momentum 1e-4 = the 0.9999 decay of FLatten's main_ema.py; validation and checkpoints then
 # use the averaged weights).
@@ -11,10 +13,16 @@ default_hooks = dict(
     timer=dict(type='IterTimerHook'),
     logger=dict(type='LoggerHook', interval=100),
     param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=3, save_best='accuracy/top1',
+    checkpoint=dict(type='mmpola.SafeCheckpointHook', interval=1, max_keep_ckpts=3, save_best='accuracy/top1',
                     rule='greater'),
     sampler_seed=dict(type='DistSamplerSeedHook'),
+    random_state=dict(type='mmpola.RandomStateHook'),
+    nonfinite_loss=dict(type='mmpola.NonFiniteLossHook'),
+    checkpoint_fit=dict(type='mmpola.CheckpointFitHook'),
 )
+# settings of the hooks above (--cfg-options nonfinite_loss.action=skip, checkpoint_min_loaded=0)
+nonfinite_loss = dict(action='stop', max_skips=10)
+checkpoint_min_loaded = 0.5
 custom_hooks = [dict(type='SwitchableEMAHook', enabled=False, momentum=1e-4, priority='ABOVE_NORMAL')]
 
 env_cfg = dict(

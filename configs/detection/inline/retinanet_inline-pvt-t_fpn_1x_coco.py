@@ -1,7 +1,7 @@
 # RetinaNet + FPN with InLine-PVT-T on COCO 2017, 1x schedule: ../retinanet_pola-pvt-t_fpn_1x_coco.py with the
 # injective linear attention of InLine (NeurIPS 2024) in the backbone, everything else identical, so the two
 # compare the attention alone. Backbone weights: the official InLine-PVT-T ImageNet weights, downloaded
-# from its release (mmpola/models/pretrained.py); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
+# from its release (mmpola/checkpoint/sources.py); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
 _base_ = ['../retinanet_pola-pvt-t_fpn_1x_coco.py']
 
 model = dict(backbone=dict(

@@ -14,7 +14,10 @@
 #                        model.test_cfg.crop_size="(512,512)" model.test_cfg.stride="(341,341)"
 #   multi-scale + flip (mmseg's SegTTAModel over the inherited `tta_pipeline`: ratios 0.5 ...
 #   1.75 of the image size, each also flipped):  tools/test.py CONFIG CHECKPOINT --tta
-_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py']
+_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+          '../../_base_/runtime.py']
+# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
+default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
 norm_cfg = dict(type='SyncBN', requires_grad=True)
 model = dict(

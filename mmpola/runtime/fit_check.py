@@ -3,9 +3,12 @@
 mmengine loads ``load_from`` / tools/test.py's CHECKPOINT with ``strict=False``: a checkpoint of
 another model (a classification file, a segmentor for a detector) loads nothing, only logs the
 missing keys, and the run trains from scratch or tests random weights (mAP 0.000, exit status 0).
-:class:`CheckpointFitHook` sees the checkpoint mmengine just read (``after_load_checkpoint``) and
-raises :class:`mmpola.checkpoint.CheckpointMismatchError` when less than ``min_loaded`` of the
-model's weights (parameter elements) would load, naming the counts and what the file looks like.
+:class:`CheckpointFitHook` (in the shipped configs' ``custom_hooks``) sees the checkpoint mmengine
+just read (``after_load_checkpoint``) and raises :class:`mmpola.checkpoint.CheckpointMismatchError`
+when less than ``min_loaded`` of the model's weights (parameter elements) would load, naming the
+counts and what the file looks like. ``min_loaded`` comes from the hook's argument, else from the
+config's top-level ``checkpoint_min_loaded`` (``--cfg-options checkpoint_min_loaded=0`` loads
+anything), else 0.5.
 """
 import re
 
@@ -15,11 +18,17 @@ from mmengine.registry import HOOKS
 from mmpola.checkpoint import CheckpointMismatchError, describe_checkpoint
 from mmpola.errors import UserError
 
-__all__ = ['CheckpointFitHook', 'add_checkpoint_fit_check', 'checkpoint_fit']
+__all__ = ['CheckpointFitHook', 'checkpoint_fit']
 
 # the config key (``--cfg-options checkpoint_min_loaded=0`` loads anything)
 OPTION = 'checkpoint_min_loaded'
 DEFAULT_MIN_LOADED = 0.5
+
+
+def _share(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise UserError(f'{OPTION} (CheckpointFitHook min_loaded) must be a share between 0 and 1, got {value!r}')
+    return float(value)
 
 
 def _bare_model(model):
@@ -83,10 +92,13 @@ class CheckpointFitHook(Hook):
 
     priority = 'VERY_HIGH'
 
-    def __init__(self, min_loaded=DEFAULT_MIN_LOADED):
-        if not isinstance(min_loaded, (int, float)) or not 0 <= min_loaded <= 1:
-            raise UserError(f'{OPTION} must be a share between 0 and 1, got {min_loaded!r}')
-        self.min_loaded = float(min_loaded)
+    def __init__(self, min_loaded=None):
+        self._given = min_loaded is not None
+        self.min_loaded = _share(DEFAULT_MIN_LOADED if min_loaded is None else min_loaded)
+
+    def before_run(self, runner):
+        if not self._given:
+            self.min_loaded = _share(runner.cfg.get(OPTION, DEFAULT_MIN_LOADED))
 
     def after_load_checkpoint(self, runner, checkpoint):
         if self.min_loaded <= 0:
@@ -104,15 +116,3 @@ class CheckpointFitHook(Hook):
             f'({loaded / total:.1%} of {total / 1e6:.2f}M weights) would load, less than the {self.min_loaded:.0%} '
             f'required, so the run would use random weights. The file looks like {kind}. Fix: '
             f'{_fix(kind, type(model).__name__)}. To load it anyway: --cfg-options {OPTION}=0')
-
-
-def add_checkpoint_fit_check(cfg):
-    """Append :class:`CheckpointFitHook` to ``cfg.custom_hooks`` (tools/train.py, tools/test.py),
-    with ``min_loaded`` from the config's top-level ``checkpoint_min_loaded`` (default 0.5)."""
-    min_loaded = cfg.pop(OPTION, DEFAULT_MIN_LOADED) if OPTION in cfg else DEFAULT_MIN_LOADED
-    CheckpointFitHook(min_loaded)  # a bad value fails now
-    hooks = [h for h in (cfg.get('custom_hooks') or [])
-             if not (isinstance(h, dict) and h.get('type') in ('CheckpointFitHook', CheckpointFitHook))]
-    hooks.append(dict(type='CheckpointFitHook', min_loaded=min_loaded))
-    cfg.custom_hooks = hooks
-    return cfg

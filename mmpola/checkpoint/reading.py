@@ -1,50 +1,51 @@
-"""Safe checkpoint loading under ``torch.load(weights_only=True)`` (torch >= 2.6 default).
+"""Reading checkpoint files: weights only, with an allowlist, and a clear word on files that cannot be read.
 
-torch refuses every pickled global that it does not know. Two kinds of checkpoints our users load
-carry a few such globals:
+torch (>= 2.6 by default) reads checkpoints with ``weights_only=True``: every pickled global it does
+not know is refused. Two kinds of checkpoints our users load carry a few such globals:
 
 * checkpoints written by mmengine runs (resume, test, init from a checkpoint) store numpy arrays and
   scalars and mmengine's ``HistoryBuffer`` in ``meta`` / ``message_hub``; ``HistoryBuffer`` pickles
   its statistics methods as ``getattr(HistoryBuffer, 'mean')``;
 * official PolaFormer checkpoints store the training config as a ``yacs.config.CfgNode``.
 
-Instead of falling back to ``weights_only=False`` (which runs whatever code the pickle names), we
-allowlist exactly those types. ``getattr`` is replaced by a stand-in that only resolves the
-statistics methods of ``HistoryBuffer``, and ``CfgNode`` by a plain dict subclass, so yacs does not
-need to be installed and nothing from the file is executed. Any other global is still refused,
-with an :class:`UnsafeCheckpointError` that names the file and says how to convert a trusted one.
+Instead of falling back to ``weights_only=False`` (which runs whatever code the pickle names), exactly
+those types are allowlisted (:func:`allowlist`). ``getattr`` is replaced by a stand-in that only
+resolves the statistics methods of ``HistoryBuffer``, and ``CfgNode`` by a plain dict subclass, so yacs
+does not need to be installed and nothing from the file is executed. Any other global is still
+refused. ``import mmpola`` adds the allowlist to torch's global one (:func:`register_safe_globals`,
+through torch's public ``add_safe_globals``), so every loader that reads weights-only (mmengine's,
+timm's, plain ``torch.load``) reads these files; nothing of torch, mmengine or timm is replaced.
 
-mmpola's own loaders (:func:`safe_torch_load`, used by :mod:`mmpola.checkpoint`) apply the
-allowlist by themselves. ``import mmpola`` calls :func:`install`, which extends it to the other
-libraries' loading paths, reversibly (:func:`uninstall`), and only when ``MMPOLA_SAFE_LOAD`` is not
-``0``:
+mmpola's own entry points name the file when it cannot be used:
 
-* torch: the allowlist is added to torch's global weights-only allowlist
-  (``torch.serialization.add_safe_globals``), so a plain ``torch.load`` of such a file works;
-* mmengine: the loaders of its checkpoint schemes are re-registered (``CheckpointLoader.register_scheme``,
-  its public extension point): local files go through :func:`safe_torch_load` (weights-only whatever
-  ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says), and a refusal by another scheme's loader names the file;
-* timm: its file readers ``timm.models._helpers._torch_load`` and ``load_state_dict`` (timm has no
-  public hook for this) are wrapped so that a refusal or a missing file names the file; what loads
-  and what is refused does not change.
+* :func:`safe_torch_load` reads weights-only whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says, and
+  turns a refusal into :class:`UnsafeCheckpointError` and an unreadable file into
+  :class:`CheckpointFileError`, both naming the file, the reason and the fix;
+* :func:`checkpoint_file_problem` and :func:`refused_globals` look at a file cheaply (its first bytes,
+  its zip directory, its pickle's globals) before anything loads it; the tools check every checkpoint a
+  run will read this way (:mod:`mmpola.runtime.preflight.checkpoints`);
+* :func:`download_checkpoint` fetches a URL into torch's hub cache, where mmengine's and timm's
+  loaders look too, with an error saying how to go on without network.
 """
 import collections
 import contextlib
-import functools
 import os
 import os.path as osp
 import pickle
 import re
+import zipfile
 
 import numpy as np
 import torch
 
 from mmpola.errors import MMPolaUserError
 
-__all__ = ['install', 'uninstall', 'is_installed', 'allowlist', 'safe_torch_load', 'OfficialConfigNode',
-           'UnsafeCheckpointError', 'CheckpointFileError', 'MissingCheckpointError', 'checkpoint_file_problem',
-           'checkpoint_file_error', 'download_error', 'unsafe_checkpoint_error', 'is_weights_only_refusal',
-           'name_refused_file']
+from .sources import cache_file_name
+
+__all__ = ['allowlist', 'register_safe_globals', 'safe_torch_load', 'OfficialConfigNode', 'UnsafeCheckpointError',
+           'CheckpointFileError', 'MissingCheckpointError', 'checkpoint_file_problem', 'checkpoint_file_error',
+           'check_checkpoint_file', 'refused_globals', 'download_checkpoint', 'download_error',
+           'unsafe_checkpoint_error', 'is_weights_only_refusal']
 
 # where a checkpoint path comes from, for the messages that say how to pass another one
 _CHECKPOINT_OPTIONS = ('init_cfg.checkpoint, load_from, --resume, the checkpoint argument of tools/test.py '
@@ -105,7 +106,6 @@ def checkpoint_file_problem(path):
     with open(where, 'rb') as f:
         head = f.read(64)
     if head.startswith(_ZIP_MAGIC):
-        import zipfile
         if not zipfile.is_zipfile(where):  # the central directory at the end is missing
             return CheckpointFileError, (
                 f'checkpoint file {where!r} is a truncated or damaged zip archive ({size} bytes, no end '
@@ -212,8 +212,6 @@ def _numpy_globals():
 
 
 _ALLOWLIST = []
-_INSTALLED = None  # what install() replaced, to put back in uninstall()
-SAFE_LOAD_ENV = 'MMPOLA_SAFE_LOAD'
 
 
 def allowlist():
@@ -231,51 +229,17 @@ def allowlist():
     return list(_ALLOWLIST)
 
 
-def install():
-    """Extend the safe loading to torch's, mmengine's and timm's loading paths (idempotent).
+def register_safe_globals():
+    """Add :func:`allowlist` to torch's weights-only allowlist (what ``import mmpola`` does; idempotent).
 
-    ``import mmpola`` calls it unless the environment variable ``MMPOLA_SAFE_LOAD`` is ``0``; see the
-    module docstring for exactly what changes. Returns whether it is installed.
-    """
-    global _INSTALLED
-    if _INSTALLED is not None:
-        return True
-    if not hasattr(torch.serialization, 'add_safe_globals'):  # torch < 2.4: nothing to extend
+    Returns whether torch has such an allowlist (torch >= 2.4)."""
+    if not hasattr(torch.serialization, 'add_safe_globals'):
         return False
-    torch.serialization.add_safe_globals(allowlist())
-    _INSTALLED = dict(mmengine=_install_mmengine_loaders(), timm=_install_timm_reader())
+    registered = torch.serialization.get_safe_globals()
+    missing = [g for g in allowlist() if g not in registered]
+    if missing:
+        torch.serialization.add_safe_globals(missing)
     return True
-
-
-def uninstall():
-    """Undo :func:`install`: torch's allowlist, mmengine's scheme loaders and timm's reader as before."""
-    global _INSTALLED
-    if _INSTALLED is None:
-        return
-    ours = allowlist()
-    kept = [g for g in torch.serialization.get_safe_globals() if g not in ours]
-    torch.serialization.clear_safe_globals()
-    torch.serialization.add_safe_globals(kept)
-    if _INSTALLED['mmengine']:
-        from mmengine.runner.checkpoint import CheckpointLoader
-        for prefix, loader in _INSTALLED['mmengine'].items():
-            CheckpointLoader.register_scheme(prefix, loader, force=True)
-    if _INSTALLED['timm']:
-        from timm.models import _helpers
-        for name, original in _INSTALLED['timm'].items():
-            setattr(_helpers, name, original)
-    _INSTALLED = None
-
-
-def is_installed():
-    return _INSTALLED is not None
-
-
-def install_unless_disabled():
-    """What ``import mmpola`` runs: :func:`install` unless ``MMPOLA_SAFE_LOAD=0``."""
-    if os.environ.get(SAFE_LOAD_ENV, '1').strip().lower() in ('0', 'false', 'no', 'off'):
-        return False
-    return install()
 
 
 def _refusal_detail(path, error):
@@ -330,10 +294,12 @@ def unsafe_checkpoint_error(path, error):
         'torch.save({"state_dict": sd}, "clean.pth"), and load clean.pth (tensors only).')
 
 
-def safe_torch_load(path, map_location='cpu'):
+def safe_torch_load(path, map_location='cpu', mmap=False):
     """``torch.load(path, weights_only=True)`` with the allowlist and an actionable error.
 
-    The allowlist applies to this call whether or not :func:`install` ran.
+    The allowlist applies to this call whether or not it was registered globally, and the load is
+    weights-only whatever ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says. ``mmap=True`` maps the tensors of
+    a zip checkpoint instead of reading them (to look at its metadata cheaply).
     """
     local = isinstance(path, (str, os.PathLike))
     if local:
@@ -342,7 +308,8 @@ def safe_torch_load(path, map_location='cpu'):
             raise problem[0](problem[1])
     try:
         with _allowlisted():
-            return torch.load(path, map_location=map_location, weights_only=True)
+            extra = dict(mmap=True) if mmap and local and zipfile.is_zipfile(path) else {}
+            return torch.load(path, map_location=map_location, weights_only=True, **extra)
     except UnsafeCheckpointError as e:  # raised by the getattr stand-in, not wrapped by torch
         raise unsafe_checkpoint_error(path, e) from e
     except Exception as e:  # torch raises UnpicklingError wrapped in various types
@@ -354,55 +321,15 @@ def safe_torch_load(path, map_location='cpu'):
         raise
 
 
-def name_refused_file(loader):
-    """Wrap ``loader(path, *args, **kwargs)`` so that a weights-only refusal raises
-    :class:`UnsafeCheckpointError` naming ``path`` (torch's and timm's own messages name no file),
-    an unreadable local file (empty, truncated, text, a directory) :class:`CheckpointFileError` and a
-    failed download of a URL one saying how to pass a local file. What loads and what is refused
-    does not change. Used for mmengine's non-local loaders and timm's file reader; idempotent."""
-    if getattr(loader, '_mmpola_guarded', False):
-        return loader
-
-    @functools.wraps(loader)
-    def guarded(path, *args, **kwargs):
-        try:
-            return loader(path, *args, **kwargs)
-        except MMPolaUserError:
-            raise
-        except Exception as e:
-            url = isinstance(path, str) and '://' in path
-            better = download_error(path, e) if url else (
-                checkpoint_file_error(path, e) if isinstance(path, (str, os.PathLike)) else None)
-            if better is not None:
-                raise better from e
-            cause = e if is_weights_only_refusal(e) else e.__cause__
-            if cause is not None and is_weights_only_refusal(cause):
-                raise unsafe_checkpoint_error(path, cause) from e
-            raise
-
-    guarded._mmpola_guarded = True
-    return guarded
-
-
-def load_from_local(filename, map_location=None):
-    """mmengine's local-file checkpoint loader, through :func:`safe_torch_load`.
-
-    (mmengine prints ``Loads checkpoint by <name[10:]> backend``, hence the name.)
-    """
-    return safe_torch_load(osp.expanduser(filename), map_location=map_location)
-
-
-load_from_local._mmpola_guarded = True
-
-
 def _allowlisted():
-    """The allowlist for the calls inside the ``with`` block (torch's ``safe_globals`` context).
+    """The allowlist for the calls inside the ``with`` block.
 
-    When :func:`install` ran, torch's global allowlist has it already; the context is then skipped,
-    because torch's context manager removes its entries from the global list on exit, also entries
-    that were there before it was entered.
+    After ``import mmpola`` torch's global allowlist has it already; the context is then skipped,
+    because torch's ``safe_globals`` context removes its entries from the global list on exit, also
+    entries that were there before it was entered.
     """
-    if is_installed():
+    registered = torch.serialization.get_safe_globals() if hasattr(torch.serialization, 'get_safe_globals') else []
+    if all(g in registered for g in allowlist()):
         return contextlib.nullcontext()
     if hasattr(torch.serialization, 'safe_globals'):
         return torch.serialization.safe_globals(allowlist())
@@ -410,42 +337,50 @@ def _allowlisted():
     return contextlib.nullcontext()
 
 
-def _install_mmengine_loaders():
-    """Route mmengine's checkpoint loading (``load_from``, ``--resume``, ``tools/test.py``, mmengine
-    ``Pretrained`` inits of necks and heads) through the safe loader; returns the replaced loaders.
+def refused_globals(path):
+    """The globals of the checkpoint file ``path`` that a weights-only load would refuse (cheap: the
+    pickle is disassembled, no tensor is read), or None when the file is no zip archive (a legacy
+    pickle: only loading it tells)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    with _allowlisted():  # torch compares against its current allowlist
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(os.fspath(path))
+    return sorted(names)
 
-    mmengine calls plain ``torch.load``: weights-only by default since torch 2.6, but its refusal
-    names neither the file nor a way forward, and ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns it
-    off. Local files now go through :func:`safe_torch_load` (weights-only whatever the
-    environment says); the other schemes (http, s3 ...) keep their loader, with a refusal turned
-    into :class:`UnsafeCheckpointError` naming the file.
+
+def check_checkpoint_file(path):
+    """Raise what loading the local file ``path`` would fail with, before anything loads it.
+
+    :class:`MissingCheckpointError` / :class:`CheckpointFileError` for a missing, empty, text,
+    truncated or directory path, :class:`UnsafeCheckpointError` for a pickle naming globals outside the
+    allowlist; each names the file and the fix. Cheap for zip checkpoints (first bytes, zip directory,
+    the pickle's globals); a legacy (non-zip) pickle is read with :func:`safe_torch_load`.
     """
-    try:
-        from mmengine.runner.checkpoint import CheckpointLoader
-    except ImportError:  # mmengine is optional for plain timm users
-        return {}
-    previous = dict(CheckpointLoader._schemes)
-    for prefix, loader in previous.items():
-        if prefix != '':
-            CheckpointLoader.register_scheme(prefix, name_refused_file(loader), force=True)
-    CheckpointLoader.register_scheme('', load_from_local, force=True)
-    return previous
+    problem = checkpoint_file_problem(path)
+    if problem is not None:
+        raise problem[0](problem[1])
+    names = refused_globals(path)
+    if names is None:
+        safe_torch_load(path)
+    elif names:
+        raise unsafe_checkpoint_error(path, pickle.UnpicklingError(f'Unsupported global: {names[0]}'))
 
 
-def _install_timm_reader():
-    """Make timm's refusals and missing files name the file (``checkpoint_path=``, ``pretrained_cfg``
-    files, ``timm.models.load_checkpoint``) for every timm model: timm reads every file through
-    ``timm.models._helpers._torch_load`` (a weights-only refusal names no file) and
-    ``load_state_dict`` (a missing path or a directory is a bare ``FileNotFoundError``), which are
-    wrapped. Returns the originals (empty: no timm, or a timm without these functions)."""
-    try:
-        from timm.models import _helpers
-    except ImportError:
-        return {}
-    originals = {}
-    for name in ('_torch_load', 'load_state_dict'):
-        original = getattr(_helpers, name, None)
-        if original is not None:
-            originals[name] = original
-            setattr(_helpers, name, name_refused_file(original))
-    return originals
+def download_checkpoint(url):
+    """The local copy of the checkpoint at ``url`` in torch's hub cache (``$TORCH_HOME/hub/checkpoints``,
+    where ``torch.hub.load_state_dict_from_url``, mmengine's http loader and timm look), downloaded once,
+    named by :func:`mmpola.checkpoint.sources.cache_file_name` (a file put there by hand is used as is).
+
+    A failed download raises :class:`CheckpointFileError` saying how to pass a local file instead."""
+    cache_dir = osp.join(torch.hub.get_dir(), 'checkpoints')
+    os.makedirs(cache_dir, exist_ok=True)
+    local = osp.join(cache_dir, cache_file_name(url))
+    if not osp.isfile(local):
+        try:
+            torch.hub.download_url_to_file(url, local)
+        except Exception as e:
+            error = download_error(url, e)
+            if error is None:
+                raise
+            raise error from e
+    return local

@@ -1,12 +1,13 @@
-"""``--cfg-options data_root=DIR`` moves every dataset and the evaluators' annotation files
-(mmpola.runtime.cli.load_config / move_data_root), for detection and segmentation configs."""
+"""Configs as the tools load them (mmpola.runtime.config): ``--cfg-options data_root=DIR`` moves every
+dataset and the evaluators' annotation files (load_config / move_data_root), for detection and
+segmentation configs; a missing config file is one line."""
 import os.path as osp
 
 import pytest
 
 from mmpola.errors import UserError
-from mmpola.runtime.cli import load_config
-from tests.fixtures.paths import REPO  # noqa: E402
+from mmpola.runtime.config import load_config
+from tests.fixtures.paths import REPO
 
 DET = osp.join(REPO, 'configs', 'detection', 'mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py')
 SEG = osp.join(REPO, 'configs', 'segmentation', 'upernet_pola-pvt-t_8xb2-160k_ade20k-512x512.py')
@@ -47,7 +48,7 @@ def test_data_root_without_a_top_level_root_says_what_to_set(tmp_path):
 
 def test_missing_data_hint_names_the_option_that_fits_the_config(tmp_path):
     """A config with a top-level data_root is pointed elsewhere with `data_root=DIR`, as the docs say."""
-    from mmpola.runtime.data_checks import check_data_files
+    from mmpola.runtime.preflight.files import check_data_files
     cfg = load_config(DET, {'data_root': str(tmp_path / 'nowhere') + '/'})
     with pytest.raises(UserError, match=r'--cfg-options data_root=DIR$'):
         check_data_files(cfg, ['train_dataloader'], check_images=False)

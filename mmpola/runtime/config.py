@@ -1,0 +1,98 @@
+"""Configs as the tools load them: the file, ``--cfg-options`` (with ``data_root``), the task library,
+the work dir."""
+import importlib
+import os.path as osp
+
+from mmengine.config import Config
+
+from mmpola.errors import UserError
+
+__all__ = ['is_url', 'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir']
+
+
+def is_url(path):
+    return isinstance(path, str) and '://' in path
+
+
+def load_config(path, cfg_options=None):
+    """``Config.fromfile`` with readable errors for a missing file or an absent task library."""
+    if not osp.isfile(path):
+        raise UserError(f'config file {path!r} does not exist (configs live in configs/detection, '
+                        'configs/segmentation, configs/classification and configs/demo)')
+    try:
+        cfg = Config.fromfile(path)
+    except ModuleNotFoundError as e:  # e.g. `mmdet::` bases without mmdet installed
+        raise UserError(f'config {path!r} needs the package {e.name!r}, which is not installed; '
+                        'see requirements/pins.txt') from e
+    if cfg_options:
+        if 'data_root' in cfg_options:  # first, so that explicit per-dataset options still win
+            move_data_root(cfg, cfg_options['data_root'])
+        cfg.merge_from_dict(cfg_options)
+    return cfg
+
+
+_DATA_ROOT_USERS = ('train_dataloader', 'val_dataloader', 'test_dataloader', 'val_evaluator', 'test_evaluator')
+
+
+def move_data_root(cfg, new_root):
+    """``--cfg-options data_root=DIR``: move every dataset and evaluator file that follows the old root.
+
+    A config's top-level ``data_root`` is substituted into ``dataset.data_root`` and the
+    evaluators' ``ann_file`` (``data_root + 'annotations/...'``) when the file is parsed, so setting
+    it afterwards changes nothing else. Here, in the dataloaders and evaluators, each ``data_root``
+    equal to the old root becomes ``new_root`` and each path under the old root is moved under it.
+    """
+    old_root = cfg.get('data_root')
+    if not isinstance(old_root, str) or not old_root.strip('/'):
+        raise UserError(f'--cfg-options data_root={new_root}: this config has no top-level data_root to '
+                        'replace; set the datasets themselves, e.g. train_dataloader.dataset.data_root=DIR '
+                        '(and val_dataloader / test_dataloader, and val_evaluator.ann_file for COCO)')
+    old = old_root.rstrip('/')
+
+    def move(node, key=None):
+        if isinstance(node, dict):
+            for k in node:
+                node[k] = move(node[k], k)
+        elif isinstance(node, list):
+            node[:] = [move(item) for item in node]
+        elif isinstance(node, str):
+            if key == 'data_root' and node.rstrip('/') == old:
+                return new_root
+            if node.startswith(old + '/'):
+                return osp.join(new_root, node[len(old) + 1:])
+        return node
+
+    for key in _DATA_ROOT_USERS:
+        if key in cfg and cfg[key] is not None:
+            cfg[key] = move(cfg[key])
+    cfg.data_root = new_root
+
+
+def register_task_modules(cfg):
+    """Import the task library named by ``default_scope`` and register all its modules.
+
+    mmengine's registries would import most modules lazily, but hooks, visualizers and metrics are
+    looked up in places the lazy import does not always reach; ``register_all_modules`` (mmdet,
+    mmseg, mmpretrain all provide it) is the libraries' own way to make the registries complete.
+    """
+    from mmengine.registry import init_default_scope
+    scope = cfg.get('default_scope', None) or 'mmengine'
+    if scope not in ('mmengine', 'mmpola'):
+        try:
+            utils = importlib.import_module(f'{scope}.utils')
+        except ModuleNotFoundError as e:
+            raise UserError(f"the config's default_scope is {scope!r} but {e.name!r} cannot be "
+                            'imported; install it (see requirements/pins.txt)') from e
+        if hasattr(utils, 'register_all_modules'):
+            utils.register_all_modules(init_default_scope=False)
+    init_default_scope(scope)
+    return scope
+
+
+def set_work_dir(cfg, config_path, work_dir=None):
+    """``--work-dir`` wins, then the config's ``work_dir``, then ``./work_dirs/<config name>``."""
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(config_path))[0])
+    return cfg.work_dir

@@ -1,0 +1,86 @@
+"""COCO annotation files (mmpola.runtime.preflight.coco), through tools/train.py: annotations that
+pycocotools or the pipeline cannot use are listed per problem, with ids, images and fixes; a file that
+passed is not parsed again while it is unchanged."""
+import json
+import os.path as osp
+
+import pytest
+from mmengine.logging import MMLogger
+
+from mmpola.errors import UserError
+from tests.fixtures.paths import REPO
+from tests.fixtures.tools import load_tool, refused
+
+DET_DEMO = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
+RETINANET = osp.join(REPO, 'configs', 'detection', 'retinanet_pola-pvt-t_fpn_1x_coco.py')
+SEG_DEMO = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
+
+MMLogger.get_current_instance()  # mmengine's logger keeps the stream it first sees: not a test's capsys
+TRAIN, TEST = load_tool('train'), load_tool('test')
+
+
+def _det_opts(root, ann='annotations/instances_train.json'):
+    return ['--cfg-options', f'train_dataloader.dataset.data_root={root}/', f'train_dataloader.dataset.ann_file={ann}',
+            'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
+
+
+def _bad_annotations(coco, path):
+    data = json.loads((coco / 'annotations' / 'instances_train.json').read_text())
+    anns = [a for a in data['annotations'] if not a['iscrowd']]
+    anns[0]['segmentation'] = [[1, 1, 10, 10]]              # a polygon of 2 points
+    anns[1]['bbox'] = [1.0, 2.0, float('nan'), 5.0]         # NaN (Python's json writes it as NaN)
+    anns[2]['bbox'] = [10, 10, -4, 6]                       # negative width
+    del anns[3]['segmentation']                             # no mask, but masks are trained
+    extra = [dict(anns[4], id=900 + i, category_id=cat) for i, cat in enumerate((7, 7, 9))]
+    data['annotations'] += extra                            # category ids 'categories' lacks
+    path.write_text(json.dumps(data))
+    return anns, data
+
+
+def test_unusable_coco_annotations_are_listed(coco, tmp_path, capsys):
+    work = tmp_path / 'work'
+    ann = coco / 'annotations' / 'bad_train.json'
+    anns, data = _bad_annotations(coco, ann)
+    files = {img['id']: img['file_name'] for img in data['images']}
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work)] + _det_opts(coco, 'annotations/bad_train.json'),
+                  capsys, [coco], work, one_line=False)
+    assert err.startswith(f"train_dataloader: '{ann}' has annotations the model cannot use:\n")
+    lines = err.splitlines()[1:]
+    assert f"  1 annotation(s) with segmentation with a polygon with fewer than 3 points: ids {anns[0]['id']} " \
+           f"(images {files[anns[0]['image_id']]}); fix: delete those polygons" in err
+    assert f"  1 annotation(s) with bbox with NaN/inf: ids {anns[1]['id']} (images {files[anns[1]['image_id']]})" in err
+    assert f"  1 annotation(s) with bbox with negative width/height: ids {anns[2]['id']}" in err
+    assert f"  1 annotation(s) with no segmentation: ids {anns[3]['id']}" in err
+    assert "fix: add their masks, or train boxes only (LoadAnnotations(with_mask=False)" in err
+    assert lines[-1].startswith("  3 annotation(s) whose category_id is not in 'categories' (ids 1, 2, 3), which "
+                                'mmdet drops silently: category_id 7: 2, category_id 9: 1; fix: add')
+
+    # boxes only (no masks trained or evaluated): a missing or short polygon is no problem
+    config = tmp_path / 'boxes.py'
+    config.write_text(f"_base_ = [{DET_DEMO!r}]\ntrain_dataloader = dict(dataset=dict(pipeline=["
+                      "dict(type='LoadImageFromFile'), dict(type='LoadAnnotations', with_bbox=True), "
+                      "dict(type='PackDetInputs')]))\n")
+    err = refused(TRAIN, [str(config), '--work-dir', str(work)] + _det_opts(coco, 'annotations/bad_train.json'),
+                  capsys, [coco], work, one_line=False)
+    assert 'segmentation' not in err and 'with bbox with NaN/inf' in err
+
+    # --skip-data-check: who insists gets past the check (the config is built, nothing checked)
+    args = TRAIN.parse_args([DET_DEMO, '--work-dir', str(work), '--skip-data-check']
+                            + _det_opts(coco, 'annotations/bad_train.json'))
+    cfg, _, _ = TRAIN.build_train_config(args)
+    assert cfg.train_dataloader.dataset.ann_file == 'annotations/bad_train.json'
+
+
+def test_a_checked_annotation_file_is_not_parsed_again_until_it_changes(coco, tmp_path, monkeypatch):
+    from mmpola.runtime.preflight import coco as preflight
+    ann = tmp_path / 'ann.json'
+    ann.write_bytes((coco / 'annotations' / 'instances_train.json').read_bytes())
+    names = preflight.checked_coco_categories(str(ann), needs_masks=True)
+    assert names == ['circle', 'rectangle', 'triangle']
+    monkeypatch.setattr(preflight, 'load_coco_json', lambda path: pytest.fail('parsed a second time'))
+    assert preflight.checked_coco_categories(str(ann), needs_masks=True) == names
+    monkeypatch.undo()
+    monkeypatch.setenv('MMPOLA_CACHE_DIR', str(tmp_path / 'cache'))
+    _bad_annotations(coco, ann)  # changed: checked again
+    with pytest.raises(UserError, match='has annotations the model cannot use'):
+        preflight.checked_coco_categories(str(ann), needs_masks=True)

@@ -1,0 +1,33 @@
+"""The tools' test-time flags (--out, --show-dir, --tta) for each task library."""
+import copy
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+
+from mmpola.runtime import UserError, enable_test_dump, enable_test_visualization, enable_tta
+
+
+def test_test_time_adapters_follow_each_library():
+    det = Config(dict(test_evaluator=dict(type='CocoMetric'), default_hooks=dict(visualization=dict(draw=False)),
+                      visualizer=dict(type='DetLocalVisualizer')))
+    enable_test_dump(det, 'out.pkl', 'mmdet')
+    assert [e['type'] for e in det.test_evaluator] == ['CocoMetric', 'DumpDetResults']
+    with pytest.raises(UserError):
+        enable_test_dump(copy.deepcopy(det), 'out.json', 'mmdet')
+    enable_test_visualization(det, 'vis', 'mmdet')
+    assert det.default_hooks.visualization.draw and det.default_hooks.visualization.test_out_dir == osp.abspath('vis')
+
+    seg = Config(dict(test_evaluator=dict(type='IoUMetric'), default_hooks=dict(visualization=dict(draw=False)),
+                      visualizer=dict(type='SegLocalVisualizer'), model=dict(type='EncoderDecoder'),
+                      test_dataloader=dict(dataset=dict(pipeline=['plain'])),
+                      tta_model=dict(type='SegTTAModel'), tta_pipeline=['tta']))
+    enable_test_dump(seg, 'pred_dir', 'mmseg')
+    assert seg.test_evaluator.output_dir == 'pred_dir' and seg.test_evaluator.keep_results
+    enable_test_visualization(seg, 'vis', 'mmseg')
+    assert seg.default_hooks.visualization.draw and seg.visualizer.save_dir == 'vis'
+    enable_tta(seg)
+    assert seg.model.type == 'SegTTAModel' and seg.model.module.type == 'EncoderDecoder'
+    assert seg.test_dataloader.dataset.pipeline == ['tta']
+    with pytest.raises(UserError, match='tta_model'):
+        enable_tta(Config(dict(model=dict(type='X'))))

@@ -1,0 +1,156 @@
+"""The config against what it builds (mmpola.runtime.config_check): a misspelled type or argument is one
+line with the close matches, before anything is built; scoped ``mmpola.X`` names resolve from every
+task library's default scope; the shipped configs pass (no false alarm) and carry mmpola's hooks, also
+when a task library's own tools/train.py runs them (mmengine's ``Runner.from_cfg``)."""
+import glob
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+from mmengine.logging import MMLogger
+
+from mmpola.errors import UserError
+from mmpola.runtime import load_config, register_task_modules
+from mmpola.runtime.config_check import accepted_arguments, check_config, runtime_hook_notes
+from tests.fixtures.paths import REPO
+from tests.fixtures.tools import load_tool, refused
+
+DET_DEMO = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
+
+MMLogger.get_current_instance()  # mmengine's logger keeps the stream it first sees: not a test's capsys
+TRAIN = load_tool('train')
+
+
+@pytest.fixture(scope='module')
+def coco(tmp_path_factory):
+    from mmpola.datasets import make_demo_coco
+    root = tmp_path_factory.mktemp('coco')
+    make_demo_coco(str(root), num_train=2, num_val=2, seed=1, image_shapes=((64, 64),), verbose=False)
+    return root
+
+
+def _opts(root):
+    return ['--cfg-options'] + [f'{key}.dataset.data_root={root}/' for key in
+                                ('train_dataloader', 'val_dataloader', 'test_dataloader')] + [
+        f'val_evaluator.ann_file={root}/annotations/instances_val.json',
+        f'test_evaluator.ann_file={root}/annotations/instances_val.json',
+        'train_dataloader.batch_size=1',
+        'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
+
+
+def test_misspelled_type_and_argument_name_the_close_matches(coco, tmp_path, capsys):
+    work = str(tmp_path / 'work')
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + ['model.backbone.type=PolaPVTT'], capsys,
+                  [], work)
+    assert err.startswith("model.backbone.type='PolaPVTT': no model of that name is registered (scope 'mmdet'); "
+                          "did you mean 'PolaPVT'")
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + ['model.backbone.drop_path_rat=0.1'],
+                  capsys, [], work)
+    assert err == "model.backbone.drop_path_rat: PolaPVT has no argument 'drop_path_rat'; " \
+                  "did you mean 'drop_path_rate' or 'drop_rate'?"
+    # built much later by the Runner (the datasets, in runner.train()): found before anything is built too
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + ['train_dataloader.dataset.type=CocoDatset'],
+                  capsys, [], work)
+    assert err.startswith("train_dataloader.dataset.type='CocoDatset': no dataset of that name is registered "
+                          "(scope 'mmdet')")
+    assert "did you mean 'CocoDataset'" in err
+
+
+def test_the_check_can_be_skipped(coco, tmp_path):
+    """--skip-config-check: the config goes to the Runner as it is (which fails, or not, when it
+    builds that part)."""
+    args = TRAIN.parse_args([DET_DEMO, '--work-dir', str(tmp_path), '--skip-config-check'] + _opts(coco)
+                            + ['train_dataloader.dataset.type=CocoDatset'])
+    cfg, _, _ = TRAIN.build_train_config(args)
+    assert cfg.train_dataloader.dataset.type == 'CocoDatset'
+
+
+def test_no_false_alarm_on_the_shipped_configs(monkeypatch):
+    """Every task config passes the config check and the pre-flight model checks (classes vs
+    num_classes, channels); the channel check really sees every dense backbone's outputs."""
+    from mmengine.registry import DefaultScope
+
+    from mmpola.runtime.preflight import model as preflight
+    seen = []
+    build = preflight._backbone_out_channels
+    monkeypatch.setattr(preflight, '_backbone_out_channels', lambda cfg: seen.append(build(cfg)) or seen[-1])
+    paths = sorted(p for p in glob.glob(osp.join(REPO, 'configs', '*', '*.py')) if '/_base_/' not in p)
+    assert len(paths) > 20
+    for path in paths:
+        cfg = load_config(path)
+        seen.clear()
+        with DefaultScope.overwrite_default_scope(register_task_modules(cfg)):
+            check_config(cfg)
+            preflight.check_num_classes(cfg, ['train_dataloader', 'val_dataloader', 'test_dataloader'])
+            preflight.check_model_channels(cfg)
+        if 'backbone' in cfg.model:
+            assert len(seen) == 1 and seen[0] is not None, path
+        assert runtime_hook_notes(cfg) == [], path
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg', 'mmengine'])
+def test_mmpola_scoped_names_resolve_from_each_default_scope(scope):
+    """``type='mmpola.X'`` is found from mmdet's, mmseg's and mmengine's scopes (mmpola's child
+    registries), as the configs write mmpola's hooks; a misspelled one gets its close match."""
+    from mmengine.registry import HOOKS, MODELS, DefaultScope
+
+    from mmpola.runtime import NonFiniteLossHook, SafeCheckpointHook
+    cfg = Config(dict(default_scope=scope, model=dict(type='mmpola.PolaPVT', arch='tiny'),
+                      default_hooks=dict(checkpoint=dict(type='mmpola.SafeCheckpointHook', interval=1)),
+                      custom_hooks=[dict(type='mmpola.NonFiniteLossHook', action='skip')]))
+    with DefaultScope.overwrite_default_scope(register_task_modules(cfg)):
+        check_config(cfg)
+        assert isinstance(HOOKS.build(cfg.default_hooks.checkpoint), SafeCheckpointHook)
+        assert isinstance(HOOKS.build(cfg.custom_hooks[0]), NonFiniteLossHook)
+        with MODELS.switch_scope_and_registry(None) as registry:
+            assert registry.get('mmpola.PolaPVT').__name__ == 'PolaPVT'
+        cfg.model.type = 'mmpola.PolaPVTT'
+        with pytest.raises(UserError, match=r"model.type='mmpola.PolaPVTT': no model of that name .*'PolaPVT'"):
+            check_config(cfg)
+
+
+def test_arguments_follow_the_kwargs_a_class_passes_on():
+    class Base:
+        def __init__(self, depth, init_cfg=None):
+            pass
+
+    class PassesOn(Base):
+        def __init__(self, width=1, **kwargs):
+            super().__init__(**kwargs)
+
+    class KeepsThem(Base):
+        def __init__(self, width=1, **options):
+            super().__init__(depth=2)
+            self.options = options
+
+    def builder(a, b=2):
+        return a
+
+    assert accepted_arguments(PassesOn) == (['width', 'depth', 'init_cfg'], True)
+    assert accepted_arguments(KeepsThem) == (['width'], False)  # its options may be anything
+    assert accepted_arguments(builder) == (['a', 'b'], True)
+
+
+def test_task_libraries_own_train_script_gets_mmpolas_hooks(tmp_path):
+    """What mmdet's / mmseg's tools/train.py do (load the config, ``Runner.from_cfg``): the run has
+    SafeCheckpointHook, RandomStateHook, NonFiniteLossHook and CheckpointFitHook, from the config."""
+    from mmengine.runner import Runner
+
+    from mmpola.runtime import CheckpointFitHook, NonFiniteLossHook, RandomStateHook, SafeCheckpointHook
+    wanted = {SafeCheckpointHook, RandomStateHook, NonFiniteLossHook, CheckpointFitHook}
+    for task, config in (('detection', 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py'),
+                         ('segmentation', 'upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py'),
+                         ('classification', 'pola-pvt-t_8xb128_in1k.py')):
+        cfg = Config.fromfile(osp.join(REPO, 'configs', task, config))
+        cfg.work_dir = str(tmp_path / task)
+        cfg.launcher = 'none'
+        runner = Runner.from_cfg(cfg)
+        assert wanted <= {type(h) for h in runner.hooks}, (task, [type(h).__name__ for h in runner.hooks])
+        assert sum(isinstance(h, SafeCheckpointHook) for h in runner.hooks) == 1  # in place of CheckpointHook
+
+
+def test_a_config_without_the_hooks_is_told_so():
+    notes = runtime_hook_notes(Config(dict(default_hooks=dict(checkpoint=dict(type='CheckpointHook')))))
+    assert len(notes) == 4 and all('configs/_base_/runtime.py' in n for n in notes)
+    assert 'SafeCheckpointHook in default_hooks.checkpoint' in notes[0]
+    assert len(runtime_hook_notes(Config(dict()), training=False)) == 1  # testing: the fit check only

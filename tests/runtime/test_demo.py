@@ -1,0 +1,55 @@
+"""The demos' shared course (mmpola.runtime.demo): the initial evaluation, and what the demo configs run."""
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+
+from mmpola.runtime import InitialEvaluationHook
+from tests.fixtures.paths import REPO
+
+DEMOS = {'detection': 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py',
+         'segmentation': 'upernet_pola-swin-t_demo-ade-128x128.py',
+         'classification': 'pola-pvt_demo-imagenet-64x64.py'}
+
+
+def test_initial_evaluation_hook_records_before_and_after():
+    class Loop:
+        def run(self):
+            return {'coco/bbox_mAP': 0.01}
+
+    class Runner:
+        _resume, iter, val_loop = False, 0, Loop()
+
+        class logger:
+            info = staticmethod(print)
+
+    hook = InitialEvaluationHook()
+    hook.before_train(Runner())
+    hook.after_val_epoch(Runner(), {'coco/bbox_mAP': 0.5})
+    assert hook.initial_metrics == {'coco/bbox_mAP': 0.01} and hook.last_metrics == {'coco/bbox_mAP': 0.5}
+    resumed = Runner()
+    resumed._resume = True
+    hook = InitialEvaluationHook()
+    hook.before_train(resumed)
+    assert hook.initial_metrics is None
+
+
+@pytest.mark.parametrize('name', sorted(DEMOS))
+def test_demo_configs_carry_the_run_time_guarantees(name):
+    """The demos use what their configs name (SafeCheckpointHook, RandomStateHook, NonFiniteLossHook,
+    CheckpointFitHook) and add only the initial evaluation (tools/demo_*.py: prepare_demo_config)."""
+    from mmpola.runtime import load_config
+    from mmpola.runtime.config_check import runtime_hook_notes
+    with open(osp.join(REPO, 'tools', f'demo_{name}.py')) as f:
+        assert 'demo.prepare_demo_config(cfg' in f.read(), name
+    cfg = load_config(osp.join(REPO, 'configs', 'demo', DEMOS[name]))
+    assert runtime_hook_notes(cfg) == []
+    assert cfg.default_hooks.checkpoint.type == 'mmpola.SafeCheckpointHook'
+
+
+def test_prepare_demo_config_adds_the_initial_evaluation_only(tmp_path):
+    from mmpola.runtime.demo import prepare_demo_config
+    cfg = Config(dict(model=dict(type='mmpola.PolaPVT', arch='tiny'), data_root='data/toy/',
+                      custom_hooks=[dict(type='mmpola.NonFiniteLossHook')]))
+    prepare_demo_config(cfg, str(tmp_path), str(tmp_path), seed=0)
+    assert [h['type'] for h in cfg.custom_hooks] == ['mmpola.NonFiniteLossHook', 'mmpola.InitialEvaluationHook']

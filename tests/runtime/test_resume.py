@@ -1,0 +1,44 @@
+"""Which checkpoint --resume continues from (mmpola.runtime.resume): the newest readable one when the
+file ``last_checkpoint`` names is missing or truncated, in process and through tools/train.py."""
+import os
+import shutil
+
+import pytest
+import torch
+
+from mmpola.runtime import find_resumable_checkpoint
+from tests.fixtures.toy_runs import load, train
+
+
+def test_find_resumable_checkpoint_falls_back_to_the_newest_readable(tmp_path):
+    assert find_resumable_checkpoint(str(tmp_path)) == (None, [])
+    for step in (1, 2, 3):
+        torch.save({'meta': {'epoch': step}}, tmp_path / f'epoch_{step}.pth')
+        os.utime(tmp_path / f'epoch_{step}.pth', (step, step))
+    (tmp_path / 'epoch_3.pth').write_bytes((tmp_path / 'epoch_3.pth').read_bytes()[:40])  # cut short
+    os.utime(tmp_path / 'epoch_3.pth', (3, 3))
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'epoch_4.pth'))  # deleted
+    path, warnings = find_resumable_checkpoint(str(tmp_path))
+    assert path == str(tmp_path / 'epoch_2.pth')
+    assert warnings[0] == f'last_checkpoint names {tmp_path / "epoch_4.pth"}, which is missing'
+    assert warnings[1].startswith(f'{tmp_path / "epoch_3.pth"} is unreadable')
+
+
+@pytest.mark.parametrize('damage', ['missing', 'truncated'])
+def test_resume_skips_a_missing_or_truncated_latest_checkpoint(straight, tmp_path, damage):
+    work = tmp_path / 'work'
+    shutil.copytree(straight['work'], work)
+    latest = work / 'epoch_3.pth'
+    with open(work / 'last_checkpoint', 'w') as f:
+        f.write(str(latest))
+    if damage == 'missing':
+        latest.unlink()
+    else:
+        data = latest.read_bytes()
+        latest.write_bytes(data[:len(data) // 2])
+    _, out = train(straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=4')
+    assert f'--resume: last_checkpoint names {latest}, which is {damage if damage == "missing" else "unread"}' \
+        in out, out[-3000:]
+    assert f'Auto resumed from the latest checkpoint {work / "epoch_2.pth"}' in out
+    assert 'resumed epoch: 2, iter: 10' in out
+    assert load(work / 'epoch_4.pth')['meta']['iter'] == 20
