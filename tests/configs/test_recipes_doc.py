@@ -82,3 +82,24 @@ def test_config_name_tells_the_batch(config):
     assert cfg.train_dataloader.batch_size == batch
     if not config.startswith('classification'):  # ImageNet configs scale per 512 images, as the official code
         assert cfg.auto_scale_lr.base_batch_size == gpus * batch
+
+
+def test_every_config_has_a_model_zoo_row():
+    """Detection and segmentation configs are rows of docs/model_zoo.md, the ImageNet recipes rows of
+    docs/classification.md (PolaFormer++'s of docs/models.md)."""
+    docs = {}
+    for page in ('model_zoo', 'classification', 'models'):
+        with open(osp.join(osp.dirname(DOC), f'{page}.md'), encoding='utf-8') as f:
+            docs[page] = f.read()
+    missing = []
+    for config in shipped_configs():
+        task, name = config.split(osp.sep)[0], config.split(osp.sep, 1)[1]
+        if task in ('detection', 'segmentation'):
+            found = f'| {name[:-3]} ' in docs['model_zoo']
+        elif task == 'classification':
+            found = f'| {name} |' in docs['classification'] or f'| {name} |' in docs['models']
+        else:  # demo configs: README.md and the pages of their task
+            continue
+        if not found:
+            missing.append(config)
+    assert not missing, f'configs without a row in the model zoo pages: {missing}'
