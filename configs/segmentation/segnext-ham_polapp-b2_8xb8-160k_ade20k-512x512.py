@@ -3,13 +3,14 @@
 # (launched by its run.sh on 8 GPUs with samples_per_gpu=8): the head reads stages 2-4 (512 channels, NMF
 # rank 16, GroupNorm), AdamW lr 6e-5, weight decay 0.01 without decay on norms and `pos_block`, 10x lr for
 # the head, 1500 warm-up iterations then poly to 0; the backbone's BatchNorm statistics stay frozen
-# (norm_eval, the official segmentation backbone's train()); the whole image is tested at its resized
-# size, without padding. The head, optimizer and schedule are also mmseg's SegNeXt recipe
+# (norm_eval, the official segmentation backbone's train()); the whole image is tested resized to short
+# side 512 and then to sides that are multiples of 32 (the official ResizeToMultiple), not padded. The
+# head, optimizer and schedule are also mmseg's SegNeXt recipe
 # (segnext_mscan-t_1xb16-adamw-160k_ade20k-512x512). Every number and its source: docs/recipes.md.
 # The backbone returns only the stages the head reads (no unused output norm).
 # ImageNet-1k weights at checkpoints/polapp_b2.pth (see configs/_base_/models/polapp_b2.py).
 _base_ = [
-    './_base_/ade20k.py',
+    './_base_/ade20k_align32.py',
     'mmseg::_base_/default_runtime.py',
     'mmseg::_base_/schedules/schedule_160k.py',
     '../_base_/models/polapp_b2.py',

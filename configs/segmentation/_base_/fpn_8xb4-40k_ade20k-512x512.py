@@ -8,12 +8,11 @@
 # poly decay (power 0.9) to 0 over 40k iterations without warm-up; 8 GPUs x 4 images. Every number and
 # its source: docs/recipes.md.
 #
-# Testing: the whole image, short side resized to 512. PVT's test pipeline also rounds both sides to a
-# multiple of 32 (its AlignResize); mmseg 1.x has no such transform and its ports of AlignResize
-# recipes (SegFormer) test at the plain resized size, as here: the backbones take any size.
+# Testing: the whole image, short side resized to 512, then both sides resized to a multiple of 32
+# (PVT's AlignResize; ./ade20k_align32.py).
 _base_ = [
     'mmseg::_base_/models/fpn_r50.py',
-    './ade20k.py',
+    './ade20k_align32.py',
     'mmseg::_base_/default_runtime.py',
     'mmseg::_base_/schedules/schedule_40k.py',
 ]
