@@ -19,5 +19,7 @@ model = dict(
     label_smoothing=0.1)
 
 train_dataloader = dict(batch_size=256)
-# EMA on, as the official run (--model-ema-decay 0.99982): validation and checkpoints use the averaged weights
-custom_hooks = [dict(type='SwitchableEMAHook', enabled=True, momentum=1.8e-4, priority='ABOVE_NORMAL')]
+# EMA on, as the official run (timm's ModelEma, --model-ema-decay 0.99982): validation and checkpoints use the
+# averaged weights; buffers (BatchNorm statistics) are averaged too, as ModelEma averages the whole state dict
+custom_hooks = [dict(type='SwitchableEMAHook', enabled=True, momentum=1.8e-4, update_buffers=True,
+                     priority='ABOVE_NORMAL')]

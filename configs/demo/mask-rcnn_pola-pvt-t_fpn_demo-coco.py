@@ -88,7 +88,14 @@ tta_pipeline = [
 # evaluates the untrained model before the first iteration).
 max_epochs = 6
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
-optim_wrapper = dict(optimizer=dict(lr=4e-4))
+# AdamW lr 4e-4 (from scratch), weight decay 1e-4 except on norms, position parameters and Pola's
+# exponent / temperature logits (this demo's own choice; the COCO recipe decays every parameter)
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=4e-4, betas=(0.9, 0.999), weight_decay=1e-4),
+    paramwise_cfg=dict(custom_keys={key: dict(decay_mult=0.) for key in (
+        'norm', 'pos_embed', 'positional_encoding', 'relative_position_bias_table', 'attn.power', 'attn.scale')}))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
     dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[5], gamma=0.1),

@@ -60,7 +60,7 @@ param_scheduler = [
          begin=1, end=max_epochs, convert_to_iter_based=True),
 ]
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
-auto_scale_lr = dict(enable=False)
+auto_scale_lr = dict(enable=False, base_batch_size=16)  # the lr is for this batch; no scaling
 default_hooks = dict(
     logger=dict(interval=10),
     checkpoint=dict(interval=max_epochs, max_keep_ckpts=1, save_best=None))

@@ -70,9 +70,15 @@ test_dataloader = val_dataloader
 
 # From scratch and short: a higher learning rate than the fine-tuning recipe, 5x more for the
 # heads (AdamW moves a weight by ~lr per step, so the 0.01-std classifiers would otherwise need
-# hundreds of steps to produce confident logits), and a short warm-up.
+# hundreds of steps to produce confident logits), and a short warm-up. No weight decay on norms, position
+# parameters and Pola's exponent / temperature logits (this demo's own choice).
 max_iters = 480
-optim_wrapper = dict(optimizer=dict(lr=1e-3), paramwise_cfg=dict(custom_keys={'head': dict(lr_mult=5.)}))
+optim_wrapper = dict(
+    optimizer=dict(lr=1e-3),
+    paramwise_cfg=dict(custom_keys={
+        'head': dict(lr_mult=5.),
+        **{key: dict(decay_mult=0.) for key in ('norm', 'pos_embed', 'positional_encoding',
+                                               'relative_position_bias_table', 'attn.power', 'attn.scale')}}))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=40),
     dict(type='PolyLR', eta_min=0.0, power=1.0, by_epoch=False, begin=40, end=max_iters),

@@ -1,7 +1,10 @@
 # Mask R-CNN + FPN with PolaFormer++-B2 on COCO 2017, 1x schedule (12 epochs), 8 GPUs x 2 images, as the
-# official PolaFormer++ maskrcnn_b2_1x: AdamW lr 1e-4, weight decay 0.05 without decay on norms, 500
-# warm-up iterations, steps at epochs 8 and 11 (the official run trained with fp16: tools/train.py --amp).
-# Detector, data (1333x800, flip) and runtime are mmdet's (via its Swin-T Mask R-CNN config).
+# official PolaFormer++ configs/PolaPP/maskrcnn_b2_1x.py: AdamW lr 1e-4, weight decay 0.05 without decay on
+# norms, absolute position embeddings and relative position bias tables, 500 warm-up iterations, steps at
+# epochs 8 and 11 (the official run trained with fp16: tools/train.py --amp). Every number and its source:
+# docs/recipes.md.
+# Detector, data (1333x800, flip) and runtime are mmdet's (via its Swin-T Mask R-CNN config, whose
+# optimizer is the official one).
 # Backbone weights: checkpoints/polapp_b2.pth (see configs/_base_/models/polapp_b2.py).
 _base_ = [
     'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py',
@@ -12,11 +15,13 @@ _base_ = [
 # mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
 default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
-model = dict(
-    backbone=dict(_delete_=True, **_base_.backbone),
-    neck=dict(in_channels=_base_.backbone_out_channels))
+_base_.pop('pretrained')  # mmdet's Swin checkpoint URL: not this model's weights
 
-optim_wrapper = dict(paramwise_cfg=dict(_delete_=True, custom_keys=_base_.backbone_no_decay_keys))
+# the shared PolaPP-B2 backbone moves into the model (pop: the dumped config holds it once)
+model = dict(
+    backbone=dict(_base_.pop('backbone'), _delete_=True, drop_path_rate=0.1),
+    neck=dict(in_channels=_base_.pop('backbone_out_channels')))
+
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
     dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
@@ -25,5 +30,5 @@ param_scheduler = [
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 
-# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: horizontal flip
+# `--tta`: horizontal flip
 # (_base_/coco_tta.py)

@@ -1,8 +1,8 @@
-# Mask R-CNN + FPN with PolaFormer++-B3 on COCO 2017, 3x multi-scale-crop schedule: the B2 recipe with
-# the B3 backbone (official maskrcnn_b3_3x, drop path 0.15). Backbone weights: checkpoints/polapp_b3.pth.
+# Mask R-CNN + FPN with PolaFormer++-B3 on COCO 2017, 3x multi-scale-crop schedule: the B2 recipe with the B3 backbone
+# (official configs/PolaPP/maskrcnn_b3_3x.py, drop path 0.15). Backbone weights: checkpoints/polapp_b3.pth.
 _base_ = ['./mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py']
 
 model = dict(
     backbone=dict(arch='b3', drop_path_rate=0.15,
-                  init_cfg=dict(type='Pretrained', checkpoint='checkpoints/polapp_b3.pth')),
+                  init_cfg=dict(type='Pretrained', checkpoint='checkpoints/polapp_b3.pth', use_ema=False)),
     neck=dict(in_channels=[64, 128, 320, 512]))

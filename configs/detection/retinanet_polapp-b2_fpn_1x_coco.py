@@ -1,10 +1,10 @@
 # RetinaNet + FPN with PolaFormer++-B2 on COCO 2017, 1x schedule (12 epochs), 8 GPUs x 2 images, as the
-# official retinanet_b2_1x: AdamW lr 1e-4, weight decay 1e-4 on every parameter, 500 warm-up iterations,
-# steps at epochs 8 and 11 (the official run trained with fp16: tools/train.py --amp).
+# official configs/PolaPP/retinanet_b2_1x.py: AdamW lr 1e-4, weight decay 1e-4 on every parameter, 500
+# warm-up iterations, steps at epochs 8 and 11 (the official run trained with fp16: tools/train.py --amp).
 # The FPN reads stages 2-4 plus two extra levels from the last input (the official start_level=1 on four
 # inputs): the backbone returns only those stages, so it has no unused output norm.
-# Backbone weights: checkpoints/polapp_b2.pth.
 # The detector, data and schedule are mmdet's PVT-T RetinaNet recipe, which is the official one.
+# Every number and its source: docs/recipes.md. Backbone weights: checkpoints/polapp_b2.pth.
 _base_ = [
     'mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py',
     '../_base_/models/polapp_b2.py',
@@ -15,11 +15,13 @@ _base_ = [
 default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
 
 model = dict(
-    backbone=dict(_delete_=True, **dict(_base_.backbone, out_indices=(1, 2, 3))),
-    neck=dict(in_channels=_base_.backbone_out_channels[1:], start_level=0, add_extra_convs='on_input', num_outs=5))
+    backbone=dict(_base_.pop('backbone'), _delete_=True, drop_path_rate=0.1, out_indices=(1, 2, 3)),
+    neck=dict(in_channels=_base_.pop('backbone_out_channels')[1:], start_level=0, add_extra_convs='on_input',
+              num_outs=5))
 
+optim_wrapper = dict(optimizer=dict(betas=(0.9, 0.999)))
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 
-# mmdet's CocoMetric, also for annotation files without `info`; `--tta`: horizontal flip
+# `--tta`: horizontal flip
 # (_base_/coco_tta.py)

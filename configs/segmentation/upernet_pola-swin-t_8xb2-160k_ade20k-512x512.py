@@ -1,13 +1,14 @@
-# UperNet + Pola-Swin-T on ADE20K, 512x512 crops, 160k iterations, 8 GPUs x 2 images: mmseg's Swin
-# UperNet recipe (see _base_/upernet_8xb2-160k_ade20k-512x512.py) with the Pola-Swin-T backbone
-# of configs/_base_/models/pola_swin_tiny.py, ImageNet-1k weights at checkpoints/pola_swin_tiny.pth
-# (official PolaFormer release or our own classification run; without it, train from scratch
-# with --cfg-options model.backbone.init_cfg=None).
-# Stochastic depth 0.3 as in mmseg's Swin-T UperNet (the shared backbone dict has detection's 0.2).
+# UperNet + Pola-Swin-T on ADE20K, 512x512 crops, 160k iterations, 8 GPUs x 2 images: Swin's UperNet
+# recipe (see _base_/upernet_8xb2-160k_ade20k-512x512.py) with the Pola-Swin-T backbone of
+# configs/_base_/models/pola_swin_tiny.py, drop path 0.3 as Swin's. ImageNet-1k weights at
+# checkpoints/pola_swin_tiny.pth (official PolaFormer release or our own classification run; without
+# them, train from scratch with --cfg-options model.backbone.init_cfg=None). Every number and its
+# source: docs/recipes.md.
 _base_ = ['./_base_/upernet_8xb2-160k_ade20k-512x512.py', '../_base_/models/pola_swin_tiny.py']
 
+# the shared backbone moves into the model (pop: the dumped config holds it once); the channels are
+# read for the decode head, then popped for the auxiliary head (stage 3)
 model = dict(
-    backbone=dict(_delete_=True, **dict(_base_.backbone, drop_path_rate=0.3)),
+    backbone=dict(_base_.pop('backbone'), _delete_=True, drop_path_rate=0.3),
     decode_head=dict(in_channels=_base_.backbone_out_channels),
-    auxiliary_head=dict(in_channels=_base_.backbone_out_channels[2]))
-optim_wrapper = dict(paramwise_cfg=dict(custom_keys=_base_.backbone_no_decay_keys))
+    auxiliary_head=dict(in_channels=_base_.pop('backbone_out_channels')[2]))

@@ -113,8 +113,9 @@ def test_tta_model_without_detections_gives_an_empty_prediction():
 @pytest.mark.parametrize('name', sorted(osp.basename(p)[:-3] for p in glob.glob(osp.join(
     REPO, 'configs', 'detection', '*.py'))))
 def test_detection_configs_evaluate_any_coco_file_and_have_tta(name, tmp_path):
-    """Every detection config: mmdet's CocoMetric for val and test, and --tta with the flip (1x) or the
-    flip at three scales (3x: multi-scale training); the TTA pipeline gives one input per view."""
+    """Every detection config: mmdet's CocoMetric for val and test, and --tta with the flip (single-scale
+    training) or the flip at three scales (ms-crop: multi-scale training); the TTA pipeline gives one
+    input per view."""
     import cv2
     from mmcv.transforms import Compose
     from mmengine.config import Config
@@ -124,7 +125,7 @@ def test_detection_configs_evaluate_any_coco_file_and_have_tta(name, tmp_path):
     assert cfg.tta_model.type == 'PolaDetTTAModel'
     augment = next(t for t in cfg.tta_pipeline if t.type == 'TestTimeAug').transforms
     scales = [t.scale for t in augment[0]]
-    assert scales == ([(1333, 800), (666, 400), (2000, 1200)] if '3x' in name else [(1333, 800)])
+    assert scales == ([(1333, 800), (666, 400), (2000, 1200)] if 'ms-crop' in name else [(1333, 800)])
     assert [t.prob for t in augment[1]] == [1., 0.]
     assert 'flip' in augment[-1][0].meta_keys and 'flip_direction' in augment[-1][0].meta_keys
 

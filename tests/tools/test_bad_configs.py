@@ -18,7 +18,7 @@ from tests.fixtures.tools import load_tool
 
 DATA = osp.join(REPO, 'tests', 'data')
 DET_CONFIG = {'pvt': osp.join(REPO, 'configs', 'detection', 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py'),
-              'swin': osp.join(REPO, 'configs', 'detection', 'mask-rcnn_pola-swin-t_fpn_1x_coco.py')}
+              'swin': osp.join(REPO, 'configs', 'detection', 'mask-rcnn_pola-swin-t_fpn_ms-crop-1x_coco.py')}
 DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 CLS = {'pvt': PolaPVT, 'swin': PolaSwin}
 OTHER = {'pvt': 'swin', 'swin': 'pvt'}

@@ -1,16 +1,17 @@
 # Pola-PVT-T backbone (ImageNet-1k pretrained at 224x224), shared by every task config.
 #
-# Inherit it next to an mmdet / mmseg base and swap the backbone in:
+# Inherit it next to an mmdet / mmseg base and move the backbone into the model:
 #
 #   _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
 #             '../_base_/models/pola_pvt_tiny.py']
-#   model = dict(backbone=dict(_delete_=True, **_base_.backbone),
-#                neck=dict(in_channels=_base_.backbone_out_channels))
+#   model = dict(backbone=dict(_base_.pop('backbone'), _delete_=True),
+#                neck=dict(in_channels=_base_.pop('backbone_out_channels')))
 #
-# (`_base_.backbone` is read directly in the config, so a second base may define `model`
-# without a duplicate-key error.) Put the ImageNet checkpoint at checkpoints/pola_pvt_tiny.pth
-# (official PolaFormer file or our own classification run; both load as is), or train from
-# scratch with model.backbone.init_cfg=None.
+# `_base_.pop(...)` reads the variable and removes it, so the dumped config holds the backbone once,
+# inside `model` (a second base may define `model` without a duplicate-key error). The drop path
+# rate here is a default: every shipped task config sets its recipe's own (docs/recipes.md).
+# Put the ImageNet checkpoint at checkpoints/pola_pvt_tiny.pth (official PolaFormer file or our own
+# classification run; both load as is), or train from scratch with model.backbone.init_cfg=None.
 _base_ = ['./pola_common.py']
 
 backbone = dict(

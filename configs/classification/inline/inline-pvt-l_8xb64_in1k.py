@@ -1,7 +1,7 @@
 # InLine-PVT-L (51.2 M parameters): ImageNet-1k from scratch with the official recipe of
 # LeapLabTHU/InLine (cfgs/inline_pvt_b.yaml), which is the Pola-PVT-L recipe
 # (../pola-pvt-l_8xb32_in1k.py) with the injective linear attention (InLine, NeurIPS 2024) and 64 images per GPU.
-#   tools/dist_train.sh configs/classification/inline/inline-pvt-l_8xb64_in1k.py 8 [--amp]
+#   tools/dist_train.sh configs/classification/inline/inline-pvt-l_8xb64_in1k.py 8 --amp  (official: fp16)
 #   tools/test.py configs/classification/inline/inline-pvt-l_8xb64_in1k.py CHECKPOINT  (official files load as is)
 _base_ = ['../pola-pvt-l_8xb32_in1k.py']
 

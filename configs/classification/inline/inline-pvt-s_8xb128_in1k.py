@@ -1,7 +1,7 @@
 # InLine-PVT-S (21.6 M parameters): ImageNet-1k from scratch with the official recipe of
 # LeapLabTHU/InLine (cfgs/inline_pvt_s.yaml), which is the Pola-PVT-S recipe
 # (../pola-pvt-s_8xb64_in1k.py) with the injective linear attention (InLine, NeurIPS 2024) and 128 images per GPU.
-#   tools/dist_train.sh configs/classification/inline/inline-pvt-s_8xb128_in1k.py 8 [--amp]
+#   tools/dist_train.sh configs/classification/inline/inline-pvt-s_8xb128_in1k.py 8 --amp  (official: fp16)
 #   tools/test.py configs/classification/inline/inline-pvt-s_8xb128_in1k.py CHECKPOINT  (official files load as is)
 _base_ = ['../pola-pvt-s_8xb64_in1k.py']
 

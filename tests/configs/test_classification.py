@@ -1,0 +1,188 @@
+"""The ImageNet recipes (configs/classification): the recipe models reproduce the official logits from
+official files, build the released architectures, train one step; the FLatten / InLine recipes are the
+Pola ones with another attention; the 384 fine-tunes start from 224 weights. The numbers of the recipes:
+test_recipes_doc.py."""
+import glob
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+
+from tests.fixtures.paths import CONFIGS, DATA
+
+CONFIG_DIR = osp.join(CONFIGS, 'classification')
+TOL = 1e-5
+MINI_SWIN = dict(embed_dims=8, depths=[1, 1, 2, 1], num_heads=[1, 1, 2, 2])
+MINI_PVT = dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])
+
+
+def _load(name):
+    import mmpola.classification  # noqa: F401
+    return Config.fromfile(osp.join(CONFIG_DIR, name))
+
+
+def _build(model_cfg):
+    from mmengine.registry import MODELS
+    return MODELS.build(model_cfg)
+
+
+@pytest.mark.parametrize('family', ['pvt', 'swin'])
+def test_recipe_model_reproduces_official_logits(golden, family):
+    """The model of a classification config, built for the golden mini arch and initialised
+    through init_cfg=Pretrained from the official file, gives the official logits."""
+    from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
+    expected, ckpt = golden[family]
+    cfg = _load(f'pola-{family}-t_8xb128_in1k.py')
+    cfg.model.update(official_kwargs_to_classifier_kwargs(expected['constructor']))
+    cfg.model.init_cfg = dict(type='Pretrained', checkpoint=ckpt)
+    model = _build(cfg.model)
+    model.init_weights()
+    model.eval()
+    with torch.no_grad():
+        logits = model(expected['input'], mode='tensor')
+    assert (logits - expected['logits']).abs().max() <= TOL
+
+
+def test_weight_decay_groups_follow_the_official_set():
+    """No decay for 1-D parameters and Swin's relative position bias; Pola's power, scale and
+    positional encodings (and PVT's pos_embed) are decayed, as the official set_weight_decay."""
+    from mmengine.optim import build_optim_wrapper
+    cfg = _load('pola-swin-t_8xb128_in1k.py')
+    cfg.model.arch = MINI_SWIN
+    model = _build(cfg.model)
+    optim = build_optim_wrapper(model, cfg.optim_wrapper)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay = {names[id(p)]: g['weight_decay'] for g in optim.optimizer.param_groups for p in g['params']}
+    for name, wd in decay.items():
+        param = model.get_parameter(name)
+        assert wd == (0 if param.ndim == 1 or 'relative_position_bias_table' in name else 0.05), name
+    assert any('attn.power' in n for n in decay) and any('positional_encoding' in n for n in decay)
+
+
+LINEAGE = sorted(osp.relpath(p, CONFIG_DIR) for kind in ('flatten', 'inline')
+                 for p in glob.glob(osp.join(CONFIG_DIR, kind, '*.py')))
+
+
+@pytest.mark.parametrize('name', LINEAGE)
+def test_lineage_recipe_is_the_pola_recipe_with_another_attention(name):
+    """Apart from the attention (kind, and the released layout of InLine-Swin-S/B), the init file of
+    the 384 fine-tunes and the batch per GPU of the official yaml, each FLatten / InLine recipe is
+    the Pola recipe of that size."""
+    kind = osp.dirname(name)
+    cfg = _load(name)
+    stem = osp.basename(name).split('_')[0].replace(kind, 'pola')  # e.g. pola-pvt-t
+    suffix = '_in1k-384px.py' if name.endswith('-384px.py') else '_in1k.py'
+    (pola_path,) = [p for p in glob.glob(osp.join(CONFIG_DIR, f'{stem}_*{suffix}')) if p.endswith(suffix)]
+    pola = Config.fromfile(pola_path)
+    assert cfg.model.kind == kind
+    ours, theirs = cfg.to_dict(), pola.to_dict()
+    for d in (ours, theirs):
+        for key in ('kind', 'attn_type'):
+            d['model'].pop(key, None)
+        d['model'].get('init_cfg', {}).pop('checkpoint', None)
+        d['train_dataloader'].pop('batch_size')
+    assert ours == theirs
+
+
+@pytest.mark.parametrize('name, attn_type, params', [
+    ('inline/inline-swin-t_8xb128_in1k.py', 'IIIS', 29223544),
+    ('inline/inline-swin-s_8xb128_in1k.py', 'IISS', 49793296),
+    ('inline/inline-swin-b_8xb64_in1k.py', 'IIMS2', 88350120),
+    ('inline/inline-swin-b_8xb32_in1k-384px.py', 'IIMS2', None),
+])
+def test_inline_swin_recipes_build_the_released_layouts(name, attn_type, params):
+    """The released InLine-Swin sizes differ in their attention layout (official cfgs/inline_swin_*.yaml):
+    the recipe models have exactly the parameter count of the released state dicts."""
+    cfg = _load(name)
+    with torch.device('meta'):
+        model = _build(cfg.model)
+    assert model.backbone.attn_type == attn_type
+    if params is not None:
+        assert sum(t.numel() for t in model.state_dict().values()) == params
+
+
+@pytest.mark.parametrize('name', ['flatten/flatten-swin-t_8xb128_in1k.py', 'inline/inline-pvt-t_8xb128_in1k.py'])
+def test_lineage_recipe_model_trains_one_step(name):
+    from mmengine.optim import build_optim_wrapper
+    cfg = _load(name)
+    cfg.model.arch = MINI_SWIN if 'swin' in name else MINI_PVT
+    cfg.model.pop('attn_type', None)
+    cfg.model.num_classes = 5
+    torch.manual_seed(0)
+    model = _build(cfg.model)
+    optim = build_optim_wrapper(model, cfg.optim_wrapper)
+    assert model.kind == name.split('/')[0]
+    loss = model(torch.randn(2, 3, 64, 64), dict(gt_label=torch.tensor([0, 3])), mode='loss')['loss']
+    assert torch.isfinite(loss)
+    qkv = model.backbone.layers[0].blocks[0].attn.qkv if 'swin' in name else model.backbone.block1[0].attn.q
+    before = qkv.weight.detach().clone()
+    optim.update_params(loss)
+    assert not torch.equal(qkv.weight, before)
+
+
+@pytest.mark.parametrize('name', ['pola-swin-b_8xb32_in1k-384px.py', 'flatten/flatten-swin-b_8xb32_in1k-384px.py',
+                                  'inline/inline-swin-b_8xb32_in1k-384px.py'])
+def test_384_finetune_starts_from_224_weights_trains_and_predicts(name, tmp_path):
+    """The 384 recipe model (the mini arch here) initialises from a 224 checkpoint of the same model
+    through its init_cfg: positional encodings and softmax bias tables are resized, every other tensor
+    is copied; then one training step at 384 and a prediction."""
+    from mmengine.optim import build_optim_wrapper
+    cfg = _load(name)
+    arch = dict(MINI_SWIN, depths=[1, 1, 2, 2])  # two blocks in stage 4 (softmax in every layout)
+    layout = 'IIMS1' if cfg.model.get('attn_type') == 'IIMS2' else None  # stage 3 of the mini has 2 blocks
+    torch.manual_seed(0)
+    source = _build(dict(cfg.model, arch=arch, pretrain_img_size=224, window_size=56, attn_type=layout,
+                         init_cfg=None, num_classes=5))
+    torch.save({'model': source.state_dict()}, tmp_path / 'w224.pth')
+    model = _build(dict(cfg.model, arch=arch, attn_type=layout, num_classes=5,
+                        init_cfg=dict(cfg.model.init_cfg, checkpoint=str(tmp_path / 'w224.pth'))))
+    model.init_weights()
+    assert model.backbone.window_size == 96 and cfg.model.pretrain_img_size == 384
+    theirs = source.state_dict()
+    resized = [k for k, v in model.state_dict().items() if v.shape != theirs[k].shape]
+    assert resized and all('positional_encoding' in k or 'relative_position_bias_table' in k for k in resized)
+    assert all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items() if k not in resized)
+
+    optim = build_optim_wrapper(model, cfg.optim_wrapper)
+    images = torch.randn(2, 3, 384, 384)
+    loss = model(images, dict(gt_label=torch.tensor([0, 3])), mode='loss')['loss']
+    optim.update_params(loss)
+    assert torch.isfinite(loss)
+    model.eval()
+    with torch.no_grad():
+        assert model(images[:1], mode='tensor').shape == (1, 5)
+
+
+def test_polapp_recipe_model_reproduces_official_logits_and_trains_one_step():
+    """The b0 recipe's model, built for the golden mini arch, loads the official file through
+    init_cfg=Pretrained (official logits), then one optimizer step of the recipe with a gradient for
+    every parameter; PaCS's s1 / s2 and the layer scales are decayed, as the official set."""
+    from mmengine.optim import build_optim_wrapper
+
+    from mmpola.checkpoint.reading import safe_torch_load
+    from mmpola.models import PolaPPClassifier
+    expected = safe_torch_load(osp.join(DATA, 'polapp_mini_expected.pth'))
+    cfg = _load('polapp-b0_8xb256_in1k.py')
+    reference = PolaPPClassifier.from_official_kwargs(expected['constructor'])
+    cfg.model.update(arch=reference.backbone.arch, projection=reference.num_features, num_classes=10,
+                     drop_path_rate=0.0,
+                     init_cfg=dict(type='Pretrained', checkpoint=osp.join(DATA, 'polapp_mini_official.pth')))
+    model = _build(cfg.model)
+    model.init_weights()
+    model.eval()
+    with torch.no_grad():
+        logits = model(expected['input'], mode='tensor')
+    assert (logits - expected['logits']).abs().max() <= 1e-4
+
+    model.train()
+    optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    scores = torch.softmax(torch.randn(2, 10), dim=-1)
+    loss = model(expected['input'], dict(gt_score=scores), mode='loss')['loss']
+    optim_wrapper.backward(loss)
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+    optim_wrapper.step()
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay = {names[id(p)]: g['weight_decay'] for g in optim_wrapper.optimizer.param_groups for p in g['params']}
+    assert decay['backbone.layers.0.blocks.0.attn.s1'] == 0.05 and decay['backbone.layers.0.blocks.0.gamma_1'] == 0.05
+    assert decay['backbone.layers.0.blocks.0.norm1.norm.weight'] == 0.0

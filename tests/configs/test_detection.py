@@ -1,0 +1,42 @@
+"""Every detection config builds, trains one step (every parameter gets a gradient: multi-GPU runs need
+no find_unused_parameters) and predicts on a small input. Configs with the same model share one run
+(tests/fixtures/config_groups.py). The numbers of the recipes: test_recipes_doc.py."""
+import os
+import os.path as osp
+
+import mmdet  # noqa: F401  (required: a broken install fails here)
+import pytest
+
+from mmpola.checkpoint.sources import pretrained_url
+from tests.fixtures.config_groups import build_groups, group_id
+from tests.fixtures.detection import check_trains_one_step_and_predicts
+from tests.fixtures.detection import load_config as _load
+from tests.fixtures.paths import CONFIGS
+
+GROUPS = build_groups(('detection', 'demo' + osp.sep + 'mask-rcnn'))
+
+
+@pytest.mark.parametrize('path', sorted(GROUPS), ids=[group_id(GROUPS[p]) for p in sorted(GROUPS)])
+def test_config_trains_one_step_and_predicts(path):
+    check_trains_one_step_and_predicts(path)
+
+
+LINEAGE = sorted(osp.join(kind, n) for kind in ('flatten', 'inline')
+                 for n in os.listdir(osp.join(CONFIGS, 'detection', kind)))
+
+
+@pytest.mark.parametrize('name', LINEAGE)
+def test_lineage_config_is_the_pola_config_with_another_attention(name):
+    """FLatten / InLine configs compare the attention alone: only the backbone type (and its
+    checkpoint) differ from the Pola config of the same name."""
+    kind = osp.dirname(name)
+    cfg = _load(osp.join(CONFIGS, 'detection', name))
+    pola = _load(osp.join(CONFIGS, 'detection', osp.basename(name).replace(f'_{kind}-', '_pola-')))
+    family = 'PVT' if '-pvt-' in name else 'Swin'
+    assert cfg.model.backbone.type == {'flatten': 'FLatten', 'inline': 'InLine'}[kind] + family
+    # the official weights of that backbone, downloaded from its release
+    assert cfg.model.backbone.init_cfg.checkpoint == pretrained_url(f'{kind}_{family.lower()}_tiny')
+    ours, theirs = cfg.to_dict(), pola.to_dict()
+    for d in (ours, theirs):
+        del d['model']['backbone']['type'], d['model']['backbone']['init_cfg']
+    assert ours == theirs
