@@ -250,7 +250,7 @@ class KeySignature:
         title = self.titles.get(kind, kind)
         found = identify(keys)
         softmax_fix = "build the backbone with attn_type='SSSS' (softmax attention in every stage) to use this one"
-        others = [m for m in found.kinds if m.kind not in self.kinds]
+        others = [m for m in found.kinds if m.kind != kind]
         other = next((m for m in others if not m.softmax), others[0] if others else None)
         if other is not None and other.softmax:
             looks, fix = f'a {other.official} checkpoint', softmax_fix

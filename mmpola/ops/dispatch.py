@@ -33,11 +33,18 @@ class AttentionOp:
     Args:
         name: the op's name (``'pola'``).
         function: the public function's name, for messages (``'pola_attention'``).
+        example_inputs: ``fn(batch, heads, hw, head_dim, generator) -> (tensors, options)``: inputs of
+            the op's signature for an H x W token grid near the trained regime, the differentiable
+            tensors first (the tests of every implementation and tools/benchmark.py use them).
+        force_compile: for an op whose fast path uses torch.compile, a context manager that makes
+            it compile at every size (tools/benchmark.py's 'fast+compile' rows); else None.
     """
 
-    def __init__(self, name, function):
+    def __init__(self, name, function, example_inputs=None, force_compile=None):
         self.name = name
         self.function = function
+        self.example_inputs = example_inputs
+        self.force_compile = force_compile
         self.impls = {}
         self.default = None
 
@@ -82,12 +89,13 @@ class AttentionOp:
 OPS = {}
 
 
-def attention_op(name, function=None):
-    """The :class:`AttentionOp` named ``name`` (created by the op's file with ``function``)."""
+def attention_op(name, function=None, **kwargs):
+    """The :class:`AttentionOp` named ``name`` (created by the op's file with ``function`` and the
+    other :class:`AttentionOp` arguments)."""
     if name not in OPS:
         if function is None:
             raise KeyError(f'unknown attention op {name!r}; ops: {", ".join(OPS)}')
-        OPS[name] = AttentionOp(name, function)
+        OPS[name] = AttentionOp(name, function, **kwargs)
     return OPS[name]
 
 

@@ -150,7 +150,15 @@ def flatten_attention_fast(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-
     return outs[0] if num_heads == 1 else torch.cat(outs, dim=-1)
 
 
-attention_op('flatten', 'flatten_attention').register('reference', flatten_attention_reference)
+def _example_inputs(batch, heads, hw, head_dim, generator):
+    """(q, k, v, scale) of an H x W grid and (num_heads, focusing_factor, eps)."""
+    shape = (batch, hw[0] * hw[1], heads * head_dim)
+    q, k, v = (torch.randn(shape, generator=generator) for _ in range(3))
+    return [q, k, v, torch.randn(1, 1, heads * head_dim, generator=generator) * 0.3], (heads, 3, 1e-6)
+
+
+attention_op('flatten', 'flatten_attention', example_inputs=_example_inputs).register(
+    'reference', flatten_attention_reference)
 attention_op('flatten').register('fast', flatten_attention_fast, default=True)
 
 

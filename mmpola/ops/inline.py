@@ -124,7 +124,14 @@ def inline_attention_fast(q, k, v, num_heads):
     return _InLineCore.apply(q, k, v, num_heads)
 
 
-attention_op('inline', 'inline_attention').register('reference', inline_attention_reference)
+def _example_inputs(batch, heads, hw, head_dim, generator):
+    """(q, k, v) of an H x W grid and (num_heads,)."""
+    shape = (batch, hw[0] * hw[1], heads * head_dim)
+    return [torch.randn(shape, generator=generator) for _ in range(3)], (heads,)
+
+
+attention_op('inline', 'inline_attention', example_inputs=_example_inputs).register(
+    'reference', inline_attention_reference)
 attention_op('inline').register('fast', inline_attention_fast, default=True)
 
 

@@ -285,7 +285,17 @@ def pacs_attention_fast(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
     return _PaCSAttention.apply(q, k, v, s_same, s_opp, _rotation(sin, cos, dtype), eps)
 
 
-attention_op('pacs', 'pacs_attention').register('reference', pacs_attention_reference)
+def _example_inputs(batch, heads, hw, head_dim, generator):
+    """(q, k, v, s_same, s_opp) of an H x W grid and (sin, cos, eps) of its RoPE tables."""
+    n = hw[0] * hw[1]
+    tensors = [torch.randn(batch, heads, n, head_dim, generator=generator) for _ in range(3)]
+    tensors += [torch.randn(1, heads, 1, 2 * head_dim, generator=generator) for _ in range(2)]
+    sin, cos = rope_tables(rope_angles(2 * heads * head_dim, heads), hw)
+    return tensors, (sin, cos, 1e-6)
+
+
+attention_op('pacs', 'pacs_attention', example_inputs=_example_inputs).register(
+    'reference', pacs_attention_reference)
 attention_op('pacs').register('fast', pacs_attention_fast, default=True)
 
 

@@ -30,6 +30,7 @@ Implementations (``impl=``; mmpola.ops.dispatch, each takes ``(q, k, v, power, s
   - the element-wise feature work is fused with ``torch.compile`` when it is available and pays off
     (large tensors), with an eager fallback (see :func:`compile_status`).
 """
+import contextlib
 import logging
 import os
 
@@ -372,7 +373,32 @@ def pola_attention_fast(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     return (out[..., :d].unflatten(-1, (2, half)) * z.unsqueeze(-1)).flatten(-2)
 
 
-attention_op('pola', 'pola_attention').register('reference', pola_attention_reference)
+def _example_inputs(batch, heads, hw, head_dim, generator):
+    """(q, k, v, power, scale) of an H x W grid (logits near the trained regime: p around 3, s around
+    ln 2) and (alpha, eps)."""
+    n = hw[0] * hw[1]
+    q, k, v = (torch.randn(batch, heads, n, head_dim, generator=generator) for _ in range(3))
+    power = torch.randn(1, heads, 1, head_dim, generator=generator) * 0.5
+    scale = torch.randn(1, heads, 1, head_dim, generator=generator) * 0.3
+    return [q, k, v, power, scale], (4.0, 1e-6)
+
+
+@contextlib.contextmanager
+def force_compile():
+    """The fast path's torch.compile kernels at every size (benchmarks of the compiled kernels)."""
+    global COMPILE_MIN_NUMEL
+    previous_env, previous_min = os.environ.pop(_NO_COMPILE_ENV, None), COMPILE_MIN_NUMEL
+    COMPILE_MIN_NUMEL = 0
+    try:
+        yield
+    finally:
+        COMPILE_MIN_NUMEL = previous_min
+        if previous_env is not None:
+            os.environ[_NO_COMPILE_ENV] = previous_env
+
+
+attention_op('pola', 'pola_attention', example_inputs=_example_inputs, force_compile=force_compile).register(
+    'reference', pola_attention_reference)
 attention_op('pola').register('fast', pola_attention_fast, default=True)
 
 

@@ -5,41 +5,12 @@ import pytest
 import torch
 
 from mmpola.models import PolaPVT
-from mmpola.ops import (
-    OPS,
-    pacs_attention_reference,
-    pola_attention_reference,
-    register_attention_impl,
-    rope_angles,
-    rope_tables,
-)
+from mmpola.ops import OPS, pacs_attention_reference, pola_attention_reference, register_attention_impl
 
-
-def _pola_inputs(g, B=2, h=2, N=13, n=7, d=8):
-    return [torch.randn(B, h, N, d, generator=g), torch.randn(B, h, n, d, generator=g),
-            torch.randn(B, h, n, d, generator=g), torch.randn(1, h, 1, d, generator=g) * 0.5,
-            torch.randn(1, h, 1, d, generator=g) * 0.3], (4.0, 1e-6)
-
-
-def _flatten_inputs(g, B=2, N=13, n=7, C=12, h=3):
-    return [torch.randn(B, N, C, generator=g), torch.randn(B, n, C, generator=g), torch.randn(B, n, C, generator=g),
-            torch.randn(1, 1, C, generator=g) * 0.3], (h, 3, 1e-6)
-
-
-def _inline_inputs(g, B=2, N=11, C=12, h=3):
-    return [torch.randn(B, N, C, generator=g) for _ in range(3)], (h,)
-
-
-def _pacs_inputs(g, B=2, h=2, H=3, W=4, d=8):
-    inputs = [torch.randn(B, h, H * W, d, generator=g) for _ in range(3)]
-    inputs += [torch.randn(1, h, 1, 2 * d, generator=g) for _ in range(2)]
-    sin, cos = rope_tables(rope_angles(2 * h * d, h), (H, W))
-    return inputs, (sin, cos, 1e-6)
-
-
-# op -> inputs of its reference signature: (differentiable tensors, the other arguments)
-INPUTS = {'pola': _pola_inputs, 'flatten': _flatten_inputs, 'inline': _inline_inputs, 'pacs': _pacs_inputs}
+# every implementation of every op; the inputs come from the op (its example_inputs)
 CASES = [(op, impl) for op in sorted(OPS) for impl in OPS[op].names() if impl != 'reference']
+# an odd grid, several heads, batch 2
+GRID = dict(batch=2, heads=3, hw=(3, 5), head_dim=8)
 
 
 def _run(fn, tensors, options, grad_seed=1):
@@ -53,10 +24,11 @@ def _scaled_error(actual, expected):
     return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1.0)).item()
 
 
-def test_every_op_has_its_reference_and_a_default():
-    assert sorted(OPS) == ['flatten', 'inline', 'pacs', 'pola'] and sorted(INPUTS) == sorted(OPS)
+def test_every_op_has_its_reference_a_default_and_example_inputs():
+    assert sorted(OPS) == ['flatten', 'inline', 'pacs', 'pola']
     for op in OPS.values():
         assert 'reference' in op.impls and op.default in op.impls and op.names()[0] == 'auto'
+        assert op.example_inputs is not None
 
 
 @pytest.mark.parametrize('op,impl', CASES, ids=[f'{op}-{impl}' for op, impl in CASES])
@@ -64,7 +36,7 @@ def test_every_implementation_matches_the_reference(op, impl):
     """Forward and every input gradient within the ops' tolerance (1e-5 of the scale) of the
     reference, or of the float64 truth where the fp32 reductions round differently."""
     attention = OPS[op]
-    tensors, options = INPUTS[op](torch.Generator().manual_seed(0))
+    tensors, options = attention.example_inputs(generator=torch.Generator().manual_seed(0), **GRID)
     expected = _run(attention.impls['reference'], tensors, options)
     actual = _run(attention.resolve(impl), tensors, options)
     truth = _run(attention.impls['reference'], [t.double() for t in tensors],
