@@ -128,9 +128,14 @@ _KNOWN = {}
 
 
 def _probe(arch, kind):
-    """The key signature of ``arch`` built on the meta device with ``kind`` in every stage."""
+    """The key signature of ``arch`` built on the meta device with ``kind`` in every stage (its first
+    arch setting, one block per stage: key patterns do not depend on the depth)."""
+    settings = dict(next(iter(arch.arch_settings.values())))
+    if isinstance(settings.get('depths'), (list, tuple)):
+        settings['depths'] = [1] * len(settings['depths'])
     with torch.device('meta'):
-        model = arch(attn=dict(type=kind), attn_type=attention_letter(kind) * arch.num_stages, init_cfg=None)
+        model = arch(arch=settings, attn=dict(type=kind), attn_type=attention_letter(kind) * arch.num_stages,
+                     init_cfg=None)
     return model.checkpoint_signature()
 
 
