@@ -22,7 +22,7 @@ the op's reference (documented at the top of the op's file):
 import torch
 
 __all__ = ['AUTO', 'AttentionOp', 'OPS', 'attention_op', 'register_attention_impl', 'attention_impls',
-           'check_attn_impl', 'run_attention_op', 'ATTN_IMPLS']
+           'check_attn_impl', 'run_attention_op']
 
 AUTO = 'auto'  # the op's default implementation ('fast' where there is one)
 
@@ -110,10 +110,6 @@ def attention_impls(op=None):
     if op is not None:
         return attention_op(op).names()
     return tuple(sorted({name for o in OPS.values() for name in o.names()}))
-
-
-# the names every op has (kept for callers that list the choices)
-ATTN_IMPLS = (AUTO, 'fast', 'reference')
 
 
 def check_attn_impl(impl, error=ValueError, op=None):

@@ -41,6 +41,13 @@ An architecture::
         def _stage_blocks(self, i):      # the blocks of stage i: each is called block(x, hw, **context)
         def _stem_parts(self):           # (modules, parameters) frozen by frozen_stages >= 0
         def _stage_parts(self, i):       # (modules, parameters) of stage i, frozen when i < frozen_stages
+        def stage_module(self, i):       # name of stage i's blocks (timm's feature_info)
+
+    and, where the defaults (tokens stages, LayerNorm output norms ``norm{i}``, PVT's classification
+    head) do not fit: ``_block_context`` (keyword context of every block), ``_stage_output`` /
+    ``stage_map`` / ``output_norm`` / ``_add_output_norms`` (stages of NCHW maps), ``checkpoint_filter``
+    (the official key layout), the ``classification_*`` hooks and ``classifier_kwargs_from_official``
+    (the official classifier, :class:`~mmpola.models.classifier.PolaClassifier`).
 
 Input: (B, in_channels, H, W) with H, W >= ``min_input_size``. Output: a tuple of NCHW maps for
 ``out_indices``.
