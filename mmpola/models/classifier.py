@@ -104,8 +104,7 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
             self.add_module(name, module)
         # timm's description of the stage maps; ``module``: the stage's blocks (in an fx graph, the
         # node of that name gives the stage's tokens, or maps for architectures whose blocks work on maps)
-        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f'backbone.{self.backbone.stage_module(i)}')
-                             for i, c in enumerate(self.backbone.embed_dims)]
+        self.feature_info = self.backbone.feature_info(prefix='backbone.')
         self.head = self._make_head(num_classes)
 
     # ---------------------------------------------------------------------------------------------

@@ -529,6 +529,16 @@ class DenseBackbone(BaseModule):
         """Name (below the backbone) of the module whose output is stage ``i``'s (timm's feature_info)."""
         raise NotImplementedError
 
+    def stage_stride(self, i):
+        """The stride of stage ``i``'s map (4, 8, 16, 32 for the pyramids)."""
+        return 4 * 2 ** i
+
+    def feature_info(self, prefix=''):
+        """timm's description of the stage maps: ``dict(num_chs, reduction, module)`` per stage,
+        ``module`` named below ``prefix``."""
+        return [dict(num_chs=c, reduction=self.stage_stride(i), module=prefix + self.stage_module(i))
+                for i, c in enumerate(self.embed_dims)]
+
     def classification_neck(self):
         """``({name: module}, num_features)``: the classifier's modules between the last stage and
         the pooling, and the width of the pooled features. Default: no final norm."""
