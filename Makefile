@@ -27,7 +27,7 @@ test: setup
 
 # Results must not depend on the CPU: the golden comparisons hold within their stated tolerances
 # with other CPU kernels (no AVX2/AVX-512 code paths) and one thread as well.
-PORTABLE_TESTS = tests/ops tests/models tests/test_checkpoint.py tests/classification/test_timm_models.py
+PORTABLE_TESTS = tests/ops tests/models tests/checkpoint
 test-portable: setup
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(PORTABLE_TESTS)
 

@@ -9,7 +9,9 @@ mmengine, which knows ``mmpola`` as a package with configs (:mod:`mmpola.config_
 instead of looking for an ``mmpola.utils.register_all_modules``.
 
 ``ATTENTIONS`` holds the attention modules a backbone stage can use, under short names
-(``'pola'``, ``'softmax'`` ...); it is mmpola's own.
+(``'pola'``, ``'softmax'`` ...; mmpola.models.attention), and ``ARCHITECTURES`` the macro
+architectures under their family names (``'pvt'``, ``'swin'``, ``'polapp'``; the same classes are in
+``MODELS`` under their class names); both are mmpola's own.
 """
 from mmengine.registry import DATA_SAMPLERS as MMENGINE_DATA_SAMPLERS
 from mmengine.registry import DATASETS as MMENGINE_DATASETS
@@ -21,7 +23,7 @@ from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
 __all__ = ['MODELS', 'HOOKS', 'TRANSFORMS', 'METRICS', 'DATASETS', 'DATA_SAMPLERS', 'OPTIM_WRAPPERS',
-           'ATTENTIONS']
+           'ATTENTIONS', 'ARCHITECTURES']
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmpola', locations=['mmpola'])
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmpola', locations=['mmpola'])
@@ -33,3 +35,5 @@ OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope
 
 # attention modules of the backbone stages, by short name; see mmpola.models.attention
 ATTENTIONS = Registry('attention', scope='mmpola', locations=['mmpola'])
+# macro architectures (dense backbones) by family name; see mmpola.models.backbones
+ARCHITECTURES = Registry('architecture', scope='mmpola', locations=['mmpola'])

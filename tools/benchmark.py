@@ -28,12 +28,18 @@ Peak memory:
   temporaries, oneDNN/BLAS scratch.
 * CUDA: torch.cuda.max_memory_allocated() above the memory allocated before the pass, in-process.
 
-Implementations of the core (--impls): 'reference' (official op order), 'fast' (fast path, eager:
-MMPOLA_NO_COMPILE=1), 'fast+compile' (fast path with the torch.compile kernels forced at every size);
-'auto' is what models use by default (fast, compiled for inputs of >= 2**20 elements). Kinds
-(--kinds): 'pola', 'flatten', 'inline', 'pacs' (PolaFormer++; the pvt-s* cases are the shapes of
-PolaPP-B2's stages 1 and 2: C = 64 / 128, head dim 64); FLatten, InLine and PaCS have no compiled
-kernels, so only their 'reference' and 'fast' rows are run.
+The cases are data, read from the package's registries and tables: the attention ops, their
+implementations and example inputs (mmpola.ops.OPS: a new op or a registered implementation appears
+here), and the backbones (every preset of mmpola.models.backbones.PRESETS at every arch size of its
+architecture, named '<official name>-<size>': pola-pvt-t, flatten-swin-b, polaformer++-b2 ...; the
+rows of EXTRA_BACKBONES; mmdet's PVT-T and Swin-T as references).
+
+Implementations of a core (--impls): 'reference' (official op order), 'fast' (fast path, eager:
+MMPOLA_NO_COMPILE=1), any other registered implementation, 'fast+compile' (the fast path with its
+torch.compile kernels forced at every size, for ops that have them: Pola); 'auto' is what models use
+by default (fast, compiled for inputs of >= 2**20 elements). An implementation an op does not have is
+skipped. Kinds (--kinds): the ops, 'pola', 'flatten', 'inline', 'pacs' (PolaFormer++; the pvt-s* cases
+are the shapes of PolaPP-B2's stages 1 and 2: C = 64 / 128, head dim 64).
 """
 import argparse
 import contextlib
@@ -65,40 +71,63 @@ ATTENTION_CASES = {
     'pvt-s1@224': (2, 1, (56, 56), 64),
     'swin-s1@224': (2, 3, (56, 56), 32),
 }
-IMPLS = ('reference', 'fast', 'fast+compile', 'auto')
+COMPILE = 'fast+compile'  # the fast path with its torch.compile kernels forced at every size
 
-# name: (registered type, build kwargs)
-BACKBONES = {
-    'pola-pvt-t': ('PolaPVT', dict(arch='tiny')),
-    'pola-pvt-s': ('PolaPVT', dict(arch='small')),
-    'pola-swin-t': ('PolaSwin', dict(arch='tiny')),
+# backbones besides the presets at their arch sizes, name: (registered type, build kwargs): released
+# settings of another pretraining size, and the references of other libraries
+EXTRA_BACKBONES = {
+    'pola-swin-b-384': ('PolaSwin', dict(arch='base', pretrain_img_size=384)),
+}
+REFERENCE_BACKBONES = {
     'pvt-t': ('mmdet.PyramidVisionTransformer', dict(num_layers=[2, 2, 2, 2])),
     'swin-t': ('mmdet.SwinTransformer', dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                                              window_size=7)),
 }
-# every released size (autocast check)
-FULL_BACKBONES = {
-    'pola-pvt-t': ('PolaPVT', dict(arch='tiny')),
-    'pola-pvt-s': ('PolaPVT', dict(arch='small')),
-    'pola-pvt-m': ('PolaPVT', dict(arch='medium')),
-    'pola-pvt-l': ('PolaPVT', dict(arch='large')),
-    'pola-swin-t': ('PolaSwin', dict(arch='tiny')),
-    'pola-swin-s': ('PolaSwin', dict(arch='small')),
-    'pola-swin-b': ('PolaSwin', dict(arch='base')),
-    'pola-swin-b-384': ('PolaSwin', dict(arch='base', pretrain_img_size=384)),
-}
-# FLatten and InLine, every released size
-LINEAGE_BACKBONES = {
-    f'{kind}-{family}-{size[0]}': (f'{title}{family.upper() if family == "pvt" else "Swin"}', dict(arch=size))
-    for kind, title in (('flatten', 'FLatten'), ('inline', 'InLine'))
-    for family, sizes in (('pvt', ('tiny', 'small', 'medium', 'large')), ('swin', ('tiny', 'small', 'base')))
-    for size in sizes}
-ALL_BACKBONES = {**BACKBONES, **FULL_BACKBONES, **LINEAGE_BACKBONES}
+DEFAULT_BACKBONES = ('pola-pvt-t', 'pola-pvt-s', 'pola-swin-t', 'pvt-t', 'swin-t')
 BACKBONE_SIZES = ('224', '512', '800x1333', '1024', '1600')
 
 CPU_MEMORY_METHOD = ('peak RSS above the post-setup baseline, fresh subprocess per row '
                      '(VmHWM after clear_refs, glibc mmap threshold 64 KiB)')
 CUDA_MEMORY_METHOD = 'torch.cuda.max_memory_allocated() above the pre-pass allocation'
+
+
+# --------------------------------------------------------------------------------------------------
+# the cases, from the registries
+# --------------------------------------------------------------------------------------------------
+
+
+def attention_ops():
+    """``{op name: mmpola.ops.dispatch.AttentionOp}`` of every registered attention op."""
+    from mmpola.ops import OPS
+    return dict(OPS)
+
+
+def attention_impls(kind):
+    """The implementations the benchmark runs for an op: its registered ones, 'auto', and
+    'fast+compile' when its fast path compiles."""
+    op = attention_ops()[kind]
+    return list(op.names()) + ([COMPILE] if op.force_compile is not None else [])
+
+
+def released_backbones():
+    """``{name: (registered type, build kwargs)}``: every preset at every arch size of its architecture."""
+    from mmpola.models.backbones import PRESETS
+    from mmpola.registry import ARCHITECTURES
+    out = {}
+    for preset in PRESETS:
+        for arch in ARCHITECTURES.get(preset.family).arch_settings:
+            size = arch if len(arch) <= 2 else arch[0]  # tiny -> t, b2 -> b2
+            out[f'{preset.official.lower()}-{size}'] = (preset.name, dict(arch=arch))
+    return out
+
+
+def all_backbones():
+    return {**released_backbones(), **EXTRA_BACKBONES, **REFERENCE_BACKBONES}
+
+
+def pola_backbones():
+    """Every size of the PolaFormer presets (Pola-PVT, Pola-Swin) and the extras: the amp check's default."""
+    return [name for name in all_backbones() if name.startswith('pola-')]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,20 +176,19 @@ def environment_lines(args, device):
 
 
 @contextlib.contextmanager
-def core_impl(impl):
-    """Select a Pola core implementation; yields the ``impl`` argument of ``pola_attention``."""
-    from mmpola.ops import pola
+def core_impl(kind, impl):
+    """Select an implementation of op ``kind``; yields the ``impl`` argument of the op ('fast' runs
+    eager, 'fast+compile' with the op's compiled kernels forced at every size)."""
     previous_env = os.environ.get('MMPOLA_NO_COMPILE')
-    previous_min = pola.COMPILE_MIN_NUMEL
     try:
+        if impl == COMPILE:
+            with attention_ops()[kind].force_compile():
+                yield 'fast'
+            return
         if impl == 'fast':
             os.environ['MMPOLA_NO_COMPILE'] = '1'
-        elif impl == 'fast+compile':
-            os.environ.pop('MMPOLA_NO_COMPILE', None)
-            pola.COMPILE_MIN_NUMEL = 0
-        yield {'fast+compile': 'fast'}.get(impl, impl)
+        yield impl
     finally:
-        pola.COMPILE_MIN_NUMEL = previous_min
         if previous_env is None:
             os.environ.pop('MMPOLA_NO_COMPILE', None)
         else:
@@ -242,50 +270,29 @@ def run_peak_subprocess(spec, threads):
 
 
 def attention_inputs(case, device, seed, kind='pola'):
-    """Inputs of one attention case at the trained regime (power, scale logits around 0).
-
-    Pola takes per-head tensors (B, h, N, d) and (1, h, 1, d) logits; FLatten and InLine take
-    (B, N, C) tensors (FLatten also a (1, 1, C) temperature logit), as their modules call them.
-    """
-    batch, heads, (height, width), dim = ATTENTION_CASES[case]
-    tokens = height * width
+    """Inputs of one attention case: the op's example inputs (near the trained regime, in the op's own
+    layout) for the case's grid, and the gradient of its output."""
+    batch, heads, grid, dim = ATTENTION_CASES[case]
+    op = attention_ops()[kind]
     g = torch.Generator().manual_seed(seed)
-    if kind == 'pola':
-        q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
-        power = torch.randn(1, heads, 1, dim, generator=g) * 0.5
-        scale = torch.randn(1, heads, 1, dim, generator=g) * 0.3
-        leaves = (q, k, v, power, scale)
-        grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
-    elif kind == 'pacs':  # spikiness logits of the same-sign and opposite-sign flows, (1, h, 1, 2d)
-        q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
-        leaves = (q, k, v, *(torch.randn(1, heads, 1, 2 * dim, generator=g) for _ in range(2)))
-        grad_out = torch.randn(batch, heads, tokens, dim, generator=g)
-    else:
-        q, k, v = (torch.randn(batch, tokens, heads * dim, generator=g) for _ in range(3))
-        leaves = (q, k, v, torch.randn(1, 1, heads * dim, generator=g) * 0.3) if kind == 'flatten' else (q, k, v)
-        grad_out = torch.randn(batch, tokens, heads * dim, generator=g)
-    leaves = [t.to(device).requires_grad_() for t in leaves]
-    return leaves, grad_out.to(device)
+    tensors, options = op.example_inputs(batch, heads, grid, dim, g)
+    with torch.no_grad():
+        shape = op.resolve('auto')(*tensors, *options).shape
+    grad_out = torch.randn(shape, generator=g)
+    leaves = [t.to(device).requires_grad_() for t in tensors]
+    options = [o.to(device) if torch.is_tensor(o) else o for o in options]
+    return leaves, options, grad_out.to(device)
 
 
-def attention_core(kind, case):
-    """``fn(*leaves, impl=...)`` of an attention kind's core for one case."""
-    from mmpola.ops import flatten_attention, inline_attention, pacs_attention, pola_attention, rope_angles, rope_tables
-    _, heads, grid, dim = ATTENTION_CASES[case]
-    if kind == 'pola':
-        return pola_attention
-    if kind == 'pacs':  # RoPE tables of the grid (constants, as the backbone's per-stage tables)
-        sin, cos = rope_tables(rope_angles(2 * heads * dim, heads), grid)
-        return lambda q, k, v, s_same, s_opp, impl: pacs_attention(q, k, v, s_same, s_opp, sin.to(q.device),
-                                                                     cos.to(q.device), impl=impl)
-    if kind == 'flatten':
-        return lambda q, k, v, scale, impl: flatten_attention(q, k, v, scale, heads, impl=impl)
-    return lambda q, k, v, impl: inline_attention(q, k, v, heads, impl=impl)
+def attention_core(kind, options):
+    """``fn(*leaves, impl=...)`` of an op with its other arguments (``options``)."""
+    from mmpola.ops.dispatch import run_attention_op
+    return lambda *leaves, impl: run_attention_op(kind, impl, True, leaves, *options)
 
 
-def attention_passes(leaves, grad_out, impl_arg, kind, case):
+def attention_passes(leaves, options, grad_out, impl_arg, kind):
     """(forward without grad, forward + backward) closures of the core."""
-    core = attention_core(kind, case)
+    core = attention_core(kind, options)
 
     def forward():
         with torch.no_grad():
@@ -305,9 +312,9 @@ def attention_passes(leaves, grad_out, impl_arg, kind, case):
 
 def attention_peak_child(spec, device):
     kind = spec.get('attn', 'pola')
-    leaves, grad_out = attention_inputs(spec['case'], device, spec['seed'], kind)
-    with core_impl(spec['impl']) as impl_arg:
-        forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, spec['case'])
+    leaves, options, grad_out = attention_inputs(spec['case'], device, spec['seed'], kind)
+    with core_impl(kind, spec['impl']) as impl_arg:
+        forward, forward_backward, clear = attention_passes(leaves, options, grad_out, impl_arg, kind)
         forward()  # warm-up (and compile) before measuring
         forward_backward()
         clear()
@@ -319,8 +326,7 @@ def attention_peak_child(spec, device):
 def bench_attention(args, device):
     rows = []
     for kind in args.kinds:
-        # FLatten, InLine and PaCS have no compiled kernels: 'fast+compile' would repeat 'fast'
-        impls = [i for i in args.impls if kind == 'pola' or i != 'fast+compile']
+        impls = [i for i in args.impls if i in attention_impls(kind)]  # what the op has
         for case in args.cases:
             rows += bench_attention_case(args, device, kind, case, impls)
     print_attention_table(rows, args.impls)
@@ -329,12 +335,12 @@ def bench_attention(args, device):
 def bench_attention_case(args, device, kind, case, impls):
     rows = []
     batch, heads, (height, width), dim = ATTENTION_CASES[case]
-    leaves, grad_out = attention_inputs(case, device, args.seed, kind)
+    leaves, options, grad_out = attention_inputs(case, device, args.seed, kind)
     times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
     first_call = {}
     for impl in impls:  # warm-up: compiles where the impl compiles
-        with core_impl(impl) as impl_arg:
-            forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, case)
+        with core_impl(kind, impl) as impl_arg:
+            forward, forward_backward, clear = attention_passes(leaves, options, grad_out, impl_arg, kind)
             first_call[impl] = time_once(forward_backward, device)
             forward()
             clear()
@@ -342,8 +348,8 @@ def bench_attention_case(args, device, kind, case, impls):
     repeat = max(args.repeat, min(20, int(1.0 / max(min(first_call.values()), 1e-3))))
     for _ in range(repeat):
         for impl in impls:
-            with core_impl(impl) as impl_arg:
-                forward, forward_backward, clear = attention_passes(leaves, grad_out, impl_arg, kind, case)
+            with core_impl(kind, impl) as impl_arg:
+                forward, forward_backward, clear = attention_passes(leaves, options, grad_out, impl_arg, kind)
                 times[impl]['fwd'].append(time_once(forward, device))
                 times[impl]['fwd+bwd'].append(time_once(forward_backward, device))
                 clear()
@@ -404,17 +410,15 @@ def print_attention_table(rows, impls):
 
 
 def build_named_backbone(name, attn_impl=None):
-    """Build a backbone of ALL_BACKBONES in eval mode; raises RuntimeError when it is not available."""
+    """Build a backbone of :func:`all_backbones` in eval mode; raises RuntimeError when it is not available."""
     from get_flops import build_backbone
-    type_name, kwargs = ALL_BACKBONES[name]
+    type_name, kwargs = all_backbones()[name]
     try:
         model = build_backbone(type_name, **kwargs)
     except (ImportError, KeyError, RuntimeError) as err:
         raise RuntimeError(str(err).splitlines()[0][:160]) from err
-    if attn_impl is not None:
-        for module in model.modules():
-            if hasattr(module, 'attn_impl'):  # the attention modules' plain attribute (mmpola.models.layers)
-                module.attn_impl = attn_impl
+    if attn_impl is not None and hasattr(model, 'set_attn_impl'):  # mmpola's backbones
+        model.set_attn_impl(attn_impl)
     model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
     return model
 
@@ -447,7 +451,7 @@ def bench_backbone(args, device):
     print(f'\nmeasured fp32 matmul (2048^3): {gemm:.1f} GFLOP/s')
     attn_impl = None if args.attn_impl == 'default' else args.attn_impl
     rows, skipped = [], []
-    names = [n for n in ALL_BACKBONES if n not in BACKBONES or n in FULL_BACKBONES] if 'all' in args.models \
+    names = [n for n in all_backbones() if n not in REFERENCE_BACKBONES] if 'all' in args.models \
         else args.models
     for name in names:
         try:
@@ -503,7 +507,7 @@ def bench_backbone(args, device):
     print('\nfwd: batch 1, no_grad, eval mode, min over the runs. GMACs: torch.utils.flop_counter '
           '(matmul/linear/conv/sdpa; 1 MAC = 2 FLOPs). time/px vs first size: 1.00 = time grows linearly '
           'with pixels. % of matmul: achieved FLOP rate / measured GEMM rate. '
-          f'Pola core impl: {args.attn_impl}.')
+          f'Attention implementation: {args.attn_impl}.')
     for line in skipped:
         print(f'skipped {line}')
 
@@ -561,7 +565,7 @@ def bench_amp(args, device):
     print('|---|---|---|---:|---|---|---:|---:|---|')
     failures = []
     for name in args.models:
-        type_name, kwargs = FULL_BACKBONES[name]
+        type_name, kwargs = all_backbones()[name]
         from get_flops import build_backbone
         model = build_backbone(type_name, **kwargs).to(device)
         model.train()
@@ -611,30 +615,33 @@ def parse_args(argv=None):
 
     attention = sub.add_parser('attention', help='attention cores (Pola, FLatten, InLine): reference vs fast')
     common(attention)
-    attention.add_argument('--kinds', nargs='+', default=['pola', 'flatten', 'inline', 'pacs'],
-                           choices=['pola', 'flatten', 'inline', 'pacs'])
+    attention.add_argument('--kinds', nargs='+', default=sorted(attention_ops()), choices=sorted(attention_ops()))
     attention.add_argument('--cases', nargs='+', default=list(ATTENTION_CASES), choices=list(ATTENTION_CASES))
-    attention.add_argument('--impls', nargs='+', default=['reference', 'fast', 'fast+compile'], choices=IMPLS)
+    impls = sorted({i for kind in attention_ops() for i in attention_impls(kind)})
+    attention.add_argument('--impls', nargs='+', default=['reference', 'fast', COMPILE], choices=impls,
+                           help='implementations (those an op does not have are skipped)')
     attention.add_argument('--repeat', type=int, default=3)
 
     backbone = sub.add_parser('backbone', help='whole backbones: time, memory, FLOP rate vs input size')
     common(backbone)
-    backbone.add_argument('--models', nargs='+', default=list(BACKBONES), choices=list(ALL_BACKBONES) + ['all'],
-                          help="names of ALL_BACKBONES, or 'all' (every Pola, FLatten and InLine size)")
+    backbone.add_argument('--models', nargs='+', default=list(DEFAULT_BACKBONES),
+                          choices=list(all_backbones()) + ['all'],
+                          help="backbone names, or 'all' (every preset at every size)")
     backbone.add_argument('--sizes', nargs='+', default=list(BACKBONE_SIZES), help='S or HxW')
-    backbone.add_argument('--attn-impl', default='default', choices=['default', 'auto', 'fast', 'reference'],
-                          help="override every PolaAttention's attn_impl ('default': as built)")
+    backbone.add_argument('--attn-impl', default='default',
+                          help="set every attention's implementation (set_attn_impl): 'auto', 'fast', 'reference' or "
+                          "another registered one ('default': as built)")
     backbone.add_argument('--repeat', type=int, default=2)
 
     scaling = sub.add_parser('scaling', help='growth of backbone forward time with pixel count')
     common(scaling)
-    scaling.add_argument('--models', nargs='+', default=['pola-pvt-t'], choices=list(BACKBONES))
+    scaling.add_argument('--models', nargs='+', default=['pola-pvt-t'], choices=list(all_backbones()))
     scaling.add_argument('--sizes', nargs=2, default=['800x1333', '1600x2666'], metavar=('SMALL', 'LARGE'))
     scaling.add_argument('--repeat', type=int, default=3)
 
     amp = sub.add_parser('amp', help='autocast forward+backward of every full-size backbone: finite?')
     common(amp)
-    amp.add_argument('--models', nargs='+', default=list(FULL_BACKBONES), choices=list(FULL_BACKBONES))
+    amp.add_argument('--models', nargs='+', default=pola_backbones(), choices=list(all_backbones()))
     amp.add_argument('--size', default='800x1216', help='S or HxW')
     amp.add_argument('--dtypes', nargs='+', default=None, choices=['bfloat16', 'float16'],
                      help='default: bfloat16 on the CPU, float16 and bfloat16 on CUDA')

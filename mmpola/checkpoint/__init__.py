@@ -1,16 +1,25 @@
-"""Checkpoints: reading files safely (:mod:`.reading`) and loading them into mmpola's models (:mod:`.loading`)."""
-from .loading import (
-    CheckpointMismatchError,
-    LoadReport,
-    check_checkpoint_family,
-    describe_checkpoint,
-    extract_state_dict,
-    find_key_prefix,
-    load_pola_checkpoint,
-    read_checkpoint,
-    resize_state_dict,
-)
+"""Checkpoints: safe reading (:mod:`.reading`), where official weights are published (:mod:`.sources`),
+the tensors of a container (:mod:`.state_dict`), "is this file for this model" (:mod:`.signatures`) and
+loading into mmpola's models (:mod:`.loading`).
 
-__all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict',
-           'load_pola_checkpoint', 'describe_checkpoint', 'check_checkpoint_family', 'LoadReport',
+This package knows nothing of mmpola's models: they bring their own filter and key signature
+(``model.checkpoint_filter``, ``model.checkpoint_signature()``), and mmpola.models registers what
+its models' files look like (:func:`register_known_models`) for the messages.
+"""
+from .loading import LoadReport, checkpoint_source, load_checkpoint, load_pola_checkpoint, read_checkpoint
+from .signatures import (
+    KeySignature,
+    KnownModel,
+    LookAlike,
+    describe_backbone,
+    describe_checkpoint,
+    identify,
+    key_pattern,
+    register_known_models,
+)
+from .state_dict import CheckpointMismatchError, extract_state_dict, find_key_prefix, resize_state_dict
+
+__all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict', 'load_checkpoint',
+           'load_pola_checkpoint', 'checkpoint_source', 'describe_checkpoint', 'describe_backbone', 'identify',
+           'key_pattern', 'KeySignature', 'KnownModel', 'LookAlike', 'register_known_models', 'LoadReport',
            'CheckpointMismatchError']

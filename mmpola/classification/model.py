@@ -4,8 +4,7 @@ from mmengine.model import BaseModel
 from mmengine.registry import MODELS
 from timm.loss import SoftTargetCrossEntropy
 
-from mmpola.models.classifier import PolaClassifier
-from mmpola.models.polapp import PolaPPClassifier
+from mmpola.models.classifier import PolaClassifier, PolaPPClassifier
 from mmpola.models.timm_models import accept_official_checkpoints
 
 __all__ = ['PolaImageClassifier', 'PolaPPImageClassifier']

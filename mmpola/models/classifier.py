@@ -1,17 +1,14 @@
-"""ImageNet classifiers: a backbone of the linear-attention lineage (Pola, FLatten, InLine) plus the
-official classification head.
+"""The ImageNet classifier of every architecture: a dense backbone plus the official classification
+head of its release, with timm's model API.
 
-``PolaClassifier`` reproduces the official forward exactly and loads official checkpoints
-strictly (head and Pola-Swin's final norm included):
+:class:`PolaClassifier` reproduces the official forward of every released model and loads official
+checkpoints strictly. What differs between the releases (the modules after the last stage, the
+pooling, the head) belongs to the architecture (``classification_*`` of
+:class:`~mmpola.models.backbones.DenseBackbone`): PVT has no final norm and a linear head, Swin a
+final LayerNorm, PolaFormer++ a 1x1 projection with BatchNorm and swish and a 1x1 conv head.
 
-* PVT family: mean of the stage-4 tokens **without** a final norm, then ``head``. The official
-  Pola and FLatten models also own a ``norm`` that their forward never uses (so it never trains);
-  this class has none (``norm`` is an ``nn.Identity``) and :func:`checkpoint_filter_fn` drops the
-  official ``norm.*`` tensors, so every parameter gets a gradient. InLine-PVT has none anyway.
-* Swin family: final ``norm`` (LN eps 1e-5), average pool over tokens, ``head``. Softmax blocks use
-  the classification shift rule (no shift when the map fits in one window, ``clamp_shift``).
-
-The state dict is ``backbone.*`` (official names below it), ``norm.*`` (Pola-Swin), ``head.*``;
+The state dict is ``backbone.*`` (official names below it) and the architecture's classification
+modules (``norm.*`` / ``head.*``; PolaFormer++ ``proj.*`` / ``norm.*`` / ``head.*``);
 :func:`checkpoint_filter_fn` maps official files to it (timm style). timm's model API comes from
 :class:`~mmpola.models.timm_conventions.TimmClassifierMixin`.
 """
@@ -19,89 +16,102 @@ from collections import OrderedDict
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 
-from .pvt import FLattenPVT, InLinePVT, PolaPVT
-from .swin import FLattenSwin, InLineSwin, PolaSwin
+from mmpola.checkpoint import checkpoint_source, extract_state_dict, find_key_prefix, read_checkpoint, resize_state_dict
+from mmpola.registry import ARCHITECTURES, ATTENTIONS
+
+from .attention import attention_letter, attention_options
+from .backbones import PRESETS, backbone_class
 from .timm_conventions import TimmClassifierMixin, check_global_pool
-from .utils import is_pretrained_cfg
+from .utils import PolaConfigError, is_pretrained_cfg
 
-__all__ = ['PolaClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs', 'BACKBONES']
+__all__ = ['PolaClassifier', 'PolaPPClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs',
+           'accept_official_checkpoints']
 
-# (family, attention kind) -> backbone class
-BACKBONES = {('pvt', 'pola'): PolaPVT, ('swin', 'pola'): PolaSwin,
-             ('pvt', 'flatten'): FLattenPVT, ('swin', 'flatten'): FLattenSwin,
-             ('pvt', 'inline'): InLinePVT, ('swin', 'inline'): InLineSwin}
-_FAMILIES = ('pvt', 'swin')
-_RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
+# backbone arguments the official classification forward fixes (besides the architecture's own)
+_FIXED = ('out_indices', 'out_norm', 'norm_after_stage', 'init_cfg', 'pretrained')
 
 
 @MODELS.register_module()
 class PolaClassifier(TimmClassifierMixin, BaseModule):
-    """PVT / Swin image classifier of the lineage (Pola, FLatten, InLine) with the official forward.
+    """Image classifier of any architecture and attention kind with the official forward.
 
     Args:
-        family: ``'pvt'`` or ``'swin'``.
-        kind: the linear attention, ``'pola'``, ``'flatten'`` or ``'inline'`` (see :data:`BACKBONES`).
-        arch: preset name of the backbone (``'tiny'`` ...) or a custom arch dict (see
-            :class:`PolaPVT` / :class:`PolaSwin`).
+        family: the architecture, ``'pvt'``, ``'swin'``, ``'polapp'`` (mmpola.registry.ARCHITECTURES).
+        arch: preset name of the backbone (``'tiny'`` ...) or a custom arch dict (see the
+            architecture). None: the architecture's default.
         num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
         global_pool: ``'avg'`` (official) or ``''`` (no pooling: ``forward`` returns the final
             NHWC map, timm's convention).
         drop_rate: dropout inside the backbone (the official models have none before the head).
         drop_path_rate: stochastic depth (official: PVT T/S 0.1, M/L 0.3; Swin T 0.2, S 0.3,
-            B 0.5).
-        attn_impl: ``'auto'`` or ``'reference'`` (official op order; for bit-exact checks).
-        fp32_attn: Pola core in fp32 under autocast.
+            B 0.5; PolaFormer++ b0-b2 0.1, b3 0.15, b4 0.4, b5 0.55).
+        attn_impl: ``'auto'``, ``'reference'`` (official op order; for bit-exact checks) or another
+            registered implementation.
+        fp32_attn: attention ops in fp32 under autocast.
         with_cp: gradient checkpointing of every block.
-        init_cfg: ``dict(type='Pretrained', checkpoint=PATH, strict=True)`` loads with
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH, strict=True, use_ema=True)`` loads with
             :meth:`load_checkpoint` (official, mmengine or this class' own files).
+        kind: the attention kind (``'pola'``, ``'flatten'``, ``'inline'``, ``'pacs'`` ...); the
+            backbone is the released preset of this architecture and kind when there is one
+            (``PolaSwin`` ...), else the architecture. None: the architecture's first preset.
+        attn: the kind's options, ``dict(alpha=4.0)`` (or ``dict(type=..., ...)``, then ``kind``
+            may be left out).
         **backbone_kwargs: any other backbone argument (``pretrain_img_size``, ``window_size``,
-            ``attn_type``, ``la_sr_ratios``, the kind's options ``alpha``, ``focusing_factor``,
-            ``kernel_size`` ...).
+            ``attn_type``, ``la_sr_ratios`` ...) or argument of the architecture's head
+            (PolaFormer++: ``projection``, the width of its classification projection).
 
     Shapes: images (B, C, H, W) -> logits (B, num_classes); ``forward_features``: the final
-    map (B, H/32, W/32, C) in NHWC (``output_fmt``), as timm's Swin.
+    map (B, H/32, W/32, num_features) in NHWC (``output_fmt``), as timm's Swin.
     """
 
-    not_scriptable_reason = ('the linear-attention cores are custom autograd Functions (optionally '
-                             'torch.compile-d), and the stages pass Python (H, W) tuples and build '
-                             'module names at run time, which TorchScript does not support')
+    not_scriptable_reason = ('the attention cores are custom autograd Functions (optionally torch.compile-d) '
+                             'and the stages build their positional encodings, windows and rotary tables from '
+                             'the run-time map size, which TorchScript does not support')
 
-    def __init__(self, family='pvt', arch='tiny', num_classes=1000, global_pool='avg', drop_rate=0.,
-                 drop_path_rate=0.1, attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, kind='pola',
-                 **backbone_kwargs):
+    def __init__(self, family='pvt', arch=None, num_classes=1000, global_pool='avg', drop_rate=0.,
+                 drop_path_rate=0.1, attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, kind=None,
+                 attn=None, **backbone_kwargs):
         super().__init__(init_cfg=init_cfg)
-        if family not in _FAMILIES:
-            raise ValueError(f'unknown family {family!r}; valid: {", ".join(_FAMILIES)}')
-        if (family, kind) not in BACKBONES:
-            raise ValueError(f'unknown attention kind {kind!r}; valid: '
-                             f'{", ".join(sorted({k for _, k in BACKBONES}))}')
-        for key in ('out_indices', 'out_norm', 'norm_after_stage', 'clamp_shift', 'init_cfg',
-                    'pretrained'):
+        architecture = ARCHITECTURES.get(family) if isinstance(family, str) else None
+        if architecture is None:
+            raise PolaConfigError(f'unknown family {family!r}; valid: {", ".join(ARCHITECTURES.module_dict)}')
+        for key in _FIXED + tuple(architecture.classification_kwargs):
             if key in backbone_kwargs:
-                raise ValueError(f'{key} is fixed by PolaClassifier (the official classification '
-                                 'forward); build the backbone directly to change it')
+                raise PolaConfigError(f'{key} is fixed by {type(self).__name__} (the official classification '
+                                      'forward); build the backbone directly to change it')
+        head_args = {k: backbone_kwargs.pop(k) for k in architecture.classification_args if k in backbone_kwargs}
+        attn = dict(attn or {})
+        if kind is not None and attn.get('type', kind) != kind:
+            raise PolaConfigError(f"kind={kind!r} and attn=dict(type={attn['type']!r}) disagree; pass one")
+        kind = kind or attn.pop('type', None)
+        cls = backbone_class(family, kind)
+        if arch is not None:
+            backbone_kwargs['arch'] = arch
+        self.backbone = cls(out_indices=(0, 1, 2, 3), drop_rate=drop_rate, drop_path_rate=drop_path_rate,
+                            attn_impl=attn_impl, fp32_attn=fp32_attn, with_cp=with_cp,
+                            attn=dict(attn, type=kind) if kind else (attn or None),
+                            **architecture.classification_kwargs, **backbone_kwargs)
         self.family = family
-        self.kind = kind
+        self.kind = self.backbone.attn_kind
         self.num_classes = num_classes
         self.global_pool = check_global_pool(global_pool)
-        extra = dict(out_norm=False, clamp_shift=True) if family == 'swin' else {}
-        self.backbone = BACKBONES[(family, kind)](
-            arch=arch, out_indices=(0, 1, 2, 3), drop_rate=drop_rate, drop_path_rate=drop_path_rate,
-            attn_impl=attn_impl, fp32_attn=fp32_attn, with_cp=with_cp, **extra, **backbone_kwargs)
-        self.num_features = self.backbone.embed_dims[-1]
+        neck, self.num_features = self.backbone.classification_neck(**head_args)
+        self._neck_names = tuple(neck)
+        for name, module in neck.items():
+            self.add_module(name, module)
         # timm's description of the stage maps; ``module``: the stage's blocks (in an fx graph, the
-        # node of that name gives the stage's (B, H*W, C) tokens)
-        stage_blocks = 'backbone.block{}' if family == 'pvt' else 'backbone.layers.{}.blocks'
-        first = 1 if family == 'pvt' else 0
-        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=stage_blocks.format(first + i))
-                             for i, c in enumerate(self.backbone.embed_dims)]
-        # the official Pola-PVT's final norm is unused by its forward: not built (see the module doc)
-        self.norm = nn.LayerNorm(self.num_features) if family == 'swin' else nn.Identity()
+        # node of that name gives the stage's tokens, or maps for architectures whose blocks work on maps)
+        self.feature_info = self.backbone.feature_info(prefix='backbone.')
         self.head = self._make_head(num_classes)
+
+    # ---------------------------------------------------------------------------------------------
+    # timm's API (TimmClassifierMixin) over the architecture's head
+
+    def _make_head(self, num_classes):
+        return self.backbone.classification_head(self.num_features, num_classes)
 
     @property
     def grad_checkpointing(self):
@@ -112,163 +122,115 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         self.backbone.with_cp = bool(enable)
 
     def _prune_norm(self):
-        self.norm = nn.Identity()
-
-    @classmethod
-    def from_official_kwargs(cls, kwargs, **overrides):
-        """Build from the keyword arguments of the official model classes (see
-        :func:`official_kwargs_to_classifier_kwargs`)."""
-        return cls(**official_kwargs_to_classifier_kwargs(kwargs), **overrides)
+        """``prune_intermediate_layers(prune_norm=True)``: the modules between the last stage and the pool."""
+        for name in self._neck_names:
+            setattr(self, name, nn.Identity())
 
     def set_attn_impl(self, impl):
-        """Switch every attention core between ``'auto'``, ``'fast'`` and ``'reference'``."""
+        """Switch every attention op between ``'auto'``, ``'fast'``, ``'reference'`` or another
+        registered implementation."""
         self.backbone.set_attn_impl(impl)
 
-    def init_weights(self):
-        if is_pretrained_cfg(self.init_cfg):
-            self.load_checkpoint(self.init_cfg['checkpoint'], strict=self.init_cfg.get('strict', True))
-            self._is_init = True
-        else:
-            super().init_weights()
+    def forward_features(self, x):
+        """(B, C, H, W) -> final map (B, h, w, num_features) (NHWC), through the architecture's neck."""
+        return self.backbone.classification_features(self, self.backbone.forward_stages(x)[-1])
 
-    def load_checkpoint(self, checkpoint, strict=True, use_ema=True, map_location='cpu'):
-        """Load an official, mmengine or PolaClassifier checkpoint (path, URL or dict).
+    def forward_head(self, x, pre_logits=False):
+        """Final map (B, h, w, F) -> logits (B, num_classes), or the pooled (B, F) with ``pre_logits``
+        (with ``global_pool=''`` no pooling: (B, h, w, F) / (B, h, w, num_classes))."""
+        pooled = self.global_pool == 'avg'
+        if pooled:
+            x = self.backbone.classification_pool(x)
+        return x if pre_logits else self.backbone.classification_logits(self.head, x, pooled)
 
-        Run-time buffers are dropped, positional encodings / bias tables of another pretraining
-        grid are resized; with ``strict`` anything else that does not match is an error.
-        Returns the ``load_state_dict`` result.
-        """
-        from mmpola.checkpoint import extract_state_dict, read_checkpoint
-        state_dict, _ = extract_state_dict(read_checkpoint(checkpoint, map_location), use_ema)
-        state_dict = checkpoint_filter_fn(state_dict, self)
-        return self.load_state_dict(state_dict, strict=strict)
-
-    def forward_intermediates(self, x, indices=None, norm=False, stop_early=False,
-                              output_fmt='NCHW', intermediates_only=False):
+    def forward_intermediates(self, x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
+                              intermediates_only=False):
         """Stage maps and final features in one pass (timm's ``forward_intermediates`` API).
 
         Args:
             x: (B, C, H, W) images.
             indices: stages to return: None (all four), an int n (the last n) or 0-based indices
                 (negative ones count from the end).
-            norm: pass the stage-4 map through the final ``norm`` (Pola-Swin only; Pola-PVT has
-                no final norm).
+            norm: pass the last stage map through the final norm (Swin; the other architectures have
+                no per-stage norm to apply).
             stop_early: do not run the stages after the last requested one (only with
                 ``intermediates_only``: the final features are then not computed).
             output_fmt: only ``'NCHW'``.
             intermediates_only: return only the list of maps.
 
         Returns:
-            ``(final features (B, h, w, C) as from forward_features, [maps])`` or ``[maps]``; each
+            ``(final features (B, h, w, F) as from forward_features, [maps])`` or ``[maps]``; each
             map (B, C_i, H_i, W_i) is the raw stage output before patch merging and before any norm.
         """
         if output_fmt != 'NCHW':
-            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+            raise PolaConfigError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
         num_stages = len(self.backbone.embed_dims)
         take = self._stage_indices(indices, num_stages)
         last = max(take) if stop_early else num_stages - 1
         if last != num_stages - 1 and not intermediates_only:
-            raise ValueError('stop_early needs intermediates_only=True (the final features come '
-                             'from the last stage)')
+            raise PolaConfigError('stop_early needs intermediates_only=True (the final features come from the '
+                                  'last stage)')
         stages = self.backbone.forward_stages(x, last)
-        maps = []
-        for i in take:
-            tokens, hw = stages[i]
-            if norm and i == num_stages - 1:
-                tokens = self.norm(tokens)
-            maps.append(_nhwc(tokens, hw).permute(0, 3, 1, 2).contiguous())
+        final_norm = self.backbone.classification_stage_norm(self) if norm else None
+        maps = [self.backbone.stage_map(stages[i], final_norm if i == num_stages - 1 else None) for i in take]
         if intermediates_only:
             return maps
-        return self._final_features(*stages[-1]), maps
+        return self.backbone.classification_features(self, stages[-1]), maps
 
-    def _final_features(self, tokens, hw):
-        return _nhwc(self.norm(tokens), hw)
+    # ---------------------------------------------------------------------------------------------
+    # weights
 
-    def forward_features(self, x):
-        """(B, C, H, W) -> final map (B, h, w, C) (NHWC), through ``norm`` for Pola-Swin."""
-        return self._final_features(*self.backbone.forward_stages(x)[-1])
+    @classmethod
+    def from_official_kwargs(cls, kwargs, **overrides):
+        """Build from the keyword arguments of the official model class (see
+        :func:`official_kwargs_to_classifier_kwargs`)."""
+        return cls(**dict(official_kwargs_to_classifier_kwargs(kwargs), **overrides))
 
-    def _pool(self, x):
-        """The official pooling of each family (same op order as the official code)."""
-        x = x.flatten(1, 2)
-        if self.family == 'pvt':
-            return x.mean(dim=1)
-        return torch.flatten(F.adaptive_avg_pool1d(x.transpose(1, 2), 1), 1)
+    def init_weights(self):
+        if is_pretrained_cfg(self.init_cfg):
+            self.load_checkpoint(self.init_cfg['checkpoint'], strict=self.init_cfg.get('strict', True),
+                                 use_ema=self.init_cfg.get('use_ema', True))
+            self._is_init = True
+        else:
+            super().init_weights()
+
+    def load_checkpoint(self, checkpoint, strict=True, use_ema=True, map_location='cpu'):
+        """Load an official, mmengine or own checkpoint (path, URL or dict; EMA weights first with
+        ``use_ema``): mapped by :func:`checkpoint_filter_fn` (run-time buffers dropped, grids of another
+        pretraining size resized), refused when it is not this architecture's and kind's, then
+        ``load_state_dict(strict)``. Returns the ``load_state_dict`` result."""
+        source = checkpoint_source(checkpoint)
+        state_dict, _ = extract_state_dict(read_checkpoint(checkpoint, map_location), use_ema)
+        state_dict = checkpoint_filter_fn(state_dict, self, source)
+        backbone_keys = [k[len('backbone.'):] for k in state_dict if k.startswith('backbone.')]
+        self.backbone.checkpoint_signature().check(backbone_keys, source)
+        return self.load_state_dict(state_dict, strict=strict)
 
 
-def _nhwc(tokens, hw):
-    """(B, H*W, C) tokens of an H x W map -> (B, H, W, C), a view."""
-    return tokens.reshape(tokens.shape[0], hw[0], hw[1], tokens.shape[-1])
+@MODELS.register_module()
+class PolaPPClassifier(PolaClassifier):
+    """The PolaFormer++ classifier: :class:`PolaClassifier` with ``family='polapp'`` (default arch
+    ``'b2'``): backbone, 1x1 projection ``proj`` (``projection`` channels; the preset's released
+    width by default), BatchNorm ``norm``, swish, average pool, 1x1 conv ``head``."""
+
+    def __init__(self, arch='b2', family='polapp', **kwargs):
+        if family != 'polapp':
+            raise PolaConfigError(f"PolaPPClassifier is the PolaFormer++ classifier (family='polapp'), got "
+                                  f"family={family!r}; use PolaClassifier(family={family!r})")
+        super().__init__(family=family, arch=arch, **kwargs)
 
 
-def official_kwargs_to_classifier_kwargs(kwargs):
-    """Keyword arguments of the official ``PyramidVisionTransformer`` / ``PolaSwinTransformer`` /
-    ``FLattenSwinTransformer`` / ``InLineSwin`` -> ``PolaClassifier`` keyword arguments (a custom
-    arch dict). The kind is told by the arguments: ``focusing_factor`` (FLatten), an ``'I'`` in
-    ``attn_type`` (InLine), else Pola.
+def checkpoint_filter_fn(state_dict, model, source='the checkpoint'):
+    """Official / mmengine / own checkpoint state dict -> :class:`PolaClassifier` state dict (timm style).
 
-    Raises for settings the official release never used and this port does not support
-    (``ape=True``, ``patch_norm=False``, patch size other than 4).
+    Official keys get the ``backbone.`` prefix except the architecture's classification modules;
+    ``module.`` is stripped; the backbone part goes through the architecture's filter
+    (``checkpoint_filter``: run-time buffers ...), classification modules the model does not have are
+    dropped (the official PVT's unused final norm), and grids are resized to the model.
     """
-    kwargs = dict(kwargs)
-    if kwargs.pop('patch_size', 4) != 4:
-        raise ValueError('only patch_size=4 (every released Pola model) is supported')
-    out = dict(num_classes=kwargs.pop('num_classes', 1000),
-               drop_rate=kwargs.pop('drop_rate', 0.),
-               drop_path_rate=kwargs.pop('drop_path_rate', 0.),
-               pretrain_img_size=kwargs.pop('img_size', 224))
-    if 'focusing_factor' in kwargs:
-        out['kind'] = 'flatten'
-    elif 'I' in kwargs.get('attn_type', ''):
-        out['kind'] = 'inline'
-    for key in ('qkv_bias', 'qk_scale', 'attn_type', 'alpha', 'kernel_size', 'focusing_factor'):
-        if key in kwargs:
-            out[key] = kwargs.pop(key)
-    if 'attn_drop_rate' in kwargs:
-        out['attn_drop_rate'] = kwargs.pop('attn_drop_rate')
-    if 'embed_dims' in kwargs:  # Pola-PVT
-        out['family'] = 'pvt'
-        out['arch'] = dict(embed_dims=list(kwargs.pop('embed_dims')),
-                           num_heads=list(kwargs.pop('num_heads')),
-                           mlp_ratios=list(kwargs.pop('mlp_ratios')),
-                           depths=list(kwargs.pop('depths')))
-        for key in ('sr_ratios', 'la_sr_ratios'):
-            if key in kwargs:
-                out[key] = kwargs.pop(key)
-        kwargs.pop('num_stages', None)
-    elif 'embed_dim' in kwargs:  # Pola-Swin
-        out['family'] = 'swin'
-        if kwargs.pop('ape', False):
-            raise ValueError('ape=True (absolute position embedding) is not supported; no released '
-                             'Pola-Swin uses it')
-        if not kwargs.pop('patch_norm', True):
-            raise ValueError('patch_norm=False is not supported; every released Pola-Swin uses it')
-        out['arch'] = dict(embed_dims=kwargs.pop('embed_dim'), depths=list(kwargs.pop('depths')),
-                           num_heads=list(kwargs.pop('num_heads')))
-        for key in ('window_size', 'mlp_ratio'):
-            if key in kwargs:
-                out[key] = kwargs.pop(key)
-        kwargs.pop('use_checkpoint', None)
-    else:
-        raise ValueError('official kwargs need embed_dims (Pola-PVT) or embed_dim (Pola-Swin)')
-    kwargs.pop('in_chans', None)
-    if kwargs:
-        raise ValueError(f'unsupported official arguments: {sorted(kwargs)}')
-    return out
-
-
-def checkpoint_filter_fn(state_dict, model):
-    """Official / mmengine / own checkpoint state dict -> ``PolaClassifier`` state dict (timm style).
-
-    Official keys get the ``backbone.`` prefix except the classification modules (the model's
-    ``classification_modules``; default ``head.*`` and ``norm.*``); ``module.`` is stripped; run-time
-    buffers are dropped, and so is a final ``norm.*`` the model does not have (the official PVT
-    models', which their forward never uses); grids are resized to the model.
-    """
-    from mmpola.checkpoint import find_key_prefix, resize_state_dict
     model_state = model.state_dict()
     own_prefix, own = find_key_prefix(state_dict, model_state)
-    classification_modules = tuple(getattr(model, 'classification_modules', ('head', 'norm')))
+    classification_modules = tuple(model.backbone.classification_modules)
     official = OrderedDict()
     for key, value in state_dict.items():
         key = key[len('module.'):] if key.startswith('module.') else key
@@ -276,13 +238,91 @@ def checkpoint_filter_fn(state_dict, model):
         official[key if top in classification_modules else 'backbone.' + key] = value
     _, n_official = find_key_prefix(official, model_state)
     if own >= n_official:
-        state_dict = OrderedDict((k[len(own_prefix):], v) for k, v in state_dict.items()
-                                 if k.startswith(own_prefix))
+        state_dict = OrderedDict((k[len(own_prefix):], v) for k, v in state_dict.items() if k.startswith(own_prefix))
     else:
         state_dict = official
-    has_norm = any(k.startswith('norm.') for k in model_state)
-    state_dict = OrderedDict((k, v) for k, v in state_dict.items()
-                             if not (k.rsplit('.', 1)[-1] in _RUNTIME_BUFFERS and k not in model_state)
-                             and not (k.startswith('norm.') and not has_norm))
-    state_dict, _ = resize_state_dict(state_dict, model_state)
-    return state_dict
+    backbone, _ = model.backbone.checkpoint_filter(
+        OrderedDict((k[len('backbone.'):], v) for k, v in state_dict.items() if k.startswith('backbone.')), source)
+    out = OrderedDict(('backbone.' + k, v) for k, v in backbone.items())
+    out.update((k, v) for k, v in state_dict.items() if not k.startswith('backbone.')
+               and (k in model_state or k.split('.', 1)[0] not in classification_modules))
+    return resize_state_dict(out, model_state)[0]
+
+
+def official_kwargs_to_classifier_kwargs(kwargs):
+    """Keyword arguments of an official model class -> :class:`PolaClassifier` keyword arguments.
+
+    Each architecture reads its own official arguments (``classifier_kwargs_from_official``); the
+    attention kind is the registered kind with the letter of the official ``attn_type`` whose
+    options cover the remaining arguments (``alpha``, ``focusing_factor`` ...), the architecture's
+    released kind first. Settings the official releases never used and this port does not support
+    (``ape=True``, ``patch_norm=False``, a patch size other than 4) and unknown arguments are errors.
+    """
+    unsupported = None
+    for family, architecture in ARCHITECTURES.module_dict.items():
+        parsed = architecture.classifier_kwargs_from_official(kwargs)
+        if parsed is None:
+            continue
+        out, rest, attn_type = parsed
+        kind = _official_kind(family, architecture, attn_type, set(rest))
+        options = {k: rest.pop(k) for k in list(rest) if kind and k in attention_options(kind)}
+        if rest:
+            unsupported = unsupported or rest
+            continue
+        out['kind'] = kind
+        if attn_type is not None:
+            out['attn_type'] = attn_type
+        if options:
+            out['attn'] = dict(type=kind, **options)
+        return out
+    if unsupported:
+        raise PolaConfigError(f'unsupported official arguments: {sorted(unsupported)}')
+    raise PolaConfigError('official kwargs of no known architecture: PVT needs embed_dims, Swin embed_dim, '
+                          'PolaFormer++ projection / layerscales')
+
+
+def _official_kind(family, architecture, attn_type, names):
+    """The kind of an official model: the letter of its attn_type, options covering ``names``."""
+    letters = {c for c in (attn_type or '') if c.isalpha() and c not in 'SM'} or {'L'}
+    kinds = [p.attn for p in PRESETS if p.family == family] + list(ATTENTIONS.module_dict)
+    for kind in dict.fromkeys(kinds):
+        options = set(attention_options(kind, architecture.attention_context))
+        if attention_letter(kind) in letters and names & _all_options() <= options:
+            return kind
+    return None
+
+
+def _all_options():
+    return {name for kind in ATTENTIONS.module_dict for name in attention_options(kind)}
+
+
+def _official_state_dict_pre_hook(module, state_dict, prefix, *args):
+    """Map an official (or mmengine-wrapped) state dict onto the classifier's keys, in place.
+
+    Runs only for the top-level module (``prefix == ''``), before torch matches keys, so
+    ``model.load_state_dict(official_state_dict)``, timm's ``checkpoint_path=`` loading and
+    mmengine's ``load_from`` / ``tools/test.py CHECKPOINT`` (which hand over the whole official
+    ``{'model': ..., 'config': ...}`` container when there is no ``state_dict`` key) all work.
+    Own state dicts pass through unchanged (apart from dropping stale run-time buffers).
+    """
+    if prefix:
+        return
+    tensors = state_dict
+    for key in ('state_dict', 'model'):  # an unopened checkpoint container
+        if isinstance(state_dict.get(key), dict):
+            tensors = state_dict[key]
+            break
+    tensors = OrderedDict((k, v) for k, v in tensors.items() if torch.is_tensor(v))
+    converted = checkpoint_filter_fn(tensors, module)
+    state_dict.clear()
+    state_dict.update(converted)
+
+
+def accept_official_checkpoints(model):
+    """Let ``model.load_state_dict`` take official state dicts (returns ``model``).
+
+    The hook is a module-level function bound through torch's weak module reference, so
+    ``copy.deepcopy`` (EMA copies) and pickling keep working.
+    """
+    model.register_load_state_dict_pre_hook(_official_state_dict_pre_hook)
+    return model

@@ -1,3 +1,15 @@
+"""Attention ops: pure functions on tensors, each with an implementation table (mmpola.ops.dispatch).
+
+=========== ============================= ==========================================================
+op          public function               layout
+=========== ============================= ==========================================================
+``pola``    :func:`pola_attention`        per head: q (B, h, N, d), k, v (B, h, n, d)
+``flatten`` :func:`flatten_attention`     heads merged: q (B, N, C), k, v (B, n, C)
+``inline``  :func:`inline_attention`      heads merged: q (B, N, C), k, v (B, n, C)
+``pacs``    :func:`pacs_attention`        per head: q, k, v (B, h, N, d) plus (N, 2d) RoPE tables
+=========== ============================= ==========================================================
+"""
+from .dispatch import OPS, attention_impls, attention_op, check_attn_impl, register_attention_impl
 from .flatten import flatten_attention, flatten_attention_fast, flatten_attention_reference, focused_feature_map
 from .inline import inline_attention, inline_attention_fast, inline_attention_reference
 from .pacs import pacs_attention, pacs_attention_fast, pacs_attention_reference, rope_angles, rope_rotate, rope_tables
@@ -11,6 +23,7 @@ from .pola import (
 )
 
 __all__ = [
+    'OPS', 'attention_op', 'attention_impls', 'register_attention_impl', 'check_attn_impl',
     'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
     'polarity_feature_map_and_mean', 'compile_status', 'flatten_attention', 'flatten_attention_reference',
     'flatten_attention_fast', 'focused_feature_map', 'inline_attention', 'inline_attention_reference',

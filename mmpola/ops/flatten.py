@@ -15,15 +15,19 @@ The focusing feature map works on all C channels at once (its norms are over C, 
     a = (relu(x) + 1e-6) / s,   phi(x) = a**f * ||a|| / ||a**f||      (f: focusing factor)
     out = phi(q) (phi(k)^T v / n) / (phi(q) mean(phi(k))^T + 1e-6)    per head
 
-* :func:`flatten_attention_reference` follows the official op order.
-* :func:`flatten_attention_fast` computes the same function with a fused feature map whose backward
-  is written by hand (it saves the input and the feature map only) and ONE query product per head
-  for the numerator and the normaliser together, on column slices of the (B, N, C) tensors.
+Implementations (``impl=``; mmpola.ops.dispatch, each takes ``(q, k, v, scale, num_heads,
+focusing_factor, eps)``):
+
+* ``'reference'``, :func:`flatten_attention_reference`, follows the official op order.
+* ``'fast'`` (the default), :func:`flatten_attention_fast`, computes the same function with a fused
+  feature map whose backward is written by hand (it saves the input and the feature map only) and ONE
+  query product per head for the numerator and the normaliser together, on column slices of the
+  (B, N, C) tensors.
 """
 import torch
 import torch.nn.functional as F
 
-from .dispatch import run_attention_core
+from .dispatch import attention_op, run_attention_op
 
 __all__ = ['flatten_attention', 'flatten_attention_reference', 'flatten_attention_fast', 'focused_feature_map']
 
@@ -146,6 +150,16 @@ def flatten_attention_fast(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-
     return outs[0] if num_heads == 1 else torch.cat(outs, dim=-1)
 
 
+def _example_inputs(batch, heads, hw, head_dim, generator):
+    """(q, k, v, scale) of an H x W grid and (num_heads, focusing_factor, eps)."""
+    shape = (batch, hw[0] * hw[1], heads * head_dim)
+    q, k, v = (torch.randn(shape, generator=generator) for _ in range(3))
+    return [q, k, v, torch.randn(1, 1, heads * head_dim, generator=generator) * 0.3], (heads, 3, 1e-6)
+
+
+attention_op('flatten', 'flatten_attention', example_inputs=_example_inputs).register(
+    'reference', flatten_attention_reference)
+attention_op('flatten').register('fast', flatten_attention_fast, default=True)
 
 
 def flatten_attention(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6, fp32=True, impl='auto'):
@@ -155,9 +169,9 @@ def flatten_attention(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6, fp
         q: (B, N, C); k, v: (B, n, C); scale: (1, 1, C) raw logit; num_heads: h.
         focusing_factor: the power f of the feature map (3 in every released model).
         fp32: compute in float32 with autocast disabled (default), then cast back to q's dtype.
-        impl: 'reference' (official op order), 'fast' or 'auto' (currently 'fast').
+        impl: 'reference' (official op order), 'fast', 'auto' (the default implementation, 'fast') or
+            another registered implementation.
     Returns:
         (B, N, C).
     """
-    return run_attention_core(flatten_attention_reference, flatten_attention_fast, impl, fp32,
-                              (q, k, v, scale), num_heads, focusing_factor, eps)
+    return run_attention_op('flatten', impl, fp32, (q, k, v, scale), num_heads, focusing_factor, eps)

@@ -11,15 +11,17 @@ Returns (B, N, C) (heads merged back, as the official module does before its pro
 
 (each query's attention weights sum to one by construction, and they stay injective.)
 
-* :func:`inline_attention_reference` follows the official op order.
-* :func:`inline_attention_fast` folds everything into one (d, d) matrix per head,
+Implementations (``impl=``; mmpola.ops.dispatch, each takes ``(q, k, v, num_heads)``):
+
+* ``'reference'``, :func:`inline_attention_reference`, follows the official op order.
+* ``'fast'`` (the default), :func:`inline_attention_fast`, folds everything into one (d, d) matrix per head,
   ``M = c k^T v / n - c mean(k)^T mean(v)``, so the output is ONE fused multiply-add over the
   queries, ``out = mean(v) + q M`` (``baddbmm``), with a hand-written backward of three more
   products; heads stay column slices of the (B, N, C) tensors (no head split / merge copies).
 """
 import torch
 
-from .dispatch import run_attention_core
+from .dispatch import attention_op, run_attention_op
 
 __all__ = ['inline_attention', 'inline_attention_reference', 'inline_attention_fast']
 
@@ -122,6 +124,15 @@ def inline_attention_fast(q, k, v, num_heads):
     return _InLineCore.apply(q, k, v, num_heads)
 
 
+def _example_inputs(batch, heads, hw, head_dim, generator):
+    """(q, k, v) of an H x W grid and (num_heads,)."""
+    shape = (batch, hw[0] * hw[1], heads * head_dim)
+    return [torch.randn(shape, generator=generator) for _ in range(3)], (heads,)
+
+
+attention_op('inline', 'inline_attention', example_inputs=_example_inputs).register(
+    'reference', inline_attention_reference)
+attention_op('inline').register('fast', inline_attention_fast, default=True)
 
 
 def inline_attention(q, k, v, num_heads, fp32=True, impl='auto'):
@@ -130,9 +141,9 @@ def inline_attention(q, k, v, num_heads, fp32=True, impl='auto'):
     Args:
         q: (B, N, C); k, v: (B, n, C); num_heads: h.
         fp32: compute in float32 with autocast disabled (default), then cast back to q's dtype.
-        impl: 'reference' (official op order), 'fast' or 'auto' (currently 'fast').
+        impl: 'reference' (official op order), 'fast', 'auto' (the default implementation, 'fast') or
+            another registered implementation.
     Returns:
         (B, N, C).
     """
-    return run_attention_core(inline_attention_reference, inline_attention_fast, impl, fp32,
-                              (q, k, v), num_heads)
+    return run_attention_op('inline', impl, fp32, (q, k, v), num_heads)

@@ -21,18 +21,19 @@ With a = [relu(x) || relu(-x)] (and a' = [relu(-x) || relu(x)]), the feature map
 and each flow is ``rope(q_f) @ (rope(k')^T v_f / N) / (q_f . mean(k') + eps)``: the rotation acts on
 the numerator only; the normaliser uses the unrotated maps, as the official code.
 
-Two implementations:
+Implementations (``impl=``; mmpola.ops.dispatch, each takes ``(q, k, v, s_same, s_opp, sin, cos, eps)``):
 
-* :func:`pacs_attention_reference` follows the official op order exactly (bit-exact in fp32).
-* :func:`pacs_attention_fast` is one autograd Function with a hand-written backward: the feature maps
-  are written into preallocated halves (no concatenation), the rotation is one complex
+* ``'reference'``, :func:`pacs_attention_reference`, follows the official op order exactly (bit-exact in
+  fp32).
+* ``'fast'`` (the default), :func:`pacs_attention_fast`, is one autograd Function with a hand-written
+  backward: the feature maps are written into preallocated halves (no concatenation), the rotation is one complex
   multiplication (channel pairs share an angle), every flow's numerator and normaliser reuse one
   rotated key-value summary, and only the three feature maps, the output and d x 2d summaries are
   saved for backward (the rotated maps are recomputed there).
 """
 import torch
 
-from .dispatch import run_attention_core
+from .dispatch import attention_op, run_attention_op
 from .pola import _sum_to_shape
 
 __all__ = ['pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'rope_angles', 'rope_tables',
@@ -284,6 +285,18 @@ def pacs_attention_fast(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
     return _PaCSAttention.apply(q, k, v, s_same, s_opp, _rotation(sin, cos, dtype), eps)
 
 
+def _example_inputs(batch, heads, hw, head_dim, generator):
+    """(q, k, v, s_same, s_opp) of an H x W grid and (sin, cos, eps) of its RoPE tables."""
+    n = hw[0] * hw[1]
+    tensors = [torch.randn(batch, heads, n, head_dim, generator=generator) for _ in range(3)]
+    tensors += [torch.randn(1, heads, 1, 2 * head_dim, generator=generator) for _ in range(2)]
+    sin, cos = rope_tables(rope_angles(2 * heads * head_dim, heads), hw)
+    return tensors, (sin, cos, 1e-6)
+
+
+attention_op('pacs', 'pacs_attention', example_inputs=_example_inputs).register(
+    'reference', pacs_attention_reference)
+attention_op('pacs').register('fast', pacs_attention_fast, default=True)
 
 
 def pacs_attention(q, k, v, s_same, s_opp, sin, cos, eps=1e-6, fp32=True, impl='auto'):
@@ -294,10 +307,9 @@ def pacs_attention(q, k, v, s_same, s_opp, sin, cos, eps=1e-6, fp32=True, impl='
             (N, 2d) tables of the real grid (:func:`rope_tables`).
         fp32: compute the core in float32 with autocast disabled (default), then cast back to q's
             dtype: the spiky maps are exponentials, whose sums overflow fp16 and lose bf16 precision.
-        impl: 'reference' (official op order), 'fast' (one autograd Function, hand-written backward)
-            or 'auto' (currently 'fast').
+        impl: 'reference' (official op order), 'fast' (one autograd Function, hand-written backward),
+            'auto' (the default implementation, 'fast') or another registered implementation.
     Returns:
         (B, h, N, d), in q's dtype when fp32=True.
     """
-    return run_attention_core(pacs_attention_reference, pacs_attention_fast, impl, fp32,
-                              (q, k, v, s_same, s_opp, sin, cos), eps)
+    return run_attention_op('pacs', impl, fp32, (q, k, v, s_same, s_opp, sin, cos), eps)

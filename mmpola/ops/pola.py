@@ -12,11 +12,12 @@ Shapes:
 Returns (B, h, N, d): per head, the first d/2 channels are the same-sign branch (values v[..., :d/2]),
 the last d/2 the opposite-sign branch (values v[..., d/2:]).
 
-Two implementations:
+Implementations (``impl=``; mmpola.ops.dispatch, each takes ``(q, k, v, power, scale, alpha, eps)``):
 
-* :func:`pola_attention_reference` follows the official op order exactly (bit-exact in fp32); it is the
-  ground truth for tests and golden files.
-* :func:`pola_attention_fast` computes the same function with fewer passes and less memory:
+* ``'reference'``, :func:`pola_attention_reference`, follows the official op order exactly (bit-exact in
+  fp32); it is the ground truth for tests and golden files.
+* ``'fast'`` (the default), :func:`pola_attention_fast`, computes the same function with fewer passes and
+  less memory:
 
   - each feature map ``[relu(x)^p || relu(-x)^p]`` (x = q/s or k/s) comes from ONE power of ``|x|`` in a
     custom autograd Function whose backward is written by hand (``d/dx = p*y/x``, ``d/dp = y*log|x|``),
@@ -29,13 +30,14 @@ Two implementations:
   - the element-wise feature work is fused with ``torch.compile`` when it is available and pays off
     (large tensors), with an eager fallback (see :func:`compile_status`).
 """
+import contextlib
 import logging
 import os
 
 import torch
 import torch.nn.functional as F
 
-from .dispatch import run_attention_core
+from .dispatch import attention_op, run_attention_op
 
 __all__ = [
     'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
@@ -371,6 +373,33 @@ def pola_attention_fast(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     return (out[..., :d].unflatten(-1, (2, half)) * z.unsqueeze(-1)).flatten(-2)
 
 
+def _example_inputs(batch, heads, hw, head_dim, generator):
+    """(q, k, v, power, scale) of an H x W grid (logits near the trained regime: p around 3, s around
+    ln 2) and (alpha, eps)."""
+    n = hw[0] * hw[1]
+    q, k, v = (torch.randn(batch, heads, n, head_dim, generator=generator) for _ in range(3))
+    power = torch.randn(1, heads, 1, head_dim, generator=generator) * 0.5
+    scale = torch.randn(1, heads, 1, head_dim, generator=generator) * 0.3
+    return [q, k, v, power, scale], (4.0, 1e-6)
+
+
+@contextlib.contextmanager
+def force_compile():
+    """The fast path's torch.compile kernels at every size (benchmarks of the compiled kernels)."""
+    global COMPILE_MIN_NUMEL
+    previous_env, previous_min = os.environ.pop(_NO_COMPILE_ENV, None), COMPILE_MIN_NUMEL
+    COMPILE_MIN_NUMEL = 0
+    try:
+        yield
+    finally:
+        COMPILE_MIN_NUMEL = previous_min
+        if previous_env is not None:
+            os.environ[_NO_COMPILE_ENV] = previous_env
+
+
+attention_op('pola', 'pola_attention', example_inputs=_example_inputs, force_compile=force_compile).register(
+    'reference', pola_attention_reference)
+attention_op('pola').register('fast', pola_attention_fast, default=True)
 
 
 def pola_attention(q, k, v, power, scale, alpha=4.0, eps=1e-6, fp32=True, impl='auto'):
@@ -382,9 +411,9 @@ def pola_attention(q, k, v, power, scale, alpha=4.0, eps=1e-6, fp32=True, impl='
             q's dtype. Low-precision matmuls overflow for |q/s| > ~9 at p ~ 5 (docs/design.md, "Numerical
             stability under mixed precision").
         impl: 'reference' (official op order), 'fast' (fused feature maps, one kv and one query
-            product; torch.compile for large inputs when available) or 'auto' (currently 'fast').
+            product; torch.compile for large inputs when available), 'auto' (the default
+            implementation, 'fast') or another registered implementation.
     Returns:
         (B, h, N, d) in q's dtype when fp32=True.
     """
-    return run_attention_core(pola_attention_reference, pola_attention_fast, impl, fp32,
-                              (q, k, v, power, scale), alpha, eps)
+    return run_attention_op('pola', impl, fp32, (q, k, v, power, scale), alpha, eps)

@@ -19,7 +19,7 @@ from mmpola.checkpoint.sources import (
     weight_source,
 )
 from mmpola.models import pretrained
-from mmpola.models.timm_models import TIMM_MODEL_ARGS
+from mmpola.models.timm_models import TIMM_ENTRIES
 from tests.fixtures.paths import CONFIGS
 
 # the FLatten release's TsinghuaCloud file ids that an earlier PolaFormer README listed for Pola models
@@ -28,7 +28,7 @@ FLATTEN_IDS_SHOWN_AS_POLA = ('3ab1d773f19d45648690', '5d1f01532b104da28e7b', 'e1
 
 
 def test_every_timm_entry_has_a_source_and_no_pola_entry_names_a_flatten_file():
-    assert set(TIMM_MODEL_ARGS) <= set(WEIGHT_SOURCES)
+    assert set(TIMM_ENTRIES) <= set(WEIGHT_SOURCES)
     urls = [s.url for s in WEIGHT_SOURCES.values() if s.url]
     assert len(urls) == len(set(urls)) == 11  # FLatten PVT-T, Swin-T/S/B; InLine PVT-T/S/M/L, Swin-T/S/B
     for name, source in WEIGHT_SOURCES.items():

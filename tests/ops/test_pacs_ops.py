@@ -131,7 +131,7 @@ def test_dispatcher_impls_and_errors():
     for impl in ('fast', 'auto'):
         torch.testing.assert_close(pacs_attention(*inputs, *tables, impl=impl), ref, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match='impl must be'):
-        pacs_attention(*inputs, *tables, impl='triton')
+        pacs_attention(*inputs, *tables, impl='unregistered')
     q, k, v, s_same, s_opp = inputs
     with pytest.raises(ValueError, match='rotary tables'):
         pacs_attention_fast(q, k, v, s_same, s_opp, tables[0][:4], tables[1][:4])

@@ -1,4 +1,5 @@
-"""timm entries: every name builds; official checkpoints load safely and reproduce the official logits."""
+"""timm entries (mmpola.models.timm_models): every name of the table builds; official checkpoints load safely
+and reproduce the official logits (Pola, FLatten and InLine golden mini models)."""
 import pickle
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 from mmpola.models import PolaClassifier, PolaPPClassifier
 from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
-from mmpola.models.timm_models import TIMM_MODEL_ARGS
+from mmpola.models.timm_models import TIMM_ENTRIES
 
 TOL = 1e-5
 ENTRY = {'pvt': 'pola_pvt_tiny', 'swin': 'pola_swin_tiny'}
@@ -30,20 +31,20 @@ def _mini_kwargs(expected):
     return kwargs
 
 
-@pytest.mark.parametrize('name', sorted(TIMM_MODEL_ARGS))
+@pytest.mark.parametrize('name', sorted(TIMM_ENTRIES))
 def test_every_entry_builds(name):
     assert timm.is_model(name)
     with torch.device('meta'):
         model = timm.create_model(name)
     assert isinstance(model, (PolaClassifier, PolaPPClassifier))
     assert model.num_classes == 1000
-    assert model.family == TIMM_MODEL_ARGS[name]['family']
+    assert model.family == TIMM_ENTRIES[name].family
     assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(PARAMS_M[name], abs=0.01)
     assert model.pretrained_cfg['crop_mode'] == 'squash'
 
 
 def test_entries_listed_and_overridable():
-    assert set(timm.list_models(['pola_*', 'flatten_*', 'inline_*', 'polapp_*'])) >= set(TIMM_MODEL_ARGS)
+    assert set(timm.list_models(['pola_*', 'flatten_*', 'inline_*', 'polapp_*'])) >= set(TIMM_ENTRIES)
     with torch.device('meta'):
         model = timm.create_model('pola_swin_small', num_classes=7, drop_path_rate=0.0, in_chans=1)
     assert model.head.out_features == 7
@@ -123,3 +124,42 @@ def test_timm_data_config_is_official_eval(golden):
     steps = [type(t).__name__ for t in transform.transforms]
     assert steps[:2] == ['Resize', 'CenterCrop']
     assert tuple(transform.transforms[0].size) == (256, 256)
+
+
+# FLatten and InLine (golden mini models of the official FLatten-Transformer and InLine code)
+MINIS = ['flatten_pvt', 'flatten_swin', 'inline_pvt', 'inline_swin']
+
+
+def _golden(golden_data, name):
+    expected, checkpoint = golden_data(name)
+    kwargs = official_kwargs_to_classifier_kwargs(expected['constructor'])
+    for key in ('family', 'kind'):
+        kwargs.pop(key)
+    return expected, checkpoint, kwargs
+
+
+def test_flatten_inline_entries_registered():
+    names = {f'{k}_{f}_{s}' for k in ('flatten', 'inline') for f, sizes in
+             (('pvt', ('tiny', 'small', 'medium', 'large')), ('swin', ('tiny', 'small', 'base'))) for s in sizes}
+    assert names <= set(TIMM_ENTRIES) and names <= set(timm.list_models(['flatten_*', 'inline_*']))
+    with torch.device('meta'):
+        model = timm.create_model('inline_swin_small')
+    assert model.kind == 'inline' and model.backbone.attn_type == 'IIIS'
+    assert 'InLine' in model.pretrained_cfg['origin_url']
+    with pytest.raises(ValueError, match="'flatten' attention model; kind='pola'"):
+        timm.create_model('flatten_pvt_tiny', kind='pola')
+
+
+@pytest.mark.parametrize('name', MINIS)
+def test_checkpoint_path_reproduces_official(golden_data, name):
+    expected, ckpt, kwargs = _golden(golden_data, name)
+    model = timm.create_model(f'{name}_tiny', checkpoint_path=ckpt, **kwargs).eval()
+    with torch.no_grad():
+        assert (model(expected['input']) - expected['logits']).abs().max() <= 1e-4
+    kwargs.pop('num_classes')
+    features = timm.create_model(f'{name}_tiny', features_only=True, pretrained=True,
+                                 pretrained_cfg_overlay=dict(file=ckpt), **kwargs).eval()
+    with torch.no_grad():
+        maps = features(expected['input'])
+    for i, (ours, ref) in enumerate(zip(maps, expected['stages'])):
+        assert (ours - ref).abs().max() <= 1e-4, f'stage {i}'

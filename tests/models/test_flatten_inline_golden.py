@@ -3,8 +3,15 @@
 import pytest
 import torch
 
-from mmpola.models import FLattenPVT, FLattenSwin, InLinePVT, InLineSwin, PolaClassifier
-from mmpola.models.layers import FocusedLinearAttention, InLineAttention
+from mmpola.models import (
+    FLattenPVT,
+    FLattenSwin,
+    FocusedLinearAttention,
+    InLineAttention,
+    InLinePVT,
+    InLineSwin,
+    PolaClassifier,
+)
 
 MINIS = ['flatten_pvt', 'flatten_swin', 'inline_pvt', 'inline_swin']
 DENSE = {'flatten_pvt': FLattenPVT, 'flatten_swin': FLattenSwin, 'inline_pvt': InLinePVT,

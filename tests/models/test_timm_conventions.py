@@ -3,7 +3,7 @@
 forward_features / forward_head, reset_classifier, forward_intermediates and features_only,
 torch.fx tracing, and an explicit TorchScript refusal.
 
-Parametrized over every entry of ``TIMM_MODEL_ARGS``; inputs are reduced as timm's tests reduce them
+Parametrized over every entry of ``TIMM_ENTRIES``; inputs are reduced as timm's tests reduce them
 (``_input_size``), and each entry is built once (the ``entry`` fixture).
 """
 import copy
@@ -19,9 +19,9 @@ from timm.models._features import FeatureGetterNet
 from torchvision.models.feature_extraction import NodePathTracer, create_feature_extractor, get_graph_node_names
 
 from mmpola.models.timm_conventions import NotScriptableError, TimmClassifierMixin, check_global_pool
-from mmpola.models.timm_models import TIMM_MODEL_ARGS
+from mmpola.models.timm_models import TIMM_ENTRIES
 
-NAMES = sorted(TIMM_MODEL_ARGS)
+NAMES = sorted(TIMM_ENTRIES)
 # timm's targets (tests/test_models.py): a model with ``min_input_size`` runs at that size
 TARGET_BWD_SIZE = 128
 TARGET_FFEAT_SIZE = 96

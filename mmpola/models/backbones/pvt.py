@@ -1,28 +1,30 @@
-"""The PVT family: PVT-v1 macro architecture with a linear attention of the lineage, as a
-dense-prediction backbone (:class:`PVTBackbone`), and its registered members (:class:`PolaPVT`).
+"""PVT-v1 as a dense-prediction backbone with any registered attention kind: :class:`PVTBackbone`
+(registered as ``PVTBackbone``, family ``'pvt'``; presets ``PolaPVT``, ``FLattenPVT``,
+``InLinePVT`` in :mod:`.presets`).
 
 The module tree is the official one (``patch_embed{i}``, ``pos_embed{i}``, ``block{i}.{j}.attn.*``
-...), so official ImageNet checkpoints load by filtering keys (``mmpola.checkpoint``). What every
-dense backbone shares (arguments, stage loop, freezing, loading) lives in
-:class:`mmpola.models.base.DenseBackbone`.
+...), so official ImageNet checkpoints load by filtering keys (:meth:`PVTBackbone.checkpoint_filter`).
+The official classifier: mean of the stage-4 tokens **without** a final norm, then a linear
+``head`` (the official Pola and FLatten models own a ``norm`` their forward never uses; the
+classifier has none and the filter drops it, so every parameter trains).
 """
 import torch
 import torch.nn as nn
-from mmengine.registry import MODELS
 from timm.layers import trunc_normal_
 
-from .attention_kinds import build_attention
-from .base import DenseBackbone, drop_path_rates, tokens_to_nchw
-from .layers import DropPath, Mlp, PatchEmbed, _ResizedEmbeddingCache, to_2tuple_int
-from .utils import PolaConfigError, check_stage_string
+from mmpola.checkpoint import CheckpointMismatchError
 
-__all__ = ['PVTBackbone', 'PVTBlock', 'PolaPVT', 'FLattenPVT', 'InLinePVT']
+from ..layers import DropPath, Mlp, PatchEmbed, ResizedEmbeddingCache, to_2tuple_int
+from ..utils import PolaConfigError, check_stage_string
+from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
+
+__all__ = ['PVTBackbone', 'PVTBlock']
 
 
 class PVTBlock(nn.Module):
     """Pre-norm PVT block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))); LN eps 1e-6.
 
-    ``attn`` is any module of :mod:`mmpola.models.attention_kinds` (``attn(x, hw)``).
+    ``attn``: any attention kind (``attn(x, hw, **context)``).
     Shapes: ``forward(x, hw)``: (B, H*W, C), (H, W) -> (B, H*W, C).
     """
 
@@ -34,13 +36,14 @@ class PVTBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
 
-    def forward(self, x, hw):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw))
+    def forward(self, x, hw, **context):
+        x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
+@register_architecture('pvt', title='PVT')
 class PVTBackbone(DenseBackbone):
-    """PVT-family backbone; a registered member sets ``attn_kind`` (its linear attention).
+    """PVT-v1 backbone with the attention of ``attn`` / ``attn_type``.
 
     Input (B, in_channels, H, W) with H, W >= 32 (any, odd and non-square included). Output: a
     tuple of NCHW maps, one per ``out_indices`` entry, with channels ``embed_dims[i]`` and sizes
@@ -59,11 +62,12 @@ class PVTBackbone(DenseBackbone):
             encodings: 224 -> 56, 28, 14, 7).
         in_channels: input image channels.
         out_indices: stages (0-based) to return.
-        attn_type: one char per stage: the letter of ``attn_kind`` (``'L'`` Pola / FLatten,
-            ``'I'`` InLine) or ``'S'`` softmax. None: the released string (``default_attn_type``).
-        la_sr_ratios: spatial reduction of the linear-attention blocks per stage, as a 4-digit
-            string or a sequence (released: ``'1111'``; the official class default '8421' was
-            *not* used).
+        attn: the attention kind and its options (``dict(type='pola', alpha=4.0)``); see
+            :class:`~mmpola.models.backbones.DenseBackbone`.
+        attn_type: one char per stage: the letter of ``attn`` (``'L'`` Pola / FLatten, ``'I'``
+            InLine) or ``'S'`` softmax (``'M'`` mixed). None: the preset's string.
+        la_sr_ratios: spatial reduction of the non-softmax blocks per stage, as a 4-digit string or a
+            sequence (released: ``'1111'``; the official class default '8421' was *not* used).
         sr_ratios: spatial reduction of softmax ('S') blocks per stage.
         qkv_bias, qk_scale: projections' bias; softmax scale override ('S' blocks only).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and embeddings,
@@ -74,11 +78,12 @@ class PVTBackbone(DenseBackbone):
         frozen_stages: -1 none; 0 freezes ``patch_embed1`` and ``pos_embed1``; k >= 1 freezes
             stages 1..k entirely (``patch_embed{i}``, ``pos_embed{i}``, ``block{i}`` and its
             ``norm{i-1}``).
-        norm_eval, with_cp, pretrained, init_cfg: see :class:`DenseBackbone`.
-        attn_impl, fp32_attn: passed to every linear attention (``'reference'`` forces the
-            official op order; ``fp32_attn`` keeps the core in fp32 under autocast).
-        **attn_options: the options of ``attn_kind`` (``ATTENTION_KINDS[kind].options``), e.g.
-            Pola ``alpha=4.0, kernel_size=5, v_upsample='linear1d'``.
+        norm_eval, with_cp, attn_impl, fp32_attn, pretrained, init_cfg: see
+            :class:`~mmpola.models.backbones.DenseBackbone`.
+        **attn_options: the options of ``attn`` as keyword arguments (deprecated spelling).
+
+    Attention context: ``pe_grid`` = the stage grid at pretraining, ``qkv_layout='separate'``,
+    ``sr_ratio`` (``la_sr_ratios`` or, for the softmax, ``sr_ratios``).
 
     Stages after ``max(out_indices)`` are built (so checkpoints load unchanged) but not run.
     """
@@ -95,18 +100,22 @@ class PVTBackbone(DenseBackbone):
     }
     arch_keys = ('embed_dims', 'num_heads', 'mlp_ratios', 'depths')
     out_norm_eps = 1e-6
-    default_out_norm = False
-    default_attn_type = None  # set by the members ('LLLL' ...)
+    softmax_attn = 'softmax'
+    softmax_name = 'softmax PVT (PVT-v1)'
+    attention_context = ('qkv_layout', 'sr_ratio')
     official_key_pattern = 'block1.*'
+    look_alikes = {'mmdet/mmseg PVT (not Pola; softmax attention only)': r'(^|\.)layers\.0\.0\.projection\.'}
+    first_conv = 'patch_embed1.proj'
 
     def __init__(self, arch='tiny', pretrain_img_size=224, in_channels=3, out_indices=(0, 1, 2, 3),
                  attn_type=None, la_sr_ratios='1111', sr_ratios=(8, 4, 2, 1), qkv_bias=True, qk_scale=None,
                  drop_rate=0., attn_drop_rate=0., drop_path_rate=0.1, out_norm=None, norm_after_stage=None,
-                 frozen_stages=-1, norm_eval=False, with_cp=False, attn_impl='auto', fp32_attn=True,
+                 frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_impl='auto', fp32_attn=True,
                  pretrained=None, init_cfg=None, **attn_options):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
                          norm_after_stage=norm_after_stage, frozen_stages=frozen_stages, norm_eval=norm_eval,
-                         with_cp=with_cp, pretrained=pretrained, init_cfg=init_cfg)
+                         with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
+                         attn_options=attn_options, pretrained=pretrained, init_cfg=init_cfg)
         settings = self.arch
         self.embed_dims = list(settings['embed_dims'])
         self.depths = list(settings['depths'])
@@ -115,10 +124,7 @@ class PVTBackbone(DenseBackbone):
         for key in self.arch_keys:
             if len(settings[key]) != self.num_stages:
                 raise PolaConfigError(f'arch {key} must have {self.num_stages} entries, got {settings[key]!r}')
-        self.check_attn_options(attn_options)
-        letters = self.attention_letters()
-        attn_type = self.default_attn_type if attn_type is None else attn_type
-        self.attn_type = check_stage_string(attn_type, ''.join(letters), self.num_stages, 'attn_type')
+        self.resolve_block_kinds(self.depths)
         self.la_sr_ratios = [int(c) for c in check_stage_string(
             ''.join(str(int(r)) for r in la_sr_ratios) if not isinstance(la_sr_ratios, str)
             else la_sr_ratios, '123456789', self.num_stages, 'la_sr_ratios')]
@@ -139,22 +145,20 @@ class PVTBackbone(DenseBackbone):
             patch_embed = PatchEmbed(in_channels if i == 0 else self.embed_dims[i - 1], dim,
                                      patch_size=4 if i == 0 else 2, pad=False)
             pos_embed = nn.Parameter(torch.zeros(1, grids[i] * grids[i], dim))
-            kind = letters[self.attn_type[i]]
-            sr = self.sr_ratios[i] if kind == 'softmax' else self.la_sr_ratios[i]
-            pe_side = grids[i] // sr
-            options = {} if kind == 'softmax' else attn_options
-            blocks = nn.ModuleList([
-                PVTBlock(dim, build_attention(kind, 'pvt', dim, self.num_heads[i], pe_grid=(pe_side, pe_side),
-                                              sr_ratio=sr, qkv_bias=qkv_bias, qk_scale=qk_scale,
-                                              attn_drop=attn_drop_rate, proj_drop=drop_rate,
-                                              attn_impl=attn_impl, fp32_attn=fp32_attn, **options),
-                         self.mlp_ratios[i], drop=drop_rate, drop_path=dpr[i][j])
-                for j in range(self.depths[i])])
+            blocks = nn.ModuleList()
+            for j in range(self.depths[i]):
+                softmax = self.block_kinds[i][j] == self.softmax_attn
+                attn = self.build_attention(i, j, dim, self.num_heads[i], pe_grid=self.pos_embed_grids[i],
+                                            qkv_layout='separate',
+                                            sr_ratio=self.sr_ratios[i] if softmax else self.la_sr_ratios[i],
+                                            qkv_bias=qkv_bias, qk_scale=qk_scale, attn_drop=attn_drop_rate,
+                                            proj_drop=drop_rate)
+                blocks.append(PVTBlock(dim, attn, self.mlp_ratios[i], drop=drop_rate, drop_path=dpr[i][j]))
             setattr(self, f'patch_embed{i + 1}', patch_embed)
             setattr(self, f'pos_embed{i + 1}', pos_embed)
             setattr(self, f'pos_drop{i + 1}', nn.Dropout(p=drop_rate))
             setattr(self, f'block{i + 1}', blocks)
-            setattr(self, f'_pos_embed_cache{i + 1}', _ResizedEmbeddingCache())
+            setattr(self, f'_pos_embed_cache{i + 1}', ResizedEmbeddingCache())
         for i in range(self.num_stages):
             trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=.02)
         self._finish_init()
@@ -186,50 +190,51 @@ class PVTBackbone(DenseBackbone):
         return cache.get(getattr(self, f'pos_embed{i + 1}'), self.pos_embed_grids[i], hw, 'bilinear',
                          enabled=not self.training)
 
+    def stage_module(self, i):
+        return f'block{i + 1}'
 
-@MODELS.register_module()
-class PolaPVT(PVTBackbone):
-    """Pola-PVT backbone (PolaFormer, ICLR 2025) for mmdet / mmseg: :class:`PVTBackbone` with
-    polarity-aware linear attention (:class:`~mmpola.models.layers.PolaAttention`).
+    # ---------------------------------------------------------------------------------------------
+    # checkpoints
 
-    Registered in mmengine's root ``MODELS`` registry, so ``dict(type='PolaPVT', ...)`` builds
-    from mmdet's, mmseg's and any other OpenMMLab library's registry.
+    def checkpoint_filter(self, state_dict, source='the checkpoint', map_final_norm=False):
+        """The shared filter, and a file whose stages were trained with other ``la_sr_ratios``
+        refused (its positional encodings and reductions would not fit)."""
+        stored = _stored_la_sr_ratios(state_dict, self.num_stages)
+        built = ''.join(str(r) for r in self.la_sr_ratios)
+        if stored is not None and 'S' not in self.attn_type and stored != built:
+            raise CheckpointMismatchError(
+                f"checkpoint {source} was trained with la_sr_ratios='{stored}' but the {type(self).__name__} was "
+                f"built with '{built}'; pass la_sr_ratios='{stored}'")
+        return super().checkpoint_filter(state_dict, source, map_final_norm)
 
-    Pola options: ``alpha=4.0`` (p in (1, 1 + alpha)), ``kernel_size=5`` (depthwise conv on v),
-    ``v_upsample='linear1d'`` (how v reaches the query grid when ``la_sr_ratios`` > 1: official
-    ``'linear1d'`` or the geometric ``'bilinear2d'``). ``attn_type``: ``'L'`` Pola, ``'S'`` softmax
-    per stage (released ``'LLLL'``).
-    """
-    attn_kind = 'pola'
-    default_attn_type = 'LLLL'
-    official_name = 'Pola-PVT'
+    @classmethod
+    def classifier_kwargs_from_official(cls, kwargs):
+        """The official ``PyramidVisionTransformer`` arguments (``embed_dims`` ...)."""
+        if 'embed_dims' not in kwargs:
+            return None
+        kwargs = dict(kwargs)
+        if kwargs.pop('patch_size', 4) != 4:
+            raise ValueError('only patch_size=4 (every released model) is supported')
+        out = dict(family=cls.family, num_classes=kwargs.pop('num_classes', 1000),
+                   drop_rate=kwargs.pop('drop_rate', 0.), drop_path_rate=kwargs.pop('drop_path_rate', 0.),
+                   pretrain_img_size=kwargs.pop('img_size', 224),
+                   arch={key: list(kwargs.pop(key)) for key in cls.arch_keys})
+        for key in ('qkv_bias', 'qk_scale', 'attn_drop_rate', 'sr_ratios', 'la_sr_ratios'):
+            if key in kwargs:
+                out[key] = kwargs.pop(key)
+        kwargs.pop('num_stages', None)
+        kwargs.pop('in_chans', None)
+        attn_type = kwargs.pop('attn_type', None)
+        return out, kwargs, attn_type
 
 
-@MODELS.register_module()
-class FLattenPVT(PVTBackbone):
-    """FLatten-PVT backbone (FLatten Transformer, ICCV 2023) for mmdet / mmseg: :class:`PVTBackbone`
-    with focused linear attention (:class:`~mmpola.models.layers.FocusedLinearAttention`).
-
-    FLatten options: ``focusing_factor=3``, ``kernel_size=5``, ``v_upsample='linear1d'`` (see
-    :class:`PolaPVT`). ``attn_type``: ``'L'`` focused linear, ``'S'`` softmax per stage (released
-    ``'LLLL'``).
-    """
-    attn_kind = 'flatten'
-    default_attn_type = 'LLLL'
-    official_name = 'FLatten-PVT'
-
-
-@MODELS.register_module()
-class InLinePVT(PVTBackbone):
-    """InLine-PVT backbone (InLine attention, NeurIPS 2024) for mmdet / mmseg: :class:`PVTBackbone`
-    with injective linear attention (:class:`~mmpola.models.layers.InLineAttention`; no positional
-    encoding inside the attention, no spatial reduction: ``la_sr_ratios`` must stay ``'1111'``).
-
-    The released models use twice the heads of PVT (``arch_settings``). ``attn_type``: ``'I'``
-    InLine, ``'S'`` softmax per stage (released ``'IIII'``). No attention options.
-    """
-    arch_settings = {
-        name: dict(settings, num_heads=[2, 4, 10, 16]) for name, settings in PVTBackbone.arch_settings.items()}
-    attn_kind = 'inline'
-    default_attn_type = 'IIII'
-    official_name = 'InLine-PVT'
+def _stored_la_sr_ratios(state_dict, num_stages=4):
+    """'1111'-style string of the spatial reduction of a PVT checkpoint's attention with positional
+    encodings (Pola, FLatten), or None when a stage has none."""
+    ratios = []
+    for i in range(1, num_stages + 1):
+        sr = state_dict.get(f'block{i}.0.attn.sr.weight')
+        if f'block{i}.0.attn.positional_encoding' not in state_dict:
+            return None  # softmax or InLine stage, or not a PVT checkpoint
+        ratios.append(str(sr.shape[-1]) if sr is not None else '1')
+    return ''.join(ratios)

@@ -1,0 +1,87 @@
+"""Focused linear attention (FLatten Transformer, ICCV 2023): kind ``'flatten'``."""
+import torch
+import torch.nn as nn
+from timm.layers import register_notrace_module
+
+from mmpola.ops import check_attn_impl, flatten_attention
+from mmpola.registry import ATTENTIONS
+
+from ..layers import depthwise_conv
+from .common import KeyPositionalEncoding, check_attention_args, depthwise_value_term, reduced_grid, spatial_reduction
+
+__all__ = ['FocusedLinearAttention']
+
+
+@ATTENTIONS.register_module(name='flatten')
+@register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
+class FocusedLinearAttention(KeyPositionalEncoding, nn.Module):
+    """Focused linear attention over one whole H x W token grid.
+
+    * ``qkv_layout='fused'`` (FLatten-Swin): ``qkv`` Linear(C, 3C) gives q, k, v.
+    * ``qkv_layout='separate'`` (FLatten-PVT): ``q`` Linear(C, C); ``kv`` Linear(C, 2C) gives k, v
+      from the map, spatially reduced first by ``sr`` / ``norm`` when ``sr_ratio > 1``.
+
+    k gets the learned ``positional_encoding`` (stored on the pretraining key grid, bilinearly
+    resized to the real key grid when they differ); the core (:func:`mmpola.ops.flatten_attention`)
+    applies the focusing feature map with the per-channel temperature ``softplus(scale)``; a
+    depthwise conv ``dwc`` (d channels, shared by the heads) on v is added, then ``proj``.
+
+    Args:
+        dim, num_heads, pe_grid, qkv_layout, qkv_bias, sr_ratio, proj_drop, attn_impl, fp32_attn,
+            kernel_size, v_upsample: as in :class:`~mmpola.models.attention.PolaAttention`
+            (``attn_impl``: implementations of :func:`mmpola.ops.flatten_attention`).
+        focusing_factor: option; the power f of the focusing function (3 in every released model).
+
+    Shapes: ``forward(x, hw)`` with x (B, N, C), hw = (H, W), N = H * W -> (B, N, C).
+    """
+
+    letter = 'L'
+    title = 'FLatten'
+    paper = 'FLatten Transformer'
+
+    def __init__(self, dim, num_heads, pe_grid, qkv_layout='fused', qkv_bias=True, sr_ratio=1, proj_drop=0.,
+                 attn_impl='auto', fp32_attn=True, focusing_factor=3, kernel_size=5, v_upsample='linear1d'):
+        super().__init__()
+        head_dim = check_attention_args(dim, num_heads, qkv_layout, sr_ratio, v_upsample)
+        self.dim = dim
+        self.num_heads = num_heads
+        self.qkv_layout = qkv_layout
+        self.sr_ratio = sr_ratio
+        self.focusing_factor = focusing_factor
+        self.v_upsample = v_upsample
+        self.attn_impl = check_attn_impl(attn_impl, op='flatten')
+        self.fp32_attn = fp32_attn
+        if qkv_layout == 'fused':
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        else:
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(dim)
+        self.dwc = depthwise_conv(head_dim, kernel_size)
+        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
+        self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
+
+    def forward(self, x, hw, **context):
+        B, N, C = x.shape
+        if self.qkv_layout == 'fused':
+            q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
+            kv_hw = tuple(hw)
+        else:
+            q = self.q(x)
+            x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
+            k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
+        n = k.shape[1]
+        k = k + self.resized_positional_encoding(kv_hw)
+        out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
+                                impl=self.attn_impl)
+        v = v.reshape(B, n, self.num_heads, C // self.num_heads).transpose(1, 2)
+        out = out + depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample)
+        return self.proj_drop(self.proj(out))
+
+    def extra_repr(self):
+        return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '
+                f'focusing_factor={self.focusing_factor}, attn_impl={self.attn_impl!r}')

@@ -1,0 +1,142 @@
+"""PolaFormer++'s attentions: polarity-aware linear attention with channel-wise spikiness (kind
+``'pacs'``) and its last-stage softmax attention with 2-D RoPE (kind ``'rope_softmax'``, letter
+``'S'`` of PolaFormer++).
+
+Both take the RoPE tables of the stage map from the architecture as context
+(:class:`~mmpola.models.backbones.polapp.PolaPPBackbone` hands every block both):
+
+* ``rope_head``: (2, N, d) sin and cos for per-head features (d = C / h);
+* ``rope_feature``: (2, N, 2d) for the PaCS feature maps, twice as wide as a head.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import register_notrace_module
+
+from mmpola.ops import check_attn_impl, pacs_attention, rope_angles, rope_rotate, rope_tables
+from mmpola.registry import ATTENTIONS
+
+from ..layers import depthwise_conv
+
+__all__ = ['PaCSAttention', 'RoPESoftmaxAttention', 'RotaryEmbedding']
+
+
+@register_notrace_module  # torch.fx leaf: the tables depend on the run-time map size
+class RotaryEmbedding(nn.Module):
+    """The official 2-D RoPE angles (buffer ``angle``, kept in checkpoints) -> tables of a grid.
+
+    ``dim`` is the width the rotation acts on summed over heads: C for softmax attention, 2C for the
+    PaCS feature maps (which are twice as wide as a head).
+    """
+
+    def __init__(self, dim, num_heads, base=10000.0):
+        super().__init__()
+        self.register_buffer('angle', rope_angles(dim, num_heads, base))
+
+    def forward(self, hw):
+        """(H, W) -> (2, H * W, 2 * len(angle)): sin and cos stacked (one tensor, so a traced graph can
+        index it)."""
+        return torch.stack(rope_tables(self.angle, hw))
+
+
+def _rope_table(context, name, kind):
+    table = context.get(name)
+    if table is None:
+        raise ValueError(f"{kind} attention needs the RoPE tables '{name}' of the map as context (the "
+                         'PolaFormer++ architecture gives them); this architecture does not')
+    return table
+
+
+@ATTENTIONS.register_module(name='pacs')
+@register_notrace_module  # torch.fx leaf: custom autograd Function, run-time shapes
+class PaCSAttention(nn.Module):
+    """Polarity-aware linear attention with channel-wise spikiness (the official linear block).
+
+    ``qkvg`` projects to queries, keys, values and a gate; ``lepe`` is a 5x5 depthwise conv on the
+    values (:func:`~mmpola.models.layers.depthwise_conv`); ``s1`` / ``s2`` are the per-channel
+    spikiness logits of the same-sign and opposite-sign flows; the core is
+    :func:`mmpola.ops.pacs_attention` (``attn_impl``: its implementations).
+
+    Shapes: ``forward(x, hw, rope_feature=...)``: x (B, N, C) tokens of the H x W map, tables
+    (2, N, 2 * head_dim) -> (B, N, C).
+    """
+
+    letter = 'L'
+    title = 'PaCS'
+    paper = 'PolaFormer++'
+
+    def __init__(self, dim, num_heads, attn_impl='auto', fp32_attn=True):
+        super().__init__()
+        if dim % num_heads or (dim // num_heads) % 2:
+            raise ValueError(f'PaCSAttention needs an even head dim: channels {dim} / heads {num_heads}')
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkvg = nn.Linear(dim, dim * 4)
+        self.lepe = depthwise_conv(dim, 5)
+        self.proj = nn.Linear(dim, dim)
+        self.s1 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
+        self.s2 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
+        self.attn_impl = check_attn_impl(attn_impl, op='pacs')
+        self.fp32_attn = fp32_attn
+
+    def forward(self, x, hw, **context):
+        sin, cos = _rope_table(context, 'rope_feature', 'PaCS')
+        B, N, C = x.shape
+        H, W = hw
+        q, k, v, g = self.qkvg(x).reshape(B, N, 4, C).permute(2, 0, 1, 3).unbind(0)
+        lepe = self.lepe(v.reshape(B, H, W, C).permute(0, 3, 1, 2))
+        q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        x = pacs_attention(q, k, v, self.s1, self.s2, sin, cos, fp32=self.fp32_attn, impl=self.attn_impl)
+        x = x.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2) + lepe
+        return self.proj(x.reshape(B, C, N).transpose(1, 2) * g)
+
+    def extra_repr(self):
+        return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'
+
+
+@ATTENTIONS.register_module(name='rope_softmax')
+@register_notrace_module  # torch.fx leaf: run-time shapes
+class RoPESoftmaxAttention(nn.Module):
+    """Softmax attention with RoPE on queries and keys (the official last-stage block).
+
+    ``qkvo`` projects to queries, keys, values and an output gate; ``lepe`` as in
+    :class:`PaCSAttention`. ``attn_impl='reference'`` runs the official op order, any other
+    ``F.scaled_dot_product_attention`` (same function, memory-efficient kernels).
+
+    Shapes: ``forward(x, hw, rope_head=...)``: x (B, N, C), tables (2, N, head_dim) -> (B, N, C).
+    """
+
+    letter = 'S'
+    title = 'RoPE softmax'
+
+    def __init__(self, dim, num_heads, attn_impl='auto'):
+        super().__init__()
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkvo = nn.Linear(dim, dim * 4)
+        self.lepe = depthwise_conv(dim, 5)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_impl = check_attn_impl(attn_impl)
+
+    def forward(self, x, hw, **context):
+        sin, cos = _rope_table(context, 'rope_head', 'RoPE softmax')
+        B, N, C = x.shape
+        H, W = hw
+        q, k, v, o = self.qkvo(x).reshape(B, N, 4, C).permute(2, 0, 1, 3).unbind(0)
+        lepe = self.lepe(v.reshape(B, H, W, C).permute(0, 3, 1, 2))
+        q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        sin, cos = sin.to(q.dtype), cos.to(q.dtype)
+        q = rope_rotate(q, sin, cos)
+        k = rope_rotate(k, sin, cos)
+        if self.attn_impl == 'reference':
+            x = torch.softmax(self.scale * q @ k.transpose(-1, -2), dim=-1) @ v
+        else:
+            x = F.scaled_dot_product_attention(q, k, v.contiguous(), scale=self.scale)
+        x = x.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2) + lepe
+        return self.proj(x.reshape(B, C, N).transpose(1, 2) * o)
+
+    def extra_repr(self):
+        return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'

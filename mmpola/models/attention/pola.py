@@ -1,0 +1,123 @@
+"""Polarity-aware linear attention (PolaFormer, ICLR 2025): kind ``'pola'``."""
+import torch
+import torch.nn as nn
+from timm.layers import register_notrace_module
+
+from mmpola.ops import check_attn_impl, pola_attention
+from mmpola.registry import ATTENTIONS
+
+from ..layers import depthwise_conv
+from .common import KeyPositionalEncoding, check_attention_args, depthwise_value_term, reduced_grid, spatial_reduction
+
+__all__ = ['PolaAttention']
+
+
+@ATTENTIONS.register_module(name='pola')
+@register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
+class PolaAttention(KeyPositionalEncoding, nn.Module):
+    """Polarity-aware linear attention over one whole H x W token grid (docs/design.md).
+
+    Both official projection layouts:
+
+    * ``qkv_layout='fused'`` (Pola-Swin): ``qkvg`` Linear(C, 4C) gives q, k, v, g.
+    * ``qkv_layout='separate'`` (Pola-PVT): ``qg`` Linear(C, 2C) gives q, g; ``kv`` Linear(C, 2C)
+      gives k, v from the map, spatially reduced first by ``sr`` (Conv2d k = s = sr_ratio) and
+      ``norm`` (LayerNorm eps 1e-5) when ``sr_ratio > 1``.
+
+    k gets the learned ``positional_encoding``, stored on the pretraining key grid and bilinearly
+    resized (align_corners False) to the real key grid when the two differ; the core
+    (:func:`mmpola.ops.pola_attention`) mixes same-sign and opposite-sign branches; a depthwise conv
+    ``dwc`` (d channels, shared by the heads) runs on v with the real (H, W); the sum is gated by
+    the linear projection g and projected by ``proj``.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h (d = C / h, even: the values split into two halves).
+        pe_grid: (H, W) token grid at pretraining; the encoding is stored on it after the spatial
+            reduction (``pe_grid // sr_ratio``).
+        qkv_layout: ``'fused'`` or ``'separate'`` (see above).
+        qkv_bias: bias of the q/k/v/g projections (True in every released model).
+        sr_ratio: spatial reduction of keys and values (``'separate'`` only).
+        proj_drop: dropout after ``proj``.
+        attn_impl: implementation of :func:`mmpola.ops.pola_attention` (``'auto'``, ``'fast'``,
+            ``'reference'`` (the official op order) or a registered one). A plain attribute, so a
+            backbone can switch it after construction (``set_attn_impl``).
+        fp32_attn: run the core in fp32 under autocast (docs/design.md).
+        alpha: option; p = 1 + alpha * sigmoid(power) lies in (1, 1 + alpha).
+        kernel_size: option; kernel of ``dwc``.
+        v_upsample: option; with ``sr_ratio > 1`` v has fewer tokens than the queries and is
+            upsampled to N before ``dwc``: ``'linear1d'`` along the flattened token axis (official,
+            needed for the official outputs) or ``'bilinear2d'`` on the 2-D grid (geometrically
+            sound; a documented deviation for new training runs).
+
+    Shapes: ``forward(x, hw)`` with x (B, N, C), hw = (H, W), N = H * W -> (B, N, C).
+    """
+
+    letter = 'L'
+    title = 'Pola'
+    paper = 'PolaFormer'
+
+    def __init__(self, dim, num_heads, pe_grid, qkv_layout='fused', qkv_bias=True, sr_ratio=1, proj_drop=0.,
+                 attn_impl='auto', fp32_attn=True, alpha=4.0, kernel_size=5, v_upsample='linear1d'):
+        super().__init__()
+        head_dim = check_attention_args(dim, num_heads, qkv_layout, sr_ratio, v_upsample)
+        if head_dim % 2:
+            raise ValueError(f'head dim {head_dim} (= {dim} / {num_heads}) must be even: '
+                             'the value channels are split into two halves')
+        self.dim = dim
+        self.num_heads = num_heads
+        self.qkv_layout = qkv_layout
+        self.sr_ratio = sr_ratio
+        self.alpha = alpha
+        self.v_upsample = v_upsample
+        self.attn_impl = check_attn_impl(attn_impl, op='pola')
+        self.fp32_attn = fp32_attn
+
+        if qkv_layout == 'fused':
+            self.qkvg = nn.Linear(dim, dim * 4, bias=qkv_bias)
+        else:
+            self.qg = nn.Linear(dim, dim * 2, bias=qkv_bias)
+            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+            if sr_ratio > 1:
+                self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
+                self.norm = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.dwc = depthwise_conv(head_dim, kernel_size)
+        self.power = nn.Parameter(torch.zeros(1, num_heads, 1, head_dim))
+        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
+        self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
+
+    def forward(self, x, hw, **context):
+        B, N, C = x.shape
+        H, W = hw
+        heads, head_dim = self.num_heads, C // self.num_heads
+        if self.qkv_layout == 'fused':
+            q, k, v, g = self.qkvg(x).reshape(B, N, 4, C).unbind(2)
+            kv_hw = (H, W)
+        else:
+            q, g = self.qg(x).reshape(B, N, 2, C).unbind(2)
+            x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
+            k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
+        n = k.shape[1]
+        k = k + self.resized_positional_encoding(kv_hw)
+
+        # contiguous per-head layout: the reference data of the official model are reproduced
+        # bit for bit with it (strided views change the matmul summation order for h > 1)
+        q = q.reshape(B, N, heads, head_dim).transpose(1, 2).contiguous()
+        k = k.reshape(B, n, heads, head_dim).transpose(1, 2).contiguous()
+        v = v.reshape(B, n, heads, head_dim).transpose(1, 2).contiguous()
+        # scale is per channel (1, 1, C) and divides q and k before the head split in the
+        # official code; elementwise, so dividing by its (1, h, 1, d) view gives the same bits.
+        scale = self.scale.reshape(1, 1, heads, head_dim).transpose(1, 2)
+        out = pola_attention(q, k, v, self.power, scale, alpha=self.alpha, fp32=self.fp32_attn,
+                             impl=self.attn_impl)
+        out = out.transpose(1, 2).reshape(B, N, C)
+
+        out = out + depthwise_value_term(self.dwc, v, kv_hw, (H, W), self.v_upsample)
+        out = out * g
+        return self.proj_drop(self.proj(out))
+
+    def extra_repr(self):
+        return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, '
+                f'sr_ratio={self.sr_ratio}, alpha={self.alpha}, attn_impl={self.attn_impl!r}')

@@ -1,0 +1,216 @@
+"""The softmax attentions of the macro architectures: PVT's spatial-reduction attention (kind
+``'softmax'``) and Swin's shifted-window attention (kind ``'window_softmax'``), letter ``'S'``."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import register_notrace_module, trunc_normal_
+
+from mmpola.registry import ATTENTIONS
+
+from .common import QKV_LAYOUTS, spatial_reduction
+
+__all__ = ['SpatialReductionAttention', 'WindowAttention', 'window_partition', 'window_reverse',
+           'shifted_window_mask', 'relative_position_index']
+
+
+@ATTENTIONS.register_module(name='softmax')
+class SpatialReductionAttention(nn.Module):
+    """Softmax attention of PVT-v1 with optional spatial reduction of keys and values.
+
+    Keys: ``q`` Linear(C, C), ``kv`` Linear(C, 2C), ``proj``; ``sr`` (Conv2d k = s = sr_ratio) and
+    ``norm`` if sr_ratio > 1. With ``qkv_layout='fused'`` one ``qkv`` Linear(C, 3C) and no reduction.
+
+    Shapes: ``forward(x, hw)``: (B, N, C), (H, W) -> (B, N, C).
+    """
+
+    letter = 'S'
+    title = 'softmax'
+
+    def __init__(self, dim, num_heads, qkv_layout='separate', qkv_bias=True, qk_scale=None, attn_drop=0.,
+                 proj_drop=0., sr_ratio=1):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        if qkv_layout not in QKV_LAYOUTS or (qkv_layout == 'fused' and sr_ratio > 1):
+            raise ValueError(f"qkv_layout must be 'separate' or 'fused' (without spatial reduction), got "
+                             f'{qkv_layout!r} with sr_ratio={sr_ratio}')
+        self.num_heads = num_heads
+        self.scale = qk_scale or (dim // num_heads) ** -0.5
+        self.qkv_layout = qkv_layout
+        if qkv_layout == 'fused':
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        else:
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.sr_ratio = sr_ratio
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x, hw, **context):
+        B, N, C = x.shape
+        heads = self.num_heads
+        if self.qkv_layout == 'fused':
+            q, k, v = self.qkv(x).reshape(B, N, 3, heads, C // heads).permute(2, 0, 3, 1, 4)
+        else:
+            q = self.q(x).reshape(B, N, heads, C // heads).permute(0, 2, 1, 3)
+            x_, _ = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
+            kv = self.kv(x_).reshape(B, -1, 2, heads, C // heads).permute(2, 0, 3, 1, 4)
+            k, v = kv[0], kv[1]
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        attn = self.attn_drop(attn.softmax(dim=-1))
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(x))
+
+
+def relative_position_index(window_size):
+    """(ws*ws, ws*ws) index into the ((2ws-1)^2, h) bias table (the Swin-v1 construction)."""
+    coords = torch.stack(torch.meshgrid(torch.arange(window_size), torch.arange(window_size),
+                                        indexing='ij'))
+    coords = coords.flatten(1)
+    relative = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous()
+    relative[:, :, 0] += window_size - 1
+    relative[:, :, 1] += window_size - 1
+    relative[:, :, 0] *= 2 * window_size - 1
+    return relative.sum(-1)
+
+
+def window_partition(x, window_size):
+    """(B, H, W, C) with H, W multiples of ws -> (nW*B, ws, ws, C)."""
+    B, H, W, C = x.shape
+    x = x.view(B, H // window_size, window_size, W // window_size, window_size, C)
+    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, window_size, window_size, C)
+
+
+def window_reverse(windows, window_size, H, W):
+    """(nW*B, ws, ws, C) -> (B, H, W, C)."""
+    B = int(windows.shape[0] / (H * W / window_size / window_size))
+    x = windows.view(B, H // window_size, W // window_size, window_size, window_size, -1)
+    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(B, H, W, -1)
+
+
+def shifted_window_mask(hw, window_size, shift_size, device):
+    """(nW, ws*ws, ws*ws) mask with -100 between tokens of different regions after a cyclic shift.
+
+    Built on the padded (H, W) like the official precomputed buffer and mmdet's run-time mask.
+    """
+    H, W = hw
+    img_mask = torch.zeros((1, H, W, 1), device=device)
+    slices = (slice(0, -window_size), slice(-window_size, -shift_size), slice(-shift_size, None))
+    cnt = 0
+    for h in slices:
+        for w in slices:
+            img_mask[:, h, w, :] = cnt
+            cnt += 1
+    mask_windows = window_partition(img_mask, window_size).view(-1, window_size * window_size)
+    mask = mask_windows.unsqueeze(1) - mask_windows.unsqueeze(2)
+    return mask.masked_fill(mask != 0, float(-100.0)).masked_fill(mask == 0, float(0.0))
+
+
+@ATTENTIONS.register_module(name='window_softmax')
+@register_notrace_module  # torch.fx leaf: data-dependent padding, shifts and masks
+class WindowAttention(nn.Module):
+    """Swin-v1 shifted-window softmax attention with relative position bias (Swin 'S' blocks).
+
+    The map is zero-padded right/bottom to multiples of the window, cyclically shifted by
+    ``window_size // 2`` when ``shift`` (the odd blocks of a stage) with the run-time shift mask
+    built on the padded size (as mmdet's Swin), split into windows, attended, and put back.
+
+    Keys: ``qkv``, ``relative_position_bias_table`` ((2ws-1)^2, h), ``proj``. The
+    ``relative_position_index`` buffer is recomputed at construction and not persistent (the
+    loaders drop it from official checkpoints, where it is stored).
+
+    Args:
+        dim, num_heads: channels and heads.
+        window_size: the window side ws.
+        shift: shift the windows by ws // 2 (odd blocks).
+        clamp_shift: the classification rule: no shift when the map fits in one window
+            (min(H, W) <= ws), as the official model decides at build time. Dense default False:
+            always shift, as mmdet's Swin.
+        qkv_bias, qk_scale, attn_drop, proj_drop: as in Swin.
+
+    Shapes: ``forward(x, hw)``: (B, H*W, C), (H, W) -> (B, H*W, C).
+    """
+
+    letter = 'S'
+    title = 'window softmax'
+
+    def __init__(self, dim, num_heads, window_size=7, shift=False, clamp_shift=False, qkv_bias=True, qk_scale=None,
+                 attn_drop=0., proj_drop=0.):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        self.dim = dim
+        self.window_size = window_size
+        self.shift_size = window_size // 2 if shift else 0
+        self.clamp_shift = clamp_shift
+        self.num_heads = num_heads
+        self.scale = qk_scale or (dim // num_heads) ** -0.5
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * window_size - 1) ** 2, num_heads))
+        index = relative_position_index(window_size)
+        self.register_buffer('relative_position_index', index.to(self.relative_position_bias_table.device),
+                             persistent=False)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        trunc_normal_(self.relative_position_bias_table, std=.02)
+        self._mask_cache = (None, None)  # (key, mask); a plain attribute, never in state dicts
+
+    def forward(self, x, hw, **context):
+        B, L, C = x.shape
+        H, W = hw
+        ws = self.window_size
+        shift = self.shift_size
+        if self.clamp_shift and min(H, W) <= ws:
+            shift = 0
+        x = x.view(B, H, W, C)
+        pad_b, pad_r = (-H) % ws, (-W) % ws
+        if pad_b or pad_r:
+            x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
+        Hp, Wp = H + pad_b, W + pad_r
+        if shift:
+            x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
+            mask = self._shift_mask((Hp, Wp), shift, x.device)
+        else:
+            mask = None
+        windows = window_partition(x, ws).view(-1, ws * ws, C)
+        windows = self.attend(windows, mask)
+        x = window_reverse(windows.view(-1, ws, ws, C), ws, Hp, Wp)
+        if shift:
+            x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
+        if pad_b or pad_r:
+            x = x[:, :H, :W, :].contiguous()
+        return x.view(B, H * W, C)
+
+    def attend(self, x, mask=None):
+        """Softmax attention within windows: x (nW*B, ws*ws, C); mask None or (nW, ws*ws, ws*ws)
+        with 0 / -100 -> (nW*B, ws*ws, C)."""
+        B_, N, C = x.shape
+        heads = self.num_heads
+        qkv = self.qkv(x).reshape(B_, N, 3, heads, C // heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q = q * self.scale
+        attn = q @ k.transpose(-2, -1)
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(N, N, -1)
+        attn = attn + bias.permute(2, 0, 1).contiguous().unsqueeze(0)
+        if mask is not None:
+            nW = mask.shape[0]
+            attn = attn.view(B_ // nW, nW, heads, N, N) + mask.unsqueeze(1).unsqueeze(0)
+            attn = attn.view(-1, heads, N, N)
+        attn = self.attn_drop(attn.softmax(dim=-1))
+        x = (attn @ v).transpose(1, 2).reshape(B_, N, C)
+        return self.proj_drop(self.proj(x))
+
+    def _shift_mask(self, padded_hw, shift, device):
+        key = (tuple(padded_hw), shift, device)
+        if self._mask_cache[0] != key:
+            self._mask_cache = (key, shifted_window_mask(padded_hw, self.window_size, shift, device))
+        return self._mask_cache[1]
+
+    def extra_repr(self):
+        return f'dim={self.dim}, window_size={self.window_size}, num_heads={self.num_heads}, shift={self.shift_size}'

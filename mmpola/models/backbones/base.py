@@ -1,0 +1,579 @@
+"""The shared contract of mmpola's dense backbones: one class per macro architecture.
+
+:class:`DenseBackbone` holds what every architecture has in common, so an architecture file
+(pvt.py, swin.py, polapp.py) keeps only what is its own: its modules and official key layout, how a
+stage is entered, which parts a frozen stage covers, its checkpoint filter and its official
+classification head.
+
+* arguments: ``arch`` presets / custom dicts, ``out_indices``, ``frozen_stages``, ``out_norm``
+  (deprecated alias ``norm_after_stage``), ``norm_eval`` (a no-op unless the architecture has
+  BatchNorms), ``with_cp``, ``pretrained`` (deprecated alias of ``init_cfg``), with clear errors;
+* the attention: ``attn`` (the kind and its options, ``dict(type='pola', alpha=4.0)``) and
+  ``attn_type`` (the per-stage layout in the official letters, see :func:`parse_attn_type`),
+  ``attn_impl`` and ``fp32_attn`` for every attention (:meth:`build_attention`);
+* the stage loop with input checks and gradient checkpointing of every block
+  (:meth:`forward_stages`), the NCHW outputs with optional output norms (:meth:`forward`),
+  ``out_channels``;
+* ``init_weights`` with ``init_cfg=dict(type='Pretrained', checkpoint=...)`` through
+  :func:`mmpola.checkpoint.load_checkpoint` (which refuses checkpoints of another architecture or
+  attention kind), ``set_attn_impl``, freezing kept through ``train()``;
+* the stochastic-depth schedule (:func:`drop_path_rates`).
+
+An architecture::
+
+    @register_architecture('myarch', title='MyArch')   # MODELS 'MyArchBackbone', ARCHITECTURES 'myarch'
+    class MyArchBackbone(DenseBackbone):
+        arch_settings = {'tiny': dict(...)}   # presets; arch_keys: the keys of a custom dict
+        arch_keys = ('embed_dims', 'depths', 'num_heads')
+        softmax_attn = 'softmax'              # the kind of the letter 'S'
+        attention_context = ('qkv_layout',)   # what it gives every attention module besides the common args
+
+        def __init__(self, arch='tiny', ..., **common):
+            super().__init__(arch=arch, **common)     # checks and stores the common arguments
+            ...                                       # self.arch: the resolved arch dict
+            self.embed_dims = [...]                   # channels of the stages
+            self.resolve_block_kinds(depths)          # the kind of every block
+            attn = self.build_attention(i, j, dim, num_heads, pe_grid=..., qkv_layout='fused', ...)
+            self._finish_init()                       # output norms, official init, freezing
+
+        def _stem(self, x):              # image -> (x, hw) given to stage 0
+        def _enter_stage(self, i, x, hw):   # output of stage i - 1 (or the stem) -> input of stage i
+        def _stage_blocks(self, i):      # the blocks of stage i: each is called block(x, hw, **context)
+        def _stem_parts(self):           # (modules, parameters) frozen by frozen_stages >= 0
+        def _stage_parts(self, i):       # (modules, parameters) of stage i, frozen when i < frozen_stages
+        def stage_module(self, i):       # name of stage i's blocks (timm's feature_info)
+
+    and, where the defaults (tokens stages, LayerNorm output norms ``norm{i}``, PVT's classification
+    head) do not fit: ``_block_context`` (keyword context of every block), ``_stage_output`` /
+    ``stage_map`` / ``output_norm`` / ``_add_output_norms`` (stages of NCHW maps), ``checkpoint_filter``
+    (the official key layout), the ``classification_*`` hooks and ``classifier_kwargs_from_official``
+    (the official classifier, :class:`~mmpola.models.classifier.PolaClassifier`).
+
+Input: (B, in_channels, H, W) with H, W >= ``min_input_size``. Output: a tuple of NCHW maps for
+``out_indices``.
+"""
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
+from mmengine.registry import MODELS
+
+from mmpola.checkpoint import KeySignature, load_checkpoint
+from mmpola.ops import check_attn_impl
+from mmpola.registry import ARCHITECTURES
+
+from ..attention import (
+    attention_kind_of,
+    attention_letter,
+    attention_options,
+    attention_paper,
+    attention_title,
+    build_attention,
+    split_attention_cfg,
+)
+from ..layers import trunc_normal_init
+from ..utils import (
+    PolaConfigError,
+    check_frozen_stages,
+    check_input,
+    check_out_indices,
+    is_pretrained_cfg,
+    pretrained_alias,
+    resolve_arch,
+)
+
+__all__ = ['DenseBackbone', 'register_architecture', 'parse_attn_type', 'drop_path_rates', 'tokens_to_nchw',
+           'run_blocks', 'resolve_out_norm']
+
+
+def register_architecture(name, title=None):
+    """Class decorator of a macro architecture: registers it in mmengine's root ``MODELS`` under its
+    class name (mmdet / mmseg configs build it by ``type=``) and in
+    :data:`mmpola.registry.ARCHITECTURES` under ``name`` (the classifier's ``family=``, the
+    checkpoint signatures, the benchmark)."""
+    def register(cls):
+        cls.family = name
+        cls.title = title or name
+        ARCHITECTURES.register_module(name=name, module=cls)
+        MODELS.register_module(module=cls)
+        return cls
+
+    return register
+
+
+def drop_path_rates(drop_path_rate, depths):
+    """Stochastic depth rising linearly over all blocks (the official rule), split per stage."""
+    total = sum(depths)
+    rates = torch.linspace(0, drop_path_rate, total, device='cpu').tolist() if total > 1 else [0.0] * total
+    out, cur = [], 0
+    for depth in depths:
+        out.append(rates[cur:cur + depth])
+        cur += depth
+    return out
+
+
+def tokens_to_nchw(tokens, hw):
+    """(B, H*W, C) row-major tokens and (H, W) -> contiguous (B, C, H, W)."""
+    return tokens.reshape(tokens.shape[0], hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
+
+
+def run_blocks(blocks, x, hw, with_cp=False, **context):
+    """``x = block(x, hw, **context)`` for every block, each checkpointed when ``with_cp`` and training."""
+    for block in blocks:
+        if with_cp and torch.is_grad_enabled() and x.requires_grad:
+            x = cp.checkpoint(block, x, hw, use_reentrant=False, **context)
+        else:
+            x = block(x, hw, **context)
+    return x
+
+
+def resolve_out_norm(out_norm, norm_after_stage, default):
+    """``out_norm`` with its deprecated alias ``norm_after_stage`` (kept for one release)."""
+    if norm_after_stage is not None:
+        if out_norm is not None and bool(out_norm) != bool(norm_after_stage):
+            raise PolaConfigError(f'out_norm={out_norm} and its deprecated alias norm_after_stage='
+                                  f'{norm_after_stage} disagree; pass only out_norm')
+        warnings.warn('norm_after_stage is deprecated; use out_norm (the same option)', DeprecationWarning)
+        return bool(norm_after_stage)
+    return default if out_norm is None else bool(out_norm)
+
+
+def parse_attn_type(attn_type, depths, linear='L'):
+    """Per-block attention letters from the official per-stage ``attn_type`` string.
+
+    One char per stage: ``linear`` (the letter of the configured kind: ``'L'`` Pola / FLatten / PaCS,
+    ``'I'`` InLine), ``'S'`` the architecture's softmax, ``'M'`` mixed, where the integer after the
+    stage chars gives the number of leading linear blocks of every 'M' stage ("LLMS3": stage 2
+    blocks 0-2 linear, the rest softmax).
+
+    Returns:
+        list (per stage) of lists (per block) of ``linear`` / 'S'.
+    """
+    num_stages = len(depths)
+    allowed = linear + ''.join(c for c in 'SM' if c != linear)
+    if not isinstance(attn_type, str) or len(attn_type) < num_stages:
+        raise PolaConfigError(f'attn_type must be a string of {num_stages} chars from "{allowed}" (plus the '
+                              f'linear block count for "M" stages, e.g. "{linear * 2}MS3"), got {attn_type!r}')
+    stages, suffix = attn_type[:num_stages], attn_type[num_stages:]
+    if any(c not in allowed for c in stages):
+        raise PolaConfigError(f'attn_type {attn_type!r}: stage chars must be {", ".join(allowed[:-1])} or M '
+                              f'({linear}: the configured attention, S: the softmax attention, M: mixed)')
+    if 'M' in stages and not suffix.isdigit():
+        raise PolaConfigError(f'attn_type {attn_type!r}: an "M" stage needs the number of linear blocks '
+                              f'after the stage chars, e.g. "{linear * 2}MS3"')
+    if suffix and 'M' not in stages:
+        raise PolaConfigError(f'attn_type {attn_type!r}: trailing {suffix!r} without an "M" stage')
+    letters = []
+    for c, depth in zip(stages, depths):
+        if c == 'M':
+            letters.append([linear if j < int(suffix) else 'S' for j in range(depth)])
+        else:
+            letters.append([c] * depth)
+    return letters
+
+
+class DenseBackbone(BaseModule):
+    """Base of mmpola's dense backbones (see the module docstring for the architecture contract).
+
+    Common args (keyword-only in the architectures):
+        arch: preset name or custom dict (``arch_keys``).
+        in_channels: input image channels.
+        out_indices: 0-based stages to return.
+        out_norm: add an output norm to every returned stage (new, dense-only parameters). None:
+            the architecture's default (``default_out_norm``).
+        norm_after_stage: deprecated alias of ``out_norm``.
+        frozen_stages: -1 none; 0 the stem; k >= 1 also stages 0..k-1 and their output norms.
+            Frozen parts stay in eval mode and without gradients through ``train()``.
+        norm_eval: accepted for API compatibility; a no-op for LayerNorm-only architectures.
+        with_cp: gradient checkpointing of every block.
+        attn: the attention kind of the linear letter and its options: ``'pola'`` or
+            ``dict(type='pola', alpha=4.0)`` (any kind registered in
+            :data:`mmpola.registry.ATTENTIONS`; its options: :func:`mmpola.models.attention.attention_options`).
+            None: the preset's (``default_attn``). A dict without ``type`` sets options of it.
+        attn_type: the per-stage layout in the official letters (:func:`parse_attn_type`): the
+            letter of the ``attn`` kind, ``'S'`` for the architecture's softmax (``softmax_attn``),
+            ``'M'`` mixed. None: the preset's (``default_attn_type``), or every stage ``attn``.
+        attn_impl: implementation of every attention op: ``'auto'``, ``'fast'``, ``'reference'``
+            (the official op order) or a registered one (mmpola.ops.dispatch).
+        fp32_attn: run the attention ops in fp32 under autocast.
+        attn_options: the options of ``attn`` as separate keyword arguments (``alpha=4.0``), the
+            older spelling: deprecated, use ``attn=dict(...)``.
+        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, use_ema=True,
+            map_final_norm=False, map_location='cpu')`` loads through
+            :func:`mmpola.checkpoint.load_checkpoint`; other configs go to mmengine.
+
+    Stages after ``max(out_indices)`` are built (so checkpoints load unchanged) but not run.
+    """
+
+    arch_settings = {}
+    arch_keys = ()
+    num_stages = 4
+    min_input_size = 32
+    out_norm_eps = 1e-5
+    default_out_norm = False
+    init_layers = (nn.Linear,)  # layers of the official trunc-normal init (mmpola.models.layers.trunc_normal_init)
+    family = None  # set by register_architecture
+    title = None
+    # the attention: a preset's defaults, the kind of the letter 'S', the context given to every module
+    default_attn = None
+    default_attn_type = None
+    softmax_attn = 'softmax'
+    softmax_name = None  # a file of the softmax-only model in messages (default 'softmax <title>')
+    attention_context = ()
+    # checkpoints: a key every file of the architecture has (for messages), and look-alike files of
+    # other libraries {description: regex on the keys} (mmpola.checkpoint names them)
+    official_key_pattern = None
+    look_alikes = {}
+    # the official ImageNet classifier (mmpola.models.classifier.PolaClassifier)
+    classification_kwargs = {}  # backbone arguments fixed by the official classification forward
+    classification_modules = ('norm', 'head')  # its modules beside ``backbone`` (unprefixed in official files)
+    classification_args = ()  # classifier arguments of the architecture's head (PolaFormer++: projection)
+    first_conv = None  # the stem convolution, below ``backbone.`` (timm's pretrained_cfg)
+
+    def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None, norm_after_stage=None,
+                 frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_type=None, attn_impl='auto',
+                 fp32_attn=True, attn_options=None, pretrained=None, init_cfg=None):
+        init_cfg = pretrained_alias(pretrained, init_cfg)
+        super().__init__(init_cfg=init_cfg)
+        name = type(self).__name__
+        self.arch = resolve_arch(arch, self.arch_settings, self.arch_keys, name)
+        self.arch_name = arch.lower() if isinstance(arch, str) else None
+        self.in_channels = in_channels
+        self.out_indices = check_out_indices(out_indices, self.num_stages, name)
+        self.frozen_stages = check_frozen_stages(frozen_stages, self.num_stages, name)
+        self.out_norm = resolve_out_norm(out_norm, norm_after_stage, self.default_out_norm)
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.attn_impl = check_attn_impl(attn_impl, PolaConfigError)
+        self.fp32_attn = fp32_attn
+        self.attn_kind, self.attn_options = self._resolve_attention(attn, attn_options or {})
+        self.attn_type = attn_type
+
+    # ---------------------------------------------------------------------------------------------
+    # the attention
+
+    def _resolve_attention(self, attn, legacy_options):
+        """(kind, options) of ``attn`` (None: the preset's), with the deprecated keyword options."""
+        default_kind = split_attention_cfg(self.default_attn)[0] if self.default_attn else None
+        if attn is None and self.default_attn is None:
+            kind, options = None, {}
+        else:
+            kind, options = split_attention_cfg(attn, default_kind)
+        if legacy_options:
+            valid = attention_options(kind, self.attention_context) if kind else {}
+            unknown = sorted(set(legacy_options) - set(valid))
+            if unknown:
+                title = f'the {attention_title(kind)} attention' if kind else 'this backbone\'s attention'
+                # Python's own wording, which the tools turn into a one-line error with the close matches
+                raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument '{unknown[0]}' "
+                                f'(unknown: {", ".join(unknown)}; {title} options are: '
+                                f'{", ".join(valid) or "none"}; pass them as attn=dict(type=..., ...))')
+            warnings.warn(f'attention options as backbone arguments ({", ".join(sorted(legacy_options))}) are '
+                          f"deprecated; pass attn=dict(type='{kind}', {', '.join(sorted(legacy_options))}=...)",
+                          DeprecationWarning, stacklevel=3)
+            clash = sorted(k for k in legacy_options if k in options and options[k] != legacy_options[k])
+            if clash:
+                raise PolaConfigError(f'{", ".join(clash)} given twice, in attn and as a backbone argument')
+            options = dict(legacy_options, **options)
+        return kind, options
+
+    @property
+    def attn_cfg(self):
+        """The configured attention as a config dict (``dict(type='pola', alpha=4.0)``), or None."""
+        return None if self.attn_kind is None else dict(type=self.attn_kind, **self.attn_options)
+
+    def attention_letters(self):
+        """``{letter of attn_type: kind}``: the configured kind's letter and ``'S'`` (softmax)."""
+        letters = {'S': self.softmax_attn}
+        if self.attn_kind is not None:
+            letters[attention_letter(self.attn_kind)] = self.attn_kind
+        return letters
+
+    def resolve_block_kinds(self, depths):
+        """Set ``attn_type`` (default: the preset's, or every stage the configured kind) and
+        ``block_kinds``: the kind of every block, a list (per stage) of lists (per block)."""
+        linear = attention_letter(self.attn_kind) if self.attn_kind is not None else 'L'
+        if self.attn_type is None:
+            self.attn_type = self.default_attn_type or linear * self.num_stages
+        letters = parse_attn_type(self.attn_type, depths, linear)
+        kinds = self.attention_letters()
+        if self.attn_kind is None and any(c == linear for stage in letters for c in stage):
+            raise PolaConfigError(f"{type(self).__name__}: attn_type {self.attn_type!r} uses the letter '{linear}' "
+                                  "but no attention kind is configured; pass attn=dict(type='pola') (or another "
+                                  "registered kind), or attn_type of 'S' stages only")
+        self.block_kinds = [[kinds[c] for c in stage] for stage in letters]
+        return self.block_kinds
+
+    def build_attention(self, stage, block, dim, num_heads, **context):
+        """The attention module of block ``block`` of stage ``stage`` (its kind in ``block_kinds``):
+        the configured kind gets its options, every kind the common arguments ``attn_impl``,
+        ``fp32_attn`` and ``context`` (the other common arguments and the architecture's context)."""
+        kind = self.block_kinds[stage][block]
+        cfg = self.attn_cfg if kind == self.attn_kind else kind
+        return build_attention(cfg, dim, num_heads, attn_impl=self.attn_impl, fp32_attn=self.fp32_attn, **context)
+
+    def set_attn_impl(self, impl):
+        """Switch every attention op between ``'auto'``, ``'fast'``, ``'reference'`` (the official op
+        order) or another registered implementation."""
+        self.attn_impl = check_attn_impl(impl, PolaConfigError)
+        for module in self.modules():
+            if module is not self and hasattr(module, 'attn_impl'):
+                module.attn_impl = impl
+
+    # ---------------------------------------------------------------------------------------------
+    # construction
+
+    def _finish_init(self):
+        """Add the output norms, apply the official init, freeze (call at the end of __init__)."""
+        if self.out_norm:
+            self._add_output_norms()
+        self.apply(self.init_module)
+        self._freeze_stages()
+
+    def _add_output_norms(self):
+        """The output norms of the returned stages: LayerNorm ``norm{i}`` (eps ``out_norm_eps``)."""
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(self.embed_dims[i], eps=self.out_norm_eps))
+
+    def output_norm(self, i):
+        """The output norm of stage ``i``, or None."""
+        return getattr(self, f'norm{i}') if self.out_norm else None
+
+    def init_module(self, module):
+        """The official weight init of one module (``model.apply`` runs it on every module)."""
+        trunc_normal_init(module, self.init_layers)
+
+    @property
+    def norm_after_stage(self):
+        """Deprecated alias of ``out_norm``."""
+        return self.out_norm
+
+    @property
+    def out_channels(self):
+        """Channels of the returned maps, in ``out_indices`` order (for necks' in_channels)."""
+        return [self.embed_dims[i] for i in self.out_indices]
+
+    def dense_only_modules(self):
+        """Names of the modules that no classification checkpoint holds (the output norms)."""
+        return [f'norm{i}' for i in self.out_indices] if self.out_norm else []
+
+    # ---------------------------------------------------------------------------------------------
+    # architecture hooks
+
+    def _stem(self, x):
+        raise NotImplementedError
+
+    def _enter_stage(self, i, x, hw):
+        raise NotImplementedError
+
+    def _stage_blocks(self, i):
+        raise NotImplementedError
+
+    def _block_context(self, i, x, hw):
+        """Keyword context every block of stage ``i`` (and its attention) gets; none by default."""
+        return {}
+
+    def _stem_parts(self):
+        raise NotImplementedError
+
+    def _stage_parts(self, i):
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------------------
+    # weights
+
+    def init_weights(self):
+        """Load ``init_cfg`` type 'Pretrained' with mmpola's loader; other configs go to mmengine."""
+        if is_pretrained_cfg(self.init_cfg):
+            cfg = dict(self.init_cfg)
+            load_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'), use_ema=cfg.get('use_ema', True),
+                            map_final_norm=cfg.get('map_final_norm', False),
+                            map_location=cfg.get('map_location', 'cpu'))
+            self._is_init = True
+        else:
+            super().init_weights()
+        self._freeze_stages()
+
+    def checkpoint_filter(self, state_dict, source='the checkpoint', map_final_norm=False):
+        """Official / own checkpoint tensors (backbone keys) -> this model's keys, timm's
+        ``checkpoint_filter_fn``: drops the classification modules (``classification_modules``)
+        and the run-time buffers the model does not have; with ``map_final_norm`` the classifier's
+        final ``norm.*`` becomes the last output norm (Swin: the trained LN after stage 4). An
+        architecture adds its own checks (PVT: the spatial reduction).
+
+        Returns:
+            (kept state dict, dropped keys).
+        """
+        model_state = self.state_dict()
+        last_norm = f'norm{self.num_stages - 1}.'
+        kept, dropped = {}, []
+        for key, value in state_dict.items():
+            top = key.split('.', 1)[0]
+            mapped = last_norm + key[len('norm.'):]
+            if map_final_norm and key.startswith('norm.') and mapped in model_state:
+                kept[mapped] = value  # the trained final norm of the classifier as the last output norm
+            elif top in self.classification_modules and key not in model_state:
+                dropped.append(key)
+            elif key.rsplit('.', 1)[-1] in KeySignature.runtime_buffers and key not in model_state:
+                dropped.append(key)
+            else:
+                kept[key] = value
+        return kept, dropped
+
+    @property
+    def official_name(self):
+        """The model's name as a checkpoint in messages (``'Pola-PVT'``; a preset may name it)."""
+        preset = getattr(type(self), 'preset', None)
+        if preset is not None and preset.attn == self.attn_kind:
+            return preset.official
+        if self.attn_kind is None:
+            return f'softmax {self.title}'
+        return f'{attention_title(self.attn_kind)}-{self.title}'
+
+    def checkpoint_signature(self):
+        """What a checkpoint of this model holds (:class:`mmpola.checkpoint.KeySignature`): the key
+        patterns outside the attention, and the parameter names of each attention kind (the
+        softmax's need not be in a file)."""
+        modules = {}
+        for name, module in self.named_modules():
+            kind = attention_kind_of(module)
+            if kind is not None:
+                modules[name] = kind
+        kinds = set(modules.values())
+        paper = attention_paper(self.attn_kind) if self.attn_kind else ''
+        return KeySignature.of_model(self.state_dict(), modules, {k: attention_title(k) for k in kinds},
+                                     exclude=self.dense_only_modules(), name=type(self).__name__,
+                                     hint=self.official_key_pattern, official=self.official_name, paper=paper,
+                                     unchecked=[self.softmax_attn])
+
+    # ---------------------------------------------------------------------------------------------
+    # freezing
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        modules, params = self._stem_parts()
+        modules, params = list(modules), list(params)
+        for i in range(self.frozen_stages):
+            m, p = self._stage_parts(i)
+            modules += list(m)
+            params += list(p)
+            if hasattr(self, f'norm{i}'):
+                modules.append(getattr(self, f'norm{i}'))
+        for module in modules:
+            module.eval()
+            for param in module.parameters():
+                param.requires_grad = False
+        for param in params:
+            param.requires_grad = False
+
+    def train(self, mode=True):
+        """Set train/eval mode, keeping frozen stages frozen (``norm_eval``: BatchNorms in eval)."""
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for module in self.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+        return self
+
+    # ---------------------------------------------------------------------------------------------
+    # forward
+
+    def forward_stages(self, x, last_stage=None):
+        """Run the stages 0..last_stage.
+
+        Args:
+            x: (B, in_channels, H, W) images.
+            last_stage: last 0-based stage to run (default: the last one).
+
+        Returns:
+            list of every stage's raw block output (before any downsampling and any output norm),
+            in the architecture's form: ``(tokens (B, H_i*W_i, C_i), (H_i, W_i))``, or (B, C_i, H_i, W_i)
+            maps for an architecture whose blocks work on maps (:meth:`stage_map` turns either
+            into NCHW).
+        """
+        check_input(x, self.in_channels, self.min_input_size, type(self).__name__)
+        last_stage = self.num_stages - 1 if last_stage is None else last_stage
+        x, hw = self._stem(x)
+        outs = []
+        for i in range(last_stage + 1):
+            x, hw = self._enter_stage(i, x, hw)
+            x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, **self._block_context(i, x, hw))
+            outs.append(self._stage_output(x, hw))
+        return outs
+
+    def _stage_output(self, x, hw):
+        """The :meth:`forward_stages` entry of a stage: (tokens, hw) by default."""
+        return x, hw
+
+    def stage_map(self, stage, norm=None):
+        """A :meth:`forward_stages` entry -> (B, C, H, W), through ``norm`` (a token norm) first."""
+        tokens, hw = stage
+        if norm is not None:
+            tokens = norm(tokens)
+        return tokens_to_nchw(tokens, hw)
+
+    def forward(self, x):
+        """(B, C_in, H, W) -> tuple of (B, C_i, H_i, W_i) for i in ``out_indices``."""
+        stages = self.forward_stages(x, max(self.out_indices))
+        return tuple(self.stage_map(stages[i], self.output_norm(i)) for i in self.out_indices)
+
+    # ---------------------------------------------------------------------------------------------
+    # the official ImageNet classifier (PolaClassifier calls these; defaults: the PVT head)
+
+    def stage_module(self, i):
+        """Name (below the backbone) of the module whose output is stage ``i``'s (timm's feature_info)."""
+        raise NotImplementedError
+
+    def stage_stride(self, i):
+        """The stride of stage ``i``'s map (4, 8, 16, 32 for the pyramids)."""
+        return 4 * 2 ** i
+
+    def feature_info(self, prefix=''):
+        """timm's description of the stage maps: ``dict(num_chs, reduction, module)`` per stage,
+        ``module`` named below ``prefix``."""
+        return [dict(num_chs=c, reduction=self.stage_stride(i), module=prefix + self.stage_module(i))
+                for i, c in enumerate(self.embed_dims)]
+
+    def classification_neck(self):
+        """``({name: module}, num_features)``: the classifier's modules between the last stage and
+        the pooling, and the width of the pooled features. Default: no final norm."""
+        return {'norm': nn.Identity()}, self.embed_dims[-1]
+
+    def classification_features(self, neck, stage):
+        """The last :meth:`forward_stages` entry -> the final map (B, h, w, num_features), NHWC;
+        ``neck``: the classifier holding the modules of :meth:`classification_neck`."""
+        tokens, hw = stage
+        tokens = neck.norm(tokens)
+        return tokens.reshape(tokens.shape[0], hw[0], hw[1], tokens.shape[-1])
+
+    def classification_stage_norm(self, neck):
+        """The norm ``forward_intermediates(norm=True)`` applies to the last stage map, or None."""
+        return None
+
+    def classification_pool(self, x):
+        """The official pooling: final map (B, h, w, F) -> (B, F). Default: mean over the tokens."""
+        return x.flatten(1, 2).mean(dim=1)
+
+    def classification_head(self, num_features, num_classes):
+        """The official head: ``nn.Linear`` (trunc-normal .02, zero bias), ``nn.Identity`` for 0 classes."""
+        if num_classes <= 0:
+            return nn.Identity()
+        head = nn.Linear(num_features, num_classes)
+        trunc_normal_init(head)
+        return head
+
+    def classification_logits(self, head, x, pooled):
+        """Apply the head to pooled (B, F) or, unpooled, to (B, h, w, F) features."""
+        return head(x)
+
+    @classmethod
+    def classifier_kwargs_from_official(cls, kwargs):
+        """Keyword arguments of the official model class -> ``(classifier kwargs, the rest (the
+        attention's options), the official attn_type string or None)``, or None when they are not
+        this architecture's."""
+        return None

@@ -1,0 +1,235 @@
+"""Swin-v1 as a dense-prediction backbone with any registered attention kind: :class:`SwinBackbone`
+(registered as ``SwinBackbone``, family ``'swin'``; presets ``PolaSwin``, ``FLattenSwin``,
+``InLineSwin`` in :mod:`.presets`).
+
+The module tree is the official one (``patch_embed``, ``layers.{i}.blocks.{j}.attn.*``,
+``layers.{i}.downsample.reduction`` ...), so official checkpoints load by filtering keys.
+
+Linear-attention blocks run over the whole stage map (no windows, no shift): at the pretraining
+resolution the official linear blocks (window 56 at 224) are one window covering the whole map,
+unshifted, so this is the same computation, and at other sizes the positional encoding (where the
+kind has one) is resized to the map. Softmax blocks (kind ``'window_softmax'``) use Swin's padded,
+shifted windows with a run-time mask, as mmdet's Swin. The official classifier: final ``norm``
+(LN eps 1e-5), average pool over the tokens, linear ``head``; its softmax blocks do not shift a map
+that fits in one window (``clamp_shift``).
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..layers import DropPath, Mlp, PatchEmbed, PatchMerging, to_2tuple_int
+from ..utils import PolaConfigError
+from .base import DenseBackbone, drop_path_rates, register_architecture
+
+__all__ = ['SwinBackbone', 'SwinBlock', 'SwinStage']
+
+
+class SwinBlock(nn.Module):
+    """Pre-norm Swin block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))).
+
+    ``attn``: any attention kind (``attn(x, hw, **context)``; windows and shifts are the softmax
+    kind's own). Shapes: ``forward(x, hw)``: (B, H*W, C), (H, W) -> (B, H*W, C).
+    """
+
+    def __init__(self, dim, attn, mlp_ratio=4., drop=0., drop_path=0.):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = attn
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+
+    def forward(self, x, hw, **context):
+        x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class SwinStage(nn.Module):
+    """``layers.{i}``: ``blocks`` then optional ``downsample`` (:class:`PatchMerging`)."""
+
+    def __init__(self, blocks, downsample=None):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.downsample = downsample
+
+
+@register_architecture('swin', title='Swin')
+class SwinBackbone(DenseBackbone):
+    """Swin-v1 backbone with the attention of ``attn`` / ``attn_type``.
+
+    Input (B, in_channels, H, W) with H, W >= 32 (any, odd and non-square included). Output: a
+    tuple of NCHW maps (channels ``embed_dims * 2**i``) for ``out_indices``, each the stage output
+    before patch merging through the output norm ``norm{i}``. Sizes ceil: the image is zero-padded
+    right/bottom to a multiple of 4, and merging pads odd maps, so H_1 = ceil(H / 4),
+    H_{i+1} = ceil(H_i / 2) (mmdet Swin convention).
+
+    Args:
+        arch: ``'tiny'``, ``'small'``, ``'base'`` (see ``arch_settings``) or a dict with
+            ``embed_dims`` (int, stage-1 width), ``depths`` and ``num_heads`` (four entries).
+            The 384 model: ``arch='base', pretrain_img_size=384`` (window_size 96, softmax
+            window 12).
+        pretrain_img_size: pretraining image size; sets the stored grid of positional encodings
+            (side = min(window_size, pretrain_img_size / 4 / 2**i)).
+        in_channels: input image channels.
+        window_size: the official ``window_size`` of linear blocks (None: pretrain_img_size // 4,
+            i.e. 56 at 224 and 96 at 384, as released).
+        softmax_window_size: window of softmax blocks (None: the official rule of the release,
+            :meth:`default_softmax_window_size`), clamped to the stage grid at pretraining as the
+            official code does.
+        mlp_ratio: MLP hidden ratio.
+        attn: the attention kind and its options (``dict(type='pola', alpha=4.0)``); see
+            :class:`~mmpola.models.backbones.DenseBackbone`.
+        attn_type: per-stage string of the letter of ``attn`` / 'S' / 'M' (see
+            :func:`~mmpola.models.backbones.parse_attn_type`). None: the preset's string.
+        qkv_bias, qk_scale, drop_rate, attn_drop_rate, drop_path_rate: as in Swin.
+        out_indices: stages (0-based) to return.
+        out_norm: add the output LayerNorms ``norm{i}`` (eps 1e-5) for ``out_indices`` (new,
+            dense-only parameters, as mmdet; default True). ``False`` returns raw stage outputs
+            (classifier). ``norm_after_stage``: its deprecated alias.
+        clamp_shift: the classification shift rule (``False`` for dense prediction; see
+            :class:`~mmpola.models.attention.WindowAttention`).
+        frozen_stages: -1 none; 0 freezes ``patch_embed``; k >= 1 also ``layers[0..k-1]`` (blocks
+            and their downsample) and ``norm{i}`` for i < k (mmdet's rule).
+        norm_eval, with_cp, attn_impl, fp32_attn, pretrained: see
+            :class:`~mmpola.models.backbones.DenseBackbone`.
+        init_cfg: see :class:`~mmpola.models.backbones.DenseBackbone`; ``map_final_norm=True`` copies
+            the trained classification ``norm`` into ``norm3``.
+        **attn_options: the options of ``attn`` as keyword arguments (deprecated spelling).
+
+    Attention context: ``pe_grid`` = the linear window at pretraining (the stage grid at 224),
+    ``qkv_layout='fused'``, ``window_size`` (the softmax window), ``shift`` (odd blocks),
+    ``clamp_shift``.
+
+    Stages after ``max(out_indices)`` are built (so checkpoints load unchanged) but not run.
+    """
+
+    arch_settings = {
+        'tiny': dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24]),
+        'small': dict(embed_dims=96, depths=[2, 2, 18, 2], num_heads=[3, 6, 12, 24]),
+        'base': dict(embed_dims=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32]),
+    }
+    arch_keys = ('embed_dims', 'depths', 'num_heads')
+    out_norm_eps = 1e-5
+    default_out_norm = True
+    softmax_attn = 'window_softmax'
+    attention_context = ('qkv_layout', 'window_size', 'shift', 'clamp_shift')
+    official_key_pattern = 'layers.0.blocks.*'
+    look_alikes = {'mmdet/mmseg Swin (not Pola; softmax attention only)': r'(^|\.)stages\.0\.blocks\.'}
+    first_conv = 'patch_embed.proj'
+    classification_kwargs = dict(out_norm=False, clamp_shift=True)
+
+    def __init__(self, arch='tiny', pretrain_img_size=224, in_channels=3, window_size=None,
+                 softmax_window_size=None, mlp_ratio=4., attn_type=None, qkv_bias=True, qk_scale=None,
+                 drop_rate=0., attn_drop_rate=0., drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=None,
+                 norm_after_stage=None, clamp_shift=False, frozen_stages=-1, norm_eval=False, with_cp=False,
+                 attn=None, attn_impl='auto', fp32_attn=True, pretrained=None, init_cfg=None, **attn_options):
+        super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
+                         norm_after_stage=norm_after_stage, frozen_stages=frozen_stages, norm_eval=norm_eval,
+                         with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
+                         attn_options=attn_options, pretrained=pretrained, init_cfg=init_cfg)
+        name = type(self).__name__
+        settings = self.arch
+        embed_dims = settings['embed_dims']
+        if not isinstance(embed_dims, int):
+            raise PolaConfigError(f'{name}: embed_dims must be the stage-1 width (int), got {embed_dims!r}')
+        self.depths = list(settings['depths'])
+        self.num_heads = list(settings['num_heads'])
+        if len(self.depths) != self.num_stages or len(self.num_heads) != self.num_stages:
+            raise PolaConfigError(f'{name}: depths and num_heads need {self.num_stages} entries each')
+        self.embed_dims = [embed_dims * 2 ** i for i in range(self.num_stages)]
+        self.resolve_block_kinds(self.depths)
+        self.clamp_shift = clamp_shift
+        self.pretrain_img_size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
+        if self.pretrain_img_size[0] != self.pretrain_img_size[1]:
+            raise PolaConfigError(f'{name}: pretrain_img_size must be square (official models are), got '
+                                  f'{self.pretrain_img_size}')
+        patches = self.pretrain_img_size[0] // 4
+        self.window_size = patches if window_size is None else window_size
+        if softmax_window_size is None:
+            softmax_window_size = self.default_softmax_window_size(self.window_size)
+        self.softmax_window_size = softmax_window_size
+
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size=4, pad=True)
+        self.pos_drop = nn.Dropout(p=drop_rate)
+        dpr = drop_path_rates(drop_path_rate, self.depths)
+        self.layers = nn.ModuleList()
+        for i in range(self.num_stages):
+            dim = self.embed_dims[i]
+            res = patches // 2 ** i  # stage grid at pretraining
+            pe_side = min(self.window_size, res)
+            ws = min(softmax_window_size, res)
+            blocks = []
+            for j in range(self.depths[i]):
+                attn = self.build_attention(i, j, dim, self.num_heads[i], pe_grid=(pe_side, pe_side),
+                                            qkv_layout='fused', window_size=ws, shift=j % 2 == 1,
+                                            clamp_shift=clamp_shift, qkv_bias=qkv_bias, qk_scale=qk_scale,
+                                            attn_drop=attn_drop_rate, proj_drop=drop_rate)
+                blocks.append(SwinBlock(dim, attn, mlp_ratio=mlp_ratio, drop=drop_rate, drop_path=dpr[i][j]))
+            downsample = PatchMerging(dim) if i < self.num_stages - 1 else None
+            self.layers.append(SwinStage(blocks, downsample))
+        self._finish_init()
+
+    @staticmethod
+    def default_softmax_window_size(window_size):
+        """The official softmax window for a linear ``window_size``: 7 up to 56, else 12."""
+        return 7 if window_size <= 56 else 12
+
+    # ---------------------------------------------------------------------------------------------
+    # DenseBackbone hooks
+
+    def _stem(self, x):
+        x, hw = self.patch_embed(x)
+        return self.pos_drop(x), hw
+
+    def _enter_stage(self, i, x, hw):
+        return self.layers[i - 1].downsample(x, hw) if i > 0 else (x, hw)
+
+    def _stage_blocks(self, i):
+        return self.layers[i].blocks
+
+    def _stem_parts(self):
+        return [self.patch_embed, self.pos_drop], []
+
+    def _stage_parts(self, i):
+        return [self.layers[i]], []
+
+    def stage_module(self, i):
+        return f'layers.{i}.blocks'
+
+    # ---------------------------------------------------------------------------------------------
+    # the official classifier: final LayerNorm, average pool, linear head
+
+    def classification_neck(self):
+        return {'norm': nn.LayerNorm(self.embed_dims[-1])}, self.embed_dims[-1]
+
+    def classification_stage_norm(self, neck):
+        return neck.norm
+
+    def classification_pool(self, x):
+        """The official op order: adaptive average pool over the token axis."""
+        return torch.flatten(F.adaptive_avg_pool1d(x.flatten(1, 2).transpose(1, 2), 1), 1)
+
+    @classmethod
+    def classifier_kwargs_from_official(cls, kwargs):
+        """The official ``SwinTransformer`` arguments of the releases (``embed_dim`` ...)."""
+        if 'embed_dim' not in kwargs:
+            return None
+        kwargs = dict(kwargs)
+        if kwargs.pop('patch_size', 4) != 4:
+            raise ValueError('only patch_size=4 (every released model) is supported')
+        if kwargs.pop('ape', False):
+            raise ValueError('ape=True (absolute position embedding) is not supported; no released model uses it')
+        if not kwargs.pop('patch_norm', True):
+            raise ValueError('patch_norm=False is not supported; every released model uses it')
+        out = dict(family=cls.family, num_classes=kwargs.pop('num_classes', 1000),
+                   drop_rate=kwargs.pop('drop_rate', 0.), drop_path_rate=kwargs.pop('drop_path_rate', 0.),
+                   pretrain_img_size=kwargs.pop('img_size', 224),
+                   arch=dict(embed_dims=kwargs.pop('embed_dim'), depths=list(kwargs.pop('depths')),
+                             num_heads=list(kwargs.pop('num_heads'))))
+        for key in ('qkv_bias', 'qk_scale', 'attn_drop_rate', 'window_size', 'mlp_ratio'):
+            if key in kwargs:
+                out[key] = kwargs.pop(key)
+        for key in ('use_checkpoint', 'in_chans'):
+            kwargs.pop(key, None)
+        attn_type = kwargs.pop('attn_type', None)
+        return out, kwargs, attn_type

@@ -1,0 +1,54 @@
+"""Every parameter's gradient has the parameter's own strides, the layout DDP's gradient buckets take
+(otherwise DDP warns "Grad strides do not match bucket view strides" and copies the gradient on
+every backward): the depthwise convolutions that run on channels-last views keep their weight
+channels-last (mmpola.models.layers.depthwise_conv)."""
+import socket
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mmpola.models import FLattenSwin, InLinePVT, PolaPP, PolaPVT, PolaSwin
+
+TINY_PVT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])
+TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 1, 2], num_heads=[1, 2, 4, 8])
+TINY_POLAPP = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratios=[2] * 4,
+                   layer_scale_init_values=[1.0] * 4)
+MODELS = {'PolaPVT': (PolaPVT, TINY_PVT), 'InLinePVT': (InLinePVT, TINY_PVT), 'PolaSwin': (PolaSwin, TINY_SWIN),
+          'FLattenSwin': (FLattenSwin, TINY_SWIN), 'PolaPP': (PolaPP, TINY_POLAPP)}
+
+
+def _backward(model, x):
+    sum(o.square().mean() for o in model(x)).backward()
+
+
+@pytest.mark.parametrize('name', list(MODELS))
+def test_gradients_have_the_parameters_strides(name):
+    cls, arch = MODELS[name]
+    torch.manual_seed(0)
+    model = cls(arch=arch).train()
+    _backward(model, torch.randn(2, 3, 64, 96))
+    mismatched = {n: (tuple(p.stride()), tuple(p.grad.stride())) for n, p in model.named_parameters()
+                  if p.grad is not None and p.grad.stride() != p.stride()}
+    assert mismatched == {}
+    dwc = model.layers[0].blocks[0].attn.lepe.weight if name == 'PolaPP' else None
+    assert dwc is None or (dwc.is_contiguous() and dwc.is_contiguous(memory_format=torch.channels_last))
+
+
+def test_ddp_does_not_warn_about_gradient_strides():
+    """A real DDP (gloo, one process): two backward passes without the warning."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        ddp = torch.nn.parallel.DistributedDataParallel(PolaPP(arch=TINY_POLAPP).train())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            for _ in range(2):
+                _backward(ddp, torch.randn(1, 3, 64, 64))
+        assert not [w for w in caught if 'strides do not match' in str(w.message)]
+    finally:
+        dist.destroy_process_group()

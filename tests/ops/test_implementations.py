@@ -1,0 +1,92 @@
+"""The implementation tables of the attention ops (mmpola.ops.dispatch): every registered
+implementation of every op against the reference (forward and input gradients), and an extra
+implementation registered from this file, selected with ``attn_impl=`` on a backbone."""
+import pytest
+import torch
+
+from mmpola.models import PolaPVT
+from mmpola.ops import OPS, pacs_attention_reference, pola_attention_reference, register_attention_impl
+
+# every implementation of every op; the inputs come from the op (its example_inputs)
+CASES = [(op, impl) for op in sorted(OPS) for impl in OPS[op].names() if impl != 'reference']
+# an odd grid, several heads, batch 2
+GRID = dict(batch=2, heads=3, hw=(3, 5), head_dim=8)
+
+
+def _run(fn, tensors, options, grad_seed=1):
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    out = fn(*leaves, *options)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=out.dtype))
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def _scaled_error(actual, expected):
+    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1.0)).item()
+
+
+def test_every_op_has_its_reference_a_default_and_example_inputs():
+    assert sorted(OPS) == ['flatten', 'inline', 'pacs', 'pola']
+    for op in OPS.values():
+        assert 'reference' in op.impls and op.default in op.impls and op.names()[0] == 'auto'
+        assert op.example_inputs is not None
+
+
+@pytest.mark.parametrize('op,impl', CASES, ids=[f'{op}-{impl}' for op, impl in CASES])
+def test_every_implementation_matches_the_reference(op, impl):
+    """Forward and every input gradient within the ops' tolerance (1e-5 of the scale) of the
+    reference, or of the float64 truth where the fp32 reductions round differently."""
+    attention = OPS[op]
+    tensors, options = attention.example_inputs(generator=torch.Generator().manual_seed(0), **GRID)
+    expected = _run(attention.impls['reference'], tensors, options)
+    actual = _run(attention.resolve(impl), tensors, options)
+    truth = _run(attention.impls['reference'], [t.double() for t in tensors],
+                 [o.double() if torch.is_tensor(o) else o for o in options])
+    for i, (a, e, t) in enumerate(zip(actual, expected, truth)):
+        assert a.shape == e.shape and a.dtype == e.dtype, i
+        assert _scaled_error(a, e) <= 1e-5 or _scaled_error(a.double(), t) <= 1e-5, f'{op}/{impl}: output {i}'
+
+
+@pytest.fixture
+def counting_pola_impl():
+    """An extra implementation of the Pola op, registered the documented way: the reference, counted."""
+    calls = []
+
+    @register_attention_impl('pola', 'counting')
+    def pola_attention_counting(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+        calls.append(tuple(q.shape))
+        return pola_attention_reference(q, k, v, power, scale, alpha, eps)
+
+    yield calls
+    OPS['pola'].unregister('counting')
+
+
+def test_extra_implementation_selected_with_attn_impl_on_a_backbone(counting_pola_impl):
+    arch = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])
+    torch.manual_seed(0)
+    model = PolaPVT(arch=arch, attn_impl='counting').eval()
+    reference = PolaPVT(arch=arch, attn_impl='reference').eval()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        outs = model(x)
+        expected = reference(x)
+    assert len(counting_pola_impl) == 4  # one call per stage, with the stage's per-head tensors
+    assert counting_pola_impl[0] == (1, 1, 16 * 24, 16)
+    assert all(torch.equal(a, b) for a, b in zip(outs, expected))
+    model.set_attn_impl('auto')
+    model(x)
+    assert len(counting_pola_impl) == 4
+    model.set_attn_impl('counting')
+    model.train()
+    sum(o.sum() for o in model(x)).backward()  # gradients through the extra implementation
+    assert len(counting_pola_impl) == 8 and model.block1[0].attn.power.grad is not None
+
+
+def test_unknown_implementation_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"attn_impl must be one of auto, fast, reference .*got 'counting'"):
+        OPS['pola'].resolve('counting')
+    with pytest.raises(ValueError, match="implementations of pacs_attention"):
+        OPS['pacs'].resolve('triton')
+    with pytest.raises(KeyError, match='already has'):
+        register_attention_impl('pola', 'fast', pola_attention_reference)
+    assert pacs_attention_reference is OPS['pacs'].impls['reference']

@@ -1,0 +1,40 @@
+"""tools/benchmark.py takes its cases from the package's registries and tables: a registered
+implementation, op or preset appears without editing the tool (no timing is asserted)."""
+import torch
+
+from mmpola.models.backbones import PRESETS
+from mmpola.ops import OPS, pola_attention_reference, register_attention_impl
+from tests.fixtures.tools import load_tool
+
+BENCH = load_tool('benchmark')
+
+
+def test_backbone_cases_are_every_preset_at_every_size():
+    cases = BENCH.all_backbones()
+    assert {type_name for type_name, _ in cases.values()} >= {p.name for p in PRESETS}
+    assert cases['pola-pvt-t'] == ('PolaPVT', dict(arch='tiny'))
+    assert cases['flatten-swin-b'] == ('FLattenSwin', dict(arch='base'))
+    assert cases['polaformer++-b5'] == ('PolaPP', dict(arch='b5'))
+    assert set(BENCH.DEFAULT_BACKBONES) <= set(cases) and 'pola-swin-b-384' in BENCH.pola_backbones()
+
+
+def test_attention_cases_follow_the_op_registry():
+    assert set(BENCH.attention_ops()) == set(OPS)
+    assert BENCH.attention_impls('pola') == ['auto', 'fast', 'reference', 'fast+compile']
+    register_attention_impl('pola', 'bench_extra', pola_attention_reference)
+    try:
+        assert 'bench_extra' in BENCH.attention_impls('pola') and 'bench_extra' not in BENCH.attention_impls('pacs')
+        args = BENCH.parse_args(['attention', '--impls', 'bench_extra', '--kinds', 'pola'])
+        assert args.impls == ['bench_extra']
+    finally:
+        OPS['pola'].unregister('bench_extra')
+
+
+def test_every_op_runs_through_the_generic_case():
+    """One forward + backward of each op on its example inputs, as the benchmark times them."""
+    for kind in OPS:
+        leaves, options, grad_out = BENCH.attention_inputs('pvt-s1@224', torch.device('cpu'), 0, kind)
+        with BENCH.core_impl(kind, 'fast') as impl:
+            forward, forward_backward, clear = BENCH.attention_passes(leaves, options, grad_out, impl, kind)
+            forward_backward()
+        assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves), kind
