@@ -1,12 +1,14 @@
 """mmpola's registries.
 
-The backbones, classifiers, hooks, transforms and metrics register in mmengine's root registries,
-so that mmdet, mmseg and mmpretrain configs find them by their plain names (``type='PolaPVT'``)
-from their own default scope. The child registries below give them the ``mmpola`` scope as well
-(``type='mmpola.PolaPVT'`` resolves from any scope: a scoped name is looked up in the child of that
-scope, which falls back on its parent, the root). Their import location is the package itself, so that
-mmengine, which knows ``mmpola`` as a package with configs (:mod:`mmpola.config_scope`), imports it
-instead of looking for an ``mmpola.utils.register_all_modules``.
+The backbones, classifiers, hooks, transforms and metrics register in the ``mmpola``-scope registries
+below, each a child of mmengine's root registry of its kind; a registration there is made in the root
+registry too (:class:`ScopedRegistry`). So configs find them by their plain names (``type='PolaPVT'``)
+from every library's default scope (mmdet, mmseg, mmpretrain look in their registry, then the root),
+and by the scoped name (``type='mmpola.SafeCheckpointHook'``) from every scope, mmpola's own included:
+mmengine gives the dicts of a config inherited through ``mmpola::`` the scope ``mmpola``, and looks a
+scoped name up in that scope's registry only. The import location of the registries is the package
+itself, so that mmengine, which knows ``mmpola`` as a package with configs (:mod:`mmpola.config_scope`),
+imports it instead of looking for an ``mmpola.utils.register_all_modules``.
 
 ``ATTENTIONS`` holds the attention modules a backbone stage can use, under short names
 (``'pola'``, ``'softmax'`` ...; mmpola.models.attention), and ``ARCHITECTURES`` the macro
@@ -22,16 +24,26 @@ from mmengine.registry import OPTIM_WRAPPERS as MMENGINE_OPTIM_WRAPPERS
 from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
-__all__ = ['MODELS', 'HOOKS', 'TRANSFORMS', 'METRICS', 'DATASETS', 'DATA_SAMPLERS', 'OPTIM_WRAPPERS',
+__all__ = ['ScopedRegistry', 'MODELS', 'HOOKS', 'TRANSFORMS', 'METRICS', 'DATASETS', 'DATA_SAMPLERS', 'OPTIM_WRAPPERS',
            'ATTENTIONS', 'ARCHITECTURES']
 
-MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmpola', locations=['mmpola'])
-HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmpola', locations=['mmpola'])
-TRANSFORMS = Registry('transform', parent=MMENGINE_TRANSFORMS, scope='mmpola', locations=['mmpola'])
-METRICS = Registry('metric', parent=MMENGINE_METRICS, scope='mmpola', locations=['mmpola'])
-DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmpola', locations=['mmpola'])
-DATA_SAMPLERS = Registry('data sampler', parent=MMENGINE_DATA_SAMPLERS, scope='mmpola', locations=['mmpola'])
-OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope='mmpola', locations=['mmpola'])
+
+class ScopedRegistry(Registry):
+    """A registry of the ``mmpola`` scope whose registrations are made in its parent, mmengine's root
+    registry, as well (see the module docstring)."""
+
+    def _register_module(self, module, module_name=None, force=False):
+        super()._register_module(module, module_name, force)
+        self.parent._register_module(module, module_name, force)
+
+
+MODELS = ScopedRegistry('model', parent=MMENGINE_MODELS, scope='mmpola', locations=['mmpola'])
+HOOKS = ScopedRegistry('hook', parent=MMENGINE_HOOKS, scope='mmpola', locations=['mmpola'])
+TRANSFORMS = ScopedRegistry('transform', parent=MMENGINE_TRANSFORMS, scope='mmpola', locations=['mmpola'])
+METRICS = ScopedRegistry('metric', parent=MMENGINE_METRICS, scope='mmpola', locations=['mmpola'])
+DATASETS = ScopedRegistry('dataset', parent=MMENGINE_DATASETS, scope='mmpola', locations=['mmpola'])
+DATA_SAMPLERS = ScopedRegistry('data sampler', parent=MMENGINE_DATA_SAMPLERS, scope='mmpola', locations=['mmpola'])
+OPTIM_WRAPPERS = ScopedRegistry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope='mmpola', locations=['mmpola'])
 
 # attention modules of the backbone stages, by short name; see mmpola.models.attention
 ATTENTIONS = Registry('attention', scope='mmpola', locations=['mmpola'])

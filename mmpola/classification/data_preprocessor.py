@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from mmengine.model import BaseDataPreprocessor
-from mmengine.registry import MODELS
+
+from mmpola.registry import MODELS
 
 __all__ = ['TimmClsDataPreprocessor']
 

@@ -7,8 +7,9 @@ torchvision's ``ImageFolder`` and the official PolaFormer code read.
 import os.path as osp
 
 from mmengine.dataset import BaseDataset
-from mmengine.registry import DATASETS
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+from mmpola.registry import DATASETS
 
 __all__ = ['ImageNetFolderDataset']
 

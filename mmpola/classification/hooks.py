@@ -1,6 +1,7 @@
 """An EMA switch a command line can flip."""
 from mmengine.hooks import EMAHook
-from mmengine.registry import HOOKS
+
+from mmpola.registry import HOOKS
 
 __all__ = ['SwitchableEMAHook']
 

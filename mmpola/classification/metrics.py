@@ -1,7 +1,8 @@
 """Top-k accuracy (ImageNet top-1 / top-5) as an mmengine metric."""
 import torch
 from mmengine.evaluator import BaseMetric
-from mmengine.registry import METRICS
+
+from mmpola.registry import METRICS
 
 __all__ = ['TopKAccuracy']
 

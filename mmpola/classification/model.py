@@ -1,11 +1,11 @@
 """The ImageNet classifier as an mmengine model (what tools/train.py and tools/test.py run)."""
 import torch.nn.functional as F
 from mmengine.model import BaseModel
-from mmengine.registry import MODELS
 from timm.loss import SoftTargetCrossEntropy
 
 from mmpola.models.classifier import PolaClassifier, PolaPPClassifier
 from mmpola.models.timm_models import accept_official_checkpoints
+from mmpola.registry import MODELS
 
 __all__ = ['PolaImageClassifier', 'PolaPPImageClassifier']
 

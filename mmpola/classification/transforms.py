@@ -9,8 +9,9 @@ training script does. Four times less data crosses the worker queues than with f
 import io
 
 from mmengine import fileio
-from mmengine.registry import TRANSFORMS
 from PIL import Image
+
+from mmpola.registry import TRANSFORMS
 
 __all__ = ['LoadPILImage', 'TimmTransform', 'PackClsInputs']
 

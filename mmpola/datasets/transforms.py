@@ -5,7 +5,8 @@ Registered in mmengine's root ``TRANSFORMS`` registry (mmcv's), so configs of ev
 ``custom_imports``) registers them.
 """
 import numpy as np
-from mmengine.registry import TRANSFORMS
+
+from mmpola.registry import TRANSFORMS
 
 __all__ = ['CheckSegLabels']
 

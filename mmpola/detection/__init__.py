@@ -7,7 +7,7 @@
 without an ``info`` entry.) Registered in mmengine's root registry (visible from the ``mmdet`` scope)
 as a builder that imports mmdet when a config builds it, so ``import mmpola`` does not load mmdet.
 """
-from mmengine.registry import MODELS
+from mmpola.registry import MODELS
 
 __all__ = ['build_det_tta_model']
 

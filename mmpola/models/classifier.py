@@ -17,10 +17,9 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
-from mmengine.registry import MODELS
 
 from mmpola.checkpoint import checkpoint_source, extract_state_dict, find_key_prefix, read_checkpoint, resize_state_dict
-from mmpola.registry import ARCHITECTURES, ATTENTIONS
+from mmpola.registry import ARCHITECTURES, ATTENTIONS, MODELS
 
 from .attention import attention_letter, attention_options
 from .backbones import PRESETS, backbone_class

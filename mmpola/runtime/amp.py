@@ -4,7 +4,8 @@ from contextlib import contextmanager
 import torch
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapper
-from mmengine.registry import OPTIM_WRAPPERS
+
+from mmpola.registry import OPTIM_WRAPPERS
 
 __all__ = ['BF16AmpOptimWrapper', 'autocast_module']
 

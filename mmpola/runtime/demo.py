@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmengine.hooks import Hook
-from mmengine.registry import HOOKS
+
+from mmpola.registry import HOOKS
 
 from .cli import build_runner
 from .config import move_data_root

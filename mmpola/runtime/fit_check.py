@@ -13,10 +13,10 @@ anything), else 0.5.
 import re
 
 from mmengine.hooks import Hook
-from mmengine.registry import HOOKS
 
 from mmpola.checkpoint import CheckpointMismatchError, describe_checkpoint
 from mmpola.errors import UserError
+from mmpola.registry import HOOKS
 
 __all__ = ['CheckpointFitHook', 'checkpoint_fit']
 

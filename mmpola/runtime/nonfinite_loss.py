@@ -22,9 +22,9 @@ from mmengine import dist as mmdist
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapperDict
-from mmengine.registry import HOOKS
 
 from mmpola.errors import MMPolaUserError, UserError
+from mmpola.registry import HOOKS
 
 __all__ = ['NonFiniteLossError', 'NonFiniteLossHook']
 

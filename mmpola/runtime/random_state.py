@@ -47,8 +47,9 @@ import numpy as np
 import torch
 from mmengine import dist as mmdist
 from mmengine.hooks import Hook
-from mmengine.registry import HOOKS
 from mmengine.runner import IterBasedTrainLoop
+
+from mmpola.registry import HOOKS
 
 from .resume import EPOCH_BATCHES_DONE
 

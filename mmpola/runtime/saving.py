@@ -32,9 +32,9 @@ import os.path as osp
 from mmengine import dist as mmdist
 from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook
-from mmengine.registry import HOOKS
 
 from mmpola.errors import MMPolaUserError
+from mmpola.registry import HOOKS
 
 from .atomic_files import fsync_dir, fsync_file, is_part_file, part_name, write_text_atomic
 from .resume import EPOCH_BATCHES_DONE, LAST_CHECKPOINT, choose_resume_checkpoint

@@ -154,3 +154,18 @@ def test_a_config_without_the_hooks_is_told_so():
     assert len(notes) == 4 and all('configs/_base_/runtime.py' in n for n in notes)
     assert 'SafeCheckpointHook in default_hooks.checkpoint' in notes[0]
     assert len(runtime_hook_notes(Config(dict()), training=False)) == 1  # testing: the fit check only
+
+
+def test_mmpola_names_resolve_in_the_mmpola_scope_of_inherited_configs():
+    """A config inherited through ``mmpola::`` gives its dicts ``_scope_='mmpola'``; mmengine then looks
+    ``mmpola.X`` up in mmpola's registries only, and plain names there and in their parents: both work,
+    and mmpola's classes are in the root registries too (plain names from every other scope)."""
+    from mmengine.registry import HOOKS, MODELS
+
+    from mmpola import registry
+    from mmpola.runtime import SafeCheckpointHook
+    hook = HOOKS.build(dict(type='mmpola.SafeCheckpointHook', _scope_='mmpola', interval=1))
+    assert isinstance(hook, SafeCheckpointHook)
+    assert MODELS.build(dict(type='PolaPVT', _scope_='mmpola', arch='tiny')).__class__.__name__ == 'PolaPVT'
+    for name in ('SafeCheckpointHook', 'RandomStateHook', 'NonFiniteLossHook', 'CheckpointFitHook'):
+        assert registry.HOOKS.get(f'mmpola.{name}') is HOOKS.get(name) is not None

@@ -30,8 +30,8 @@ from mmengine.runner import Runner
 
 from mmpola.runtime import RandomStateHook
 from mmpola.runtime.random_state import CHECKPOINT_KEY
-from tests.fixtures.paths import FIXTURES as HERE
 from tests.fixtures.paths import PYTHON, REPO
+from tests.fixtures.paths import TOY_MODULES as HERE
 from tests.fixtures.runs import free_port
 from tests.fixtures.runs import run_tool as _run
 from tests.fixtures.toy_runs import load, toy_config

@@ -2,7 +2,7 @@
 
 * in process: best checkpoints go through the atomic save and the previous best is removed only
   after the new one is complete;
-* through tools/train.py (subprocesses on the toy model of tests/fixtures/toy_training.py): a
+* through tools/train.py (subprocesses on the toy model of tests/fixtures/toy/toy_training.py): a
   SIGKILL while a checkpoint is written (max_keep_ckpts 1 and 3) leaves the previous checkpoint and
   ``last_checkpoint`` intact, and ``--resume`` continues and ends equal to an uninterrupted run; a disk
   that fills during a save ends with one ``error:`` line, the previous checkpoint intact and no

@@ -6,8 +6,8 @@ import socket
 import subprocess
 import time
 
-from tests.fixtures.paths import FIXTURES as HERE
 from tests.fixtures.paths import PYTHON, REPO
+from tests.fixtures.paths import TOY_MODULES as HERE
 from tests.fixtures.toy_runs import stderr_lines, toy_config, train
 
 

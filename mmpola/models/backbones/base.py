@@ -58,11 +58,10 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
-from mmengine.registry import MODELS
 
 from mmpola.checkpoint import KeySignature, load_checkpoint
 from mmpola.ops import check_attn_impl
-from mmpola.registry import ARCHITECTURES
+from mmpola.registry import ARCHITECTURES, MODELS
 
 from ..attention import (
     attention_kind_of,

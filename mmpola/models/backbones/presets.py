@@ -12,10 +12,9 @@ registered kind look like (:func:`known_models`), for its messages.
 from dataclasses import dataclass, field
 
 import torch
-from mmengine.registry import MODELS
 
 from mmpola.checkpoint import KnownModel, LookAlike
-from mmpola.registry import ARCHITECTURES, ATTENTIONS
+from mmpola.registry import ARCHITECTURES, ATTENTIONS, MODELS
 
 from ..attention import attention_letter, attention_paper, attention_title
 from . import polapp, swin  # noqa: F401  (registers the architectures the rows name)
