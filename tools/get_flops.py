@@ -7,6 +7,7 @@ Usage:
     tools/get_flops.py --backbone mmdet.SwinTransformer --shape 224 224
     tools/get_flops.py --config configs/detection/CONFIG.py --shape 800 1333
     tools/get_flops.py --config ... --per-module 2     # breakdown two module levels deep
+    tools/get_flops.py --config configs/detection/*.py --shape 800 1280 --table   # model zoo columns
 
 Counting: mmengine's ``FlopAnalyzer`` (``mmengine.analysis``, what mmdet's and mmseg's own
 ``tools/analysis_tools/get_flops.py`` use), so the figures are comparable with their model zoos. It traces
@@ -188,11 +189,13 @@ def parse_args(argv=None):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument('--backbone',
                         help='registered backbone type, e.g. PolaPVT, PolaSwin, mmdet.SwinTransformer')
-    source.add_argument('--config', help='mmengine config of a detector or segmentor')
+    source.add_argument('--config', nargs='+', help='mmengine config(s) of a detector or segmentor')
     parser.add_argument('--arch', default=None, help='backbone arch preset (tiny, small, ...)')
     parser.add_argument('--shape', type=int, nargs='+', default=[224, 224], help='input H W (or one size)')
     parser.add_argument('--per-module', type=int, default=0, metavar='DEPTH',
                         help='also print the FLOPs of modules up to this depth')
+    parser.add_argument('--table', action='store_true',
+                        help='one markdown row per config: | config | params | GMACs | (docs/model_zoo.md)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
                         help='override config entries (mmengine syntax, as tools/train.py), e.g. '
                         'model.backbone.arch=small model.backbone.out_indices="(1,2,3)"')
@@ -207,15 +210,37 @@ def main(argv=None):
         height, width = args.shape
     else:
         raise SystemExit(f'--shape takes H W or one size, got {args.shape}')
-    torch.manual_seed(0)
     if args.backbone:
+        torch.manual_seed(0)
         model = build_backbone(args.backbone, args.arch)
         model.eval()  # not chained: some backbones' train() override returns None (mmdet Swin)
-        inputs = (torch.randn(1, 3, height, width), )
-        title = f'{args.backbone}' + (f'(arch={args.arch})' if args.arch else '')
-    else:
-        model, inputs = build_from_config(args.config, height, width, args.cfg_options)
-        title = f'{os.path.basename(args.config)} ({type(model).__name__}, mode=tensor)'
+        return report(model, (torch.randn(1, 3, height, width), ),
+                      f'{args.backbone}' + (f'(arch={args.arch})' if args.arch else ''), args)
+    results = []
+    for config in args.config:
+        torch.manual_seed(0)
+        model, inputs = build_from_config(config, height, width, args.cfg_options)
+        if args.table:
+            flops, _ = count_flops(model, *inputs)
+            params = count_parameters(model)
+            print(f'| {table_name(config)} | {params / 1e6:.2f} M | {flops / 2e9:.1f} |', flush=True)
+            results.append((params, flops))
+        else:
+            title = f'{os.path.basename(config)} ({type(model).__name__}, mode=tensor)'
+            results.append(report(model, inputs, title, args))
+    return results[0] if len(results) == 1 else results
+
+
+def table_name(config):
+    """The config's name as the model zoo writes it: the path below configs/<task>/, without .py."""
+    parts = os.path.normpath(os.path.abspath(config)).split(os.sep)
+    below = parts[parts.index('configs') + 2:] if 'configs' in parts else parts[-1:]
+    return '/'.join(below)[:-3]
+
+
+def report(model, inputs, title, args):
+    """Print the parameters and MACs of ``model(*inputs)`` (and the per-module breakdown)."""
+    height, width = inputs[0].shape[-2:]
     flops, per_module = count_flops(model, *inputs, depth=max(1, args.per_module))
     params = count_parameters(model)
     print(f'model:   {title}')
@@ -228,6 +253,7 @@ def main(argv=None):
         for name, value in per_module.items():
             if name and value:
                 print(f'| {name} | {value / 2e9:.4f} | {100 * value / max(flops, 1):.1f}% |')
+    return params, flops
     return params, flops
 
 

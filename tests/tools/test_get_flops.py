@@ -75,3 +75,16 @@ def test_cfg_options_use_mmengine_syntax(capsys):
     tiny, _ = get_flops.main(['--config', config, '--shape', '64'])
     small, _ = get_flops.main(['--config', config, '--shape', '64', '--cfg-options', 'model.backbone.arch=small'])
     assert small > tiny  # the override reached the built model
+
+
+def test_table_prints_one_model_zoo_row_per_config(capsys):
+    """--table: the model zoo's params / GMACs columns, one row per config, named as the zoo names it."""
+    demo = osp.join(ROOT, 'configs', 'demo')
+    configs = [osp.join(demo, 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py'),
+               osp.join(demo, 'upernet_pola-swin-t_demo-ade-128x128.py')]
+    results = get_flops.main(['--config', *configs, '--shape', '64', '--table'])
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert [row.split(' | ')[0] for row in rows] == ['| mask-rcnn_pola-pvt-t_fpn_demo-coco',
+                                                     '| upernet_pola-swin-t_demo-ade-128x128']
+    for row, (params, flops) in zip(rows, results):
+        assert row.endswith(f'| {params / 1e6:.2f} M | {flops / 2e9:.1f} |')
