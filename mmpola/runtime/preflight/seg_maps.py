@@ -13,9 +13,9 @@ import numpy as np
 from mmpola.errors import UserError
 
 from .datasets import listing
-from .image_headers import image_header, png_header
+from .image_headers import image_header
 
-__all__ = ['png_header', 'check_seg_maps', 'check_zero_label_setting', 'label_convention_problem',
+__all__ = ['check_seg_maps', 'check_zero_label_setting', 'label_convention_problem',
            'SAMPLED_MAPS']
 
 # how many maps (evenly spread over the dataset) are decoded to learn the label convention
