@@ -26,6 +26,8 @@ from mmengine.registry import HOOKS
 from mmpola.checkpoint import CheckpointMismatchError, describe_checkpoint
 from mmpola.errors import UserError
 
+from .preflight.checkpoints import pretrained_option
+
 __all__ = ['CheckpointFitHook', 'checkpoint_fit', 'part_fit', 'TRAINING_ONLY_PARTS']
 
 # the config key (``--cfg-options checkpoint_min_loaded=0`` loads anything)
@@ -137,12 +139,11 @@ def _purpose(runner):
     return 'train' if isinstance(getattr(runner, '_train_loop', None), BaseLoop) else 'evaluate'
 
 
-def _fix(kind, model_name):
+def _fix(kind, model_name, backbone_option):
     if 'classification' in kind or 'backbone-only' in kind:
         fix = ('a classification or backbone checkpoint holds the backbone only: train with it as the '
-               "backbone's pretrained weights (--cfg-options model.backbone.init_cfg.type=Pretrained "
-               'model.backbone.init_cfg.checkpoint=FILE) instead of load_from, and test a checkpoint written '
-               'by training this config (work_dirs/<config>/epoch_N.pth)')
+               f"backbone's pretrained weights (--cfg-options {backbone_option}) instead of load_from, and test a "
+               'checkpoint written by training this config (work_dirs/<config>/epoch_N.pth)')
         if any(name in kind for name in ('FLatten', 'InLine', 'PolaFormer++')):
             fix += ("; mmpola's Pola backbones do not take FLatten, InLine or PolaFormer++ weights: use a "
                     'PolaFormer file')
@@ -197,4 +198,5 @@ class CheckpointFitHook(Hook):
             f'checkpoint {source!r} does not fit the {name}: only {loaded_n} of its {total_n} parameter tensors '
             f'({loaded / total:.1%} of {total / 1e6:.2f}M weights) would load, less than the {self.min_loaded:.0%} '
             f'required, so the run would use random weights. The file looks like {kind}. Fix: '
-            f'{_fix(kind, type(model).__name__)}. To load it anyway: --cfg-options {OPTION}=0')
+            f"{_fix(kind, type(model).__name__, pretrained_option(runner.cfg, runner.cfg.get('load_from') or 'FILE'))}"
+            f'. To load it anyway: --cfg-options {OPTION}=0')

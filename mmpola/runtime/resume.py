@@ -113,10 +113,12 @@ def choose_resume_checkpoint(runner):
         mmdist.barrier()
 
 
-def check_resumable(path):
+def check_resumable(path, backbone_option=None):
     """An explicit ``--resume`` file must be a training checkpoint (weights + meta), not weights only.
 
-    Reads the file weights-only with its tensors memory-mapped (no tensor is copied)."""
+    Reads the file weights-only with its tensors memory-mapped (no tensor is copied).
+    ``backbone_option``: the ``--cfg-options`` that start the backbone from the file, for the message
+    (:func:`mmpola.runtime.preflight.checkpoints.pretrained_option`)."""
     checkpoint = safe_torch_load(path, mmap=True)
     if not (isinstance(checkpoint, dict) and 'meta' in checkpoint and 'state_dict' in checkpoint):
         keys = sorted(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
@@ -124,5 +126,6 @@ def check_resumable(path):
             f'--resume {path}: this is not a training checkpoint written by tools/train.py (it has no '
             f'meta/state_dict, top-level keys: {keys}), so there is no iteration, optimizer or scheduler '
             f'state to resume. To start a new run from its weights, drop --resume and use '
-            f'--cfg-options load_from={path} (weights of this same model) or model.backbone.init_cfg.checkpoint={path} '
+            f'--cfg-options load_from={path} (weights of this same model) or '
+            f"{backbone_option or f'model.backbone.init_cfg.checkpoint={path}'} "
             f'(official PolaFormer / ImageNet weights for the backbone).')

@@ -45,8 +45,9 @@ def test_test_tool_refuses_a_classification_checkpoint(coco, tmp_path, capsys):
     assert err.startswith(f"checkpoint '{official}' does not fit the MaskRCNN (PolaPVT backbone): only 0 of its ")
     assert '(0.0% of ' in err and 'less than the 50% required, so the run would use random weights' in err
     assert 'The file looks like an official classification checkpoint, 10-class head (PolaFormer PVT).' in err
-    assert "Fix: a classification or backbone checkpoint holds the backbone only: train with it as the backbone's " \
-           'pretrained weights (--cfg-options model.backbone.init_cfg.type=Pretrained' in err
+    assert ("Fix: a classification or backbone checkpoint holds the backbone only: train with it as the backbone's "
+            'pretrained weights (--cfg-options model.backbone.init_cfg._delete_=True model.backbone.init_cfg.type='
+            f'Pretrained model.backbone.init_cfg.checkpoint={official}) instead of load_from') in err
     assert err.endswith('To load it anyway: --cfg-options checkpoint_min_loaded=0')
 
 

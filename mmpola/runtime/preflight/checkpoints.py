@@ -16,7 +16,22 @@ from mmpola.errors import MMPolaUserError, UserError
 from ..config import is_url
 from ..resume import check_resumable
 
-__all__ = ['checked_checkpoint', 'check_pretrained_files', 'check_run_checkpoints']
+__all__ = ['checked_checkpoint', 'check_pretrained_files', 'check_run_checkpoints', 'pretrained_option']
+
+
+def pretrained_option(cfg, path, where='model.backbone'):
+    """The ``--cfg-options`` that make ``where`` (the backbone) start from the weights in ``path``,
+    whatever its ``init_cfg`` is now: ``init_cfg.checkpoint=PATH`` for a ``Pretrained`` one; for none
+    (``init_cfg=None``, e.g. the demo configs) or another kind, the whole dict is replaced
+    (``init_cfg._delete_=True``): setting a key below ``None`` stops mmengine with a TypeError."""
+    node = cfg.get('model') if cfg is not None else None
+    for key in where.split('.')[1:]:
+        node = node.get(key) if isinstance(node, dict) else None
+    init = node.get('init_cfg') if isinstance(node, dict) else None
+    option = f'{where}.init_cfg'
+    if isinstance(init, dict) and init.get('type') == 'Pretrained':
+        return f'{option}.checkpoint={path}'
+    return f'{option}._delete_=True {option}.type=Pretrained {option}.checkpoint={path}'
 
 
 def checked_checkpoint(path, what='checkpoint'):
@@ -76,6 +91,6 @@ def check_run_checkpoints(cfg, training):
         what = '--resume checkpoint' if resuming else ('load_from checkpoint' if training else 'checkpoint')
         local = checked_checkpoint(load_from, what)
         if resuming:
-            check_resumable(local)
+            check_resumable(local, pretrained_option(cfg, load_from))
     if training:
         check_pretrained_files(cfg)
