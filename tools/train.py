@@ -31,6 +31,7 @@ from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 from mmpola.runtime.config_check import check_config, runtime_hook_notes  # noqa: E402
 from mmpola.runtime.preflight import run_preflight  # noqa: E402
 from mmpola.runtime.resume import RESUME_OR_START  # noqa: E402
+from mmpola.runtime.signals import stopped_cleanly  # noqa: E402
 from mmpola.runtime.workdir import lock_work_dir  # noqa: E402
 
 
@@ -115,7 +116,8 @@ def main(argv=None):
     with cli.exit_on_user_error():
         runner = build_runner(args)
     with cli.exit_on_user_error(runner.logger):  # e.g. a NaN loss: the message says it all
-        runner.train()
+        with stopped_cleanly(runner):  # a second Ctrl-C, or what follows a stop signal: one line, no traceback
+            runner.train()
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():  # an orderly end: gloo can abort at exit otherwise
         dist.barrier()
