@@ -63,20 +63,27 @@ def _count(image):
 
 def nonfinite_images(data_batch):
     """``[(index, NaN count, inf count)]`` of the images of a batch (``inputs``: a list of per-image
-    tensors or a stacked tensor) that hold non-finite values; integer images are skipped at no cost."""
+    tensors or a stacked tensor) that hold non-finite values; integer images are skipped at no cost.
+
+    A sum per image finds them (NaN and inf propagate through it; one pass, a fraction of the cost of
+    ``isfinite``); only the images whose sum is not finite are counted element by element."""
     inputs = data_batch.get('inputs') if isinstance(data_batch, dict) else None
     if isinstance(inputs, torch.Tensor):
-        if not inputs.is_floating_point() or inputs.dim() < 1:
+        if not inputs.is_floating_point() or inputs.dim() < 2:
             return []
-        finite = torch.isfinite(inputs).flatten(1).all(1) if inputs.dim() > 1 else torch.isfinite(inputs)
-        return [(i, *_count(inputs[i])) for i in torch.nonzero(~finite).flatten().tolist()]
-    if not isinstance(inputs, (list, tuple)):
+        images = list(inputs)
+        suspects = torch.nonzero(~torch.isfinite(inputs.flatten(1).sum(1))).flatten().tolist()
+    elif isinstance(inputs, (list, tuple)):
+        images = inputs
+        floats = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+        if not floats:
+            return []
+        finite = torch.isfinite(torch.stack([inputs[i].sum() for i in floats])).tolist()
+        suspects = [i for i, ok in zip(floats, finite) if not ok]
+    else:
         return []
-    floats = [(i, x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
-    if not floats:
-        return []
-    finite = torch.stack([torch.isfinite(x).all() for _, x in floats]).tolist()
-    return [(i, *_count(x)) for (i, x), ok in zip(floats, finite) if not ok]
+    counts = [(i, *_count(images[i])) for i in suspects]
+    return [(i, nan, inf) for i, nan, inf in counts if nan or inf]  # not a sum that overflowed
 
 
 def _values_text(nan, inf):
