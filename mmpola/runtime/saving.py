@@ -206,8 +206,9 @@ class SafeCheckpointHook(CheckpointHook):
             return
         left = [path for path in pending if path == keep]
         if self.max_keep_ckpts > 0 and mmdist.is_main_process():
-            for path in pending:
-                if path not in (keep, self.last_ckpt) and osp.isfile(path):
+            for path in pending:  # only this run's folder: a run resumed from a copy leaves the original alone
+                if path not in (keep, self.last_ckpt) and osp.isfile(path) \
+                        and osp.dirname(osp.abspath(path)) == osp.abspath(self.out_dir):
                     os.remove(path)
                     runner.logger.info(f'[mmpola] removed {path}, the resume point of an interrupted epoch, now that '
                                        f'{self.last_ckpt} is saved')

@@ -177,7 +177,7 @@ def stopped_cleanly(runner=None):
         yield
     except MMPolaUserError:
         raise
-    except BaseException as error:  # noqa: BLE001  (re-raised unless a stop signal explains it)
+    except (Exception, KeyboardInterrupt) as error:  # re-raised unless a stop signal explains it
         active = _LAST[-1] if _LAST else None
         signum = signal.SIGINT if isinstance(error, KeyboardInterrupt) else (
             active.received if active is not None and active.installed else None)

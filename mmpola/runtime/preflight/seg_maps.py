@@ -45,7 +45,8 @@ def check_seg_maps(images, seg_maps, key='dataset', root='', reduce_zero_label=N
         if i in sample:
             seg, pixels = image_header(seg_map, pixels=True)
             if pixels is not None and pixels.ndim == 2:
-                counts.append((seg_map, np.bincount(pixels.ravel().astype(np.int64), minlength=256)))
+                # values as mmseg keeps them (uint8); maps of another depth are the pipeline's to judge
+                counts.append((seg_map, np.bincount(pixels.ravel().astype(np.uint8), minlength=256)))
         else:
             seg = image_header(seg_map)
         if seg is None:
