@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Train a detector, segmentor or classifier from a config (one entry point for every task).
 
-    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT]] [--device auto|cuda|cpu]
+    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--resume [CHECKPOINT] | --resume-or-start]
+                          [--device auto|cuda|cpu]
                           [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
                           [--skip-data-check] [--skip-config-check] [--no-work-dir-lock]
 
@@ -29,6 +30,8 @@ from mmpola.runtime import cli, config, launch  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 from mmpola.runtime.config_check import check_config, runtime_hook_notes  # noqa: E402
 from mmpola.runtime.preflight import run_preflight  # noqa: E402
+from mmpola.runtime.resume import RESUME_OR_START  # noqa: E402
+from mmpola.runtime.signals import stopped_cleanly  # noqa: E402
 from mmpola.runtime.workdir import lock_work_dir  # noqa: E402
 
 
@@ -46,7 +49,10 @@ def parse_args(argv=None):
                         help='scale the lr linearly with the total batch size (auto_scale_lr in the config)')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CHECKPOINT, or, without a value, from the latest checkpoint '
-                        'in the work dir')
+                        'in the work dir (which must hold one: see --resume-or-start)')
+    parser.add_argument('--resume-or-start', action='store_true',
+                        help='resume from the latest checkpoint in the work dir, or start a new run there when it '
+                        'holds none yet (job scripts that are started again after each interruption)')
     parser.add_argument('--no-work-dir-lock', action='store_true', help='do not take the work dir\'s lock '
                         '(by default a second training run into the same work dir stops)')
     cli.add_check_args(parser)
@@ -72,6 +78,12 @@ def build_train_config(args):
             raise UserError('--auto-scale-lr needs auto_scale_lr=dict(base_batch_size=...) in the config')
         cfg.auto_scale_lr.enable = True
 
+    if args.resume_or_start:
+        if args.resume not in (None, 'auto'):
+            raise UserError('--resume-or-start continues from the work dir\'s latest checkpoint; it takes no '
+                            'file (--resume CHECKPOINT continues from a file)')
+        args.resume = 'auto'
+        cfg[RESUME_OR_START] = True
     if args.resume == 'auto':
         cfg.resume = True
         cfg.load_from = None
@@ -104,7 +116,8 @@ def main(argv=None):
     with cli.exit_on_user_error():
         runner = build_runner(args)
     with cli.exit_on_user_error(runner.logger):  # e.g. a NaN loss: the message says it all
-        runner.train()
+        with stopped_cleanly(runner):  # a second Ctrl-C, or what follows a stop signal: one line, no traceback
+            runner.train()
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():  # an orderly end: gloo can abort at exit otherwise
         dist.barrier()

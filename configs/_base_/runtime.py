@@ -16,16 +16,21 @@
 #   mmpola.RandomStateHook     random generator states in every checkpoint: --resume repeats the interrupted run
 #   mmpola.NonFiniteLossHook   a NaN / inf loss stops the run before the optimizer step (or the step is
 #                              skipped), naming the iteration, the loss terms and the images
+#   mmpola.NonFinitePixelsHook an input image with NaN / inf pixels stops the run (training, validation,
+#                              testing) before it is batched with others, naming the file (or is skipped)
 #   mmpola.CheckpointFitHook   a load_from / test checkpoint that fits less than `checkpoint_min_loaded` of
 #                              the model's weights is refused (a checkpoint of another model)
 #
 # Their settings, which --cfg-options can change with any train.py:
 #   --cfg-options nonfinite_loss.action=skip nonfinite_loss.max_skips=20
+#   --cfg-options nonfinite_pixels.action=skip
 #   --cfg-options checkpoint_min_loaded=0
 nonfinite_loss = dict(action='stop', max_skips=10)
+nonfinite_pixels = dict(action='stop')
 checkpoint_min_loaded = 0.5
 custom_hooks = [
     dict(type='mmpola.RandomStateHook'),
     dict(type='mmpola.NonFiniteLossHook'),
+    dict(type='mmpola.NonFinitePixelsHook'),
     dict(type='mmpola.CheckpointFitHook'),
 ]

@@ -37,6 +37,7 @@ train_pipeline = [
 ]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
+    dict(type='CheckImage'),  # 3 channels, 0..255, also for the arrays given to MMSegInferencer
     dict(type='Resize', scale=(256, 128), keep_ratio=True),
     dict(type='LoadAnnotations', reduce_zero_label=True),
     dict(type='PackSegInputs'),

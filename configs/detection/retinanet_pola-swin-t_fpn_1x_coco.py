@@ -17,6 +17,11 @@ _base_ = [
 ]
 # mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
 default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
+# test images in the form the model takes (3 channels, 0..255), also the arrays given to DetInferencer:
+# mmpola's CheckImage right after loading (mmpola/datasets/transforms.py)
+test_pipeline = [_base_.test_pipeline[0], dict(type='CheckImage'), *_base_.test_pipeline[1:]]
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader
 
 _base_.pop('pretrained')  # mmdet's Swin checkpoint URL: not this model's weights
 

@@ -1,14 +1,70 @@
-"""Pipeline steps that turn bad annotations into a clear error naming the file.
+"""Pipeline steps that check what was loaded: images in the form the models expect, segmentation labels.
 
 Registered in mmengine's root ``TRANSFORMS`` registry (mmcv's), so configs of every task library
 (``default_scope`` mmseg, mmdet, ...) find them; importing :mod:`mmpola` (the configs'
 ``custom_imports``) registers them.
 """
 import numpy as np
+from mmengine.logging import print_log
 
 from mmpola.registry import TRANSFORMS
 
-__all__ = ['CheckSegLabels']
+__all__ = ['CheckImage', 'CheckSegLabels']
+
+
+@TRANSFORMS.register_module()
+class CheckImage:
+    """The loaded image in the form OpenMMLab's models take: three channels, values in 0..255.
+
+    Place it right after ``LoadImageFromFile`` in a test pipeline (the shipped configs do): mmdet's
+    ``DetInferencer`` and mmseg's ``MMSegInferencer`` run the config's test pipeline with their own loader
+    in the place of ``LoadImageFromFile``, so the arrays given to them pass here too.
+
+    * a 2-D (grayscale) array, or one of one channel, becomes three equal channels (the data
+      preprocessor's BGR -> RGB swap would otherwise stop with ``IndexError: index 2 is out of bounds``);
+    * a float image whose values all lie in [0, 1] (numpy's and PIL-to-float habit) is scaled to 0..255:
+      the models are trained on 0..255 pixels and normalise them with means near 120, so a 0..1 image
+      reaches them as an almost uniform dark one and the predictions change silently.
+
+    Each conversion is said once per pipeline (a warning in the log). NaN / inf pixels are left to
+    :class:`mmpola.runtime.NonFinitePixelsHook`, which names the file in the tools' runs.
+    """
+
+    def __init__(self):
+        self._said = set()
+
+    def __call__(self, results):
+        return self.transform(results)
+
+    def _say(self, kind, message):
+        if kind not in self._said:
+            self._said.add(kind)
+            print_log(f'[mmpola] CheckImage: {message} (said once)', logger='current', level=30)
+
+    def transform(self, results):
+        img = results.get('img')
+        if not isinstance(img, np.ndarray):
+            return results
+        where = results.get('img_path') or 'an image given as an array'
+        if img.ndim == 2 or (img.ndim == 3 and img.shape[2] == 1):
+            img = np.repeat(img.reshape(img.shape[0], img.shape[1], 1), 3, axis=2)
+            self._say('gray', f'{where} has one channel (shape {results["img"].shape}); it is used as three equal '
+                              'channels, as the models take colour images')
+        if img.dtype.kind == 'f' and img.size:
+            mask = np.isfinite(img)
+            finite = img if mask.all() else img[mask]
+            if finite.size and finite.min() >= 0 and finite.max() <= 1:
+                img = img.astype(np.float32) * 255
+                self._say('unit', f'{where} is a float image with values in 0..1; it is scaled to 0..255, the '
+                                  'range the models were trained on (pass uint8 images, or float ones in 0..255, to '
+                                  'skip this)')
+        if img is not results['img']:
+            results['img'] = img
+            results['img_shape'] = img.shape[:2]
+        return results
+
+    def __repr__(self):
+        return f'{type(self).__name__}()'
 
 
 @TRANSFORMS.register_module()

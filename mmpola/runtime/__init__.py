@@ -8,6 +8,8 @@ started with mmdet's or mmseg's own tools gets them too):
   checkpoint ``--resume`` continues from);
 * :mod:`.random_state`: :class:`RandomStateHook` (random generator states in checkpoints: exact resume);
 * :mod:`.nonfinite_loss`: :class:`NonFiniteLossHook` (stop or skip at a NaN / inf loss);
+* :mod:`.nonfinite_pixels`: :class:`NonFinitePixelsHook` (stop at, or skip, input images with NaN / inf
+  pixels before they are batched);
 * :mod:`.fit_check`: :class:`CheckpointFitHook` (refuse a checkpoint of another model);
 * :mod:`.amp`: :class:`BF16AmpOptimWrapper` (bf16 mixed precision on the CPU and with fp32-only kernels);
 * :mod:`.demo`: ``InitialEvaluationHook`` and the demos' shared course.
@@ -41,6 +43,7 @@ from .demo import InitialEvaluationHook
 from .fit_check import CheckpointFitHook
 from .launch import adapt_cfg_to_machine, check_device, init_distributed, replace_sync_bn, setup_amp
 from .nonfinite_loss import NonFiniteLossError, NonFiniteLossHook
+from .nonfinite_pixels import NonFinitePixelsError, NonFinitePixelsHook
 from .preflight import run_preflight
 from .preflight.files import check_data_files, check_dataset_images
 from .random_state import RandomStateHook
@@ -52,10 +55,11 @@ from .workdir import WorkDirInUseError, lock_work_dir
 __all__ = [
     'MMPolaUserError', 'UserError',
     # hooks and the optimizer wrapper
-    'SafeCheckpointHook', 'RandomStateHook', 'NonFiniteLossHook', 'CheckpointFitHook', 'InitialEvaluationHook',
+    'SafeCheckpointHook', 'RandomStateHook', 'NonFiniteLossHook', 'NonFinitePixelsHook', 'CheckpointFitHook',
+    'InitialEvaluationHook',
     'BF16AmpOptimWrapper', 'autocast_module',
     # errors of the run
-    'CheckpointSaveError', 'TrainingInterrupted', 'NonFiniteLossError', 'WorkDirInUseError',
+    'CheckpointSaveError', 'TrainingInterrupted', 'NonFiniteLossError', 'NonFinitePixelsError', 'WorkDirInUseError',
     # what the tools call
     'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir', 'is_url', 'check_config',
     'run_preflight', 'check_data_files', 'check_dataset_images', 'find_resumable_checkpoint',

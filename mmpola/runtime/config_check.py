@@ -207,6 +207,7 @@ _RUNTIME_HOOKS = (
     ('SafeCheckpointHook', 'default_hooks.checkpoint', True, 'atomic checkpoint saves, a checkpoint on SIGTERM'),
     ('RandomStateHook', 'custom_hooks', True, 'exact resume'),
     ('NonFiniteLossHook', 'custom_hooks', True, 'a clear stop at a NaN / inf loss'),
+    ('NonFinitePixelsHook', 'custom_hooks', False, 'a clear stop at an input image with NaN / inf pixels'),
     ('CheckpointFitHook', 'custom_hooks', False, 'refusal of a checkpoint of another model'),
 )
 

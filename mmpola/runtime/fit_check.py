@@ -1,14 +1,22 @@
-"""Refuse a checkpoint that fits (almost) none of the model before it is used.
+"""Refuse a checkpoint that does not fit the model before it is used.
 
 mmengine loads ``load_from`` / tools/test.py's CHECKPOINT with ``strict=False``: a checkpoint of
 another model (a classification file, a segmentor for a detector) loads nothing, only logs the
 missing keys, and the run trains from scratch or tests random weights (mAP 0.000, exit status 0).
 :class:`CheckpointFitHook` (in the shipped configs' ``custom_hooks``) sees the checkpoint mmengine
 just read (``after_load_checkpoint``) and raises :class:`mmpola.checkpoint.CheckpointMismatchError`
-when less than ``min_loaded`` of the model's weights (parameter elements) would load, naming the
-counts and what the file looks like. ``min_loaded`` comes from the hook's argument, else from the
-config's top-level ``checkpoint_min_loaded`` (``--cfg-options checkpoint_min_loaded=0`` loads
-anything), else 0.5.
+
+* always, when less than ``min_loaded`` of the model's weights (parameter elements) would load;
+* when the checkpoint is evaluated (tools/test.py, a validation run) or resumed, also when any part
+  of the model that this needs (backbone, neck, heads; a segmentor's auxiliary head only for a
+  resume) is missing from the file or has tensors of another shape, whatever share of the backbone
+  matches: a Mask R-CNN file tested with a RetinaNet config of the same backbone loads the
+  backbone and would score a random neck and head (:func:`part_fit`).
+
+The message names the counts, the parts and what the file looks like. Fine-tuning from another
+model (``load_from`` in training) needs only the share. ``min_loaded`` comes from the hook's
+argument, else from the config's top-level ``checkpoint_min_loaded`` (``--cfg-options
+checkpoint_min_loaded=0`` loads anything and checks no part), else 0.5.
 """
 import re
 
@@ -18,11 +26,15 @@ from mmpola.checkpoint import CheckpointMismatchError, describe_checkpoint
 from mmpola.errors import UserError
 from mmpola.registry import HOOKS
 
-__all__ = ['CheckpointFitHook', 'checkpoint_fit']
+from .preflight.checkpoints import pretrained_option
+
+__all__ = ['CheckpointFitHook', 'checkpoint_fit', 'part_fit', 'TRAINING_ONLY_PARTS']
 
 # the config key (``--cfg-options checkpoint_min_loaded=0`` loads anything)
 OPTION = 'checkpoint_min_loaded'
 DEFAULT_MIN_LOADED = 0.5
+# parts of a model that only its losses use: an evaluation does without them (mmseg's auxiliary heads)
+TRAINING_ONLY_PARTS = ('auxiliary_head',)
 
 
 def _share(value):
@@ -71,12 +83,67 @@ def checkpoint_fit(model, checkpoint):
     return loaded, total, loaded_n, total_n
 
 
-def _fix(kind, model_name):
+def part_fit(model, checkpoint, skip=()):
+    """``[(part, loaded tensors, tensors, [(name, file shape, model shape)] of another shape)]`` for
+    every top-level part of ``model`` (its named children with parameters, ``skip`` left out) that
+    ``checkpoint`` does not provide completely (as mmengine's loading would use it)."""
+    model = _bare_model(model)
+    state_dict = _as_loaded(model, checkpoint)
+    incomplete = []
+    for part, module in model.named_children():
+        if part in skip:
+            continue
+        params = list(module.named_parameters(prefix=part))
+        if not params:
+            continue
+        loaded, other_shape = 0, []
+        for name, param in params:
+            value = state_dict.get(name)
+            shape = tuple(getattr(value, 'shape', ())) if value is not None else None
+            if shape == tuple(param.shape):
+                loaded += 1
+            elif value is not None:
+                other_shape.append((name, shape, tuple(param.shape)))
+        if loaded < len(params):
+            incomplete.append((part, loaded, len(params), other_shape))
+    return incomplete
+
+
+def _parts_text(incomplete):
+    texts = []
+    for part, loaded, total, other_shape in incomplete:
+        if loaded == 0 and not other_shape:
+            texts.append(f'model.{part} is missing from the file (0 of its {total} parameter tensors)')
+            continue
+        text = f'model.{part}: only {loaded} of its {total} parameter tensors load'
+        if other_shape:
+            name, file_shape, model_shape = other_shape[0]
+            text += (f' ({len(other_shape)} have another shape, e.g. {name}: {list(file_shape)} in the file, '
+                     f'{list(model_shape)} in the model)')
+        texts.append(text)
+    return '; '.join(texts)
+
+
+def _file_parts(checkpoint):
+    state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
+    if not isinstance(state_dict, dict):
+        return []
+    return list(dict.fromkeys(re.sub(r'^module\.', '', str(k)).split('.')[0] for k in state_dict))
+
+
+def _purpose(runner):
+    """'resume', 'train' (load_from before training) or 'evaluate' (tools/test.py, a validation run)."""
+    from mmengine.runner import BaseLoop
+    if getattr(runner, '_resume', False):
+        return 'resume'
+    return 'train' if isinstance(getattr(runner, '_train_loop', None), BaseLoop) else 'evaluate'
+
+
+def _fix(kind, model_name, backbone_option):
     if 'classification' in kind or 'backbone-only' in kind:
         fix = ('a classification or backbone checkpoint holds the backbone only: train with it as the '
-               "backbone's pretrained weights (--cfg-options model.backbone.init_cfg.type=Pretrained "
-               'model.backbone.init_cfg.checkpoint=FILE) instead of load_from, and test a checkpoint written '
-               'by training this config (work_dirs/<config>/epoch_N.pth)')
+               f"backbone's pretrained weights (--cfg-options {backbone_option}) instead of load_from, and test a "
+               'checkpoint written by training this config (work_dirs/<config>/epoch_N.pth)')
         if any(name in kind for name in ('FLatten', 'InLine', 'PolaFormer++')):
             fix += ("; mmpola's Pola backbones do not take FLatten, InLine or PolaFormer++ weights: use a "
                     'PolaFormer file')
@@ -104,15 +171,32 @@ class CheckpointFitHook(Hook):
         if self.min_loaded <= 0:
             return
         loaded, total, loaded_n, total_n = checkpoint_fit(runner.model, checkpoint)
-        if total == 0 or loaded >= self.min_loaded * total:
+        if total == 0:
             return
         model = _bare_model(runner.model)
         backbone = getattr(model, 'backbone', None)
         name = type(model).__name__ + (f' ({type(backbone).__name__} backbone)' if backbone is not None else '')
         source = runner.cfg.get('load_from') or 'the checkpoint'
+        if loaded >= self.min_loaded * total:
+            purpose = _purpose(runner)
+            if purpose == 'train':
+                return
+            incomplete = part_fit(model, checkpoint, skip=TRAINING_ONLY_PARTS if purpose == 'evaluate' else ())
+            if not incomplete:
+                return
+            use = 'Resuming from it' if purpose == 'resume' else 'Evaluating it'
+            parts = ', '.join(n for n, m in model.named_children() if any(True for _ in m.parameters()))
+            raise CheckpointMismatchError(
+                f'checkpoint {source!r} does not fit the {name}: {_parts_text(incomplete)}. {use} would run '
+                f'{"this part" if len(incomplete) == 1 else "these parts"} with random weights, although '
+                f'{loaded / total:.1%} of the weights load. The file holds '
+                f"{', '.join(_file_parts(checkpoint)) or 'no parts'} (the model: {parts}) and looks like "
+                f'{describe_checkpoint(checkpoint)}. Fix: use a checkpoint of this {type(model).__name__} (written by '
+                f'training this config). To load it anyway: --cfg-options {OPTION}=0')
         kind = describe_checkpoint(checkpoint)
         raise CheckpointMismatchError(
             f'checkpoint {source!r} does not fit the {name}: only {loaded_n} of its {total_n} parameter tensors '
             f'({loaded / total:.1%} of {total / 1e6:.2f}M weights) would load, less than the {self.min_loaded:.0%} '
             f'required, so the run would use random weights. The file looks like {kind}. Fix: '
-            f'{_fix(kind, type(model).__name__)}. To load it anyway: --cfg-options {OPTION}=0')
+            f"{_fix(kind, type(model).__name__, pretrained_option(runner.cfg, runner.cfg.get('load_from') or 'FILE'))}"
+            f'. To load it anyway: --cfg-options {OPTION}=0')

@@ -5,6 +5,11 @@
   :class:`mmpola.runtime.saving.SafeCheckpointHook` before mmengine reads it) keeps that file when it is
   readable; otherwise it warns and makes ``last_checkpoint`` name the newest readable ``epoch_*.pth`` /
   ``iter_*.pth`` of the work dir (:func:`find_resumable_checkpoint`).
+* ``--resume`` into a work dir that holds no checkpoint (a mistyped ``--work-dir``, a run that ended
+  before its first save): :func:`check_resume_work_dir` stops the run (mmengine would train from
+  scratch after one log line), naming work dirs of similar name that hold checkpoints, unless the
+  config's ``resume_or_start=True`` (tools/train.py ``--resume-or-start``) says that a new run may
+  start there (job scripts that always pass ``--resume``);
 * ``--resume CHECKPOINT``: :func:`check_resumable` refuses a file that holds weights only (an official
   or pretrained file), saying how to start a new run from its weights instead.
 
@@ -12,7 +17,9 @@ A checkpoint written in the middle of an epoch (on SIGTERM) records in its meta 
 that epoch were trained (:data:`EPOCH_BATCHES_DONE`); :class:`mmpola.runtime.random_state.RandomStateHook`
 skips exactly those when the run is resumed.
 """
+import difflib
 import glob
+import os
 import os.path as osp
 import re
 import zipfile
@@ -24,12 +31,14 @@ from mmpola.errors import UserError
 
 from .atomic_files import write_text_atomic
 
-__all__ = ['LAST_CHECKPOINT', 'EPOCH_BATCHES_DONE', 'find_resumable_checkpoint', 'choose_resume_checkpoint',
-           'check_resumable']
+__all__ = ['LAST_CHECKPOINT', 'EPOCH_BATCHES_DONE', 'RESUME_OR_START', 'find_resumable_checkpoint',
+           'choose_resume_checkpoint', 'check_resume_work_dir', 'check_resumable']
 
 LAST_CHECKPOINT = 'last_checkpoint'
 # meta key of a checkpoint taken in the middle of an epoch: the batches of that epoch already trained
 EPOCH_BATCHES_DONE = 'mmpola_epoch_batches_done'
+# the config key that lets --resume start a new run in a work dir without checkpoints
+RESUME_OR_START = 'resume_or_start'
 _STEP_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
 
 
@@ -88,6 +97,45 @@ def find_resumable_checkpoint(work_dir):
     return None, warnings
 
 
+def _holds_checkpoints(folder):
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return LAST_CHECKPOINT in names or any(_STEP_RE.match(n) for n in names)
+
+
+def check_resume_work_dir(work_dir, allow_new=False, logger=None):
+    """``--resume`` without a file continues from the work dir's checkpoints: when it holds none, stop
+    (mmengine would log "Auto resumed from the latest checkpoint None" and train from scratch), unless
+    ``allow_new`` (the config's ``resume_or_start``), which starts a new run there with a warning.
+
+    The message names work dirs next to it whose names are close and that hold checkpoints."""
+    if _holds_checkpoints(work_dir):
+        return
+    if allow_new:
+        if logger is not None:
+            logger.warning(f'[mmpola] --resume: no checkpoint in {work_dir} yet; a new run starts there '
+                           f'({RESUME_OR_START}=True).')
+        return
+    parent = osp.dirname(osp.abspath(work_dir))
+    try:
+        siblings = [n for n in os.listdir(parent) if osp.isdir(osp.join(parent, n))
+                    and _holds_checkpoints(osp.join(parent, n))]
+    except OSError:
+        siblings = []
+    close = difflib.get_close_matches(osp.basename(osp.abspath(work_dir)), siblings, n=3, cutoff=0.6)
+    state = 'does not exist' if not osp.isdir(work_dir) else (
+        'holds no checkpoint (no last_checkpoint, no epoch_*.pth or iter_*.pth)')
+    hint = (f" Did you mean {' or '.join(repr(osp.join(osp.dirname(work_dir.rstrip('/')) or '.', n)) for n in close)}"
+            ' (holding checkpoints)?' if close else '')
+    raise UserError(
+        f'--resume: the work dir {work_dir} {state}, so there is nothing to resume: the run would start from '
+        f'scratch. A mistyped --work-dir, or a run that ended before its first checkpoint?{hint} To start a new '
+        'run there when it holds no checkpoint yet (a job script that always resumes), use --resume-or-start '
+        f'(with another train.py: --resume --cfg-options {RESUME_OR_START}=True).')
+
+
 def choose_resume_checkpoint(runner):
     """``--resume`` without a path: make ``last_checkpoint`` name a readable checkpoint before mmengine
     reads it (a hook's ``before_run``). Nothing to do for an explicit ``load_from``.
@@ -104,8 +152,8 @@ def choose_resume_checkpoint(runner):
             raise UserError(f'--resume: no readable checkpoint in {runner.work_dir} '
                             f'({"; ".join(warnings)}). Resume explicitly with --resume CHECKPOINT, '
                             'or start again without --resume.')
-        runner.logger.warning(f'[mmpola] --resume: no checkpoint in {runner.work_dir} yet; '
-                              'training starts from the beginning.')
+        cfg = getattr(runner, 'cfg', None)
+        check_resume_work_dir(runner.work_dir, bool(cfg is not None and cfg.get(RESUME_OR_START)), runner.logger)
         return
     if warnings:
         if mmdist.is_main_process():
@@ -113,10 +161,12 @@ def choose_resume_checkpoint(runner):
         mmdist.barrier()
 
 
-def check_resumable(path):
+def check_resumable(path, backbone_option=None):
     """An explicit ``--resume`` file must be a training checkpoint (weights + meta), not weights only.
 
-    Reads the file weights-only with its tensors memory-mapped (no tensor is copied)."""
+    Reads the file weights-only with its tensors memory-mapped (no tensor is copied).
+    ``backbone_option``: the ``--cfg-options`` that start the backbone from the file, for the message
+    (:func:`mmpola.runtime.preflight.checkpoints.pretrained_option`)."""
     checkpoint = safe_torch_load(path, mmap=True)
     if not (isinstance(checkpoint, dict) and 'meta' in checkpoint and 'state_dict' in checkpoint):
         keys = sorted(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
@@ -124,5 +174,6 @@ def check_resumable(path):
             f'--resume {path}: this is not a training checkpoint written by tools/train.py (it has no '
             f'meta/state_dict, top-level keys: {keys}), so there is no iteration, optimizer or scheduler '
             f'state to resume. To start a new run from its weights, drop --resume and use '
-            f'--cfg-options load_from={path} (weights of this same model) or model.backbone.init_cfg.checkpoint={path} '
+            f'--cfg-options load_from={path} (weights of this same model) or '
+            f"{backbone_option or f'model.backbone.init_cfg.checkpoint={path}'} "
             f'(official PolaFormer / ImageNet weights for the backbone).')

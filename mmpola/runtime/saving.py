@@ -17,11 +17,15 @@ nothing is lost at any point:
 A write error (disk full, quota, file size limit) removes the temporary file and stops training with
 :class:`CheckpointSaveError`, one line naming the file, the cause and the intact previous checkpoint.
 
-On SIGTERM (:mod:`mmpola.runtime.signals`) the current iteration is finished, a resumable checkpoint is
-written the same way and training stops with :class:`mmpola.runtime.signals.TrainingInterrupted`. In an
-epoch-based loop a checkpoint taken in the middle of an epoch is named ``iter_<N>.pth``; its meta
-records how many batches of the epoch were done (:data:`mmpola.runtime.resume.EPOCH_BATCHES_DONE`).
-All ranks stop at the same iteration.
+On SIGTERM or Ctrl-C (:mod:`mmpola.runtime.signals`; also when the signal reaches the whole process
+group: the data workers of the training and validation loaders ignore it) the current iteration is
+finished, a resumable checkpoint is written the same way and training stops with
+:class:`mmpola.runtime.signals.TrainingInterrupted`. In an epoch-based loop a checkpoint taken in the
+middle of an epoch is named ``iter_<N>.pth``; its meta records how many batches of the epoch were done
+(:data:`mmpola.runtime.resume.EPOCH_BATCHES_DONE`). Such a checkpoint is only a resume point: once a
+later checkpoint is complete (the next regular one, or another interruption's), it is removed, like the
+checkpoints beyond ``max_keep_ckpts`` (kept when ``max_keep_ckpts`` keeps every checkpoint). All ranks
+stop at the same iteration.
 
 ``--resume`` without a path: before mmengine reads ``last_checkpoint``, the hook makes sure it names a
 readable file (:func:`mmpola.runtime.resume.choose_resume_checkpoint`).
@@ -38,9 +42,12 @@ from mmpola.registry import HOOKS
 
 from .atomic_files import fsync_dir, fsync_file, is_part_file, part_name, write_text_atomic
 from .resume import EPOCH_BATCHES_DONE, LAST_CHECKPOINT, choose_resume_checkpoint
-from .signals import StopSignals, TrainingInterrupted
+from .signals import StopSignals, TrainingInterrupted, ignore_stop_signals_in_workers, workers_may_end
 
-__all__ = ['CheckpointSaveError', 'SafeCheckpointHook']
+__all__ = ['CheckpointSaveError', 'SafeCheckpointHook', 'INTERRUPT_CHECKPOINTS']
+
+# message hub key: the resume points written in the middle of an epoch that a later checkpoint supersedes
+INTERRUPT_CHECKPOINTS = 'mmpola_interrupt_checkpoints'
 
 
 class CheckpointSaveError(MMPolaUserError, OSError):
@@ -88,9 +95,10 @@ class _AtomicSaveRunner:
 
 @HOOKS.register_module()
 class SafeCheckpointHook(CheckpointHook):
-    """``CheckpointHook`` with atomic saves, removal after success, SIGTERM saves (see module doc).
+    """``CheckpointHook`` with atomic saves, removal after success, SIGTERM / Ctrl-C saves (see module doc).
 
-    Takes every argument of ``CheckpointHook``, plus ``save_on_sigterm`` (default True).
+    Takes every argument of ``CheckpointHook``, plus ``save_on_sigterm`` (default True: SIGTERM and
+    SIGINT are acted upon after the current iteration).
     """
 
     def __init__(self, *args, save_on_sigterm=True, **kwargs):
@@ -115,10 +123,13 @@ class SafeCheckpointHook(CheckpointHook):
                     runner.logger.info(f'[mmpola] removed {name}, the unfinished save of an interrupted run')
         if self.save_on_sigterm:
             self._signals.install()  # a signal is acted upon after the current iteration (after_train_iter)
+            for loop in (runner.train_loop, getattr(runner, '_val_loop', None)):  # their workers leave it to us
+                ignore_stop_signals_in_workers(getattr(loop, 'dataloader', None))
 
     def after_train(self, runner):
         super().after_train(runner)
         self._signals.restore()
+        workers_may_end()
 
     def _local(self):
         return isinstance(getattr(self, 'file_backend', None), (LocalBackend, _DeferredRemoval)) and \
@@ -176,6 +187,7 @@ class SafeCheckpointHook(CheckpointHook):
         self._write(runner, filename, save_optimizer=self.save_optimizer,
                     save_param_scheduler=self.save_param_scheduler, meta=meta, by_epoch=self.by_epoch, **self.args)
         self._saved(runner, self.last_ckpt)
+        self._remove_interrupt_checkpoints(runner)
         if mmdist.is_main_process():
             for old in removals:
                 path = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(old))
@@ -185,6 +197,22 @@ class SafeCheckpointHook(CheckpointHook):
                     self.file_backend.remove(path)
                 elif self.file_backend.isdir(path):
                     self.file_backend.rmtree(path)
+
+    def _remove_interrupt_checkpoints(self, runner, keep=None):
+        """Remove the mid-epoch resume points a complete later checkpoint supersedes (all but ``keep``),
+        unless ``max_keep_ckpts`` keeps every checkpoint."""
+        pending = list(runner.message_hub.get_info(INTERRUPT_CHECKPOINTS) or [])
+        if not pending or not self._local():
+            return
+        left = [path for path in pending if path == keep]
+        if self.max_keep_ckpts > 0 and mmdist.is_main_process():
+            for path in pending:  # only this run's folder: a run resumed from a copy leaves the original alone
+                if path not in (keep, self.last_ckpt) and osp.isfile(path) \
+                        and osp.dirname(osp.abspath(path)) == osp.abspath(self.out_dir):
+                    os.remove(path)
+                    runner.logger.info(f'[mmpola] removed {path}, the resume point of an interrupted epoch, now that '
+                                       f'{self.last_ckpt} is saved')
+        runner.message_hub.update_info(INTERRUPT_CHECKPOINTS, left if self.max_keep_ckpts > 0 else [])
 
     def _saved(self, runner, path):
         self._last_saved = path
@@ -222,9 +250,12 @@ class SafeCheckpointHook(CheckpointHook):
         meta = {'epoch': runner.epoch, 'iter': done, EPOCH_BATCHES_DONE: batches_done}
         self.last_ckpt = self.file_backend.join_path(self.out_dir, filename)
         runner.message_hub.update_info('last_ckpt', self.last_ckpt)
+        pending = list(runner.message_hub.get_info(INTERRUPT_CHECKPOINTS) or [])
+        runner.message_hub.update_info(INTERRUPT_CHECKPOINTS, pending + [self.last_ckpt])  # saved with it
         self._write(runner, filename, mid_epoch=True, save_optimizer=self.save_optimizer,
                     save_param_scheduler=self.save_param_scheduler, meta=meta, by_epoch=False, **self.args)
         self._saved(runner, self.last_ckpt)
+        self._remove_interrupt_checkpoints(runner, keep=self.last_ckpt)
         self._interrupted(runner, done)
 
     def after_train_epoch(self, runner):
@@ -243,7 +274,7 @@ class SafeCheckpointHook(CheckpointHook):
                    f'checkpoint {self.last_ckpt} is saved and named in {LAST_CHECKPOINT}; continue with '
                    'tools/train.py CONFIG --resume (same --work-dir).')
         runner.logger.warning(f'[mmpola] {message}')
-        raise TrainingInterrupted(message)
+        raise TrainingInterrupted(message, self._signals.signum())
 
 
 def _broadcast(value):

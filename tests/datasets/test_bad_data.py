@@ -182,3 +182,43 @@ def test_evaluation_ignores_unexpected_labels():
     label = torch.tensor([[0, 1, 199, 255]])
     intersect, union, pred_area, label_area = IoUMetric.intersect_and_union(pred, label, 2, 255)
     assert label_area.tolist() == [1, 1] and intersect.tolist() == [1, 1]
+
+
+def test_dense_configs_check_test_images_right_after_loading():
+    """CheckImage follows LoadImageFromFile in the validation and test pipeline of every detection and
+    segmentation config: the inferencers replace only the loader, so the arrays given to them pass it."""
+    from tests.fixtures.recipes import load, shipped_configs
+    checked = 0
+    for name in shipped_configs():
+        cfg = load(name)
+        if cfg.get('default_scope') not in ('mmdet', 'mmseg'):
+            continue
+        for key in ('val_dataloader', 'test_dataloader'):
+            steps = [step.type for step in cfg[key].dataset.pipeline]
+            assert steps[:2] == ['LoadImageFromFile', 'CheckImage'] and steps.count('CheckImage') == 1, (name, key)
+        checked += 1
+    assert checked > 40
+
+
+def test_check_image_converts_grayscale_and_unit_range_once(monkeypatch):
+    from mmpola.datasets import CheckImage, transforms
+    said = []
+    monkeypatch.setattr(transforms, 'print_log', lambda message, **kwargs: said.append(message))
+    check = CheckImage()
+    gray = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    out = check(dict(img=gray, img_shape=(3, 4)))
+    assert out['img'].shape == (3, 4, 3) and (out['img'] == gray[..., None]).all()
+    unit = np.full((3, 4, 3), 0.5, np.float32)
+    unit[0, 0, 0] = np.nan  # left to NonFinitePixelsHook; the others decide the range
+    out = check(dict(img=unit, img_path='x.tiff'))
+    assert out['img'][1, 1, 1] == 127.5 and np.isnan(out['img'][0, 0, 0])
+    check(dict(img=gray))
+    check(dict(img=unit.copy()))
+    assert len(said) == 2  # once per kind
+    assert said[0].startswith('[mmpola] CheckImage: an image given as an array has one channel (shape (3, 4))')
+    assert said[1].startswith('[mmpola] CheckImage: x.tiff is a float image with values in 0..1; it is scaled to '
+                              '0..255')
+    image = np.full((3, 4, 3), 200.0, np.float32)  # 0..255 floats, uint8 colour images: unchanged
+    assert check(dict(img=image))['img'] is image
+    colour = np.zeros((3, 4, 3), np.uint8)
+    assert check(dict(img=colour))['img'] is colour

@@ -133,11 +133,18 @@ def test_arguments_follow_the_kwargs_a_class_passes_on():
 
 def test_task_libraries_own_train_script_gets_mmpolas_hooks(tmp_path):
     """What mmdet's / mmseg's tools/train.py do (load the config, ``Runner.from_cfg``): the run has
-    SafeCheckpointHook, RandomStateHook, NonFiniteLossHook and CheckpointFitHook, from the config."""
+    SafeCheckpointHook, RandomStateHook, NonFiniteLossHook, NonFinitePixelsHook and CheckpointFitHook,
+    from the config."""
     from mmengine.runner import Runner
 
-    from mmpola.runtime import CheckpointFitHook, NonFiniteLossHook, RandomStateHook, SafeCheckpointHook
-    wanted = {SafeCheckpointHook, RandomStateHook, NonFiniteLossHook, CheckpointFitHook}
+    from mmpola.runtime import (
+        CheckpointFitHook,
+        NonFiniteLossHook,
+        NonFinitePixelsHook,
+        RandomStateHook,
+        SafeCheckpointHook,
+    )
+    wanted = {SafeCheckpointHook, RandomStateHook, NonFiniteLossHook, NonFinitePixelsHook, CheckpointFitHook}
     for task, config in (('detection', 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py'),
                          ('segmentation', 'upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py'),
                          ('classification', 'pola-pvt-t_8xb128_in1k.py')):
@@ -151,9 +158,9 @@ def test_task_libraries_own_train_script_gets_mmpolas_hooks(tmp_path):
 
 def test_a_config_without_the_hooks_is_told_so():
     notes = runtime_hook_notes(Config(dict(default_hooks=dict(checkpoint=dict(type='CheckpointHook')))))
-    assert len(notes) == 4 and all('configs/_base_/runtime.py' in n for n in notes)
+    assert len(notes) == 5 and all('configs/_base_/runtime.py' in n for n in notes)
     assert 'SafeCheckpointHook in default_hooks.checkpoint' in notes[0]
-    assert len(runtime_hook_notes(Config(dict()), training=False)) == 1  # testing: the fit check only
+    assert len(runtime_hook_notes(Config(dict()), training=False)) == 2  # testing: the pixel and fit checks
 
 
 def test_mmpola_names_resolve_in_the_mmpola_scope_of_inherited_configs():
@@ -167,5 +174,6 @@ def test_mmpola_names_resolve_in_the_mmpola_scope_of_inherited_configs():
     hook = HOOKS.build(dict(type='mmpola.SafeCheckpointHook', _scope_='mmpola', interval=1))
     assert isinstance(hook, SafeCheckpointHook)
     assert MODELS.build(dict(type='PolaPVT', _scope_='mmpola', arch='tiny')).__class__.__name__ == 'PolaPVT'
-    for name in ('SafeCheckpointHook', 'RandomStateHook', 'NonFiniteLossHook', 'CheckpointFitHook'):
+    for name in ('SafeCheckpointHook', 'RandomStateHook', 'NonFiniteLossHook', 'CheckpointFitHook',
+                 'NonFinitePixelsHook'):
         assert registry.HOOKS.get(f'mmpola.{name}') is HOOKS.get(name) is not None

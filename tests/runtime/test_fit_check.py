@@ -45,8 +45,9 @@ def test_test_tool_refuses_a_classification_checkpoint(coco, tmp_path, capsys):
     assert err.startswith(f"checkpoint '{official}' does not fit the MaskRCNN (PolaPVT backbone): only 0 of its ")
     assert '(0.0% of ' in err and 'less than the 50% required, so the run would use random weights' in err
     assert 'The file looks like an official classification checkpoint, 10-class head (PolaFormer PVT).' in err
-    assert "Fix: a classification or backbone checkpoint holds the backbone only: train with it as the backbone's " \
-           'pretrained weights (--cfg-options model.backbone.init_cfg.type=Pretrained' in err
+    assert ("Fix: a classification or backbone checkpoint holds the backbone only: train with it as the backbone's "
+            'pretrained weights (--cfg-options model.backbone.init_cfg._delete_=True model.backbone.init_cfg.type='
+            f'Pretrained model.backbone.init_cfg.checkpoint={official}) instead of load_from') in err
     assert err.endswith('To load it anyway: --cfg-options checkpoint_min_loaded=0')
 
 
@@ -79,3 +80,43 @@ def test_describe_checkpoint_and_fit_counts():
     model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))  # 15 + 8 weights
     state = {'module.0.weight': torch.zeros(3, 4), '0.bias': torch.zeros(3), '1.weight': torch.zeros(5, 3)}
     assert checkpoint_fit(model, {'state_dict': state}) == (15, 23, 2, 4)  # wrong shape of 1.weight: not loaded
+
+
+RETINANET = osp.join(REPO, 'configs', 'detection', 'retinanet_pola-pvt-t_fpn_1x_coco.py')
+
+
+def test_test_tool_refuses_a_mask_rcnn_checkpoint_for_a_retinanet_of_the_same_backbone(coco, tmp_path, capsys):
+    """The backbone loads completely (more than half the weights), the neck has other shapes and the head is
+    missing: evaluating would score a random neck and head (mAP 0.000, exit status 0)."""
+    from tests.fixtures.detection import build_detector
+    from tests.fixtures.detection import load_config as load_det_config
+    mask_rcnn = build_detector(load_det_config(DET_DEMO))
+    checkpoint = tmp_path / 'mask_rcnn.pth'
+    torch.save({'meta': {}, 'state_dict': mask_rcnn.state_dict()}, checkpoint)
+    work = tmp_path / 'work'
+    opts = ['--cfg-options', f'test_dataloader.dataset.data_root={coco}/',
+            'test_dataloader.dataset.ann_file=annotations/instances_val.json',
+            'test_dataloader.dataset.data_prefix.img=val/',
+            "test_dataloader.dataset.metainfo.classes=['circle','rectangle','triangle']",
+            f'test_evaluator.ann_file={coco}/annotations/instances_val.json',
+            'model.backbone.init_cfg=None', 'model.bbox_head.num_classes=3']
+    err = refused(TEST, [RETINANET, str(checkpoint), '--work-dir', str(work)] + opts, capsys, [checkpoint])
+    assert err.startswith(f"checkpoint '{checkpoint}' does not fit the RetinaNet (PolaPVT backbone): model.neck: "
+                          'only 0 of its 16 parameter tensors load (14 have another shape')
+    assert 'have another shape, e.g. neck.lateral_convs.0.conv.weight: [64, 64, 1, 1] in the file, [256, 128, 1, 1] ' \
+           'in the model)' in err
+    assert '; model.bbox_head is missing from the file (0 of its ' in err
+    assert 'Evaluating it would run these parts with random weights, although ' in err
+    assert 'The file holds backbone, neck, rpn_head, roi_head (the model: backbone, neck, bbox_head) and looks like ' \
+           'an mmdet detector checkpoint (PolaFormer PVT). Fix: use a checkpoint of this RetinaNet' in err
+
+
+def test_part_fit_leaves_out_training_only_parts():
+    from mmpola.runtime.fit_check import part_fit
+    model = nn.Module()
+    model.backbone, model.decode_head, model.auxiliary_head = nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(4, 3)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith('auxiliary_head')}
+    state['decode_head.weight'] = torch.zeros(5, 4)
+    assert part_fit(model, {'state_dict': state}, skip=('auxiliary_head',)) == [
+        ('decode_head', 1, 2, [('decode_head.weight', (5, 4), (2, 4))])]
+    assert [p[0] for p in part_fit(model, {'state_dict': state})] == ['decode_head', 'auxiliary_head']

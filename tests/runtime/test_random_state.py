@@ -31,7 +31,6 @@ from mmengine.runner import Runner
 from mmpola.runtime import RandomStateHook
 from mmpola.runtime.random_state import CHECKPOINT_KEY
 from tests.fixtures.paths import PYTHON, REPO
-from tests.fixtures.paths import TOY_MODULES as HERE
 from tests.fixtures.runs import free_port
 from tests.fixtures.runs import run_tool as _run
 from tests.fixtures.toy_runs import load, toy_config
@@ -255,7 +254,7 @@ def test_two_processes_killed_and_resumed_equal_uninterrupted(tmp_path):
     """Ranks draw different amounts of random numbers (data-dependent), so restoring rank 0's states on
     every rank would not repeat the run; with per-rank states the resumed run ends bit-identical."""
     config = toy_config(tmp_path, loop='iter', keep=3, iters=8, interval=2)
-    env = dict(PYTHON=PYTHON, OMP_NUM_THREADS='1', PYTHONPATH=HERE, MMPOLA_DEVICE='cpu')
+    env = dict(PYTHON=PYTHON, OMP_NUM_THREADS='1', PYTHONPATH=REPO, MMPOLA_DEVICE='cpu')
 
     def dist_train(work_dir, *extra):
         return ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(work_dir), *extra]

@@ -42,3 +42,42 @@ def test_resume_skips_a_missing_or_truncated_latest_checkpoint(straight, tmp_pat
     assert f'Auto resumed from the latest checkpoint {work / "epoch_2.pth"}' in out
     assert 'resumed epoch: 2, iter: 10' in out
     assert load(work / 'epoch_4.pth')['meta']['iter'] == 20
+
+
+def test_resume_into_a_work_dir_without_checkpoints_stops(tmp_path):
+    from mmpola.errors import UserError
+    from mmpola.runtime.resume import check_resume_work_dir
+    (tmp_path / 'mask-rcnn_run1').mkdir()
+    (tmp_path / 'mask-rcnn_run1' / 'epoch_1.pth').write_bytes(b'')
+    (tmp_path / 'empty').mkdir()
+    check_resume_work_dir(str(tmp_path / 'mask-rcnn_run1'))
+    with pytest.raises(UserError, match=r"mask-rcnn_rnu1 does not exist, so there is nothing to resume: the run "
+                                        r"would start from scratch\. A mistyped --work-dir, or a run that ended before "
+                                        r"its first checkpoint\? Did you mean '.*/mask-rcnn_run1' \(holding "
+                                        r"checkpoints\)\? To start a new run there .* use --resume-or-start "
+                                        r'\(with another train.py: --resume --cfg-options resume_or_start=True\)\.'):
+        check_resume_work_dir(str(tmp_path / 'mask-rcnn_rnu1'))
+    with pytest.raises(UserError, match=r'empty holds no checkpoint \(no last_checkpoint, no epoch_\*.pth or '):
+        check_resume_work_dir(str(tmp_path / 'empty'))
+    check_resume_work_dir(str(tmp_path / 'empty'), allow_new=True)
+
+
+def test_resume_into_a_mistyped_work_dir_through_the_tool(straight, tmp_path, capsys):
+    """Nothing is created where the mistyped dir would be; --resume-or-start starts a new run there and
+    continues it the next time."""
+    from tests.fixtures.tools import load_tool, refused
+    typo = straight['work'].parent / 'wrok'
+    err = refused(load_tool('train'), [straight['config'], '--work-dir', str(typo), '--resume'], capsys)
+    assert err == (
+        f'--resume: the work dir {typo} does not exist, so there is nothing to resume: the run would start '
+        "from scratch. A mistyped --work-dir, or a run that ended before its first checkpoint? Did you mean "
+        f"'{straight['work']}' (holding checkpoints)? To start a new run there when it holds no checkpoint yet (a job "
+        'script that always resumes), use --resume-or-start (with another train.py: --resume --cfg-options '
+        'resume_or_start=True).')
+    assert not typo.exists()
+    work = tmp_path / 'work'
+    _, out = train(straight['config'], work, '--resume-or-start', '--cfg-options', 'train_cfg.max_epochs=1')
+    assert f'--resume: no checkpoint in {work} yet; a new run starts there (resume_or_start=True)' in out
+    _, out = train(straight['config'], work, '--resume-or-start', '--cfg-options', 'train_cfg.max_epochs=2')
+    assert f'Auto resumed from the latest checkpoint {work / "epoch_1.pth"}' in out
+    assert load(work / 'epoch_2.pth')['meta']['iter'] == 10

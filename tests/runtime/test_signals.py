@@ -1,8 +1,13 @@
-"""SIGTERM (what slurm and most schedulers send before killing a job), through tools/train.py on the
-toy model: the iteration finishes, a resumable checkpoint is written, the run ends with one ``error:``
-line and exit status 143; resuming from it (also from the middle of an epoch, with a persistent data
-worker, and when stopped again in that epoch) ends equal to an uninterrupted run."""
+"""SIGTERM (what slurm and most schedulers send before killing a job) and Ctrl-C, through tools/train.py
+on the toy model: the iteration finishes, a resumable checkpoint is written, the run ends with one
+``error:`` line and exit status 143 (130 for Ctrl-C); resuming from it (also from the middle of an
+epoch, with a persistent data worker, and when stopped again in that epoch) ends equal to an
+uninterrupted run. Sent to the whole process group (the data worker too) the same holds; a second
+Ctrl-C stops at once, naming the last checkpoint; the resume point of an interrupted epoch is removed
+once a later checkpoint is complete."""
+import os
 import os.path as osp
+import signal
 
 import pytest
 
@@ -39,3 +44,72 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_nonzero(straight, tmp_pa
     _, out = train(config, work, '--resume')
     assert f'Auto resumed from the latest checkpoint {work / saved}' in out
     assert_same_training(reference, work / osp.basename(reference))
+    if loop == 'epoch':  # the resume points of interrupted epochs are gone once later checkpoints exist
+        assert not list(work.glob('iter_*.pth'))
+
+
+@pytest.mark.parametrize('signame', ['SIGTERM', 'SIGINT'])
+def test_a_signal_to_the_whole_process_group_saves_and_resumes(straight, tmp_path, signame):
+    """What schedulers (SIGTERM) and Ctrl-C (SIGINT) do: the signal reaches the data worker too, which
+    leaves it to the main process: iteration 7 finishes, iter_7.pth is written; resumed (after Ctrl-C), the
+    run ends equal to an uninterrupted one, and iter_7.pth is removed once epoch_2.pth supersedes it."""
+    config = toy_config(tmp_path, keep=2, workers=1, persistent=True)
+    work = tmp_path / 'work'
+    signum = getattr(signal, signame)
+    _, out = train(config, work, env=dict(TOY_GROUP_SIGNAL_AT_ITER='7', TOY_SIGNAL=signame), expect=128 + signum,
+                   start_new_session=True)
+    errors = stderr_lines(out)
+    assert len(errors) == 1 and 'Traceback' not in out and 'DataLoader worker' not in out, out[-4000:]
+    name = 'SIGINT (Ctrl-C)' if signame == 'SIGINT' else 'SIGTERM'
+    assert errors[0] == (f'error: training stopped by {name} after iteration 7/15: the resumable checkpoint '
+                         f'{work / "iter_7.pth"} is saved and named in last_checkpoint; continue with tools/train.py '
+                         'CONFIG --resume (same --work-dir).')
+    assert 'Press Ctrl-C again to stop at once without saving' in out if signame == 'SIGINT' else True
+    if signame == 'SIGTERM':
+        return  # resumed as after the SIGTERM of the process alone (above)
+    _, out = train(config, work, '--resume')
+    assert f'Auto resumed from the latest checkpoint {work / "iter_7.pth"}' in out
+    assert f'removed {work / "iter_7.pth"}, the resume point of an interrupted epoch, now that ' \
+           f'{work / "epoch_2.pth"} is saved' in out
+    assert sorted(p.name for p in work.glob('*.pth')) == ['epoch_2.pth', 'epoch_3.pth']
+    assert_same_training(straight['work'] / 'epoch_3.pth', work / 'epoch_3.pth')
+
+
+def test_a_second_ctrl_c_stops_at_once_naming_the_last_checkpoint(straight, tmp_path):
+    """Two Ctrl-C in one iteration: no save is waited for; the run ends with one line naming the last
+    checkpoint (epoch_1.pth), which --resume continues from."""
+    config = toy_config(tmp_path, keep=2, workers=1, persistent=True)
+    work = tmp_path / 'work'
+    _, out = train(config, work, env=dict(TOY_GROUP_SIGNAL_AT_ITER='7', TOY_SIGNAL='SIGINT', TOY_SIGNAL_TIMES='2'),
+                   expect=130, start_new_session=True)
+    errors = stderr_lines(out)
+    assert len(errors) == 1 and 'Traceback' not in out, out[-4000:]
+    assert errors[0] == (f'error: training stopped by a second Ctrl-C in iteration 7/15 without writing a checkpoint: '
+                         f'the last checkpoint of this run is {work / "epoch_1.pth"} (named in last_checkpoint); '
+                         'continue with tools/train.py CONFIG --resume (same --work-dir).')
+    assert 'Press Ctrl-C again to stop at once without saving' in out
+    assert not list(work.glob('iter_*.pth'))
+
+
+def test_an_error_after_a_stop_signal_ends_cleanly():
+    """A DataLoader worker that a signal ended anyway (here: simulated) ends the run with one line."""
+    from types import SimpleNamespace
+
+    from mmpola.runtime.signals import StopSignals, TrainingInterrupted, stopped_cleanly
+    runner = SimpleNamespace(message_hub=SimpleNamespace(get_info=lambda key: '/w/epoch_1.pth'), logger=None,
+                             _train_loop=SimpleNamespace(iter=6, max_iters=15))
+    stop = StopSignals()
+    stop.install()
+    try:
+        with pytest.raises(TrainingInterrupted) as exc, stopped_cleanly(runner):
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError('DataLoader worker (pid 123) is killed by signal: Terminated.')
+    finally:
+        stop.restore()
+    assert exc.value.exit_code == 143
+    assert str(exc.value) == ('training stopped by SIGTERM (then RuntimeError: DataLoader worker (pid 123) is killed '
+                              'by signal: Terminated.) in iteration 7/15 without writing a checkpoint: the last '
+                              'checkpoint of this run is /w/epoch_1.pth (named in last_checkpoint); continue with '
+                              'tools/train.py CONFIG --resume (same --work-dir).')
+    with pytest.raises(RuntimeError, match='no signal'), stopped_cleanly(runner):  # no signal: not ours to explain
+        raise RuntimeError('no signal')

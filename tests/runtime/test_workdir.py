@@ -7,14 +7,13 @@ import subprocess
 import time
 
 from tests.fixtures.paths import PYTHON, REPO
-from tests.fixtures.paths import TOY_MODULES as HERE
 from tests.fixtures.toy_runs import stderr_lines, toy_config, train
 
 
 def test_second_run_into_a_locked_work_dir_stops_naming_the_first(tmp_path):
     config = toy_config(tmp_path, epochs=200)
     work = tmp_path / 'work'
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, HERE]), TOY_SLEEP='0.05')
+    env = dict(os.environ, PYTHONPATH=REPO, TOY_SLEEP='0.05')
     first = subprocess.Popen([PYTHON, 'tools/train.py', config, '--work-dir', str(work)], cwd=REPO, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -32,5 +31,5 @@ def test_second_run_into_a_locked_work_dir_stops_naming_the_first(tmp_path):
         first.kill()
         first.wait()
     # the killed run's lock is stale: taken over, with a warning naming it
-    _, out = train(config, work, '--resume', '--cfg-options', 'train_cfg.max_epochs=1')
+    _, out = train(config, work, '--resume-or-start', '--cfg-options', 'train_cfg.max_epochs=1')
     assert f'took over the lock of a run that is no longer running (PID {first.pid} on host' in out

@@ -1,5 +1,8 @@
 """One image through mmdet's DetInferencer and mmseg's MMSegInferencer from an mmpola config and a
-checkpoint, as docs/training.md shows (demo configs: small heads; weights saved from a fresh model)."""
+checkpoint, as docs/training.md shows (demo configs: small heads; weights saved from a fresh model). Arrays
+as numpy users make them pass through the configs' CheckImage: a float image in 0..1 is scaled to
+0..255 (else the predictions change silently), a 2-D grayscale array becomes three channels (else an
+IndexError in the data preprocessor), each with a warning."""
 import json
 import os.path as osp
 
@@ -34,7 +37,7 @@ def _image(path, height, width):
     return str(path)
 
 
-def test_det_inferencer_one_image(tmp_path):
+def test_det_inferencer_one_image_and_arrays(tmp_path, capsys):
     from mmdet.apis import DetInferencer
     weights, classes = _checkpoint(DET_CONFIG, tmp_path / 'det.pth')
     image = _image(tmp_path / 'street.jpg', 96, 128)
@@ -49,8 +52,19 @@ def test_det_inferencer_one_image(tmp_path):
     with open(tmp_path / 'out' / 'preds' / 'street.json') as f:
         assert set(json.load(f)) >= {'labels', 'scores', 'bboxes', 'masks'}
 
+    array = cv2.imread(image)
+    gray = array[..., 1]
+    expected = {name: inferencer(x)['predictions'][0] for name, x in (('uint8', array),
+                                                                       ('gray3', np.repeat(gray[..., None], 3, 2)))}
+    seen = {'float01': inferencer(array.astype(np.float32) / 255)['predictions'][0],
+            'gray': inferencer(gray)['predictions'][0]}
+    for name, reference in (('float01', 'uint8'), ('gray', 'gray3')):
+        assert seen[name]['labels'] == expected[reference]['labels'], name
+        assert np.allclose(seen[name]['scores'], expected[reference]['scores'], atol=1e-4), name
+        assert np.allclose(seen[name]['bboxes'], expected[reference]['bboxes'], atol=1e-2), name
 
-def test_mmseg_inferencer_one_image(tmp_path):
+
+def test_mmseg_inferencer_one_image_and_arrays(tmp_path):
     from mmseg.apis import MMSegInferencer
     weights, classes = _checkpoint(SEG_CONFIG, tmp_path / 'seg.pth')
     image = _image(tmp_path / 'scene.jpg', 80, 112)
@@ -62,3 +76,9 @@ def test_mmseg_inferencer_one_image(tmp_path):
     assert cv2.imread(str(tmp_path / 'out' / 'vis' / 'scene.jpg')).shape == (80, 112, 3)
     saved = cv2.imread(str(tmp_path / 'out' / 'pred' / '00000000_pred.png'), cv2.IMREAD_UNCHANGED)  # mmseg's name
     assert np.array_equal(saved, labels)
+
+    array = cv2.imread(image)  # (x / 255) * 255 is x up to float rounding: a few border pixels may flip
+    scaled = inferencer(array.astype(np.float32) / 255)['predictions']
+    assert (scaled == inferencer(array)['predictions']).mean() > 0.99
+    gray = array[..., 1]
+    assert np.array_equal(inferencer(gray)['predictions'], inferencer(np.repeat(gray[..., None], 3, 2))['predictions'])

@@ -3,9 +3,11 @@ metrics, --out predictions, --show-dir figures, --tta with masks, --cfg-options 
 processes (tools/dist_test.sh) giving the metrics of one; a missing checkpoint is one line."""
 import os.path as osp
 import pickle
+import re
 
 import mmdet  # noqa: F401  (required: a broken install fails here)
 import pytest
+import torch
 
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import DEMO_CONFIG, coco_metrics, free_port, run_tool
@@ -65,3 +67,65 @@ def test_dist_test_two_processes_matches_one(tiny, trained, tested):
 def test_missing_checkpoint(tiny, capsys):
     err = refused(load_tool('test'), [tiny['config'], '/nonexistent/epoch_9.pth'], capsys)
     assert '/nonexistent/epoch_9.pth' in err
+
+
+def _nan_tiff_set(tiny, root, fill=None):
+    """The tiny val set with its 2nd image as a float32 TIFF holding 2 NaN pixels (``fill``: written
+    in their place instead) and a config testing it in batches of 2, as float images are loaded."""
+    import json
+
+    import cv2
+    import numpy as np
+    (root / 'val').mkdir(parents=True)
+    (root / 'annotations').mkdir()
+    data = json.loads((tiny['root'] / 'annotations' / 'instances_val.json').read_text())
+    for i, image in enumerate(data['images']):
+        pixels = cv2.imread(str(tiny['root'] / 'val' / image['file_name']))
+        if i == 1:
+            pixels = pixels.astype(np.float32)
+            pixels[5, 7, 0] = pixels[20, 30, 2] = np.nan if fill is None else fill
+            image['file_name'] = image['file_name'].replace('.jpg', '.tiff')
+            cv2.imwrite(str(root / 'val' / image['file_name']), pixels, [cv2.IMWRITE_TIFF_COMPRESSION, 1])
+        else:
+            cv2.imwrite(str(root / 'val' / image['file_name']), pixels)
+    (root / 'annotations' / 'instances_val.json').write_text(json.dumps(data))
+    config = root / 'float_images.py'
+    config.write_text(f"""_base_ = [{tiny['config']!r}]
+test_dataloader = dict(batch_size=2, dataset=dict(data_root={str(root) + '/'!r}, pipeline=[
+    dict(type='LoadImageFromFile', color_type='unchanged'), *_base_.test_pipeline[1:]]))
+test_evaluator = dict(ann_file={str(root / 'annotations' / 'instances_val.json')!r})
+""")
+    return str(config), root / 'val' / data['images'][1]['file_name']
+
+
+def test_an_image_with_nan_pixels_is_named_and_never_reaches_another_image(tiny, trained, tmp_path, capsys):
+    """Batched with a NaN image, the clean image used to get 0 detections (NaN RoI features): by
+    default the run stops naming the file; with nonfinite_pixels.action=skip the NaN values are set to 0
+    for that image's own prediction, and the other images' predictions equal those of a run where the
+    file holds 0 in place of NaN."""
+    checkpoint = str(trained['work_dir'] / 'epoch_2.pth')
+    config, tiff = _nan_tiff_set(tiny, tmp_path / 'nan')
+    test = load_tool('test')
+    err = refused(test, [config, checkpoint, '--work-dir', str(tmp_path / 'stop')], capsys)
+    # (2 NaN pixels in the file; resizing spreads them over their neighbours)
+    assert re.match(f'test_dataloader: batch 1: 1 input image with non-finite pixel values: {re.escape(str(tiff))}: '
+                    r'\d+ NaN pixel values\. Such an image makes the training losses NaN and, in a batch, blanks the '
+                    'predictions of the other images too', err), err
+    assert 'Fix: repair or remove the file, or go on without such images: --cfg-options nonfinite_pixels.action=skip' \
+        in err
+
+    predictions = {}
+    for name, cfg_path, options in (('skip', config, ['--cfg-options', 'nonfinite_pixels.action=skip']),
+                                    ('zeros', _nan_tiff_set(tiny, tmp_path / 'zeros', fill=0.0)[0], [])):
+        out = tmp_path / f'{name}.pkl'
+        test.main([cfg_path, checkpoint, '--work-dir', str(tmp_path / name), '--out', str(out)] + options)
+        with open(out, 'rb') as f:
+            predictions[name] = [p['pred_instances'] for p in pickle.load(f)]
+    assert re.search(f'{re.escape(str(tiff))}: \\d+ NaN pixel values: set to 0 for its prediction '
+                     r'\(nonfinite_pixels.action=skip\)', capsys.readouterr().out)
+    skipped, zeros = predictions['skip'], predictions['zeros']
+    assert len(skipped) == 4 and len(skipped[0]['scores']) > 0  # the clean image of the NaN image's batch
+    assert len(skipped[1]['scores']) > 0 and torch.isfinite(skipped[1]['bboxes']).all()  # the NaN image itself
+    for i in (0, 2, 3):  # the other images: as next to a finite image of the same size
+        assert torch.equal(skipped[i]['labels'], zeros[i]['labels'])
+        assert torch.allclose(skipped[i]['bboxes'], zeros[i]['bboxes'], atol=1e-3)

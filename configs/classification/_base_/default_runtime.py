@@ -18,10 +18,13 @@ default_hooks = dict(
     sampler_seed=dict(type='DistSamplerSeedHook'),
     random_state=dict(type='mmpola.RandomStateHook'),
     nonfinite_loss=dict(type='mmpola.NonFiniteLossHook'),
+    nonfinite_pixels=dict(type='mmpola.NonFinitePixelsHook'),
     checkpoint_fit=dict(type='mmpola.CheckpointFitHook'),
 )
-# settings of the hooks above (--cfg-options nonfinite_loss.action=skip, checkpoint_min_loaded=0)
+# settings of the hooks above (--cfg-options nonfinite_loss.action=skip, nonfinite_pixels.action=skip,
+# checkpoint_min_loaded=0)
 nonfinite_loss = dict(action='stop', max_skips=10)
+nonfinite_pixels = dict(action='stop')
 checkpoint_min_loaded = 0.5
 custom_hooks = [dict(type='SwitchableEMAHook', enabled=False, momentum=1e-4, priority='ABOVE_NORMAL')]
 

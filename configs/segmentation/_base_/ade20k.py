@@ -1,6 +1,8 @@
-# ADE20K (150 classes, 512x512 crops) as mmseg's _base_/datasets/ade20k.py, plus CheckSegLabels
-# (mmpola.datasets.transforms) in the training pipeline: a label map with a label the heads have no
-# class for fails there, naming the file, instead of in the loss. Shared by every ADE20K config.
+# ADE20K (150 classes, 512x512 crops) as mmseg's _base_/datasets/ade20k.py, plus two checks of
+# mmpola.datasets.transforms: CheckSegLabels in the training pipeline (a label map with a label the heads
+# have no class for fails there, naming the file, instead of in the loss) and CheckImage right after
+# loading in the test pipeline (test images in the form the model takes: 3 channels, 0..255; also the
+# arrays given to MMSegInferencer). Shared by every ADE20K config.
 _base_ = ['mmseg::_base_/datasets/ade20k.py']
 
 train_pipeline = [
@@ -14,3 +16,6 @@ train_pipeline = [
     dict(type='PackSegInputs'),
 ]
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+test_pipeline = [_base_.test_pipeline[0], dict(type='CheckImage'), *_base_.test_pipeline[1:]]
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader

@@ -6,6 +6,7 @@ _base_ = ['./ade20k.py']
 
 test_pipeline = [
     dict(type='LoadImageFromFile'),
+    dict(type='CheckImage'),  # 3 channels, 0..255 (./ade20k.py)
     dict(type='Resize', scale=(2048, 512), keep_ratio=True),
     dict(type='ResizeToMultiple', size_divisor=32),
     dict(type='LoadAnnotations', reduce_zero_label=True),

@@ -14,9 +14,24 @@ from mmpola.checkpoint.reading import check_checkpoint_file, download_checkpoint
 from mmpola.errors import MMPolaUserError, UserError
 
 from ..config import is_url
-from ..resume import check_resumable
+from ..resume import RESUME_OR_START, check_resumable, check_resume_work_dir
 
-__all__ = ['checked_checkpoint', 'check_pretrained_files', 'check_run_checkpoints']
+__all__ = ['checked_checkpoint', 'check_pretrained_files', 'check_run_checkpoints', 'pretrained_option']
+
+
+def pretrained_option(cfg, path, where='model.backbone'):
+    """The ``--cfg-options`` that make ``where`` (the backbone) start from the weights in ``path``,
+    whatever its ``init_cfg`` is now: ``init_cfg.checkpoint=PATH`` for a ``Pretrained`` one; for none
+    (``init_cfg=None``, e.g. the demo configs) or another kind, the whole dict is replaced
+    (``init_cfg._delete_=True``): setting a key below ``None`` stops mmengine with a TypeError."""
+    node = cfg.get('model') if cfg is not None else None
+    for key in where.split('.')[1:]:
+        node = node.get(key) if isinstance(node, dict) else None
+    init = node.get('init_cfg') if isinstance(node, dict) else None
+    option = f'{where}.init_cfg'
+    if isinstance(init, dict) and init.get('type') == 'Pretrained':
+        return f'{option}.checkpoint={path}'
+    return f'{option}._delete_=True {option}.type=Pretrained {option}.checkpoint={path}'
 
 
 def checked_checkpoint(path, what='checkpoint'):
@@ -68,14 +83,18 @@ def check_pretrained_files(cfg):
 def check_run_checkpoints(cfg, training):
     """The checkpoints the Runner will read for this config: ``load_from`` (an explicit ``--resume``
     file must also be a training checkpoint), and, when ``training``, the pretrained inits. A
-    ``--resume`` without a file is checked when the run picks its checkpoint
+    ``--resume`` without a file needs a work dir that holds checkpoints (or ``resume_or_start``:
+    :func:`mmpola.runtime.resume.check_resume_work_dir`), checked here before the Runner creates the
+    work dir; which of them it continues from is decided when the run starts
     (:func:`mmpola.runtime.resume.choose_resume_checkpoint`)."""
     load_from = cfg.get('load_from')
+    if training and cfg.get('resume') and not load_from:
+        check_resume_work_dir(cfg.work_dir, bool(cfg.get(RESUME_OR_START)))
     if load_from:
         resuming = training and cfg.get('resume')
         what = '--resume checkpoint' if resuming else ('load_from checkpoint' if training else 'checkpoint')
         local = checked_checkpoint(load_from, what)
         if resuming:
-            check_resumable(local)
+            check_resumable(local, pretrained_option(cfg, load_from))
     if training:
         check_pretrained_files(cfg)

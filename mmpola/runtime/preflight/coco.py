@@ -1,10 +1,15 @@
 """COCO annotation files: what pycocotools or the pipeline cannot use, and classes vs categories.
 
-* :func:`check_coco_annotations`: boxes with NaN/inf or negative size, polygons with fewer than
-  3 points, annotations without ``segmentation`` when masks are trained or evaluated, category ids
-  missing from ``categories``;
+* :func:`check_has_annotations`: a file without ``annotations`` (nothing to train on; a whole run
+  evaluated to -1.000);
+* :func:`check_coco_annotations`: image ids or annotation ids used twice, boxes with NaN/inf or
+  negative size, polygons with fewer than 3 points, annotations without ``segmentation`` when masks
+  are trained or evaluated, category ids missing from ``categories``;
+* :func:`check_image_sizes`: the ``width`` / ``height`` the file gives each image against the image
+  as the pipeline decodes it (EXIF orientation applied), from the image headers;
 * :func:`check_classes_in_file`: the dataset's classes must be categories of the file;
-* :func:`checked_coco_categories`: both for one file, whose verdict is cached while it is unchanged.
+* :func:`checked_coco_categories`: all of them for one file, whose verdict is cached while it is
+  unchanged.
 """
 import hashlib
 import json
@@ -15,10 +20,11 @@ from collections import Counter
 
 from mmpola.errors import UserError
 
-from .datasets import coco_ann_path, shown
+from .datasets import coco_ann_path, listing, shown
+from .image_headers import image_header
 
-__all__ = ['load_coco_json', 'check_coco_annotations', 'check_classes_in_file', 'checked_coco_categories',
-           'uses_masks', 'class_list']
+__all__ = ['load_coco_json', 'check_has_annotations', 'check_coco_annotations', 'check_image_sizes',
+           'check_classes_in_file', 'checked_coco_categories', 'uses_masks', 'is_evaluated', 'class_list']
 
 
 def coco_category_names(coco):
@@ -77,6 +83,96 @@ def uses_masks(cfg, key, dataset):
     return False
 
 
+def _evaluators(cfg, key):
+    """The metric configs of the evaluator that goes with dataloader ``key`` (``val_dataloader`` ->
+    ``val_evaluator``); none for the training loader or a run without that loop."""
+    if not key.endswith('_dataloader') or key.startswith('train'):
+        return []
+    if key.startswith('val') and not cfg.get('val_cfg'):
+        return []
+    evaluator = cfg.get(key.replace('_dataloader', '_evaluator'))
+    if isinstance(evaluator, dict) and 'metrics' in evaluator and 'type' not in evaluator:
+        evaluator = evaluator['metrics']
+    return [m for m in (evaluator if isinstance(evaluator, (list, tuple)) else [evaluator]) if isinstance(m, dict)]
+
+
+def is_evaluated(cfg, key):
+    """``[ann_file or None]`` of every COCO metric that scores loader ``key``'s predictions against
+    ground truth (``format_only`` metrics only write results); None: the file is scored by no metric."""
+    files = [m.get('ann_file') for m in _evaluators(cfg, key)
+             if str(m.get('type', '')).split('.')[-1] == 'CocoMetric' and not m.get('format_only')]
+    return files or None
+
+
+def check_has_annotations(coco, ann_file, key='dataset', evaluated=False):
+    """A training file must have annotations; so must a file a COCO metric scores against.
+
+    Without them a training run stops with a bare error from inside mmengine, and a validation
+    file gives a whole training run followed by -1.000 for every metric."""
+    anns = coco.get('annotations')
+    if isinstance(anns, list) and anns:
+        return
+    what = f"has no 'annotations' list (its keys: {', '.join(sorted(coco)) or 'none'})" if anns is None else \
+        ("has an empty 'annotations' list" if isinstance(anns, list) else "has an 'annotations' entry that is no list")
+    if key.startswith('train'):
+        raise UserError(
+            f'{key}: {ann_file!r} {what}: there is nothing to train on. Fix: use the annotation file with the '
+            "objects (e.g. instances_train2017.json, not an image_info_*.json list of images), or add them")
+    if evaluated:
+        loop = 'val' if key.startswith('val') else 'test'
+        fix = ('train without validation (--cfg-options val_cfg=None val_dataloader=None val_evaluator=None)'
+               if loop == 'val' else
+               f'to only predict on images without annotations, write the results instead of scoring them: '
+               f'--cfg-options {loop}_evaluator.format_only=True {loop}_evaluator.outfile_prefix=DIR/results')
+        raise UserError(
+            f"{key}: {ann_file!r} {what}, so the COCO metric has no ground truth and would report -1.000 for every "
+            f'number (after the whole run). Fix: evaluate on the annotation file with the objects, or {fix}')
+
+
+def check_image_sizes(coco, ann_file, img_dir, key='dataset', applies_orientation=True, fix_option=None):
+    """The ``width`` / ``height`` the file gives each image must be the size the pipeline decodes.
+
+    A JPEG whose EXIF orientation rotates it by 90 degrees is decoded with width and height swapped
+    (mmcv applies the orientation, as browsers do); boxes drawn on the stored pixels then lie on
+    the wrong objects: a box-only detector trains silently, Mask R-CNN stops with a bare error.
+    Reads every image's header once (no pixel is decoded); images without both numbers are left out.
+    ``fix_option``: the config path of the pipeline's ``LoadImageFromFile``, for the fix.
+    """
+    wrong, rotated = [], 0
+    images = [img for img in coco.get('images') or [] if isinstance(img, dict)]
+    for img in images:
+        size = (img.get('width'), img.get('height'))
+        name = img.get('file_name')
+        if not isinstance(name, str) or not all(isinstance(v, int) and not isinstance(v, bool) for v in size):
+            continue
+        header = image_header(osp.join(img_dir, name))
+        if header is None:
+            continue
+        decoded = header.decoded_size(applies_orientation)
+        if decoded == size:
+            continue
+        text = f"{name}: {size[0]}x{size[1]} in the file, decoded {decoded[0]}x{decoded[1]}"
+        if applies_orientation and header.transposed and (header.width, header.height) == size:
+            rotated += 1
+            text += f' (EXIF orientation {header.orientation}: the decoder turns it by 90 degrees)'
+        wrong.append(text)
+    if not wrong:
+        return
+    if rotated:
+        option = (f' --cfg-options {fix_option}.color_type=color_ignore_orientation' if fix_option else '')
+        fix = ('the boxes were drawn on the stored (unrotated) pixels: load these images without turning them, '
+               f"LoadImageFromFile(color_type='color_ignore_orientation') in every pipeline of this data"
+               f'{" (e.g." + option + ")" if option else ""}; or turn the pixels and the annotations '
+               'together and remove the EXIF orientation tag; or, if the annotations were made on the turned '
+               'images, correct width/height in the file')
+    else:
+        fix = (f'correct width/height of these images in {ann_file!r} (or the images: the annotations were made '
+               'on images of the size the file says)')
+    raise UserError(
+        f'{key}: {len(wrong)} of {len(images)} images of {ann_file!r} are not the size the file says (width x '
+        f'height), so their boxes and masks would not lie on the objects:{listing(wrong)}\nFix: {fix}')
+
+
 def _bad_box(bbox):
     """What is wrong with a COCO ``bbox`` ([x, y, w, h]), or None."""
     if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or \
@@ -110,10 +206,34 @@ _SEGM_FIX = {
 }
 
 
+def _duplicate_ids(coco):
+    """Lines naming the image ids and annotation ids that several entries share."""
+    lines = []
+    by_id = {}
+    for img in coco.get('images') or []:
+        if isinstance(img, dict):
+            by_id.setdefault(img.get('id'), []).append(img.get('file_name'))
+    shared = {i: names for i, names in by_id.items() if len(names) > 1}
+    if shared:
+        listed = shown(f"id {i!r}: {', '.join(str(n) for n in names)}" for i, names in shared.items())
+        lines.append(f'  {len(shared)} image id(s) used by several images ({listed}), which mmdet merges into one '
+                     'image with the boxes of all (the other images silently disappear); fix: give every image its '
+                     "own id, and each annotation the image_id of its image")
+    counts = Counter(ann.get('id') for ann in coco.get('annotations') or [] if isinstance(ann, dict))
+    twice = [(i, n) for i, n in counts.items() if n > 1]
+    if twice:
+        lines.append(f'  {len(twice)} annotation id(s) used by several annotations (ids '
+                     f'{shown(f"{i!r} ({n}x)" for i, n in twice)}), of which pycocotools keeps one per id (the others '
+                     'are lost, the kept one counted for each); fix: give every annotation its own id')
+    return lines
+
+
 def check_coco_annotations(coco, ann_file, key='dataset', needs_masks=False):
     """Annotations of a parsed COCO file that pycocotools or the pipeline cannot use.
 
-    Refused, listed by problem with annotation ids and image files: boxes with NaN/inf values or
+    Refused, listed by problem with annotation ids and image files: image ids or annotation ids used
+    more than once (pycocotools keeps one entry per id: an image silently disappears and the other
+    gets its boxes; an annotation is lost and another counted twice), boxes with NaN/inf values or
     negative size (NaN losses; negative ones are dropped silently), polygons with fewer than 3
     points (evaluation crashes after the epoch), annotations without ``segmentation`` when masks
     are trained or evaluated, and category ids that ``categories`` does not define (dropped
@@ -123,6 +243,7 @@ def check_coco_annotations(coco, ann_file, key='dataset', needs_masks=False):
     cat_ids = {c.get('id') for c in coco.get('categories') or [] if isinstance(c, dict)}
     problems = {}  # description -> list of (annotation id, image file)
     unknown = Counter()
+    lines = _duplicate_ids(coco)
     for ann in coco.get('annotations') or []:
         if not isinstance(ann, dict):
             continue
@@ -140,7 +261,6 @@ def check_coco_annotations(coco, ann_file, key='dataset', needs_masks=False):
             if bad:
                 problems.setdefault('no segmentation' if bad == 'missing' else f'segmentation with {bad}',
                                     []).append(where)
-    lines = []
     for what, found in problems.items():
         ids = shown(i for i, _ in found)
         files = shown(dict.fromkeys(f for _, f in found))
@@ -156,27 +276,38 @@ def check_coco_annotations(coco, ann_file, key='dataset', needs_masks=False):
         raise UserError(f'{key}: {ann_file!r} has annotations the model cannot use:\n' + '\n'.join(lines))
 
 
-def _cache_file(path, needs_masks):
+def _cache_file(path, settings):
     """Where the verdict on a COCO annotation file is kept: the file's path, size and modification
-    time name it, so an edited file is checked again. ``MMPOLA_CACHE_DIR`` overrides the folder."""
+    time and the settings it was checked with name it, so an edited file is checked again.
+    ``MMPOLA_CACHE_DIR`` overrides the folder."""
     stat = os.stat(path)
-    key = f'{osp.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{bool(needs_masks)}|1'
+    key = f'{osp.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{json.dumps(settings, sort_keys=True)}|2'
     folder = os.environ.get('MMPOLA_CACHE_DIR') or osp.join(osp.expanduser('~'), '.cache', 'mmpola')
     return osp.join(folder, 'preflight', hashlib.sha1(key.encode()).hexdigest() + '.json')
 
 
-def checked_coco_categories(path, key='dataset', needs_masks=False):
-    """Category names of a COCO annotation file whose annotations pass
-    :func:`check_coco_annotations`. A file that passed once is not parsed again while it is
-    unchanged (COCO train2017's ~450 MB take tens of seconds to parse): the verdict is cached."""
-    cache = _cache_file(path, needs_masks)
+def checked_coco_categories(path, key='dataset', needs_masks=False, img_dir=None, applies_orientation=True,
+                            evaluated=False, load_option=None):
+    """Category names of a COCO annotation file that passes the checks of this module:
+    :func:`check_has_annotations` (``evaluated``: a COCO metric scores against it),
+    :func:`check_coco_annotations` and, with ``img_dir`` (where its images are),
+    :func:`check_image_sizes` (``load_option``: the config path of the pipeline's image loading, for
+    the fix). A file that passed once is not parsed again while it is unchanged (COCO train2017's
+    ~450 MB take tens of seconds to parse, its 118k image headers about ten): the verdict is cached.
+    """
+    settings = dict(masks=bool(needs_masks), img_dir=osp.abspath(img_dir) if img_dir else None,
+                    orientation=bool(applies_orientation), evaluated=bool(evaluated), train=key.startswith('train'))
+    cache = _cache_file(path, settings)
     try:
         with open(cache) as f:
             return json.load(f)['categories']
     except (OSError, ValueError, KeyError, TypeError):
         pass
     coco = load_coco_json(path)
+    check_has_annotations(coco, path, key, evaluated)
     check_coco_annotations(coco, path, key, needs_masks)
+    if img_dir:
+        check_image_sizes(coco, path, img_dir, key, applies_orientation, load_option)
     names = coco_category_names(coco)
     try:  # a read-only home only costs the next run the parse
         os.makedirs(osp.dirname(cache), exist_ok=True)

@@ -16,9 +16,9 @@ from mmpola.errors import UserError
 
 from ..config import is_url
 
-__all__ = ['leaf_datasets', 'dataset_class', 'defining_class', 'init_default', 'is_coco', 'is_seg',
-           'reads_local_files', 'dataset_classes', 'coco_ann_path', 'coco_image_file_names', 'seg_dataset_files',
-           'full_path', 'shown', 'listing', 'SHOW']
+__all__ = ['leaf_datasets', 'leaf_dataset_paths', 'pipeline_step', 'dataset_class', 'defining_class',
+           'init_default', 'is_coco', 'is_seg', 'reads_local_files', 'dataset_classes', 'coco_ann_path',
+           'coco_image_dir', 'coco_image_file_names', 'seg_dataset_files', 'full_path', 'shown', 'listing', 'SHOW']
 
 # how many offending paths or ids a message lists
 SHOW = 5
@@ -43,17 +43,33 @@ def listing(items):
 
 def leaf_datasets(node):
     """The leaf dataset configs of a (possibly wrapped: RepeatDataset, ConcatDataset ...) dataset."""
+    for _, dataset in leaf_dataset_paths(node):
+        yield dataset
+
+
+def leaf_dataset_paths(node, where='dataset'):
+    """``(config path, leaf dataset config)`` of every leaf dataset below ``node`` (found at
+    ``where``, e.g. ``'train_dataloader.dataset'``)."""
     if not isinstance(node, dict):
         return
     inner = node.get('dataset', None)
     inners = node.get('datasets', None)
     if isinstance(inner, dict):
-        yield from leaf_datasets(inner)
+        yield from leaf_dataset_paths(inner, f'{where}.dataset')
     elif isinstance(inners, (list, tuple)):
-        for item in inners:
-            yield from leaf_datasets(item)
+        for i, item in enumerate(inners):
+            yield from leaf_dataset_paths(item, f'{where}.datasets.{i}')
     else:
-        yield node
+        yield where, node
+
+
+def pipeline_step(dataset, name):
+    """``(index, step config)`` of the first step of type ``name`` (any scope) in the dataset's
+    pipeline, or ``(None, None)``."""
+    for i, step in enumerate(dataset.get('pipeline') or []):
+        if isinstance(step, dict) and str(step.get('type', '')).split('.')[-1] == name:
+            return i, step
+    return None, None
 
 
 def dataset_class(dataset_type):
@@ -124,6 +140,13 @@ def dataset_classes(dataset):
 def coco_ann_path(dataset):
     ann_file = dataset.get('ann_file') or ''
     return full_path(dataset.get('data_root') or '', ann_file) if ann_file else None
+
+
+def coco_image_dir(dataset):
+    """The folder a COCO-format dataset config reads its images from (``data_prefix.img``)."""
+    prefix = dataset.get('data_prefix') or {}
+    img_dir = (prefix.get('img', '') if isinstance(prefix, dict) else '') or ''
+    return full_path(dataset.get('data_root') or '', img_dir) if not is_url(img_dir) else None
 
 
 def coco_image_file_names(ann_file):

@@ -1,65 +1,63 @@
-"""Segmentation maps against their images: same size, one channel (headers only, nothing decoded)."""
+"""Segmentation maps against their images and against the dataset's label convention.
+
+* same size as the image (EXIF orientation applied as the decoder does), one channel: every map,
+  from the headers only;
+* ``reduce_zero_label``: the label values of a sample of maps (decoded in the same open) against
+  the dataset's classes and the setting, and the setting of ``LoadAnnotations`` against the
+  dataset's.
+"""
 import os.path as osp
-import struct
+
+import numpy as np
 
 from mmpola.errors import UserError
 
 from .datasets import listing
+from .image_headers import image_header
 
-__all__ = ['png_header', 'check_seg_maps']
+__all__ = ['check_seg_maps', 'check_zero_label_setting', 'label_convention_problem',
+           'SAMPLED_MAPS']
 
-
-_PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
-# PNG colour type -> (channels, name)
-_PNG_COLOUR = {0: (1, 'grayscale'), 2: (3, 'RGB'), 3: (1, 'palette'), 4: (2, 'grayscale + alpha'),
-               6: (4, 'RGBA')}
-
-
-def png_header(path):
-    """``(width, height, channels, colour name)`` from a PNG's IHDR chunk (nothing decoded), or None
-    when the file is no PNG."""
-    with open(path, 'rb') as f:
-        head = f.read(29)
-    if len(head) < 29 or not head.startswith(_PNG_SIGNATURE) or head[12:16] != b'IHDR':
-        return None
-    width, height, _, colour = struct.unpack('>IIBB', head[16:26])
-    channels, name = _PNG_COLOUR.get(colour, (None, f'colour type {colour}'))
-    return width, height, channels, name
+# how many maps (evenly spread over the dataset) are decoded to learn the label convention
+SAMPLED_MAPS = 64
 
 
-def _image_header(path):
-    """``(width, height, channels, mode, transposed)`` of any image from its header (PIL opens
-    lazily); ``transposed``: an EXIF orientation that decoders apply by swapping width and height."""
-    header = png_header(path)
-    if header is not None:
-        return header + (False,)
-    from PIL import Image
-    try:
-        with Image.open(path) as img:
-            orientation = img.getexif().get(0x0112, 1) if img.format in ('JPEG', 'TIFF', 'WEBP') else 1
-            return img.width, img.height, len(img.getbands()), img.mode, orientation in (5, 6, 7, 8)
-    except Exception:  # unreadable: decoding errors are the pipeline's to report, naming the file
-        return None
+def _sampled(count, limit=SAMPLED_MAPS):
+    if count <= limit:
+        return set(range(count))
+    return {round(i * (count - 1) / (limit - 1)) for i in range(limit)}
 
 
-def check_seg_maps(images, seg_maps, key='dataset', root=''):
-    """Each segmentation map must have its image's size and one channel (a class index per pixel).
+def check_seg_maps(images, seg_maps, key='dataset', root='', reduce_zero_label=None, classes=None, fix=''):
+    """Each segmentation map must have its image's size and one channel (a class index per pixel);
+    with ``reduce_zero_label`` and ``classes`` given, the label values of a sample of maps must fit
+    that setting (:func:`label_convention_problem`; ``fix`` names the options that change it).
 
-    Today a map of another size or an RGB map trains and then crashes the evaluation with an
-    ``IndexError`` that names no file. Reads only the headers (PNG IHDR; PIL's lazy open for
-    images).
+    Without it a map of another size or an RGB map trains and then crashes the evaluation with an
+    ``IndexError`` that names no file; 0-based maps read with ``reduce_zero_label=True`` train and
+    evaluate silently with every class shifted by one. Reads the headers of every map and image
+    (PNG IHDR; PIL's lazy open) and decodes :data:`SAMPLED_MAPS` maps, each in the same open.
     """
     wrong_size, coloured = [], []
-    for image, seg_map in zip(images, seg_maps):
-        seg = _image_header(seg_map)
+    sample = _sampled(len(seg_maps)) if reduce_zero_label is not None and classes else set()
+    counts = []  # (map, value counts) of the decoded sample
+    for i, (image, seg_map) in enumerate(zip(images, seg_maps)):
+        if i in sample:
+            seg, pixels = image_header(seg_map, pixels=True)
+            if pixels is not None and pixels.ndim == 2:
+                # values as mmseg keeps them (uint8); maps of another depth are the pipeline's to judge
+                counts.append((seg_map, np.bincount(pixels.ravel().astype(np.uint8), minlength=256)))
+        else:
+            seg = image_header(seg_map)
         if seg is None:
             continue
-        if seg[2] is not None and seg[2] > 1:
-            coloured.append(f'{_rel(seg_map, root)}: {seg[2]} channels ({seg[3]})')
-        img = _image_header(image)
-        if img is not None and img[:2] != seg[:2] and not (img[4] and img[1::-1] == seg[:2]):
-            wrong_size.append(f'{_rel(seg_map, root)}: {seg[0]}x{seg[1]}, its image {_rel(image, root)}: '
-                              f'{img[0]}x{img[1]}')
+        if seg.channels is not None and seg.channels > 1:
+            coloured.append(f'{_rel(seg_map, root)}: {seg.channels} channels ({seg.mode})')
+        img = image_header(image)
+        if img is not None and img.decoded_size() != seg.decoded_size(False) \
+                and (img.width, img.height) != seg.decoded_size(False):
+            wrong_size.append(f'{_rel(seg_map, root)}: {seg.width}x{seg.height}, its image {_rel(image, root)}: '
+                              f'{img.width}x{img.height}')
     lines = []
     if wrong_size:
         lines.append(f'{len(wrong_size)} of {len(seg_maps)} segmentation maps differ in size (width x height) from '
@@ -73,6 +71,57 @@ def check_seg_maps(images, seg_maps, key='dataset', root=''):
                      'colour-coded maps with the palette of the dataset')
     if lines:
         raise UserError(f'{key}: ' + '\n'.join(lines))
+    if counts:
+        problem = label_convention_problem(counts, reduce_zero_label, classes)
+        if problem:
+            where = osp.dirname(_rel(seg_maps[0], root)) or '.'
+            raise UserError(f'{key}: the segmentation maps under {where!r} {problem} {fix}'.rstrip())
+
+
+def label_convention_problem(counts, reduce_zero_label, classes):
+    """What is wrong with ``reduce_zero_label=True`` for maps with these value counts, or None.
+
+    ``counts``: ``[(map path, np.bincount of its values)]``. mmseg's ``reduce_zero_label`` makes the
+    file value 0 the ignored label (255) and moves every other value down by one, for maps whose
+    0 means "unlabelled" and whose classes are 1..N (ADE20K's convention). Maps whose classes are
+    0..N-1 (255 = ignore) read this way lose class 0, shift every class by one and never show the
+    last one; the mean IoU then even rises. Judged 0-based when no sampled map holds the value N
+    (the last class) and either the maps already mark pixels with 255 (so 0 is no "unlabelled"), or
+    0 is the most frequent value of most sampled maps (an "unlabelled" value rarely is).
+    """
+    if not reduce_zero_label or not classes:
+        return None
+    num_classes = len(classes)
+    total = sum(c for _, c in counts)
+    if num_classes >= 255 or total[num_classes]:
+        return None
+    with_255 = [path for path, c in counts if c[255]]
+    zero_first = [path for path, c in counts if c[0] and int(np.argmax(c)) == 0]
+    if not with_255 and len(zero_first) * 2 <= len(counts):
+        return None
+    evidence = (f'{len(with_255)} of {len(counts)} sampled maps mark pixels with 255 (already the ignored value)'
+                if with_255 else
+                f'0 is the most frequent value of {len(zero_first)} of {len(counts)} sampled maps')
+    top = int(np.flatnonzero(total[:255]).max()) if total[:255].any() else 0
+    return (f'look 0-based (values 0..{top}{", 255" if total[255] else ""}: classes 0..{num_classes - 1}, 255 = '
+            f'ignored), but the dataset has reduce_zero_label=True, which ignores the value 0 and moves every '
+            f'other value down by one: class 0 ({classes[0]!r}) would never be trained or evaluated, every class '
+            f'would be learned as its neighbour, and the last class ({classes[-1]!r}, value {num_classes - 1} '
+            f'after the shift) would never occur ({evidence}, and none holds the value {num_classes}). Fix: '
+            'reduce_zero_label=False for maps whose classes start at 0;')
+
+
+def check_zero_label_setting(key, dataset_setting, load_step, where):
+    """mmseg's ``LoadAnnotations(reduce_zero_label=...)`` must agree with its dataset's setting (else
+    an AssertionError at the first map); ``where`` is the config path of that pipeline step."""
+    step_setting = load_step.get('reduce_zero_label') if isinstance(load_step, dict) else None
+    if step_setting is None or bool(step_setting) == bool(dataset_setting):
+        return
+    raise UserError(
+        f'{key}: {where}.reduce_zero_label={step_setting} but the dataset has reduce_zero_label={dataset_setting}; '
+        'mmseg stops at the first map when they differ. Fix: give both the same value (the one of your maps\' '
+        f'convention), e.g. --cfg-options {key}.dataset.reduce_zero_label={step_setting} or '
+        f'{where}.reduce_zero_label={dataset_setting}')
 
 
 def _rel(path, root):

@@ -216,3 +216,25 @@ def test_missing_pretrained_backbone_says_how_to_train_from_scratch(capsys, tmp_
     err = refused(TRAIN, [path, '--work-dir', str(tmp_path),
                           '--cfg-options', 'model.backbone.init_cfg.checkpoint=checkpoints/missing.pth'], capsys)
     assert 'checkpoints/missing.pth' in err and 'model.backbone.init_cfg=None' in err
+
+
+def test_the_backbone_option_of_a_message_works_on_a_config_without_init_cfg(coco, tmp_path, capsys):
+    """The demo detector has init_cfg=None, where `model.backbone.init_cfg.checkpoint=X` stops mmengine
+    with a TypeError: --resume with a weights-only file names an option that works, and training then
+    starts from those weights."""
+    from tests.fixtures.detection import build_detector
+    from tests.fixtures.detection import load_config as load_det_config
+    backbone = build_detector(load_det_config(DET_DEMO)).backbone
+    weights = tmp_path / 'backbone.pth'
+    torch.save({'state_dict': backbone.state_dict()}, weights)
+    capsys.readouterr()  # the build's log
+    work = tmp_path / 'work'
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work), '--resume', str(weights)] + _opts(coco), capsys,
+                  [weights], work)
+    option = (f'model.backbone.init_cfg._delete_=True model.backbone.init_cfg.type=Pretrained '
+              f'model.backbone.init_cfg.checkpoint={weights}')
+    assert err.startswith(f'--resume {weights}: this is not a training checkpoint')
+    assert f'or {option} (official PolaFormer / ImageNet weights for the backbone)' in err
+    seen = _probe_train(TRAIN, [DET_DEMO, '--work-dir', str(work)] + _opts(coco) + option.split())
+    _assert_backbone_equals({k[len('backbone.'):]: v for k, v in seen['model'].items() if k.startswith('backbone.')},
+                            backbone.state_dict())

@@ -84,3 +84,76 @@ def test_a_checked_annotation_file_is_not_parsed_again_until_it_changes(coco, tm
     _bad_annotations(coco, ann)  # changed: checked again
     with pytest.raises(UserError, match='has annotations the model cannot use'):
         preflight.checked_coco_categories(str(ann), needs_masks=True)
+
+
+def _write(coco, name, edit):
+    """A copy of the train annotations as ``annotations/<name>``, changed by ``edit(data)``."""
+    data = json.loads((coco / 'annotations' / 'instances_train.json').read_text())
+    edit(data)
+    (coco / 'annotations' / name).write_text(json.dumps(data))
+    return data
+
+
+def test_image_and_annotation_ids_used_twice_are_named(coco, tmp_path, capsys):
+    """Two images with one id: mmdet would merge them (one disappears, the other gets both's boxes)."""
+    def edit(data):
+        data['images'][1]['id'] = data['images'][0]['id']
+        data['annotations'][3]['id'] = data['annotations'][2]['id']
+    data = _write(coco, 'dup_ids.json', edit)
+    work = tmp_path / 'work'
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work)] + _det_opts(coco, 'annotations/dup_ids.json'),
+                  capsys, [coco], work, one_line=False)
+    first, second = data['images'][0], data['images'][1]
+    assert f"  1 image id(s) used by several images (id {first['id']}: {first['file_name']}, " \
+           f"{second['file_name']}), which mmdet merges into one image" in err
+    assert f"  1 annotation id(s) used by several annotations (ids {data['annotations'][2]['id']} (2x)), of which " \
+           'pycocotools keeps one per id' in err
+    assert 'fix: give every image its own id' in err and 'fix: give every annotation its own id' in err
+
+
+@pytest.mark.parametrize('which', ['val', 'train'])
+def test_a_file_without_annotations_is_refused_before_training(coco, tmp_path, capsys, which):
+    """Validation: a whole run, then -1.000 for every metric; training: a bare error inside mmengine."""
+    _write(coco, f'no_anns_{which}.json', lambda data: data.pop('annotations'))
+    ann = coco / 'annotations' / f'no_anns_{which}.json'
+    work = tmp_path / 'work'
+    opts = ['--cfg-options'] + [f'{k}.dataset.data_root={coco}/' for k in ('train_dataloader', 'val_dataloader')]
+    opts += [f'{which}_dataloader.dataset.ann_file=annotations/no_anns_{which}.json',
+             'val_dataloader.dataset.data_prefix.img=train/', f'val_evaluator.ann_file={ann}']
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work)] + opts, capsys, [coco], work)
+    if which == 'val':
+        assert err.startswith(f"val_dataloader: '{ann}' has no 'annotations' list (its keys: categories, images, "
+                              'info, licenses), so the COCO metric has no ground truth and would report -1.000')
+        assert err.endswith('or train without validation (--cfg-options val_cfg=None val_dataloader=None '
+                            'val_evaluator=None)')
+    else:
+        assert err.startswith(f"train_dataloader: '{ann}' has no 'annotations' list") and 'nothing to train on' in err
+
+
+def test_exif_rotated_images_whose_boxes_were_drawn_on_the_stored_pixels(tmp_path, capsys, monkeypatch):
+    """A RetinaNet (boxes only) would train silently on boxes that miss the objects; the fix it names
+    (load without applying the orientation) passes the check."""
+    from PIL import Image
+
+    from mmpola.datasets import make_demo_coco
+    root = tmp_path / 'coco'
+    make_demo_coco(str(root), num_train=3, num_val=1, seed=2, image_shapes=((48, 64),), verbose=False)
+    for name in ('000001.jpg', '000003.jpg'):  # stored 64x48, decoded 48x64
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        Image.open(root / 'train' / name).save(root / 'train' / name, exif=exif, quality=95)
+    work = tmp_path / 'work'
+    opts = _det_opts(root) + ['train_dataloader.dataset.data_prefix.img=train/', 'model.backbone.init_cfg=None',
+                              'model.bbox_head.num_classes=3',
+                              "train_dataloader.dataset.metainfo.classes=['circle','rectangle','triangle']"]
+    err = refused(TRAIN, [RETINANET, '--work-dir', str(work)] + opts, capsys, [root], work, one_line=False)
+    ann = root / 'annotations' / 'instances_train.json'
+    assert err.startswith(f"train_dataloader: 2 of 3 images of '{ann}' are not the size the file says (width x "
+                          'height), so their boxes and masks would not lie on the objects:\n'
+                          '  000001.jpg: 64x48 in the file, decoded 48x64 (EXIF orientation 6: the decoder turns it '
+                          'by 90 degrees)\n  000003.jpg: 64x48')
+    option = 'train_dataloader.dataset.pipeline.0.color_type=color_ignore_orientation'
+    assert f'(e.g. --cfg-options {option})' in err
+    args = TRAIN.parse_args([RETINANET, '--work-dir', str(work)] + opts + [option])
+    cfg, _, _ = TRAIN.build_train_config(args)  # the named fix passes the pre-flight checks
+    assert cfg.train_dataloader.dataset.pipeline[0].color_type == 'color_ignore_orientation'

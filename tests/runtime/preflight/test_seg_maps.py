@@ -63,3 +63,57 @@ def test_rotated_jpeg_with_a_map_of_the_decoded_size_passes(tmp_path):
     Image.new('L', (40, 48)).save(tmp_path / 'a.png')
     with pytest.raises(UserError, match=r'a\.png: 40x48, its image .*a\.jpg: 48x32'):
         check_seg_maps([str(tmp_path / 'a.jpg')], [str(tmp_path / 'a.png')])
+
+
+def test_zero_based_maps_read_with_reduce_zero_label_are_named(ade, tmp_path, capsys):
+    """0-based maps (255 = ignored) with reduce_zero_label=True would train silently with class 0
+    ignored and every class shifted; the fix the message names passes the check, and the right
+    (1-based) maps pass as they are."""
+    root = tmp_path / 'ade'
+    for sub in ('images', 'annotations'):
+        os.makedirs(root / sub)
+        for name in os.listdir(ade / sub / 'training'):
+            data = (ade / sub / 'training' / name).read_bytes()
+            (root / sub / name).write_bytes(data)
+            if sub == 'annotations':  # ADE's 1..K with 0 = other  ->  0..K-1 with 255 = ignored
+                labels = cv2.imread(str(root / sub / name), cv2.IMREAD_UNCHANGED)
+                cv2.imwrite(str(root / sub / name), np.where(labels == 0, 255, labels - 1).astype(np.uint8))
+    work = tmp_path / 'work'
+    opts = ['--cfg-options', f'train_dataloader.dataset.data_root={root}',
+            'train_dataloader.dataset.data_prefix.img_path=images',
+            'train_dataloader.dataset.data_prefix.seg_map_path=annotations',
+            'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
+    err = refused(TRAIN, [SEG_DEMO, '--work-dir', str(work)] + opts, capsys, [root], work)
+    assert err.startswith("train_dataloader: the segmentation maps under 'annotations' look 0-based (values 0..")
+    assert ', 255: classes 0..7, 255 = ignored), but the dataset has reduce_zero_label=True' in err
+    assert "class 0 ('sky') would never be trained or evaluated" in err
+    assert "the last class ('car', value 7 after the shift) would never occur" in err
+    fix = 'train_dataloader.dataset.reduce_zero_label=False train_dataloader.dataset.pipeline.1.reduce_zero_label=False'
+    assert f'Fix: reduce_zero_label=False for maps whose classes start at 0; --cfg-options {fix} (and' in err
+    args = TRAIN.parse_args([SEG_DEMO, '--work-dir', str(work)] + opts + fix.split())
+    TRAIN.build_train_config(args)  # the named fix passes
+
+    # the original ADE-style maps (0 = other, classes 1..8) pass with reduce_zero_label=True
+    args = TRAIN.parse_args([SEG_DEMO, '--work-dir', str(work)] + opts[:1] + [
+        f'train_dataloader.dataset.data_root={ade}'] + opts[2:])
+    TRAIN.build_train_config(args)
+
+
+def test_label_convention_and_zero_label_setting_directly():
+    from mmpola.runtime.preflight.seg_maps import check_zero_label_setting, label_convention_problem
+    classes = ('a', 'b', 'c')
+
+    def counts(*values):
+        return [(f'm{i}.png', np.bincount(np.asarray(v), minlength=256)) for i, v in enumerate(values)]
+    one_based = counts([0, 1, 1, 2, 3], [1, 2, 2])              # 0 = unlabelled, classes 1..3
+    assert label_convention_problem(one_based, True, classes) is None
+    assert label_convention_problem(counts([0, 0, 1, 2]), False, classes) is None  # no shift: nothing to judge
+    assert label_convention_problem(counts([0, 1, 2, 255]), True, classes).startswith('look 0-based')
+    assert 'most frequent value of 2 of 2' in label_convention_problem(counts([0, 0, 1], [0, 0, 2]), True, classes)
+    assert label_convention_problem(counts([0, 0, 1], [1, 2, 2]), True, classes) is None  # not most of the maps
+    assert label_convention_problem(counts([0, 0, 1, 3]), True, classes) is None  # the value N occurs
+    with pytest.raises(UserError, match=r'train_dataloader.dataset.pipeline.1.reduce_zero_label=True but the '
+                                        r'dataset has reduce_zero_label=False; mmseg stops'):
+        check_zero_label_setting('train_dataloader', False, dict(type='LoadAnnotations', reduce_zero_label=True),
+                                 'train_dataloader.dataset.pipeline.1')
+    check_zero_label_setting('train_dataloader', False, dict(type='LoadAnnotations'), 'x')
