@@ -32,7 +32,9 @@ from .state_dict import CheckpointMismatchError, extract_state_dict
 __all__ = ['key_pattern', 'KeySignature', 'KnownModel', 'LookAlike', 'register_known_models', 'known_models',
            'identify', 'attention_modules', 'leaf_signature', 'describe_checkpoint', 'describe_backbone']
 
-ATTENTION = '.attn.'
+# an attention module's prefix: '<...>.attn.' (PVT, Swin, the ViT, PolaFormer++) or one of CSWin's
+# branches '<...>.attns.<b>.'; the last one in a key
+ATTENTION = re.compile(r'^(.*\.(?:attn|attns\.\d+)\.)(.*)$')
 # leaves an attention kind may or may not have (spatial reduction, recomputed buffers): not in a signature
 OPTIONAL_LEAVES = ('sr.', 'norm.')
 RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
@@ -45,12 +47,13 @@ def key_pattern(key):
 
 
 def attention_modules(keys):
-    """``{module prefix ending in 'attn.': [leaf names]}`` of every attention module in ``keys``."""
+    """``{module prefix ('...attn.', CSWin's '...attns.<b>.'): [leaf names]}`` of every attention module
+    in ``keys``."""
     out: Dict[str, list] = {}
     for key in keys:
-        head, sep, leaf = str(key).rpartition(ATTENTION)
-        if sep and ATTENTION not in leaf:
-            out.setdefault(head + sep, []).append(leaf)
+        match = ATTENTION.match(str(key))
+        if match:
+            out.setdefault(match.group(1), []).append(match.group(2))
     return out
 
 

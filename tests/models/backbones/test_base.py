@@ -4,7 +4,18 @@ import pytest
 import torch
 
 from mmpola.checkpoint import identify
-from mmpola.models import DenseBackbone, PolaPP, PolaPPBackbone, PolaPVT, PolaSwin, PVTBackbone, SwinBackbone
+from mmpola.models import (
+    CSWinBackbone,
+    DenseBackbone,
+    PolaPP,
+    PolaPPBackbone,
+    PolaPVT,
+    PolaSwin,
+    PVTBackbone,
+    PVTv2Backbone,
+    SwinBackbone,
+    ViTBackbone,
+)
 from mmpola.models.attention import attention_letter, registered_attention_kinds
 from mmpola.models.backbones import drop_path_rates, parse_attn_type, tokens_to_nchw
 from mmpola.models.utils import PolaConfigError
@@ -23,7 +34,8 @@ def test_families_share_the_core():
         for name in ('init_weights', 'set_attn_impl', 'train', 'forward', 'forward_stages', '_freeze_stages'):
             assert name not in vars(PolaPVT) and name not in vars(PolaSwin), name
     # one class per macro architecture; the released models are presets of them
-    assert dict(ARCHITECTURES.module_dict) == {'pvt': PVTBackbone, 'swin': SwinBackbone, 'polapp': PolaPPBackbone}
+    assert dict(ARCHITECTURES.module_dict) == {'pvt': PVTBackbone, 'swin': SwinBackbone, 'polapp': PolaPPBackbone,
+                                               'pvt_v2': PVTv2Backbone, 'cswin': CSWinBackbone, 'vit': ViTBackbone}
     for preset, arch in ((PolaPVT, PVTBackbone), (PolaSwin, SwinBackbone), (PolaPP, PolaPPBackbone)):
         assert preset.__bases__ == (arch,) and '__init__' not in vars(preset)
 
@@ -94,7 +106,7 @@ def test_every_kind_runs_on_every_architecture_and_is_identified_by_its_keys(fam
     recognised as that architecture with that kind (what the checkpoint messages rely on)."""
     arch = ARCHITECTURES.get(family)
     x = torch.randn(1, 3, 64, 64)
-    for kind in registered_attention_kinds():
+    for kind in filter(arch.accepts_kind, registered_attention_kinds()):
         with torch.device('meta'):
             model = arch(arch=TINY[family], attn=dict(type=kind), attn_type=attention_letter(kind) * 4)
         found = identify(model.state_dict())

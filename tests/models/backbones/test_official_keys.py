@@ -33,8 +33,8 @@ SIZES = {
     'flatten_swin_small': (FLattenSwin, 'small', 49_739_752),
     'flatten_swin_base': (FLattenSwin, 'base', 87_945_440),
     'inline_swin_tiny': (InLineSwin, 'tiny', 28_453_008),
-    'inline_swin_small': (InLineSwin, 'small', 51_267_216),
-    'inline_swin_base': (InLineSwin, 'base', 89_983_168),
+    'inline_swin_small': (InLineSwin, 'small', 49_022_760),
+    'inline_swin_base': (InLineSwin, 'base', 87_323_072),
 }
 _CLASSIFICATION_ONLY = re.compile(r'^(head|norm)\.')
 _BUFFERS = re.compile(r'(attn_mask|relative_position_index)$')
