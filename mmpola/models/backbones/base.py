@@ -257,7 +257,7 @@ class DenseBackbone(BaseModule):
         self.num_stages = self.stages_of(self.arch)
         self.in_channels = in_channels
         if out_indices is None:
-            out_indices = self.default_out_indices()
+            out_indices = self.default_out_indices(self.num_stages)
         self.out_indices = check_out_indices(out_indices, self.num_stages, name)
         self.frozen_stages = check_frozen_stages(frozen_stages, self.num_stages, name)
         self.out_norm = resolve_out_norm(out_norm, norm_after_stage, self.default_out_norm)
@@ -313,9 +313,10 @@ class DenseBackbone(BaseModule):
         """The number of stages of a resolved arch dict (``num_stages``; the ViT: one per block)."""
         return cls.num_stages
 
-    def default_out_indices(self):
-        """The stages returned when ``out_indices`` is None: all of them."""
-        return tuple(range(self.num_stages))
+    @classmethod
+    def default_out_indices(cls, num_stages):
+        """The stages returned when ``out_indices`` is None (of ``num_stages``): all of them."""
+        return tuple(range(num_stages))
 
     def released_attn_type(self):
         """The preset's layout for this arch (``default_attn_type``: a string, or ``{arch: string}``
@@ -514,7 +515,7 @@ class DenseBackbone(BaseModule):
         return KeySignature.of_model(self.state_dict(), modules, {k: attention_title(k) for k in kinds},
                                      exclude=self.dense_only_modules(), name=type(self).__name__,
                                      hint=self.official_key_pattern, official=self.official_name, paper=paper,
-                                     unchecked=[self.softmax_attn])
+                                     unchecked=[self.softmax_attn], family=self.family)
 
     # ---------------------------------------------------------------------------------------------
     # freezing

@@ -64,6 +64,7 @@ class CSWinBlock(nn.Module):
 
     def __init__(self, dim, attns, projections=3, mlp_ratio=4., qkv_bias=True, drop=0., drop_path=0.):
         super().__init__()
+        self.dim = dim
         self.projections = projections
         self.qkv = nn.Linear(dim, dim * projections, bias=qkv_bias)
         self.norm1 = nn.LayerNorm(dim)
@@ -87,11 +88,10 @@ class CSWinBlock(nn.Module):
         return out
 
     def forward(self, x, hw, **context):
-        B, N, C = x.shape
-        qkv = self.qkv(self.norm1(x)).reshape(B, N, self.projections, C)
+        qkv = self.qkv(self.norm1(x)).unflatten(-1, (self.projections, self.dim))
         x_mean = x.mean(dim=1)
         if len(self.attns) == 2:
-            half = C // 2
+            half = self.dim // 2
             out = torch.cat([self._branch(0, qkv[..., :half], hw, x_mean[:, :half], context),
                              self._branch(1, qkv[..., half:], hw, x_mean[:, half:], context)], dim=2)
         else:
@@ -113,7 +113,7 @@ class MergeBlock(nn.Module):
 
     def forward(self, x, hw):
         x = self.conv(tokens_to_nchw(x, hw))
-        out_hw = tuple(x.shape[-2:])
+        out_hw = (x.shape[-2], x.shape[-1])
         return self.norm(x.flatten(2).transpose(1, 2)), out_hw
 
 
@@ -260,7 +260,7 @@ class CSWinBackbone(DenseBackbone):
 
     def _stem(self, x):
         x = self.stage1_conv_embed[0](x)
-        hw = tuple(x.shape[-2:])
+        hw = (x.shape[-2], x.shape[-1])
         return self.stage1_conv_embed[2](self.stage1_conv_embed[1](x)), hw
 
     def _enter_stage(self, i, x, hw):

@@ -195,10 +195,10 @@ class ViTBackbone(DenseBackbone):
             self.attn_type = layout * self.num_stages
         return super().resolve_block_kinds(depths)
 
-    def default_out_indices(self):
+    @classmethod
+    def default_out_indices(cls, num_stages):
         """The last block of each quarter of the depth: (2, 5, 8, 11) at depth 12."""
-        depth = self.num_stages
-        return tuple(sorted({max(depth * q // 4 - 1, 0) for q in range(1, 5)}))
+        return tuple(sorted({max(num_stages * q // 4 - 1, 0) for q in range(1, 5)}))
 
 
     # ---------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ class ViTBackbone(DenseBackbone):
         if norm is not None:
             tokens = norm(tokens)
         tokens = tokens[:, self.num_prefix_tokens:]
-        return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, hw[0], hw[1])
+        return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, hw[0], hw[1]).contiguous()
 
     def _stem_parts(self):
         return [self.patch_embed, self.pos_drop], [self.cls_token, self.pos_embed]

@@ -25,7 +25,9 @@ TINY_PVT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=
 TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 2, 2], num_heads=[1, 2, 4, 8])
 TINY_POLAPP = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratios=[2] * 4,
                    layer_scale_init_values=[1.0] * 4)
-TINY = {'pvt': TINY_PVT, 'swin': TINY_SWIN, 'polapp': TINY_POLAPP}
+TINY = {'pvt': TINY_PVT, 'swin': TINY_SWIN, 'polapp': TINY_POLAPP, 'pvt_v2': TINY_PVT,
+        'cswin': dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[2, 2, 4, 8], split_size=[1, 2, 7, 7]),
+        'vit': dict(embed_dims=32, depth=4, num_heads=2, img_size=64)}
 
 
 def test_families_share_the_core():
@@ -100,7 +102,7 @@ def test_attn_type_letters_pick_the_kinds():
         parse_attn_type('LLSS', [1, 1, 1, 1], 'I')
 
 
-@pytest.mark.parametrize('family', ['pvt', 'swin', 'polapp'])
+@pytest.mark.parametrize('family', list(TINY))
 def test_every_kind_runs_on_every_architecture_and_is_identified_by_its_keys(family):
     """Any registered kind in any architecture: built by config, runs, and a state dict of it is
     recognised as that architecture with that kind (what the checkpoint messages rely on)."""
