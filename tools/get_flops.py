@@ -4,6 +4,8 @@
 Usage:
     tools/get_flops.py --backbone PolaPVT --arch tiny                  # 224 x 224
     tools/get_flops.py --backbone PolaSwin --arch tiny --shape 800 1333
+    tools/get_flops.py --backbone CSWinBackbone --arch tiny --cfg-options attn.type=pola   # any kind
+    tools/get_flops.py --backbone CSWinBackbone --arch tiny --cfg-options attn_type=SSSS   # softmax
     tools/get_flops.py --backbone mmdet.SwinTransformer --shape 224 224
     tools/get_flops.py --config configs/detection/CONFIG.py --shape 800 1333
     tools/get_flops.py --config ... --per-module 2     # breakdown two module levels deep
@@ -195,7 +197,8 @@ def parse_args(argv=None):
                         help='also print the FLOPs of modules up to this depth')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
                         help='override config entries (mmengine syntax, as tools/train.py), e.g. '
-                        'model.backbone.arch=small model.backbone.out_indices="(1,2,3)"')
+                        'model.backbone.arch=small model.backbone.out_indices="(1,2,3)"; with --backbone: '
+                        'arguments of the backbone, e.g. attn.type=pola attn_type=LLSS')
     return parser.parse_args(argv)
 
 
@@ -209,10 +212,12 @@ def main(argv=None):
         raise SystemExit(f'--shape takes H W or one size, got {args.shape}')
     torch.manual_seed(0)
     if args.backbone:
-        model = build_backbone(args.backbone, args.arch)
+        options = dict(args.cfg_options or {})
+        model = build_backbone(args.backbone, args.arch, **options)
         model.eval()  # not chained: some backbones' train() override returns None (mmdet Swin)
         inputs = (torch.randn(1, 3, height, width), )
-        title = f'{args.backbone}' + (f'(arch={args.arch})' if args.arch else '')
+        described = ([f'arch={args.arch}'] if args.arch else []) + [f'{k}={v}' for k, v in options.items()]
+        title = f'{args.backbone}' + (f"({', '.join(described)})" if described else '')
     else:
         model, inputs = build_from_config(args.config, height, width, args.cfg_options)
         title = f'{os.path.basename(args.config)} ({type(model).__name__}, mode=tensor)'
