@@ -181,6 +181,18 @@ def build_from_config(config_path, height, width, cfg_options=None):
     return model, (torch.randn(1, 3, height, width), )
 
 
+def _nested(options):
+    """``{'attn.type': 'pola'}`` (DictAction's keys) -> ``{'attn': {'type': 'pola'}}``."""
+    out = {}
+    for key, value in options.items():
+        *parents, leaf = key.split('.')
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 def format_count(value, unit):
     return f'{value / 1e9:.3f} G{unit}' if value >= 1e8 else f'{value / 1e6:.3f} M{unit}'
 
@@ -212,11 +224,14 @@ def main(argv=None):
         raise SystemExit(f'--shape takes H W or one size, got {args.shape}')
     torch.manual_seed(0)
     if args.backbone:
-        options = dict(args.cfg_options or {})
-        model = build_backbone(args.backbone, args.arch, **options)
+        options = _nested(args.cfg_options or {})
+        if args.arch is not None and 'arch' in options:
+            raise SystemExit('pass the arch either as --arch or in --cfg-options, not both')
+        model = build_backbone(args.backbone, options.pop('arch', args.arch), **options)
         model.eval()  # not chained: some backbones' train() override returns None (mmdet Swin)
         inputs = (torch.randn(1, 3, height, width), )
-        described = ([f'arch={args.arch}'] if args.arch else []) + [f'{k}={v}' for k, v in options.items()]
+        described = ([f'arch={args.arch}'] if args.arch else []) + \
+            [f'{k}={v}' for k, v in _nested(args.cfg_options or {}).items() if k != 'arch']
         title = f'{args.backbone}' + (f"({', '.join(described)})" if described else '')
     else:
         model, inputs = build_from_config(args.config, height, width, args.cfg_options)

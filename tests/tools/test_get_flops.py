@@ -75,3 +75,12 @@ def test_cfg_options_use_mmengine_syntax(capsys):
     tiny, _ = get_flops.main(['--config', config, '--shape', '64'])
     small, _ = get_flops.main(['--config', config, '--shape', '64', '--cfg-options', 'model.backbone.arch=small'])
     assert small > tiny  # the override reached the built model
+
+
+def test_backbone_arguments_from_the_command_line(capsys):
+    """``--backbone`` with ``--cfg-options``: any kind on any architecture (here Pola on a CSWin) is counted."""
+    params, flops = get_flops.main(['--backbone', 'CSWinBackbone', '--shape', '64', '--cfg-options',
+                                    'attn.type=pola', 'arch.embed_dims=16', 'arch.depths=[1,1,1,1]',
+                                    'arch.num_heads=[2,2,2,2]', 'arch.split_size=[1,2,7,7]'])
+    out = capsys.readouterr().out
+    assert "CSWinBackbone(attn={'type': 'pola'}" in out and params > 0 and flops > 0
