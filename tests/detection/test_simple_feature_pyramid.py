@@ -38,3 +38,15 @@ def test_detector_with_the_simple_pyramid_trains_one_step():
                           out_channels=256, num_outs=5)
     _, model, _ = check_config_trains_one_step_and_predicts(cfg)
     assert type(model.neck).__name__ == 'SimpleFeaturePyramid'
+
+
+def test_preflight_checks_the_pyramid_against_the_last_map():
+    """tools/train.py's channel check reads the pyramid's backbone_channel (its in_channels are its own levels)."""
+    from mmengine.config import Config
+
+    from mmpola.errors import UserError
+    from mmpola.runtime.preflight import check_model_channels
+    neck = dict(type='SimpleFeaturePyramid', backbone_channel=64, in_channels=[16, 32, 64, 64], out_channels=32)
+    check_model_channels(Config(dict(model=dict(backbone=DEIT, neck=neck))))
+    with pytest.raises(UserError, match=r'model.neck.backbone_channel=96 does not match .* at in_index -1: 64'):
+        check_model_channels(Config(dict(model=dict(backbone=DEIT, neck=dict(neck, backbone_channel=96)))))
