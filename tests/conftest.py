@@ -37,15 +37,16 @@ _GOLDEN_CACHE = {}
 
 
 def golden_mini(name):
-    """``(expected, official checkpoint path)`` of the golden mini model ``name`` (e.g. 'pola_pvt').
+    """``(expected, official checkpoint path)`` of the golden mini model ``name`` (e.g. 'pola_pvt'; the
+    InLine-DeiT ones with their size: 'inline_deit_mini_224').
 
     ``expected`` holds 'input', 'stages', 'logits' and the official 'constructor' kwargs, made by
     the official implementation; ``<name>_mini_official.pth`` is its official-format checkpoint.
     """
     if name not in _GOLDEN_CACHE:
         from mmpola.checkpoint.reading import safe_torch_load
-        _GOLDEN_CACHE[name] = (safe_torch_load(data_path(f'{name}_mini_expected.pth')),
-                               data_path(f'{name}_mini_official.pth'))
+        stem = name if '_mini' in name else f'{name}_mini'
+        _GOLDEN_CACHE[name] = (safe_torch_load(data_path(f'{stem}_expected.pth')), data_path(f'{stem}_official.pth'))
     return _GOLDEN_CACHE[name]
 
 

@@ -31,8 +31,10 @@ Peak memory:
 The cases are data, read from the package's registries and tables: the attention ops, their
 implementations and example inputs (mmpola.ops.OPS: a new op or a registered implementation appears
 here), and the backbones (every preset of mmpola.models.backbones.PRESETS at every arch size of its
-architecture, named '<official name>-<size>': pola-pvt-t, flatten-swin-b, polaformer++-b2 ...; the
-rows of EXTRA_BACKBONES; mmdet's PVT-T and Swin-T as references).
+architecture, named '<official name>-<size>': pola-pvt-t, flatten-swin-b, flatten-pvtv2-b0,
+inline-cswin-b-384, inline-deit-s, polaformer++-b2 ...; every other attention kind of KIND_ROWS on every
+architecture at its first size, named the same way: pola-cswin-t, softmax-deit-t ...; the rows of
+EXTRA_BACKBONES; mmdet's PVT-T and Swin-T as references).
 
 Implementations of a core (--impls): 'reference' (official op order), 'fast' (fast path, eager:
 MMPOLA_NO_COMPILE=1), any other registered implementation, 'fast+compile' (the fast path with its
@@ -109,6 +111,12 @@ def attention_impls(kind):
     return list(op.names()) + ([COMPILE] if op.force_compile is not None else [])
 
 
+def _size_name(arch):
+    """tiny -> t, b2 -> b2, base_384 -> b-384."""
+    first, *rest = arch.split('_')
+    return '-'.join([first if len(first) <= 2 else first[0]] + rest)
+
+
 def released_backbones():
     """``{name: (registered type, build kwargs)}``: every preset at every arch size of its architecture."""
     from mmpola.models.backbones import PRESETS
@@ -116,13 +124,41 @@ def released_backbones():
     out = {}
     for preset in PRESETS:
         for arch in ARCHITECTURES.get(preset.family).arch_settings:
-            size = arch if len(arch) <= 2 else arch[0]  # tiny -> t, b2 -> b2
-            out[f'{preset.official.lower()}-{size}'] = (preset.name, dict(arch=arch))
+            out[f'{preset.official.lower()}-{_size_name(arch)}'] = (preset.name, dict(arch=arch))
+    return out
+
+
+# the attention kinds compared on every architecture (besides its released presets); 'softmax': its own
+KIND_ROWS = ('pola', 'flatten', 'inline', 'softmax')
+
+
+def kind_backbones():
+    """``{name: (registered type, build kwargs)}``: every kind of KIND_ROWS on every architecture that takes
+    it, at the architecture's first size, where no preset is that pair (PolaFormer++ keeps its own kinds)."""
+    from mmpola.models.attention import attention_title
+    from mmpola.models.backbones import preset_of
+    from mmpola.registry import ARCHITECTURES
+    out = {}
+    for family, arch_cls in ARCHITECTURES.module_dict.items():
+        if family == 'polapp':
+            continue
+        arch = next(iter(arch_cls.arch_settings))
+        for kind in KIND_ROWS:
+            if kind == 'softmax':
+                stages = arch_cls.stages_of(arch_cls.arch_settings[arch])
+                kwargs = dict(arch=arch, attn_type='S' * (1 if family == 'vit' else stages))
+                title = 'softmax'
+            elif preset_of(family, kind) is None and arch_cls.accepts_kind(kind):
+                kwargs = dict(arch=arch, attn=dict(type=kind))
+                title = attention_title(kind)
+            else:
+                continue
+            out[f'{title.lower()}-{arch_cls.title.lower()}-{_size_name(arch)}'] = (arch_cls.__name__, kwargs)
     return out
 
 
 def all_backbones():
-    return {**released_backbones(), **EXTRA_BACKBONES, **REFERENCE_BACKBONES}
+    return {**released_backbones(), **kind_backbones(), **EXTRA_BACKBONES, **REFERENCE_BACKBONES}
 
 
 def pola_backbones():

@@ -4,6 +4,8 @@
 Usage:
     tools/get_flops.py --backbone PolaPVT --arch tiny                  # 224 x 224
     tools/get_flops.py --backbone PolaSwin --arch tiny --shape 800 1333
+    tools/get_flops.py --backbone CSWinBackbone --arch tiny --cfg-options attn.type=pola   # any kind
+    tools/get_flops.py --backbone CSWinBackbone --arch tiny --cfg-options attn_type=SSSS   # softmax
     tools/get_flops.py --backbone mmdet.SwinTransformer --shape 224 224
     tools/get_flops.py --config configs/detection/CONFIG.py --shape 800 1333
     tools/get_flops.py --config ... --per-module 2     # breakdown two module levels deep
@@ -180,6 +182,18 @@ def build_from_config(config_path, height, width, cfg_options=None):
     return model, (torch.randn(1, 3, height, width), )
 
 
+def _nested(options):
+    """``{'attn.type': 'pola'}`` (DictAction's keys) -> ``{'attn': {'type': 'pola'}}``."""
+    out = {}
+    for key, value in options.items():
+        *parents, leaf = key.split('.')
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 def format_count(value, unit):
     return f'{value / 1e9:.3f} G{unit}' if value >= 1e8 else f'{value / 1e6:.3f} M{unit}'
 
@@ -198,7 +212,8 @@ def parse_args(argv=None):
                         help='one markdown row per config: | config | params | GMACs | (docs/model_zoo.md)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
                         help='override config entries (mmengine syntax, as tools/train.py), e.g. '
-                        'model.backbone.arch=small model.backbone.out_indices="(1,2,3)"')
+                        'model.backbone.arch=small model.backbone.out_indices="(1,2,3)"; with --backbone: '
+                        'arguments of the backbone, e.g. attn.type=pola attn_type=LLSS')
     return parser.parse_args(argv)
 
 
@@ -212,10 +227,16 @@ def main(argv=None):
         raise SystemExit(f'--shape takes H W or one size, got {args.shape}')
     if args.backbone:
         torch.manual_seed(0)
-        model = build_backbone(args.backbone, args.arch)
+        options = _nested(args.cfg_options or {})
+        if args.arch is not None and 'arch' in options:
+            raise SystemExit('pass the arch either as --arch or in --cfg-options, not both')
+        model = build_backbone(args.backbone, options.pop('arch', args.arch), **options)
         model.eval()  # not chained: some backbones' train() override returns None (mmdet Swin)
-        return report(model, (torch.randn(1, 3, height, width), ),
-                      f'{args.backbone}' + (f'(arch={args.arch})' if args.arch else ''), args)
+        inputs = (torch.randn(1, 3, height, width), )
+        described = ([f'arch={args.arch}'] if args.arch else []) + \
+            [f'{k}={v}' for k, v in _nested(args.cfg_options or {}).items() if k != 'arch']
+        title = f'{args.backbone}' + (f"({', '.join(described)})" if described else '')
+        return report(model, inputs, title, args)
     results = []
     for config in args.config:
         torch.manual_seed(0)

@@ -32,6 +32,7 @@ import os
 from collections import OrderedDict
 
 from .reading import download_checkpoint, safe_torch_load
+from .signatures import attention_modules
 from .state_dict import CheckpointMismatchError, extract_state_dict, find_key_prefix, resize_state_dict
 
 __all__ = ['read_checkpoint', 'load_checkpoint', 'load_pola_checkpoint', 'LoadReport', 'checkpoint_source']
@@ -153,7 +154,8 @@ def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm
                         ('shape mismatch', mismatched)):
         if keys:
             lines.append(f'  {title}: {", ".join(keys[:20])}{" ..." if len(keys) > 20 else ""}')
-    level = logging.WARNING if (unexpected or mismatched or any('attn.' in k for k in missing)) else logging.INFO
+    level = logging.WARNING if (unexpected or mismatched or any(attention_modules([k]) for k in missing)) \
+        else logging.INFO
     _log('\n'.join(lines), logger, level)
 
     if strict and (missing or unexpected or mismatched):

@@ -10,7 +10,9 @@ so models of one architecture share patterns whatever their depth. A model's
 :meth:`KeySignature.check` refuses a file
 
 * whose keys cover less than half of the model's structure or hold none of its attention modules
-  (another architecture: a Pola-Swin file for a PVT), or
+  (another architecture: a Pola-Swin file for a PVT), or whose keys miss some of the model's
+  structure that a known model of another architecture has all of (a PVTv2 file for a PVT-v1: the two
+  share most names), or
 * that has no attention module with the leaves of one of the model's kinds (another attention kind
   of the same architecture: a Pola-PVT file for a FLatten-PVT, a softmax PVT file for a Pola-PVT),
 
@@ -32,7 +34,9 @@ from .state_dict import CheckpointMismatchError, extract_state_dict
 __all__ = ['key_pattern', 'KeySignature', 'KnownModel', 'LookAlike', 'register_known_models', 'known_models',
            'identify', 'attention_modules', 'leaf_signature', 'describe_checkpoint', 'describe_backbone']
 
-ATTENTION = '.attn.'
+# an attention module's prefix: '<...>.attn.' (PVT, Swin, the ViT, PolaFormer++) or one of CSWin's
+# branches '<...>.attns.<b>.'; the last one in a key
+ATTENTION = re.compile(r'^(.*\.(?:attn|attns\.\d+)\.)(.*)$')
 # leaves an attention kind may or may not have (spatial reduction, recomputed buffers): not in a signature
 OPTIONAL_LEAVES = ('sr.', 'norm.')
 RUNTIME_BUFFERS = ('attn_mask', 'relative_position_index')
@@ -45,12 +49,13 @@ def key_pattern(key):
 
 
 def attention_modules(keys):
-    """``{module prefix ending in 'attn.': [leaf names]}`` of every attention module in ``keys``."""
+    """``{module prefix ('...attn.', CSWin's '...attns.<b>.'): [leaf names]}`` of every attention module
+    in ``keys``."""
     out: Dict[str, list] = {}
     for key in keys:
-        head, sep, leaf = str(key).rpartition(ATTENTION)
-        if sep and ATTENTION not in leaf:
-            out.setdefault(head + sep, []).append(leaf)
+        match = ATTENTION.match(str(key))
+        if match:
+            out.setdefault(match.group(1), []).append(match.group(2))
     return out
 
 
@@ -119,11 +124,12 @@ def known_models():
 
 @dataclass(frozen=True)
 class Identification:
-    """What a file looks like: the best :class:`KnownModel` (or a :class:`LookAlike`) and every
-    known model whose attention modules are in the file."""
+    """What a file looks like: the best :class:`KnownModel` (or a :class:`LookAlike`), the share of its
+    structure the file covers, and every known model whose attention modules are in the file."""
     model: Optional[KnownModel] = None
     look_alike: Optional[LookAlike] = None
     kinds: tuple = ()
+    structure: float = 0.0
 
     @property
     def name(self):
@@ -152,9 +158,9 @@ def identify(keys):
         if match or structure >= MIN_STRUCTURE:
             scored.append(((structure >= MIN_STRUCTURE, match, not entry.softmax, structure, entry.released), entry))
     if scored:
-        best = max(scored, key=lambda item: item[0])[1]
+        score, best = max(scored, key=lambda item: item[0])
         same_arch = tuple(e for e in exact if e.family == best.family)
-        return Identification(model=best, kinds=same_arch)
+        return Identification(model=best, kinds=same_arch, structure=score[3])
     joined = '\n'.join(keys)
     for entry in known_models():
         if isinstance(entry, LookAlike) and re.search(entry.pattern, joined, re.M):
@@ -174,6 +180,7 @@ class KeySignature:
         kinds: ``{kind: leaf signature}`` of its attention kinds.
         examples: ``{kind: a full key of one of its modules}``.
         titles: ``{kind: name in messages}``.
+        family: the model's architecture (``'pvt'``; mmpola.registry.ARCHITECTURES), or ''.
         official: the model's name as a checkpoint (``'Pola-PVT'``).
         paper: the release its attention comes from (``'PolaFormer'``), for the fix.
         unchecked: kinds a file need not have (the architecture's softmax: a file of another
@@ -188,13 +195,14 @@ class KeySignature:
     kinds: Dict[str, FrozenSet[str]] = field(default_factory=dict)
     examples: Dict[str, str] = field(default_factory=dict)
     titles: Dict[str, str] = field(default_factory=dict)
+    family: str = ''
     official: str = ''
     paper: str = ''
     unchecked: FrozenSet[str] = frozenset()
 
     @classmethod
     def of_model(cls, state_dict, modules, titles, exclude=(), name='the model', hint=None, official='', paper='',
-                 unchecked=()):
+                 unchecked=(), family=''):
         """The signature of a model's ``state_dict``; ``modules``: ``{attention module name: kind}``;
         keys of the ``exclude`` modules (dense-only output norms) are left out."""
         keys = [k for k in state_dict if not any(k == m or k.startswith(m + '.') for m in exclude)]
@@ -212,7 +220,7 @@ class KeySignature:
                 kinds[kind] = leaf_signature(k[len(prefix):] for k in keys if k.startswith(prefix))
         return cls(name=name, hint=hint or (next(iter(keys), '') + '*'), structure=frozenset(structure),
                    attention_prefixes=frozenset(key_pattern(p) for p in prefixes), kinds=kinds,
-                   examples=examples, titles=dict(titles), official=official or name, paper=paper,
+                   examples=examples, titles=dict(titles), family=family, official=official or name, paper=paper,
                    unchecked=frozenset(unchecked))
 
     def check(self, keys, source, prefix=''):
@@ -227,13 +235,20 @@ class KeySignature:
                 groups.setdefault(leaf_signature(leaves), module_prefix)
         if covered < MIN_STRUCTURE or (self.attention_prefixes and not groups):
             raise self._other_model(keys, source, prefix)
+        if covered < 1.0 and self.family:
+            found = identify(keys)  # another architecture whose structure the file covers better
+            if found.model is not None and found.model.family != self.family and found.structure > covered:
+                raise self._other_model(keys, source, prefix, found)
         for kind, leaves in self.kinds.items():
             if kind not in self.unchecked and leaves not in groups:
                 raise self._other_kind(keys, kind, source)
 
-    def _other_model(self, keys, source, prefix):
-        found = identify(keys)
-        msg = (f'checkpoint {source} is not a {self.official} checkpoint: it has no key matching {self.name} '
+    def _other_model(self, keys, source, prefix, found=None):
+        partly = found is not None  # names shared with another architecture, which the file fits better
+        found = found or identify(keys)
+        what = (f'its keys fit {found.model.official} better than {self.name}' if partly
+                else f'it has no key matching {self.name}')
+        msg = (f'checkpoint {source} is not a {self.official} checkpoint: {what} '
                f"(expected keys like '{self.hint}'{', under prefix ' + repr(prefix) if prefix else ''})")
         if found.name:
             msg += f'; it looks like a {found.name} checkpoint'

@@ -9,9 +9,10 @@ into torch hub's cache) use these URLs; docs/models.md shows the table.
 What the official releases publish (their READMEs, read at the commits noted in docs/models.md):
 
 * FLatten Transformer (LeapLabTHU/FLatten-Transformer): one TsinghuaCloud link per model for FLatten-PVT-T,
-  FLatten-PVTv2-b0, FLatten-Swin-T/S/B (and Swin-B at 384, CSwin-T). No FLatten-PVT-S/M/L weights.
-* InLine (LeapLabTHU/InLine): one TsinghuaCloud link per model for InLine-PVT-T/S/M/L and InLine-Swin-T/S/B
-  (and DeiT, CSwin).
+  FLatten-PVTv2-b0, FLatten-Swin-T/S/B, FLatten-Swin-B at 384 and FLatten-CSwin-T. No FLatten-PVT-S/M/L,
+  FLatten-PVTv2-b1..b4 or FLatten-CSwin-S/B/B-384 weights (their configs only).
+* InLine (LeapLabTHU/InLine): one TsinghuaCloud link per model for InLine-DeiT-T/S/B, InLine-PVT-T/S/M/L,
+  InLine-Swin-T/S/B and InLine-CSwin-T/S/B (at 224; none at 384).
 * PolaFormer (ZacharyMeng/PolaFormer): the weights are the files of the Hugging Face repository
   ``ZachMeng/PolaFormer``; their file names are not listed anywhere mmpola could check, so no entry names
   a file (download the file from the repository page and pass it). The TsinghuaCloud links an earlier
@@ -88,6 +89,18 @@ WEIGHT_SOURCES = {s.name: s for s in [
     _tsinghua('inline_swin_tiny', _INLINE, '32810869fcc34410966b'),
     _tsinghua('inline_swin_small', _INLINE, 'e9657fd247c04c7cb1a1'),
     _tsinghua('inline_swin_base', _INLINE, 'bf23564bb64c420aafe1'),
+    _tsinghua('flatten_pvt_v2_b0', _FLATTEN, '5d1f01532b104da28e7b'),
+    *[WeightSource(f'flatten_pvt_v2_b{i}', _FLATTEN, note='not published by the FLatten release') for i in range(1, 5)],
+    _tsinghua('flatten_cswin_tiny', _FLATTEN, '48ba765ba8b0451d9d5a'),
+    *[WeightSource(f'flatten_cswin_{size}', _FLATTEN, note='not published by the FLatten release')
+      for size in ('small', 'base', 'base_384')],
+    _tsinghua('inline_cswin_tiny', _INLINE, '49fa2ecc543647c4b970'),
+    _tsinghua('inline_cswin_small', _INLINE, '59f4e65f776f4052b93c'),
+    _tsinghua('inline_cswin_base', _INLINE, '91e17121df284ae38521'),
+    WeightSource('inline_cswin_base_384', _INLINE, note='not published by the InLine release (224 weights only)'),
+    _tsinghua('inline_deit_tiny', _INLINE, '1d6b8191ad6d4114b291'),
+    _tsinghua('inline_deit_small', _INLINE, '2f3898b07e9247f3beb3'),
+    _tsinghua('inline_deit_base', _INLINE, '10bdd726d4b0435eb34e'),
     *[WeightSource(f'pola_{size}', _POLA, note=_POLA_NOTE) for size in (
         'pvt_tiny', 'pvt_small', 'pvt_medium', 'pvt_large', 'swin_tiny', 'swin_small', 'swin_base', 'swin_base_384')],
     *[WeightSource(f'polapp_b{i}', _POLAPP, note=_POLAPP_NOTE) for i in range(6)],

@@ -82,10 +82,19 @@ def _grid_side(length, what):
     return side
 
 
+def _prefix_tokens(length, target_length):
+    """The number of prefix tokens (a ViT's class token) in front of a square grid in both lengths."""
+    for prefix in (0, 1, 2):
+        if all(math.isqrt(n - prefix) ** 2 == n - prefix for n in (length, target_length)):
+            return prefix
+    return 0
+
+
 def resize_state_dict(state_dict, model_state):
-    """Resize grid-shaped tensors whose pretraining grid differs from the model's: ``pos_embed{i}``
-    and ``*.positional_encoding`` (2-D bicubic, as the official fine-tuning loader) and
-    ``*.relative_position_bias_table`` (bicubic, as mmdet).
+    """Resize grid-shaped tensors whose pretraining grid differs from the model's: ``pos_embed{i}``,
+    a ViT's ``pos_embed`` (its class token's entry kept as it is, the grid resized) and
+    ``*.positional_encoding`` (2-D bicubic, as the official fine-tuning loader and mmseg's / timm's ViT
+    loaders) and ``*.relative_position_bias_table`` (bicubic, as mmdet).
 
     Args:
         state_dict: name -> tensor, already in the model's key space.
@@ -103,13 +112,14 @@ def resize_state_dict(state_dict, model_state):
             continue
         leaf = key.rsplit('.', 1)[-1]
         new = None
-        if (re.fullmatch(r'pos_embed\d+', leaf) or leaf == 'positional_encoding') and \
+        if (re.fullmatch(r'pos_embed\d*', leaf) or leaf == 'positional_encoding') and \
                 value.dim() == 3 and target.dim() == 3 and value.shape[2] == target.shape[2]:
-            src = _grid_side(value.shape[1], key)
-            dst = _grid_side(target.shape[1], f'model {key}')
-            grid = value.float().reshape(1, src, src, -1).permute(0, 3, 1, 2)
+            prefix = _prefix_tokens(value.shape[1], target.shape[1]) if leaf == 'pos_embed' else 0
+            src = _grid_side(value.shape[1] - prefix, key)
+            dst = _grid_side(target.shape[1] - prefix, f'model {key}')
+            grid = value[:, prefix:].float().reshape(1, src, src, -1).permute(0, 3, 1, 2)
             grid = F.interpolate(grid, size=(dst, dst), mode='bicubic', align_corners=False)
-            new = grid.flatten(2).transpose(1, 2).to(value.dtype)
+            new = torch.cat([value[:, :prefix], grid.flatten(2).transpose(1, 2).to(value.dtype)], dim=1)
         elif leaf == 'relative_position_bias_table' and value.dim() == 2 and \
                 value.shape[1] == target.shape[1]:
             src = _grid_side(value.shape[0], key)

@@ -2,6 +2,8 @@
 
 * ``PolaDetTTAModel``: mmdet's ``DetTTAModel`` (``tools/test.py --tta``) that also merges instance
   masks.
+* ``SimpleFeaturePyramid``: ViTDet's simple feature pyramid, the neck of the plain ViT backbones
+  (``InLineDeiT``, ``ViTBackbone``), which mmdet ships only as a project outside its package.
 
 (COCO evaluation is mmdet's own ``CocoMetric``: pycocotools >= 2.0.11 evaluates annotation files
 without an ``info`` entry.) Registered in mmengine's root registry (visible from the ``mmdet`` scope)
@@ -9,7 +11,9 @@ as a builder that imports mmdet when a config builds it, so ``import mmpola`` do
 """
 from mmpola.registry import MODELS
 
-__all__ = ['build_det_tta_model']
+from .simple_fpn import SimpleFeaturePyramid
+
+__all__ = ['build_det_tta_model', 'SimpleFeaturePyramid']
 
 
 @MODELS.register_module(name='PolaDetTTAModel')

@@ -14,14 +14,20 @@ from .attention import (
     PolaAttention,
     RoPESoftmaxAttention,
     SpatialReductionAttention,
+    StripeAttention,
     WindowAttention,
     attention_options,
     build_attention,
 )
 from .backbones import (
+    CSWinBackbone,
     DenseBackbone,
+    FLattenCSWin,
     FLattenPVT,
+    FLattenPVTv2,
     FLattenSwin,
+    InLineCSWin,
+    InLineDeiT,
     InLinePVT,
     InLineSwin,
     PolaPP,
@@ -29,11 +35,14 @@ from .backbones import (
     PolaPVT,
     PolaSwin,
     PVTBackbone,
+    PVTv2Backbone,
     SwinBackbone,
+    ViTBackbone,
 )
 from .classifier import PolaClassifier, PolaPPClassifier
 
-__all__ = ['PolaPVT', 'PolaSwin', 'FLattenPVT', 'FLattenSwin', 'InLinePVT', 'InLineSwin', 'PolaPP', 'PolaClassifier',
-           'PolaPPClassifier', 'DenseBackbone', 'PVTBackbone', 'SwinBackbone', 'PolaPPBackbone',
+__all__ = ['PolaPVT', 'PolaSwin', 'FLattenPVT', 'FLattenSwin', 'InLinePVT', 'InLineSwin', 'PolaPP', 'FLattenPVTv2',
+           'FLattenCSWin', 'InLineCSWin', 'InLineDeiT', 'PolaClassifier', 'PolaPPClassifier', 'DenseBackbone',
+           'PVTBackbone', 'PVTv2Backbone', 'SwinBackbone', 'CSWinBackbone', 'ViTBackbone', 'PolaPPBackbone',
            'PolaAttention', 'FocusedLinearAttention', 'InLineAttention', 'PaCSAttention', 'RoPESoftmaxAttention',
-           'SpatialReductionAttention', 'WindowAttention', 'build_attention', 'attention_options']
+           'SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 'build_attention', 'attention_options']

@@ -38,12 +38,14 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
     """Image classifier of any architecture and attention kind with the official forward.
 
     Args:
-        family: the architecture, ``'pvt'``, ``'swin'``, ``'polapp'`` (mmpola.registry.ARCHITECTURES).
+        family: the architecture, ``'pvt'``, ``'pvt_v2'``, ``'swin'``, ``'cswin'``, ``'vit'``, ``'polapp'``
+            (mmpola.registry.ARCHITECTURES).
         arch: preset name of the backbone (``'tiny'`` ...) or a custom arch dict (see the
             architecture). None: the architecture's default.
         num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
-        global_pool: ``'avg'`` (official) or ``''`` (no pooling: ``forward`` returns the final
-            NHWC map, timm's convention).
+        global_pool: ``'avg'`` (official; the ViT: ``'token'``, the class token, official, or
+            ``'avg'``) or ``''`` (no pooling: ``forward`` returns the final NHWC map, the ViT its final
+            tokens, timm's convention). None: the official pooling.
         drop_rate: dropout inside the backbone (the official models have none before the head).
         drop_path_rate: stochastic depth (official: PVT T/S 0.1, M/L 0.3; Swin T 0.2, S 0.3,
             B 0.5; PolaFormer++ b0-b2 0.1, b3 0.15, b4 0.4, b5 0.55).
@@ -63,14 +65,15 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
             (PolaFormer++: ``projection``, the width of its classification projection).
 
     Shapes: images (B, C, H, W) -> logits (B, num_classes); ``forward_features``: the final
-    map (B, H/32, W/32, num_features) in NHWC (``output_fmt``), as timm's Swin.
+    map (B, H/32, W/32, num_features) in NHWC (``output_fmt``), as timm's Swin; the ViT's final
+    tokens (B, 1 + h*w, num_features) (``output_fmt='NLC'``), as timm's ViT.
     """
 
     not_scriptable_reason = ('the attention cores are custom autograd Functions (optionally torch.compile-d) '
                              'and the stages build their positional encodings, windows and rotary tables from '
                              'the run-time map size, which TorchScript does not support')
 
-    def __init__(self, family='pvt', arch=None, num_classes=1000, global_pool='avg', drop_rate=0.,
+    def __init__(self, family='pvt', arch=None, num_classes=1000, global_pool=None, drop_rate=0.,
                  drop_path_rate=0.1, attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, kind=None,
                  attn=None, **backbone_kwargs):
         super().__init__(init_cfg=init_cfg)
@@ -89,14 +92,17 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         cls = backbone_class(family, kind)
         if arch is not None:
             backbone_kwargs['arch'] = arch
-        self.backbone = cls(out_indices=(0, 1, 2, 3), drop_rate=drop_rate, drop_path_rate=drop_path_rate,
+        self.backbone = cls(out_indices=None, drop_rate=drop_rate, drop_path_rate=drop_path_rate,
                             attn_impl=attn_impl, fp32_attn=fp32_attn, with_cp=with_cp,
                             attn=dict(attn, type=kind) if kind else (attn or None),
                             **architecture.classification_kwargs, **backbone_kwargs)
         self.family = family
         self.kind = self.backbone.attn_kind
         self.num_classes = num_classes
-        self.global_pool = check_global_pool(global_pool)
+        self.global_pool_types = architecture.classification_global_pools
+        self.output_fmt = architecture.classification_output_fmt
+        self.global_pool = check_global_pool(self.global_pool_types[0] if global_pool is None else global_pool,
+                                             self.global_pool_types)
         neck, self.num_features = self.backbone.classification_neck(**head_args)
         self._neck_names = tuple(neck)
         for name, module in neck.items():
@@ -135,11 +141,11 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         return self.backbone.classification_features(self, self.backbone.forward_stages(x)[-1])
 
     def forward_head(self, x, pre_logits=False):
-        """Final map (B, h, w, F) -> logits (B, num_classes), or the pooled (B, F) with ``pre_logits``
-        (with ``global_pool=''`` no pooling: (B, h, w, F) / (B, h, w, num_classes))."""
-        pooled = self.global_pool == 'avg'
+        """Final map (B, h, w, F) (the ViT: tokens (B, L, F)) -> logits (B, num_classes), or the pooled
+        (B, F) with ``pre_logits`` (with ``global_pool=''`` no pooling: (B, h, w, F) / (B, h, w, num_classes))."""
+        pooled = self.global_pool != ''
         if pooled:
-            x = self.backbone.classification_pool(x)
+            x = self.backbone.classification_pool(x, self.global_pool)
         return x if pre_logits else self.backbone.classification_logits(self.head, x, pooled)
 
     def forward_intermediates(self, x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
@@ -180,10 +186,11 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
     # weights
 
     @classmethod
-    def from_official_kwargs(cls, kwargs, **overrides):
+    def from_official_kwargs(cls, kwargs, family=None, **overrides):
         """Build from the keyword arguments of the official model class (see
-        :func:`official_kwargs_to_classifier_kwargs`)."""
-        return cls(**dict(official_kwargs_to_classifier_kwargs(kwargs), **overrides))
+        :func:`official_kwargs_to_classifier_kwargs`; ``family`` names the architecture where the
+        arguments do not: PVT-v1 and PVTv2 take the same ones)."""
+        return cls(**dict(official_kwargs_to_classifier_kwargs(kwargs, family), **overrides))
 
     def init_weights(self):
         if is_pretrained_cfg(self.init_cfg):
@@ -248,17 +255,24 @@ def checkpoint_filter_fn(state_dict, model, source='the checkpoint'):
     return resize_state_dict(out, model_state)[0]
 
 
-def official_kwargs_to_classifier_kwargs(kwargs):
+def official_kwargs_to_classifier_kwargs(kwargs, family=None):
     """Keyword arguments of an official model class -> :class:`PolaClassifier` keyword arguments.
 
-    Each architecture reads its own official arguments (``classifier_kwargs_from_official``); the
+    Each architecture reads its own official arguments (``classifier_kwargs_from_official``; only
+    ``family``'s when given: the official PVT-v1 and PVTv2 classes take the same arguments, so
+    without it they are read as PVT-v1's); the
     attention kind is the registered kind with the letter of the official ``attn_type`` whose
     options cover the remaining arguments (``alpha``, ``focusing_factor`` ...), the architecture's
     released kind first. Settings the official releases never used and this port does not support
     (``ape=True``, ``patch_norm=False``, a patch size other than 4) and unknown arguments are errors.
     """
     unsupported = None
-    for family, architecture in ARCHITECTURES.module_dict.items():
+    architectures = ARCHITECTURES.module_dict
+    if family is not None:
+        if family not in architectures:
+            raise PolaConfigError(f'unknown family {family!r}; valid: {", ".join(architectures)}')
+        architectures = {family: architectures[family]}
+    for family, architecture in architectures.items():
         parsed = architecture.classifier_kwargs_from_official(kwargs)
         if parsed is None:
             continue
@@ -276,17 +290,19 @@ def official_kwargs_to_classifier_kwargs(kwargs):
         return out
     if unsupported:
         raise PolaConfigError(f'unsupported official arguments: {sorted(unsupported)}')
-    raise PolaConfigError('official kwargs of no known architecture: PVT needs embed_dims, Swin embed_dim, '
+    raise PolaConfigError('official kwargs of no known architecture: PVT / PVTv2 need embed_dims, Swin embed_dim '
+                          'and depths, CSWin embed_dim and split_size, the ViT embed_dim and an int depth, '
                           'PolaFormer++ projection / layerscales')
 
 
 def _official_kind(family, architecture, attn_type, names):
-    """The kind of an official model: the letter of its attn_type, options covering ``names``."""
-    letters = {c for c in (attn_type or '') if c.isalpha() and c not in 'SM'} or {'L'}
+    """The kind of an official model: the letter of its attn_type (none: the architecture's released
+    kinds first, the official InLine-DeiT takes no attn_type), options covering ``names``."""
+    letters = {c for c in (attn_type or '') if c.isalpha() and c not in 'SM'} or None
     kinds = [p.attn for p in PRESETS if p.family == family] + list(ATTENTIONS.module_dict)
     for kind in dict.fromkeys(kinds):
         options = set(attention_options(kind, architecture.attention_context))
-        if attention_letter(kind) in letters and names & _all_options() <= options:
+        if (letters is None or attention_letter(kind) in letters) and names & _all_options() <= options:
             return kind
     return None
 

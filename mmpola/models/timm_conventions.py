@@ -2,7 +2,7 @@
 
 :class:`TimmClassifierMixin` gives a classifier what timm's own model test-suite checks of every
 registered model: ``num_features`` / ``head_hidden_size``, ``forward_features`` (unpooled, NHWC)
-and ``forward_head(pre_logits=...)``, ``global_pool`` ('avg' or '' for unpooled outputs),
+and ``forward_head(pre_logits=...)``, ``global_pool`` ('avg', the ViT's 'token', or '' for unpooled outputs),
 ``get_classifier`` / ``reset_classifier``, ``set_grad_checkpointing``, ``forward_intermediates``
 index handling and ``prune_intermediate_layers`` (for timm's ``features_only`` wrapper), and an
 explicit refusal of TorchScript with the reason.
@@ -42,10 +42,12 @@ def _not_scriptable_message(model_cls):
             'instead')
 
 
-def check_global_pool(global_pool):
-    if global_pool not in GLOBAL_POOL_TYPES:
-        raise PolaConfigError(f"global_pool={global_pool!r} is not supported; use 'avg' (average over the "
-                              "final map) or '' (no pooling: forward returns the NHWC map)")
+def check_global_pool(global_pool, allowed=GLOBAL_POOL_TYPES):
+    if global_pool not in allowed:
+        meanings = {'avg': "'avg' (average over the final map)", 'token': "'token' (the class token)",
+                    '': "'' (no pooling: forward returns the unpooled features)"}
+        raise PolaConfigError(f'global_pool={global_pool!r} is not supported; use '
+                              + ' or '.join(meanings.get(p, repr(p)) for p in allowed))
     return global_pool
 
 
@@ -73,10 +75,11 @@ class TimmClassifierMixin:
     A class using it must provide:
 
     * ``num_classes`` (int), ``num_features`` (int: channels of the final map), ``global_pool``
-      (one of ``GLOBAL_POOL_TYPES``, checked with ``check_global_pool``) and ``head`` (made with
+      (one of ``global_pool_types``, checked with ``check_global_pool``) and ``head`` (made with
       :meth:`_make_head`), set in ``__init__``;
-    * ``forward_features(x)`` -> the final map (B, H, W, num_features), NHWC (``output_fmt``),
-      unpooled; every trainable parameter must take part in it or in ``head``;
+    * ``forward_features(x)`` -> the final map (B, H, W, num_features), NHWC, or the final tokens
+      (B, L, num_features) with ``output_fmt = 'NLC'`` (a ViT), unpooled; every trainable parameter
+      must take part in it or in ``head``;
     * ``forward_intermediates(x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
       intermediates_only=False)`` with timm's meaning (use :meth:`_stage_indices`), returning NCHW
       maps and, unless ``intermediates_only``, the ``forward_features`` map;
@@ -98,6 +101,7 @@ class TimmClassifierMixin:
     """
 
     output_fmt = 'NHWC'
+    global_pool_types = GLOBAL_POOL_TYPES
     scriptable = False
     not_scriptable_reason = 'not declared scriptable'
 
@@ -122,7 +126,7 @@ class TimmClassifierMixin:
         """New classifier for ``num_classes`` (0: none, ``forward`` returns pooled features); with
         ``global_pool=''`` ``forward`` returns the unpooled NHWC map."""
         if global_pool is not None:
-            self.global_pool = check_global_pool(global_pool)
+            self.global_pool = check_global_pool(global_pool, self.global_pool_types)
         self.num_classes = num_classes
         reference = next(self.parameters(), None)
         head = self._make_head(num_classes)
@@ -138,7 +142,7 @@ class TimmClassifierMixin:
     def forward_head(self, x, pre_logits=False):
         """Final map (B, H, W, C) -> logits (B, num_classes), or the pooled (B, C) with ``pre_logits``
         (with ``global_pool=''`` no pooling: (B, H, W, C) / (B, H, W, num_classes))."""
-        if self.global_pool == 'avg':
+        if self.global_pool:
             x = self._pool(x)
         return x if pre_logits else self.head(x)
 

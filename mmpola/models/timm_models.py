@@ -1,6 +1,8 @@
 """timm model entries, generated from one table (:data:`TIMM_ENTRIES`): ``timm.create_model('pola_pvt_tiny'
 ... 'pola_swin_base')``, ``flatten_pvt_{tiny,small,medium,large}``, ``flatten_swin_{tiny,small,base}``,
-``inline_pvt_{...}``, ``inline_swin_{...}`` and PolaFormer++'s ``polapp_b0`` ... ``polapp_b5``.
+``inline_pvt_{...}``, ``inline_swin_{...}``, the other releases of the lineage ``flatten_pvt_v2_b0`` ...
+``_b4``, ``{flatten,inline}_cswin_{tiny,small,base,base_384}``, ``inline_deit_{tiny,small,base}`` and
+PolaFormer++'s ``polapp_b0`` ... ``polapp_b5``.
 
 Importing mmpola registers them. Every entry builds :class:`~mmpola.models.classifier.PolaClassifier`
 (official forward; state dict ``backbone.*`` and the architecture's head modules; PolaFormer++'s
@@ -38,7 +40,7 @@ from mmpola.checkpoint.sources import pretrained_url
 from mmpola.registry import ARCHITECTURES
 
 from .attention import attention_title
-from .backbones import preset_of
+from .backbones import backbone_class, preset_of
 from .classifier import PolaClassifier, PolaPPClassifier, accept_official_checkpoints, checkpoint_filter_fn
 from .pretrained import timm_pretrained_overlay
 from .timm_conventions import refuse_scriptable, timm_pretrained_cfg
@@ -58,6 +60,8 @@ class TimmEntry:
         source: where the official weights are, as timm's pretrained_cfg keys (``url``,
             ``hf_hub_id`` ...); empty: the verified download of :mod:`mmpola.checkpoint.sources`, if any.
         classifier: the class built.
+        img_size: the official evaluation size (the pretraining size: CSWin-B-384 384, InLine-DeiT-S
+            288, InLine-DeiT-B 448).
     """
     family: str
     arch: str
@@ -65,6 +69,7 @@ class TimmEntry:
     options: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
     classifier: type = PolaClassifier
+    img_size: int = 224
 
 
 def _row(family, arch, attn, drop_path_rate, **kwargs):
@@ -100,6 +105,23 @@ TIMM_ENTRIES = {
     'polapp_b3': _row('polapp', 'b3', 'pacs', 0.15, classifier=PolaPPClassifier),
     'polapp_b4': _row('polapp', 'b4', 'pacs', 0.4, classifier=PolaPPClassifier),
     'polapp_b5': _row('polapp', 'b5', 'pacs', 0.55, classifier=PolaPPClassifier),
+    # the other macro architectures of the FLatten and InLine releases (drop path of their yaml files)
+    'flatten_pvt_v2_b0': _row('pvt_v2', 'b0', 'flatten', 0.1),
+    'flatten_pvt_v2_b1': _row('pvt_v2', 'b1', 'flatten', 0.1),
+    'flatten_pvt_v2_b2': _row('pvt_v2', 'b2', 'flatten', 0.1),
+    'flatten_pvt_v2_b3': _row('pvt_v2', 'b3', 'flatten', 0.3),
+    'flatten_pvt_v2_b4': _row('pvt_v2', 'b4', 'flatten', 0.3),
+    'flatten_cswin_tiny': _row('cswin', 'tiny', 'flatten', 0.2),
+    'flatten_cswin_small': _row('cswin', 'small', 'flatten', 0.4),
+    'flatten_cswin_base': _row('cswin', 'base', 'flatten', 0.5),
+    'flatten_cswin_base_384': _row('cswin', 'base_384', 'flatten', 0.7, img_size=384),
+    'inline_cswin_tiny': _row('cswin', 'tiny', 'inline', 0.2),
+    'inline_cswin_small': _row('cswin', 'small', 'inline', 0.4),
+    'inline_cswin_base': _row('cswin', 'base', 'inline', 0.5),
+    'inline_cswin_base_384': _row('cswin', 'base_384', 'inline', 0.7, img_size=384),
+    'inline_deit_tiny': _row('vit', 'tiny', 'inline', 0.1),
+    'inline_deit_small': _row('vit', 'small', 'inline', 0.1, img_size=288),
+    'inline_deit_base': _row('vit', 'base', 'inline', 0.1, img_size=448),
 }
 
 # the publication of each kind's models (timm's pretrained_cfg paper_name / origin_url)
@@ -116,12 +138,16 @@ _PAPERS = {
 
 
 def _cfg(name, entry):
-    # evaluation exactly as the official code: square resize to 256 (bicubic), centre crop 224
+    # evaluation exactly as the official code: square resize to 256 / 224 of the size (bicubic), centre crop
     paper, origin = _PAPERS[entry.attn]
-    first_conv = 'backbone.' + ARCHITECTURES.get(entry.family).first_conv
+    architecture = ARCHITECTURES.get(entry.family)
+    first_conv = 'backbone.' + architecture.first_conv
     source = entry.source or dict(url=pretrained_url(name) or '')
+    size = entry.img_size
+    grid = dict(pool_size=(size // 32, size // 32)) if architecture.classification_output_fmt == 'NHWC' else \
+        dict(pool_size=None, min_input_size=(3, architecture.min_input_size, architecture.min_input_size))
     return timm_pretrained_cfg(first_conv=first_conv, classifier='head', paper_name=paper, origin_url=origin,
-                               **source)
+                               input_size=(3, size, size), **grid, **source)
 
 
 default_cfgs = generate_default_cfgs({f'{name}.in1k': _cfg(name, entry) for name, entry in TIMM_ENTRIES.items()})
@@ -170,8 +196,17 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
     return build_model_with_cfg(
         lambda **args: _build_classifier(entry.classifier, **args), variant, pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(feature_cls='getter', out_indices=(0, 1, 2, 3)),
+        feature_cfg=dict(feature_cls='getter', out_indices=_feature_indices(entry, model_args.get('arch'))),
         **model_args)
+
+
+def _feature_indices(entry, arch=None):
+    """The stages ``features_only`` returns by default: the architecture's ``default_out_indices`` (the
+    four pyramid stages; the ViT's quarter points)."""
+    cls = backbone_class(entry.family, entry.attn)
+    arch = arch if arch is not None else entry.arch
+    settings = cls.arch_settings[arch] if isinstance(arch, str) else arch
+    return cls.default_out_indices(cls.stages_of(settings))
 
 
 def _register(name):

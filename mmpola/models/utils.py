@@ -80,7 +80,7 @@ def check_stage_string(value, allowed, num_stages, what):
     return value
 
 
-def check_input(x, in_channels, min_size, name):
+def check_input(x, in_channels, min_size, name, reason='four stages down to stride 32'):
     if isinstance(x, torch.fx.Proxy):  # symbolic tracing: no shape to check
         return
     if not torch.is_tensor(x) or x.dim() != 4:
@@ -92,4 +92,4 @@ def check_input(x, in_channels, min_size, name):
     H, W = x.shape[-2:]
     if H < min_size or W < min_size:
         raise PolaConfigError(f'{name}: input size {H}x{W} is smaller than the minimum {min_size}x{min_size} '
-                         f'(four stages down to stride 32); resize or pad the image')
+                              f'({reason}); resize or pad the image')

@@ -60,8 +60,11 @@ def test_weight_decay_groups_follow_the_official_set():
     assert any('attn.power' in n for n in decay) and any('positional_encoding' in n for n in decay)
 
 
+# the FLatten / InLine recipes of the PVT and Swin sizes, which have a Pola recipe of the same size (PVTv2,
+# CSWin and DeiT: their releases' own recipes, below)
 LINEAGE = sorted(osp.relpath(p, CONFIG_DIR) for kind in ('flatten', 'inline')
-                 for p in glob.glob(osp.join(CONFIG_DIR, kind, '*.py')))
+                 for p in glob.glob(osp.join(CONFIG_DIR, kind, '*-pvt-[tsml]_*.py')) +
+                 glob.glob(osp.join(CONFIG_DIR, kind, '*-swin-[tsb]_*.py')))
 
 
 @pytest.mark.parametrize('name', LINEAGE)
@@ -186,3 +189,100 @@ def test_polapp_recipe_model_reproduces_official_logits_and_trains_one_step():
     decay = {names[id(p)]: g['weight_decay'] for g in optim_wrapper.optimizer.param_groups for p in g['params']}
     assert decay['backbone.layers.0.blocks.0.attn.s1'] == 0.05 and decay['backbone.layers.0.blocks.0.gamma_1'] == 0.05
     assert decay['backbone.layers.0.blocks.0.norm1.norm.weight'] == 0.0
+
+
+# the recipes of the other macro architectures of the FLatten and InLine releases: (family, arch, layout, the
+# timm entry whose released parameter count the model has)
+MACRO = {
+    'flatten/flatten-pvt-v2-b0_8xb128_in1k.py': ('pvt_v2', 'b0', 'LLLL', 'flatten_pvt_v2_b0'),
+    'flatten/flatten-pvt-v2-b1_8xb128_in1k.py': ('pvt_v2', 'b1', 'LLLL', 'flatten_pvt_v2_b1'),
+    'flatten/flatten-pvt-v2-b2_8xb128_in1k.py': ('pvt_v2', 'b2', 'LLLL', 'flatten_pvt_v2_b2'),
+    'flatten/flatten-pvt-v2-b3_8xb128_in1k.py': ('pvt_v2', 'b3', 'LLLL', 'flatten_pvt_v2_b3'),
+    'flatten/flatten-pvt-v2-b4_8xb64_in1k.py': ('pvt_v2', 'b4', 'LLLL', 'flatten_pvt_v2_b4'),
+    'flatten/flatten-cswin-t_8xb256_in1k.py': ('cswin', 'tiny', 'LLSS', 'flatten_cswin_tiny'),
+    'flatten/flatten-cswin-s_8xb128_in1k.py': ('cswin', 'small', 'LLSS', 'flatten_cswin_small'),
+    'flatten/flatten-cswin-b_8xb64_in1k.py': ('cswin', 'base', 'LLSS', 'flatten_cswin_base'),
+    'flatten/flatten-cswin-b_8xb32_in1k-384px.py': ('cswin', 'base_384', 'LLSS', 'flatten_cswin_base_384'),
+    'inline/inline-cswin-t_8xb128_in1k.py': ('cswin', 'tiny', 'IISS', 'inline_cswin_tiny'),
+    'inline/inline-cswin-s_8xb128_in1k.py': ('cswin', 'small', 'IISS', 'inline_cswin_small'),
+    'inline/inline-cswin-b_8xb64_in1k.py': ('cswin', 'base', 'IISS', 'inline_cswin_base'),
+    'inline/inline-cswin-b_8xb32_in1k-384px.py': ('cswin', 'base_384', 'IISS', 'inline_cswin_base_384'),
+    'inline/inline-deit-t_8xb512_in1k.py': ('vit', 'tiny', 'I' * 12, 'inline_deit_tiny'),
+    'inline/inline-deit-s_8xb128_in1k-288px.py': ('vit', 'small', 'I' * 12, 'inline_deit_small'),
+    'inline/inline-deit-b_8xb64_in1k-448px.py': ('vit', 'base', 'I' * 12, 'inline_deit_base'),
+}
+
+
+@pytest.mark.parametrize('name', list(MACRO))
+def test_macro_recipes_build_the_released_models(name):
+    """The recipe models are the released architectures (the parameter count of the released state dict), at
+    their pretraining size (the timm entry's evaluation size), with their EMA where the release used one."""
+    import json
+
+    import timm
+    family, arch, layout, entry = MACRO[name]
+    cfg = _load(name)
+    with torch.device('meta'):
+        model = _build(cfg.model)
+        reference = timm.create_model(entry)
+    assert (model.family, model.backbone.arch_name, model.backbone.attn_type) == (family, arch, layout)
+    with open(osp.join(DATA, 'macro_key_manifest.json')) as f:
+        assert sum(t.numel() for t in model.state_dict().values()) == json.load(f)[entry]['params_total']
+    size = reference.pretrained_cfg['input_size'][-1]
+    for loader in ('train_dataloader', 'test_dataloader'):
+        transform = next(t for t in cfg[loader].dataset.pipeline if t.type == 'TimmTransform')
+        assert transform.input_size == size
+    ema = [h for h in cfg.custom_hooks if h.type == 'SwitchableEMAHook' and h.enabled]
+    assert bool(ema) == (family == 'cswin')  # main_ema.py trains the CSWin models
+
+
+MINI_MACRO = {'pvt_v2': MINI_PVT, 'cswin': dict(MINI_SWIN, num_heads=[2, 2, 2, 2], split_size=[1, 2, 7, 7]),
+              'vit': dict(embed_dims=16, depth=2, num_heads=2, img_size=64)}
+
+
+@pytest.mark.parametrize('name', ['flatten/flatten-pvt-v2-b3_8xb128_in1k.py', 'inline/inline-cswin-t_8xb128_in1k.py',
+                                  'inline/inline-deit-s_8xb128_in1k-288px.py'])
+def test_macro_recipe_model_trains_one_step(name):
+    """One step of the recipe's optimizer (the mini arch) with a gradient for every parameter; InLine-DeiT's
+    position embedding and class token are not decayed (its no_weight_decay), CSWin's and PVTv2's encodings are."""
+    from mmengine.optim import build_optim_wrapper
+    cfg = _load(name)
+    family = MACRO[name][0]
+    torch.manual_seed(0)
+    model = _build(dict(cfg.model, arch=MINI_MACRO[family], num_classes=5))
+    optim = build_optim_wrapper(model, cfg.optim_wrapper)
+    loss = model(torch.randn(2, 3, 64, 64), dict(gt_label=torch.tensor([0, 3])), mode='loss')['loss']
+    optim.backward(loss)
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+    optim.step()
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay = {names[id(p)]: g['weight_decay'] for g in optim.optimizer.param_groups for p in g['params']}
+    for key, wd in decay.items():
+        param = model.get_parameter(key)
+        no_decay = param.ndim == 1 or (family == 'vit' and key.endswith(('pos_embed', 'cls_token')))
+        assert wd == (0 if no_decay else cfg.optim_wrapper.optimizer.weight_decay), key
+
+
+def test_cswin_384_finetune_starts_from_official_224_weights(golden_data):
+    """The CSWin-B-384 recipe's model (the golden mini arch) initialises from an official 224 FLatten-CSWin file:
+    the linear stages' positional encodings are resized to the 384 grids (56x56 -> 96x96, bicubic), every other
+    tensor is the file's; the 384 model runs at 384."""
+    from mmpola.checkpoint.reading import safe_torch_load
+    from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
+    expected, ckpt = golden_data('flatten_cswin')
+    kwargs = official_kwargs_to_classifier_kwargs(expected['constructor'], 'cswin')
+    cfg = _load('flatten/flatten-cswin-b_8xb32_in1k-384px.py')
+    arch = dict(kwargs['arch'], split_size=[1, 2, 12, 12])
+    model = _build(dict(cfg.model, arch=arch, num_classes=10, attn=kwargs['attn'],
+                        init_cfg=dict(cfg.model.init_cfg, checkpoint=ckpt)))
+    model.init_weights()
+    official = safe_torch_load(ckpt)['model']
+    ours = {k[len('backbone.'):] if k.startswith('backbone.') else k: v for k, v in model.state_dict().items()}
+    resized = sorted(k for k, v in ours.items() if v.shape != official[k].shape)
+    assert resized == ['stage1.0.attns.0.positional_encoding', 'stage2.0.attns.0.positional_encoding',
+                       'stage2.1.attns.0.positional_encoding']
+    assert ours[resized[0]].shape == (1, 96 * 96, 16)
+    assert all(torch.equal(v, official[k]) for k, v in ours.items() if k not in resized)
+    model.eval()
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randn(1, 3, 384, 384), mode='tensor')).all()

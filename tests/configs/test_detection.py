@@ -3,6 +3,7 @@ no find_unused_parameters) and predicts on a small input. Configs with the same 
 (tests/fixtures/config_groups.py). The numbers of the recipes: test_recipes_doc.py."""
 import os
 import os.path as osp
+import re
 
 import mmdet  # noqa: F401  (required: a broken install fails here)
 import pytest
@@ -21,8 +22,10 @@ def test_config_trains_one_step_and_predicts(path):
     check_trains_one_step_and_predicts(path)
 
 
+# the FLatten / InLine configs of the PVT and Swin backbones, which have a Pola config of the same name (those
+# of PVTv2 and CSWin, architectures PolaFormer was not released on, follow their own recipes: recipes.md)
 LINEAGE = sorted(osp.join(kind, n) for kind in ('flatten', 'inline')
-                 for n in os.listdir(osp.join(CONFIGS, 'detection', kind)))
+                 for n in os.listdir(osp.join(CONFIGS, 'detection', kind)) if re.search(r'_\w+-(pvt|swin)-t_', n))
 
 
 @pytest.mark.parametrize('name', LINEAGE)

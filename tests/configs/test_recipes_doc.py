@@ -21,7 +21,8 @@ with open(DOC, encoding='utf-8') as _f:
     FAMILIES = parse_doc(_f.read())
 ROWS = {config: family for family in FAMILIES for config in family['configs']}
 # where a number comes from: a file of one of these repositories, or "mmpola choice" with its reason
-SOURCE = re.compile(r'^mmpola choice: \S|whai362/PVT|SwinTransformer/Swin-Transformer-|ZacharyMeng/PolaFormer|'
+SOURCE = re.compile(r'^mmpola choice: \S|whai362/PVT|SwinTransformer/Swin-Transformer-|microsoft/CSWin-Transformer|'
+                    r'ZacharyMeng/PolaFormer|'
                     r'LeapLabTHU/(FLatten-Transformer|InLine)|open-mmlab/(mmdetection|mmsegmentation)|'
                     r'huggingface/pytorch-image-models|pytorch/pytorch')
 NAME_BATCH = re.compile(r'(?:^|[_-])(\d+)xb(\d+)(?:[_-]|$)')

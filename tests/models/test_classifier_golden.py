@@ -95,8 +95,8 @@ def test_classifier_kwargs_and_heads():
     assert feats.shape == (1, 2, 3, 128)  # NHWC final map
     assert swin.forward_head(feats, pre_logits=True).shape == (1, 128)
     assert swin(x).shape == (1, 128)
-    with pytest.raises(ValueError, match='family'):
-        PolaClassifier(family='vit')
+    with pytest.raises(ValueError, match="unknown family 'resnet'; valid: .*cswin.*vit"):
+        PolaClassifier(family='resnet')
     with pytest.raises(ValueError, match='out_indices is fixed'):
         PolaClassifier(family='pvt', out_indices=(3,))
 

@@ -30,7 +30,8 @@ FLATTEN_IDS_SHOWN_AS_POLA = ('3ab1d773f19d45648690', '5d1f01532b104da28e7b', 'e1
 def test_every_timm_entry_has_a_source_and_no_pola_entry_names_a_flatten_file():
     assert set(TIMM_ENTRIES) <= set(WEIGHT_SOURCES)
     urls = [s.url for s in WEIGHT_SOURCES.values() if s.url]
-    assert len(urls) == len(set(urls)) == 11  # FLatten PVT-T, Swin-T/S/B; InLine PVT-T/S/M/L, Swin-T/S/B
+    # FLatten PVT-T, PVTv2-b0, Swin-T/S/B, CSWin-T; InLine DeiT-T/S/B, PVT-T/S/M/L, Swin-T/S/B, CSWin-T/S/B
+    assert len(urls) == len(set(urls)) == 19
     for name, source in WEIGHT_SOURCES.items():
         assert (source.url is None) == bool(source.note), name  # a download, or where the weights are
         if name.startswith(('pola_', 'polapp_')):
@@ -61,8 +62,8 @@ def test_configs_name_the_published_source_or_a_local_file(path, name):
     cfg = Config.fromfile(path)
     backbone = cfg.model.backbone if 'model' in cfg else cfg.backbone
     if name is None:  # a task config: the entry of its backbone type and size
-        kind, family = re.fullmatch(r'(FLatten|InLine)(PVT|Swin)', backbone.type).groups()
-        name = f'{kind.lower()}_{family.lower()}_{backbone.arch}'
+        kind, family = re.fullmatch(r'(FLatten|InLine)(PVTv2|PVT|Swin|CSWin|DeiT)', backbone.type).groups()
+        name = f"{kind.lower()}_{family.lower().replace('v2', '_v2')}_{backbone.arch}"
     url = pretrained_url(name)
     assert backbone.init_cfg.checkpoint == (url or f'checkpoints/{name}.pth')
 

@@ -20,9 +20,15 @@ PARAMS_M = {'pola_pvt_tiny': 12.92, 'pola_pvt_small': 23.16, 'pola_pvt_medium': 
             'flatten_pvt_large': 50.65, 'flatten_swin_tiny': 29.19, 'flatten_swin_small': 50.51,
             'flatten_swin_base': 88.97, 'inline_pvt_tiny': 12.03, 'inline_pvt_small': 21.56,
             'inline_pvt_medium': 37.62, 'inline_pvt_large': 51.15, 'inline_swin_tiny': 29.22,
-            'inline_swin_small': 52.04, 'inline_swin_base': 91.01,
+            'inline_swin_small': 49.79, 'inline_swin_base': 88.35,
             'polapp_b0': 7.55, 'polapp_b1': 9.23, 'polapp_b2': 16.45, 'polapp_b3': 27.15,
-            'polapp_b4': 49.80, 'polapp_b5': 97.77}
+            'polapp_b4': 49.80, 'polapp_b5': 97.77,
+            'flatten_pvt_v2_b0': 3.59, 'flatten_pvt_v2_b1': 12.93, 'flatten_pvt_v2_b2': 22.55,
+            'flatten_pvt_v2_b3': 38.27, 'flatten_pvt_v2_b4': 51.84,
+            'flatten_cswin_tiny': 21.20, 'flatten_cswin_small': 35.45, 'flatten_cswin_base': 74.87,
+            'flatten_cswin_base_384': 78.37, 'inline_cswin_tiny': 20.60, 'inline_cswin_small': 33.03,
+            'inline_cswin_base': 73.41, 'inline_cswin_base_384': 73.41,
+            'inline_deit_tiny': 6.48, 'inline_deit_small': 16.73, 'inline_deit_base': 23.80}
 
 
 def _mini_kwargs(expected):
@@ -144,7 +150,7 @@ def test_flatten_inline_entries_registered():
     assert names <= set(TIMM_ENTRIES) and names <= set(timm.list_models(['flatten_*', 'inline_*']))
     with torch.device('meta'):
         model = timm.create_model('inline_swin_small')
-    assert model.kind == 'inline' and model.backbone.attn_type == 'IIIS'
+    assert model.kind == 'inline' and model.backbone.attn_type == 'IISS'  # the released layout of InLine-Swin-S
     assert 'InLine' in model.pretrained_cfg['origin_url']
     with pytest.raises(ValueError, match="'flatten' attention model; kind='pola'"):
         timm.create_model('flatten_pvt_tiny', kind='pola')
@@ -158,6 +164,36 @@ def test_checkpoint_path_reproduces_official(golden_data, name):
         assert (model(expected['input']) - expected['logits']).abs().max() <= 1e-4
     kwargs.pop('num_classes')
     features = timm.create_model(f'{name}_tiny', features_only=True, pretrained=True,
+                                 pretrained_cfg_overlay=dict(file=ckpt), **kwargs).eval()
+    with torch.no_grad():
+        maps = features(expected['input'])
+    for i, (ours, ref) in enumerate(zip(maps, expected['stages'])):
+        assert (ours - ref).abs().max() <= 1e-4, f'stage {i}'
+
+
+# the other macro architectures of the lineage: entry, golden mini model, its architecture (the official
+# PVTv2 class takes PVT-v1's arguments, so the family is named)
+MACRO = {'flatten_pvt_v2_b0': ('flatten_pvt_v2', 'pvt_v2'), 'flatten_cswin_tiny': ('flatten_cswin', 'cswin'),
+         'inline_cswin_tiny': ('inline_cswin', 'cswin'), 'inline_deit_tiny': ('inline_deit_mini_224', 'vit'),
+         'inline_deit_small': ('inline_deit_mini_288', 'vit')}
+
+
+@pytest.mark.parametrize('name', list(MACRO))
+def test_macro_entries_load_official_files(golden_data, name):
+    """``checkpoint_path=`` an official FLatten-PVTv2 / FLatten-CSWin / InLine-CSWin / InLine-DeiT file gives
+    the official logits; ``features_only`` the official stage maps (a ViT's are its blocks' maps)."""
+    mini, family = MACRO[name]
+    expected, ckpt = golden_data(mini)
+    kwargs = official_kwargs_to_classifier_kwargs(expected['constructor'], family)
+    for key in ('family', 'kind'):
+        kwargs.pop(key)
+    model = timm.create_model(name, checkpoint_path=ckpt, **kwargs).eval()
+    assert model.pretrained_cfg['input_size'][-1] == {'inline_deit_small': 288}.get(name, 224)
+    with torch.no_grad():
+        assert (model(expected['input']) - expected['logits']).abs().max() <= 1e-4
+    kwargs.pop('num_classes')
+    depth = len(model.feature_info)
+    features = timm.create_model(name, features_only=True, out_indices=tuple(range(depth)), pretrained=True,
                                  pretrained_cfg_overlay=dict(file=ckpt), **kwargs).eval()
     with torch.no_grad():
         maps = features(expected['input'])

@@ -16,6 +16,12 @@ def test_backbone_cases_are_every_preset_at_every_size():
     assert cases['flatten-swin-b'] == ('FLattenSwin', dict(arch='base'))
     assert cases['polaformer++-b5'] == ('PolaPP', dict(arch='b5'))
     assert set(BENCH.DEFAULT_BACKBONES) <= set(cases) and 'pola-swin-b-384' in BENCH.pola_backbones()
+    assert cases['inline-cswin-b-384'] == ('InLineCSWin', dict(arch='base_384'))
+    assert cases['flatten-pvtv2-b0'] == ('FLattenPVTv2', dict(arch='b0'))
+    # every other kind on every architecture, at its first size
+    assert cases['pola-cswin-t'] == ('CSWinBackbone', dict(arch='tiny', attn=dict(type='pola')))
+    assert cases['softmax-deit-t'] == ('ViTBackbone', dict(arch='tiny', attn_type='S'))
+    assert 'flatten-cswin-t' in cases and not any(name.startswith('pacs-') for name in cases)
 
 
 def test_attention_cases_follow_the_op_registry():

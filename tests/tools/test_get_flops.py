@@ -88,3 +88,12 @@ def test_table_prints_one_model_zoo_row_per_config(capsys):
                                                      '| upernet_pola-swin-t_demo-ade-128x128']
     for row, (params, flops) in zip(rows, results):
         assert row.endswith(f'| {params / 1e6:.2f} M | {flops / 2e9:.1f} |')
+
+
+def test_backbone_arguments_from_the_command_line(capsys):
+    """``--backbone`` with ``--cfg-options``: any kind on any architecture (here Pola on a CSWin) is counted."""
+    params, flops = get_flops.main(['--backbone', 'CSWinBackbone', '--shape', '64', '--cfg-options',
+                                    'attn.type=pola', 'arch.embed_dims=16', 'arch.depths=[1,1,1,1]',
+                                    'arch.num_heads=[2,2,2,2]', 'arch.split_size=[1,2,7,7]'])
+    out = capsys.readouterr().out
+    assert "CSWinBackbone(attn={'type': 'pola'}" in out and params > 0 and flops > 0

@@ -15,9 +15,19 @@ A kind is an ``nn.Module`` registered in :data:`mmpola.registry.ATTENTIONS` unde
 
 **Calling convention.** ``attn(x, hw, **context)`` with x (B, N, C), the row-major tokens of an
 H x W map, and ``hw = (H, W)``; it returns (B, N, C). Windowing, padding, shifts and masks (Swin's
-softmax), spatial reduction (PVT) belong to the module that needs them. ``context`` holds what an
-architecture hands every block (PolaFormer++: its RoPE tables ``rope_head`` and ``rope_feature``);
-a kind ignores what it does not use, so it accepts ``**context``.
+softmax), stripes (CSWin's softmax), spatial reduction (PVT) belong to the module that needs them.
+``context`` holds what an architecture hands every block (PolaFormer++: its RoPE tables
+``rope_head`` and ``rope_feature``; the ViT: ``num_prefix_tokens``, the class token in front of the
+H x W grid tokens; CSWin: ``x_mean``); a kind ignores what it does not use, so it accepts
+``**context``. Two architectures need more of a kind, which it declares as class attributes:
+
+* CSWin's blocks own the projections (one ``qkv`` and one ``proj`` shared by the block's branches,
+  the official key layout) and call each branch with its channels of the projected operands,
+  x (B, N, P, c) (``qkv_layout='projected'``): a kind that runs there lists ``'projected'`` in
+  ``qkv_layouts`` and says how many operands it needs in ``projections`` (default 3: q, k, v;
+  Pola 4: q, k, v, g);
+* the ViT's class token: a kind that takes ``num_prefix_tokens`` (the first P tokens are not on the
+  grid) sets ``prefix_tokens = True``.
 
 **What a module gets.** The backbone passes, by keyword, the arguments below that the module's
 ``__init__`` names (all of them to a module that takes ``**kwargs``):
@@ -26,9 +36,10 @@ a kind ignores what it does not use, so it accepts ``**context``.
   attention saw at the pretraining resolution: where learned positional encodings are stored),
   ``qkv_bias``, ``qk_scale``, ``attn_drop``, ``proj_drop``, ``attn_impl`` (the op implementation,
   mmpola.ops.dispatch), ``fp32_attn`` (the op's fp32 island under autocast);
-* the architecture's context (``attention_context`` of each backbone): PVT ``qkv_layout='separate'``
-  and ``sr_ratio``; Swin ``qkv_layout='fused'``, ``window_size``, ``shift``, ``clamp_shift``;
-  PolaFormer++ ``qkv_layout='fused'``.
+* the architecture's context (``attention_context`` of each backbone): PVT and PVTv2
+  ``qkv_layout='separate'`` and ``sr_ratio``; Swin ``qkv_layout='fused'``, ``window_size``, ``shift``,
+  ``clamp_shift``; CSWin ``qkv_layout='projected'``, ``split_size``, ``orientation``; the ViT
+  ``qkv_layout='fused'``; PolaFormer++ ``qkv_layout='fused'``.
 
 **Options.** Every other argument of ``__init__`` is an option of the kind, set by the user next to
 its type: ``attn=dict(type='pola', alpha=4.0)``. An option the kind does not take is a one-line

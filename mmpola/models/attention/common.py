@@ -11,12 +11,16 @@ import torch.nn.functional as F
 from ..layers import ResizedEmbeddingCache
 
 __all__ = ['QKV_LAYOUTS', 'check_attention_args', 'reduced_grid', 'KeyPositionalEncoding', 'spatial_reduction',
-           'upsample_values', 'depthwise_value_term']
+           'upsample_values', 'depthwise_value_term', 'split_prefix', 'add_to_patches']
 
-# 'fused': one projection of the tokens gives every operand (Swin, PolaFormer++: ``qkv`` / ``qkvg``);
-# 'separate': queries from the tokens, keys and values from a second projection ``kv`` of the
-# (optionally spatially reduced) map (PVT: ``q`` / ``qg`` and ``kv``)
-QKV_LAYOUTS = ('fused', 'separate')
+# 'fused': one projection of the tokens gives every operand (Swin, PolaFormer++, the ViT: ``qkv`` /
+# ``qkvg``); 'separate': queries from the tokens, keys and values from a second projection ``kv`` of
+# the (optionally spatially reduced) map (PVT, PVTv2: ``q`` / ``qg`` and ``kv``); 'projected': the
+# module gets the operands already projected, x (B, N, P, C) with P = its ``projections`` (q, k, v;
+# Pola also g), and returns (B, N, C) before any output projection: it owns neither the input
+# projections nor ``proj`` (CSWin, whose block shares one ``qkv`` and one ``proj`` between its
+# branches; docs/design.md, "CSWin: the block owns the projections")
+QKV_LAYOUTS = ('fused', 'separate', 'projected')
 
 
 def check_attention_args(dim, num_heads, qkv_layout='fused', sr_ratio=1, v_upsample='linear1d'):
@@ -24,7 +28,8 @@ def check_attention_args(dim, num_heads, qkv_layout='fused', sr_ratio=1, v_upsam
     if dim % num_heads:
         raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
     if qkv_layout not in QKV_LAYOUTS:
-        raise ValueError(f"qkv_layout must be 'fused' (Swin) or 'separate' (PVT), got {qkv_layout!r}")
+        raise ValueError(f"qkv_layout must be 'fused' (Swin, ViT), 'separate' (PVT) or 'projected' (CSWin), got "
+                         f'{qkv_layout!r}')
     if sr_ratio > 1 and qkv_layout != 'separate':
         raise ValueError("spatial reduction (sr_ratio > 1) needs the separate key/value projection (PVT's "
                          "qkv_layout='separate')")
@@ -102,3 +107,16 @@ def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d'):
         v = upsample_values(v, kv_hw, hw, v_upsample)
     v = v.reshape(B * heads, H, W, head_dim).permute(0, 3, 1, 2)
     return dwc(v).reshape(B, heads * head_dim, H * W).permute(0, 2, 1)
+
+
+def split_prefix(x, num_prefix_tokens):
+    """(prefix tokens, grid tokens) of (B, P + H*W, C) tokens (a ViT's class token first)."""
+    return x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
+
+
+def add_to_patches(x, term, num_prefix_tokens):
+    """``x`` with ``term`` (B, H*W, C) added to its grid tokens only (the prefix tokens unchanged)."""
+    if not num_prefix_tokens:
+        return x + term
+    prefix, patches = split_prefix(x, num_prefix_tokens)
+    return torch.cat([prefix, patches + term], dim=1)

@@ -7,7 +7,14 @@ from mmpola.ops import check_attn_impl, flatten_attention
 from mmpola.registry import ATTENTIONS
 
 from ..layers import depthwise_conv
-from .common import KeyPositionalEncoding, check_attention_args, depthwise_value_term, reduced_grid, spatial_reduction
+from .common import (
+    KeyPositionalEncoding,
+    add_to_patches,
+    check_attention_args,
+    depthwise_value_term,
+    reduced_grid,
+    spatial_reduction,
+)
 
 __all__ = ['FocusedLinearAttention']
 
@@ -17,14 +24,19 @@ __all__ = ['FocusedLinearAttention']
 class FocusedLinearAttention(KeyPositionalEncoding, nn.Module):
     """Focused linear attention over one whole H x W token grid.
 
-    * ``qkv_layout='fused'`` (FLatten-Swin): ``qkv`` Linear(C, 3C) gives q, k, v.
-    * ``qkv_layout='separate'`` (FLatten-PVT): ``q`` Linear(C, C); ``kv`` Linear(C, 2C) gives k, v
-      from the map, spatially reduced first by ``sr`` / ``norm`` when ``sr_ratio > 1``.
+    * ``qkv_layout='fused'`` (FLatten-Swin, the ViT): ``qkv`` Linear(C, 3C) gives q, k, v.
+    * ``qkv_layout='separate'`` (FLatten-PVT, -PVTv2): ``q`` Linear(C, C); ``kv`` Linear(C, 2C) gives
+      k, v from the map, spatially reduced first by ``sr`` / ``norm`` when ``sr_ratio > 1``.
+    * ``qkv_layout='projected'`` (FLatten-CSWin): x holds the projected q, k, v (B, N, 3, C); no
+      ``proj`` (the CSWin block owns both projections).
 
     k gets the learned ``positional_encoding`` (stored on the pretraining key grid, bilinearly
     resized to the real key grid when they differ); the core (:func:`mmpola.ops.flatten_attention`)
     applies the focusing feature map with the per-channel temperature ``softplus(scale)``; a
     depthwise conv ``dwc`` (d channels, shared by the heads) on v is added, then ``proj``.
+
+    Prefix tokens (``num_prefix_tokens`` in the call context, the ViT's class token): they take part
+    in the core as queries and keys; the positional encoding and ``dwc`` act on the grid tokens only.
 
     Args:
         dim, num_heads, pe_grid, qkv_layout, qkv_bias, sr_ratio, proj_drop, attn_impl, fp32_attn,
@@ -32,12 +44,15 @@ class FocusedLinearAttention(KeyPositionalEncoding, nn.Module):
             (``attn_impl``: implementations of :func:`mmpola.ops.flatten_attention`).
         focusing_factor: option; the power f of the focusing function (3 in every released model).
 
-    Shapes: ``forward(x, hw)`` with x (B, N, C), hw = (H, W), N = H * W -> (B, N, C).
+    Shapes: ``forward(x, hw, num_prefix_tokens=0)`` with x (B, P + H*W, C) (``'projected'``:
+    (B, N, 3, C)), hw = (H, W) -> (B, P + H*W, C).
     """
 
     letter = 'L'
     title = 'FLatten'
     paper = 'FLatten Transformer'
+    qkv_layouts = ('fused', 'separate', 'projected')
+    prefix_tokens = True
 
     def __init__(self, dim, num_heads, pe_grid, qkv_layout='fused', qkv_bias=True, sr_ratio=1, proj_drop=0.,
                  attn_impl='auto', fp32_attn=True, focusing_factor=3, kernel_size=5, v_upsample='linear1d'):
@@ -53,11 +68,12 @@ class FocusedLinearAttention(KeyPositionalEncoding, nn.Module):
         self.fp32_attn = fp32_attn
         if qkv_layout == 'fused':
             self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        else:
+        elif qkv_layout == 'separate':
             self.q = nn.Linear(dim, dim, bias=qkv_bias)
             self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
+        if qkv_layout != 'projected':
+            self.proj = nn.Linear(dim, dim)
+            self.proj_drop = nn.Dropout(proj_drop)
         if sr_ratio > 1:
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(dim)
@@ -65,23 +81,30 @@ class FocusedLinearAttention(KeyPositionalEncoding, nn.Module):
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
 
-    def forward(self, x, hw, **context):
-        B, N, C = x.shape
-        if self.qkv_layout == 'fused':
+    def forward(self, x, hw, num_prefix_tokens=0, **context):
+        P = num_prefix_tokens
+        if self.qkv_layout == 'projected':
+            q, k, v = x[:, :, :3].unbind(2)
+            kv_hw = tuple(hw)
+        elif self.qkv_layout == 'fused':
+            B, N, C = x.shape
             q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
             kv_hw = tuple(hw)
         else:
+            B, N, C = x.shape
             q = self.q(x)
             x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
             k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
-        n = k.shape[1]
-        k = k + self.resized_positional_encoding(kv_hw)
+        B, n, C = k.shape
+        k = add_to_patches(k, self.resized_positional_encoding(kv_hw), P)
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
                                 impl=self.attn_impl)
-        v = v.reshape(B, n, self.num_heads, C // self.num_heads).transpose(1, 2)
-        out = out + depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample)
+        v = v[:, P:].reshape(B, n - P, self.num_heads, C // self.num_heads).transpose(1, 2)
+        out = add_to_patches(out, depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample), P)
+        if self.qkv_layout == 'projected':
+            return out
         return self.proj_drop(self.proj(out))
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '
-                f'focusing_factor={self.focusing_factor}, attn_impl={self.attn_impl!r}')
+                f'focusing_factor={self.focusing_factor}, qkv_layout={self.qkv_layout!r}, attn_impl={self.attn_impl!r}')

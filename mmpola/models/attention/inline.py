@@ -6,7 +6,7 @@ from timm.layers import register_notrace_module
 from mmpola.ops import check_attn_impl, inline_attention
 from mmpola.registry import ATTENTIONS
 
-from .common import check_attention_args
+from .common import add_to_patches, check_attention_args
 
 __all__ = ['InLineAttention']
 
@@ -16,13 +16,20 @@ __all__ = ['InLineAttention']
 class InLineAttention(nn.Module):
     """Injective linear attention over one whole H x W token grid.
 
-    * ``qkv_layout='fused'`` (InLine-Swin): ``qkv`` Linear(C, 3C).
+    * ``qkv_layout='fused'`` (InLine-Swin, InLine-DeiT): ``qkv`` Linear(C, 3C).
     * ``qkv_layout='separate'`` (InLine-PVT): ``q`` Linear(C, C) and ``kv`` Linear(C, 2C).
+    * ``qkv_layout='projected'`` (InLine-CSWin): x holds the projected q, k, v (B, N, 3, C); no
+      ``proj`` (the CSWin block owns both projections), and the tokens the residual kernels are
+      predicted from come as ``x_mean`` (B, C) in the call context (CSWin: the mean of the block input).
 
     The core (:func:`mmpola.ops.inline_attention`, identity kernel) is followed by a local residual:
     a 3x3 depthwise conv over v whose kernels are predicted per image and channel from the mean
     token by ``residual`` (grouped 1x1 Conv1d(C, C) -> GELU -> Conv1d(C, 9C)); then ``proj``. There
     is no positional encoding and no spatial reduction (the official model has none in any release).
+
+    Prefix tokens (``num_prefix_tokens``, the ViT's class token, as the official InLine-DeiT): they
+    take part in the core and in the mean token; the residual conv runs on the grid tokens' v and is
+    added to the grid tokens only.
 
     Args:
         dim, num_heads, qkv_layout, qkv_bias, proj_drop, attn_impl, fp32_attn: as in
@@ -30,12 +37,15 @@ class InLineAttention(nn.Module):
             :func:`mmpola.ops.inline_attention`).
         sr_ratio: must be 1.
 
-    Shapes: ``forward(x, hw)`` with x (B, N, C), hw = (H, W), N = H * W -> (B, N, C).
+    Shapes: ``forward(x, hw, num_prefix_tokens=0, x_mean=None)`` with x (B, P + H*W, C)
+    (``'projected'``: (B, N, 3, C)), hw = (H, W) -> (B, P + H*W, C).
     """
 
     letter = 'I'
     title = 'InLine'
     paper = 'InLine'
+    qkv_layouts = ('fused', 'separate', 'projected')
+    prefix_tokens = True
 
     def __init__(self, dim, num_heads, qkv_layout='fused', qkv_bias=True, sr_ratio=1, proj_drop=0., attn_impl='auto',
                  fp32_attn=True):
@@ -51,30 +61,44 @@ class InLineAttention(nn.Module):
         self.fp32_attn = fp32_attn
         if qkv_layout == 'fused':
             self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        else:
+        elif qkv_layout == 'separate':
             self.q = nn.Linear(dim, dim, bias=qkv_bias)
             self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
+        if qkv_layout != 'projected':
+            self.proj = nn.Linear(dim, dim)
+            self.proj_drop = nn.Dropout(proj_drop)
         self.residual = nn.Sequential(
             nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads),
             nn.GELU(),
             nn.Conv1d(dim, dim * 9, kernel_size=1, groups=num_heads))
 
-    def forward(self, x, hw, **context):
-        B, N, C = x.shape
+    def forward(self, x, hw, num_prefix_tokens=0, x_mean=None, **context):
         H, W = hw
-        if self.qkv_layout == 'fused':
+        P = num_prefix_tokens
+        if self.qkv_layout == 'projected':
+            if x_mean is None:
+                raise ValueError("InLine attention with qkv_layout='projected' needs x_mean (B, C) in the call "
+                                 'context: the mean token its residual kernels are predicted from')
+            q, k, v = x[:, :, :3].unbind(2)
+        elif self.qkv_layout == 'fused':
+            B, N, C = x.shape
             q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
         else:
+            B, N, C = x.shape
             q = self.q(x)
             k, v = self.kv(x).reshape(B, N, 2, C).unbind(2)
-        kernels = self.residual(x.mean(dim=1).unsqueeze(-1)).reshape(B * C, 1, 3, 3)
+        B, N, C = q.shape
+        if x_mean is None:
+            x_mean = x.mean(dim=1)
+        kernels = self.residual(x_mean.unsqueeze(-1)).reshape(B * C, 1, 3, 3)
         out = inline_attention(q, k, v, self.num_heads, fp32=self.fp32_attn, impl=self.attn_impl)
-        v = v.reshape(B, H, W, C).permute(0, 3, 1, 2).reshape(1, B * C, H, W)
+        v = v[:, P:].reshape(B, H, W, C).permute(0, 3, 1, 2).reshape(1, B * C, H, W)
         local = F.conv2d(v, kernels.to(v.dtype), None, padding=1, groups=B * C)
-        out = out + local.reshape(B, C, N).permute(0, 2, 1)
+        out = add_to_patches(out, local.reshape(B, C, H * W).permute(0, 2, 1), P)
+        if self.qkv_layout == 'projected':
+            return out
         return self.proj_drop(self.proj(out))
 
     def extra_repr(self):
-        return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'
+        return (f'dim={self.dim}, num_heads={self.num_heads}, qkv_layout={self.qkv_layout!r}, '
+                f'attn_impl={self.attn_impl!r}')

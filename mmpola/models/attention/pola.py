@@ -7,7 +7,14 @@ from mmpola.ops import check_attn_impl, pola_attention
 from mmpola.registry import ATTENTIONS
 
 from ..layers import depthwise_conv
-from .common import KeyPositionalEncoding, check_attention_args, depthwise_value_term, reduced_grid, spatial_reduction
+from .common import (
+    KeyPositionalEncoding,
+    add_to_patches,
+    check_attention_args,
+    depthwise_value_term,
+    reduced_grid,
+    spatial_reduction,
+)
 
 __all__ = ['PolaAttention']
 
@@ -17,18 +24,22 @@ __all__ = ['PolaAttention']
 class PolaAttention(KeyPositionalEncoding, nn.Module):
     """Polarity-aware linear attention over one whole H x W token grid (docs/design.md).
 
-    Both official projection layouts:
+    The projection layouts:
 
-    * ``qkv_layout='fused'`` (Pola-Swin): ``qkvg`` Linear(C, 4C) gives q, k, v, g.
-    * ``qkv_layout='separate'`` (Pola-PVT): ``qg`` Linear(C, 2C) gives q, g; ``kv`` Linear(C, 2C)
+    * ``qkv_layout='fused'`` (Pola-Swin, the ViT): ``qkvg`` Linear(C, 4C) gives q, k, v, g.
+    * ``qkv_layout='separate'`` (Pola-PVT, -PVTv2): ``qg`` Linear(C, 2C) gives q, g; ``kv`` Linear(C, 2C)
       gives k, v from the map, spatially reduced first by ``sr`` (Conv2d k = s = sr_ratio) and
       ``norm`` (LayerNorm eps 1e-5) when ``sr_ratio > 1``.
+    * ``qkv_layout='projected'`` (CSWin): x holds the projected q, k, v, g (B, N, 4, C:
+      ``projections = 4``, so the CSWin block's ``qkv`` is Linear(C, 4C)); no ``proj``.
 
     k gets the learned ``positional_encoding``, stored on the pretraining key grid and bilinearly
     resized (align_corners False) to the real key grid when the two differ; the core
     (:func:`mmpola.ops.pola_attention`) mixes same-sign and opposite-sign branches; a depthwise conv
     ``dwc`` (d channels, shared by the heads) runs on v with the real (H, W); the sum is gated by
-    the linear projection g and projected by ``proj``.
+    the linear projection g and projected by ``proj``. Prefix tokens (``num_prefix_tokens``, the
+    ViT's class token) take part in the core and the gate; the positional encoding and ``dwc`` act on
+    the grid tokens only.
 
     Args:
         dim: channels C.
@@ -50,12 +61,16 @@ class PolaAttention(KeyPositionalEncoding, nn.Module):
             needed for the official outputs) or ``'bilinear2d'`` on the 2-D grid (geometrically
             sound; a documented deviation for new training runs).
 
-    Shapes: ``forward(x, hw)`` with x (B, N, C), hw = (H, W), N = H * W -> (B, N, C).
+    Shapes: ``forward(x, hw, num_prefix_tokens=0)`` with x (B, P + H*W, C) (``'projected'``:
+    (B, N, 4, C)), hw = (H, W) -> (B, P + H*W, C).
     """
 
     letter = 'L'
     title = 'Pola'
     paper = 'PolaFormer'
+    qkv_layouts = ('fused', 'separate', 'projected')
+    projections = 4  # q, k, v, g (the 'projected' layout's operands)
+    prefix_tokens = True
 
     def __init__(self, dim, num_heads, pe_grid, qkv_layout='fused', qkv_bias=True, sr_ratio=1, proj_drop=0.,
                  attn_impl='auto', fp32_attn=True, alpha=4.0, kernel_size=5, v_upsample='linear1d'):
@@ -75,32 +90,39 @@ class PolaAttention(KeyPositionalEncoding, nn.Module):
 
         if qkv_layout == 'fused':
             self.qkvg = nn.Linear(dim, dim * 4, bias=qkv_bias)
-        else:
+        elif qkv_layout == 'separate':
             self.qg = nn.Linear(dim, dim * 2, bias=qkv_bias)
             self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
             if sr_ratio > 1:
                 self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
                 self.norm = nn.LayerNorm(dim)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
+        if qkv_layout != 'projected':
+            self.proj = nn.Linear(dim, dim)
+            self.proj_drop = nn.Dropout(proj_drop)
         self.dwc = depthwise_conv(head_dim, kernel_size)
         self.power = nn.Parameter(torch.zeros(1, num_heads, 1, head_dim))
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
 
-    def forward(self, x, hw, **context):
-        B, N, C = x.shape
+    def forward(self, x, hw, num_prefix_tokens=0, **context):
         H, W = hw
-        heads, head_dim = self.num_heads, C // self.num_heads
-        if self.qkv_layout == 'fused':
+        P = num_prefix_tokens
+        if self.qkv_layout == 'projected':
+            q, k, v, g = x[:, :, :4].unbind(2)
+            kv_hw = (H, W)
+        elif self.qkv_layout == 'fused':
+            B, N, C = x.shape
             q, k, v, g = self.qkvg(x).reshape(B, N, 4, C).unbind(2)
             kv_hw = (H, W)
         else:
+            B, N, C = x.shape
             q, g = self.qg(x).reshape(B, N, 2, C).unbind(2)
             x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
             k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
+        B, N, C = q.shape
+        heads, head_dim = self.num_heads, C // self.num_heads
         n = k.shape[1]
-        k = k + self.resized_positional_encoding(kv_hw)
+        k = add_to_patches(k, self.resized_positional_encoding(kv_hw), P)
 
         # contiguous per-head layout: the reference data of the official model are reproduced
         # bit for bit with it (strided views change the matmul summation order for h > 1)
@@ -114,10 +136,12 @@ class PolaAttention(KeyPositionalEncoding, nn.Module):
                              impl=self.attn_impl)
         out = out.transpose(1, 2).reshape(B, N, C)
 
-        out = out + depthwise_value_term(self.dwc, v, kv_hw, (H, W), self.v_upsample)
+        out = add_to_patches(out, depthwise_value_term(self.dwc, v[:, :, P:], kv_hw, (H, W), self.v_upsample), P)
         out = out * g
+        if self.qkv_layout == 'projected':
+            return out
         return self.proj_drop(self.proj(out))
 
     def extra_repr(self):
-        return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, '
-                f'sr_ratio={self.sr_ratio}, alpha={self.alpha}, attn_impl={self.attn_impl!r}')
+        return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '
+                f'alpha={self.alpha}, qkv_layout={self.qkv_layout!r}, attn_impl={self.attn_impl!r}')

@@ -1,5 +1,7 @@
-"""The softmax attentions of the macro architectures: PVT's spatial-reduction attention (kind
-``'softmax'``) and Swin's shifted-window attention (kind ``'window_softmax'``), letter ``'S'``."""
+"""The softmax attentions of the macro architectures, letter ``'S'``: PVT's spatial-reduction
+attention (kind ``'softmax'``, also the global attention of PVTv2 and the ViT), Swin's shifted-window
+attention (kind ``'window_softmax'``) and CSWin's cross-shaped stripes with LePE (kind
+``'stripe_softmax'``)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -9,22 +11,26 @@ from mmpola.registry import ATTENTIONS
 
 from .common import QKV_LAYOUTS, spatial_reduction
 
-__all__ = ['SpatialReductionAttention', 'WindowAttention', 'window_partition', 'window_reverse',
+__all__ = ['SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 'window_partition', 'window_reverse',
            'shifted_window_mask', 'relative_position_index']
 
 
 @ATTENTIONS.register_module(name='softmax')
 class SpatialReductionAttention(nn.Module):
-    """Softmax attention of PVT-v1 with optional spatial reduction of keys and values.
+    """Softmax attention of PVT-v1 / PVTv2 with optional spatial reduction of keys and values, and the
+    global multi-head attention of the ViT (DeiT).
 
     Keys: ``q`` Linear(C, C), ``kv`` Linear(C, 2C), ``proj``; ``sr`` (Conv2d k = s = sr_ratio) and
-    ``norm`` if sr_ratio > 1. With ``qkv_layout='fused'`` one ``qkv`` Linear(C, 3C) and no reduction.
+    ``norm`` if sr_ratio > 1. With ``qkv_layout='fused'`` one ``qkv`` Linear(C, 3C) and no reduction:
+    timm's / DeiT's ``Attention`` (the ViT's softmax, whose class token simply takes part).
 
     Shapes: ``forward(x, hw)``: (B, N, C), (H, W) -> (B, N, C).
     """
 
     letter = 'S'
     title = 'softmax'
+    qkv_layouts = ('separate', 'fused')
+    prefix_tokens = True  # global attention: prefix tokens are tokens like the others
 
     def __init__(self, dim, num_heads, qkv_layout='separate', qkv_bias=True, qk_scale=None, attn_drop=0.,
                  proj_drop=0., sr_ratio=1):
@@ -214,3 +220,106 @@ class WindowAttention(nn.Module):
 
     def extra_repr(self):
         return f'dim={self.dim}, window_size={self.window_size}, num_heads={self.num_heads}, shift={self.shift_size}'
+
+
+@ATTENTIONS.register_module(name='stripe_softmax')
+@register_notrace_module  # torch.fx leaf: data-dependent padding and stripes
+class StripeAttention(nn.Module):
+    """CSWin's softmax attention in stripes with LePE (the official ``LePEAttention``; weights
+    ``get_v``): the softmax of CSWin's 'S' blocks, called by the block with its channels of the
+    projected q, k, v (``qkv_layout='projected'``, docs/design.md "CSWin: the block owns the
+    projections").
+
+    ``orientation='vertical'``: windows of the whole height by ``split_size`` columns (the official
+    branch 0); ``'horizontal'``: ``split_size`` rows by the whole width (branch 1); ``'whole'``: the
+    whole map (CSWin's last stage). LePE: a 3x3 depthwise conv ``get_v`` of v computed inside each
+    stripe (zero padding at the stripe borders), added to the attention output. At any input size the
+    q, k, v maps are zero-padded symmetrically (top/bottom, left/right halves) to whole stripes and
+    the output is cropped back, without masking the padded keys, exactly as the official CSWin
+    segmentation backbone.
+
+    Args:
+        dim: the branch's channels c; num_heads: its heads.
+        split_size: the stripe width.
+        orientation: ``'vertical'``, ``'horizontal'`` or ``'whole'``.
+        qkv_layout: must be ``'projected'`` (the block owns the projections).
+        qk_scale: softmax scale override (default d ** -0.5); attn_drop: attention dropout.
+
+    Shapes: ``forward(x, hw)``: x (B, H*W, 3, c) projected q, k, v -> (B, H*W, c).
+    """
+
+    letter = 'S'
+    title = 'stripe softmax'
+    qkv_layouts = ('projected',)
+    applies_lepe = True  # its LePE is per stripe (the CSWin block adds the whole-map LePE of the other kinds)
+    ORIENTATIONS = ('vertical', 'horizontal', 'whole')
+
+    def __init__(self, dim, num_heads, split_size=7, orientation='whole', qkv_layout='projected', qk_scale=None,
+                 attn_drop=0.):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        if qkv_layout != 'projected':
+            raise ValueError("stripe softmax attention runs inside CSWin blocks, which own the projections "
+                             f"(qkv_layout='projected'), got {qkv_layout!r}")
+        if orientation not in self.ORIENTATIONS:
+            raise ValueError(f'orientation must be one of {self.ORIENTATIONS}, got {orientation!r}')
+        self.dim, self.num_heads, self.split_size, self.orientation = dim, num_heads, split_size, orientation
+        self.scale = qk_scale or (dim // num_heads) ** -0.5
+        self.get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)
+        self.attn_drop = nn.Dropout(attn_drop)
+
+    def stripe(self, hw):
+        """(height, width) of a stripe on an H x W map."""
+        H, W = hw
+        if self.orientation == 'whole':
+            return H, W
+        return (H, self.split_size) if self.orientation == 'vertical' else (self.split_size, W)
+
+    def forward(self, x, hw, **context):
+        B, N, _, C = x.shape
+        H, W = hw
+        hsp, wsp = self.stripe(hw)
+        maps = x[:, :, :3].permute(0, 2, 3, 1).reshape(B, 3, C, H, W)
+        pad_h, pad_w = (-H) % hsp, (-W) % wsp
+        top, left = pad_h // 2, pad_w // 2
+        if pad_h or pad_w:
+            maps = F.pad(maps, (left, pad_w - left, top, pad_h - top))
+        Hp, Wp = H + pad_h, W + pad_w
+        q, k, v = maps.unbind(1)
+        heads, d, L = self.num_heads, C // self.num_heads, hsp * wsp
+        q = _stripe_tokens(q, hsp, wsp).reshape(-1, L, heads, d).permute(0, 2, 1, 3)
+        k = _stripe_tokens(k, hsp, wsp).reshape(-1, L, heads, d).permute(0, 2, 1, 3)
+        v = _stripe_maps(v, hsp, wsp)  # (B * stripes, C, hsp, wsp)
+        lepe = self.get_v(v).reshape(-1, heads, d, L).permute(0, 1, 3, 2)
+        v = v.reshape(-1, heads, d, L).permute(0, 1, 3, 2)
+        attn = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1))
+        out = (attn @ v + lepe).transpose(1, 2).reshape(-1, L, C)
+        out = _merge_stripes(out, hsp, wsp, Hp, Wp)
+        if pad_h or pad_w:
+            out = out[:, top:top + H, left:left + W, :]
+        return out.reshape(B, N, C)
+
+    def extra_repr(self):
+        return f'dim={self.dim}, num_heads={self.num_heads}, split_size={self.split_size}, {self.orientation}'
+
+
+def _stripe_tokens(t, hsp, wsp):
+    """(B, C, H, W) -> (B * stripes, hsp * wsp, C), stripes in row-major order (official ``img2windows``)."""
+    B, C, H, W = t.shape
+    t = t.view(B, C, H // hsp, hsp, W // wsp, wsp)
+    return t.permute(0, 2, 4, 3, 5, 1).reshape(-1, hsp * wsp, C)
+
+
+def _stripe_maps(t, hsp, wsp):
+    """(B, C, H, W) -> (B * stripes, C, hsp, wsp): every stripe as its own small map."""
+    B, C, H, W = t.shape
+    t = t.view(B, C, H // hsp, hsp, W // wsp, wsp)
+    return t.permute(0, 2, 4, 1, 3, 5).reshape(-1, C, hsp, wsp)
+
+
+def _merge_stripes(stripes, hsp, wsp, H, W):
+    """(B * stripes, hsp * wsp, C) -> (B, H, W, C) (official ``windows2img``)."""
+    B = stripes.shape[0] // ((H // hsp) * (W // wsp))
+    stripes = stripes.view(B, H // hsp, W // wsp, hsp, wsp, -1)
+    return stripes.permute(0, 1, 3, 2, 4, 5).reshape(B, H, W, -1)

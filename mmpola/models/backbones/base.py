@@ -39,15 +39,18 @@ An architecture::
         def _stem(self, x):              # image -> (x, hw) given to stage 0
         def _enter_stage(self, i, x, hw):   # output of stage i - 1 (or the stem) -> input of stage i
         def _stage_blocks(self, i):      # the blocks of stage i: each is called block(x, hw, **context)
+        def _exit_stage(self, i, x, hw): # after the blocks of stage i (PVTv2: its trained stage norm)
         def _stem_parts(self):           # (modules, parameters) frozen by frozen_stages >= 0
         def _stage_parts(self, i):       # (modules, parameters) of stage i, frozen when i < frozen_stages
         def stage_module(self, i):       # name of stage i's blocks (timm's feature_info)
 
-    and, where the defaults (tokens stages, LayerNorm output norms ``norm{i}``, PVT's classification
-    head) do not fit: ``_block_context`` (keyword context of every block), ``_stage_output`` /
-    ``stage_map`` / ``output_norm`` / ``_add_output_norms`` (stages of NCHW maps), ``checkpoint_filter``
-    (the official key layout), the ``classification_*`` hooks and ``classifier_kwargs_from_official``
-    (the official classifier, :class:`~mmpola.models.classifier.PolaClassifier`).
+    and, where the defaults (four stages of tokens, LayerNorm output norms ``norm{i}``, PVT's
+    classification head) do not fit: ``stages_of`` / ``default_out_indices`` (a stage per block: the
+    ViT), ``_block_context`` (keyword context of every block), ``_stage_output`` / ``stage_map`` /
+    ``output_norm`` / ``output_norm_name`` / ``_add_output_norms`` (stages of NCHW maps, prefix
+    tokens, other norm names), ``checkpoint_filter`` (the official key layout), the
+    ``classification_*`` hooks and ``classifier_kwargs_from_official`` (the official classifier,
+    :class:`~mmpola.models.classifier.PolaClassifier`).
 
 Input: (B, in_channels, H, W) with H, W >= ``min_input_size``. Output: a tuple of NCHW maps for
 ``out_indices``.
@@ -64,12 +67,14 @@ from mmpola.ops import check_attn_impl
 from mmpola.registry import ARCHITECTURES, MODELS
 
 from ..attention import (
+    attention_class,
     attention_kind_of,
     attention_letter,
     attention_options,
     attention_paper,
     attention_title,
     build_attention,
+    registered_attention_kinds,
     split_attention_cfg,
 )
 from ..layers import trunc_normal_init
@@ -179,7 +184,7 @@ class DenseBackbone(BaseModule):
     Common args (keyword-only in the architectures):
         arch: preset name or custom dict (``arch_keys``).
         in_channels: input image channels.
-        out_indices: 0-based stages to return.
+        out_indices: 0-based stages to return (None: the architecture's ``default_out_indices``).
         out_norm: add an output norm to every returned stage (new, dense-only parameters). None:
             the architecture's default (``default_out_norm``).
         norm_after_stage: deprecated alias of ``out_norm``.
@@ -193,7 +198,8 @@ class DenseBackbone(BaseModule):
             None: the preset's (``default_attn``). A dict without ``type`` sets options of it.
         attn_type: the per-stage layout in the official letters (:func:`parse_attn_type`): the
             letter of the ``attn`` kind, ``'S'`` for the architecture's softmax (``softmax_attn``),
-            ``'M'`` mixed. None: the preset's (``default_attn_type``), or every stage ``attn``.
+            ``'M'`` mixed. None: the preset's (``default_attn_type``: one string, or one per arch
+            size), or every stage ``attn``.
         attn_impl: implementation of every attention op: ``'auto'``, ``'fast'``, ``'reference'``
             (the official op order) or a registered one (mmpola.ops.dispatch).
         fp32_attn: run the attention ops in fp32 under autocast.
@@ -209,8 +215,9 @@ class DenseBackbone(BaseModule):
 
     arch_settings = {}
     arch_keys = ()
-    num_stages = 4
+    num_stages = 4  # the default of stages_of (an instance sets its own)
     min_input_size = 32
+    min_input_reason = 'four stages down to stride 32'
     out_norm_eps = 1e-5
     default_out_norm = False
     init_layers = (nn.Linear,)  # layers of the official trunc-normal init (mmpola.models.layers.trunc_normal_init)
@@ -222,6 +229,10 @@ class DenseBackbone(BaseModule):
     softmax_attn = 'softmax'
     softmax_name = None  # a file of the softmax-only model in messages (default 'softmax <title>')
     attention_context = ()
+    # how the blocks call their attention: the qkv_layout they pass (a kind that lists its layouts in
+    # ``qkv_layouts`` must take it) and the prefix tokens in front of the grid tokens (the ViT's class token)
+    qkv_layout = 'fused'
+    num_prefix_tokens = 0
     # checkpoints: a key every file of the architecture has (for messages), and look-alike files of
     # other libraries {description: regex on the keys} (mmpola.checkpoint names them)
     official_key_pattern = None
@@ -230,6 +241,8 @@ class DenseBackbone(BaseModule):
     classification_kwargs = {}  # backbone arguments fixed by the official classification forward
     classification_modules = ('norm', 'head')  # its modules beside ``backbone`` (unprefixed in official files)
     classification_args = ()  # classifier arguments of the architecture's head (PolaFormer++: projection)
+    classification_global_pools = ('avg', '')  # the classifier's global_pool values, the official first
+    classification_output_fmt = 'NHWC'  # what classification_features returns (the ViT: 'NLC' tokens)
     first_conv = None  # the stem convolution, below ``backbone.`` (timm's pretrained_cfg)
 
     def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None, norm_after_stage=None,
@@ -240,7 +253,10 @@ class DenseBackbone(BaseModule):
         name = type(self).__name__
         self.arch = resolve_arch(arch, self.arch_settings, self.arch_keys, name)
         self.arch_name = arch.lower() if isinstance(arch, str) else None
+        self.num_stages = self.stages_of(self.arch)
         self.in_channels = in_channels
+        if out_indices is None:
+            out_indices = self.default_out_indices(self.num_stages)
         self.out_indices = check_out_indices(out_indices, self.num_stages, name)
         self.frozen_stages = check_frozen_stages(frozen_stages, self.num_stages, name)
         self.out_norm = resolve_out_norm(out_norm, norm_after_stage, self.default_out_norm)
@@ -291,12 +307,30 @@ class DenseBackbone(BaseModule):
             letters[attention_letter(self.attn_kind)] = self.attn_kind
         return letters
 
+    @classmethod
+    def stages_of(cls, arch):
+        """The number of stages of a resolved arch dict (``num_stages``; the ViT: one per block)."""
+        return cls.num_stages
+
+    @classmethod
+    def default_out_indices(cls, num_stages):
+        """The stages returned when ``out_indices`` is None (of ``num_stages``): all of them."""
+        return tuple(range(num_stages))
+
+    def released_attn_type(self):
+        """The preset's layout for this arch (``default_attn_type``: a string, or ``{arch: string}``
+        whose first entry serves custom arch dicts), or None."""
+        layout = self.default_attn_type
+        if isinstance(layout, dict):
+            return layout.get(self.arch_name, next(iter(layout.values())))
+        return layout
+
     def resolve_block_kinds(self, depths):
         """Set ``attn_type`` (default: the preset's, or every stage the configured kind) and
         ``block_kinds``: the kind of every block, a list (per stage) of lists (per block)."""
         linear = attention_letter(self.attn_kind) if self.attn_kind is not None else 'L'
         if self.attn_type is None:
-            self.attn_type = self.default_attn_type or linear * self.num_stages
+            self.attn_type = self.released_attn_type() or linear * self.num_stages
         letters = parse_attn_type(self.attn_type, depths, linear)
         kinds = self.attention_letters()
         if self.attn_kind is None and any(c == linear for stage in letters for c in stage):
@@ -304,7 +338,31 @@ class DenseBackbone(BaseModule):
                                   "but no attention kind is configured; pass attn=dict(type='pola') (or another "
                                   "registered kind), or attn_type of 'S' stages only")
         self.block_kinds = [[kinds[c] for c in stage] for stage in letters]
+        self._check_kinds()
         return self.block_kinds
+
+    @classmethod
+    def accepts_kind(cls, kind):
+        """Whether attention kind ``kind`` runs in this architecture's blocks: it takes their
+        ``qkv_layout`` (a kind without ``qkv_layouts`` owns whatever projections it likes, except on
+        CSWin, whose blocks own them) and, for the ViT, prefix tokens."""
+        attn = attention_class(kind)
+        layouts = getattr(attn, 'qkv_layouts', None)
+        if layouts is None and cls.qkv_layout == 'projected':
+            return False
+        if layouts is not None and cls.qkv_layout not in layouts:
+            return False
+        return not cls.num_prefix_tokens or getattr(attn, 'prefix_tokens', False)
+
+    def _check_kinds(self):
+        """Refuse a layout with a kind that does not run in this architecture's blocks."""
+        for kind in sorted({k for stage in self.block_kinds for k in stage}):
+            if not self.accepts_kind(kind):
+                able = [k for k in registered_attention_kinds() if self.accepts_kind(k)]
+                needs = (f"whose blocks call their attention with qkv_layout='{self.qkv_layout}'"
+                         + (' and the class token in front of the grid tokens' if self.num_prefix_tokens else ''))
+                raise PolaConfigError(f"{type(self).__name__}: the {attention_title(kind)} attention (type='{kind}') "
+                                      f'cannot run on {self.title}, {needs}; kinds that can: {", ".join(able)}')
 
     def build_attention(self, stage, block, dim, num_heads, **context):
         """The attention module of block ``block`` of stage ``stage`` (its kind in ``block_kinds``):
@@ -332,14 +390,19 @@ class DenseBackbone(BaseModule):
         self.apply(self.init_module)
         self._freeze_stages()
 
+    def output_norm_name(self, i):
+        """The name of stage ``i``'s output norm: ``norm{i}`` (0-based, mmdet's Swin); CSWin ``norm{i+1}``
+        (its official dense code's)."""
+        return f'norm{i}'
+
     def _add_output_norms(self):
-        """The output norms of the returned stages: LayerNorm ``norm{i}`` (eps ``out_norm_eps``)."""
+        """The output norms of the returned stages: LayerNorm :meth:`output_norm_name` (eps ``out_norm_eps``)."""
         for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(self.embed_dims[i], eps=self.out_norm_eps))
+            self.add_module(self.output_norm_name(i), nn.LayerNorm(self.embed_dims[i], eps=self.out_norm_eps))
 
     def output_norm(self, i):
         """The output norm of stage ``i``, or None."""
-        return getattr(self, f'norm{i}') if self.out_norm else None
+        return getattr(self, self.output_norm_name(i)) if self.out_norm else None
 
     def init_module(self, module):
         """The official weight init of one module (``model.apply`` runs it on every module)."""
@@ -357,7 +420,7 @@ class DenseBackbone(BaseModule):
 
     def dense_only_modules(self):
         """Names of the modules that no classification checkpoint holds (the output norms)."""
-        return [f'norm{i}' for i in self.out_indices] if self.out_norm else []
+        return [self.output_norm_name(i) for i in self.out_indices] if self.out_norm else []
 
     # ---------------------------------------------------------------------------------------------
     # architecture hooks
@@ -370,6 +433,11 @@ class DenseBackbone(BaseModule):
 
     def _stage_blocks(self, i):
         raise NotImplementedError
+
+    def _exit_stage(self, i, x, hw):
+        """Stage ``i``'s blocks' output -> the stage's output (what the next stage and the outputs
+        get); the blocks' output by default."""
+        return x
 
     def _block_context(self, i, x, hw):
         """Keyword context every block of stage ``i`` (and its attention) gets; none by default."""
@@ -407,7 +475,7 @@ class DenseBackbone(BaseModule):
             (kept state dict, dropped keys).
         """
         model_state = self.state_dict()
-        last_norm = f'norm{self.num_stages - 1}.'
+        last_norm = self.output_norm_name(self.num_stages - 1) + '.'
         kept, dropped = {}, []
         for key, value in state_dict.items():
             top = key.split('.', 1)[0]
@@ -446,7 +514,7 @@ class DenseBackbone(BaseModule):
         return KeySignature.of_model(self.state_dict(), modules, {k: attention_title(k) for k in kinds},
                                      exclude=self.dense_only_modules(), name=type(self).__name__,
                                      hint=self.official_key_pattern, official=self.official_name, paper=paper,
-                                     unchecked=[self.softmax_attn])
+                                     unchecked=[self.softmax_attn], family=self.family)
 
     # ---------------------------------------------------------------------------------------------
     # freezing
@@ -460,8 +528,8 @@ class DenseBackbone(BaseModule):
             m, p = self._stage_parts(i)
             modules += list(m)
             params += list(p)
-            if hasattr(self, f'norm{i}'):
-                modules.append(getattr(self, f'norm{i}'))
+            if self.out_norm and hasattr(self, self.output_norm_name(i)):
+                modules.append(getattr(self, self.output_norm_name(i)))
         for module in modules:
             module.eval()
             for param in module.parameters():
@@ -495,13 +563,14 @@ class DenseBackbone(BaseModule):
             maps for an architecture whose blocks work on maps (:meth:`stage_map` turns either
             into NCHW).
         """
-        check_input(x, self.in_channels, self.min_input_size, type(self).__name__)
+        check_input(x, self.in_channels, self.min_input_size, type(self).__name__, self.min_input_reason)
         last_stage = self.num_stages - 1 if last_stage is None else last_stage
         x, hw = self._stem(x)
         outs = []
         for i in range(last_stage + 1):
             x, hw = self._enter_stage(i, x, hw)
             x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, **self._block_context(i, x, hw))
+            x = self._exit_stage(i, x, hw)
             outs.append(self._stage_output(x, hw))
         return outs
 
@@ -554,8 +623,9 @@ class DenseBackbone(BaseModule):
         """The norm ``forward_intermediates(norm=True)`` applies to the last stage map, or None."""
         return None
 
-    def classification_pool(self, x):
-        """The official pooling: final map (B, h, w, F) -> (B, F). Default: mean over the tokens."""
+    def classification_pool(self, x, global_pool='avg'):
+        """The official pooling (``global_pool``: one of ``classification_global_pools`` but ''):
+        final map (B, h, w, F) -> (B, F). Default: mean over the tokens."""
         return x.flatten(1, 2).mean(dim=1)
 
     def classification_head(self, num_features, num_classes):

@@ -299,7 +299,7 @@ class PolaPPBackbone(DenseBackbone):
     def classification_features(self, neck, stage):
         return F.silu(neck.norm(neck.proj(stage))).permute(0, 2, 3, 1)
 
-    def classification_pool(self, x):
+    def classification_pool(self, x, global_pool='avg'):
         return x.mean(dim=(1, 2))  # the official average pool of the (B, P, h, w) map
 
     def classification_head(self, num_features, num_classes):

@@ -1,10 +1,11 @@
 """The released backbones as registered presets: one row each, an architecture with an attention
 kind and the released per-stage layout.
 
-``PolaPVT``, ``FLattenSwin`` ... are generated from :data:`PRESETS`: subclasses of their
-architecture that only change defaults (``attn``, ``attn_type`` and, where a release differs, a
-class attribute such as InLine-PVT's doubled heads). They take every argument of the architecture;
-``PolaPVT(attn=dict(alpha=3.0))`` sets an option of its kind.
+``PolaPVT``, ``FLattenSwin``, ``FLattenPVTv2``, ``InLineCSWin``, ``InLineDeiT`` ... are generated from
+:data:`PRESETS`: subclasses of their architecture that only change defaults (``attn``, ``attn_type``
+and, where a release differs, a class attribute such as InLine-PVT's doubled heads or InLine-CSWin's
+deeper small size). They take every argument of the architecture; ``PolaPVT(attn=dict(alpha=3.0))``
+sets an option of its kind.
 
 The module also tells mmpola.checkpoint what the files of every architecture with every
 registered kind look like (:func:`known_models`), for its messages.
@@ -17,11 +18,13 @@ from mmpola.checkpoint import KnownModel, LookAlike
 from mmpola.registry import ARCHITECTURES, ATTENTIONS, MODELS
 
 from ..attention import attention_letter, attention_paper, attention_title
-from . import polapp, swin  # noqa: F401  (registers the architectures the rows name)
+from . import polapp, pvt_v2, swin, vit  # noqa: F401  (registers the architectures the rows name)
+from .cswin import CSWinBackbone
 from .pvt import PVTBackbone
 
 __all__ = ['Preset', 'PRESETS', 'preset_of', 'backbone_class', 'known_models', 'PolaPVT', 'FLattenPVT', 'InLinePVT',
-           'PolaSwin', 'FLattenSwin', 'InLineSwin', 'PolaPP']
+           'PolaSwin', 'FLattenSwin', 'InLineSwin', 'PolaPP', 'FLattenPVTv2', 'FLattenCSWin', 'InLineCSWin',
+           'InLineDeiT']
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,8 @@ class Preset:
         name: the registered type (``'PolaPVT'``).
         family: its architecture (``'pvt'``, mmpola.registry.ARCHITECTURES).
         attn: its attention kind (``'pola'``).
-        attn_type: the released per-stage layout.
+        attn_type: the released per-stage layout, or ``{arch: layout}`` where the sizes of a release
+            differ (a custom arch dict gets the first entry's).
         paper: the publication, for the docstring.
         official: its name as a checkpoint in messages (default ``'<kind title>-<architecture title>'``).
         release: its short name in descriptions of files (default ``'<kind paper> <architecture title>'``).
@@ -52,6 +56,11 @@ def _doubled_heads(settings):
     return {name: dict(arch, num_heads=[2 * h for h in arch['num_heads']]) for name, arch in settings.items()}
 
 
+# the InLine release's CSWin-S is deeper than FLatten's (LeapLabTHU/InLine models/inline_cswin.py)
+_INLINE_CSWIN = dict(CSWinBackbone.arch_settings,
+                     small=dict(CSWinBackbone.arch_settings['small'], depths=[3, 6, 29, 2]))
+
+
 def _inline_softmax_window(window_size):
     """The InLine release's softmax window: max(7, window_size // 8) (7 at 56, 12 at 96)."""
     return max(7, window_size // 8)
@@ -65,9 +74,16 @@ PRESETS = (
            overrides=dict(arch_settings=_doubled_heads(PVTBackbone.arch_settings))),
     Preset('PolaSwin', 'swin', 'pola', 'LLSS', 'PolaFormer, ICLR 2025'),
     Preset('FLattenSwin', 'swin', 'flatten', 'LLSS', 'FLatten Transformer, ICCV 2023'),
-    Preset('InLineSwin', 'swin', 'inline', 'IIIS', 'InLine attention, NeurIPS 2024',
+    # the released layouts differ per size (LeapLabTHU/InLine cfgs/inline_swin_{t,s,b}.yaml)
+    Preset('InLineSwin', 'swin', 'inline', dict(tiny='IIIS', small='IISS', base='IIMS2'),
+           'InLine attention, NeurIPS 2024',
            overrides=dict(default_softmax_window_size=staticmethod(_inline_softmax_window))),
     Preset('PolaPP', 'polapp', 'pacs', 'LLSS', 'PolaFormer++', official='PolaFormer++', release='PolaFormer++'),
+    Preset('FLattenPVTv2', 'pvt_v2', 'flatten', 'LLLL', 'FLatten Transformer, ICCV 2023'),
+    Preset('FLattenCSWin', 'cswin', 'flatten', 'LLSS', 'FLatten Transformer, ICCV 2023'),
+    Preset('InLineCSWin', 'cswin', 'inline', 'IISS', 'InLine attention, NeurIPS 2024',
+           overrides=dict(arch_settings=_INLINE_CSWIN)),
+    Preset('InLineDeiT', 'vit', 'inline', 'I', 'InLine attention, NeurIPS 2024'),
 )
 
 
@@ -82,8 +98,10 @@ def _complete(preset):
 def _make(preset):
     """The registered class of a preset: its architecture with the preset's defaults."""
     arch = ARCHITECTURES.get(preset.family)
+    layout = preset.attn_type if isinstance(preset.attn_type, str) else \
+        ', '.join(f"'{v}' ({k})" for k, v in preset.attn_type.items())
     doc = (f"""{preset.official} backbone ({preset.paper}) for mmdet / mmseg: :class:`{arch.__name__}` with
-    ``attn=dict(type='{preset.attn}')`` and ``attn_type='{preset.attn_type}'`` by default (its release).
+    ``attn=dict(type='{preset.attn}')`` and ``attn_type`` {layout!s} by default (its release).
 
     Registered in mmengine's root ``MODELS`` registry, so ``dict(type='{preset.name}', ...)`` builds from
     mmdet's, mmseg's and any other OpenMMLab library's registry. Every argument of
@@ -106,6 +124,10 @@ PolaSwin = _CLASSES['PolaSwin']
 FLattenSwin = _CLASSES['FLattenSwin']
 InLineSwin = _CLASSES['InLineSwin']
 PolaPP = _CLASSES['PolaPP']
+FLattenPVTv2 = _CLASSES['FLattenPVTv2']
+FLattenCSWin = _CLASSES['FLattenCSWin']
+InLineCSWin = _CLASSES['InLineCSWin']
+InLineDeiT = _CLASSES['InLineDeiT']
 
 
 def preset_of(family, kind):
@@ -132,8 +154,10 @@ def _probe(arch, kind):
     settings = dict(next(iter(arch.arch_settings.values())))
     if isinstance(settings.get('depths'), (list, tuple)):
         settings['depths'] = [1] * len(settings['depths'])
+    if isinstance(settings.get('depth'), int):  # the ViT: a stage per block
+        settings['depth'] = 1
     with torch.device('meta'):
-        model = arch(arch=settings, attn=dict(type=kind), attn_type=attention_letter(kind) * arch.num_stages,
+        model = arch(arch=settings, attn=dict(type=kind), attn_type=attention_letter(kind) * arch.stages_of(settings),
                      init_cfg=None)
     return model.checkpoint_signature()
 

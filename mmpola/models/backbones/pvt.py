@@ -18,7 +18,7 @@ from ..layers import DropPath, Mlp, PatchEmbed, ResizedEmbeddingCache, to_2tuple
 from ..utils import PolaConfigError, check_stage_string
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
-__all__ = ['PVTBackbone', 'PVTBlock']
+__all__ = ['PVTBackbone', 'PVTBlock', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids']
 
 
 class PVTBlock(nn.Module):
@@ -103,6 +103,7 @@ class PVTBackbone(DenseBackbone):
     softmax_attn = 'softmax'
     softmax_name = 'softmax PVT (PVT-v1)'
     attention_context = ('qkv_layout', 'sr_ratio')
+    qkv_layout = 'separate'
     official_key_pattern = 'block1.*'
     look_alikes = {'mmdet/mmseg PVT (not Pola; softmax attention only)': r'(^|\.)layers\.0\.0\.projection\.'}
     first_conv = 'patch_embed1.proj'
@@ -134,9 +135,7 @@ class PVTBackbone(DenseBackbone):
             raise PolaConfigError('pretrain_img_size must be square (official models are), got '
                                   f'{self.pretrain_img_size}')
 
-        # official grids: stage 1 img // 4, stage i > 1 (img // 2 ** i) // 2
-        img = self.pretrain_img_size[0]
-        grids = [img // 4] + [(img // 2 ** (i + 1)) // 2 for i in range(1, self.num_stages)]
+        grids = pvt_pos_grids(self.pretrain_img_size[0], self.num_stages)
         self.pos_embed_grids = [(g, g) for g in grids]
 
         dpr = drop_path_rates(drop_path_rate, self.depths)
@@ -199,33 +198,51 @@ class PVTBackbone(DenseBackbone):
     def checkpoint_filter(self, state_dict, source='the checkpoint', map_final_norm=False):
         """The shared filter, and a file whose stages were trained with other ``la_sr_ratios``
         refused (its positional encodings and reductions would not fit)."""
-        stored = _stored_la_sr_ratios(state_dict, self.num_stages)
-        built = ''.join(str(r) for r in self.la_sr_ratios)
-        if stored is not None and 'S' not in self.attn_type and stored != built:
-            raise CheckpointMismatchError(
-                f"checkpoint {source} was trained with la_sr_ratios='{stored}' but the {type(self).__name__} was "
-                f"built with '{built}'; pass la_sr_ratios='{stored}'")
+        check_la_sr_ratios(self, state_dict, source)
         return super().checkpoint_filter(state_dict, source, map_final_norm)
 
     @classmethod
     def classifier_kwargs_from_official(cls, kwargs):
         """The official ``PyramidVisionTransformer`` arguments (``embed_dims`` ...)."""
-        if 'embed_dims' not in kwargs:
-            return None
-        kwargs = dict(kwargs)
-        if kwargs.pop('patch_size', 4) != 4:
-            raise ValueError('only patch_size=4 (every released model) is supported')
-        out = dict(family=cls.family, num_classes=kwargs.pop('num_classes', 1000),
-                   drop_rate=kwargs.pop('drop_rate', 0.), drop_path_rate=kwargs.pop('drop_path_rate', 0.),
-                   pretrain_img_size=kwargs.pop('img_size', 224),
-                   arch={key: list(kwargs.pop(key)) for key in cls.arch_keys})
-        for key in ('qkv_bias', 'qk_scale', 'attn_drop_rate', 'sr_ratios', 'la_sr_ratios'):
-            if key in kwargs:
-                out[key] = kwargs.pop(key)
-        kwargs.pop('num_stages', None)
-        kwargs.pop('in_chans', None)
-        attn_type = kwargs.pop('attn_type', None)
-        return out, kwargs, attn_type
+        return pvt_classifier_kwargs(cls, kwargs)
+
+
+def pvt_pos_grids(img_size, num_stages=4):
+    """The official PVT / PVTv2 stage grids at pretraining: stage 1 img // 4, stage i > 1
+    (img // 2 ** i) // 2 (56, 28, 14, 7 at 224)."""
+    return [img_size // 4] + [(img_size // 2 ** (i + 1)) // 2 for i in range(1, num_stages)]
+
+
+def pvt_classifier_kwargs(cls, kwargs):
+    """The arguments of the official PVT / PVTv2 classes (``embed_dims`` ...) -> ``(classifier kwargs
+    of architecture ``cls``, the rest, the official attn_type)``, or None."""
+    if 'embed_dims' not in kwargs:
+        return None
+    kwargs = dict(kwargs)
+    if kwargs.pop('patch_size', 4) != 4:
+        raise ValueError('only patch_size=4 (every released model) is supported')
+    out = dict(family=cls.family, num_classes=kwargs.pop('num_classes', 1000),
+               drop_rate=kwargs.pop('drop_rate', 0.), drop_path_rate=kwargs.pop('drop_path_rate', 0.),
+               pretrain_img_size=kwargs.pop('img_size', 224),
+               arch={key: list(kwargs.pop(key)) for key in cls.arch_keys})
+    for key in ('qkv_bias', 'qk_scale', 'attn_drop_rate', 'sr_ratios', 'la_sr_ratios'):
+        if key in kwargs:
+            out[key] = kwargs.pop(key)
+    kwargs.pop('num_stages', None)
+    kwargs.pop('in_chans', None)
+    attn_type = kwargs.pop('attn_type', None)
+    return out, kwargs, attn_type
+
+
+def check_la_sr_ratios(model, state_dict, source):
+    """Refuse a PVT / PVTv2 file whose linear stages were trained with other ``la_sr_ratios`` than
+    ``model`` was built with (its positional encodings and reductions would not fit)."""
+    stored = _stored_la_sr_ratios(state_dict, model.num_stages)
+    built = ''.join(str(r) for r in model.la_sr_ratios)
+    if stored is not None and 'S' not in model.attn_type and stored != built:
+        raise CheckpointMismatchError(
+            f"checkpoint {source} was trained with la_sr_ratios='{stored}' but the {type(model).__name__} was "
+            f"built with '{built}'; pass la_sr_ratios='{stored}'")
 
 
 def _stored_la_sr_ratios(state_dict, num_stages=4):

@@ -205,14 +205,14 @@ class SwinBackbone(DenseBackbone):
     def classification_stage_norm(self, neck):
         return neck.norm
 
-    def classification_pool(self, x):
+    def classification_pool(self, x, global_pool='avg'):
         """The official op order: adaptive average pool over the token axis."""
         return torch.flatten(F.adaptive_avg_pool1d(x.flatten(1, 2).transpose(1, 2), 1), 1)
 
     @classmethod
     def classifier_kwargs_from_official(cls, kwargs):
         """The official ``SwinTransformer`` arguments of the releases (``embed_dim`` ...)."""
-        if 'embed_dim' not in kwargs:
+        if 'embed_dim' not in kwargs or 'depths' not in kwargs:
             return None
         kwargs = dict(kwargs)
         if kwargs.pop('patch_size', 4) != 4:

@@ -3,7 +3,8 @@
 * :func:`check_num_classes`: ``num_classes`` of every head against the classes of every dataset
   (and, for COCO files, the classes against the file's ``categories``);
 * :func:`check_model_channels`: necks' / decode heads' ``in_channels`` against the backbone's
-  ``out_channels`` (the backbone is built on the ``meta`` device: no memory, no weights).
+  ``out_channels`` (the backbone is built on the ``meta`` device: no memory, no weights); a simple
+  feature pyramid (ViTDet's, for a plain ViT) reads only the last map: its ``backbone_channel``.
 """
 from mmpola.errors import UserError
 
@@ -100,16 +101,18 @@ def check_model_channels(cfg):
     consumers = []
     neck = model.get('neck')
     for i, item in enumerate(_as_list(neck)[:1] if neck else []):  # the first neck reads the backbone
-        if isinstance(item, dict) and 'in_channels' in item:
-            where = 'model.neck' if not isinstance(neck, (list, tuple)) else f'model.neck.{i}'
-            consumers.append((where, item, None))
+        where = 'model.neck' if not isinstance(neck, (list, tuple)) else f'model.neck.{i}'
+        if isinstance(item, dict) and 'backbone_channel' in item:  # a simple pyramid of the last map
+            consumers.append((f'{where}.backbone_channel', item['backbone_channel'], -1))
+        elif isinstance(item, dict) and 'in_channels' in item:
+            consumers.append((f'{where}.in_channels', item['in_channels'], None))
     if not neck:
         for name in ('decode_head', 'auxiliary_head'):
             heads = model.get(name)
             for i, head in enumerate(_as_list(heads) if heads else []):
                 if isinstance(head, dict) and 'in_channels' in head:
                     where = f'model.{name}' if not isinstance(heads, (list, tuple)) else f'model.{name}.{i}'
-                    consumers.append((where, head, head.get('in_index', -1)))
+                    consumers.append((f'{where}.in_channels', head['in_channels'], head.get('in_index', -1)))
     if not consumers:
         return
     out = _backbone_out_channels(model['backbone'])
@@ -117,20 +120,20 @@ def check_model_channels(cfg):
         return
     backbone = f"model.backbone ({model['backbone'].get('type')}, out_indices " \
                f"{tuple(model['backbone'].get('out_indices', range(len(out))))})"
-    for where, item, in_index in consumers:
-        given = item['in_channels']
+    for key, given, in_index in consumers:
         if in_index is None:
             expected = out
         else:
             try:
                 expected = [out[i] for i in _as_list(in_index)]
             except IndexError:
+                where = key.rsplit('.', 1)[0]
                 raise UserError(f'{where}.in_index={in_index!r} selects a backbone output that does not exist: '
                                 f'{backbone} returns {len(out)} maps') from None
             if not isinstance(in_index, (list, tuple)):
                 expected = expected[0]
         if _as_list(given) != _as_list(expected):
             raise UserError(
-                f'{where}.in_channels={given!r} does not match the channels of the maps {backbone} returns'
+                f'{key}={given!r} does not match the channels of the maps {backbone} returns'
                 f'{"" if in_index is None else f" at in_index {in_index!r}"}: {expected!r}. '
-                f'Fix: --cfg-options {where}.in_channels={str(expected).replace(" ", "")}')
+                f'Fix: --cfg-options {key}={str(expected).replace(" ", "")}')

@@ -4,7 +4,18 @@ import pytest
 import torch
 
 from mmpola.checkpoint import identify
-from mmpola.models import DenseBackbone, PolaPP, PolaPPBackbone, PolaPVT, PolaSwin, PVTBackbone, SwinBackbone
+from mmpola.models import (
+    CSWinBackbone,
+    DenseBackbone,
+    PolaPP,
+    PolaPPBackbone,
+    PolaPVT,
+    PolaSwin,
+    PVTBackbone,
+    PVTv2Backbone,
+    SwinBackbone,
+    ViTBackbone,
+)
 from mmpola.models.attention import attention_letter, registered_attention_kinds
 from mmpola.models.backbones import drop_path_rates, parse_attn_type, tokens_to_nchw
 from mmpola.models.utils import PolaConfigError
@@ -14,7 +25,9 @@ TINY_PVT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=
 TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 2, 2], num_heads=[1, 2, 4, 8])
 TINY_POLAPP = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratios=[2] * 4,
                    layer_scale_init_values=[1.0] * 4)
-TINY = {'pvt': TINY_PVT, 'swin': TINY_SWIN, 'polapp': TINY_POLAPP}
+TINY = {'pvt': TINY_PVT, 'swin': TINY_SWIN, 'polapp': TINY_POLAPP, 'pvt_v2': TINY_PVT,
+        'cswin': dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[2, 2, 4, 8], split_size=[1, 2, 7, 7]),
+        'vit': dict(embed_dims=32, depth=4, num_heads=2, img_size=64)}
 
 
 def test_families_share_the_core():
@@ -23,7 +36,8 @@ def test_families_share_the_core():
         for name in ('init_weights', 'set_attn_impl', 'train', 'forward', 'forward_stages', '_freeze_stages'):
             assert name not in vars(PolaPVT) and name not in vars(PolaSwin), name
     # one class per macro architecture; the released models are presets of them
-    assert dict(ARCHITECTURES.module_dict) == {'pvt': PVTBackbone, 'swin': SwinBackbone, 'polapp': PolaPPBackbone}
+    assert dict(ARCHITECTURES.module_dict) == {'pvt': PVTBackbone, 'swin': SwinBackbone, 'polapp': PolaPPBackbone,
+                                               'pvt_v2': PVTv2Backbone, 'cswin': CSWinBackbone, 'vit': ViTBackbone}
     for preset, arch in ((PolaPVT, PVTBackbone), (PolaSwin, SwinBackbone), (PolaPP, PolaPPBackbone)):
         assert preset.__bases__ == (arch,) and '__init__' not in vars(preset)
 
@@ -88,13 +102,13 @@ def test_attn_type_letters_pick_the_kinds():
         parse_attn_type('LLSS', [1, 1, 1, 1], 'I')
 
 
-@pytest.mark.parametrize('family', ['pvt', 'swin', 'polapp'])
+@pytest.mark.parametrize('family', list(TINY))
 def test_every_kind_runs_on_every_architecture_and_is_identified_by_its_keys(family):
     """Any registered kind in any architecture: built by config, runs, and a state dict of it is
     recognised as that architecture with that kind (what the checkpoint messages rely on)."""
     arch = ARCHITECTURES.get(family)
     x = torch.randn(1, 3, 64, 64)
-    for kind in registered_attention_kinds():
+    for kind in filter(arch.accepts_kind, registered_attention_kinds()):
         with torch.device('meta'):
             model = arch(arch=TINY[family], attn=dict(type=kind), attn_type=attention_letter(kind) * 4)
         found = identify(model.state_dict())

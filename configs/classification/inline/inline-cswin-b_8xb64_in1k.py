@@ -1,0 +1,18 @@
+# InLine-CSWin-B (73.4 M parameters): official ImageNet top-1 84.5. ImageNet-1k from scratch with the official
+# recipe of LeapLabTHU/InLine (cfgs/inline_cswin_b.yaml on config.py, trained by main_ema.py --amp), 8 GPUs x
+# 64 images (lr 5e-4 x 512 / 512): the CSWin schedule of ../_base_/schedules/cswin_310e.py, weight decay 0.1,
+# drop path 0.5, CSWin with the injective linear attention in stages 1-2 (the released layout 'IISS') and an
+# EMA of the weights (timm's ModelEma in the official run, decay 0.9996^(512/4096): main_ema.py (EMA on by
+# default, decay 0.9996 raised to the power total batch / 4096)); validation and checkpoints use the averaged
+# weights. Every number and its source: docs/recipes.md.
+#   tools/dist_train.sh configs/classification/inline/inline-cswin-b_8xb64_in1k.py 8 --amp   (official: fp16)
+#   tools/test.py configs/classification/inline/inline-cswin-b_8xb64_in1k.py CHECKPOINT
+# (official InLine-CSWin files load as they are: their EMA weights when they hold them). The checkpoint
+# feeds the dense configs' backbone (type='InLineCSWin', arch='base').
+_base_ = ['./inline-cswin-t_8xb128_in1k.py']
+
+model = dict(arch='base', drop_path_rate=0.5)
+train_dataloader = dict(batch_size=64)
+optim_wrapper = dict(optimizer=dict(weight_decay=0.1))
+custom_hooks = [dict(type='SwitchableEMAHook', enabled=True, momentum=1 - 0.9996 ** (512 / 4096),
+                     update_buffers=True, priority='ABOVE_NORMAL')]

@@ -1,0 +1,34 @@
+# RetinaNet + FPN with FLatten-PVTv2-B0 on COCO 2017, 1x schedule (12 epochs), 8 GPUs x 2 images: the PVTv2
+# recipe (whai362/PVT detection/configs/retinanet_pvt_v2_b0_fpn_1x_coco.py), as ported by mmdet
+# (pvt/retinanet_pvtv2-b0_fpn_1x_coco: AdamW lr 1e-4, weight decay 1e-4 on every parameter, 500 warm-up
+# iterations, steps at epochs 8 and 11; FPN from stage 2 on plus two extra levels, 1333x800 + flip), which
+# the FLatten paper follows (its repository ships no detection configs). Every number and its source:
+# docs/recipes.md.
+#
+# Backbone weights: the official FLatten-PVTv2-B0 ImageNet weights, downloaded from its release
+# (mmpola/checkpoint/sources.py); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
+_base_ = [
+    'mmdet::pvt/retinanet_pvtv2-b0_fpn_1x_coco.py',
+    '../../_base_/models/flatten_pvt_v2_b0.py',
+    '../_base_/coco_tta.py',
+    '../../_base_/runtime.py',
+]
+# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
+default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
+# test images in the form the model takes (3 channels, 0..255), also the arrays given to DetInferencer:
+# mmpola's CheckImage right after loading (mmpola/datasets/transforms.py)
+test_pipeline = [_base_.test_pipeline[0], dict(type='CheckImage'), *_base_.test_pipeline[1:]]
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader
+
+# the shared backbone moves into the model (pop: the dumped config holds it once)
+model = dict(
+    backbone=dict(_base_.pop('backbone'), _delete_=True, drop_path_rate=0.1),
+    neck=dict(in_channels=_base_.pop('backbone_out_channels')))
+
+optim_wrapper = dict(optimizer=dict(betas=(0.9, 0.999)))
+train_dataloader = dict(batch_size=2)
+auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# `--tta`: horizontal flip
+# (_base_/coco_tta.py)

@@ -1,0 +1,54 @@
+"""Every attention kind on every macro architecture by one config word: Pola, FLatten, InLine and the
+architecture's softmax on PVT, PVTv2, Swin, CSWin and the ViT, built from ``attn=dict(type=...)`` (the
+softmax: ``attn_type`` of 'S'), forward and backward at an odd, non-square size with a gradient for
+every parameter, and a finite bf16 autocast pass."""
+import pytest
+import torch
+
+from mmpola.registry import ARCHITECTURES
+
+TINY = {
+    'pvt': dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1]),
+    'pvt_v2': dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1]),
+    'swin': dict(embed_dims=16, depths=[1, 2, 2, 2], num_heads=[1, 2, 4, 8]),
+    'cswin': dict(embed_dims=16, depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 8], split_size=[1, 2, 7, 7]),
+    'vit': dict(embed_dims=32, depth=4, num_heads=2, img_size=64),
+}
+KINDS = ('pola', 'flatten', 'inline', 'softmax')
+SIZE = (67, 97)
+# the maps of each architecture at 67 x 97 (strides 4-32; the ViT: its blocks at stride 16)
+SIZES = {'pvt': [(16, 24), (8, 12), (4, 6), (2, 3)], 'pvt_v2': [(17, 25), (9, 13), (5, 7), (3, 4)],
+         'swin': [(17, 25), (9, 13), (5, 7), (3, 4)], 'cswin': [(17, 24), (9, 12), (5, 6), (3, 3)],
+         'vit': [(5, 7)] * 4}
+
+
+def _build(family, kind):
+    """``family`` with ``kind``: one word of the config (``attn=dict(type=kind)``; the architecture's
+    softmax by its letter 'S')."""
+    arch = ARCHITECTURES.get(family)
+    if kind == 'softmax':
+        return arch(arch=TINY[family], attn_type='S' * (1 if family == 'vit' else 4))
+    return arch(arch=TINY[family], attn=dict(type=kind))
+
+
+@pytest.mark.parametrize('kind', KINDS)
+@pytest.mark.parametrize('family', list(TINY))
+def test_kind_runs_forward_and_backward_at_an_odd_size(family, kind):
+    torch.manual_seed(0)
+    model = _build(family, kind).train()
+    expected_kind = model.softmax_attn if kind == 'softmax' else kind
+    assert {k for stage in model.block_kinds for k in stage} == {expected_kind}
+    outs = model(torch.randn(2, 3, *SIZE))
+    assert [tuple(o.shape[-2:]) for o in outs] == SIZES[family]
+    assert [o.shape[1] for o in outs] == model.out_channels
+    sum(o.square().mean() for o in outs).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, f'parameters without gradient (DDP would fail): {missing}'
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+    model.zero_grad()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(1, 3, *SIZE))
+    assert all(torch.isfinite(o).all() for o in outs)
+    sum(o.float().square().mean() for o in outs).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
