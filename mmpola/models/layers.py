@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
-__all__ = ['DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'ResizedEmbeddingCache', 'depthwise_conv',
+__all__ = ['DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache', 'depthwise_conv',
            'resize_grid_embedding', 'to_2tuple_int', 'trunc_normal_init']
 
 
@@ -137,6 +137,30 @@ class Mlp(nn.Module):
 
 
 @register_notrace_module  # torch.fx leaf: padding and (H, W) depend on the input size
+class PreNormBlock(nn.Module):
+    """Pre-norm transformer block of PVT, PVTv2 and the ViT: x + DropPath(Attn(LN(x), hw, **context)), then
+    x + DropPath(MLP(LN(x))); LayerNorm eps 1e-6.
+
+    ``attn``: any attention kind (``attn(x, hw, **context)``); ``mlp_layer``: :class:`Mlp`, or an MLP that
+    takes the map size too (``takes_hw = True``, as PVTv2's ConvMlp with its depthwise conv).
+    Shapes: ``forward(x, hw, **context)``: (B, N, C), (H, W) -> (B, N, C).
+    """
+
+    def __init__(self, dim, attn, mlp_ratio=4., drop=0., drop_path=0., mlp_layer=Mlp):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = attn
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=drop)
+        self.mlp_takes_hw = getattr(mlp_layer, 'takes_hw', False)
+
+    def forward(self, x, hw, **context):
+        x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
+        y = self.norm2(x)
+        return x + self.drop_path(self.mlp(y, hw) if self.mlp_takes_hw else self.mlp(y))
+
+
 class PatchEmbed(nn.Module):
     """Non-overlapping patch embedding: Conv2d(k = s = patch_size) -> flatten -> LayerNorm.
 

@@ -325,6 +325,18 @@ class DenseBackbone(BaseModule):
             return layout.get(self.arch_name, next(iter(layout.values())))
         return layout
 
+    def stage_lists(self, keys=None):
+        """The per-stage settings ``keys`` of the arch (default ``arch_keys``) as lists, each checked to
+        have one entry per stage."""
+        lists = {}
+        for key in self.arch_keys if keys is None else keys:
+            value = self.arch[key]
+            if len(value) != self.num_stages:
+                raise PolaConfigError(f'{type(self).__name__}: arch {key} must have {self.num_stages} entries, '
+                                      f'got {value!r}')
+            lists[key] = list(value)
+        return lists
+
     def resolve_block_kinds(self, depths):
         """Set ``attn_type`` (default: the preset's, or every stage the configured kind) and
         ``block_kinds``: the kind of every block, a list (per stage) of lists (per block)."""

@@ -195,12 +195,8 @@ class CSWinBackbone(DenseBackbone):
         embed_dims = settings['embed_dims']
         if not isinstance(embed_dims, int):
             raise PolaConfigError(f'{name}: embed_dims must be the stage-1 width (int), got {embed_dims!r}')
-        self.depths = list(settings['depths'])
-        self.num_heads = list(settings['num_heads'])
-        self.split_size = list(settings['split_size'])
-        for key in ('depths', 'num_heads', 'split_size'):
-            if len(settings[key]) != self.num_stages:
-                raise PolaConfigError(f'{name}: arch {key} must have {self.num_stages} entries, got {settings[key]!r}')
+        stages = self.stage_lists(('depths', 'num_heads', 'split_size'))
+        self.depths, self.num_heads, self.split_size = stages['depths'], stages['num_heads'], stages['split_size']
         self.embed_dims = [embed_dims * 2 ** i for i in range(self.num_stages)]
         self.resolve_block_kinds(self.depths)
         if pretrain_img_size is None:

@@ -209,15 +209,10 @@ class PolaPPBackbone(DenseBackbone):
                          frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
                          attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, attn_options=attn_options,
                          pretrained=pretrained, init_cfg=init_cfg)
-        settings = self.arch
-        for key in self.arch_keys:
-            if len(settings[key]) != self.num_stages:
-                raise PolaConfigError(f'arch {key} must have {self.num_stages} entries, got {settings[key]!r}')
-        self.embed_dims = list(settings['embed_dims'])
-        self.depths = list(settings['depths'])
-        self.num_heads = list(settings['num_heads'])
-        self.mlp_ratios = list(settings['mlp_ratios'])
-        self.layer_scale_init_values = list(settings['layer_scale_init_values'])
+        stages = self.stage_lists()
+        self.embed_dims, self.depths = stages['embed_dims'], stages['depths']
+        self.num_heads, self.mlp_ratios = stages['num_heads'], stages['mlp_ratios']
+        self.layer_scale_init_values = stages['layer_scale_init_values']
         self.resolve_block_kinds(self.depths)
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0])

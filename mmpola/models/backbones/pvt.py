@@ -14,31 +14,11 @@ from timm.layers import trunc_normal_
 
 from mmpola.checkpoint import CheckpointMismatchError
 
-from ..layers import DropPath, Mlp, PatchEmbed, ResizedEmbeddingCache, to_2tuple_int
+from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache, to_2tuple_int
 from ..utils import PolaConfigError, check_stage_string
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
-__all__ = ['PVTBackbone', 'PVTBlock', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids']
-
-
-class PVTBlock(nn.Module):
-    """Pre-norm PVT block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))); LN eps 1e-6.
-
-    ``attn``: any attention kind (``attn(x, hw, **context)``).
-    Shapes: ``forward(x, hw)``: (B, H*W, C), (H, W) -> (B, H*W, C).
-    """
-
-    def __init__(self, dim, attn, mlp_ratio, drop=0., drop_path=0.):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = attn
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-
-    def forward(self, x, hw, **context):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+__all__ = ['PVTBackbone', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids']
 
 
 @register_architecture('pvt', title='PVT')
@@ -117,14 +97,9 @@ class PVTBackbone(DenseBackbone):
                          norm_after_stage=norm_after_stage, frozen_stages=frozen_stages, norm_eval=norm_eval,
                          with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
                          attn_options=attn_options, pretrained=pretrained, init_cfg=init_cfg)
-        settings = self.arch
-        self.embed_dims = list(settings['embed_dims'])
-        self.depths = list(settings['depths'])
-        self.num_heads = list(settings['num_heads'])
-        self.mlp_ratios = list(settings['mlp_ratios'])
-        for key in self.arch_keys:
-            if len(settings[key]) != self.num_stages:
-                raise PolaConfigError(f'arch {key} must have {self.num_stages} entries, got {settings[key]!r}')
+        stages = self.stage_lists()
+        self.embed_dims, self.depths = stages['embed_dims'], stages['depths']
+        self.num_heads, self.mlp_ratios = stages['num_heads'], stages['mlp_ratios']
         self.resolve_block_kinds(self.depths)
         self.la_sr_ratios = [int(c) for c in check_stage_string(
             ''.join(str(int(r)) for r in la_sr_ratios) if not isinstance(la_sr_ratios, str)
@@ -152,7 +127,7 @@ class PVTBackbone(DenseBackbone):
                                             sr_ratio=self.sr_ratios[i] if softmax else self.la_sr_ratios[i],
                                             qkv_bias=qkv_bias, qk_scale=qk_scale, attn_drop=attn_drop_rate,
                                             proj_drop=drop_rate)
-                blocks.append(PVTBlock(dim, attn, self.mlp_ratios[i], drop=drop_rate, drop_path=dpr[i][j]))
+                blocks.append(PreNormBlock(dim, attn, self.mlp_ratios[i], drop=drop_rate, drop_path=dpr[i][j]))
             setattr(self, f'patch_embed{i + 1}', patch_embed)
             setattr(self, f'pos_embed{i + 1}', pos_embed)
             setattr(self, f'pos_drop{i + 1}', nn.Dropout(p=drop_rate))

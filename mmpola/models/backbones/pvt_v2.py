@@ -23,12 +23,12 @@ import math
 import torch.nn as nn
 from timm.layers import register_notrace_module
 
-from ..layers import DropPath, to_2tuple_int, trunc_normal_init
+from ..layers import PreNormBlock, to_2tuple_int, trunc_normal_init
 from ..utils import PolaConfigError, check_stage_string
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_pos_grids
 
-__all__ = ['PVTv2Backbone', 'PVTv2Block', 'OverlapPatchEmbed', 'ConvMlp']
+__all__ = ['PVTv2Backbone', 'OverlapPatchEmbed', 'ConvMlp']
 
 
 @register_notrace_module  # torch.fx leaf: (H, W) depend on the input size
@@ -64,6 +64,8 @@ class DWConv(nn.Module):
 class ConvMlp(nn.Module):
     """fc1 -> dwconv (3x3 depthwise) -> GELU -> Dropout -> fc2 -> Dropout on (B, H*W, C) tokens."""
 
+    takes_hw = True  # forward(x, hw): PreNormBlock passes the map size
+
     def __init__(self, dim, hidden, drop=0.):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
@@ -75,25 +77,6 @@ class ConvMlp(nn.Module):
     def forward(self, x, hw):
         x = self.drop(self.act(self.dwconv(self.fc1(x), hw)))
         return self.drop(self.fc2(x))
-
-
-class PVTv2Block(nn.Module):
-    """x + DropPath(Attn(LN(x), hw)), then x + DropPath(ConvMlp(LN(x), hw)); LN eps 1e-6.
-
-    Shapes: ``forward(x, hw)``: (B, H*W, C), (H, W) -> (B, H*W, C).
-    """
-
-    def __init__(self, dim, attn, mlp_ratio, drop=0., drop_path=0.):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = attn
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = ConvMlp(dim, int(dim * mlp_ratio), drop=drop)
-
-    def forward(self, x, hw, **context):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
-        return x + self.drop_path(self.mlp(self.norm2(x), hw))
 
 
 @register_architecture('pvt_v2', title='PVTv2')
@@ -165,14 +148,9 @@ class PVTv2Backbone(DenseBackbone):
                          frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
                          attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, attn_options=attn_options,
                          pretrained=pretrained, init_cfg=init_cfg)
-        settings = self.arch
-        for key in self.arch_keys:
-            if len(settings[key]) != self.num_stages:
-                raise PolaConfigError(f'arch {key} must have {self.num_stages} entries, got {settings[key]!r}')
-        self.embed_dims = list(settings['embed_dims'])
-        self.depths = list(settings['depths'])
-        self.num_heads = list(settings['num_heads'])
-        self.mlp_ratios = list(settings['mlp_ratios'])
+        stages = self.stage_lists()
+        self.embed_dims, self.depths = stages['embed_dims'], stages['depths']
+        self.num_heads, self.mlp_ratios = stages['num_heads'], stages['mlp_ratios']
         self.resolve_block_kinds(self.depths)
         self.la_sr_ratios = [int(c) for c in check_stage_string(
             ''.join(str(int(r)) for r in la_sr_ratios) if not isinstance(la_sr_ratios, str)
@@ -197,7 +175,8 @@ class PVTv2Backbone(DenseBackbone):
                                             sr_ratio=self.sr_ratios[i] if softmax else self.la_sr_ratios[i],
                                             qkv_bias=qkv_bias, qk_scale=qk_scale, attn_drop=attn_drop_rate,
                                             proj_drop=drop_rate)
-                blocks.append(PVTv2Block(dim, attn, self.mlp_ratios[i], drop=drop_rate, drop_path=dpr[i][j]))
+                blocks.append(PreNormBlock(dim, attn, self.mlp_ratios[i], drop=drop_rate, drop_path=dpr[i][j],
+                                          mlp_layer=ConvMlp))
             setattr(self, f'patch_embed{i + 1}', patch_embed)
             setattr(self, f'block{i + 1}', blocks)
             setattr(self, f'norm{i + 1}', nn.LayerNorm(dim, eps=1e-6))

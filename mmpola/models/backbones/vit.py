@@ -29,11 +29,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module, trunc_normal_
 
-from ..layers import DropPath, Mlp, resize_grid_embedding, to_2tuple_int
+from ..layers import PreNormBlock, resize_grid_embedding, to_2tuple_int
 from ..utils import PolaConfigError
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
-__all__ = ['ViTBackbone', 'ViTBlock', 'ViTPatchEmbed', 'resize_token_embedding']
+__all__ = ['ViTBackbone', 'ViTPatchEmbed', 'resize_token_embedding']
 
 
 def resize_token_embedding(embed, num_prefix_tokens, src_hw, dst_hw, mode='bicubic'):
@@ -67,25 +67,6 @@ class ViTPatchEmbed(nn.Module):
             x = F.pad(x, (0, pad_w, 0, pad_h))
         x = self.proj(x)
         return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:])
-
-
-class ViTBlock(nn.Module):
-    """Pre-norm ViT block (LayerNorm eps 1e-6): x + DropPath(Attn(LN(x), hw, **context)), then the MLP.
-
-    Shapes: ``forward(x, hw, num_prefix_tokens=1)``: (B, P + H*W, C) -> (B, P + H*W, C).
-    """
-
-    def __init__(self, dim, attn, mlp_ratio=4., drop=0., drop_path=0.):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = attn
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-
-    def forward(self, x, hw, **context):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
 @register_architecture('vit', title='DeiT')
@@ -173,10 +154,10 @@ class ViTBackbone(DenseBackbone):
         self.pos_drop = nn.Dropout(p=drop_rate)
         dpr = drop_path_rates(drop_path_rate, [self.num_stages])[0]
         self.blocks = nn.ModuleList(
-            ViTBlock(dim, self.build_attention(j, 0, dim, heads, pe_grid=self.grid, qkv_layout='fused',
-                                               qkv_bias=qkv_bias, qk_scale=qk_scale, attn_drop=attn_drop_rate,
-                                               proj_drop=drop_rate),
-                     mlp_ratio=mlp_ratio, drop=drop_rate, drop_path=dpr[j])
+            PreNormBlock(dim, self.build_attention(j, 0, dim, heads, pe_grid=self.grid, qkv_layout='fused',
+                                                   qkv_bias=qkv_bias, qk_scale=qk_scale, attn_drop=attn_drop_rate,
+                                                   proj_drop=drop_rate),
+                         mlp_ratio=mlp_ratio, drop=drop_rate, drop_path=dpr[j])
             for j in range(self.num_stages))
         if final_norm:
             self.norm = nn.LayerNorm(dim, eps=1e-6)
