@@ -6,9 +6,11 @@ import pickle
 import re
 
 import mmdet  # noqa: F401  (required: a broken install fails here)
+import numpy as np
 import pytest
 import torch
 
+from tests.fixtures.bad_data import split_with_float_tiff
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import DEMO_CONFIG, coco_metrics, free_port, run_tool
 from tests.fixtures.tools import load_tool, refused
@@ -72,30 +74,15 @@ def test_missing_checkpoint(tiny, capsys):
 def _nan_tiff_set(tiny, root, fill=None):
     """The tiny val set with its 2nd image as a float32 TIFF holding 2 NaN pixels (``fill``: written
     in their place instead) and a config testing it in batches of 2, as float images are loaded."""
-    import json
-
-    import cv2
-    import numpy as np
-    (root / 'val').mkdir(parents=True)
-    (root / 'annotations').mkdir()
-    data = json.loads((tiny['root'] / 'annotations' / 'instances_val.json').read_text())
-    for i, image in enumerate(data['images']):
-        pixels = cv2.imread(str(tiny['root'] / 'val' / image['file_name']))
-        if i == 1:
-            pixels = pixels.astype(np.float32)
-            pixels[5, 7, 0] = pixels[20, 30, 2] = np.nan if fill is None else fill
-            image['file_name'] = image['file_name'].replace('.jpg', '.tiff')
-            cv2.imwrite(str(root / 'val' / image['file_name']), pixels, [cv2.IMWRITE_TIFF_COMPRESSION, 1])
-        else:
-            cv2.imwrite(str(root / 'val' / image['file_name']), pixels)
-    (root / 'annotations' / 'instances_val.json').write_text(json.dumps(data))
+    tiff, ann_file = split_with_float_tiff(tiny, root, 'val', 1, [(5, 7, 0), (20, 30, 2)],
+                                           value=np.nan if fill is None else fill)
     config = root / 'float_images.py'
     config.write_text(f"""_base_ = [{tiny['config']!r}]
 test_dataloader = dict(batch_size=2, dataset=dict(data_root={str(root) + '/'!r}, pipeline=[
     dict(type='LoadImageFromFile', color_type='unchanged'), *_base_.test_pipeline[1:]]))
-test_evaluator = dict(ann_file={str(root / 'annotations' / 'instances_val.json')!r})
+test_evaluator = dict(ann_file={str(ann_file)!r})
 """)
-    return str(config), root / 'val' / data['images'][1]['file_name']
+    return str(config), tiff
 
 
 def test_an_image_with_nan_pixels_is_named_and_never_reaches_another_image(tiny, trained, tmp_path, capsys):

@@ -9,6 +9,7 @@ import shutil
 import mmdet  # noqa: F401  (required: a broken install fails here)
 import torch
 
+from tests.fixtures.bad_data import split_with_float_tiff
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import coco_metrics, free_port, run_tool
 from tests.fixtures.tools import load_tool, refused
@@ -92,31 +93,14 @@ def test_missing_config(capsys):
 def test_training_skips_an_image_with_nan_pixels_when_asked(tiny, tmp_path, capsys):
     """nonfinite_pixels.action=skip: another image of the dataset takes the NaN image's place in its
     batch (losses stay finite: NonFiniteLossHook would stop the run otherwise); the default stops."""
-    import json
-
-    import cv2
-    import numpy as np
     root = tmp_path / 'data'
-    (root / 'train').mkdir(parents=True)
-    (root / 'annotations').mkdir()
-    data = json.loads((tiny['root'] / 'annotations' / 'instances_train.json').read_text())
-    for i, image in enumerate(data['images']):
-        pixels = cv2.imread(str(tiny['root'] / 'train' / image['file_name']))
-        if i == 0:
-            pixels = pixels.astype(np.float32)
-            pixels[3, 4, 1] = np.nan
-            image['file_name'] = image['file_name'].replace('.jpg', '.tiff')
-            cv2.imwrite(str(root / 'train' / image['file_name']), pixels, [cv2.IMWRITE_TIFF_COMPRESSION, 1])
-        else:
-            cv2.imwrite(str(root / 'train' / image['file_name']), pixels)
-    (root / 'annotations' / 'instances_train.json').write_text(json.dumps(data))
+    tiff, _ = split_with_float_tiff(tiny, root, 'train', 0, [(3, 4, 1)])
     config = tmp_path / 'float_images.py'
     config.write_text(f"""_base_ = [{tiny['config']!r}]
 train_dataloader = dict(dataset=dict(data_root={str(root) + '/'!r}, pipeline=[
     dict(type='LoadImageFromFile', color_type='unchanged'), *_base_.train_pipeline[1:]]))
 train_cfg = dict(max_epochs=1)
 """)
-    tiff = root / 'train' / data['images'][0]['file_name']
     train = load_tool('train')
     err = refused(train, [str(config), '--work-dir', str(tmp_path / 'stop'), '--cfg-options', *NO_VALIDATION], capsys)
     assert err.startswith('train_dataloader: iteration ') and f'{tiff}: ' in err and 'NaN pixel value' in err
