@@ -156,9 +156,12 @@ def ensure_uv(python, pins):
 
 
 def uv_install(uv, python, args, extra_env=None):
+    """``uv pip install`` into ``python``'s environment. ``--compile-bytecode``: uv writes no .pyc files by
+    default (pip does), and where Python may not write them either (PYTHONDONTWRITEBYTECODE, read-only
+    installs) every process would compile torch, mmengine and mmdet from source at each start."""
     env = dict(os.environ)
     env.update(extra_env or {})
-    run([uv, 'pip', 'install', '--python', python] + args, env=env)
+    run([uv, 'pip', 'install', '--python', python, '--compile-bytecode'] + args, env=env)
 
 
 def torch_pair(python):

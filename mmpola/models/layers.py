@@ -136,7 +136,6 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(x))
 
 
-@register_notrace_module  # torch.fx leaf: padding and (H, W) depend on the input size
 class PreNormBlock(nn.Module):
     """Pre-norm transformer block of PVT, PVTv2 and the ViT: x + DropPath(Attn(LN(x), hw, **context)), then
     x + DropPath(MLP(LN(x))); LayerNorm eps 1e-6.
@@ -161,6 +160,7 @@ class PreNormBlock(nn.Module):
         return x + self.drop_path(self.mlp(y, hw) if self.mlp_takes_hw else self.mlp(y))
 
 
+@register_notrace_module  # torch.fx leaf: padding and (H, W) depend on the input size
 class PatchEmbed(nn.Module):
     """Non-overlapping patch embedding: Conv2d(k = s = patch_size) -> flatten -> LayerNorm.
 
