@@ -18,7 +18,7 @@ from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache, to_2tuple_
 from ..utils import PolaConfigError, check_stage_string
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
-__all__ = ['PVTBackbone', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids']
+__all__ = ['PVTBackbone', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids', 'pvt_stage_settings']
 
 
 @register_architecture('pvt', title='PVT')
@@ -101,16 +101,8 @@ class PVTBackbone(DenseBackbone):
         self.embed_dims, self.depths = stages['embed_dims'], stages['depths']
         self.num_heads, self.mlp_ratios = stages['num_heads'], stages['mlp_ratios']
         self.resolve_block_kinds(self.depths)
-        self.la_sr_ratios = [int(c) for c in check_stage_string(
-            ''.join(str(int(r)) for r in la_sr_ratios) if not isinstance(la_sr_ratios, str)
-            else la_sr_ratios, '123456789', self.num_stages, 'la_sr_ratios')]
-        self.sr_ratios = list(sr_ratios)
-        self.pretrain_img_size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
-        if self.pretrain_img_size[0] != self.pretrain_img_size[1]:
-            raise PolaConfigError('pretrain_img_size must be square (official models are), got '
-                                  f'{self.pretrain_img_size}')
-
-        grids = pvt_pos_grids(self.pretrain_img_size[0], self.num_stages)
+        self.la_sr_ratios, self.sr_ratios, self.pretrain_img_size, grids = pvt_stage_settings(
+            self.num_stages, la_sr_ratios, sr_ratios, pretrain_img_size)
         self.pos_embed_grids = [(g, g) for g in grids]
 
         dpr = drop_path_rates(drop_path_rate, self.depths)
@@ -180,6 +172,20 @@ class PVTBackbone(DenseBackbone):
     def classifier_kwargs_from_official(cls, kwargs):
         """The official ``PyramidVisionTransformer`` arguments (``embed_dims`` ...)."""
         return pvt_classifier_kwargs(cls, kwargs)
+
+
+def pvt_stage_settings(num_stages, la_sr_ratios, sr_ratios, pretrain_img_size):
+    """PVT's and PVTv2's per-stage attention settings, checked: ``(la_sr_ratios`` (the linear stages'
+    key pooling, a list of ints from a string or a sequence), ``sr_ratios`` (the softmax stages'
+    reduction), the square ``pretrain_img_size`` as (H, W), the stage grids of the positional encodings at
+    that size``)``."""
+    la_sr_ratios = [int(c) for c in check_stage_string(
+        ''.join(str(int(r)) for r in la_sr_ratios) if not isinstance(la_sr_ratios, str) else la_sr_ratios,
+        '123456789', num_stages, 'la_sr_ratios')]
+    size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
+    if size[0] != size[1]:
+        raise PolaConfigError(f'pretrain_img_size must be square (official models are), got {size}')
+    return la_sr_ratios, list(sr_ratios), size, pvt_pos_grids(size[0], num_stages)
 
 
 def pvt_pos_grids(img_size, num_stages=4):

@@ -23,10 +23,10 @@ import math
 import torch.nn as nn
 from timm.layers import register_notrace_module
 
-from ..layers import PreNormBlock, to_2tuple_int, trunc_normal_init
-from ..utils import PolaConfigError, check_stage_string
+from ..layers import PreNormBlock, trunc_normal_init
+from ..utils import PolaConfigError
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
-from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_pos_grids
+from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_stage_settings
 
 __all__ = ['PVTv2Backbone', 'OverlapPatchEmbed', 'ConvMlp']
 
@@ -152,15 +152,8 @@ class PVTv2Backbone(DenseBackbone):
         self.embed_dims, self.depths = stages['embed_dims'], stages['depths']
         self.num_heads, self.mlp_ratios = stages['num_heads'], stages['mlp_ratios']
         self.resolve_block_kinds(self.depths)
-        self.la_sr_ratios = [int(c) for c in check_stage_string(
-            ''.join(str(int(r)) for r in la_sr_ratios) if not isinstance(la_sr_ratios, str)
-            else la_sr_ratios, '123456789', self.num_stages, 'la_sr_ratios')]
-        self.sr_ratios = list(sr_ratios)
-        self.pretrain_img_size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
-        if self.pretrain_img_size[0] != self.pretrain_img_size[1]:
-            raise PolaConfigError('pretrain_img_size must be square (official models are), got '
-                                  f'{self.pretrain_img_size}')
-        grids = pvt_pos_grids(self.pretrain_img_size[0], self.num_stages)
+        self.la_sr_ratios, self.sr_ratios, self.pretrain_img_size, grids = pvt_stage_settings(
+            self.num_stages, la_sr_ratios, sr_ratios, pretrain_img_size)
 
         dpr = drop_path_rates(drop_path_rate, self.depths)
         for i in range(self.num_stages):
