@@ -31,8 +31,7 @@ An architecture::
         def __init__(self, arch='tiny', ..., **common):
             super().__init__(arch=arch, **common)     # checks and stores the common arguments
             ...                                       # self.arch: the resolved arch dict
-            self.embed_dims = [...]                   # channels of the stages
-            self.resolve_block_kinds(depths)          # the kind of every block
+            self.init_stages()                        # self.depths ... (arch_keys), the kind of every block
             attn = self.build_attention(i, j, dim, num_heads, pe_grid=..., qkv_layout='fused', ...)
             self._finish_init()                       # output norms, official init, freezing
 
@@ -325,17 +324,17 @@ class DenseBackbone(BaseModule):
             return layout.get(self.arch_name, next(iter(layout.values())))
         return layout
 
-    def stage_lists(self, keys=None):
-        """The per-stage settings ``keys`` of the arch (default ``arch_keys``) as lists, each checked to
-        have one entry per stage."""
-        lists = {}
+    def init_stages(self, keys=None):
+        """Set the per-stage settings ``keys`` of the arch (default ``arch_keys``) as list attributes of
+        the same names (``self.depths`` ...), each checked to have one entry per stage, then the
+        attention kind of every block (:meth:`resolve_block_kinds`)."""
         for key in self.arch_keys if keys is None else keys:
             value = self.arch[key]
             if len(value) != self.num_stages:
                 raise PolaConfigError(f'{type(self).__name__}: arch {key} must have {self.num_stages} entries, '
                                       f'got {value!r}')
-            lists[key] = list(value)
-        return lists
+            setattr(self, key, list(value))
+        self.resolve_block_kinds(self.depths)
 
     def resolve_block_kinds(self, depths):
         """Set ``attn_type`` (default: the preset's, or every stage the configured kind) and

@@ -195,10 +195,8 @@ class CSWinBackbone(DenseBackbone):
         embed_dims = settings['embed_dims']
         if not isinstance(embed_dims, int):
             raise PolaConfigError(f'{name}: embed_dims must be the stage-1 width (int), got {embed_dims!r}')
-        stages = self.stage_lists(('depths', 'num_heads', 'split_size'))
-        self.depths, self.num_heads, self.split_size = stages['depths'], stages['num_heads'], stages['split_size']
         self.embed_dims = [embed_dims * 2 ** i for i in range(self.num_stages)]
-        self.resolve_block_kinds(self.depths)
+        self.init_stages(('depths', 'num_heads', 'split_size'))
         if pretrain_img_size is None:
             pretrain_img_size = 384 if (self.arch_name or '').endswith('_384') else 224
         self.pretrain_img_size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')

@@ -209,11 +209,7 @@ class PolaPPBackbone(DenseBackbone):
                          frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
                          attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, attn_options=attn_options,
                          pretrained=pretrained, init_cfg=init_cfg)
-        stages = self.stage_lists()
-        self.embed_dims, self.depths = stages['embed_dims'], stages['depths']
-        self.num_heads, self.mlp_ratios = stages['num_heads'], stages['mlp_ratios']
-        self.layer_scale_init_values = stages['layer_scale_init_values']
-        self.resolve_block_kinds(self.depths)
+        self.init_stages()
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0])
         dpr = drop_path_rates(drop_path_rate, self.depths)

@@ -148,10 +148,7 @@ class PVTv2Backbone(DenseBackbone):
                          frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
                          attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, attn_options=attn_options,
                          pretrained=pretrained, init_cfg=init_cfg)
-        stages = self.stage_lists()
-        self.embed_dims, self.depths = stages['embed_dims'], stages['depths']
-        self.num_heads, self.mlp_ratios = stages['num_heads'], stages['mlp_ratios']
-        self.resolve_block_kinds(self.depths)
+        self.init_stages()
         self.la_sr_ratios, self.sr_ratios, self.pretrain_img_size, grids = pvt_stage_settings(
             self.num_stages, la_sr_ratios, sr_ratios, pretrain_img_size)
 

@@ -132,12 +132,8 @@ class SwinBackbone(DenseBackbone):
         embed_dims = settings['embed_dims']
         if not isinstance(embed_dims, int):
             raise PolaConfigError(f'{name}: embed_dims must be the stage-1 width (int), got {embed_dims!r}')
-        self.depths = list(settings['depths'])
-        self.num_heads = list(settings['num_heads'])
-        if len(self.depths) != self.num_stages or len(self.num_heads) != self.num_stages:
-            raise PolaConfigError(f'{name}: depths and num_heads need {self.num_stages} entries each')
         self.embed_dims = [embed_dims * 2 ** i for i in range(self.num_stages)]
-        self.resolve_block_kinds(self.depths)
+        self.init_stages(('depths', 'num_heads'))
         self.clamp_shift = clamp_shift
         self.pretrain_img_size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
         if self.pretrain_img_size[0] != self.pretrain_img_size[1]:
