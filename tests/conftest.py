@@ -7,6 +7,12 @@ import os.path as osp
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Without a GPU, the 'triton' implementations of the attention ops run through Triton's CPU interpreter
+# (same arithmetic, slowly); it is read when the kernels are defined, so it is set before mmpola loads.
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DATA = osp.join(REPO_ROOT, 'tests', 'data')

@@ -7,24 +7,54 @@ Each op (``'pola'``, ``'flatten'``, ``'inline'``, ``'pacs'``) has one public fun
 the op's reference (documented at the top of the op's file):
 
 * ``'reference'``: the official op order, always present (the ground truth of the tests);
-* ``'fast'``: the fused path of this package, the default (``'auto'``);
+* ``'fast'``: the fused PyTorch path of this package, the default on every device;
+* ``'triton'``: fused Triton kernels (forward and backward), what ``'auto'`` picks on CUDA;
 * any other: one file and one registration, e.g. a fused GPU kernel::
 
       from mmpola.ops import register_attention_impl
 
-      @register_attention_impl('pola', 'triton')
-      def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+      @register_attention_impl('pola', 'mine', supports=my_check, preferred_on=('cuda',))
+      def pola_attention_mine(q, k, v, power, scale, alpha=4.0, eps=1e-6):
           ...
 
-  then ``attn_impl='triton'`` on a backbone (or an attention module) selects it. The op's tests run
+  then ``attn_impl='mine'`` on a backbone (or an attention module) selects it. The op's tests run
   every registered implementation against the reference (tests/ops/test_implementations.py).
+
+An implementation knows where it runs: ``supports(device, dtype)`` returns None when it runs on
+tensors of that device and dtype, else one line saying why not and what to use instead. Asking for
+an implementation on tensors it does not support raises :class:`AttnImplUnavailable` with that line;
+``'auto'`` takes, per device type, the first implementation registered as ``preferred_on`` it that
+supports the tensors, else the op's default. An implementation registered with ``fp32_inside=True``
+computes in float32 whatever its inputs' dtype (it loads and casts inside its kernels), so the fp32
+island hands it the tensors as they are instead of casting them first.
 """
 import torch
 
-__all__ = ['AUTO', 'AttentionOp', 'OPS', 'attention_op', 'register_attention_impl', 'attention_impls',
-           'check_attn_impl', 'run_attention_op']
+from mmpola.errors import MMPolaUserError
 
-AUTO = 'auto'  # the op's default implementation ('fast' where there is one)
+__all__ = ['AUTO', 'AttentionOp', 'AttnImplUnavailable', 'OPS', 'attention_op', 'register_attention_impl',
+           'attention_impls', 'check_attn_impl', 'run_attention_op']
+
+AUTO = 'auto'  # the best implementation for the tensors' device ('triton' on CUDA, else 'fast')
+
+
+class AttnImplUnavailable(MMPolaUserError, ValueError):
+    """An attention implementation was asked for on tensors it cannot run on (device, dtype, or a
+    package it needs is missing)."""
+
+
+class Implementation:
+    """One registered implementation: its function, where it runs, and how the fp32 island treats it."""
+
+    def __init__(self, name, fn, supports=None, fp32_inside=False):
+        self.name = name
+        self.fn = fn
+        self.supports = supports
+        self.fp32_inside = fp32_inside
+
+    def unsupported(self, device, dtype):
+        """None if it runs on tensors of ``device`` and ``dtype``, else the reason (one line)."""
+        return None if self.supports is None else self.supports(device, dtype)
 
 
 class AttentionOp:
@@ -45,12 +75,24 @@ class AttentionOp:
         self.function = function
         self.example_inputs = example_inputs
         self.force_compile = force_compile
-        self.impls = {}
+        self.impls = {}  # name -> function
+        self.records = {}  # name -> Implementation
+        self.preferred = {}  # device type -> [names], in registration order
         self.default = None
+        self._auto_cache = {}
 
-    def register(self, impl, fn=None, default=False):
-        """Register ``fn`` as implementation ``impl`` (usable as a decorator); ``default`` makes it what
-        ``'auto'`` runs. A name is registered once."""
+    def register(self, impl, fn=None, default=False, supports=None, preferred_on=(), fp32_inside=False):
+        """Register ``fn`` as implementation ``impl`` (usable as a decorator). A name is registered once.
+
+        Args:
+            default: make it what ``'auto'`` runs where no ``preferred_on`` implementation applies.
+            supports: ``fn(device, dtype) -> None | str``: None where it runs, else why not (one line
+                naming the alternative); None: it runs on every device and dtype.
+            preferred_on: device types (``'cuda'``) on which ``'auto'`` picks it when it supports the
+                tensors.
+            fp32_inside: it computes in float32 whatever the inputs' dtype (the fp32 island passes the
+                tensors uncast).
+        """
         if impl == AUTO:
             raise ValueError(f"'{AUTO}' names the default implementation; register under another name")
 
@@ -58,8 +100,12 @@ class AttentionOp:
             if impl in self.impls:
                 raise KeyError(f'{self.function} already has an implementation {impl!r}')
             self.impls[impl] = fn
+            self.records[impl] = Implementation(impl, fn, supports, fp32_inside)
+            for device_type in preferred_on:
+                self.preferred.setdefault(device_type, []).append(impl)
             if default or self.default is None:
                 self.default = impl
+            self._auto_cache.clear()
             return fn
 
         return add if fn is None else add(fn)
@@ -69,20 +115,53 @@ class AttentionOp:
         if impl == 'reference':
             raise ValueError('the reference implementation is always present')
         self.impls.pop(impl)
+        self.records.pop(impl)
+        for names in self.preferred.values():
+            if impl in names:
+                names.remove(impl)
         if self.default == impl:
             self.default = 'fast' if 'fast' in self.impls else 'reference'
+        self._auto_cache.clear()
 
     def names(self):
         """``'auto'`` and the registered implementation names."""
         return (AUTO, *sorted(self.impls))
 
-    def resolve(self, impl, error=ValueError):
-        """The function of implementation ``impl`` (``'auto'``: the default)."""
-        name = self.default if impl == AUTO else impl
-        if name not in self.impls:
+    def choose(self, impl, device=None, dtype=None, error=ValueError):
+        """The name of the implementation that ``impl`` runs on tensors of ``device`` and ``dtype``.
+
+        ``'auto'``: the first ``preferred_on`` implementation of the device type that supports them,
+        else the default (without a device: the default). A named implementation that does not support
+        them raises :class:`AttnImplUnavailable` with its reason.
+        """
+        if impl == AUTO:
+            if device is None:
+                return self.default
+            device = torch.device(device)
+            key = (device.type, dtype)
+            name = self._auto_cache.get(key)
+            if name is None:
+                name = next((n for n in self.preferred.get(device.type, ())
+                             if self.records[n].unsupported(device, dtype) is None), self.default)
+                self._auto_cache[key] = name
+            return name
+        if impl not in self.impls:
             raise error(f'attn_impl must be one of {", ".join(self.names())} (the implementations of '
                         f'{self.function}), got {impl!r}')
-        return self.impls[name]
+        if device is not None:
+            reason = self.records[impl].unsupported(torch.device(device), dtype)
+            if reason is not None:
+                raise AttnImplUnavailable(f"attn_impl={impl!r} ({self.function}) cannot run here: {reason}")
+        return impl
+
+    def resolve(self, impl, error=ValueError, device=None, dtype=None):
+        """The function of implementation ``impl`` for tensors of ``device`` and ``dtype``
+        (:meth:`choose`)."""
+        return self.impls[self.choose(impl, device, dtype, error)]
+
+    def unsupported(self, impl, device, dtype=None):
+        """None if implementation ``impl`` runs on tensors of ``device`` and ``dtype``, else why not."""
+        return self.records[impl].unsupported(torch.device(device), dtype)
 
 
 # op name -> AttentionOp; each op file registers its reference and fast path
@@ -99,10 +178,12 @@ def attention_op(name, function=None, **kwargs):
     return OPS[name]
 
 
-def register_attention_impl(op, impl, fn=None, default=False):
+def register_attention_impl(op, impl, fn=None, default=False, supports=None, preferred_on=(), fp32_inside=False):
     """Register ``fn`` as implementation ``impl`` of ``op`` (``'pola'``, ``'flatten'``, ``'inline'``,
-    ``'pacs'``); usable as a decorator. It takes the arguments of the op's reference."""
-    return attention_op(op).register(impl, fn, default=default)
+    ``'pacs'``); usable as a decorator. It takes the arguments of the op's reference; the other
+    arguments are those of :meth:`AttentionOp.register`."""
+    return attention_op(op).register(impl, fn, default=default, supports=supports, preferred_on=preferred_on,
+                                     fp32_inside=fp32_inside)
 
 
 def attention_impls(op=None):
@@ -125,11 +206,20 @@ def run_attention_op(op, impl, fp32, tensors, *options):
     """Implementation ``impl`` of ``op`` on ``(*tensors, *options)``.
 
     With ``fp32`` the tensors go in as float32 with autocast disabled and the result comes back in
-    the first tensor's dtype; ``options`` (Python numbers) pass unchanged.
+    the first tensor's dtype (an implementation registered ``fp32_inside`` gets them uncast and
+    computes in float32 itself); ``options`` (Python numbers) pass unchanged. ``'auto'`` is chosen
+    for the first tensor's device and the dtype the implementation computes in.
     """
-    fn = attention_op(op).resolve(impl)
+    attention = attention_op(op)
+    first = tensors[0]
+    name = attention.choose(impl, first.device, torch.float32 if fp32 else first.dtype)
+    fn = attention.impls[name]
     if not fp32:
         return fn(*tensors, *options)
-    with torch.autocast(device_type=tensors[0].device.type, enabled=False):
-        out = fn(*(t.float() for t in tensors), *options)
-    return out.to(tensors[0].dtype)
+    low = (torch.float16, torch.bfloat16, torch.float32)
+    with torch.autocast(device_type=first.device.type, enabled=False):
+        if attention.records[name].fp32_inside and all(t.dtype in low for t in tensors):
+            out = fn(*tensors, *options)
+        else:
+            out = fn(*(t.float() for t in tensors), *options)
+    return out.to(first.dtype)
