@@ -79,12 +79,19 @@ COMPILE = 'fast+compile'  # the fast path with its torch.compile kernels forced 
 # settings of another pretraining size, and the references of other libraries
 EXTRA_BACKBONES = {
     'pola-swin-b-384': ('PolaSwin', dict(arch='base', pretrain_img_size=384)),
+    'softmax-pvtv2-b2': ('PVTv2Backbone', dict(arch='b2', attn_type='SSSS')),  # timm-pvt-v2-b2's network
 }
 REFERENCE_BACKBONES = {
     'pvt-t': ('mmdet.PyramidVisionTransformer', dict(num_layers=[2, 2, 2, 2])),
     'swin-t': ('mmdet.SwinTransformer', dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                                              window_size=7)),
 }
+# timm's networks as references of mmpola's softmax layouts: 'timm:<model name>' types, built with
+# features_only at the input size
+REFERENCE_BACKBONES.update({
+    'timm-pvt-v2-b2': ('timm:pvt_v2_b2', {}),
+    'timm-swin-t': ('timm:swin_tiny_patch4_window7_224', dict(strict_img_size=False)),
+})
 DEFAULT_BACKBONES = ('pola-pvt-t', 'pola-pvt-s', 'pola-swin-t', 'pvt-t', 'swin-t')
 BACKBONE_SIZES = ('224', '512', '800x1333', '1024', '1600')
 
@@ -305,9 +312,9 @@ def run_peak_subprocess(spec, threads):
 # --------------------------------------------------------------------------------------------------
 
 
-def attention_inputs(case, device, seed, kind='pola'):
+def attention_inputs(case, device, seed, kind='pola', dtype=torch.float32):
     """Inputs of one attention case: the op's example inputs (near the trained regime, in the op's own
-    layout) for the case's grid, and the gradient of its output."""
+    layout) for the case's grid in ``dtype``, and the gradient of its output."""
     batch, heads, grid, dim = ATTENTION_CASES[case]
     op = attention_ops()[kind]
     g = torch.Generator().manual_seed(seed)
@@ -315,9 +322,26 @@ def attention_inputs(case, device, seed, kind='pola'):
     with torch.no_grad():
         shape = op.resolve('auto')(*tensors, *options).shape
     grad_out = torch.randn(shape, generator=g)
-    leaves = [t.to(device).requires_grad_() for t in tensors]
+    leaves = [t.to(device, dtype).requires_grad_() for t in tensors]
     options = [o.to(device) if torch.is_tensor(o) else o for o in options]
-    return leaves, options, grad_out.to(device)
+    return leaves, options, grad_out.to(device, dtype)
+
+
+def attention_error(kind, impl_arg, leaves, options, grad_out):
+    """Largest error of the output and of every input gradient against the reference in float64 on
+    the same inputs, relative to each tensor's largest magnitude."""
+    core = attention_core(kind, options)
+
+    def run(tensors, impl, grad):
+        tensors = [t.detach().clone().requires_grad_() for t in tensors]
+        out = core(*tensors, impl=impl)
+        out.backward(grad.to(out.dtype))
+        return [out.detach()] + [t.grad for t in tensors]
+
+    truth = run([t.double() for t in leaves], 'reference', grad_out.double())
+    actual = run(leaves, impl_arg, grad_out)
+    errors = [((a.double() - e).abs().max() / e.abs().max().clamp_min(1e-30)).item() for a, e in zip(actual, truth)]
+    return errors[0], max(errors[1:])
 
 
 def attention_core(kind, options):
@@ -348,7 +372,8 @@ def attention_passes(leaves, options, grad_out, impl_arg, kind):
 
 def attention_peak_child(spec, device):
     kind = spec.get('attn', 'pola')
-    leaves, options, grad_out = attention_inputs(spec['case'], device, spec['seed'], kind)
+    leaves, options, grad_out = attention_inputs(spec['case'], device, spec['seed'], kind,
+                                                 getattr(torch, spec.get('dtype', 'float32')))
     with core_impl(kind, spec['impl']) as impl_arg:
         forward, forward_backward, clear = attention_passes(leaves, options, grad_out, impl_arg, kind)
         forward()  # warm-up (and compile) before measuring
@@ -359,27 +384,50 @@ def attention_peak_child(spec, device):
     return result
 
 
+def runnable_impls(kind, wanted, device, dtype):
+    """``(impls, skipped)``: the implementations of ``wanted`` that op ``kind`` has and that run on
+    ``device`` (with their fp32 island: float32 compute), and ``'impl: reason'`` for those that do not."""
+    op = attention_ops()[kind]
+    impls, skipped = [], []
+    for impl in wanted:
+        if impl not in attention_impls(kind):
+            continue
+        name = 'fast' if impl == COMPILE else op.choose(impl)
+        reason = op.unsupported(name, device, torch.float32)
+        if reason is None:
+            impls.append(impl)
+        else:
+            skipped.append(f'{kind} {impl}: {reason}')
+    return impls, skipped
+
+
 def bench_attention(args, device):
-    rows = []
+    rows, skipped = [], []
+    dtype = getattr(torch, args.dtype)
     for kind in args.kinds:
-        impls = [i for i in args.impls if i in attention_impls(kind)]  # what the op has
+        wanted = args.impls or ['reference'] + [i for i in attention_impls(kind) if i not in ('auto', 'reference')]
+        impls, cant = runnable_impls(kind, wanted, device, dtype)
+        skipped += cant
         for case in args.cases:
             rows += bench_attention_case(args, device, kind, case, impls)
     print_attention_table(rows, args.impls)
+    for line in skipped:
+        print(f'skipped {line}')
 
 
 def bench_attention_case(args, device, kind, case, impls):
     rows = []
     batch, heads, (height, width), dim = ATTENTION_CASES[case]
-    leaves, options, grad_out = attention_inputs(case, device, args.seed, kind)
+    leaves, options, grad_out = attention_inputs(case, device, args.seed, kind, getattr(torch, args.dtype))
     times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
-    first_call = {}
+    first_call, errors = {}, {}
     for impl in impls:  # warm-up: compiles where the impl compiles
         with core_impl(kind, impl) as impl_arg:
             forward, forward_backward, clear = attention_passes(leaves, options, grad_out, impl_arg, kind)
             first_call[impl] = time_once(forward_backward, device)
             forward()
             clear()
+            errors[impl] = attention_error(kind, impl_arg, leaves, options, grad_out) if args.error else None
     # small cases are fast and noisy: repeat them until ~1 s per impl (at most 20 times)
     repeat = max(args.repeat, min(20, int(1.0 / max(min(first_call.values()), 1e-3))))
     for _ in range(repeat):
@@ -394,7 +442,8 @@ def bench_attention_case(args, device, kind, case, impls):
     for impl in impls:
         memory = {}
         if args.memory:
-            spec = dict(kind='attention', attn=kind, case=case, impl=impl, seed=args.seed, device=str(device))
+            spec = dict(kind='attention', attn=kind, case=case, impl=impl, seed=args.seed, device=str(device),
+                        dtype=args.dtype)
             if device.type == 'cuda':
                 memory = attention_peak_child(spec, device)
             else:
@@ -402,7 +451,7 @@ def bench_attention_case(args, device, kind, case, impls):
         rows.append(dict(attn=kind, case=case, tokens=f'{height}x{width}', shape=f'{batch},{heads},{dim}', impl=impl,
                          fwd=min(times[impl]['fwd']), train=min(times[impl]['fwd+bwd']),
                          fwd_median=median(times[impl]['fwd']), train_median=median(times[impl]['fwd+bwd']),
-                         repeat=repeat, first=first_call[impl], memory=memory))
+                         repeat=repeat, first=first_call[impl], memory=memory, error=errors[impl]))
     return rows
 
 
@@ -424,20 +473,26 @@ def print_attention_table(rows, impls):
             return row['memory'].get('error', '-') if sub == 'fwd+bwd' else '-'
         return f'{value:.0f}'
 
+    def err(row):
+        return '-' if row['error'] is None else f"{row['error'][0]:.1e} / {row['error'][1]:.1e}"
+
     print('\n| attention | case | tokens | B,h,d | impl | fwd ms (min / med) | fwd speed-up | fwd+bwd ms (min / med) | '
-          'fwd+bwd speed-up | fwd MiB | fwd+bwd MiB | fwd+bwd mem vs ref | runs | 1st call s |')
-    print('|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+          'fwd+bwd speed-up | fwd MiB | fwd+bwd MiB | fwd+bwd mem vs ref | error out / grads | runs | 1st call s |')
+    print('|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
     for r in rows:
         print(f"| {r['attn']} | {r['case']} | {r['tokens']} | {r['shape']} | {r['impl']} | "
-              f"{1e3 * r['fwd']:.1f} / {1e3 * r['fwd_median']:.1f} | {ratio(r, 'fwd')} | "
-              f"{1e3 * r['train']:.1f} / {1e3 * r['train_median']:.1f} | {ratio(r, 'train')} | {mem(r, 'fwd')} | "
-              f"{mem(r, 'fwd+bwd')} | {ratio(r, 'memory', 'fwd+bwd')} | {r['repeat']} | {r['first']:.1f} |")
+              f"{1e3 * r['fwd']:.2f} / {1e3 * r['fwd_median']:.2f} | {ratio(r, 'fwd')} | "
+              f"{1e3 * r['train']:.2f} / {1e3 * r['train_median']:.2f} | {ratio(r, 'train')} | {mem(r, 'fwd')} | "
+              f"{mem(r, 'fwd+bwd')} | {ratio(r, 'memory', 'fwd+bwd')} | {err(r)} | {r['repeat']} | "
+              f"{r['first']:.1f} |")
     print('\nfwd: forward under no_grad; fwd+bwd: forward and backward to every input (q, k, v and the '
           'logits: Pola power and scale, FLatten scale, PaCS s_same and s_opp). '
           'B,h,d: batch, heads, head dim (C = h * d). '
           'Times: min and median over the runs (impls interleaved); speed-up = reference min / min. '
           'Memory ratio = peak / reference peak. 1st call: first fwd+bwd in the process (includes '
-          'torch.compile for compiled rows).')
+          'torch.compile for compiled rows, kernel compilation for triton rows). Error: largest |difference| '
+          'relative to the largest magnitude, against the reference in float64 on the same inputs, of the '
+          'output / of the worst input gradient (--no-error skips it).')
 
 
 # --------------------------------------------------------------------------------------------------
@@ -450,8 +505,12 @@ def build_named_backbone(name, attn_impl=None):
     from get_flops import build_backbone
     type_name, kwargs = all_backbones()[name]
     try:
-        model = build_backbone(type_name, **kwargs)
-    except (ImportError, KeyError, RuntimeError) as err:
+        if type_name.startswith('timm:'):
+            import timm
+            model = timm.create_model(type_name[5:], pretrained=False, features_only=True, **kwargs)
+        else:
+            model = build_backbone(type_name, **kwargs)
+    except (ImportError, KeyError, RuntimeError, TypeError) as err:
         raise RuntimeError(str(err).splitlines()[0][:160]) from err
     if attn_impl is not None and hasattr(model, 'set_attn_impl'):  # mmpola's backbones
         model.set_attn_impl(attn_impl)
@@ -459,17 +518,35 @@ def build_named_backbone(name, attn_impl=None):
     return model
 
 
-def backbone_peak_child(spec, device):
-    model = build_named_backbone(spec['model'], spec.get('attn_impl')).to(device)
-    height, width = spec['size']
-    image = torch.randn(1, 3, height, width, device=device)
+def backbone_pass(model, image, backward=False, amp=None):
+    """The timed pass of a backbone: forward under no_grad, or forward and backward of the sum of the
+    outputs' means (train mode); ``amp``: the autocast dtype name, or None."""
+    device_type = image.device.type
+    autocast = torch.autocast(device_type, dtype=getattr(torch, amp)) if amp else contextlib.nullcontext()
 
     def forward():
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             model(image)
 
-    forward()  # warm-up (and compile)
-    return {'fwd': peak_memory_mib(forward, device)}
+    def forward_backward():
+        model.zero_grad(set_to_none=True)
+        with autocast:
+            outs = model(image)
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        sum(o.float().mean() for o in outs).backward()
+
+    return forward_backward if backward else forward
+
+
+def backbone_peak_child(spec, device):
+    model = build_named_backbone(spec['model'], spec.get('attn_impl')).to(device)
+    if spec.get('backward'):
+        model.train()
+    height, width = spec['size']
+    image = torch.randn(spec.get('batch', 1), 3, height, width, device=device)
+    fn = backbone_pass(model, image, spec.get('backward', False), spec.get('amp'))
+    fn()  # warm-up (and compile)
+    return {'fwd': peak_memory_mib(fn, device)}
 
 
 def matmul_gflops(device, size=2048, repeat=3):
@@ -496,31 +573,30 @@ def bench_backbone(args, device):
             skipped.append(f'{name}: {err}')
             continue
         params = count_parameters(model)
+        if args.backward:
+            model.train()
         base_rate = None
         for size_text in args.sizes:
             height, width = parse_size(size_text)
-            image = torch.randn(1, 3, height, width, device=device)
-
-            def forward():
-                with torch.no_grad():
-                    model(image)
-
+            image = torch.randn(args.batch, 3, height, width, device=device)
+            forward = backbone_pass(model, image, args.backward, args.amp)
             try:
                 first = time_once(forward, device)
                 # fast inputs are noisy on a shared machine: repeat them until ~2 s (at most 10 times)
                 repeat = max(args.repeat, min(10, int(2.0 / max(first, 1e-3))))
                 seconds = min(time_once(forward, device) for _ in range(repeat))
-                flops, _ = count_flops(model, image, depth=1)
+                flops = (3 if args.backward else 1) * count_flops(model, image, depth=1)[0]
             except (RuntimeError, AssertionError, ValueError) as err:  # e.g. out of memory
                 rows.append(dict(model=name, size=f'{height}x{width}', error=str(err).splitlines()[0][:100]))
                 continue
-            megapixels = height * width / 1e6
+            megapixels = args.batch * height * width / 1e6
             rate = seconds / megapixels
             base_rate = base_rate or rate
             memory = {}
             if args.memory:
                 spec = dict(kind='backbone', model=name, size=[height, width], attn_impl=attn_impl,
-                            seed=args.seed, device=str(device))
+                            seed=args.seed, device=str(device), batch=args.batch, backward=args.backward,
+                            amp=args.amp)
                 memory = backbone_peak_child(spec, device) if device.type == 'cuda' else \
                     run_peak_subprocess(spec, torch.get_num_threads())
             rows.append(dict(model=name, size=f'{height}x{width}', params=params, gmacs=flops / 2e9,
@@ -528,8 +604,9 @@ def bench_backbone(args, device):
                              gflops=flops / seconds / 1e9, memory=memory))
         model = None  # free it before the next backbone
         gc.collect()
-    print('\n| model | input | params M | GMACs | fwd ms | runs | ms / Mpx | time/px vs first size | peak MiB | '
-          'GFLOP/s | % of matmul |')
+    pass_name = 'fwd+bwd' if args.backward else 'fwd'
+    print(f'\n| model | input | params M | GMACs | {pass_name} ms | runs | ms / Mpx | time/px vs first size | '
+          'peak MiB | GFLOP/s | % of matmul |')
     print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
     for r in rows:
         if 'error' in r:
@@ -540,10 +617,12 @@ def bench_backbone(args, device):
         print(f"| {r['model']} | {r['size']} | {r['params'] / 1e6:.2f} | {r['gmacs']:.2f} | {r['ms']:.1f} | "
               f"{r['runs']} | {r['ms_per_mpx']:.1f} | {r['scaling']:.2f} | {peak} | {r['gflops']:.1f} | "
               f"{100 * r['gflops'] / gemm:.0f}% |")
-    print('\nfwd: batch 1, no_grad, eval mode, min over the runs. GMACs: torch.utils.flop_counter '
-          '(matmul/linear/conv/sdpa; 1 MAC = 2 FLOPs). time/px vs first size: 1.00 = time grows linearly '
-          'with pixels. % of matmul: achieved FLOP rate / measured GEMM rate. '
-          f'Attention implementation: {args.attn_impl}.')
+    mode = ('fwd+bwd: train mode, backward of the sum of the outputs\' means' if args.backward
+            else 'fwd: no_grad, eval mode')
+    print(f'\n{mode}; batch {args.batch}; autocast: {args.amp or "off (float32)"}; min over the runs. GMACs: '
+          'torch.utils.flop_counter of one forward of the batch (matmul/linear/conv/sdpa; 1 MAC = 2 FLOPs; '
+          'fwd+bwd counts 3x). time/px vs first size: 1.00 = time grows linearly with pixels. % of matmul: '
+          f'achieved FLOP rate / measured fp32 GEMM rate. Attention implementation: {args.attn_impl}.')
     for line in skipped:
         print(f'skipped {line}')
 
@@ -654,8 +733,13 @@ def parse_args(argv=None):
     attention.add_argument('--kinds', nargs='+', default=sorted(attention_ops()), choices=sorted(attention_ops()))
     attention.add_argument('--cases', nargs='+', default=list(ATTENTION_CASES), choices=list(ATTENTION_CASES))
     impls = sorted({i for kind in attention_ops() for i in attention_impls(kind)})
-    attention.add_argument('--impls', nargs='+', default=['reference', 'fast', COMPILE], choices=impls,
-                           help='implementations (those an op does not have are skipped)')
+    attention.add_argument('--impls', nargs='+', default=None, choices=impls,
+                           help='implementations (default: every one the op has; those an op does not have, or '
+                           'that cannot run on the device, are skipped)')
+    attention.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'],
+                           help="the inputs' dtype (the ops compute in float32: their fp32 island)")
+    attention.add_argument('--no-error', dest='error', action='store_false',
+                           help='skip the comparison with the float64 reference')
     attention.add_argument('--repeat', type=int, default=3)
 
     backbone = sub.add_parser('backbone', help='whole backbones: time, memory, FLOP rate vs input size')
@@ -668,6 +752,9 @@ def parse_args(argv=None):
                           help="set every attention's implementation (set_attn_impl): 'auto', 'fast', 'reference' or "
                           "another registered one ('default': as built)")
     backbone.add_argument('--repeat', type=int, default=2)
+    backbone.add_argument('--batch', type=int, default=1)
+    backbone.add_argument('--backward', action='store_true', help='time forward + backward in train mode')
+    backbone.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype')
 
     scaling = sub.add_parser('scaling', help='growth of backbone forward time with pixel count')
     common(scaling)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from mmpola.models import PolaPVT
-from mmpola.ops import OPS, pacs_attention_reference, pola_attention_reference, register_attention_impl
+from mmpola.ops import OPS, pacs_attention_reference, pola_attention, pola_attention_reference, register_attention_impl
+from mmpola.ops.dispatch import AttnImplUnavailable
 
 # every implementation of every op; the inputs come from the op (its example_inputs)
 CASES = [(op, impl) for op in sorted(OPS) for impl in OPS[op].names() if impl != 'reference']
@@ -86,7 +87,55 @@ def test_unknown_implementation_is_a_clear_error():
     with pytest.raises(ValueError, match=r"attn_impl must be one of auto, fast, reference .*got 'counting'"):
         OPS['pola'].resolve('counting')
     with pytest.raises(ValueError, match="implementations of pacs_attention"):
-        OPS['pacs'].resolve('triton')
+        OPS['pacs'].resolve('unregistered')
     with pytest.raises(KeyError, match='already has'):
         register_attention_impl('pola', 'fast', pola_attention_reference)
     assert pacs_attention_reference is OPS['pacs'].impls['reference']
+
+
+@pytest.fixture
+def device_bound_impl():
+    """An implementation that runs on 'meta'-free CPU float32 only and is preferred on the CPU: what a
+    fused kernel for one device registers (supports / preferred_on / fp32_inside)."""
+    seen = []
+
+    def supports(device, dtype):
+        if device.type != 'cpu':
+            return f'runs on CPU tensors only, got {device.type}'
+        return None if dtype == torch.float32 else f'takes float32 only, got {dtype}'
+
+    @register_attention_impl('pola', 'cpu_only', supports=supports, preferred_on=('cpu',), fp32_inside=True)
+    def pola_cpu_only(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+        seen.append(q.dtype)
+        return pola_attention_reference(q.float(), k.float(), v.float(), power.float(), scale.float(), alpha, eps)
+
+    yield seen
+    OPS['pola'].unregister('cpu_only')
+
+
+def test_auto_picks_the_preferred_implementation_that_supports_the_tensors(device_bound_impl):
+    op = OPS['pola']
+    assert op.choose('auto', torch.device('cpu'), torch.float32) == 'cpu_only'
+    assert op.choose('auto', torch.device('cpu'), torch.float64) == op.default  # not supported: the default
+    assert op.choose('auto') == op.default  # no device: the default
+    tensors, options = op.example_inputs(generator=torch.Generator().manual_seed(0), **GRID)
+    out = pola_attention(*tensors, *options)  # fp32 island: float32 compute -> the preferred one
+    assert device_bound_impl == [torch.float32]
+    torch.testing.assert_close(out, pola_attention_reference(*tensors, *options), rtol=0, atol=0)
+
+
+def test_fp32_inside_implementations_get_low_precision_tensors_uncast(device_bound_impl):
+    tensors, options = OPS['pola'].example_inputs(generator=torch.Generator().manual_seed(0), **GRID)
+    out = pola_attention(*(t.bfloat16() for t in tensors), *options, impl='cpu_only')
+    assert device_bound_impl == [torch.bfloat16] and out.dtype == torch.bfloat16
+    pola_attention(*tensors, *options, impl='fast')
+    assert len(device_bound_impl) == 1  # 'fast' named: the preferred one is not used
+
+
+def test_an_implementation_on_tensors_it_cannot_run_on_fails_with_one_line(device_bound_impl):
+    tensors, options = OPS['pola'].example_inputs(generator=torch.Generator().manual_seed(0), **GRID)
+    with pytest.raises(AttnImplUnavailable, match=r"attn_impl='cpu_only' \(pola_attention\) cannot run here: "
+                       r'takes float32 only, got torch.float64') as info:
+        pola_attention(*(t.double() for t in tensors), *options, impl='cpu_only', fp32=False)
+    assert '\n' not in str(info.value)
+    assert not device_bound_impl
