@@ -35,6 +35,8 @@ With one head nothing couples the heads: 4 and 5 (and 6 and 7) run as one kernel
 and its chain rule stay in torch (a (C,) vector). float64 inputs (tests, through the interpreter)
 are computed in float32 and returned in float64.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -274,11 +276,16 @@ def _blocks(d):
     return block_t, block_d, 4 if block_d <= 64 else 8
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _programs_target(device):
     """About how many programs fill the device (a few per SM); a handful under the interpreter."""
     if interpreting() or device.type != 'cuda':
         return 8
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _chunks(tokens, block_t, rows, device):
