@@ -23,6 +23,8 @@ focusing_factor, eps)``):
   feature map whose backward is written by hand (it saves the input and the feature map only) and ONE
   query product per head for the numerator and the normaliser together, on column slices of the
   (B, N, C) tensors.
+* ``'triton'`` (what ``'auto'`` picks on CUDA), :func:`mmpola.ops.flatten_triton.flatten_attention_triton`:
+  forward and backward in fused Triton kernels that recompute the feature maps instead of storing them.
 """
 import torch
 import torch.nn.functional as F

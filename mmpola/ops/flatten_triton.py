@@ -1,0 +1,406 @@
+"""Focused linear attention (mmpola.ops.flatten) in Triton kernels, forward and backward.
+
+Layout and math as in :mod:`mmpola.ops.flatten`: q (B, N, C), k, v (B, n, C), heads are column slices
+of d = C / h channels (read through the tensors' strides, never copied into a (B, h, N, d) layout).
+With a = (relu(x) + 1e-6) / s and p = a**f, the feature map is y = p * c, c = ||a|| / ||p|| per
+token, its norms over all C channels (across heads). Every kernel loads its inputs in their dtype,
+computes in float32 and writes its outputs in the inputs' dtype; the (d, d) products use ``tl.dot``
+in full float32 precision.
+
+Forward:
+
+1. token statistics (q and k, one launch each): c = ||a|| / ||p|| and 1 / ||a||**2 per token, a
+   pass over all C channels of a block of tokens (two float32 numbers per token: all that couples
+   the heads).
+2. key reduction, grid (B * h, key chunks): each program forms phi(k) of its tokens and writes its
+   partial KV = phi(k)^T v / n (d, d) and M = mean(phi(k)) (d); one ``.sum`` over the chunks
+   (deterministic, no atomics). The chunks fill the GPU when B * h is small (PVT stage 1: h = 1).
+3. query pass, grid (B * h, query blocks): out = phi(q) KV / (phi(q) . M + eps).
+
+Saved for backward: the inputs, the token statistics and the per-head KV and M. The feature maps
+are recomputed in the backward kernels, never stored.
+
+Backward (g = dL/dout, den = phi(q) . M + eps, gd = g / den, dden = -(g . out) / den per head):
+
+4. query reduction, grid (B * h, query chunks): partial dKV = phi(q)^T gd and dM = sum dden phi(q);
+   the feature map's backward needs G = sum over ALL channels of dL/dphi * phi, which is
+   -eps * sum_heads dden for the queries (the output is scale-free in phi(q) but for eps): the kernel
+   writes dden per (token, head).
+5. query gradient, grid (B * h, query chunks): dL/dphi(q) = gd KV^T + dden M, then the feature map's
+   backward (mmpola.ops.flatten._FocusedFeatureMap) to dq, and a partial of dL/ds per chunk.
+6. key pass, grid (B * h, key chunks): dv = phi(k) dKV / n, and G's per-head part dv . v + phi(k) . dM / n.
+7. key gradient: dL/dphi(k) = (v dKV^T + dM) / n, the feature map's backward to dk and dL/ds.
+
+With one head nothing couples the heads: 4 and 5 (and 6 and 7) run as one kernel. s = softplus(scale)
+and its chain rule stay in torch (a (C,) vector). float64 inputs (tests, through the interpreter)
+are computed in float32 and returned in float64.
+"""
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .dispatch import AttnImplUnavailable, attention_op
+from .flatten import _KERNEL_EPS, _check_shapes
+from .triton_support import interpreting, triton_available, triton_unsupported
+
+__all__ = ['flatten_attention_triton']
+
+if triton_available() is None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _power(a, FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr):
+        """a ** FOCUS for a > 0 (repeated products for an integer power)."""
+        if INT_FOCUS:
+            p = a
+            for _ in tl.static_range(FOCUS - 1):
+                p = p * a
+        else:
+            p = tl.exp2(FOCUS * tl.log2(a))
+        return p
+
+    @triton.jit
+    def _token_stats_kernel(x_ptr, s_ptr, stats_ptr, T, C, sxb, sxt, sxc,
+                            FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
+                            BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        mt = offs_t < T
+        sum_a2 = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        sum_p2 = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        for c0 in range(0, C, BLOCK_C):
+            offs_c = c0 + tl.arange(0, BLOCK_C)
+            mc = offs_c < C
+            m2 = mt[:, None] & mc[None, :]
+            x = tl.load(x_ptr + b * sxb + offs_t[:, None] * sxt + offs_c[None, :] * sxc, mask=m2, other=0.0)
+            s = tl.load(s_ptr + offs_c, mask=mc, other=1.0)
+            a = (tl.maximum(x.to(tl.float32), 0.0) + KERNEL_EPS) / s[None, :]  # > 0, also where masked
+            p = tl.where(m2, _power(a, FOCUS, INT_FOCUS), 0.0)
+            a = tl.where(m2, a, 0.0)
+            sum_a2 += tl.sum(a * a, axis=1)
+            sum_p2 += tl.sum(p * p, axis=1)
+        sum_a2 = tl.where(mt, sum_a2, 1.0)
+        sum_p2 = tl.where(mt, sum_p2, 1.0)
+        row = stats_ptr + (b * T + offs_t) * 2
+        tl.store(row, tl.sqrt(sum_a2 / sum_p2), mask=mt)
+        tl.store(row + 1, 1.0 / sum_a2, mask=mt)
+
+    @triton.jit
+    def _features(x_ptr, s_ptr, stats_ptr, b, head, offs_t, T, d, sxb, sxt, sxc,
+                  FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr, BLOCK_D: tl.constexpr):
+        """(x, a, phi(x), c, 1 / ||a||**2) of a block of tokens in one head; 0 where masked."""
+        mt = offs_t < T
+        offs_d = tl.arange(0, BLOCK_D)
+        md = offs_d < d
+        m2 = mt[:, None] & md[None, :]
+        cols = head * d + offs_d
+        x = tl.load(x_ptr + b * sxb + offs_t[:, None] * sxt + cols[None, :] * sxc, mask=m2, other=0.0)
+        x = x.to(tl.float32)
+        s = tl.load(s_ptr + cols, mask=md, other=1.0)
+        a = (tl.maximum(x, 0.0) + KERNEL_EPS) / s[None, :]
+        row = stats_ptr + (b * T + offs_t) * 2
+        c = tl.load(row, mask=mt, other=0.0)
+        inv_r2 = tl.load(row + 1, mask=mt, other=0.0)
+        y = tl.where(m2, _power(a, FOCUS, INT_FOCUS) * c[:, None], 0.0)
+        return x, a, y, inv_r2
+
+    @triton.jit
+    def _feature_backward(dy, x, a, y, inv_r2, big_g, s, FOCUS: tl.constexpr):
+        """(dL/dx, dL/da) from dL/dphi (mmpola.ops.flatten._FocusedFeatureMap), G = sum(dL/dphi * phi)."""
+        coef = (big_g * inv_r2)[:, None]
+        grad_a = FOCUS * (y / a) * (dy - coef * y) + coef * a
+        grad_x = tl.where(x > 0, grad_a / s[None, :], 0.0)
+        return grad_x, grad_a
+
+    @triton.jit
+    def _key_reduce_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, kv_part_ptr, m_part_ptr, n, d, H, tiles_per_chunk, inv_n,
+                           skb, skt, skc, svb, svt, svc,
+                           FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
+                           BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+        pid = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = (pid // H).to(tl.int64)
+        head = pid % H
+        offs_d = tl.arange(0, BLOCK_D)
+        md = offs_d < d
+        acc_kv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+        acc_m = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for i in range(tiles_per_chunk):
+            offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+            m2 = (offs_t < n)[:, None] & md[None, :]
+            _, _, y, _ = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, d, skb, skt, skc,
+                                   FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
+            vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + (head * d + offs_d)[None, :] * svc,
+                         mask=m2, other=0.0).to(tl.float32)
+            acc_kv = tl.dot(tl.trans(y), vv, acc_kv, input_precision='ieee')
+            acc_m += tl.sum(y, axis=0)
+        part = pid * tl.num_programs(1) + chunk
+        md2 = md[:, None] & md[None, :]
+        tl.store(kv_part_ptr + part * d * d + offs_d[:, None] * d + offs_d[None, :], acc_kv * inv_n, mask=md2)
+        tl.store(m_part_ptr + part * d + offs_d, acc_m * inv_n, mask=md)
+
+    @triton.jit
+    def _query_kernel(q_ptr, s_ptr, stats_ptr, kv_ptr, m_ptr, out_ptr, N, d, H, eps,
+                      sqb, sqt, sqc, sob, sot, soc,
+                      FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
+                      BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+        pid = tl.program_id(0)
+        b = (pid // H).to(tl.int64)
+        head = pid % H
+        offs_d = tl.arange(0, BLOCK_D)
+        md = offs_d < d
+        kv = tl.load(kv_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :],
+                     mask=md[:, None] & md[None, :], other=0.0)
+        m = tl.load(m_ptr + pid * d + offs_d, mask=md, other=0.0)
+        offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        _, _, y, _ = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, d, sqb, sqt, sqc,
+                               FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
+        num = tl.dot(y, kv, input_precision='ieee')
+        den = tl.sum(y * m[None, :], axis=1) + eps
+        out = num / den[:, None]
+        m2 = (offs_t < N)[:, None] & md[None, :]
+        tl.store(out_ptr + b * sob + offs_t[:, None] * sot + (head * d + offs_d)[None, :] * soc,
+                 out.to(out_ptr.dtype.element_ty), mask=m2)
+
+    @triton.jit
+    def _query_backward_kernel(q_ptr, g_ptr, s_ptr, stats_ptr, kv_ptr, m_ptr, dkv_part_ptr, dm_part_ptr,
+                               dden_ptr, dq_ptr, ds_part_ptr, N, d, H, eps, tiles_per_chunk,
+                               sqb, sqt, sqc, sgb, sgt, sgc, sdb, sdt, sdc,
+                               REDUCE: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
+                               FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
+                               BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+        """REDUCE: the partial dKV, dM of the chunk (and dden per token and head unless LOCAL_G);
+        WRITE_DX: dq and the partial dL/ds (G from dden of this head if LOCAL_G, else from dden_ptr)."""
+        pid = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = (pid // H).to(tl.int64)
+        head = pid % H
+        offs_d = tl.arange(0, BLOCK_D)
+        md = offs_d < d
+        md2 = md[:, None] & md[None, :]
+        kv = tl.load(kv_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :], mask=md2, other=0.0)
+        m = tl.load(m_ptr + pid * d + offs_d, mask=md, other=0.0)
+        s = tl.load(s_ptr + head * d + offs_d, mask=md, other=1.0)
+        acc_dkv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+        acc_dm = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for i in range(tiles_per_chunk):
+            offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+            mt = offs_t < N
+            m2 = mt[:, None] & md[None, :]
+            cols = (head * d + offs_d)[None, :]
+            x, a, y, inv_r2 = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, d, sqb, sqt, sqc,
+                                        FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
+            g = tl.load(g_ptr + b * sgb + offs_t[:, None] * sgt + cols * sgc, mask=m2, other=0.0).to(tl.float32)
+            num = tl.dot(y, kv, input_precision='ieee')
+            rden = 1.0 / (tl.sum(y * m[None, :], axis=1) + eps)
+            gd = g * rden[:, None]
+            dden = -tl.sum(gd * num, axis=1) * rden
+            if REDUCE:
+                acc_dkv = tl.dot(tl.trans(y), gd, acc_dkv, input_precision='ieee')
+                acc_dm += tl.sum(dden[:, None] * y, axis=0)
+                if not LOCAL_G:
+                    tl.store(dden_ptr + (b * N + offs_t) * H + head, dden, mask=mt)
+            if WRITE_DX:
+                dy = tl.dot(gd, tl.trans(kv), input_precision='ieee') + dden[:, None] * m[None, :]
+                if LOCAL_G:
+                    big_g = -eps * dden
+                else:
+                    big_g = -eps * tl.load(dden_ptr + b * N + offs_t, mask=mt, other=0.0)
+                grad_x, grad_a = _feature_backward(dy, x, a, y, inv_r2, big_g, s, FOCUS)
+                tl.store(dq_ptr + b * sdb + offs_t[:, None] * sdt + cols * sdc,
+                         grad_x.to(dq_ptr.dtype.element_ty), mask=m2)
+                acc_ds += tl.sum(tl.where(m2, grad_a * a, 0.0), axis=0)
+        part = pid * tl.num_programs(1) + chunk
+        if REDUCE:
+            tl.store(dkv_part_ptr + part * d * d + offs_d[:, None] * d + offs_d[None, :], acc_dkv, mask=md2)
+            tl.store(dm_part_ptr + part * d + offs_d, acc_dm, mask=md)
+        if WRITE_DX:
+            tl.store(ds_part_ptr + part * d + offs_d, acc_ds, mask=md)
+
+    @triton.jit
+    def _key_backward_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, dkv_ptr, dm_ptr, gk_ptr, dk_ptr, dv_ptr, ds_part_ptr,
+                             n, d, H, tiles_per_chunk, inv_n,
+                             skb, skt, skc, svb, svt, svc, sdkb, sdkt, sdkc, sdvb, sdvt, sdvc,
+                             WRITE_DV: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
+                             FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
+                             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+        """WRITE_DV: dv (and this head's part of G per key unless LOCAL_G); WRITE_DX: dk and the
+        partial dL/ds (G of this head if LOCAL_G, else summed over the heads in gk_ptr)."""
+        pid = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = (pid // H).to(tl.int64)
+        head = pid % H
+        offs_d = tl.arange(0, BLOCK_D)
+        md = offs_d < d
+        dkv = tl.load(dkv_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :],
+                      mask=md[:, None] & md[None, :], other=0.0)
+        dm = tl.load(dm_ptr + pid * d + offs_d, mask=md, other=0.0)
+        s = tl.load(s_ptr + head * d + offs_d, mask=md, other=1.0)
+        acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for i in range(tiles_per_chunk):
+            offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+            mt = offs_t < n
+            m2 = mt[:, None] & md[None, :]
+            cols = (head * d + offs_d)[None, :]
+            x, a, y, inv_r2 = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, d, skb, skt, skc,
+                                        FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
+            vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
+            if WRITE_DV:
+                dv = tl.dot(y, dkv, input_precision='ieee') * inv_n
+                tl.store(dv_ptr + b * sdvb + offs_t[:, None] * sdvt + cols * sdvc,
+                         dv.to(dv_ptr.dtype.element_ty), mask=m2)
+                if not LOCAL_G:
+                    g_head = tl.sum(dv * vv, axis=1) + tl.sum(y * dm[None, :], axis=1) * inv_n
+                    tl.store(gk_ptr + (b * n + offs_t) * H + head, g_head, mask=mt)
+            if WRITE_DX:
+                dy = (tl.dot(vv, tl.trans(dkv), input_precision='ieee') + dm[None, :]) * inv_n
+                if LOCAL_G:
+                    big_g = tl.sum(dy * y, axis=1)
+                else:
+                    big_g = tl.load(gk_ptr + b * n + offs_t, mask=mt, other=0.0)
+                grad_x, grad_a = _feature_backward(dy, x, a, y, inv_r2, big_g, s, FOCUS)
+                tl.store(dk_ptr + b * sdkb + offs_t[:, None] * sdkt + cols * sdkc,
+                         grad_x.to(dk_ptr.dtype.element_ty), mask=m2)
+                acc_ds += tl.sum(tl.where(m2, grad_a * a, 0.0), axis=0)
+        if WRITE_DX:
+            tl.store(ds_part_ptr + (pid * tl.num_programs(1) + chunk) * d + offs_d, acc_ds, mask=md)
+
+
+def _blocks(d):
+    """(BLOCK_T, BLOCK_D, num_warps) for head dim d (tl.dot needs every dim >= 16)."""
+    block_d = max(16, triton.next_power_of_2(d))
+    block_t = 64 if block_d <= 64 else 32
+    return block_t, block_d, 4 if block_d <= 64 else 8
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _programs_target(device):
+    """About how many programs fill the device (a few per SM); a handful under the interpreter."""
+    if interpreting() or device.type != 'cuda':
+        return 8
+    return 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _chunks(tokens, block_t, rows, device):
+    """(chunks, tiles per chunk) splitting ``tokens`` into token blocks for ``rows`` programs each."""
+    tiles = triton.cdiv(tokens, block_t)
+    chunks = max(1, min(tiles, triton.cdiv(_programs_target(device), rows)))
+    per = triton.cdiv(tiles, chunks)
+    return triton.cdiv(tiles, per), per
+
+
+def _focus_args(focusing_factor):
+    focus = float(focusing_factor)
+    if focus.is_integer() and focus >= 1:
+        return dict(FOCUS=int(focus), INT_FOCUS=True, KERNEL_EPS=_KERNEL_EPS)
+    return dict(FOCUS=focus, INT_FOCUS=False, KERNEL_EPS=_KERNEL_EPS)
+
+
+def _token_stats(x, s, focus):
+    B, T, C = x.shape
+    stats = torch.empty((B, T, 2), device=x.device, dtype=torch.float32)
+    block_t, block_c = 32, min(128, max(16, triton.next_power_of_2(C)))
+    _token_stats_kernel[(B, triton.cdiv(T, block_t))](x, s, stats, T, C, *x.stride(), **focus,
+                                                      BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4)
+    return stats
+
+
+class _FlattenTriton(torch.autograd.Function):
+    """Focused linear attention; forward and backward in the Triton kernels of this module."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, s, num_heads, focusing_factor, eps):
+        B, N, C = q.shape
+        n, H = k.shape[1], num_heads
+        d = C // H
+        focus = _focus_args(focusing_factor)
+        block_t, block_d, warps = _blocks(d)
+        blocks = dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=warps)
+        stats_q, stats_k = _token_stats(q, s, focus), _token_stats(k, s, focus)
+        chunks, per = _chunks(n, block_t, B * H, q.device)
+        kv_part = torch.empty((B * H, chunks, d, d), device=q.device, dtype=torch.float32)
+        m_part = torch.empty((B * H, chunks, d), device=q.device, dtype=torch.float32)
+        _key_reduce_kernel[(B * H, chunks)](k, v, s, stats_k, kv_part, m_part, n, d, H, per, 1.0 / n,
+                                            *k.stride(), *v.stride(), **focus, **blocks)
+        kv, m = kv_part.sum(1), m_part.sum(1)
+        out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
+        _query_kernel[(B * H, triton.cdiv(N, block_t))](q, s, stats_q, kv, m, out, N, d, H, eps,
+                                                        *q.stride(), *out.stride(), **focus, **blocks)
+        ctx.save_for_backward(q, k, v, s, stats_q, stats_k, kv, m)
+        ctx.options = (H, focusing_factor, eps)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        q, k, v, s, stats_q, stats_k, kv, m = ctx.saved_tensors
+        H, focusing_factor, eps = ctx.options
+        B, N, C = q.shape
+        n, d = k.shape[1], C // H
+        dev, f32 = q.device, torch.float32
+        focus = _focus_args(focusing_factor)
+        block_t, block_d, warps = _blocks(d)
+        blocks = dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=warps)
+        one = H == 1
+
+        # queries: dKV, dM (and dden per head), then dq and their part of dL/ds
+        chunks, per = _chunks(N, block_t, B * H, dev)
+        dkv_part = torch.empty((B * H, chunks, d, d), device=dev, dtype=f32)
+        dm_part = torch.empty((B * H, chunks, d), device=dev, dtype=f32)
+        ds_q = torch.empty((B, H, chunks, d), device=dev, dtype=f32)
+        dden = dq = torch.empty((B, N, C), device=dev, dtype=q.dtype)
+        if not one:
+            dden = torch.empty((B, N, H), device=dev, dtype=f32)
+        args = (q, g, s, stats_q, kv, m, dkv_part, dm_part, dden, dq, ds_q, N, d, H, eps, per,
+                *q.stride(), *g.stride(), *dq.stride())
+        grid = (B * H, chunks)
+        if one:
+            _query_backward_kernel[grid](*args, REDUCE=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
+        else:
+            _query_backward_kernel[grid](*args, REDUCE=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
+            dden_sum = dden.sum(-1)
+            args = args[:8] + (dden_sum,) + args[9:]
+            _query_backward_kernel[grid](*args, REDUCE=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
+        dkv, dm = dkv_part.sum(1), dm_part.sum(1)
+
+        # keys: dv (and G per head), then dk and their part of dL/ds
+        chunks, per = _chunks(n, block_t, B * H, dev)
+        ds_k = torch.empty((B, H, chunks, d), device=dev, dtype=f32)
+        dk = torch.empty((B, n, C), device=dev, dtype=k.dtype)
+        dv = torch.empty((B, n, C), device=dev, dtype=v.dtype)
+        gk = dk if one else torch.empty((B, n, H), device=dev, dtype=f32)
+        args = (k, v, s, stats_k, dkv, dm, gk, dk, dv, ds_k, n, d, H, per, 1.0 / n,
+                *k.stride(), *v.stride(), *dk.stride(), *dv.stride())
+        grid = (B * H, chunks)
+        if one:
+            _key_backward_kernel[grid](*args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
+        else:
+            _key_backward_kernel[grid](*args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
+            args = args[:6] + (gk.sum(-1),) + args[7:]
+            _key_backward_kernel[grid](*args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
+        ds = -(ds_q.sum((0, 2)) + ds_k.sum((0, 2))).reshape(C) / s
+        return dq, dk, dv, ds, None, None, None
+
+
+def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6):
+    """Same function as :func:`mmpola.ops.flatten.flatten_attention_reference`, in Triton kernels
+    (module docstring); float32 inside whatever the inputs' dtype, output in q's dtype."""
+    _check_shapes(q, k, v, scale, num_heads)
+    reason = triton_unsupported(q.device, q.dtype)
+    if reason is not None:
+        raise AttnImplUnavailable(f"attn_impl='triton' (flatten_attention) cannot run here: {reason}")
+    if focusing_factor <= 0:
+        raise ValueError(f'focusing_factor must be positive, got {focusing_factor}')
+    s = F.softplus(scale.float()).reshape(-1).contiguous()
+    return _FlattenTriton.apply(q, k, v, s, num_heads, focusing_factor, float(eps))
+
+
+attention_op('flatten').register('triton', flatten_attention_triton, supports=triton_unsupported,
+                                 preferred_on=('cuda',), fp32_inside=True)
