@@ -86,7 +86,7 @@ def test_unknown_implementation_is_a_clear_error():
     with pytest.raises(ValueError, match=r"attn_impl must be one of auto, fast, reference .*got 'counting'"):
         OPS['pola'].resolve('counting')
     with pytest.raises(ValueError, match="implementations of pacs_attention"):
-        OPS['pacs'].resolve('triton')
+        OPS['pacs'].resolve('unregistered')
     with pytest.raises(KeyError, match='already has'):
         register_attention_impl('pola', 'fast', pola_attention_reference)
     assert pacs_attention_reference is OPS['pacs'].impls['reference']
