@@ -14,6 +14,7 @@ from .flatten import flatten_attention, flatten_attention_fast, flatten_attentio
 from .flatten_triton import flatten_attention_triton
 from .inline import inline_attention, inline_attention_fast, inline_attention_reference
 from .pacs import pacs_attention, pacs_attention_fast, pacs_attention_reference, rope_angles, rope_rotate, rope_tables
+from .pacs_triton import pacs_attention_triton
 from .pola import (
     compile_status,
     pola_attention,
@@ -29,6 +30,7 @@ __all__ = [
     'polarity_feature_map_and_mean', 'compile_status', 'flatten_attention', 'flatten_attention_reference',
     'flatten_attention_triton',
     'flatten_attention_fast', 'focused_feature_map', 'inline_attention', 'inline_attention_reference',
-    'inline_attention_fast', 'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'rope_angles',
+    'inline_attention_fast', 'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast',
+    'pacs_attention_triton', 'rope_angles',
     'rope_tables', 'rope_rotate'
 ]

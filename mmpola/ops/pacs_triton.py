@@ -1,0 +1,477 @@
+"""PaCS attention (PolaFormer++) in Triton: forward and backward kernels (implementation ``'triton'``).
+
+Same function and calling convention as :func:`mmpola.ops.pacs.pacs_attention_reference` (layout and
+feature maps in :mod:`mmpola.ops.pacs`). The kernels load q, k, v (any strides, float32 / float16 /
+bfloat16) and cast them to float32 in registers; every sum accumulates in float32 and the products of
+the feature maps with the d x d summaries are ``tl.dot``.
+
+Layout inside the kernels. With d the head dim and ``j = d / 2``, the 2d feature channels split into
+four groups of j channels by sign s (the ``relu(x)`` half or the ``relu(-x)`` half) and parity p: group
+(s, p) holds channels ``s * d + 2 i + p``, which come from input column ``2 i + p``. A rotary pair
+(2i, 2i+1) is then the same lane of the groups (s, 0) and (s, 1), so the rotation is element-wise
+between two tiles (one angle per pair, as :func:`mmpola.ops.pacs.rope_tables` makes the tables and
+the fast path assumes). The value halves (v[..., :j] for the same-sign flow, v[..., j:] for the
+opposite-sign flow) are two more j-wide tiles, and the opposite-sign flow is the same-sign one with q's
+sign flipped and its own temperatures: one kernel serves both flows (a grid axis).
+
+Passes (B x h heads, token blocks of BLOCK_N, chunks of several blocks):
+
+* forward, keys (grid flow x B*h x chunks): k' = exp(a(k)) - 1 and its rotation recomputed per
+  block; each program writes its chunk's partial rotated key-value summaries (4 groups x (j, j) for
+  its value half) and key sums; one torch ``.sum`` over chunks gives rope(k')^T v / N and mean(k').
+* forward, queries (grid flow x B*h x token blocks): the flow's feature map of q, its normaliser
+  against mean(k') (unrotated), the rotated map against the summary: that flow's half of the output.
+* backward, queries (grid flow x B*h x chunks): the query maps recomputed, the gradient of q (through
+  numerator, normaliser, exponent and ReLU split) written per flow, and per-chunk partial sums of the
+  gradients of the key-value summary, of mean(k') and of the temperatures.
+* backward, keys (grid B*h x token blocks): k' recomputed; the gradients of v and k from the summed
+  gradients of the summary and of mean(k').
+
+Saved for backward: the inputs, the temperatures (2, h, 2d), the halved rotary tables (N, d; one
+angle per pair) and the summaries (rope(k')^T v / N and mean(k'), a few (j, j) tiles per head);
+no (B, h, N, 2d) feature map is stored. ``exp(x) - 1`` is evaluated with a series near 0, where
+``exp`` rounds away the small result. float64 inputs (the interpreter only) are computed in float32.
+"""
+import torch
+
+from .dispatch import AttnImplUnavailable, attention_op
+from .pacs import _check_shapes
+from .pola import _sum_to_shape
+from .triton_support import triton_available, triton_unsupported
+
+__all__ = ['pacs_attention_triton']
+
+if triton_available() is None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _expm1_pos(x):
+        """exp(x) - 1 for x >= 0: a series below 0.25 (relative error < 1e-9), exp(x) - 1 above."""
+        series = x * (1.0 + x * (0.5 + x * (0.16666666666666666 + x * (0.041666666666666664 + x * (
+            0.008333333333333333 + x * (0.001388888888888889 + x * 0.0001984126984126984))))))
+        return tl.where(x < 0.25, series, tl.exp(x) - 1.0)
+
+    @triton.jit
+    def _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, offset):
+        """sin, cos of the rotary pairs ``offset + lanes`` of the token rows (halved tables (N, d))."""
+        ptr = rows[:, None] * s_tn + (offset + lanes)[None, :]
+        return (tl.load(sin_ptr + ptr, mask=mask, other=0.0).to(tl.float32),
+                tl.load(cos_ptr + ptr, mask=mask, other=0.0).to(tl.float32))
+
+    @triton.jit
+    def _load_pairs(base, rows, lanes, mask, s_n, s_d):
+        """Columns 2i and 2i+1 of a (N, d) tile as two (BLOCK_N, BLOCK_J) float32 tiles."""
+        ptr = base + rows[:, None].to(tl.int64) * s_n + (2 * lanes)[None, :] * s_d
+        return (tl.load(ptr, mask=mask, other=0.0).to(tl.float32),
+                tl.load(ptr + s_d, mask=mask, other=0.0).to(tl.float32))
+
+    @triton.jit
+    def _spiky(x_even, x_odd, t_base, lanes, lane_mask, D):
+        """a(x) = [relu(x) || relu(-x)], the temperatures t (a row of 2d at t_base) and exp(a(x) t) - 1,
+        each as its four groups (s, p)."""
+        a_pe = tl.maximum(x_even, 0.0)
+        a_po = tl.maximum(x_odd, 0.0)
+        a_ne = tl.maximum(-x_even, 0.0)
+        a_no = tl.maximum(-x_odd, 0.0)
+        t_pe = tl.load(t_base + 2 * lanes, mask=lane_mask, other=0.0)[None, :]
+        t_po = tl.load(t_base + 2 * lanes + 1, mask=lane_mask, other=0.0)[None, :]
+        t_ne = tl.load(t_base + D + 2 * lanes, mask=lane_mask, other=0.0)[None, :]
+        t_no = tl.load(t_base + D + 2 * lanes + 1, mask=lane_mask, other=0.0)[None, :]
+        return (a_pe, a_po, a_ne, a_no, t_pe, t_po, t_ne, t_no,
+                _expm1_pos(a_pe * t_pe), _expm1_pos(a_po * t_po), _expm1_pos(a_ne * t_ne), _expm1_pos(a_no * t_no))
+
+    @triton.jit
+    def _keys(k_ptr, rows, lanes, mask, s_n, s_d):
+        """Key columns (even, odd) and the four groups of k' = exp(a(k)) - 1."""
+        k_e, k_o = _load_pairs(k_ptr, rows, lanes, mask, s_n, s_d)
+        return (k_e, k_o, _expm1_pos(tl.maximum(k_e, 0.0)), _expm1_pos(tl.maximum(k_o, 0.0)),
+                _expm1_pos(tl.maximum(-k_e, 0.0)), _expm1_pos(tl.maximum(-k_o, 0.0)))
+
+    @triton.jit
+    def _tile(ptr, lanes, BLOCK_J: tl.constexpr):
+        """A (BLOCK_J, BLOCK_J) float32 summary tile stored row-major."""
+        return tl.load(ptr + lanes[:, None] * BLOCK_J + lanes[None, :])
+
+    @triton.jit
+    def _pacs_fwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr,
+                              H, N, J, blocks_per_chunk,
+                              skb, skh, skn, skd, svb, svh, svn, svd, s_tn,
+                              BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
+        flow = tl.program_id(0)
+        bh = tl.program_id(1)
+        chunk = tl.program_id(2)
+        chunks = tl.num_programs(2)
+        b = (bh // H).to(tl.int64)
+        head = (bh % H).to(tl.int64)
+        k_base = k_ptr + b * skb + head * skh
+        v_base = v_ptr + b * svb + head * svh + flow * J * svd
+        lanes = tl.arange(0, BLOCK_J)
+        lane_mask = lanes < J
+        kv_pe = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
+        kv_po = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
+        kv_ne = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
+        kv_no = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
+        sum_pe = tl.zeros((BLOCK_J,), tl.float32)
+        sum_po = tl.zeros((BLOCK_J,), tl.float32)
+        sum_ne = tl.zeros((BLOCK_J,), tl.float32)
+        sum_no = tl.zeros((BLOCK_J,), tl.float32)
+        for blk in range(0, blocks_per_chunk):
+            rows = (chunk * blocks_per_chunk + blk) * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = (rows < N)[:, None] & lane_mask[None, :]
+            k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_base, rows, lanes, mask, skn, skd)
+            v = tl.load(v_base + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd, mask=mask,
+                        other=0.0).to(tl.float32)
+            sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
+            sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+            kv_pe = tl.dot(tl.trans(f_pe * cos_p - f_po * sin_p), v, kv_pe, input_precision=PRECISION)
+            kv_po = tl.dot(tl.trans(f_po * cos_p + f_pe * sin_p), v, kv_po, input_precision=PRECISION)
+            kv_ne = tl.dot(tl.trans(f_ne * cos_n - f_no * sin_n), v, kv_ne, input_precision=PRECISION)
+            kv_no = tl.dot(tl.trans(f_no * cos_n + f_ne * sin_n), v, kv_no, input_precision=PRECISION)
+            sum_pe += tl.sum(f_pe, axis=0)
+            sum_po += tl.sum(f_po, axis=0)
+            sum_ne += tl.sum(f_ne, axis=0)
+            sum_no += tl.sum(f_no, axis=0)
+        # kv: (B*h, chunks, 4 groups, 2 flows, BLOCK_J, BLOCK_J); mean: (B*h, chunks, 4, BLOCK_J)
+        tile = lanes[:, None] * BLOCK_J + lanes[None, :]
+        size = BLOCK_J * BLOCK_J
+        out = kv_ptr + ((bh * chunks + chunk) * 8 + flow) * size + tile
+        tl.store(out, kv_pe)
+        tl.store(out + 2 * size, kv_po)
+        tl.store(out + 4 * size, kv_ne)
+        tl.store(out + 6 * size, kv_no)
+        first = (lanes < BLOCK_J) & (flow == 0)
+        out = mean_ptr + (bh * chunks + chunk) * 4 * BLOCK_J + lanes
+        tl.store(out, sum_pe, mask=first)
+        tl.store(out + BLOCK_J, sum_po, mask=first)
+        tl.store(out + 2 * BLOCK_J, sum_ne, mask=first)
+        tl.store(out + 3 * BLOCK_J, sum_no, mask=first)
+
+    @triton.jit
+    def _pacs_fwd_queries_kernel(q_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, out_ptr, eps,
+                                 H, N, J,
+                                 sqb, sqh, sqn, sqd, s_tn,
+                                 BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
+        flow = tl.program_id(0)
+        bh = tl.program_id(1)
+        rows = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+        b = (bh // H).to(tl.int64)
+        head = (bh % H).to(tl.int64)
+        lanes = tl.arange(0, BLOCK_J)
+        lane_mask = lanes < J
+        mask = (rows < N)[:, None] & lane_mask[None, :]
+        sign = 1.0 - 2.0 * flow  # the opposite-sign flow is the same-sign one of -q
+        q_e, q_o = _load_pairs(q_ptr + b * sqb + head * sqh, rows, lanes, mask, sqn, sqd)
+        t_base = t_ptr + (flow * H + head) * 4 * J
+        _, _, _, _, _, _, _, _, f_pe, f_po, f_ne, f_no = _spiky(q_e * sign, q_o * sign, t_base, lanes, lane_mask,
+                                                                2 * J)
+        mean = mean_ptr + bh * 4 * BLOCK_J + lanes
+        z = tl.sum(f_pe * tl.load(mean)[None, :] + f_po * tl.load(mean + BLOCK_J)[None, :]
+                   + f_ne * tl.load(mean + 2 * BLOCK_J)[None, :] + f_no * tl.load(mean + 3 * BLOCK_J)[None, :], axis=1)
+        sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
+        sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+        size = BLOCK_J * BLOCK_J
+        kv = kv_ptr + (bh * 8 + flow) * size
+        u = tl.dot(f_pe * cos_p - f_po * sin_p, _tile(kv, lanes, BLOCK_J), input_precision=PRECISION)
+        u = tl.dot(f_po * cos_p + f_pe * sin_p, _tile(kv + 2 * size, lanes, BLOCK_J), u, input_precision=PRECISION)
+        u = tl.dot(f_ne * cos_n - f_no * sin_n, _tile(kv + 4 * size, lanes, BLOCK_J), u, input_precision=PRECISION)
+        u = tl.dot(f_no * cos_n + f_ne * sin_n, _tile(kv + 6 * size, lanes, BLOCK_J), u, input_precision=PRECISION)
+        out = u * (1.0 / (z + eps))[:, None]
+        ptr = out_ptr + bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J + flow * J + lanes[None, :]
+        tl.store(ptr, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _pacs_bwd_queries_kernel(q_ptr, g_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, eps,
+                                 gq_ptr, gkv_ptr, gmean_ptr, gt_ptr,
+                                 H, N, J, blocks_per_chunk,
+                                 sqb, sqh, sqn, sqd, sgb, sgh, sgn, sgd, s_tn,
+                                 BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
+        flow = tl.program_id(0)
+        bh = tl.program_id(1)
+        chunk = tl.program_id(2)
+        chunks = tl.num_programs(2)
+        b = (bh // H).to(tl.int64)
+        head = (bh % H).to(tl.int64)
+        lanes = tl.arange(0, BLOCK_J)
+        lane_mask = lanes < J
+        sign = 1.0 - 2.0 * flow
+        q_base = q_ptr + b * sqb + head * sqh
+        g_base = g_ptr + b * sgb + head * sgh + flow * J * sgd
+        t_base = t_ptr + (flow * H + head) * 4 * J
+        size = BLOCK_J * BLOCK_J
+        kv = kv_ptr + (bh * 8 + flow) * size
+        mean = mean_ptr + bh * 4 * BLOCK_J + lanes
+        m_pe = tl.load(mean)[None, :]
+        m_po = tl.load(mean + BLOCK_J)[None, :]
+        m_ne = tl.load(mean + 2 * BLOCK_J)[None, :]
+        m_no = tl.load(mean + 3 * BLOCK_J)[None, :]
+        gkv_pe = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
+        gkv_po = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
+        gkv_ne = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
+        gkv_no = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
+        gm_pe = tl.zeros((BLOCK_J,), tl.float32)
+        gm_po = tl.zeros((BLOCK_J,), tl.float32)
+        gm_ne = tl.zeros((BLOCK_J,), tl.float32)
+        gm_no = tl.zeros((BLOCK_J,), tl.float32)
+        gt_pe = tl.zeros((BLOCK_J,), tl.float32)
+        gt_po = tl.zeros((BLOCK_J,), tl.float32)
+        gt_ne = tl.zeros((BLOCK_J,), tl.float32)
+        gt_no = tl.zeros((BLOCK_J,), tl.float32)
+        for blk in range(0, blocks_per_chunk):
+            rows = (chunk * blocks_per_chunk + blk) * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = (rows < N)[:, None] & lane_mask[None, :]
+            q_e, q_o = _load_pairs(q_base, rows, lanes, mask, sqn, sqd)
+            q_e = q_e * sign
+            q_o = q_o * sign
+            a_pe, a_po, a_ne, a_no, t_pe, t_po, t_ne, t_no, f_pe, f_po, f_ne, f_no = _spiky(
+                q_e, q_o, t_base, lanes, lane_mask, 2 * J)
+            sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
+            sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+            r_pe = f_pe * cos_p - f_po * sin_p
+            r_po = f_po * cos_p + f_pe * sin_p
+            r_ne = f_ne * cos_n - f_no * sin_n
+            r_no = f_no * cos_n + f_ne * sin_n
+            kv_pe = _tile(kv, lanes, BLOCK_J)
+            kv_po = _tile(kv + 2 * size, lanes, BLOCK_J)
+            kv_ne = _tile(kv + 4 * size, lanes, BLOCK_J)
+            kv_no = _tile(kv + 6 * size, lanes, BLOCK_J)
+            rz = 1.0 / (tl.sum(f_pe * m_pe + f_po * m_po + f_ne * m_ne + f_no * m_no, axis=1) + eps)
+            u = tl.dot(r_pe, kv_pe, input_precision=PRECISION)
+            u = tl.dot(r_po, kv_po, u, input_precision=PRECISION)
+            u = tl.dot(r_ne, kv_ne, u, input_precision=PRECISION)
+            u = tl.dot(r_no, kv_no, u, input_precision=PRECISION)
+            g = tl.load(g_base + rows[:, None].to(tl.int64) * sgn + lanes[None, :] * sgd, mask=mask,
+                        other=0.0).to(tl.float32)
+            # out = u / (z + eps): du = g / (z + eps), dz = -(g . u) / (z + eps)^2
+            gu = g * rz[:, None]
+            gz = (-tl.sum(g * u, axis=1) * rz * rz)[:, None]
+            gkv_pe = tl.dot(tl.trans(r_pe), gu, gkv_pe, input_precision=PRECISION)
+            gkv_po = tl.dot(tl.trans(r_po), gu, gkv_po, input_precision=PRECISION)
+            gkv_ne = tl.dot(tl.trans(r_ne), gu, gkv_ne, input_precision=PRECISION)
+            gkv_no = tl.dot(tl.trans(r_no), gu, gkv_no, input_precision=PRECISION)
+            gm_pe += tl.sum(gz * f_pe, axis=0)
+            gm_po += tl.sum(gz * f_po, axis=0)
+            gm_ne += tl.sum(gz * f_ne, axis=0)
+            gm_no += tl.sum(gz * f_no, axis=0)
+            # gradient of the rotated map, rotated back (transposed rotation), plus the normaliser's
+            gr_pe = tl.dot(gu, tl.trans(kv_pe), input_precision=PRECISION)
+            gr_po = tl.dot(gu, tl.trans(kv_po), input_precision=PRECISION)
+            gr_ne = tl.dot(gu, tl.trans(kv_ne), input_precision=PRECISION)
+            gr_no = tl.dot(gu, tl.trans(kv_no), input_precision=PRECISION)
+            # through exp(a t) - 1: d/da = (f + 1) t, d/dt = (f + 1) a
+            ga_pe = (gr_pe * cos_p + gr_po * sin_p + gz * m_pe) * (f_pe + 1.0)
+            ga_po = (gr_po * cos_p - gr_pe * sin_p + gz * m_po) * (f_po + 1.0)
+            ga_ne = (gr_ne * cos_n + gr_no * sin_n + gz * m_ne) * (f_ne + 1.0)
+            ga_no = (gr_no * cos_n - gr_ne * sin_n + gz * m_no) * (f_no + 1.0)
+            gt_pe += tl.sum(ga_pe * a_pe, axis=0)
+            gt_po += tl.sum(ga_po * a_po, axis=0)
+            gt_ne += tl.sum(ga_ne * a_ne, axis=0)
+            gt_no += tl.sum(ga_no * a_no, axis=0)
+            # a = [relu(sign q) || relu(-sign q)]; zero gradient at q = 0 as autograd's relu
+            gq_e = sign * (tl.where(q_e > 0, ga_pe * t_pe, 0.0) - tl.where(q_e < 0, ga_ne * t_ne, 0.0))
+            gq_o = sign * (tl.where(q_o > 0, ga_po * t_po, 0.0) - tl.where(q_o < 0, ga_no * t_no, 0.0))
+            # gq: (2 flows, B*h, N, d) float32, summed over the flows outside
+            ptr = gq_ptr + (flow * tl.num_programs(1) + bh).to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J \
+                + 2 * lanes[None, :]
+            tl.store(ptr, gq_e, mask=mask)
+            tl.store(ptr + 1, gq_o, mask=mask)
+        # gkv: (B*h, chunks, 4 groups, 2 flows, BLOCK_J, BLOCK_J); gmean, gt: (B*h, chunks, 2 flows, 4, BLOCK_J)
+        tile = lanes[:, None] * BLOCK_J + lanes[None, :]
+        out = gkv_ptr + ((bh * chunks + chunk) * 8 + flow) * size + tile
+        tl.store(out, gkv_pe)
+        tl.store(out + 2 * size, gkv_po)
+        tl.store(out + 4 * size, gkv_ne)
+        tl.store(out + 6 * size, gkv_no)
+        offset = ((bh * chunks + chunk) * 2 + flow) * 4 * BLOCK_J + lanes
+        tl.store(gmean_ptr + offset, gm_pe)
+        tl.store(gmean_ptr + offset + BLOCK_J, gm_po)
+        tl.store(gmean_ptr + offset + 2 * BLOCK_J, gm_ne)
+        tl.store(gmean_ptr + offset + 3 * BLOCK_J, gm_no)
+        tl.store(gt_ptr + offset, gt_pe)
+        tl.store(gt_ptr + offset + BLOCK_J, gt_po)
+        tl.store(gt_ptr + offset + 2 * BLOCK_J, gt_ne)
+        tl.store(gt_ptr + offset + 3 * BLOCK_J, gt_no)
+
+    @triton.jit
+    def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, gkv_ptr, gmean_ptr, gk_ptr, gv_ptr,
+                              H, N, J,
+                              skb, skh, skn, skd, svb, svh, svn, svd, s_tn,
+                              BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
+        bh = tl.program_id(0)
+        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        b = (bh // H).to(tl.int64)
+        head = (bh % H).to(tl.int64)
+        lanes = tl.arange(0, BLOCK_J)
+        lane_mask = lanes < J
+        mask = (rows < N)[:, None] & lane_mask[None, :]
+        k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_ptr + b * skb + head * skh, rows, lanes, mask, skn, skd)
+        v_ptrs = v_ptr + b * svb + head * svh + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd
+        v_same = tl.load(v_ptrs, mask=mask, other=0.0).to(tl.float32)
+        v_opp = tl.load(v_ptrs + J * svd, mask=mask, other=0.0).to(tl.float32)
+        sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
+        sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+        r_pe = f_pe * cos_p - f_po * sin_p
+        r_po = f_po * cos_p + f_pe * sin_p
+        r_ne = f_ne * cos_n - f_no * sin_n
+        r_no = f_no * cos_n + f_ne * sin_n
+        size = BLOCK_J * BLOCK_J
+        gkv = gkv_ptr + bh * 8 * size  # (4 groups, 2 flows) tiles, already divided by N
+        gkv_pe0 = _tile(gkv, lanes, BLOCK_J)
+        gkv_pe1 = _tile(gkv + size, lanes, BLOCK_J)
+        gkv_po0 = _tile(gkv + 2 * size, lanes, BLOCK_J)
+        gkv_po1 = _tile(gkv + 3 * size, lanes, BLOCK_J)
+        gkv_ne0 = _tile(gkv + 4 * size, lanes, BLOCK_J)
+        gkv_ne1 = _tile(gkv + 5 * size, lanes, BLOCK_J)
+        gkv_no0 = _tile(gkv + 6 * size, lanes, BLOCK_J)
+        gkv_no1 = _tile(gkv + 7 * size, lanes, BLOCK_J)
+        gv_same = tl.dot(r_pe, gkv_pe0, input_precision=PRECISION)
+        gv_same = tl.dot(r_po, gkv_po0, gv_same, input_precision=PRECISION)
+        gv_same = tl.dot(r_ne, gkv_ne0, gv_same, input_precision=PRECISION)
+        gv_same = tl.dot(r_no, gkv_no0, gv_same, input_precision=PRECISION)
+        gv_opp = tl.dot(r_pe, gkv_pe1, input_precision=PRECISION)
+        gv_opp = tl.dot(r_po, gkv_po1, gv_opp, input_precision=PRECISION)
+        gv_opp = tl.dot(r_ne, gkv_ne1, gv_opp, input_precision=PRECISION)
+        gv_opp = tl.dot(r_no, gkv_no1, gv_opp, input_precision=PRECISION)
+        gr_pe = tl.dot(v_same, tl.trans(gkv_pe0), input_precision=PRECISION)
+        gr_pe = tl.dot(v_opp, tl.trans(gkv_pe1), gr_pe, input_precision=PRECISION)
+        gr_po = tl.dot(v_same, tl.trans(gkv_po0), input_precision=PRECISION)
+        gr_po = tl.dot(v_opp, tl.trans(gkv_po1), gr_po, input_precision=PRECISION)
+        gr_ne = tl.dot(v_same, tl.trans(gkv_ne0), input_precision=PRECISION)
+        gr_ne = tl.dot(v_opp, tl.trans(gkv_ne1), gr_ne, input_precision=PRECISION)
+        gr_no = tl.dot(v_same, tl.trans(gkv_no0), input_precision=PRECISION)
+        gr_no = tl.dot(v_opp, tl.trans(gkv_no1), gr_no, input_precision=PRECISION)
+        gmean = gmean_ptr + bh * 4 * BLOCK_J + lanes  # already divided by N
+        ga_pe = (gr_pe * cos_p + gr_po * sin_p + tl.load(gmean)[None, :]) * (f_pe + 1.0)
+        ga_po = (gr_po * cos_p - gr_pe * sin_p + tl.load(gmean + BLOCK_J)[None, :]) * (f_po + 1.0)
+        ga_ne = (gr_ne * cos_n + gr_no * sin_n + tl.load(gmean + 2 * BLOCK_J)[None, :]) * (f_ne + 1.0)
+        ga_no = (gr_no * cos_n - gr_ne * sin_n + tl.load(gmean + 3 * BLOCK_J)[None, :]) * (f_no + 1.0)
+        gk_e = tl.where(k_e > 0, ga_pe, 0.0) - tl.where(k_e < 0, ga_ne, 0.0)
+        gk_o = tl.where(k_o > 0, ga_po, 0.0) - tl.where(k_o < 0, ga_no, 0.0)
+        # gk, gv: contiguous (B, h, N, d) in the inputs' dtypes
+        out = bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J
+        ptr = gk_ptr + out + 2 * lanes[None, :]
+        tl.store(ptr, gk_e.to(gk_ptr.dtype.element_ty), mask=mask)
+        tl.store(ptr + 1, gk_o.to(gk_ptr.dtype.element_ty), mask=mask)
+        ptr = gv_ptr + out + lanes[None, :]
+        tl.store(ptr, gv_same.to(gv_ptr.dtype.element_ty), mask=mask)
+        tl.store(ptr + J, gv_opp.to(gv_ptr.dtype.element_ty), mask=mask)
+
+
+def _config(d, device):
+    """(BLOCK_N, BLOCK_J, num_warps, dot precision) for head dim d."""
+    block_j = max(16, triton.next_power_of_2(d // 2))
+    if device.type != 'cuda':  # the interpreter: small blocks exercise the masked tails and the chunks
+        return 16, block_j, 4, 'ieee'
+    # fp32 products in full precision (the test's 1e-5); 32 tokens a block keeps the backward's tiles in
+    # registers (64 spills at head dim 64)
+    return 32, block_j, (4 if block_j <= 32 else 8), 'ieee'
+
+
+def _chunks(heads, blocks, device):
+    """(number of chunks, blocks per chunk) of a token reduction: enough programs to fill the GPU."""
+    if device.type == 'cuda':
+        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = 2
+    chunks = max(1, min(blocks, triton.cdiv(target, heads)))
+    per_chunk = triton.cdiv(blocks, chunks)
+    return triton.cdiv(blocks, per_chunk), per_chunk
+
+
+def _temperatures(s_same, s_opp, heads, d):
+    """sigmoid of both logits, (2, h, 2d) float32, or a clear error for a shape the kernels cannot take."""
+    try:
+        logits = [torch.broadcast_to(s, (1, heads, 1, 2 * d)) for s in (s_same, s_opp)]
+    except RuntimeError:
+        raise ValueError(f'pacs_attention (triton) takes spikiness logits broadcastable to (1, h, 1, 2d) = '
+                         f'(1, {heads}, 1, {2 * d}) (one per head and channel); got s_same {tuple(s_same.shape)}, '
+                         f"s_opp {tuple(s_opp.shape)}; use impl='fast' for per-sample logits") from None
+    return torch.sigmoid(torch.stack(logits).float()).reshape(2, heads, 2 * d).contiguous()
+
+
+class _PaCSTriton(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, s_same, s_opp, sin, cos, eps):
+        batch, heads, n, d = q.shape
+        j = d // 2
+        bh = batch * heads
+        dev = q.device
+        block_n, block_j, warps, precision = _config(d, dev)
+        t = _temperatures(s_same, s_opp, heads, d)
+        # one angle per rotary pair: the even channels of the tables, (N, d)
+        sin_h = sin[:, ::2].float().contiguous()
+        cos_h = cos[:, ::2].float().contiguous()
+        blocks = triton.cdiv(n, block_n)
+        chunks, per_chunk = _chunks(bh, blocks, dev)
+        kv = torch.empty(bh, chunks, 4, 2, block_j, block_j, device=dev, dtype=torch.float32)
+        mean = torch.empty(bh, chunks, 4, block_j, device=dev, dtype=torch.float32)
+        _pacs_fwd_keys_kernel[(2, bh, chunks)](
+            k, v, sin_h, cos_h, kv, mean, heads, n, j, per_chunk, *k.stride(), *v.stride(), sin_h.stride(0),
+            BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        kv = kv.sum(1).div_(n)
+        mean = mean.sum(1).div_(n)
+        out = torch.empty(q.shape, device=dev, dtype=q.dtype)
+        _pacs_fwd_queries_kernel[(2, bh, blocks)](
+            q, t, sin_h, cos_h, kv, mean, out, eps, heads, n, j, *q.stride(), sin_h.stride(0),
+            BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        ctx.save_for_backward(q, k, v, t, sin_h, cos_h, kv, mean)
+        ctx.eps = eps
+        ctx.logit_shapes = (s_same.shape, s_opp.shape)
+        ctx.logit_dtypes = (s_same.dtype, s_opp.dtype)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, t, sin_h, cos_h, kv, mean = ctx.saved_tensors
+        batch, heads, n, d = q.shape
+        j = d // 2
+        bh = batch * heads
+        dev = q.device
+        block_n, block_j, warps, precision = _config(d, dev)
+        blocks = triton.cdiv(n, block_n)
+        chunks, per_chunk = _chunks(bh, blocks, dev)
+        f32 = dict(device=dev, dtype=torch.float32)
+        grad_q = torch.empty(2, batch, heads, n, d, **f32)
+        gkv = torch.empty(bh, chunks, 4, 2, block_j, block_j, **f32)
+        gmean = torch.empty(bh, chunks, 2, 4, block_j, **f32)
+        gt = torch.empty(bh, chunks, 2, 4, block_j, **f32)
+        _pacs_bwd_queries_kernel[(2, bh, chunks)](
+            q, grad_out, t, sin_h, cos_h, kv, mean, ctx.eps, grad_q, gkv, gmean, gt, heads, n, j, per_chunk,
+            *q.stride(), *grad_out.stride(), sin_h.stride(0),
+            BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        grad_q = grad_q[0].add_(grad_q[1]).to(q.dtype)
+        gkv = gkv.sum(1).div_(n)
+        gmean = gmean.sum((1, 2)).div_(n)
+        grad_k = torch.empty(k.shape, device=dev, dtype=k.dtype)
+        grad_v = torch.empty(v.shape, device=dev, dtype=v.dtype)
+        _pacs_bwd_keys_kernel[(bh, blocks)](
+            k, v, sin_h, cos_h, gkv, gmean, grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(),
+            sin_h.stride(0), BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        # temperatures: groups (s, p, lane i) -> channel s * d + 2 i + p; then through the sigmoid
+        gt = gt.view(batch, heads, chunks, 2, 2, 2, block_j).sum((0, 2))[..., :j]  # (h, flow, s, p, i)
+        gt = gt.permute(1, 0, 2, 4, 3).reshape(2, heads, 2 * d)
+        gs = gt.mul_(t * (1 - t))
+        grads_s = [_sum_to_shape(g.view(1, heads, 1, 2 * d), shape).to(dtype)
+                   for g, shape, dtype in zip(gs, ctx.logit_shapes, ctx.logit_dtypes)]
+        return grad_q, grad_k, grad_v, grads_s[0], grads_s[1], None, None, None
+
+
+def pacs_attention_triton(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
+    """Same function as :func:`mmpola.ops.pacs.pacs_attention_reference`, computed by Triton kernels
+    (forward and backward; the plan is in this module's docstring).
+
+    Shapes as in :mod:`mmpola.ops.pacs`; the tables must pair channels (2i, 2i+1) on one angle, as
+    :func:`mmpola.ops.pacs.rope_tables` makes them. q, k, v: CUDA tensors of float32, float16 or
+    bfloat16 (any strides), computed in float32 and returned in q's dtype.
+    """
+    _check_shapes(q, k, v, sin, cos)
+    reason = triton_unsupported(q.device, q.dtype)
+    if reason is not None:
+        raise AttnImplUnavailable(f"attn_impl='triton' (pacs_attention) cannot run here: {reason}")
+    return _PaCSTriton.apply(q, k, v, s_same, s_opp, sin, cos, eps)
+
+
+attention_op('pacs').register('triton', pacs_attention_triton, supports=triton_unsupported, preferred_on=('cuda',),
+                              fp32_inside=True)
