@@ -12,6 +12,7 @@ op          public function               layout
 from .dispatch import OPS, attention_impls, attention_op, check_attn_impl, register_attention_impl
 from .flatten import flatten_attention, flatten_attention_fast, flatten_attention_reference, focused_feature_map
 from .inline import inline_attention, inline_attention_fast, inline_attention_reference
+from .inline_triton import inline_attention_triton
 from .pacs import pacs_attention, pacs_attention_fast, pacs_attention_reference, rope_angles, rope_rotate, rope_tables
 from .pola import (
     compile_status,
@@ -28,5 +29,5 @@ __all__ = [
     'polarity_feature_map_and_mean', 'compile_status', 'flatten_attention', 'flatten_attention_reference',
     'flatten_attention_fast', 'focused_feature_map', 'inline_attention', 'inline_attention_reference',
     'inline_attention_fast', 'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'rope_angles',
-    'rope_tables', 'rope_rotate'
+    'rope_tables', 'rope_rotate', 'inline_attention_triton'
 ]
