@@ -32,8 +32,10 @@ Saved for the backward: q, k, v (the inputs, no copies) and ``A`` and the sums (
 
 The chunks split the token reductions so that the grid fills the GPU when B h is small (PVT stage 1
 at detection resolution has B h = 2 and tens of thousands of tokens). On GPUs with TF32 the float32
-products use ``tf32x3`` (three TF32 tensor-core products, float32 accuracy), elsewhere ``ieee``.
-float64 inputs (CPU interpreter only, for tests) are computed in float32 like the others.
+products of heads up to 64 channels use ``tf32x3`` (three TF32 tensor-core products, float32
+accuracy), elsewhere ``ieee`` (wider heads: ``tf32x3`` needs more shared memory than the GPU has in
+the key backward). float64 inputs (CPU interpreter only, for tests) are computed in float32 like
+the others.
 """
 import math
 
