@@ -13,6 +13,7 @@ from .dispatch import OPS, attention_impls, attention_op, check_attn_impl, regis
 from .flatten import flatten_attention, flatten_attention_fast, flatten_attention_reference, focused_feature_map
 from .flatten_triton import flatten_attention_triton
 from .inline import inline_attention, inline_attention_fast, inline_attention_reference
+from .inline_triton import inline_attention_triton
 from .pacs import pacs_attention, pacs_attention_fast, pacs_attention_reference, rope_angles, rope_rotate, rope_tables
 from .pacs_triton import pacs_attention_triton
 from .pola import (
@@ -27,10 +28,10 @@ from .pola import (
 __all__ = [
     'OPS', 'attention_op', 'attention_impls', 'register_attention_impl', 'check_attn_impl',
     'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
-    'polarity_feature_map_and_mean', 'compile_status', 'flatten_attention', 'flatten_attention_reference',
-    'flatten_attention_triton',
-    'flatten_attention_fast', 'focused_feature_map', 'inline_attention', 'inline_attention_reference',
-    'inline_attention_fast', 'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast',
-    'pacs_attention_triton', 'rope_angles',
+    'polarity_feature_map_and_mean', 'compile_status',
+    'flatten_attention', 'flatten_attention_reference', 'flatten_attention_fast', 'flatten_attention_triton',
+    'focused_feature_map',
+    'inline_attention', 'inline_attention_reference', 'inline_attention_fast', 'inline_attention_triton',
+    'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
     'rope_tables', 'rope_rotate'
 ]

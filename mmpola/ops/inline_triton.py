@@ -1,0 +1,293 @@
+"""Injective linear attention core (InLine) in Triton: implementation ``'triton'``, forward and backward.
+
+Same function and signature as :func:`mmpola.ops.inline.inline_attention_reference`: q (B, N, C),
+k, v (B, n, C), h heads of d = C / h channels, c = d ** -0.5, per head::
+
+    out = mean(v) + q M,    M = c A / n - c mean(k)^T mean(v),    A = k^T v
+
+Heads are column slices of the (B, N, C) tensors: the kernels take the tensors' strides (views such
+as column slices of a fused qkv projection are read in place, never copied) and write the outputs
+(B, N, C) contiguous. Every load is cast to float32 in the kernel and every product accumulates in
+float32 (``tl.dot``); outputs and gradients are stored in their tensor's dtype. A head is padded to
+``BD = max(16, next_power_of_2(d))`` channels with masked loads (zeros), which leave the products
+unchanged.
+
+Forward, two passes:
+
+1. key pass, grid (B h, key chunks): each program sums over one chunk of keys the partial ``k^T v``
+   (BD, BD) and ``sum k``, ``sum v`` (BD) into float32 buffers; one torch ``.sum`` over the chunks
+   (deterministic, no atomics) gives ``A`` and the sums per head;
+2. query pass, grid (B h, query chunks): each program builds ``M`` and ``mean(v)`` from ``A`` and
+   the sums in registers, then writes ``out = mean(v) + q M`` for its chunk of queries.
+
+Saved for the backward: q, k, v (the inputs, no copies) and ``A`` and the sums (per head, tiny);
+``M`` is rebuilt in registers, nothing of size (N, d) is stored. With g = dL/dout, the backward of
+:class:`mmpola.ops.inline._InLineCore`:
+
+3. query pass, grid (B h, query chunks): ``dq = g M^T`` for its queries, and the partial ``dM = q^T g``
+   and ``sum g`` of its chunk (one read of q and g); one torch ``.sum`` over the chunks;
+4. key pass, grid (B h, key chunks): from ``dM`` and the sums, in registers, ``dA = dM c / n``,
+   ``d mean(v) = sum g - c mean(k) dM`` and ``d mean(k) = -c mean(v) dM^T``; then
+   ``dk = v dA^T + d mean(k) / n`` and ``dv = k dA + d mean(v) / n`` for its keys.
+
+The chunks split the token reductions so that the grid fills the GPU when B h is small (PVT stage 1
+at detection resolution has B h = 2 and tens of thousands of tokens). On GPUs with TF32 the float32
+products of heads up to 64 channels use ``tf32x3`` (three TF32 tensor-core products, float32
+accuracy), elsewhere ``ieee`` (wider heads: ``tf32x3`` needs more shared memory than the GPU has in
+the key backward). float64 inputs (CPU interpreter only, for tests) are computed in float32 like
+the others.
+"""
+import math
+
+import torch
+
+from .dispatch import AttnImplUnavailable, attention_op
+from .inline import _check_shapes
+from .triton_support import triton_available, triton_unsupported
+
+__all__ = ['inline_attention_triton']
+
+if triton_available() is None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _inline_kv_kernel(k_ptr, v_ptr, kv_ptr, sums_ptr, n, H, D, CHUNK,
+                          skb, skn, skc, svb, svn, svc,
+                          BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+        """Partial k^T v (BD, BD) and sum k, sum v (2, BD) of one chunk of keys of one head."""
+        bh = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        col = (bh % H) * D + tl.arange(0, BD)
+        cmask = tl.arange(0, BD) < D
+        rows = tl.arange(0, BLOCK)
+        acc = tl.zeros((BD, BD), dtype=tl.float32)
+        k_sum = tl.zeros((BD,), dtype=tl.float32)
+        v_sum = tl.zeros((BD,), dtype=tl.float32)
+        lo = chunk * CHUNK
+        hi = tl.minimum(lo + CHUNK, n)
+        for start in range(lo, hi, BLOCK):
+            r = start + rows
+            mask = (r < hi)[:, None] & cmask[None, :]
+            kt = tl.load(k_ptr + b * skb + r[:, None] * skn + col[None, :] * skc, mask=mask, other=0.).to(tl.float32)
+            vt = tl.load(v_ptr + b * svb + r[:, None] * svn + col[None, :] * svc, mask=mask, other=0.).to(tl.float32)
+            acc = tl.dot(tl.trans(kt), vt, acc, input_precision=PRECISION)
+            k_sum += tl.sum(kt, axis=0)
+            v_sum += tl.sum(vt, axis=0)
+        part = bh * tl.num_programs(1) + chunk
+        i = tl.arange(0, BD)
+        tl.store(kv_ptr + part * BD * BD + i[:, None] * BD + i[None, :], acc)
+        tl.store(sums_ptr + part * 2 * BD + i, k_sum)
+        tl.store(sums_ptr + part * 2 * BD + BD + i, v_sum)
+
+    @triton.jit
+    def _inline_matrix(kv_ptr, sums_ptr, bh, inv_n, scale, BD: tl.constexpr):
+        """M = c A / n - c mean(k)^T mean(v) (BD, BD) and mean(v) (BD) of head ``bh``."""
+        i = tl.arange(0, BD)
+        a = tl.load(kv_ptr + bh * BD * BD + i[:, None] * BD + i[None, :])
+        k_mean = tl.load(sums_ptr + bh * 2 * BD + i) * inv_n
+        v_mean = tl.load(sums_ptr + bh * 2 * BD + BD + i) * inv_n
+        m = (a * inv_n - k_mean[:, None] * v_mean[None, :]) * scale
+        return m, v_mean
+
+    @triton.jit
+    def _inline_out_kernel(q_ptr, kv_ptr, sums_ptr, out_ptr, N, H, D, CHUNK, inv_n, scale,
+                           sqb, sqn, sqc,
+                           BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+        """out = mean(v) + q M for one chunk of queries of one head (out: (B, N, C) contiguous)."""
+        bh = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        C = H * D
+        col = (bh % H) * D + tl.arange(0, BD)
+        cmask = tl.arange(0, BD) < D
+        rows = tl.arange(0, BLOCK)
+        m, v_mean = _inline_matrix(kv_ptr, sums_ptr, bh, inv_n, scale, BD)
+        lo = chunk * CHUNK
+        hi = tl.minimum(lo + CHUNK, N)
+        for start in range(lo, hi, BLOCK):
+            r = start + rows
+            mask = (r < hi)[:, None] & cmask[None, :]
+            qt = tl.load(q_ptr + b * sqb + r[:, None] * sqn + col[None, :] * sqc, mask=mask, other=0.).to(tl.float32)
+            out = tl.dot(qt, m, input_precision=PRECISION) + v_mean[None, :]
+            tl.store(out_ptr + b * N * C + r[:, None] * C + col[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _inline_bwd_query_kernel(q_ptr, g_ptr, kv_ptr, sums_ptr, dq_ptr, dm_ptr, gsum_ptr,
+                                 N, H, D, CHUNK, inv_n, scale,
+                                 sqb, sqn, sqc, sgb, sgn, sgc,
+                                 BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+        """dq = g M^T for one chunk of queries of one head, and the chunk's partial q^T g and sum g."""
+        bh = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        C = H * D
+        col = (bh % H) * D + tl.arange(0, BD)
+        cmask = tl.arange(0, BD) < D
+        rows = tl.arange(0, BLOCK)
+        m, _ = _inline_matrix(kv_ptr, sums_ptr, bh, inv_n, scale, BD)
+        m_t = tl.trans(m)
+        acc = tl.zeros((BD, BD), dtype=tl.float32)
+        g_sum = tl.zeros((BD,), dtype=tl.float32)
+        lo = chunk * CHUNK
+        hi = tl.minimum(lo + CHUNK, N)
+        for start in range(lo, hi, BLOCK):
+            r = start + rows
+            mask = (r < hi)[:, None] & cmask[None, :]
+            qt = tl.load(q_ptr + b * sqb + r[:, None] * sqn + col[None, :] * sqc, mask=mask, other=0.).to(tl.float32)
+            gt = tl.load(g_ptr + b * sgb + r[:, None] * sgn + col[None, :] * sgc, mask=mask, other=0.).to(tl.float32)
+            dq = tl.dot(gt, m_t, input_precision=PRECISION)
+            tl.store(dq_ptr + b * N * C + r[:, None] * C + col[None, :], dq.to(dq_ptr.dtype.element_ty), mask=mask)
+            acc = tl.dot(tl.trans(qt), gt, acc, input_precision=PRECISION)
+            g_sum += tl.sum(gt, axis=0)
+        part = bh * tl.num_programs(1) + chunk
+        i = tl.arange(0, BD)
+        tl.store(dm_ptr + part * BD * BD + i[:, None] * BD + i[None, :], acc)
+        tl.store(gsum_ptr + part * BD + i, g_sum)
+
+    @triton.jit
+    def _inline_bwd_key_kernel(k_ptr, v_ptr, sums_ptr, dm_ptr, gsum_ptr, dk_ptr, dv_ptr,
+                               n, H, D, CHUNK, inv_n, scale,
+                               skb, skn, skc, svb, svn, svc,
+                               BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+        """dk = v dA^T + d mean(k) / n and dv = k dA + d mean(v) / n for one chunk of keys of one head."""
+        bh = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = (bh // H).to(tl.int64)
+        C = H * D
+        col = (bh % H) * D + tl.arange(0, BD)
+        cmask = tl.arange(0, BD) < D
+        rows = tl.arange(0, BLOCK)
+        i = tl.arange(0, BD)
+        dm = tl.load(dm_ptr + bh * BD * BD + i[:, None] * BD + i[None, :])
+        g_sum = tl.load(gsum_ptr + bh * BD + i)
+        k_mean = tl.load(sums_ptr + bh * 2 * BD + i) * inv_n
+        v_mean = tl.load(sums_ptr + bh * 2 * BD + BD + i) * inv_n
+        # d mean(v) / n = (sum g - c mean(k) dM) / n,  d mean(k) / n = -c mean(v) dM^T / n
+        dv_mean = (g_sum - scale * tl.sum(k_mean[:, None] * dm, axis=0)) * inv_n
+        dk_mean = -scale * inv_n * tl.sum(dm * v_mean[None, :], axis=1)
+        da = dm * (scale * inv_n)
+        da_t = tl.trans(da)
+        lo = chunk * CHUNK
+        hi = tl.minimum(lo + CHUNK, n)
+        for start in range(lo, hi, BLOCK):
+            r = start + rows
+            mask = (r < hi)[:, None] & cmask[None, :]
+            kt = tl.load(k_ptr + b * skb + r[:, None] * skn + col[None, :] * skc, mask=mask, other=0.).to(tl.float32)
+            vt = tl.load(v_ptr + b * svb + r[:, None] * svn + col[None, :] * svc, mask=mask, other=0.).to(tl.float32)
+            dk = tl.dot(vt, da_t, input_precision=PRECISION) + dk_mean[None, :]
+            dv = tl.dot(kt, da, input_precision=PRECISION) + dv_mean[None, :]
+            offs = b * n * C + r[:, None] * C + col[None, :]
+            tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty), mask=mask)
+            tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+
+
+class _Launch:
+    """Block sizes, chunks and dot precision of one call (same for forward and backward)."""
+
+    def __init__(self, device, B, N, n, num_heads, head_dim):
+        self.bd = max(16, triton.next_power_of_2(head_dim))
+        self.block = 64 if self.bd <= 64 else 32
+        self.num_warps = 4 if self.bd <= 64 else 8
+        self.num_stages = None  # Triton's default
+        if device.type == 'cuda':
+            props = torch.cuda.get_device_properties(device)
+            self.programs = 4 * props.multi_processor_count  # enough programs to fill the GPU with a few waves
+            self.precision = 'tf32x3' if props.major >= 8 and self.bd <= 64 else 'ieee'
+        else:  # the interpreter: few programs (each costs Python), but several chunks once N is large
+            self.programs = 4
+            self.precision = 'ieee'
+        self.split(B, N, n, num_heads)
+
+    def split(self, B, N, n, num_heads):
+        """The query and key chunks: (rows per chunk, a multiple of the block; number of chunks)."""
+        chunks = max(1, math.ceil(self.programs / (B * num_heads)))
+        self.query = self._split(N, chunks)
+        self.key = self._split(n, chunks)
+
+    def _split(self, rows, chunks):
+        blocks = triton.cdiv(rows, self.block)
+        per_chunk = triton.cdiv(blocks, min(chunks, blocks)) * self.block
+        return per_chunk, triton.cdiv(rows, per_chunk)
+
+    def kwargs(self):
+        """The kernels' compile-time arguments."""
+        kwargs = dict(BLOCK=self.block, BD=self.bd, PRECISION=self.precision, num_warps=self.num_warps)
+        if self.num_stages is not None:
+            kwargs['num_stages'] = self.num_stages
+        return kwargs
+
+
+def _reduce(partials):
+    """The sum over the chunks (dim 1) of per-chunk partial sums, without a kernel when there is one."""
+    return partials[:, 0] if partials.shape[1] == 1 else partials.sum(dim=1)
+
+
+class _InLineTriton(torch.autograd.Function):
+    """Forward and backward of the InLine core in Triton kernels (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, num_heads):
+        B, N, C = q.shape
+        n = k.shape[1]
+        d = C // num_heads
+        launch = _Launch(q.device, B, N, n, num_heads, d)
+        bd, bh = launch.bd, B * num_heads
+        common = launch.kwargs()
+        key_chunk, key_chunks = launch.key
+        kv = q.new_empty(bh, key_chunks, bd, bd, dtype=torch.float32)
+        sums = q.new_empty(bh, key_chunks, 2, bd, dtype=torch.float32)
+        _inline_kv_kernel[(bh, key_chunks)](k, v, kv, sums, n, num_heads, d, key_chunk, *k.stride(), *v.stride(),
+                                            **common)
+        kv, sums = _reduce(kv), _reduce(sums)
+        out = q.new_empty(B, N, C)
+        query_chunk, query_chunks = launch.query
+        _inline_out_kernel[(bh, query_chunks)](q, kv, sums, out, N, num_heads, d, query_chunk, 1.0 / n, d ** -0.5,
+                                               *q.stride(), **common)
+        ctx.save_for_backward(q, k, v, kv, sums)
+        ctx.num_heads = num_heads
+        ctx.launch = launch
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        q, k, v, kv, sums = ctx.saved_tensors
+        num_heads, launch = ctx.num_heads, ctx.launch
+        B, N, C = q.shape
+        n = k.shape[1]
+        d = C // num_heads
+        bd, bh = launch.bd, B * num_heads
+        common = launch.kwargs()
+        inv_n, scale = 1.0 / n, d ** -0.5
+        query_chunk, query_chunks = launch.query
+        grad_q = torch.empty(B, N, C, dtype=q.dtype, device=q.device)
+        dm = q.new_empty(bh, query_chunks, bd, bd, dtype=torch.float32)
+        g_sum = q.new_empty(bh, query_chunks, bd, dtype=torch.float32)
+        _inline_bwd_query_kernel[(bh, query_chunks)](q, g, kv, sums, grad_q, dm, g_sum, N, num_heads, d, query_chunk,
+                                                     inv_n, scale, *q.stride(), *g.stride(), **common)
+        dm, g_sum = _reduce(dm), _reduce(g_sum)
+        key_chunk, key_chunks = launch.key
+        grad_k = torch.empty(B, n, C, dtype=k.dtype, device=k.device)
+        grad_v = torch.empty(B, n, C, dtype=v.dtype, device=v.device)
+        _inline_bwd_key_kernel[(bh, key_chunks)](k, v, sums, dm, g_sum, grad_k, grad_v, n, num_heads, d, key_chunk,
+                                                 inv_n, scale, *k.stride(), *v.stride(), **common)
+        return grad_q, grad_k, grad_v, None
+
+
+def inline_attention_triton(q, k, v, num_heads):
+    """Same function as :func:`mmpola.ops.inline.inline_attention_reference` in Triton kernels (forward and
+    backward), computed in float32 whatever the inputs' dtype; the output has q's dtype, each gradient its
+    input's dtype."""
+    _check_shapes(q, k, v, num_heads)
+    reason = triton_unsupported(q.device, q.dtype)
+    if reason is not None:
+        raise AttnImplUnavailable(f"attn_impl='triton' (inline_attention) cannot run here: {reason}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f'inline_attention expects q, k and v on one device, got {q.device}, {k.device}, {v.device}')
+    return _InLineTriton.apply(q, k, v, num_heads)
+
+
+attention_op('inline').register('triton', inline_attention_triton, supports=triton_unsupported,
+                                preferred_on=('cuda',), fp32_inside=True)
