@@ -44,7 +44,8 @@ def test_every_implementation_matches_the_reference(op, impl):
     device = 'cpu'
     if attention.unsupported(attention.choose(impl), 'cpu', torch.float32) is not None and torch.cuda.is_available():
         device = 'cuda'
-    actual = _run(attention.resolve(impl), [t.to(device) for t in tensors], options)
+    actual = _run(attention.resolve(impl), [t.to(device) for t in tensors],
+                  [o.to(device) if torch.is_tensor(o) else o for o in options])
     actual = [a.cpu() for a in actual]
     truth = _run(attention.impls['reference'], [t.double() for t in tensors],
                  [o.double() if torch.is_tensor(o) else o for o in options])
