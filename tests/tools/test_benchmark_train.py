@@ -1,6 +1,7 @@
 """tools/benchmark.py train: a real config trains on generated data and is timed (and profiled); the
 configs compared get the same hooks; the generated data has the config's classes and 5 to 15 objects
-an image; a config of a package that is not installed is one line (no timing is asserted)."""
+an image; a config of a package that is not installed is one line; the CUDA profile summary adds up a
+made-up event list as it should (no timing is asserted)."""
 import argparse
 import json
 import os.path as osp
@@ -114,3 +115,51 @@ def test_a_config_of_a_missing_package_is_one_line(capsys):
     assert skipped == ["skipped mmnotinstalled::pvt/retinanet.py: the package 'mmnotinstalled' is not installed here, "
                        'so its configs are not either (install it, see requirements/pins.txt, or leave this config '
                        'out)']
+
+
+def test_profile_summary_of_a_cuda_iteration():
+    """The CUDA summary from a made-up event list (this suite has no GPU): kernels and device time come
+    from the device's events (range annotations on its timeline are not kernels), a part's device time
+    includes the kernels of backward ops on autograd's own thread, and each kind of sync is counted."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, thread, start, end, parent=None, kernel=None, device=False, annotation=False):
+        e = FunctionEvent(id=len(events) + 1, name=name, thread=thread, start_us=start, end_us=end, use_device='cuda',
+                          device_type=DeviceType.CUDA if device else DeviceType.CPU, is_user_annotation=annotation)
+        if parent is not None:
+            e.set_cpu_parent(parent)
+            parent.append_cpu_child(e)
+        if kernel is not None:
+            e.append_kernel(kernel[0], 0, kernel[1])
+        events.append(e)
+        return e
+
+    events = []
+    backbone = event('model.backbone', 1, 0, 100, annotation=True)
+    event('aten::mm', 1, 10, 50, parent=backbone, kernel=('gemm_a', 30))
+    event('optim_wrapper.backward', 1, 100, 300, annotation=True)
+    node = event('autograd::engine::evaluate_function: MmBackward0', 2, 120, 200)  # autograd's thread
+    event('aten::mm', 2, 130, 190, parent=node, kernel=('gemm_b', 60))
+    event('aten::_local_scalar_dense', 1, 310, 320, kernel=('Memcpy DtoH (Device -> Pageable)', 5))
+    event('cudaDeviceSynchronize', 1, 320, 330)
+    event('gemm_a', 7, 20, 50, device=True)
+    event('gemm_b', 7, 140, 200, device=True)
+    event('Memcpy DtoH (Device -> Pageable)', 7, 312, 317, device=True)
+    event('model.backbone', 7, 20, 50, device=True, annotation=True)
+    profiler = SimpleNamespace(prof=SimpleNamespace(events=lambda: events),
+                               labels=['model.backbone', 'optim_wrapper.backward'])
+
+    summary = TRAIN.summarize_profile(profiler, 0.001, torch.device('cuda'))
+    assert summary['device_ms'] == pytest.approx(0.095) and summary['kernels'] == 2
+    assert summary['parts']['model.backbone'] == dict(calls=1, cpu_ms=pytest.approx(0.1), device_ms=pytest.approx(0.03))
+    assert summary['parts']['optim_wrapper.backward']['device_ms'] == pytest.approx(0.06)
+    assert summary['syncs']['aten::_local_scalar_dense'] == 1 and summary['syncs']['Memcpy DtoH'] == 1
+    assert summary['syncs']['cudaDeviceSynchronize'] == 1 and summary['syncs']['aten::item'] == 0
+    assert summary['top_ops'][0] == dict(name='aten::mm', calls=2, self_ms=pytest.approx(0.09),
+                                         percent=pytest.approx(100 * 90 / 95))
+    text = TRAIN.render_profile(summary, 'made-up')
+    assert '- kernels launched: 2' in text and '| optim_wrapper.backward | 1 | 0.2 | 0.1 | 63.2 |' in text
