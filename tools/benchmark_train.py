@@ -81,7 +81,11 @@ def resolve_config(spec):
     if '::' not in spec:
         return spec
     package, _, relative = spec.partition('::')
-    if importlib.util.find_spec(package) is None:
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # e.g. a dotted name whose parent is missing
+        found = False
+    if not found:
         raise TrainBenchError(f'the package {package!r} is not installed here, so its configs are not '
                               'either (install it, see requirements/pins.txt, or leave this config out)')
     from mmengine.utils import get_installed_path
