@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmarks of the attention cores and of whole backbones: time, peak memory, FLOP rate.
+"""Benchmarks of the attention cores, of whole backbones (time, peak memory, FLOP rate) and of training.
 
     python tools/benchmark.py attention                 # cores (Pola, FLatten, InLine): reference vs fast
     python tools/benchmark.py attention --cases pvt-s1@800x1344 --impls reference fast
@@ -11,6 +11,11 @@
     python tools/benchmark.py scaling                   # Pola-PVT-T 800x1333 -> 1600x2666 time growth
     python tools/benchmark.py amp                       # bf16 (CPU) / fp16+bf16 (CUDA) autocast fwd+bwd
                                                         # of every full-size backbone at 800x1216
+    python tools/benchmark.py train CONFIG [CONFIG ...] --iters 20 --warmup 5 --device cuda [--amp]
+        [--batch-size B] [--data-root DIR] [--img-scale W H] [--hooks mmpola|library|config] [--profile DIR]
+                                                        # training throughput of whole configs, e.g.
+    python tools/benchmark.py train configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py \
+        mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py --device cpu --iters 3 --warmup 1 --img-scale 320 256
 
 Prints Markdown tables (and the environment: torch, device, threads, dtype, seed, load) and asserts
 nothing. Times are taken over --repeat runs after one warm-up (attention: more runs for fast cases);
@@ -36,6 +41,18 @@ inline-cswin-b-384, inline-deit-s, polaformer++-b2 ...; every other attention ki
 architecture at its first size, named the same way: pola-cswin-t, softmax-deit-t ...; the rows of
 EXTRA_BACKBONES; mmdet's PVT-T and Swin-T as references).
 
+Training throughput (train; tools/benchmark_train.py holds it): each config's Runner built as
+tools/train.py builds it (model, optimizer wrapper and --amp, parameter schedulers, hooks), on generated
+data in the layout of its dataset (COCO-format with 5-15 objects per COCO-sized image and the config's
+classes for mmdet configs, ADE20K-layout scenes for mmseg configs; --data-root: real data), without
+pretrained weights, validation or checkpoints; the same hooks on every config (--hooks). s/iter
+(median, min) of the timed iterations with the device synchronised around each, images/s, data time,
+peak memory (CUDA: max_memory_allocated; CPU: peak RSS). --profile DIR: one more iteration under
+torch.profiler: DIR/<config>_trace.json (chrome trace) and a summary (DIR/<config>_profile.md, also
+printed, and .json): device time, kernels (CUDA) or aten ops (CPU), host-device syncs, the top 15 ops,
+time per part (backbone, neck, each head with its loss, backward, optimizer step). Configs are files or
+mmdet::/mmseg:: configs of the installed packages; one that cannot run is one 'skipped' line.
+
 Implementations of a core (--impls): 'reference' (official op order), 'fast' (fast path, eager:
 MMPOLA_NO_COMPILE=1), any other registered implementation, 'fast+compile' (the fast path with its
 torch.compile kernels forced at every size, for ops that have them: Pola); 'auto' is what models use
@@ -55,14 +72,15 @@ import subprocess
 import sys
 import time
 
-import torch
-
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 TOOLS = osp.dirname(osp.abspath(__file__))
 if TOOLS not in sys.path:
     sys.path.insert(0, TOOLS)
+import _mmpola_tools  # noqa: E402,F401  (the tools' shared start, before torch: --device cpu hides the GPUs)
+import torch  # noqa: E402
+
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 # name: (batch, heads, token grid H x W, head dim d); channels C = heads * d. Tokens N = n = H * W.
 ATTENTION_CASES = {
@@ -208,13 +226,21 @@ def environment_lines(args, device):
         lines.append(f'device: CPU {cpu_name()} ({os.cpu_count()} logical cores)')
         if hasattr(os, 'getloadavg'):
             lines.append('load average (1/5/15 min) at start: %.2f %.2f %.2f' % os.getloadavg())
-    dtype = 'autocast (per row)' if args.command == 'amp' else 'float32'
-    lines.append(f'threads: {torch.get_num_threads()}, dtype: {dtype}, seed: {args.seed}, '
-                 f'repeat: >= {args.repeat} after 1 warm-up')
+    if args.command == 'train':
+        lines.append(f'threads: {torch.get_num_threads()}, dtype: {"--amp (per row)" if args.amp else "float32"}, '
+                     f'seed: {args.seed}, {args.iters} timed iterations after {args.warmup} warm-up')
+    else:
+        dtype = 'autocast (per row)' if args.command == 'amp' else 'float32'
+        lines.append(f'threads: {torch.get_num_threads()}, dtype: {dtype}, seed: {args.seed}, '
+                     f'repeat: >= {args.repeat} after 1 warm-up')
     lines.append(f'torch.compile for the fast path: {pola.compile_status()[1]}')
     if device.type == 'cpu':
         lines.append(f'glibc malloc tuning (mmpola.runtime.allocator): {getattr(args, "malloc_state", "n/a")}')
-    lines.append('peak memory: ' + (CUDA_MEMORY_METHOD if device.type == 'cuda' else CPU_MEMORY_METHOD))
+    if args.command == 'train':
+        from benchmark_train import MEMORY_TEXT
+        lines.append('peak memory: ' + MEMORY_TEXT[device.type])
+    else:
+        lines.append('peak memory: ' + (CUDA_MEMORY_METHOD if device.type == 'cuda' else CPU_MEMORY_METHOD))
     return lines
 
 
@@ -770,6 +796,34 @@ def parse_args(argv=None):
                      help='default: bfloat16 on the CPU, float16 and bfloat16 on CUDA')
     amp.add_argument('--repeat', type=int, default=1)
 
+    from benchmark_train import HOOK_MODES
+    train = sub.add_parser('train', help='training throughput of whole configs (s/iter, images/s, data time, peak '
+                           'memory; --profile: one iteration under torch.profiler)')
+    train.add_argument('configs', nargs='+', metavar='CONFIG',
+                       help='config files, or configs of the installed task libraries '
+                       '(mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py)')
+    train.add_argument('--iters', type=int, default=20, help='timed iterations')
+    train.add_argument('--warmup', type=int, default=5, help='iterations before the timed ones (at least 1)')
+    train.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
+    train.add_argument('--amp', action='store_true', help="mixed precision as tools/train.py --amp: mmengine's "
+                       'AmpOptimWrapper (fp16) on CUDA, bf16 autocast of the backbone on the CPU')
+    train.add_argument('--batch-size', type=int, default=None, help='images per iteration (default: the config\'s)')
+    train.add_argument('--data-root', default=None, help="real data: replaces the config's data_root (default: "
+                       "generated data in the layout of the config's dataset)")
+    train.add_argument('--img-scale', type=int, nargs=2, default=None, metavar=('W', 'H'),
+                       help='resize scale of the training pipeline (crops at most H x W; default: the config\'s)')
+    train.add_argument('--hooks', default='mmpola', choices=HOOK_MODES,
+                       help="the same hooks on every config: 'mmpola' (default): mmpola's runtime hooks added to "
+                       "configs without them; 'library': removed from mmpola's configs; 'config': each config's own")
+    train.add_argument('--profile', metavar='DIR', default=None,
+                       help='after the timed iterations, profile one more and write DIR/<config>_trace.json '
+                       '(chrome trace) and DIR/<config>_profile.md / .json (summary)')
+    train.add_argument('--threads', type=int, default=None, help='torch threads (default: torch default)')
+    train.add_argument('--seed', type=int, default=0)
+    train.add_argument('--malloc', default='tuned', choices=['tuned', 'default'],
+                       help="'tuned': what mmpola's tools do (mmpola.runtime.allocator.tune_malloc); "
+                       "'default': glibc's defaults")
+
     peak = sub.add_parser('_peak', help=argparse.SUPPRESS)  # internal: one memory measurement
     peak.add_argument('spec')
     peak.add_argument('--threads', type=int, default=None)
@@ -794,13 +848,17 @@ def main(argv=None):
     device = torch.device(args.device)
     if device.type == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda requested but torch.cuda.is_available() is False; use --device cpu')
-    if args.memory and device.type == 'cpu' and not cpu_peak_supported():
+    if getattr(args, 'memory', False) and device.type == 'cpu' and not cpu_peak_supported():
         print('peak memory needs Linux /proc/self/clear_refs; skipping it (--no-memory)')
         args.memory = False
     torch.manual_seed(args.seed)
     print(f'# benchmark {args.command}')
     for line in environment_lines(args, device):
         print(f'- {line}')
+    if args.command == 'train':
+        from benchmark_train import bench_train
+        bench_train(args, device)
+        return
     {'attention': bench_attention, 'backbone': bench_backbone, 'scaling': bench_scaling,
      'amp': bench_amp}[args.command](args, device)
 

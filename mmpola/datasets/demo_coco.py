@@ -102,7 +102,13 @@ def _annotation(mask, category_id, iscrowd, polygon=None):
                 bbox=[x, y, w, h], iscrowd=int(iscrowd))
 
 
-def _make_image(rng, height, width, max_objects, crowd_prob):
+def _shape_of(label):
+    """The shape drawn for class ``label``: the demo's own classes are their shapes; the classes of
+    another dataset (:func:`make_demo_coco`'s ``classes``) take the three shapes in turn."""
+    return DEMO_CLASSES[label % len(DEMO_CLASSES)]
+
+
+def _make_image(rng, height, width, max_objects, crowd_prob, classes=DEMO_CLASSES, min_objects=1):
     img = _background(rng, height, width)
     occupied = np.zeros((height, width), np.uint8)
     annotations = []
@@ -117,10 +123,10 @@ def _make_image(rng, height, width, max_objects, crowd_prob):
                 return polygon, mask
         return None, None
 
-    for _ in range(int(rng.integers(1, max_objects + 1))):
-        label = int(rng.integers(len(DEMO_CLASSES)))
+    for _ in range(int(rng.integers(min_objects, max_objects + 1))):
+        label = int(rng.integers(len(classes)))
         size = float(rng.uniform(18, 0.45 * min(height, width)))
-        polygon, mask = place(DEMO_CLASSES[label], size, margin=5)
+        polygon, mask = place(_shape_of(label), size, margin=5)
         if polygon is None:
             continue
         colour = _contrasting_colour(rng, img[mask.astype(bool)].mean(0))
@@ -129,12 +135,12 @@ def _make_image(rng, height, width, max_objects, crowd_prob):
         annotations.append(_annotation(mask, label + 1, iscrowd=False, polygon=polygon))
 
     if rng.random() < crowd_prob:  # a clump of tiny same-class shapes, annotated as one crowd
-        label = int(rng.integers(len(DEMO_CLASSES)))
+        label = int(rng.integers(len(classes)))
         crowd = np.zeros((height, width), np.uint8)
         centre = rng.uniform(20, [width - 20, height - 20])
         colour = _contrasting_colour(rng, img.mean((0, 1)))
         for _ in range(int(rng.integers(5, 9))):
-            polygon = _shape_polygon(rng, DEMO_CLASSES[label], centre + rng.normal(0, 8, 2),
+            polygon = _shape_polygon(rng, _shape_of(label), centre + rng.normal(0, 8, 2),
                                      float(rng.uniform(5, 9)))
             mask = _rasterise(polygon, height, width)
             if not (mask & occupied).any():
@@ -149,8 +155,14 @@ def _make_image(rng, height, width, max_objects, crowd_prob):
 
 
 def make_demo_coco(root='data/demo_coco', num_train=320, num_val=64, seed=0, max_objects=4,
-                   crowd_prob=0.15, image_shapes=_IMAGE_SHAPES, overwrite=False, verbose=True):
+                   crowd_prob=0.15, image_shapes=_IMAGE_SHAPES, overwrite=False, verbose=True, classes=DEMO_CLASSES,
+                   min_objects=1):
     """Write ``root/{train,val}/*.jpg`` and ``root/annotations/instances_{train,val}.json``.
+
+    Each image holds ``min_objects`` to ``max_objects`` shapes (fewer where they do not fit without
+    overlapping). ``classes``: the category names of the files (default: the demo's shapes); with
+    another dataset's names (e.g. COCO's 80) every name gets instances, drawn as the three shapes in turn,
+    so that a config of that dataset trains on the files as they are.
 
     Returns the annotation file paths. Does nothing when the dataset is already complete unless
     ``overwrite``. The split seeds derive from ``seed``, so the same arguments give the same files.
@@ -159,14 +171,14 @@ def make_demo_coco(root='data/demo_coco', num_train=320, num_val=64, seed=0, max
     if demo_coco_is_complete(root) and not overwrite:
         return files
     os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
-    categories = [dict(id=i + 1, name=name, supercategory='shape') for i, name in enumerate(DEMO_CLASSES)]
+    categories = [dict(id=i + 1, name=name, supercategory='shape') for i, name in enumerate(classes)]
     for split_index, (split, num_images) in enumerate((('train', num_train), ('val', num_val))):
         rng = np.random.default_rng([seed, split_index])
         os.makedirs(osp.join(root, split), exist_ok=True)
         images, annotations = [], []
         for image_id in range(1, num_images + 1):
             height, width = image_shapes[int(rng.integers(len(image_shapes)))]
-            img, anns = _make_image(rng, height, width, max_objects, crowd_prob)
+            img, anns = _make_image(rng, height, width, max_objects, crowd_prob, classes, min_objects)
             file_name = f'{image_id:06d}.jpg'
             # cv2 writes BGR; the RGB/BGR order is irrelevant for random colours
             cv2.imwrite(osp.join(root, split, file_name), img, [cv2.IMWRITE_JPEG_QUALITY, 95])

@@ -1,0 +1,165 @@
+"""tools/benchmark.py train: a real config trains on generated data and is timed (and profiled); the
+configs compared get the same hooks; the generated data has the config's classes and 5 to 15 objects
+an image; a config of a package that is not installed is one line; the CUDA profile summary adds up a
+made-up event list as it should (no timing is asserted)."""
+import argparse
+import json
+import os.path as osp
+import re
+
+import pytest
+
+from tests.fixtures.paths import CONFIGS, PYTHON
+from tests.fixtures.runs import run_tool
+from tests.fixtures.tools import load_tool
+
+TRAIN = load_tool('benchmark_train')
+RETINANET = osp.join(CONFIGS, 'detection', 'retinanet_pola-pvt-t_fpn_1x_coco.py')
+RETINANET_REFERENCE = 'mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py'
+
+
+def bench_args(**kwargs):
+    values = dict(seed=0, hooks='mmpola', batch_size=None, img_scale=None, data_root=None, warmup=1, iters=1,
+                  profile=None, amp=False)
+    values.update(kwargs)
+    return argparse.Namespace(**values)
+
+
+def test_train_prints_the_table_and_writes_the_profile(tmp_path):
+    log = run_tool([PYTHON, 'tools/benchmark.py', 'train', RETINANET, '--iters', '1', '--warmup', '1', '--device',
+                    'cpu', '--img-scale', '160', '128', '--batch-size', '1', '--profile', str(tmp_path)])
+    assert '# benchmark train' in log and 'torch.compile for the fast path' in log  # the environment lines
+    assert '| config | device | amp | batch | s/iter median |' in log
+    row = next(line for line in log.splitlines() if line.startswith('| retinanet_pola-pvt-t_fpn_1x_coco |'))
+    cells = [c.strip() for c in row.strip('|').split('|')]
+    assert cells[1:4] == ['cpu', 'off', '1']
+    median, fastest, images_per_s, data, peak = (float(c) for c in cells[4:9])
+    assert 0 < fastest <= median and images_per_s == pytest.approx(1 / median, rel=0.02)
+    assert 0 <= data < median and peak > 0
+    assert 'hooks: RuntimeInfoHook, RandomStateHook, NonFiniteLossHook' in log and 'CheckpointHook' not in log
+
+    stem = 'retinanet_pola-pvt-t_fpn_1x_coco'
+    with open(tmp_path / f'{stem}_trace.json') as f:
+        trace = json.load(f)
+    assert any(e.get('name') == 'model.backbone' for e in trace['traceEvents'])
+    summary = (tmp_path / f'{stem}_profile.md').read_text()
+    assert summary in log  # printed and saved
+    assert '### Top 15 ops by self CPU time' in summary
+    assert re.search(r'aten ops \(at every nesting level\): [1-9]', summary)
+    with open(tmp_path / f'{stem}_profile.json') as f:
+        numbers = json.load(f)
+    parts = numbers['parts']
+    assert {'model.backbone', 'model.neck', 'model.bbox_head', 'optim_wrapper.backward', 'optim_wrapper.step'} \
+        <= set(parts)
+    for name in ('model.backbone', 'model.bbox_head'):  # a head's forward inside its loss: one range
+        assert parts[name]['cpu_ms'] > 0 and parts[name]['calls'] == 1
+    assert sum(p['cpu_ms'] for p in parts.values()) <= numbers['wall_ms'] * 1.01  # the parts do not overlap
+    assert len(numbers['top_ops']) == 15 and numbers['syncs']['aten::_local_scalar_dense'] > 0
+
+
+@pytest.mark.parametrize('mode', ['mmpola', 'library'])
+def test_mmpola_config_and_its_reference_run_the_same_hooks(tmp_path, mode):
+    """The reference gets mmpola's runtime hooks ('mmpola') or mmpola's config loses them ('library');
+    neither saves checkpoints, validates or loads weights."""
+    args = bench_args(hooks=mode, data_root=str(tmp_path), img_scale=(160, 128), batch_size=1)
+    configs = {}
+    for spec in (RETINANET, RETINANET_REFERENCE):
+        cfg, scope, info = TRAIN.prepare_config(spec, args, str(tmp_path / TRAIN.file_stem(spec)))
+        assert scope == 'mmdet' and cfg.default_hooks.checkpoint is None
+        assert cfg.model.backbone.init_cfg is None and cfg.load_from is None
+        assert cfg.val_cfg is None and cfg.val_dataloader is None
+        assert cfg.train_dataloader.batch_size == 1 and cfg.train_dataloader.dataset.indices == 2
+        assert cfg.train_dataloader.dataset.data_root == str(tmp_path)
+        assert dict(type='Resize', scale=(160, 128), keep_ratio=True) in cfg.train_dataloader.dataset.pipeline
+        configs[spec] = info['hooks']
+    assert configs[RETINANET] == configs[RETINANET_REFERENCE]
+    has_ours = 'NonFiniteLossHook' in configs[RETINANET]
+    assert has_ours == (mode == 'mmpola')
+
+
+def test_img_scale_reaches_every_choice_of_a_multi_scale_pipeline():
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(CONFIGS, 'detection', 'mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py'))
+    pipeline = cfg.train_dataloader.dataset.pipeline
+    assert TRAIN.override_scale(pipeline, 160, 128) >= 4
+    text = str(pipeline)
+    assert '1333' not in text and "'scales': [(160, 128)]" in text
+    assert "'crop_size': (128, 160)" in text  # (384, 600) capped at (H, W)
+
+
+def test_generated_coco_has_the_configs_classes_and_several_objects(tmp_path):
+    from mmengine.config import Config
+
+    from mmpola.runtime.config import register_task_modules
+    cfg = Config.fromfile(RETINANET)
+    register_task_modules(cfg)
+    dataset = cfg.train_dataloader.dataset
+    TRAIN.generate_data(dataset, 'mmdet', 3, str(tmp_path), seed=0)
+    with open(osp.join(dataset.data_root, dataset.ann_file)) as f:
+        data = json.load(f)
+    assert len(data['categories']) == 80 and data['categories'][0]['name'] == 'person'
+    assert len(data['images']) == 3 and min(min(image['height'], image['width']) for image in data['images']) >= 427
+    for image in data['images']:
+        objects = [a for a in data['annotations'] if a['image_id'] == image['id'] and not a['iscrowd']]
+        assert 5 <= len(objects) <= 15
+        assert osp.isfile(osp.join(dataset.data_root, dataset.data_prefix['img'], image['file_name']))
+
+
+def test_a_config_of_a_missing_package_is_one_line(capsys):
+    bench = load_tool('benchmark')
+    with pytest.raises(SystemExit) as exc:
+        bench.main(['train', 'mmnotinstalled::pvt/retinanet.py', '--device', 'cpu', '--malloc', 'default'])
+    assert exc.value.code == 2
+    out = capsys.readouterr().out
+    skipped = [line for line in out.splitlines() if line.startswith('skipped ')]
+    assert skipped == ["skipped mmnotinstalled::pvt/retinanet.py: the package 'mmnotinstalled' is not installed here, "
+                       'so its configs are not either (install it, see requirements/pins.txt, or leave this config '
+                       'out)']
+
+
+def test_profile_summary_of_a_cuda_iteration():
+    """The CUDA summary from a made-up event list (this suite has no GPU): kernels and device time come
+    from the device's events (range annotations on its timeline are not kernels), a part's device time
+    includes the kernels of backward ops on autograd's own thread, and each kind of sync is counted."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, thread, start, end, parent=None, kernel=None, device=False, annotation=False):
+        e = FunctionEvent(id=len(events) + 1, name=name, thread=thread, start_us=start, end_us=end, use_device='cuda',
+                          device_type=DeviceType.CUDA if device else DeviceType.CPU, is_user_annotation=annotation)
+        if parent is not None:
+            e.set_cpu_parent(parent)
+            parent.append_cpu_child(e)
+        if kernel is not None:
+            e.append_kernel(kernel[0], 0, kernel[1])
+        events.append(e)
+        return e
+
+    events = []
+    backbone = event('model.backbone', 1, 0, 100, annotation=True)
+    event('aten::mm', 1, 10, 50, parent=backbone, kernel=('gemm_a', 30))
+    event('optim_wrapper.backward', 1, 100, 300, annotation=True)
+    node = event('autograd::engine::evaluate_function: MmBackward0', 2, 120, 200)  # autograd's thread
+    event('aten::mm', 2, 130, 190, parent=node, kernel=('gemm_b', 60))
+    event('aten::_local_scalar_dense', 1, 310, 320, kernel=('Memcpy DtoH (Device -> Pageable)', 5))
+    event('cudaDeviceSynchronize', 1, 320, 330)
+    event('gemm_a', 7, 20, 50, device=True)
+    event('gemm_b', 7, 140, 200, device=True)
+    event('Memcpy DtoH (Device -> Pageable)', 7, 312, 317, device=True)
+    event('model.backbone', 7, 20, 50, device=True, annotation=True)
+    profiler = SimpleNamespace(prof=SimpleNamespace(events=lambda: events),
+                               labels=['model.backbone', 'optim_wrapper.backward'])
+
+    summary = TRAIN.summarize_profile(profiler, 0.001, torch.device('cuda'))
+    assert summary['device_ms'] == pytest.approx(0.095) and summary['kernels'] == 2
+    assert summary['parts']['model.backbone'] == dict(calls=1, cpu_ms=pytest.approx(0.1), device_ms=pytest.approx(0.03))
+    assert summary['parts']['optim_wrapper.backward']['device_ms'] == pytest.approx(0.06)
+    assert summary['syncs']['aten::_local_scalar_dense'] == 1 and summary['syncs']['Memcpy DtoH'] == 1
+    assert summary['syncs']['cudaDeviceSynchronize'] == 1 and summary['syncs']['aten::item'] == 0
+    assert summary['top_ops'][0] == dict(name='aten::mm', calls=2, self_ms=pytest.approx(0.09),
+                                         percent=pytest.approx(100 * 90 / 95))
+    text = TRAIN.render_profile(summary, 'made-up')
+    assert '- kernels launched: 2' in text and '| optim_wrapper.backward | 1 | 0.2 | 0.1 | 63.2 |' in text

@@ -1,0 +1,743 @@
+"""``python tools/benchmark.py train``: training throughput of whole configs (this module holds its
+implementation; run it through tools/benchmark.py).
+
+Each config is built as tools/train.py builds it (mmpola's config loading, the task library's
+modules, ``--amp``, the machine's fallbacks, the config check, the Runner with the config's model,
+optimizer wrapper, parameter schedulers and hooks), with these changes, the same for every config:
+
+* data: generated, in the layout of the config's dataset (COCO-format instances of the dataset's own
+  classes for mmdet configs, made by :func:`mmpola.datasets.make_demo_coco`: COCO-sized images with 5
+  to 15 objects each; ADE20K-layout scenes for mmseg configs, :func:`mmpola.datasets.make_demo_ade`),
+  or the real data under ``--data-root``. The pipeline is the config's own (``--img-scale`` changes
+  its resize scales and crop sizes);
+* no pretrained weights (``init_cfg=None`` on the backbone, no ``load_from``), no validation, no
+  checkpoint hook; the other hooks as ``--hooks`` says (:func:`apply_hooks`);
+* the run stops after ``--warmup`` + ``--iters`` (+ 1 profiled) iterations.
+
+Two hooks of their own time the iterations: one with the highest priority at ``before_train_iter``,
+one with the lowest at ``after_train_iter``, each synchronising the device first. An iteration's time
+runs from the end of the previous one to its own end: loading its batch, every hook, the forward and
+backward passes, the optimizer step; its data time from the end of the previous iteration to its
+first hook.
+"""
+import contextlib
+import copy
+import gc
+import importlib.util
+import json
+import os
+import os.path as osp
+import re
+import resource
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+MMPOLA_RUNTIME = osp.join(ROOT, 'configs', '_base_', 'runtime.py')
+
+HOOK_MODES = ('mmpola', 'library', 'config')
+HOOK_MODE_TEXT = {
+    'mmpola': "every config runs its task library's default hooks (checkpoint hook removed) plus mmpola's runtime "
+              'hooks of configs/_base_/runtime.py ({hooks}), added where a config lacks them',
+    'library': "every config runs its task library's default hooks (checkpoint hook removed) and none of mmpola's "
+               'runtime hooks ({hooks} are removed where a config has them)',
+    'config': "each config runs its own default hooks (checkpoint hook removed) and custom hooks: mmpola's configs "
+              "have mmpola's runtime hooks ({hooks}), mmdet's and mmseg's do not",
+}
+
+# COCO-like image sizes (height, width): the pipeline resizes them to the config's scale, as COCO's
+COCO_SHAPES = ((480, 640), (427, 640), (640, 480), (640, 427))
+ADE_HEIGHT = 512  # ADE20K-like: the short side about 512, widths 1 to 1.5 times that
+DISTINCT_IMAGES = 8  # generated images; the dataset lists them again until it holds every batch
+OBJECTS_PER_IMAGE = (5, 15)
+SYNC_OPS = ('aten::_local_scalar_dense', 'aten::item', 'aten::nonzero', 'cudaStreamSynchronize',
+            'cudaDeviceSynchronize', 'cudaEventSynchronize')
+TOP_OPS = 15
+MEMORY_TEXT = {
+    'cuda': 'torch.cuda.max_memory_allocated() over the timed iterations (weights, gradients, optimizer state, '
+            'activations)',
+    'cpu': "peak resident set size of the benchmark process over the timed iterations (VmHWM, reset after the "
+           "warm-up; dataloader workers not included)",
+}
+
+
+class TrainBenchError(Exception):
+    """A config that cannot be benchmarked as asked; the message names the cause and the fix."""
+
+
+# --------------------------------------------------------------------------------------------------
+# the config
+# --------------------------------------------------------------------------------------------------
+
+
+def resolve_config(spec):
+    """The file of ``spec``: a path, or ``package::relative/path.py`` of an installed OpenMMLab package
+    (mmdet, mmseg: their configs ship inside the package, under ``.mim/configs``)."""
+    if '::' not in spec:
+        return spec
+    package, _, relative = spec.partition('::')
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # e.g. a dotted name whose parent is missing
+        found = False
+    if not found:
+        raise TrainBenchError(f'the package {package!r} is not installed here, so its configs are not '
+                              'either (install it, see requirements/pins.txt, or leave this config out)')
+    from mmengine.utils import get_installed_path
+    path = osp.join(get_installed_path(package), '.mim', 'configs', relative)
+    if not osp.isfile(path):
+        raise TrainBenchError(f'{package} has no config {relative!r} (looked for {path})')
+    return path
+
+
+def config_label(spec):
+    """Short name of a config for the table: its file stem, prefixed by the package for ``pkg::`` configs."""
+    stem = osp.splitext(osp.basename(spec.partition('::')[2] or spec))[0]
+    return f"{spec.partition('::')[0]}::{stem}" if '::' in spec else stem
+
+
+def file_stem(spec):
+    """``config_label`` in letters, digits and ``._-`` only (for file names)."""
+    return re.sub(r'[^A-Za-z0-9._-]+', '_', config_label(spec).replace('::', '_'))
+
+
+def _hook_type_name(entry):
+    from mmpola.runtime.config_check import _hook_name
+    return _hook_name(entry)
+
+
+def mmpola_runtime_hooks():
+    """mmpola's runtime settings (configs/_base_/runtime.py): ``(custom_hooks, other top-level settings)``."""
+    from mmengine.config import Config
+    runtime = Config.fromfile(MMPOLA_RUNTIME).to_dict()
+    hooks = runtime.pop('custom_hooks')
+    return hooks, runtime
+
+
+def apply_hooks(cfg, mode):
+    """Make the hooks of ``cfg`` those of ``mode`` (see HOOK_MODE_TEXT); the checkpoint hook goes in
+    every mode (the benchmark saves nothing). Returns the custom hooks' type names."""
+    if mode not in HOOK_MODES:
+        raise ValueError(f'hooks mode {mode!r} is not one of {HOOK_MODES}')
+    if cfg.get('default_hooks') is not None:
+        cfg.default_hooks['checkpoint'] = None  # mmengine: a default hook set to None is not registered
+    ours, settings = mmpola_runtime_hooks()
+    our_names = {_hook_type_name(h) for h in ours}
+    hooks = list(cfg.get('custom_hooks') or [])
+    if mode == 'library':
+        hooks = [h for h in hooks if _hook_type_name(h) not in our_names]
+    elif mode == 'mmpola':
+        present = {_hook_type_name(h) for h in hooks}
+        hooks += [copy.deepcopy(h) for h in ours if _hook_type_name(h) not in present]
+        for key, value in settings.items():  # the hooks' settings (nonfinite_loss, ...), where missing
+            if key not in cfg:
+                cfg[key] = copy.deepcopy(value)
+    cfg.custom_hooks = hooks
+    return [_hook_type_name(h) for h in hooks]
+
+
+def _unwrap_repeat(loader):
+    """The training dataset config (RepeatDataset wrappers dropped: they only lengthen an epoch) and its
+    innermost dataset (where the files and the pipeline are named)."""
+    dataset = loader.dataset
+    while dataset.get('type') in ('RepeatDataset', 'mmengine.RepeatDataset') and 'dataset' in dataset:
+        dataset = dataset.dataset
+    loader.dataset = dataset
+    inner = dataset
+    while 'dataset' in inner:
+        inner = inner.dataset
+    return inner
+
+
+def _dataset_class(dataset_cfg, scope):
+    from mmengine.registry import DATASETS
+    name = dataset_cfg.get('type')
+    if not isinstance(name, str):
+        return name
+    with DATASETS.switch_scope_and_registry(scope) as registry:
+        cls = registry.get(name)
+    if cls is None:
+        raise TrainBenchError(f'train_dataloader.dataset.type={name!r} is registered nowhere in scope {scope!r}')
+    return cls
+
+
+def override_scale(node, width, height):
+    """``--img-scale W H``: every resize scale of a pipeline becomes (W, H) (each of the choices of a
+    multi-scale resize), every absolute crop size at most (H, W). In place; returns the count changed."""
+    changed = 0
+    if isinstance(node, dict):
+        kind = str(node.get('type', ''))
+        if 'Resize' in kind and node.get('scale') is not None:
+            node['scale'] = (width, height)
+            changed += 1
+        if 'Resize' in kind and node.get('scales') is not None:
+            node['scales'] = [(width, height)]
+            changed += 1
+        if 'Crop' in kind and node.get('crop_size') is not None and \
+                node.get('crop_type', 'absolute') in ('absolute', 'absolute_range'):
+            crop_h, crop_w = node['crop_size']
+            node['crop_size'] = (min(crop_h, height), min(crop_w, width))
+            changed += 1
+        for value in node.values():
+            if isinstance(value, (dict, list, tuple)):
+                changed += override_scale(value, width, height)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            changed += override_scale(value, width, height)
+    return changed
+
+
+def needed_iterations(args):
+    return args.warmup + args.iters + (1 if args.profile else 0)
+
+
+def prepare_config(spec, args, work_dir):
+    """Load ``spec`` and make it the benchmark's run (see the module doc); returns ``(cfg, scope, notes)``.
+
+    The steps are tools/train.py's (mmpola.runtime: load_config, register_task_modules, setup_amp,
+    adapt_cfg_to_machine, check_config); the data is generated under ``work_dir`` unless
+    ``args.data_root`` names real data."""
+    from mmpola.runtime import config as config_tools
+    from mmpola.runtime import launch
+    from mmpola.runtime.config_check import check_config
+
+    cfg = config_tools.load_config(resolve_config(spec))
+    scope = config_tools.register_task_modules(cfg)
+    if scope not in ('mmdet', 'mmseg'):
+        raise TrainBenchError(f"default_scope {scope!r}: the train benchmark takes detection (mmdet) and "
+                              'segmentation (mmseg) configs')
+    cfg.work_dir = work_dir
+    # the Runner's logger, visualizer and scope are process-wide instances named by these: one set per run
+    cfg.experiment_name = f'trainbench_{file_stem(spec)}_{uuid.uuid4().hex[:8]}'
+    if cfg.get('visualizer') is not None:
+        cfg.visualizer.name = cfg.experiment_name
+    cfg.log_level = 'WARNING'  # the table is the output; the Runner's config dump and progress lines are not
+    cfg.load_from = None
+    cfg.resume = False
+    cfg.randomness = dict(cfg.get('randomness') or {}, seed=args.seed)
+    for key in ('val_dataloader', 'val_cfg', 'val_evaluator', 'test_dataloader', 'test_cfg', 'test_evaluator'):
+        cfg[key] = None
+
+    model = cfg.model
+    if model.get('backbone') is not None:  # random weights: no download, no local checkpoint
+        model.backbone.init_cfg = None
+        if 'pretrained' in model.backbone:
+            model.backbone.pretrained = None
+    if 'pretrained' in model:
+        model.pretrained = None
+
+    hooks = apply_hooks(cfg, args.hooks)
+
+    loader = cfg.train_dataloader
+    if args.batch_size:
+        loader.batch_size = args.batch_size
+    if args.img_scale:
+        width, height = args.img_scale
+        if not override_scale(loader.dataset, width, height):
+            raise TrainBenchError('--img-scale found no resize in the training pipeline')
+        preprocessor = model.get('data_preprocessor')
+        if preprocessor is not None and preprocessor.get('size') is not None:  # mmseg pads to the crop size
+            preprocessor.size = (min(preprocessor.size[0], height), min(preprocessor.size[1], width))
+    needed = loader.batch_size * needed_iterations(args)
+    dataset = _unwrap_repeat(loader)
+    if args.data_root:
+        config_tools.move_data_root(cfg, args.data_root)
+        dataset = _unwrap_repeat(cfg.train_dataloader)
+        dataset.indices = needed  # the first images: an epoch holds exactly the iterations run
+        data = f'{args.data_root} (first {needed} training images)'
+    else:
+        data = generate_data(dataset, scope, needed, osp.join(work_dir, 'data'), args.seed)
+
+    notes = []
+    if args.amp:
+        notes.append(launch.setup_amp(cfg, None))
+    notes += launch.adapt_cfg_to_machine(cfg, 'none')
+    check_config(cfg)
+    return cfg, scope, dict(notes=notes, hooks=hooks, data=data)
+
+
+def generate_data(dataset, scope, count, root, seed):
+    """Write a dataset of ``count`` images in the layout of ``dataset`` (a config, changed to read it)."""
+    cls = _dataset_class(dataset, scope)
+    distinct = min(count, DISTINCT_IMAGES)
+    if scope == 'mmdet':
+        from mmdet.datasets import CocoDataset
+        if not issubclass(cls, CocoDataset):
+            raise TrainBenchError(f'the training dataset is a {cls.__name__}, not a COCO-format one: the generated '
+                                  'data is COCO-format; give the real data with --data-root')
+        classes = (dataset.get('metainfo') or {}).get('classes') or cls.METAINFO['classes']
+        from mmpola.datasets import demo_coco_files, make_demo_coco
+        make_demo_coco(root, num_train=distinct, num_val=0, seed=seed, min_objects=OBJECTS_PER_IMAGE[0],
+                       max_objects=OBJECTS_PER_IMAGE[1], image_shapes=COCO_SHAPES, classes=tuple(classes),
+                       overwrite=True, verbose=False)
+        ann_file = demo_coco_files(root)['train']
+        per_image = _repeat_coco_images(ann_file, count)
+        dataset.update(data_root=root, ann_file=osp.relpath(ann_file, root), data_prefix=dict(img='train/'))
+        return (f'generated COCO-format, {len(classes)} classes, {distinct} distinct images of '
+                f'{"/".join(f"{w}x{h}" for h, w in COCO_SHAPES)}, {min(per_image)}-{max(per_image)} objects each')
+    from mmseg.datasets import ADE20KDataset
+    if not issubclass(cls, ADE20KDataset):
+        raise TrainBenchError(f'the training dataset is a {cls.__name__}, not ADE20K: the generated data has '
+                              "ADE20K's layout; give the real data with --data-root")
+    from mmpola.datasets import make_demo_ade
+    make_demo_ade(root, num_train=distinct, num_val=0, size=ADE_HEIGHT, seed=seed)
+    _repeat_ade_images(root, distinct, count)
+    dataset.update(data_root=root, data_prefix=dict(img_path='images/training', seg_map_path='annotations/training'))
+    return f'generated ADE20K-layout scenes, {distinct} distinct images of height {ADE_HEIGHT}'
+
+
+def _repeat_coco_images(ann_file, count):
+    """List the file's images again (new ids, same files, their annotations copied) until it holds
+    ``count``; returns the number of objects of each distinct image."""
+    with open(ann_file) as f:
+        data = json.load(f)
+    images = data['images']
+    by_image = {}
+    for ann in data['annotations']:
+        by_image.setdefault(ann['image_id'], []).append(ann)
+    out_images, out_anns = [], []
+    for index in range(count):
+        image = dict(images[index % len(images)])
+        source = image['id']
+        image['id'] = index + 1
+        out_images.append(image)
+        for ann in by_image.get(source, []):
+            out_anns.append(dict(ann, id=len(out_anns) + 1, image_id=image['id']))
+    data.update(images=out_images, annotations=out_anns)
+    with open(ann_file, 'w') as f:
+        json.dump(data, f)
+    return [sum(1 for a in by_image.get(image['id'], []) if not a['iscrowd']) for image in images]
+
+
+def _repeat_ade_images(root, distinct, count):
+    """Links demo_ade_<i> -> demo_ade_<i mod distinct> until the training split holds ``count`` images."""
+    for sub, ext in (('images', '.jpg'), ('annotations', '.png')):
+        folder = osp.join(root, sub, 'training')
+        for index in range(distinct, count):
+            target = osp.join(folder, f'demo_ade_{index % distinct:05d}{ext}')
+            link = osp.join(folder, f'demo_ade_{index:05d}{ext}')
+            try:
+                os.link(target, link)
+            except OSError:
+                shutil.copyfile(target, link)
+
+
+def amp_label(cfg):
+    wrapper = cfg.get('optim_wrapper') or {}
+    kind = str(wrapper.get('type', 'OptimWrapper'))
+    if 'BF16' in kind:
+        return 'bf16 (backbone)'
+    if 'Amp' in kind:
+        return str(wrapper.get('dtype') or 'float16').replace('float', 'fp').replace('bfp', 'bf')
+    return 'off'
+
+
+# --------------------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------------------
+
+
+def _synchronize(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def _reset_peak(device):
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')  # the kernel's high-water mark of the RSS restarts from the current RSS
+        return True
+    except OSError:
+        return False
+
+
+def _peak_mib(device):
+    if device.type == 'cuda':
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('VmHWM:'):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB (lifetime peak)
+
+
+class IterationClock:
+    """State shared by the two timing hooks (:func:`timing_hooks`)."""
+
+    def __init__(self, device, warmup, iters, profiler=None):
+        self.device, self.warmup, self.iters, self.profiler = device, warmup, iters, profiler
+        self.index = 0  # iterations begun
+        self.last_end = None
+        self.iter_times, self.data_times = [], []
+        self.peak_mib = None
+        self.peak_reset = True
+        self.profiled_seconds = None
+        self._profile_start = None
+
+    @property
+    def timed(self):
+        return self.warmup <= self.index < self.warmup + self.iters
+
+    def begin(self, runner):
+        _synchronize(self.device)
+        now = time.perf_counter()
+        if self.timed:
+            self.data_times.append(now - self.last_end)
+        if self.profiler is not None and self.index == self.warmup + self.iters:
+            self.profiler.start(runner)
+            self._profile_start = time.perf_counter()
+
+    def end(self, runner):
+        _synchronize(self.device)
+        now = time.perf_counter()
+        if self.timed:
+            self.iter_times.append(now - self.last_end)
+            if self.index == self.warmup + self.iters - 1:
+                self.peak_mib = _peak_mib(self.device)
+                if self.profiler is None:
+                    runner.train_loop.stop_training = True
+        elif self.index == self.warmup + self.iters:  # the profiled iteration
+            self.profiled_seconds = now - self._profile_start
+            self.profiler.stop()
+            runner.train_loop.stop_training = True
+        if self.index == self.warmup - 1:
+            self.peak_reset = _reset_peak(self.device)
+        self.last_end = time.perf_counter()
+        self.index += 1
+
+
+def timing_hooks(clock):
+    """Two hooks around each iteration: the first of its ``before_train_iter`` and the last of its
+    ``after_train_iter`` hooks."""
+    from mmengine.hooks import Hook
+
+    class IterationStart(Hook):
+        priority = 'HIGHEST'
+
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            clock.begin(runner)
+
+    class IterationEnd(Hook):
+        priority = 'LOWEST'
+
+        def before_train(self, runner):
+            clock.last_end = time.perf_counter()
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            clock.end(runner)
+
+    return IterationStart(), IterationEnd()
+
+
+# --------------------------------------------------------------------------------------------------
+# profiling one iteration
+# --------------------------------------------------------------------------------------------------
+
+
+def _unwrap_model(model):
+    from mmengine.model import is_model_wrapper
+    return model.module if is_model_wrapper(model) else model
+
+
+def iteration_parts(runner):
+    """``[(label, object, method names)]``: the parts of a training iteration timed as ranges in the
+    profile: the data preprocessor, the backbone, the neck and each head (forward and, for the heads,
+    their loss with target assignment), the loss parsing, and the optimizer wrapper's backward, step
+    and zero_grad."""
+    model = _unwrap_model(runner.model)
+    parts = [('model.data_preprocessor', getattr(model, 'data_preprocessor', None), ('forward',))]
+    for name in ('backbone', 'neck'):
+        parts.append((f'model.{name}', getattr(model, name, None), ('forward',)))
+    for name, child in model.named_children():
+        if name.endswith('_head'):
+            parts.append((f'model.{name}', child, ('forward', 'loss', 'loss_and_predict', 'predict')))
+    parts.append(('model.parse_losses', model, ('parse_losses',)))
+    for method in ('backward', 'step', 'zero_grad'):
+        parts.append((f'optim_wrapper.{method}', runner.optim_wrapper, (method,)))
+    return [(label, obj, methods) for label, obj, methods in parts if obj is not None]
+
+
+_MISSING = object()
+
+
+class IterationProfiler:
+    """torch.profiler around one iteration, with a ``record_function`` range per part (:func:`iteration_parts`)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.prof = None
+        self.labels = []
+        self._patched = []
+
+    def _wrap(self, obj, method, label, active):
+        original = getattr(obj, method)  # bound method, or an instance attribute (mmengine's schedulers wrap step)
+        previous = obj.__dict__.get(method, _MISSING)
+
+        def wrapped(*args, **kwargs):
+            if active:  # e.g. a head's loss() calling its forward(): one range
+                return original(*args, **kwargs)
+            active.append(True)
+            try:
+                with torch.profiler.record_function(label):
+                    return original(*args, **kwargs)
+            finally:
+                active.pop()
+
+        obj.__dict__[method] = wrapped  # an instance attribute: this object's calls only
+        self._patched.append((obj, method, previous))
+
+    def start(self, runner):
+        for label, obj, methods in iteration_parts(runner):
+            active = []  # shared by the part's methods
+            found = [m for m in methods if callable(getattr(obj, m, None))]
+            for method in found:
+                self._wrap(obj, method, label, active)
+            if found:
+                self.labels.append(label)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == 'cuda':
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(activities=activities, record_shapes=False, with_stack=False)
+        self.prof.start()
+
+    def stop(self):
+        self.prof.stop()
+        for obj, method, previous in reversed(self._patched):
+            if previous is _MISSING:
+                del obj.__dict__[method]
+            else:
+                obj.__dict__[method] = previous
+        self._patched = []
+
+
+def summarize_profile(profiler, wall_seconds, device):
+    """The numbers of the profile summary (a dict; times in ms)."""
+    from torch.autograd import DeviceType
+    events = list(profiler.prof.events())
+    cpu_events = [e for e in events if e.device_type == DeviceType.CPU]
+    # record_function ranges also appear on the device's timeline (gpu_user_annotation): not kernels
+    annotations = {e.name for e in cpu_events if e.is_user_annotation}
+    device_events = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation
+                     and e.name not in annotations and 'user_annotation' not in str(e.activity_type)]
+    labels = set(profiler.labels)
+    summary = dict(device=device.type, wall_ms=1e3 * wall_seconds)
+
+    syncs = {name: sum(1 for e in cpu_events if e.name == name) for name in SYNC_OPS}
+    syncs['Memcpy DtoH'] = sum(1 for e in device_events if 'DtoH' in e.name)
+    summary['syncs'] = syncs
+
+    ops = {}  # name: [calls, self time us]
+    if device.type == 'cuda':
+        summary['device_ms'] = sum(e.time_range.elapsed_us() for e in device_events) / 1e3
+        summary['kernels'] = sum(1 for e in device_events if not e.name.startswith(('Memcpy', 'Memset')))
+        for e in cpu_events:
+            if e.name not in labels and not e.is_async and e.self_device_time_total > 0:
+                entry = ops.setdefault(e.name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += e.self_device_time_total
+        total_us = 1e3 * summary['device_ms']
+    else:
+        aten = [e for e in cpu_events if e.name.startswith('aten::')]
+        summary['aten_ops'] = len(aten)
+        summary['self_cpu_ms'] = sum(e.self_cpu_time_total for e in cpu_events if not e.is_async) / 1e3
+        for e in cpu_events:
+            if e.name not in labels and not e.is_async:
+                entry = ops.setdefault(e.name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += e.self_cpu_time_total
+        total_us = 1e3 * summary['self_cpu_ms']
+    top = sorted(ops.items(), key=lambda item: -item[1][1])[:TOP_OPS]
+    summary['top_ops'] = [dict(name=name, calls=calls, self_ms=us / 1e3, percent=100 * us / max(total_us, 1e-9))
+                          for name, (calls, us) in top]
+
+    # the parts: CPU time = the range's wall time; device time = kernels launched inside it, on its thread
+    # and (backward on CUDA runs on autograd's own thread) by top-level ops of other threads that start in it
+    ranges = [e for e in cpu_events if e.name in labels and not e.is_async]
+    main_threads = {e.thread for e in ranges}
+    parts = {label: dict(calls=0, cpu_ms=0.0, device_ms=0.0) for label in profiler.labels}
+    for e in ranges:
+        parts[e.name]['calls'] += 1
+        parts[e.name]['cpu_ms'] += e.cpu_time_total / 1e3
+        parts[e.name]['device_ms'] += e.device_time_total / 1e3
+    if device.type == 'cuda':
+        for e in cpu_events:
+            if e.thread in main_threads or e.cpu_parent is not None or e.is_async or not e.device_time_total:
+                continue
+            start = e.time_range.start
+            for r in ranges:
+                if r.time_range.start <= start <= r.time_range.end:
+                    parts[r.name]['device_ms'] += e.device_time_total / 1e3
+                    break
+    summary['parts'] = parts
+    return summary
+
+
+def render_profile(summary, title):
+    cuda = summary['device'] == 'cuda'
+    lines = [f'## Profile of one training iteration: {title}', '']
+    lines.append(f"- wall time of the profiled iteration: {summary['wall_ms']:.1f} ms (with the profiler's overhead; "
+                 "its batch was loaded before the profile started)")
+    if cuda:
+        lines.append(f"- total device time (kernels, memcpy, memset): {summary['device_ms']:.1f} ms")
+        lines.append(f"- kernels launched: {summary['kernels']}")
+    else:
+        lines.append(f"- total self CPU time of the ops: {summary['self_cpu_ms']:.1f} ms")
+        lines.append(f"- aten ops (at every nesting level): {summary['aten_ops']}")
+    syncs = summary['syncs']
+    lines.append('- host-device syncs: ' + ', '.join(f'{name} {count}' for name, count in syncs.items())
+                 + (' (one cudaDeviceSynchronize is the benchmark\'s own, closing the iteration; aten::item '
+                    'calls aten::_local_scalar_dense)' if cuda else
+                    ' (on the CPU nothing waits for a device: these are the calls that would sync on CUDA)'))
+    what = 'self device time' if cuda else 'self CPU time'
+    lines += ['', f'### Top {TOP_OPS} ops by {what}', '', f'| op | calls | {what} ms | % of total |',
+              '|---|---:|---:|---:|']
+    for op in summary['top_ops']:
+        name = op['name'] if len(op['name']) <= 90 else op['name'][:87] + '...'
+        lines.append(f"| {name.replace('|', '/')} | {op['calls']} | {op['self_ms']:.2f} | {op['percent']:.1f} |")
+    lines += ['', '### Time per part of the iteration', '',
+              '| part | calls | CPU ms (wall of the range) |' + (' device ms |' if cuda else '') + ' % of iteration |',
+              '|---|---:|---:|' + ('---:|' if cuda else '') + '---:|']
+    total = summary['device_ms'] if cuda else summary['wall_ms']
+    accounted = 0.0
+    for label, part in summary['parts'].items():
+        value = part['device_ms'] if cuda else part['cpu_ms']
+        accounted += value
+        lines.append(f"| {label} | {part['calls']} | {part['cpu_ms']:.1f} |" +
+                     (f" {part['device_ms']:.1f} |" if cuda else '') + f' {100 * value / max(total, 1e-9):.1f} |')
+    rest = max(total - accounted, 0.0)
+    lines.append('| rest (hooks, loop, untracked) | | ' + ('|' if cuda else f'{rest:.1f} |') +
+                 (f' {rest:.1f} |' if cuda else '') +
+                 f' {100 * rest / max(total, 1e-9):.1f} |')
+    lines += ['', ('% of iteration: of the total device time. ' if cuda else '% of iteration: of the wall time. ') +
+              "A head's range holds its forward and its loss (target assignment included); backward and the "
+              'optimizer step are the optimizer wrapper\'s.']
+    return '\n'.join(lines) + '\n'
+
+
+def write_profile(profiler, clock, device, spec, out_dir, title):
+    """Write the chrome trace and the summary (Markdown and JSON) of the profiled iteration; returns the
+    summary's Markdown."""
+    os.makedirs(out_dir, exist_ok=True)
+    stem = file_stem(spec)
+    profiler.prof.export_chrome_trace(osp.join(out_dir, f'{stem}_trace.json'))
+    summary = summarize_profile(profiler, clock.profiled_seconds, device)
+    text = render_profile(summary, title)
+    with open(osp.join(out_dir, f'{stem}_profile.md'), 'w') as f:
+        f.write(text)
+    with open(osp.join(out_dir, f'{stem}_profile.json'), 'w') as f:
+        json.dump(dict(summary, config=spec, title=title), f, indent=1)
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# one config, all configs
+# --------------------------------------------------------------------------------------------------
+
+
+def _median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def bench_config(spec, args, device):
+    """Build, run and time one config; returns its table row (a dict)."""
+    from mmpola.runtime import cli
+    with tempfile.TemporaryDirectory(prefix='mmpola_trainbench_') as work_dir:
+        cfg, scope, info = prepare_config(spec, args, work_dir)
+        runner = cli.build_runner(cfg, 'none', info['notes'])
+        profiler = IterationProfiler(device) if args.profile else None
+        clock = IterationClock(device, args.warmup, args.iters, profiler)
+        for hook in timing_hooks(clock):
+            runner.register_hook(hook)
+        model_device = next(_unwrap_model(runner.model).parameters()).device
+        if model_device.type != device.type:
+            raise TrainBenchError(f'the Runner put the model on {model_device}, not on {device} as asked')
+        runner.train()
+        hooks = [type(h).__name__ for h in runner.hooks if type(h).__module__ != __name__]
+        batch = cfg.train_dataloader.batch_size
+        if len(clock.iter_times) < args.iters:
+            raise TrainBenchError(f'the training data gave {clock.index} iterations, fewer than the '
+                                  f'{needed_iterations(args)} asked for')
+        row = dict(config=config_label(spec), device=_device_name(device), amp=amp_label(cfg), batch=batch,
+                   median=_median(clock.iter_times), min=min(clock.iter_times), data=_median(clock.data_times),
+                   peak=clock.peak_mib, peak_reset=clock.peak_reset, hooks=hooks, data_info=info['data'],
+                   notes=info['notes'])
+        row['images_per_s'] = batch / row['median']
+        if profiler is not None:
+            title = f"{row['config']} ({row['device']}, amp {row['amp']}, batch {batch})"
+            row['profile'] = write_profile(profiler, clock, device, spec, args.profile, title)
+        del runner, profiler
+    gc.collect()
+    if device.type == 'cuda':
+        torch.cuda.empty_cache()
+    return row
+
+
+def _device_name(device):
+    return 'cuda' if device.type == 'cuda' else 'cpu'
+
+
+@contextlib.contextmanager
+def _one_line_errors(spec, skipped):
+    from mmpola.errors import MMPolaUserError
+    try:
+        yield
+    except (TrainBenchError, MMPolaUserError) as error:
+        skipped.append(f'{spec}: {error}')
+    except (RuntimeError, ValueError) as error:  # e.g. out of memory: the other configs still run
+        first = (str(error).strip().splitlines() or [''])[0][:300]
+        skipped.append(f'{spec}: training failed: {type(error).__name__}: {first}')
+
+
+def bench_train(args, device):
+    if args.warmup < 1 or args.iters < 1:
+        raise SystemExit('error: --warmup and --iters must be at least 1 (the first iteration builds and caches '
+                         'what later ones reuse; it is never timed)')
+    ours, _ = mmpola_runtime_hooks()
+    hook_text = HOOK_MODE_TEXT[args.hooks].format(hooks=', '.join(_hook_type_name(h) for h in ours))
+    rows, skipped = [], []
+    for spec in args.configs:
+        with _one_line_errors(spec, skipped):
+            rows.append(bench_config(spec, args, device))
+    if not rows:
+        for line in skipped:
+            print(f'skipped {line}')
+        sys.exit(2)
+    scale = f"{args.img_scale[0]}x{args.img_scale[1]} (--img-scale)" if args.img_scale else "the config's"
+    print(f'\nTraining throughput: {args.warmup} warm-up + {args.iters} timed iterations, device synchronised '
+          f'around each; resize scale: {scale}; no validation, no checkpoints; hooks (--hooks {args.hooks}): '
+          f'{hook_text}.')
+    print('\n| config | device | amp | batch | s/iter median | s/iter min | images/s | data s/iter (median) | '
+          'peak MiB |')
+    print('|---|---|---|---:|---:|---:|---:|---:|---:|')
+    for r in rows:
+        peak = f"{r['peak']:.0f}" if r['peak'] is not None else '-'
+        print(f"| {r['config']} | {r['device']} | {r['amp']} | {r['batch']} | {r['median']:.3f} | {r['min']:.3f} | "
+              f"{r['images_per_s']:.2f} | {r['data']:.3f} | {peak} |")
+    print(f"\ns/iter: from the end of one iteration to the end of the next (its batch's loading, every hook, "
+          f"forward, backward, optimizer step). images/s: batch / median s/iter. data: from the end of the "
+          f"previous iteration to the first hook of this one. peak: {MEMORY_TEXT[device.type]}.")
+    for r in rows:
+        print(f"- {r['config']}: data: {r['data_info']}; hooks: {', '.join(r['hooks'])}"
+              + ('' if r['peak_reset'] else '; peak memory over the whole process (no reset)'))
+        for note in r['notes']:
+            print(f'  - {note}')
+    for r in rows:
+        if 'profile' in r:
+            print('\n' + r['profile'])
+    if args.profile and rows:
+        print(f'profiles written to {args.profile}')
+    for line in skipped:
+        print(f'skipped {line}')
