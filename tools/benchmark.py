@@ -815,6 +815,9 @@ def parse_args(argv=None):
     train.add_argument('--hooks', default='mmpola', choices=HOOK_MODES,
                        help="the same hooks on every config: 'mmpola' (default): mmpola's runtime hooks added to "
                        "configs without them; 'library': removed from mmpola's configs; 'config': each config's own")
+    train.add_argument('--attn-impl', default=None,
+                       help="implementation of the attention ops in mmpola's backbones ('auto', 'fast', 'triton', "
+                       "'reference'; default: the config's, i.e. 'auto'); other libraries' backbones are unchanged")
     train.add_argument('--profile', metavar='DIR', default=None,
                        help='after the timed iterations, profile one more and write DIR/<config>_trace.json '
                        '(chrome trace) and DIR/<config>_profile.md / .json (summary)')

@@ -196,6 +196,15 @@ def needed_iterations(args):
     return args.warmup + args.iters + (1 if args.profile else 0)
 
 
+def _takes_attn_impl(backbone_cfg):
+    """Whether a backbone config builds one of mmpola's backbones (they take ``attn_impl``)."""
+    import inspect
+
+    from mmengine.registry import MODELS
+    cls = MODELS.get(str(backbone_cfg.get('type', '')))
+    return cls is not None and 'attn_impl' in inspect.signature(cls.__init__).parameters
+
+
 def prepare_config(spec, args, work_dir):
     """Load ``spec`` and make it the benchmark's run (see the module doc); returns ``(cfg, scope, notes)``.
 
@@ -232,6 +241,9 @@ def prepare_config(spec, args, work_dir):
         model.pretrained = None
 
     hooks = apply_hooks(cfg, args.hooks)
+    attn_impl = getattr(args, 'attn_impl', None)
+    if attn_impl and model.get('backbone') is not None and _takes_attn_impl(model.backbone):
+        model.backbone.attn_impl = attn_impl
 
     loader = cfg.train_dataloader
     if args.batch_size:
@@ -254,6 +266,8 @@ def prepare_config(spec, args, work_dir):
         data = generate_data(dataset, scope, needed, osp.join(work_dir, 'data'), args.seed)
 
     notes = []
+    if attn_impl and model.get('backbone') is not None and _takes_attn_impl(model.backbone):
+        notes.append(f'attention implementation of the backbone: {attn_impl}')
     if args.amp:
         notes.append(launch.setup_amp(cfg, None))
     notes += launch.adapt_cfg_to_machine(cfg, 'none')
