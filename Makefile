@@ -3,12 +3,13 @@
 #   make test   - the whole test suite
 #   make lint   - ruff (pyflakes, pycodestyle, isort rules; ruff.toml)
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
+#   make bench-gpu - the GPU tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
 # Use an existing environment (e.g. your CUDA torch build) instead of .venv:
 #   make test PY=/path/to/env/bin/python SETUP_ARGS="--python /path/to/env/bin/python"
 PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
-.PHONY: setup demo demo-seg demo-cls test test-portable lint bench
+.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)
@@ -39,3 +40,23 @@ bench: setup
 	$(PY) tools/benchmark.py backbone
 	$(PY) tools/benchmark.py scaling
 	$(PY) tools/benchmark.py amp
+
+# One CUDA GPU, in the environment at hand (no set-up; the train rows need mmcv built with CUDA ops):
+#   make bench-gpu PY=python3
+GPU_CASES = pvt-s1@800x1344 swin-s1@800x1344 pvt-s2@800x1344 swin-s2@800x1344
+GPU_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2 \
+	flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2
+GPU_TRAIN = configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py \
+	configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py \
+	mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py
+bench-gpu:
+	$(PY) tools/benchmark.py attention --device cuda --cases $(GPU_CASES)
+	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --dtype bfloat16
+	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_BACKBONES) --sizes 800x1344 --batch 2 \
+		--backward --amp bfloat16 --repeat 10
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
+		--backward --amp bfloat16 --repeat 10 --attn-impl fast
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
+		--amp float16 --repeat 10
+	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
+		--profile work_dirs/benchmark_profile
