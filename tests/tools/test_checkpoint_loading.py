@@ -2,7 +2,8 @@
 --out on a path that cannot take the predictions, on a tiny generated COCO set with the demo detector
 and the golden mini backbones:
 
-* a file of a deeper backbone of the same widths (``init_cfg``, ``load_from``, the test checkpoint):
+* a file of a deeper backbone of the same widths (``init_cfg``, ``load_from``, the test checkpoint,
+  ``--resume``):
   one line naming what the file holds and what the model is, instead of a run on the first blocks of
   another model; the blocks both have load only on purpose (``init_cfg.strict=False``,
   ``checkpoint_min_loaded=0``);
@@ -97,6 +98,13 @@ def test_train_refuses_a_deeper_backbone_file_as_init_cfg(coco, tmp_path, family
                     '--cfg-options', 'model.backbone.init_cfg.strict=False'])
         assert osp.isfile(tmp_path / 'partial' / 'epoch_1.pth')
         assert 'PolaPVT: loaded' in capsys.readouterr().out
+        # --resume of that run with the config of the deeper backbone
+        resumed = str(tmp_path / 'partial' / 'epoch_1.pth')
+        err = refused(TRAIN, [config(coco, family, deep), '--work-dir', str(tmp_path / 'resumed'), '--resume', resumed],
+                      capsys, unchanged=[resumed], work_dir=tmp_path / 'resumed')
+        assert err.startswith(f"checkpoint '{resumed}' does not fit PolaPVT: the file holds Pola-PVT: "
+                              f'{blocks(shallow)}, the model is Pola-PVT: {blocks(deep)} (other blocks per stage); '
+                              'loading it, blocks of the model would stay randomly initialised'), err
 
 
 def test_test_and_load_from_refuse_a_deeper_detector_checkpoint(coco, tmp_path, capsys):
