@@ -175,10 +175,11 @@ class CheckpointFitHook(Hook):
 
     def after_load_checkpoint(self, runner, checkpoint):
         model = _bare_model(runner.model)
-        source = repr(runner.cfg.get('load_from') or 'the checkpoint')
+        source = runner.cfg.get('load_from') or 'the checkpoint'
+        named = repr(source) if runner.cfg.get('load_from') else source  # how the messages name it
         state_dict = _as_loaded(model, checkpoint)
         model_state = model.state_dict()
-        check_finite({k: v for k, v in state_dict.items() if k in model_state}, source)
+        check_finite({k: v for k, v in state_dict.items() if k in model_state}, named)
         if self.min_loaded <= 0:
             return
         loaded, total, loaded_n, total_n = checkpoint_fit(runner.model, checkpoint)
@@ -186,12 +187,11 @@ class CheckpointFitHook(Hook):
             return
         backbone = getattr(model, 'backbone', None)
         name = type(model).__name__ + (f' ({type(backbone).__name__} backbone)' if backbone is not None else '')
-        source = runner.cfg.get('load_from') or 'the checkpoint'
         if loaded >= self.min_loaded * total:
             if hasattr(backbone, 'checkpoint_signature'):
                 tensors = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
-                backbone.checkpoint_signature().check_layout(
-                    tensors, repr(source), partial_option=f'--cfg-options {OPTION}=0')
+                backbone.checkpoint_signature().check_layout(tensors, named,
+                                                             partial_option=f'--cfg-options {OPTION}=0')
             purpose = _purpose(runner)
             if purpose == 'train':
                 return
