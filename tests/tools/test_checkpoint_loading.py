@@ -81,8 +81,9 @@ def detector_checkpoint(path, cfg_path, nan_key=None):
     return str(path)
 
 
-@pytest.mark.parametrize('family', ['pvt', 'swin'])
-def test_train_refuses_a_deeper_backbone_file_as_init_cfg(coco, tmp_path, family, capsys):
+def test_train_refuses_a_deeper_backbone_file_as_init_cfg(coco, tmp_path, capsys):
+    """(Pola-Swin goes through the same backbone loader: tests/checkpoint/test_layout.py.)"""
+    family = 'pvt'
     shallow, deep = DEPTHS[family]
     file, _ = official_file(tmp_path, family, deep, name=f'{family}_deep_official.pth')
     work = tmp_path / 'work'
@@ -93,18 +94,18 @@ def test_train_refuses_a_deeper_backbone_file_as_init_cfg(coco, tmp_path, family
                           '(other blocks per stage)'), err
     assert "on purpose: strict=False (init_cfg=dict(type='Pretrained', checkpoint=..., strict=False)" in err
 
-    if family == 'pvt':  # on purpose: the blocks both have load, the run trains
-        TRAIN.main([config(coco, family, shallow, init=file), '--work-dir', str(tmp_path / 'partial'),
-                    '--cfg-options', 'model.backbone.init_cfg.strict=False'])
-        assert osp.isfile(tmp_path / 'partial' / 'epoch_1.pth')
-        assert 'PolaPVT: loaded' in capsys.readouterr().out
-        # --resume of that run with the config of the deeper backbone
-        resumed = str(tmp_path / 'partial' / 'epoch_1.pth')
-        err = refused(TRAIN, [config(coco, family, deep), '--work-dir', str(tmp_path / 'resumed'), '--resume', resumed],
-                      capsys, unchanged=[resumed], work_dir=tmp_path / 'resumed')
-        assert err.startswith(f"checkpoint '{resumed}' does not fit PolaPVT: the file holds Pola-PVT: "
-                              f'{blocks(shallow)}, the model is Pola-PVT: {blocks(deep)} (other blocks per stage); '
-                              'loading it, blocks of the model would stay randomly initialised'), err
+    # on purpose: the blocks both have load, the run trains
+    TRAIN.main([config(coco, family, shallow, init=file), '--work-dir', str(tmp_path / 'partial'),
+                '--cfg-options', 'model.backbone.init_cfg.strict=False'])
+    assert osp.isfile(tmp_path / 'partial' / 'epoch_1.pth')
+    assert 'PolaPVT: loaded' in capsys.readouterr().out
+    # --resume of that run with the config of the deeper backbone
+    resumed = str(tmp_path / 'partial' / 'epoch_1.pth')
+    err = refused(TRAIN, [config(coco, family, deep), '--work-dir', str(tmp_path / 'resumed'), '--resume', resumed],
+                  capsys, unchanged=[resumed], work_dir=tmp_path / 'resumed')
+    assert err.startswith(f"checkpoint '{resumed}' does not fit PolaPVT: the file holds Pola-PVT: "
+                          f'{blocks(shallow)}, the model is Pola-PVT: {blocks(deep)} (other blocks per stage); '
+                          'loading it, blocks of the model would stay randomly initialised'), err
 
 
 def test_test_and_load_from_refuse_a_deeper_detector_checkpoint(coco, tmp_path, capsys):
