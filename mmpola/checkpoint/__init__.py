@@ -8,18 +8,27 @@ its models' files look like (:func:`register_known_models`) for the messages.
 """
 from .loading import LoadReport, checkpoint_source, load_checkpoint, load_pola_checkpoint, read_checkpoint
 from .signatures import (
+    BlockLayout,
     KeySignature,
     KnownModel,
     LookAlike,
+    block_layout,
     describe_backbone,
     describe_checkpoint,
     identify,
     key_pattern,
     register_known_models,
 )
-from .state_dict import CheckpointMismatchError, extract_state_dict, find_key_prefix, resize_state_dict
+from .state_dict import (
+    CheckpointMismatchError,
+    NonFiniteCheckpointError,
+    check_finite,
+    extract_state_dict,
+    find_key_prefix,
+    resize_state_dict,
+)
 
 __all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict', 'load_checkpoint',
            'load_pola_checkpoint', 'checkpoint_source', 'describe_checkpoint', 'describe_backbone', 'identify',
            'key_pattern', 'KeySignature', 'KnownModel', 'LookAlike', 'register_known_models', 'LoadReport',
-           'CheckpointMismatchError']
+           'CheckpointMismatchError', 'NonFiniteCheckpointError', 'check_finite', 'BlockLayout', 'block_layout']

@@ -22,9 +22,12 @@ What happens to the keys:
    (``*.attn_mask``, ``*.relative_position_index``), and checks what must agree (PVT's spatial
    reduction);
 3. the file is compared with the model's key signature (:mod:`.signatures`): a file of another
-   architecture or attention kind is refused, naming what it looks like;
+   architecture or attention kind is refused, naming what it looks like, and so is a file of other
+   blocks (another depth, width or per-stage layout: ``Pola-PVT-S: 3-4-6-3 blocks`` for a
+   ``Pola-PVT-T``) unless ``strict=False`` asks for the blocks both have;
 4. grids are resized when the pretraining grid differs (:func:`resize_state_dict`);
-5. ``load_state_dict(strict=False)``, then one log line with counts of loaded / missing /
+5. the tensors that load must be finite (:func:`check_finite`: a NaN weight is refused, naming it);
+6. ``load_state_dict(strict=False)``, then one log line with counts of loaded / missing /
    unexpected / dropped / resized keys (:class:`LoadReport`).
 """
 import logging
@@ -33,9 +36,14 @@ from collections import OrderedDict
 
 from .reading import download_checkpoint, safe_torch_load
 from .signatures import attention_modules
-from .state_dict import CheckpointMismatchError, extract_state_dict, find_key_prefix, resize_state_dict
+from .state_dict import CheckpointMismatchError, check_finite, extract_state_dict, find_key_prefix, resize_state_dict
 
-__all__ = ['read_checkpoint', 'load_checkpoint', 'load_pola_checkpoint', 'LoadReport', 'checkpoint_source']
+__all__ = ['read_checkpoint', 'load_checkpoint', 'load_pola_checkpoint', 'LoadReport', 'checkpoint_source',
+           'PARTIAL_OPTION']
+
+# how a caller of :func:`load_checkpoint` loads a file of other blocks on purpose (the messages say it)
+PARTIAL_OPTION = ("strict=False (init_cfg=dict(type='Pretrained', checkpoint=..., strict=False), or "
+                  'load_checkpoint(..., strict=False))')
 
 
 class LoadReport(dict):
@@ -77,7 +85,7 @@ def read_checkpoint(source, map_location='cpu'):
     return safe_torch_load(source, map_location=map_location)
 
 
-def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm=False, strict=False,
+def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm=False, strict=None,
                     map_location='cpu', logger='current'):
     """Load a checkpoint into a backbone (or any module) by filtering keys.
 
@@ -90,7 +98,11 @@ def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm
         map_final_norm: copy the classification ``norm.*`` into the last output norm
             (``norm3.*``) when the model has it (Swin: the trained LN after stage 4). Off by
             default, like mmdet.
-        strict: raise if any model key is missing or any checkpoint key is left unused.
+        strict: None (default): the file must have the model's blocks (depth, widths and per-stage
+            attention), while keys the file need not have (output norms) may be missing and keys the
+            model does not use (a detector's neck and heads) unused; True: also raise if any model key
+            is missing or any checkpoint key is left unused; False: load whatever fits, also from a
+            file of other blocks (the first blocks of each stage of a deeper model ...), on purpose.
         map_location: device for reading.
         logger: mmengine logger name, a ``logging.Logger``, or None for silence.
 
@@ -99,8 +111,9 @@ def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm
 
     Raises:
         CheckpointMismatchError: the file is not for this model (another architecture or attention
-            kind, nothing matches), the architecture's filter refuses it (PVT: other
-            ``la_sr_ratios``), or (strict) any missing/unexpected key.
+            kind, nothing matches; unless ``strict=False``: other blocks), the architecture's filter
+            refuses it (PVT: other ``la_sr_ratios``), or (strict) any missing/unexpected key.
+        NonFiniteCheckpointError: a tensor that would load holds NaN or infinite values.
     """
     source = checkpoint_source(checkpoint)
     state_dict, origin = extract_state_dict(read_checkpoint(checkpoint, map_location), use_ema)
@@ -126,7 +139,7 @@ def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm
         state_dict, dropped = model.checkpoint_filter(state_dict, source, map_final_norm=map_final_norm)
     signature = model.checkpoint_signature() if hasattr(model, 'checkpoint_signature') else None
     if signature is not None:
-        signature.check(state_dict, source, prefix)
+        signature.check(state_dict, source, prefix, layout=strict is not False, partial_option=PARTIAL_OPTION)
     elif matched == 0:
         raise CheckpointMismatchError(
             f'checkpoint {source} has no key matching {name}{" under prefix " + repr(prefix) if prefix else ""}; '
@@ -138,6 +151,7 @@ def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm
     for entry in mismatched:
         kept.pop(entry.split(':', 1)[0])
 
+    check_finite({k: v for k, v in kept.items() if k in model_state}, source)
     result = model.load_state_dict(kept, strict=False)
     missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
     loaded = [k for k in kept if k in model_state]

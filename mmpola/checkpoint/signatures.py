@@ -18,6 +18,14 @@ so models of one architecture share patterns whatever their depth. A model's
 
 with an error that says what the file looks like (:func:`identify`) and how to use it.
 
+Names and patterns do not tell a model's size: a Pola-PVT-S file has every key pattern of a Pola-PVT-T.
+The blocks do: :func:`block_layout` reads, stage by stage, how many blocks a file (or a model) has, their
+width and the attention kind of each (:class:`BlockLayout`), and :meth:`KeySignature.check_layout`
+refuses a file whose blocks differ from the model's (another depth, size or per-stage layout), naming
+both (``Pola-PVT-S: 3-4-6-3 blocks``); loading it would fill the model with the first blocks of each
+stage of another model, or leave blocks at random. Every loader calls it; each has its own explicit
+way to load the blocks both have on purpose (the message names it).
+
 What files look like is known from the models the package registers (:func:`register_known_models`:
 every architecture with every attention kind, computed by mmpola.models), plus look-alikes of other
 libraries (mmdet's PVT and Swin). :func:`describe_checkpoint` uses the same knowledge for the
@@ -32,7 +40,8 @@ import torch
 from .state_dict import CheckpointMismatchError, extract_state_dict
 
 __all__ = ['key_pattern', 'KeySignature', 'KnownModel', 'LookAlike', 'register_known_models', 'known_models',
-           'identify', 'attention_modules', 'leaf_signature', 'describe_checkpoint', 'describe_backbone']
+           'identify', 'attention_modules', 'leaf_signature', 'describe_checkpoint', 'describe_backbone',
+           'BlockLayout', 'block_layout']
 
 # an attention module's prefix: '<...>.attn.' (PVT, Swin, the ViT, PolaFormer++) or one of CSWin's
 # branches '<...>.attns.<b>.'; the last one in a key
@@ -67,6 +76,95 @@ def leaf_signature(leaves):
                      and leaf not in RUNTIME_BUFFERS)
 
 
+# a block's prefix in front of its attention module: '<stage>.<index>.' ('block1.0.', 'layers.2.blocks.1.')
+BLOCK = re.compile(r'^(.*)\.(\d+)\.$')
+UNKNOWN_KIND = '?'
+
+
+def _natural(text):
+    return [int(part) if part.isdigit() else part for part in re.split(r'(\d+)', text)]
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """The blocks of a file or a model, stage by stage.
+
+    Attributes:
+        stages: ``((stage, kinds, width), ...)`` in order: ``stage`` the key prefix of its blocks
+            (``'block1'``, ``'layers.0.blocks'``), ``kinds`` the attention kind of each block
+            (``'?'``: not one the comparison knows), ``width`` the blocks' channels (None when only
+            the keys are known).
+    """
+    stages: tuple = ()
+
+    @property
+    def depths(self):
+        return tuple(len(kinds) for _, kinds, _ in self.stages)
+
+    @property
+    def widths(self):
+        return tuple(width for _, _, width in self.stages)
+
+    @property
+    def kinds(self):
+        return tuple(kinds for _, kinds, _ in self.stages)
+
+    def blocks_text(self):
+        """``'3-4-6-3 blocks'``."""
+        return '-'.join(map(str, self.depths)) + ' blocks'
+
+    def widths_text(self):
+        return 'widths ' + '-'.join('?' if w is None else str(w) for w in self.widths)
+
+    def letters_text(self, letters):
+        """The per-stage attention in the official letters (``'LLSS'``; ``'M'`` a stage of several kinds)."""
+        out = ''
+        for kinds in self.kinds:
+            found = {letters.get(k, UNKNOWN_KIND) for k in kinds}
+            out += found.pop() if len(found) == 1 else 'M'
+        return 'attention ' + out
+
+    def differences(self, other):
+        """What differs from ``other``: a subset of ``('blocks', 'widths', 'attention')``; widths only
+        where both are known."""
+        out = []
+        if [s for s, _, _ in self.stages] != [s for s, _, _ in other.stages] or self.depths != other.depths:
+            out.append('blocks')
+        if any(a is not None and b is not None and a != b for a, b in zip(self.widths, other.widths)):
+            out.append('widths')
+        if 'blocks' not in out and self.kinds != other.kinds:
+            out.append('attention')
+        return out
+
+
+def block_layout(tensors, kind_of):
+    """The :class:`BlockLayout` of ``tensors`` (a mapping key -> tensor, or only keys: widths then
+    unknown); ``kind_of(module prefix, leaves)`` names the attention kind of a module."""
+    keys = [str(k) for k in tensors]
+    shapes = {}
+    if isinstance(tensors, dict):
+        shapes = {str(k): tuple(v.shape) for k, v in tensors.items() if hasattr(v, 'shape')}
+    modules = attention_modules(keys)
+    blocks = {}  # block prefix -> (stage, index, kind)
+    for module, leaves in modules.items():
+        block = re.sub(r'(?:attn|attns\.\d+)\.$', '', module)
+        match = BLOCK.match(block)
+        if match and block not in blocks:
+            blocks[block] = (match.group(1), int(match.group(2)), kind_of(module, leaves))
+    stages = {}
+    for block, (stage, index, kind) in blocks.items():
+        stages.setdefault(stage, {})[index] = (block, kind)
+    out = []
+    for stage in sorted(stages, key=_natural):
+        entries = [stages[stage][i] for i in sorted(stages[stage])]
+        first = entries[0][0]
+        lengths = [shape[0] for key, shape in shapes.items() if key.startswith(first) and len(shape) == 1
+                   and not any(key.startswith(m) for m in modules)]
+        width = max(sorted(set(lengths)), key=lengths.count) if lengths else None
+        out.append((stage, tuple(kind for _, kind in entries), width))
+    return BlockLayout(tuple(out))
+
+
 def _ends_with(pattern, suffix):
     return pattern == suffix or pattern.endswith('.' + suffix)
 
@@ -86,6 +184,8 @@ class KnownModel:
         softmax: the kind is the architecture's softmax.
         released: a registered preset (released weights exist); preferred when a file fits several.
         fix: how to build a model for such a file (``"build type='PolaPVT'"``).
+        letter: the kind's letter in the official per-stage layouts (``'L'``).
+        sizes: ``sizes()`` -> ``{arch name: (short name, BlockLayout)}`` of its presets, for messages.
     """
     name: str
     official: str
@@ -98,6 +198,8 @@ class KnownModel:
     softmax: bool = False
     released: bool = False
     fix: str = ''
+    letter: str = ''
+    sizes: Optional[Callable] = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -183,8 +285,9 @@ class KeySignature:
         family: the model's architecture (``'pvt'``; mmpola.registry.ARCHITECTURES), or ''.
         official: the model's name as a checkpoint (``'Pola-PVT'``).
         paper: the release its attention comes from (``'PolaFormer'``), for the fix.
-        unchecked: kinds a file need not have (the architecture's softmax: a file of another
-            per-stage layout still loads, with those attentions reported missing).
+        unchecked: kinds a file need not have somewhere (the architecture's softmax).
+        layout: the model's :class:`BlockLayout` (its blocks per stage, their widths and kinds).
+        letters: ``{kind: letter}`` of the official per-stage layouts, for messages.
     """
     runtime_buffers = RUNTIME_BUFFERS
 
@@ -199,10 +302,12 @@ class KeySignature:
     official: str = ''
     paper: str = ''
     unchecked: FrozenSet[str] = frozenset()
+    layout: BlockLayout = BlockLayout()
+    letters: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of_model(cls, state_dict, modules, titles, exclude=(), name='the model', hint=None, official='', paper='',
-                 unchecked=(), family=''):
+                 unchecked=(), family='', letters=None):
         """The signature of a model's ``state_dict``; ``modules``: ``{attention module name: kind}``;
         keys of the ``exclude`` modules (dense-only output norms) are left out."""
         keys = [k for k in state_dict if not any(k == m or k.startswith(m + '.') for m in exclude)]
@@ -218,14 +323,19 @@ class KeySignature:
         for prefix, kind in prefixes.items():
             if kind not in kinds:
                 kinds[kind] = leaf_signature(k[len(prefix):] for k in keys if k.startswith(prefix))
+        layout = block_layout({k: state_dict[k] for k in keys},
+                              lambda module, leaves: prefixes.get(module, UNKNOWN_KIND))
         return cls(name=name, hint=hint or (next(iter(keys), '') + '*'), structure=frozenset(structure),
                    attention_prefixes=frozenset(key_pattern(p) for p in prefixes), kinds=kinds,
                    examples=examples, titles=dict(titles), family=family, official=official or name, paper=paper,
-                   unchecked=frozenset(unchecked))
+                   unchecked=frozenset(unchecked), layout=layout, letters=dict(letters or {}))
 
-    def check(self, keys, source, prefix=''):
+    def check(self, keys, source, prefix='', layout=True, partial_option=None):
         """Raise :class:`~mmpola.checkpoint.CheckpointMismatchError` if the file with these keys (the
-        model's key space, prefix stripped) is not for this model."""
+        model's key space, prefix stripped; a mapping to the tensors also compares the widths) is not
+        for this model: another architecture or attention kind, and with ``layout`` other blocks
+        (:meth:`check_layout`, whose message offers ``partial_option``)."""
+        tensors = keys if isinstance(keys, dict) else None
         keys = list(keys)
         patterns = {key_pattern(k) for k in keys}
         covered = len(self.structure & patterns) / max(len(self.structure), 1)
@@ -242,6 +352,76 @@ class KeySignature:
         for kind, leaves in self.kinds.items():
             if kind not in self.unchecked and leaves not in groups:
                 raise self._other_kind(keys, kind, source)
+        if layout:
+            self.check_layout(tensors if tensors is not None else keys, source, partial_option)
+
+    def _kind_of_leaves(self):
+        """``(module prefix, leaves) -> kind`` by the leaf signatures of the model's kinds, then of the
+        known kinds of its architecture."""
+        by_leaves = {}
+        for entry in known_models():
+            if isinstance(entry, KnownModel) and entry.family == self.family:
+                by_leaves.setdefault(entry.leaves, entry.kind)
+        by_leaves.update({leaves: kind for kind, leaves in self.kinds.items()})
+        return lambda module, leaves: by_leaves.get(leaf_signature(leaves), UNKNOWN_KIND)
+
+    def _letters(self):
+        letters = {e.kind: e.letter for e in known_models() if isinstance(e, KnownModel) and e.letter}
+        return dict(letters, **self.letters)
+
+    def _size_name(self, layout, official=None):
+        """``('Pola-PVT-S', 'small')`` when ``layout`` is that of a preset size of this architecture with
+        this official name (or of ``official``), else ``(None, None)``."""
+        official = official or self.official
+        for entry in known_models():
+            if not isinstance(entry, KnownModel) or entry.family != self.family or entry.official != official \
+                    or entry.sizes is None:
+                continue
+            for arch, (short, size_layout) in entry.sizes().items():
+                if not size_layout.differences(layout) and not layout.differences(size_layout):
+                    return f'{official}-{short}', arch
+        return None, None
+
+    def _describe_layout(self, layout, shown, official):
+        name, arch = self._size_name(layout, official)
+        details = [layout.blocks_text()]
+        if 'widths' in shown:
+            details.append(layout.widths_text())
+        if 'attention' in shown:
+            details.append(layout.letters_text(self._letters()))
+        return f'{name or official}: {", ".join(details)}', arch
+
+    def check_layout(self, tensors, source, partial_option=None):
+        """Raise :class:`~mmpola.checkpoint.CheckpointMismatchError` if the blocks of the file with
+        these tensors (or keys: widths not compared) differ from the model's (:class:`BlockLayout`)."""
+        theirs = block_layout(tensors, self._kind_of_leaves())
+        if not theirs.stages or not self.layout.stages:
+            return
+        differ = theirs.differences(self.layout)
+        if not differ:
+            return
+        found = identify(list(tensors))
+        file_official = found.model.official if found.model is not None and found.model.family == self.family \
+            else self.official
+        shown = set(differ)
+        file_text, file_arch = self._describe_layout(theirs, shown, file_official)
+        model_text, _ = self._describe_layout(self.layout, shown, self.official)
+        what = {'blocks': 'blocks per stage', 'widths': 'widths', 'attention': 'attention per stage'}
+        if 'blocks' in differ and sum(theirs.depths) > sum(self.layout.depths):
+            effect = ("the model would get the first blocks of each of the file's stages and the others "
+                      'would stay unused')
+        elif 'blocks' in differ:
+            effect = 'blocks of the model would stay randomly initialised'
+        elif 'widths' in differ:
+            effect = 'only the tensors of the same shape would load, the others would stay randomly initialised'
+        else:
+            effect = 'the attention of the blocks of another kind would stay randomly initialised'
+        build = f" (arch='{file_arch}')" if file_arch else ''
+        raise CheckpointMismatchError(
+            f'checkpoint {source} does not fit {self.name}: the file holds {file_text}, the model is {model_text} '
+            f'(other {" and ".join(what[d] for d in differ)}); loading it, {effect}. Use a checkpoint of this '
+            f'model ({model_text.split(":")[0]}), or build the backbone the file fits{build}; to load the blocks '
+            f'both have on purpose: {partial_option or "strict=False"}.')
 
     def _other_model(self, keys, source, prefix, found=None):
         partly = found is not None  # names shared with another architecture, which the file fits better

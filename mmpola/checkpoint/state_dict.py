@@ -9,13 +9,56 @@ import torch.nn.functional as F
 
 from mmpola.errors import MMPolaUserError
 
-__all__ = ['CheckpointMismatchError', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict']
+__all__ = ['CheckpointMismatchError', 'NonFiniteCheckpointError', 'extract_state_dict', 'find_key_prefix',
+           'resize_state_dict', 'nonfinite_tensors', 'check_finite']
 
 _EMA_KEYS = ('state_dict_ema', 'model_ema')
 
 
 class CheckpointMismatchError(MMPolaUserError, ValueError):
     """The checkpoint does not fit the model (no matching key, another architecture or attention kind)."""
+
+
+class NonFiniteCheckpointError(CheckpointMismatchError):
+    """The checkpoint holds weights that are NaN or infinite."""
+
+
+def nonfinite_tensors(tensors):
+    """``[(name, NaN count, inf count)]`` of the floating-point tensors in ``tensors`` (a mapping) that
+    hold NaN or infinite values, in their order."""
+    out = []
+    for name, value in tensors.items():
+        if not torch.is_tensor(value) or not (value.is_floating_point() or value.is_complex()):
+            continue
+        if value.device.type == 'meta' or bool(torch.isfinite(value).all()):
+            continue
+        out.append((str(name), int(torch.isnan(value).sum()), int(torch.isinf(value).sum())))
+    return out
+
+
+def check_finite(tensors, source, what='weights'):
+    """Raise :class:`NonFiniteCheckpointError` when any floating-point tensor of ``tensors`` (what a
+    loader is about to load from checkpoint ``source``) holds NaN or infinite values, naming the
+    first few and their count.
+
+    A model loaded from such a file predicts nothing (tools/test.py: an empty result set, no metric)
+    or stops its training at the first iteration with a non-finite loss, which points at the data or
+    the learning rate instead of the file."""
+    bad = nonfinite_tensors(tensors)
+    if not bad:
+        return
+    total = sum(1 for v in tensors.values() if torch.is_tensor(v) and v.is_floating_point())
+
+    def count(nan, inf):
+        return ', '.join(p for p in (f'{nan} NaN' if nan else '', f'{inf} inf' if inf else '') if p)
+
+    shown = '; '.join(f'{name} ({count(nan, inf)})' for name, nan, inf in bad[:5])
+    more = f' and {len(bad) - 5} more' if len(bad) > 5 else ''
+    raise NonFiniteCheckpointError(
+        f'checkpoint {source} holds non-finite {what}: {len(bad)} of its {total} floating-point tensors have NaN '
+        f'or infinite values ({shown}{more}), so a model loaded from it would predict nothing or train on NaN. '
+        'It was written after the training diverged, or the file is damaged: use an earlier checkpoint of '
+        'that run (written before its loss became NaN), or download or copy the file again.')
 
 
 def extract_state_dict(checkpoint, use_ema=True):

@@ -18,7 +18,14 @@ import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 
-from mmpola.checkpoint import checkpoint_source, extract_state_dict, find_key_prefix, read_checkpoint, resize_state_dict
+from mmpola.checkpoint import (
+    check_finite,
+    checkpoint_source,
+    extract_state_dict,
+    find_key_prefix,
+    read_checkpoint,
+    resize_state_dict,
+)
 from mmpola.registry import ARCHITECTURES, ATTENTIONS, MODELS
 
 from .attention import attention_letter, attention_options
@@ -27,7 +34,12 @@ from .timm_conventions import TimmClassifierMixin, check_global_pool
 from .utils import PolaConfigError, is_pretrained_cfg
 
 __all__ = ['PolaClassifier', 'PolaPPClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs',
-           'accept_official_checkpoints']
+           'accept_official_checkpoints', 'check_classifier_state_dict', 'PARTIAL_OPTION']
+
+# how the classifier's loaders load a file of other blocks on purpose (their messages say it)
+PARTIAL_OPTION = ("strict=False (model.load_checkpoint(..., strict=False), init_cfg=dict(type='Pretrained', "
+                  'checkpoint=..., strict=False), model.load_state_dict(..., strict=False); timm: '
+                  'create_model(..., pretrained_cfg_overlay=dict(file=...), pretrained_strict=False))')
 
 # backbone arguments the official classification forward fixes (besides the architecture's own)
 _FIXED = ('out_indices', 'out_norm', 'norm_after_stage', 'init_cfg', 'pretrained')
@@ -203,14 +215,28 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
     def load_checkpoint(self, checkpoint, strict=True, use_ema=True, map_location='cpu'):
         """Load an official, mmengine or own checkpoint (path, URL or dict; EMA weights first with
         ``use_ema``): mapped by :func:`checkpoint_filter_fn` (run-time buffers dropped, grids of another
-        pretraining size resized), refused when it is not this architecture's and kind's, then
-        ``load_state_dict(strict)``. Returns the ``load_state_dict`` result."""
+        pretraining size resized), refused when it is not this architecture's and kind's, when it holds
+        other blocks (another depth or per-stage layout; ``strict=False`` loads the blocks both have)
+        or non-finite weights, then ``load_state_dict(strict)``. Returns the ``load_state_dict`` result."""
         source = checkpoint_source(checkpoint)
         state_dict, _ = extract_state_dict(read_checkpoint(checkpoint, map_location), use_ema)
         state_dict = checkpoint_filter_fn(state_dict, self, source)
-        backbone_keys = [k[len('backbone.'):] for k in state_dict if k.startswith('backbone.')]
-        self.backbone.checkpoint_signature().check(backbone_keys, source)
-        return self.load_state_dict(state_dict, strict=strict)
+        check_classifier_state_dict(self, state_dict, source, layout=strict)
+        return super().load_state_dict(state_dict, strict=strict)
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """torch's ``load_state_dict`` of official, mmengine or own state dicts (mapped by the
+        pre-hook of :func:`accept_official_checkpoints`), refused with one message when they hold
+        non-finite weights or (``strict``) other blocks than the model (a deeper or shallower model of
+        the same widths would otherwise fail with torch's list of keys)."""
+        tensors = state_dict
+        for key in ('state_dict', 'model'):  # an unopened checkpoint container
+            if isinstance(state_dict.get(key), dict):
+                tensors = state_dict[key]
+                break
+        tensors = OrderedDict((k, v) for k, v in tensors.items() if torch.is_tensor(v))
+        check_classifier_state_dict(self, checkpoint_filter_fn(tensors, self), 'the given state dict', layout=strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 @MODELS.register_module()
@@ -253,6 +279,27 @@ def checkpoint_filter_fn(state_dict, model, source='the checkpoint'):
     out.update((k, v) for k, v in state_dict.items() if not k.startswith('backbone.')
                and (k in model_state or k.split('.', 1)[0] not in classification_modules))
     return resize_state_dict(out, model_state)[0]
+
+
+def check_classifier_state_dict(model, state_dict, source, layout=True):
+    """Refuse a classifier state dict (already mapped, :func:`checkpoint_filter_fn`) from ``source``
+    that is not for ``model``: another architecture or attention kind, with ``layout`` other blocks
+    (:meth:`mmpola.checkpoint.KeySignature.check_layout`), or non-finite weights (always)."""
+    backbone = OrderedDict((k[len('backbone.'):], v) for k, v in state_dict.items() if k.startswith('backbone.'))
+    model.backbone.checkpoint_signature().check(backbone, source, layout=layout, partial_option=PARTIAL_OPTION)
+    model_state = model.state_dict()
+    check_finite({k: v for k, v in state_dict.items() if k in model_state}, source)
+
+
+def timm_filter_fn(state_dict, model, layout=True):
+    """timm's ``pretrained_filter_fn`` of the entries: :func:`checkpoint_filter_fn`, then the checks of
+    :func:`check_classifier_state_dict` (timm loads without ``strict`` when it resets the head, so the
+    file's blocks are compared here; ``layout=False`` with ``pretrained_strict=False``)."""
+    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    source = next((repr(cfg[k]) for k in ('file', 'url', 'hf_hub_id') if cfg.get(k)), 'the pretrained weights')
+    out = checkpoint_filter_fn(state_dict, model, source)
+    check_classifier_state_dict(model, out, source, layout=layout)
+    return out
 
 
 def official_kwargs_to_classifier_kwargs(kwargs, family=None):

@@ -22,7 +22,9 @@ Checkpoints: official PolaFormer / FLatten / InLine files (``{'model': ..., 'con
 PolaFormer++ files (EMA weights ``state_dict_ema`` used when present), mmengine checkpoints of our
 classification runs (``{'state_dict': ...}``) and bare state dicts all load, through ``checkpoint_path=``
 as well as ``pretrained_cfg_overlay=dict(file=...)``; official keys are mapped by
-:func:`~mmpola.models.classifier.checkpoint_filter_fn`. timm reads them with
+:func:`~mmpola.models.classifier.checkpoint_filter_fn`. A file of other blocks than the entry (a
+``pola_pvt_small`` file for ``pola_pvt_tiny``) or with NaN / inf weights is refused, naming what it
+holds; ``pretrained_strict=False`` loads the blocks both have on purpose. timm reads them with
 ``torch.load(weights_only=True)``; importing mmpola adds the yacs config and mmengine's logging types to
 torch's allowlist (:mod:`mmpola.checkpoint.reading`), so nothing in the file is executed.
 
@@ -32,6 +34,7 @@ names it) into timm's cache (:mod:`mmpola.models.pretrained`). The PolaFormer we
 ``ZachMeng/PolaFormer``, file names not verified) and PolaFormer++'s (Baidu Netdisk) are passed as a file,
 as above; ``pretrained=True`` without one says where they are.
 """
+import functools
 from dataclasses import dataclass, field
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
@@ -41,7 +44,7 @@ from mmpola.registry import ARCHITECTURES
 
 from .attention import attention_title
 from .backbones import backbone_class, preset_of
-from .classifier import PolaClassifier, PolaPPClassifier, accept_official_checkpoints, checkpoint_filter_fn
+from .classifier import PolaClassifier, PolaPPClassifier, accept_official_checkpoints, timm_filter_fn
 from .pretrained import timm_pretrained_overlay
 from .timm_conventions import refuse_scriptable, timm_pretrained_cfg
 
@@ -193,9 +196,10 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
         model_args['pretrained_cfg_overlay'] = timm_pretrained_overlay(variant, overlay)
     if model_args.get('features_only'):
         model_args.setdefault('num_classes', 0)  # a feature extractor carries no classifier
+    strict = model_args.get('pretrained_strict', True)  # False: a file of other blocks loads what fits
     return build_model_with_cfg(
         lambda **args: _build_classifier(entry.classifier, **args), variant, pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
+        pretrained_filter_fn=functools.partial(timm_filter_fn, layout=strict is not False),
         feature_cfg=dict(feature_cls='getter', out_indices=_feature_indices(entry, model_args.get('arch'))),
         **model_args)
 

@@ -11,6 +11,8 @@ started with mmdet's or mmseg's own tools gets them too):
 * :mod:`.nonfinite_pixels`: :class:`NonFinitePixelsHook` (stop at, or skip, input images with NaN / inf
   pixels before they are batched);
 * :mod:`.fit_check`: :class:`CheckpointFitHook` (refuse a checkpoint of another model);
+* :mod:`.dump_results`: ``SafeDumpResults`` (``tools/test.py --out`` written atomically, its path
+  checked first);
 * :mod:`.amp`: :class:`BF16AmpOptimWrapper` (bf16 mixed precision on the CPU and with fp32-only kernels);
 * :mod:`.demo`: ``InitialEvaluationHook`` and the demos' shared course.
 
@@ -40,6 +42,7 @@ from .cli import (
 from .config import is_url, load_config, move_data_root, register_task_modules, set_work_dir
 from .config_check import check_config
 from .demo import InitialEvaluationHook
+from .dump_results import ResultsSaveError, check_out_path
 from .fit_check import CheckpointFitHook
 from .launch import adapt_cfg_to_machine, check_device, init_distributed, replace_sync_bn, setup_amp
 from .nonfinite_loss import NonFiniteLossError, NonFiniteLossHook
@@ -59,11 +62,12 @@ __all__ = [
     'InitialEvaluationHook',
     'BF16AmpOptimWrapper', 'autocast_module',
     # errors of the run
-    'CheckpointSaveError', 'TrainingInterrupted', 'NonFiniteLossError', 'NonFinitePixelsError', 'WorkDirInUseError',
+    'CheckpointSaveError', 'ResultsSaveError', 'TrainingInterrupted', 'NonFiniteLossError', 'NonFinitePixelsError',
+    'WorkDirInUseError',
     # what the tools call
     'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir', 'is_url', 'check_config',
     'run_preflight', 'check_data_files', 'check_dataset_images', 'find_resumable_checkpoint',
     'adapt_cfg_to_machine', 'check_device', 'init_distributed', 'replace_sync_bn', 'setup_amp', 'lock_work_dir',
     'add_launch_args', 'add_check_args', 'parse_tool_args', 'build_runner', 'exit_on_user_error',
-    'enable_test_dump', 'enable_tta', 'enable_test_visualization',
+    'enable_test_dump', 'enable_tta', 'enable_test_visualization', 'check_out_path',
 ]

@@ -9,7 +9,7 @@ import os
 import os.path as osp
 import re
 
-__all__ = ['part_name', 'is_part_file', 'fsync_file', 'fsync_dir', 'write_text_atomic']
+__all__ = ['part_name', 'is_part_file', 'fsync_file', 'fsync_dir', 'write_atomic', 'write_text_atomic']
 
 _PART_RE = re.compile(r'^\..+\.\d+\.part$')
 
@@ -43,13 +43,16 @@ def fsync_file(path):
         os.fsync(f.fileno())
 
 
-def write_text_atomic(path, text):
-    """Write ``text`` to ``path`` so that a reader sees the old or the new content, never a mix."""
+def write_atomic(path, write, mode='wb'):
+    """Call ``write(f)`` on the temporary file of ``path`` (opened with ``mode``), flush it to disk and
+    rename it to ``path``: a reader sees the old file or the complete new one, never a partial write.
+    When ``write`` fails (a full disk), the temporary file is removed, ``path`` is left as it was, and
+    the error propagates."""
     folder, name = osp.split(osp.abspath(path))
     tmp = osp.join(folder, part_name(name))
     try:
-        with open(tmp, 'w') as f:
-            f.write(text)
+        with open(tmp, mode) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -58,3 +61,8 @@ def write_text_atomic(path, text):
             os.remove(tmp)
         raise
     fsync_dir(folder)
+
+
+def write_text_atomic(path, text):
+    """Write ``text`` to ``path`` so that a reader sees the old or the new content, never a mix."""
+    write_atomic(path, lambda f: f.write(text), mode='w')

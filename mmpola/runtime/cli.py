@@ -14,6 +14,7 @@ from mmengine.config import DictAction
 
 from mmpola.errors import MMPolaUserError, UserError
 
+from .dump_results import check_out_path
 from .launch import init_distributed
 
 __all__ = ['exit_on_user_error', 'add_launch_args', 'add_check_args', 'parse_tool_args', 'enable_test_dump',
@@ -77,14 +78,19 @@ def parse_tool_args(parser, argv=None):
 
 
 def enable_test_dump(cfg, out, scope):
-    """``--out``: keep the raw predictions (pickle for mmdet/others, a folder of maps for mmseg)."""
+    """``--out``: keep the raw predictions (pickle for mmdet/others, a folder of maps for mmseg), with
+    the path checked now (:func:`mmpola.runtime.dump_results.check_out_path`) and the pickle written
+    atomically once the evaluation is done (:mod:`mmpola.runtime.dump_results`)."""
     if scope == 'mmseg':
+        check_out_path(out, folder=True)
         cfg.test_evaluator['output_dir'] = out
         cfg.test_evaluator['keep_results'] = True
         return
     if not out.endswith(('.pkl', '.pickle')):
         raise UserError(f'--out {out!r}: the predictions are written as a pickle; use a .pkl name')
-    dump = dict(type='DumpDetResults' if scope == 'mmdet' else 'DumpResults', out_file_path=out)
+    check_out_path(out)
+    dump = dict(type='mmpola.SafeDumpResults', out_file_path=out,
+                dump_type='mmdet.DumpDetResults' if scope == 'mmdet' else 'DumpResults')
     evaluator = cfg.test_evaluator
     if isinstance(evaluator, (list, tuple)):
         cfg.test_evaluator = list(evaluator) + [dump]

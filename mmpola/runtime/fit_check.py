@@ -13,16 +13,22 @@ just read (``after_load_checkpoint``) and raises :class:`mmpola.checkpoint.Check
   matches: a Mask R-CNN file tested with a RetinaNet config of the same backbone loads the
   backbone and would score a random neck and head (:func:`part_fit`).
 
+* when the model's backbone (one of mmpola's) and the file's differ in their blocks (another depth,
+  width or per-stage layout: a Pola-PVT-S detector tested with the Pola-PVT-T config, whose weights all
+  have a tensor of their name and shape in the file), with the backbone loader's message
+  (:meth:`mmpola.checkpoint.KeySignature.check_layout`);
+* always, when a weight that would load is NaN or infinite (:func:`mmpola.checkpoint.check_finite`).
+
 The message names the counts, the parts and what the file looks like. Fine-tuning from another
-model (``load_from`` in training) needs only the share. ``min_loaded`` comes from the hook's
-argument, else from the config's top-level ``checkpoint_min_loaded`` (``--cfg-options
-checkpoint_min_loaded=0`` loads anything and checks no part), else 0.5.
+model (``load_from`` in training) needs only the share and the same blocks. ``min_loaded`` comes from
+the hook's argument, else from the config's top-level ``checkpoint_min_loaded`` (``--cfg-options
+checkpoint_min_loaded=0`` loads anything finite and checks no part), else 0.5.
 """
 import re
 
 from mmengine.hooks import Hook
 
-from mmpola.checkpoint import CheckpointMismatchError, describe_checkpoint
+from mmpola.checkpoint import CheckpointMismatchError, check_finite, describe_checkpoint
 from mmpola.errors import UserError
 from mmpola.registry import HOOKS
 
@@ -168,16 +174,24 @@ class CheckpointFitHook(Hook):
             self.min_loaded = _share(runner.cfg.get(OPTION, DEFAULT_MIN_LOADED))
 
     def after_load_checkpoint(self, runner, checkpoint):
+        model = _bare_model(runner.model)
+        source = runner.cfg.get('load_from') or 'the checkpoint'
+        named = repr(source) if runner.cfg.get('load_from') else source  # how the messages name it
+        state_dict = _as_loaded(model, checkpoint)
+        model_state = model.state_dict()
+        check_finite({k: v for k, v in state_dict.items() if k in model_state}, named)
         if self.min_loaded <= 0:
             return
         loaded, total, loaded_n, total_n = checkpoint_fit(runner.model, checkpoint)
         if total == 0:
             return
-        model = _bare_model(runner.model)
         backbone = getattr(model, 'backbone', None)
         name = type(model).__name__ + (f' ({type(backbone).__name__} backbone)' if backbone is not None else '')
-        source = runner.cfg.get('load_from') or 'the checkpoint'
         if loaded >= self.min_loaded * total:
+            if hasattr(backbone, 'checkpoint_signature'):
+                tensors = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+                backbone.checkpoint_signature().check_layout(tensors, named,
+                                                             partial_option=f'--cfg-options {OPTION}=0')
             purpose = _purpose(runner)
             if purpose == 'train':
                 return

@@ -39,7 +39,7 @@ def test_other_libraries_and_unknown_files():
     assert describe_checkpoint({'encoder.weight': torch.zeros(1)}).startswith('a checkpoint of an unknown model')
 
 
-def test_check_takes_the_models_own_files_at_any_depth_and_refuses_others():
+def test_check_takes_the_models_own_files_and_refuses_others():
     tiny = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])
     with torch.device('meta'):
         model = PolaPVT(arch=tiny, out_norm=True)
@@ -48,7 +48,11 @@ def test_check_takes_the_models_own_files_at_any_depth_and_refuses_others():
         swin = SwinBackbone(arch=dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8]), attn='pola')
         polapp = PolaPP(arch='b0')
     signature = model.checkpoint_signature()
-    signature.check(deeper.state_dict(), 'a deeper file')  # patterns: the depth does not matter
+    # the patterns do not tell the depth; the blocks do (a deeper file loads only on purpose)
+    signature.check(deeper.state_dict(), 'a deeper file', layout=False)
+    with pytest.raises(CheckpointMismatchError, match=r'the file holds Pola-PVT: 2-3-2-1 blocks, the model is '
+                                                      r'Pola-PVT: 1-1-1-1 blocks.*on purpose: strict=False'):
+        signature.check(deeper.state_dict(), 'a deeper file')
     signature.check([k for k in model.state_dict() if not k.startswith('norm')], 'no output norms')
     with pytest.raises(CheckpointMismatchError, match=r"none of the Pola attention weights of PolaPVT .*it looks "
                                                       r"like a FLatten-PVT checkpoint.*build type='FLattenPVT'"):

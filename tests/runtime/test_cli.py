@@ -12,7 +12,9 @@ def test_test_time_adapters_follow_each_library():
     det = Config(dict(test_evaluator=dict(type='CocoMetric'), default_hooks=dict(visualization=dict(draw=False)),
                       visualizer=dict(type='DetLocalVisualizer')))
     enable_test_dump(det, 'out.pkl', 'mmdet')
-    assert [e['type'] for e in det.test_evaluator] == ['CocoMetric', 'DumpDetResults']
+    # mmdet's DumpDetResults, written atomically (mmpola.runtime.dump_results)
+    assert [(e['type'], e.get('dump_type')) for e in det.test_evaluator] == \
+        [('CocoMetric', None), ('mmpola.SafeDumpResults', 'mmdet.DumpDetResults')]
     with pytest.raises(UserError):
         enable_test_dump(copy.deepcopy(det), 'out.json', 'mmdet')
     enable_test_visualization(det, 'vis', 'mmdet')

@@ -206,8 +206,10 @@ class DenseBackbone(BaseModule):
             older spelling: deprecated, use ``attn=dict(...)``.
         pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, use_ema=True,
-            map_final_norm=False, map_location='cpu')`` loads through
-            :func:`mmpola.checkpoint.load_checkpoint`; other configs go to mmengine.
+            map_final_norm=False, map_location='cpu', strict=None)`` loads through
+            :func:`mmpola.checkpoint.load_checkpoint` (``strict=False``: also the blocks a file of
+            another depth or per-stage layout shares with the model, on purpose); other configs go
+            to mmengine.
 
     Stages after ``max(out_indices)`` are built (so checkpoints load unchanged) but not run.
     """
@@ -468,7 +470,7 @@ class DenseBackbone(BaseModule):
         if is_pretrained_cfg(self.init_cfg):
             cfg = dict(self.init_cfg)
             load_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'), use_ema=cfg.get('use_ema', True),
-                            map_final_norm=cfg.get('map_final_norm', False),
+                            map_final_norm=cfg.get('map_final_norm', False), strict=cfg.get('strict'),
                             map_location=cfg.get('map_location', 'cpu'))
             self._is_init = True
         else:
@@ -513,8 +515,8 @@ class DenseBackbone(BaseModule):
 
     def checkpoint_signature(self):
         """What a checkpoint of this model holds (:class:`mmpola.checkpoint.KeySignature`): the key
-        patterns outside the attention, and the parameter names of each attention kind (the
-        softmax's need not be in a file)."""
+        patterns outside the attention, the parameter names of each attention kind (the
+        softmax's need not be in a file) and the blocks per stage (:class:`mmpola.checkpoint.BlockLayout`)."""
         modules = {}
         for name, module in self.named_modules():
             kind = attention_kind_of(module)
@@ -525,7 +527,8 @@ class DenseBackbone(BaseModule):
         return KeySignature.of_model(self.state_dict(), modules, {k: attention_title(k) for k in kinds},
                                      exclude=self.dense_only_modules(), name=type(self).__name__,
                                      hint=self.official_key_pattern, official=self.official_name, paper=paper,
-                                     unchecked=[self.softmax_attn], family=self.family)
+                                     unchecked=[self.softmax_attn], family=self.family,
+                                     letters={k: attention_letter(k) for k in kinds})
 
     # ---------------------------------------------------------------------------------------------
     # freezing

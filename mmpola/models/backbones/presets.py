@@ -184,7 +184,36 @@ def _known_entries(family, arch, kind):
         fix = f"build type='{arch.__name__}' with attn=dict(type='{kind}')"
     return [KnownModel(name=name, official=official, release=release, family=family, kind=kind,
                        structure=signature.structure, attention_prefix=sorted(signature.attention_prefixes)[0],
-                       leaves=signature.kinds[kind], softmax=softmax, released=preset is not None, fix=fix)]
+                       leaves=signature.kinds[kind], softmax=softmax, released=preset is not None, fix=fix,
+                       letter=attention_letter(kind), sizes=lambda: _size_layouts(family, arch, kind))]
+
+
+# the short names of the preset sizes in a file's name ('Pola-PVT-S'); others as they are ('b0')
+_SIZE_NAMES = {'tiny': 'T', 'small': 'S', 'medium': 'M', 'large': 'L', 'base': 'B', 'base_384': 'B-384'}
+_SIZES = {}
+
+
+def _size_layouts(family, arch, kind):
+    """``{arch name: (short name, BlockLayout)}`` of every preset size of ``arch`` with ``kind`` as its
+    release builds it (the preset's per-stage layout; softmax: every stage 'S'), built on the meta device
+    once, when a message needs it."""
+    key = (arch, kind)
+    if key not in _SIZES:
+        cls = backbone_class(family, kind) if preset_of(family, kind) is not None else arch
+        out = {}
+        for size, settings in cls.arch_settings.items():
+            kwargs = dict(arch=size, init_cfg=None)
+            if preset_of(family, kind) is None:
+                kwargs['attn'] = None if kind == arch.softmax_attn else dict(type=kind)
+                letter = 'S' if kind == arch.softmax_attn else attention_letter(kind)
+                kwargs['attn_type'] = letter * arch.stages_of(settings)
+            try:
+                with torch.device('meta'):
+                    out[size] = (_SIZE_NAMES.get(size, size), cls(**kwargs).checkpoint_signature().layout)
+            except Exception:  # a size this kind cannot build
+                continue
+        _SIZES[key] = out
+    return _SIZES[key]
 
 
 def known_models():
