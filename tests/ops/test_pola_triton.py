@@ -186,3 +186,24 @@ def test_example_inputs_of_the_op():
     grad_out = torch.randn(tensors[0].shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     actual = forward_backward(pola_attention_triton, tensors, grad_out, alpha=alpha, eps=eps)
     assert_matches(actual, float64_reference(tensors, grad_out, alpha=alpha, eps=eps), 1e-5)
+
+
+def test_backbone_with_triton_matches_fast():
+    """A Pola-PVT with attn_impl='triton' (the models' calling convention: the scale parameter's per-head
+    view, the fp32 island): same stage outputs and parameter gradients as with 'fast'."""
+    from mmpola.models import PolaPVT
+    arch = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])
+    torch.manual_seed(0)
+    # eval mode: no drop path, so both models compute the same function (gradients flow all the same)
+    models = {impl: PolaPVT(arch=arch, attn_impl=impl).to(DEVICE).eval() for impl in ('fast', 'triton')}
+    models['triton'].load_state_dict(models['fast'].state_dict())
+    x = torch.randn(2, 3, 64, 96, device=DEVICE)
+    outs = {}
+    for impl, model in models.items():
+        outs[impl] = model(x)
+        sum((o * o).mean() for o in outs[impl]).backward()
+    for a, e in zip(outs['triton'], outs['fast']):
+        assert relative_error(a.detach(), e.detach()) <= 1e-5
+    fast = dict(models['fast'].named_parameters())
+    for name, param in models['triton'].named_parameters():
+        assert relative_error(param.grad, fast[name].grad) <= 1e-5, name
