@@ -12,10 +12,11 @@ matrix W of :func:`~mmpola.ops.pola.pola_attention_fast` held as two d x d halve
 Forward, two kernels:
 
 1. key pass, grid (B*h, key chunks): each program sums ``x+^T v``, ``x-^T v`` (``tl.dot``) and the
-   token sums of x+, x- over its chunk of keys and writes them to a per-chunk fp32 buffer; one torch
+   token sums of x+, x- over its chunk of keys and writes them as one fp32 record per chunk; one torch
    ``.sum`` over the chunks (deterministic, no atomics) gives the per-head summaries;
-2. query pass, grid (B*h, query blocks): feature map, both numerators (two ``tl.dot``), both
-   normalisers and the division, written in the input dtype.
+2. query pass, grid (B*h, query blocks): feature map, W+- and m+- from the summaries (the 1/n
+   applied on load), both numerators (two ``tl.dot``), both normalisers and the division, written in
+   the input dtype.
 
 Saved for backward: q, k, v (as given), s, p and the per-head summaries (KV+, KV-, key sums): no
 (B, h, N, 2d) feature map is stored; the backward kernels recompute them.
@@ -23,10 +24,11 @@ Saved for backward: q, k, v (as given), s, p and the per-head summaries (KV+, KV
 Backward, two kernels:
 
 1. query pass, grid (B*h, query chunks): recomputes the query features, numerators and normalisers;
-   writes dL/dq; per chunk it writes the partial sums of dL/dW+ = x+^T (g z), dL/dW- and dL/dm+-
+   writes dL/dq; per chunk one record of the partial sums of dL/dW+ = x+^T (g z), dL/dW- and dL/dm+-
    (the normalisers' gradients) and of the feature-map terms for dL/ds and dL/dp;
 2. key pass, grid (B*h, key chunks), after a torch ``.sum`` over the query chunks: recomputes the key
-   features; writes dL/dk and dL/dv; per chunk the partial sums for dL/ds and dL/dp.
+   features; dL/dKV+- are dL/dW+- with W's column swap undone; writes dL/dk and dL/dv; per chunk the
+   partial sums for dL/ds and dL/dp.
 
 The feature-map backward is that of :func:`~mmpola.ops.pola._feature_map_backward`: with
 gm = g+ * x+ + g- * x- (disjoint supports), dL/dt = p * gm / t (0 at t = 0), dL/ds = -p * sum(gm) / s,
@@ -83,7 +85,7 @@ if triton_available() is None:
                  value.to(base.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _pola_fwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, kv_ptr, ksum_ptr, H, n, d, chunk,
+    def _pola_fwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, part_ptr, H, n, d, chunk,
                        sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                        BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per key chunk: x+^T v, x-^T v (BD x BD each) and the token sums of x+, x- (fp32 partials)."""
@@ -109,27 +111,34 @@ if triton_available() is None:
             kv_neg = _mm(tl.trans(km), vt, kv_neg, PREC)
             sum_pos += tl.sum(kp, axis=0)
             sum_neg += tl.sum(km, axis=0)
-        part = bh * num_chunks + c
-        square = offs_d[:, None] * BD + offs_d[None, :]
-        tl.store(kv_ptr + part * 2 * BD * BD + square, kv_pos)
-        tl.store(kv_ptr + part * 2 * BD * BD + BD * BD + square, kv_neg)
-        tl.store(ksum_ptr + part * 2 * BD + offs_d, sum_pos)
-        tl.store(ksum_ptr + part * 2 * BD + BD + offs_d, sum_neg)
+        _store_summary(part_ptr + (bh * num_chunks + c) * (2 * BD * BD + 2 * BD), kv_pos, kv_neg, sum_pos, sum_neg,
+                       BD)
 
     @triton.jit
-    def _load_summaries(kv_ptr, km_ptr, bh, half, BD: tl.constexpr, ACC: tl.constexpr):
-        """W+, W- (KV+ / KV- on the same-sign columns, swapped on the opposite-sign ones) and m+, m-."""
+    def _store_summary(ptr, a_pos, a_neg, u_pos, u_neg, BD: tl.constexpr):
+        """One summary record: two BD x BD matrices, then two BD vectors."""
         offs_d = tl.arange(0, BD)
         square = offs_d[:, None] * BD + offs_d[None, :]
-        kv_pos = tl.load(kv_ptr + bh * 2 * BD * BD + square).to(ACC)
-        kv_neg = tl.load(kv_ptr + bh * 2 * BD * BD + BD * BD + square).to(ACC)
+        tl.store(ptr + square, a_pos)
+        tl.store(ptr + BD * BD + square, a_neg)
+        tl.store(ptr + 2 * BD * BD + offs_d, u_pos)
+        tl.store(ptr + 2 * BD * BD + BD + offs_d, u_neg)
+
+    @triton.jit
+    def _load_summaries(ptr, half, scale, BD: tl.constexpr, ACC: tl.constexpr):
+        """From a record (KV+, KV-, key sums), times ``scale``: W+, W- (KV+ / KV- on the same-sign
+        columns, swapped on the opposite-sign ones) and m+, m-."""
+        offs_d = tl.arange(0, BD)
+        square = offs_d[:, None] * BD + offs_d[None, :]
+        kv_pos = tl.load(ptr + square).to(ACC) * scale
+        kv_neg = tl.load(ptr + BD * BD + square).to(ACC) * scale
         same = offs_d[None, :] < half
-        m_pos = tl.load(km_ptr + bh * 2 * BD + offs_d).to(ACC)
-        m_neg = tl.load(km_ptr + bh * 2 * BD + BD + offs_d).to(ACC)
+        m_pos = tl.load(ptr + 2 * BD * BD + offs_d).to(ACC) * scale
+        m_neg = tl.load(ptr + 2 * BD * BD + BD + offs_d).to(ACC) * scale
         return tl.where(same, kv_pos, kv_neg), tl.where(same, kv_neg, kv_pos), m_pos, m_neg
 
     @triton.jit
-    def _pola_fwd_queries(q_ptr, s_ptr, p_ptr, kv_ptr, km_ptr, o_ptr, H, N, d, half, eps,
+    def _pola_fwd_queries(q_ptr, s_ptr, p_ptr, sum_ptr, o_ptr, H, N, d, half, inv_n, eps,
                           sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
                           BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per query block: both numerators (x+ @ W+ + x- @ W-), both normalisers, the output."""
@@ -140,7 +149,7 @@ if triton_available() is None:
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        w_pos, w_neg, m_pos, m_neg = _load_summaries(kv_ptr, km_ptr, bh, half, BD, ACC)
+        w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
         qp, qm, _ = _features(_load_rows(q_ptr + b * sq_b + h * sq_h, offs_m, offs_d, N, d, sq_n, sq_d, ACC), s, p)
         num = _mm(qm, w_neg, _mm(qp, w_pos, tl.zeros((BLOCK_M, BD), dtype=ACC), PREC), PREC)
         z_same = 1.0 / (tl.sum(qp * m_pos[None, :] + qm * m_neg[None, :], axis=1) + eps)
@@ -149,11 +158,10 @@ if triton_available() is None:
         _store_rows(o_ptr + b * so_b + h * so_h, num * z, offs_m, offs_d, N, d, so_n, so_d)
 
     @triton.jit
-    def _pola_bwd_queries(q_ptr, g_ptr, s_ptr, p_ptr, kv_ptr, km_ptr, dq_ptr, dw_ptr, dm_ptr, dsp_ptr,
-                          H, N, d, half, eps, chunk,
+    def _pola_bwd_queries(q_ptr, g_ptr, s_ptr, p_ptr, sum_ptr, dq_ptr, part_ptr, H, N, d, half, inv_n, eps, chunk,
                           sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
                           BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
-        """Per query chunk: dL/dq; partial dL/dW+-, dL/dm+- and the sums sum(gm), sum(gm * log2|x|)."""
+        """Per query chunk: dL/dq; a record of partial dL/dW+-, dL/dm+- and of sum(gm), sum(gm * log2|x|)."""
         bh = tl.program_id(0)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
@@ -162,7 +170,7 @@ if triton_available() is None:
         offs_d = tl.arange(0, BD)
         s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        w_pos, w_neg, m_pos, m_neg = _load_summaries(kv_ptr, km_ptr, bh, half, BD, ACC)
+        w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
         same = offs_d[None, :] < half
         q_base = q_ptr + b * sq_b + h * sq_h
         g_base = g_ptr + b * sg_b + h * sg_h
@@ -198,17 +206,13 @@ if triton_available() is None:
             gm_log += tl.sum(gm * lx, axis=0)
             dq = p[None, :] * gm / tl.where(qt == 0, 1.0, qt)  # gm = 0 where t = 0
             _store_rows(dq_base, dq, offs_m, offs_d, N, d, sdq_n, sdq_d)
-        part = bh * num_chunks + c
-        square = offs_d[:, None] * BD + offs_d[None, :]
-        tl.store(dw_ptr + part * 2 * BD * BD + square, dw_pos)
-        tl.store(dw_ptr + part * 2 * BD * BD + BD * BD + square, dw_neg)
-        tl.store(dm_ptr + part * 2 * BD + offs_d, dm_pos)
-        tl.store(dm_ptr + part * 2 * BD + BD + offs_d, dm_neg)
-        tl.store(dsp_ptr + part * 2 * BD + offs_d, gm_sum)
-        tl.store(dsp_ptr + part * 2 * BD + BD + offs_d, gm_log)
+        record = part_ptr + (bh * num_chunks + c) * (2 * BD * BD + 4 * BD)
+        _store_summary(record, dw_pos, dw_neg, dm_pos, dm_neg, BD)
+        tl.store(record + 2 * BD * BD + 2 * BD + offs_d, gm_sum)
+        tl.store(record + 2 * BD * BD + 3 * BD + offs_d, gm_log)
 
     @triton.jit
-    def _pola_bwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, dw_ptr, dm_ptr, dk_ptr, dv_ptr, dsp_ptr,
+    def _pola_bwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, dsum_ptr, dk_ptr, dv_ptr, part_ptr,
                        H, n, d, half, inv_n, chunk,
                        sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                        sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
@@ -223,11 +227,8 @@ if triton_available() is None:
         s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         # dL/dW+- -> dL/dKV+- (the same column swap as W), with the 1/n of the key mean and of KV
-        dw_pos, dw_neg, dm_pos, dm_neg = _load_summaries(dw_ptr, dm_ptr, bh, half, BD, ACC)
-        dkv_pos = dw_pos * inv_n
-        dkv_neg = dw_neg * inv_n
-        dm_pos = dm_pos * inv_n
-        dm_neg = dm_neg * inv_n
+        dkv_pos, dkv_neg, dm_pos, dm_neg = _load_summaries(dsum_ptr + bh * (2 * BD * BD + 4 * BD), half, inv_n, BD,
+                                                           ACC)
         k_base = k_ptr + b * sk_b + h * sk_h
         v_base = v_ptr + b * sv_b + h * sv_h
         dk_base = dk_ptr + b * sdk_b + h * sdk_h
@@ -249,10 +250,13 @@ if triton_available() is None:
             gm_log += tl.sum(gm * lx, axis=0)
             dk = p[None, :] * gm / tl.where(kt == 0, 1.0, kt)
             _store_rows(dk_base, dk, offs_n, offs_d, n, d, sdk_n, sdk_d)
-        part = bh * num_chunks + c
-        tl.store(dsp_ptr + part * 2 * BD + offs_d, gm_sum)
-        tl.store(dsp_ptr + part * 2 * BD + BD + offs_d, gm_log)
+        record = part_ptr + (bh * num_chunks + c) * 2 * BD
+        tl.store(record + offs_d, gm_sum)
+        tl.store(record + BD + offs_d, gm_log)
 
+
+# the dtype of the kernels' partial sums per accumulator dtype
+_WORK = {tl.float32: torch.float32, tl.float64: torch.float64} if triton_available() is None else {}
 
 # Programs per streaming multiprocessor that the token-chunked kernels aim for; a CPU (the
 # interpreter) counts as this many "multiprocessors".
@@ -284,69 +288,57 @@ def _chunking(tokens, heads, block, device):
     return chunk, triton.cdiv(tokens, chunk)
 
 
-def _strides(t):
-    return tuple(t.stride())
-
-
 class _PolaTriton(torch.autograd.Function):
+    """The kernels' autograd: q, k, v (B, h, N|n, d) of any strides, s and p (B*h, d) contiguous."""
 
     @staticmethod
     def forward(ctx, q, k, v, s, p, eps):
         B, H, N, d = q.shape
         n = k.shape[2]
+        bh = B * H
         bd, block, warps, bwd_warps = _block_config(d)
         acc = tl.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype) else tl.float32
         prec = 'ieee' if q.dtype in (torch.float32, torch.float64) else 'tf32'
-        work = torch.float64 if acc == tl.float64 else torch.float32
-        bh = B * H
+        options = dict(BD=bd, ACC=acc, PREC=prec)
         chunk, chunks = _chunking(n, bh, block, q.device)
-        kv = torch.empty(bh, chunks, 2, bd, bd, device=q.device, dtype=work)
-        ksum = torch.empty(bh, chunks, 2, bd, device=q.device, dtype=work)
-        _pola_fwd_keys[(bh, chunks)](k, v, s, p, kv, ksum, H, n, d, chunk, *_strides(k), *_strides(v),
-                                     BLOCK_N=block, BD=bd, ACC=acc, PREC=prec, num_warps=warps)
-        kv = kv.sum(1).mul_(1.0 / n)
-        kmean = ksum.sum(1).mul_(1.0 / n)
+        # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
+        parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
+        _pola_fwd_keys[(bh, chunks)](k, v, s, p, parts, H, n, d, chunk, *k.stride(), *v.stride(),
+                                     BLOCK_N=block, num_warps=warps, **options)
+        sums = parts.sum(1)
         out = torch.empty(B, H, N, d, device=q.device, dtype=q.dtype)
         _pola_fwd_queries[(bh, triton.cdiv(N, block))](
-            q, s, p, kv, kmean, out, H, N, d, d // 2, eps, *_strides(q), *_strides(out),
-            BLOCK_M=block, BD=bd, ACC=acc, PREC=prec, num_warps=warps)
-        ctx.save_for_backward(q, k, v, s, p, kv, kmean)
-        ctx.config = (eps, bd, block, bwd_warps, acc, prec)
+            q, s, p, sums, out, H, N, d, d // 2, 1.0 / n, eps, *q.stride(), *out.stride(),
+            BLOCK_M=block, num_warps=warps, **options)
+        ctx.save_for_backward(q, k, v, s, p, sums)
+        ctx.config = (eps, block, bwd_warps, options)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, s, p, kv, kmean = ctx.saved_tensors
-        eps, bd, block, warps, acc, prec = ctx.config
+        q, k, v, s, p, sums = ctx.saved_tensors
+        eps, block, warps, options = ctx.config
         B, H, N, d = q.shape
         n = k.shape[2]
-        bh = B * H
-        work = kv.dtype
-        dq = torch.empty_like(q)
-        dk = torch.empty_like(k)
-        dv = torch.empty_like(v)
+        bh, bd = B * H, options['BD']
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         chunk, chunks = _chunking(N, bh, block, q.device)
-        dw = torch.empty(bh, chunks, 2, bd, bd, device=q.device, dtype=work)
-        dm = torch.empty(bh, chunks, 2, bd, device=q.device, dtype=work)
-        dsp_q = torch.empty(bh, chunks, 2, bd, device=q.device, dtype=work)
+        # per query chunk: dL/dW+, dL/dW- (bd x bd), dL/dm+, dL/dm-, sum(gm), sum(gm * log2|x|) (bd each)
+        parts = sums.new_empty(bh, chunks, 2 * bd * bd + 4 * bd)
         _pola_bwd_queries[(bh, chunks)](
-            q, grad_out, s, p, kv, kmean, dq, dw, dm, dsp_q, H, N, d, d // 2, eps, chunk,
-            *_strides(q), *_strides(grad_out), *_strides(dq),
-            BLOCK_M=block, BD=bd, ACC=acc, PREC=prec, num_warps=warps)
-        dw = dw.sum(1)
-        dm = dm.sum(1)
+            q, grad_out, s, p, sums, dq, parts, H, N, d, d // 2, 1.0 / n, eps, chunk,
+            *q.stride(), *grad_out.stride(), *dq.stride(), BLOCK_M=block, num_warps=warps, **options)
+        query_sums = parts.sum(1)
         chunk, chunks = _chunking(n, bh, block, q.device)
-        dsp_k = torch.empty(bh, chunks, 2, bd, device=q.device, dtype=work)
+        parts = sums.new_empty(bh, chunks, 2 * bd)  # per key chunk: sum(gm), sum(gm * log2|x|)
         _pola_bwd_keys[(bh, chunks)](
-            k, v, s, p, dw, dm, dk, dv, dsp_k, H, n, d, d // 2, 1.0 / n, chunk,
-            *_strides(k), *_strides(v), *_strides(dk), *_strides(dv),
-            BLOCK_N=block, BD=bd, ACC=acc, PREC=prec, num_warps=warps)
-        # (B*h, 2, bd): sum(gm) and sum(gm * log2|x|) over all query and key tokens
-        dsp = dsp_q.sum(1) + dsp_k.sum(1)
-        gm_sum = dsp[:, 0, :d].reshape(s.shape)
-        grad_s = gm_sum.mul(p).div_(s).neg_()
-        grad_p = dsp[:, 1, :d].reshape(p.shape).mul_(math.log(2.0))
+            k, v, s, p, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n, chunk,
+            *k.stride(), *v.stride(), *dk.stride(), *dv.stride(), BLOCK_N=block, num_warps=warps, **options)
+        # over all query and key tokens: sum(gm) (-> dL/ds = -p sum(gm) / s) and sum(gm * log2|x|) (-> dL/dp)
+        gm = (query_sums[:, 2 * bd * bd + 2 * bd:] + parts.sum(1)).view(bh, 2, bd)[..., :d]
+        grad_s = gm[:, 0].mul(p).div_(s).neg_()
+        grad_p = gm[:, 1].mul(math.log(2.0))
         return dq, dk, dv, grad_s, grad_p, None
 
 
