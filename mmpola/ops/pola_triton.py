@@ -38,8 +38,10 @@ their gradients back to the parameters' shapes.
 
 Inputs: float32, float16 or bfloat16 (float64 under the interpreter, computed in float64), any strides
 (views of a projection need no copy); computed in float32 (float64), output in q's dtype. The d x d
-products run in IEEE fp32 for float32 inputs and in TF32 for float16 / bfloat16 inputs (whose own
-rounding is coarser). Head dims of any even size (blocks padded to a power of two >= 16, masked).
+products run on tensor cores: three TF32 products each (about fp32 accuracy) for float32 inputs, one
+TF32 product for float16 / bfloat16 inputs (whose own rounding is coarser); float32 at d = 128 in IEEE
+fp32. Head dims of any even
+size (blocks padded to a power of two >= 16, masked).
 """
 import math
 
@@ -264,13 +266,27 @@ _PROGRAMS_PER_SM = 4
 _CPU_SMS = 2
 
 
-def _block_config(d):
-    """(head dim block, token block, warps of the forward kernels, warps of the backward kernels): the
-    backward kernels hold four d x d tiles besides their token tiles."""
+def _launch_config(d):
+    """(head dim block, (token block, warps) of the forward kernels, (token block, warps) of the backward
+    kernels) for head dim d. The backward kernels keep four d x d tiles live besides their token tiles,
+    hence their shorter token blocks. With :func:`_dot_precision` and one stage, no kernel needs more than
+    160 KiB of shared memory (H100 / H200: 227 KiB, A100: 163 KiB); GPUs with less (99 KiB: sm_86, sm_89)
+    run float16 / bfloat16 inputs up to d = 64 and float32 up to d = 32."""
     bd = max(16, triton.next_power_of_2(d))
+    if bd <= 32:
+        return bd, (64, 4), (32, 8)
     if bd <= 64:
-        return bd, 64, 4, 8
-    return bd, 32, 8, 16
+        return bd, (64, 8), (16, 8)
+    return bd, (32, 8), (16, 8)
+
+
+def _dot_precision(dtype, bd):
+    """tl.dot's input precision: three TF32 products (about fp32 accuracy, on tensor cores) for float32
+    inputs, one TF32 product for float16 / bfloat16 inputs (coarser themselves), IEEE for float64 and for
+    float32 at head dims above 64 (the split operands of three products would not fit in shared memory)."""
+    if dtype == torch.float64 or (dtype == torch.float32 and bd > 64):
+        return 'ieee'
+    return 'tf32x3' if dtype == torch.float32 else 'tf32'
 
 
 def _num_sms(device):
@@ -296,10 +312,10 @@ class _PolaTriton(torch.autograd.Function):
         B, H, N, d = q.shape
         n = k.shape[2]
         bh = B * H
-        bd, block, warps, bwd_warps = _block_config(d)
+        bd, (block, warps), backward = _launch_config(d)
         acc = tl.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype) else tl.float32
-        prec = 'ieee' if q.dtype in (torch.float32, torch.float64) else 'tf32'
-        options = dict(BD=bd, ACC=acc, PREC=prec)
+        # one stage: no prefetch buffers in shared memory (the d x d operands take most of it)
+        options = dict(BD=bd, ACC=acc, PREC=_dot_precision(q.dtype, bd), num_stages=1)
         chunk, chunks = _chunking(n, bh, block, q.device)
         # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
         parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
@@ -311,14 +327,14 @@ class _PolaTriton(torch.autograd.Function):
             q, s, p, sums, out, H, N, d, d // 2, 1.0 / n, eps, *q.stride(), *out.stride(),
             BLOCK_M=block, num_warps=warps, **options)
         ctx.save_for_backward(q, k, v, s, p, sums)
-        ctx.config = (eps, block, bwd_warps, options)
+        ctx.config = (eps, backward, options)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, s, p, sums = ctx.saved_tensors
-        eps, block, warps, options = ctx.config
+        eps, (block, warps), options = ctx.config
         B, H, N, d = q.shape
         n = k.shape[2]
         bh, bd = B * H, options['BD']
