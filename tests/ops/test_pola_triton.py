@@ -188,10 +188,13 @@ def test_example_inputs_of_the_op():
     assert_matches(actual, float64_reference(tensors, grad_out, alpha=alpha, eps=eps), 1e-5)
 
 
-def test_backbone_with_triton_matches_fast():
+def test_backbone_with_triton_matches_fast(monkeypatch):
     """A Pola-PVT with attn_impl='triton' (the models' calling convention: the scale parameter's per-head
     view, the fp32 island): same stage outputs and parameter gradients as with 'fast'."""
     from mmpola.models import PolaPVT
+    # TF32 convolutions (cuDNN's default) would round the two models' slightly different activations
+    # to different TF32 values: fp32 convolutions keep the comparison to the cores' own difference
+    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)
     arch = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])
     torch.manual_seed(0)
     # eval mode: no drop path, so both models compute the same function (gradients flow all the same)
