@@ -313,9 +313,10 @@ class _PolaTriton(torch.autograd.Function):
         n = k.shape[2]
         bh = B * H
         bd, (block, warps), backward = _launch_config(d)
-        acc = tl.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype) else tl.float32
+        wide = torch.float64 in (q.dtype, k.dtype, v.dtype)
+        acc = tl.float64 if wide else tl.float32
         # one stage: no prefetch buffers in shared memory (the d x d operands take most of it)
-        options = dict(BD=bd, ACC=acc, PREC=_dot_precision(q.dtype, bd), num_stages=1)
+        options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd), num_stages=1)
         chunk, chunks = _chunking(n, bh, block, q.device)
         # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
         parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
@@ -384,7 +385,7 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     lead, (N, d), n = q.shape[:-2], q.shape[-2:], k.shape[-2]
     if q.dim() != 4:
         q, k, v = q.reshape(-1, 1, N, d), k.reshape(-1, 1, n, d), v.reshape(-1, 1, n, d)
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = torch.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype) else torch.float32
     s = _per_head(F.softplus(scale.to(compute)), lead, d, 'scale')
     p = _per_head(1 + alpha * torch.sigmoid(power.to(compute)), lead, d, 'power')
     return _PolaTriton.apply(q, k, v, s, p, float(eps)).reshape(*lead, N, d)

@@ -126,7 +126,7 @@ def test_strided_views_are_read_in_place():
 
 
 def test_deterministic():
-    inputs, grad_out = make_inputs(2, 1, 21 * 37, 21 * 37, 16)
+    inputs, grad_out = make_inputs(2, 1, 13 * 11, 13 * 11, 16)  # several chunks per head
     first = forward_backward(pola_attention_triton, inputs, grad_out)
     second = forward_backward(pola_attention_triton, inputs, grad_out)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
