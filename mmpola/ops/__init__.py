@@ -24,11 +24,12 @@ from .pola import (
     polarity_feature_map,
     polarity_feature_map_and_mean,
 )
+from .pola_triton import pola_attention_triton
 
 __all__ = [
     'OPS', 'attention_op', 'attention_impls', 'register_attention_impl', 'check_attn_impl',
     'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
-    'polarity_feature_map_and_mean', 'compile_status',
+    'pola_attention_triton', 'polarity_feature_map_and_mean', 'compile_status',
     'flatten_attention', 'flatten_attention_reference', 'flatten_attention_fast', 'flatten_attention_triton',
     'focused_feature_map',
     'inline_attention', 'inline_attention_reference', 'inline_attention_fast', 'inline_attention_triton',

@@ -14,11 +14,12 @@ CASES = [(op, impl) for op in sorted(OPS) for impl in OPS[op].names() if impl !=
 GRID = dict(batch=2, heads=3, hw=(3, 5), head_dim=8)
 
 
-def _run(fn, tensors, options, grad_seed=1):
-    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+def _run(fn, tensors, options, grad_seed=1, device='cpu'):
+    leaves = [t.detach().clone().to(device).requires_grad_() for t in tensors]
     out = fn(*leaves, *options)
-    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=out.dtype))
-    return [out.detach()] + [t.grad for t in leaves]
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=out.dtype)
+    out.backward(grad_out.to(device))
+    return [out.detach().cpu()] + [t.grad.cpu() for t in leaves]
 
 
 def _scaled_error(actual, expected):
@@ -39,14 +40,11 @@ def test_every_implementation_matches_the_reference(op, impl):
     attention = OPS[op]
     tensors, options = attention.example_inputs(generator=torch.Generator().manual_seed(0), **GRID)
     expected = _run(attention.impls['reference'], tensors, options)
-    # an implementation for another device (the Triton kernels on a GPU machine, where the interpreter is
-    # off) runs there on the same inputs
-    device = 'cpu'
-    if attention.unsupported(attention.choose(impl), 'cpu', torch.float32) is not None and torch.cuda.is_available():
-        device = 'cuda'
-    actual = _run(attention.resolve(impl), [t.to(device) for t in tensors],
-                  [o.to(device) if torch.is_tensor(o) else o for o in options])
-    actual = [a.cpu() for a in actual]
+    # an implementation that runs on CUDA tensors only (Triton without its interpreter) runs there, the
+    # op's tensor options (PaCS's RoPE tables) with it
+    device = 'cuda' if torch.cuda.is_available() and attention.unsupported(impl, 'cpu', torch.float32) else 'cpu'
+    actual = _run(attention.resolve(impl), tensors, [o.to(device) if torch.is_tensor(o) else o for o in options],
+                  device=device)
     truth = _run(attention.impls['reference'], [t.double() for t in tensors],
                  [o.double() if torch.is_tensor(o) else o for o in options])
     for i, (a, e, t) in enumerate(zip(actual, expected, truth)):
@@ -91,7 +89,7 @@ def test_extra_implementation_selected_with_attn_impl_on_a_backbone(counting_pol
 
 
 def test_unknown_implementation_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"attn_impl must be one of auto, fast, reference .*got 'counting'"):
+    with pytest.raises(ValueError, match=r"attn_impl must be one of auto, fast, reference, triton .*got 'counting'"):
         OPS['pola'].resolve('counting')
     with pytest.raises(ValueError, match="implementations of pacs_attention"):
         OPS['pacs'].resolve('unregistered')

@@ -26,7 +26,7 @@ def test_backbone_cases_are_every_preset_at_every_size():
 
 def test_attention_cases_follow_the_op_registry():
     assert set(BENCH.attention_ops()) == set(OPS)
-    assert BENCH.attention_impls('pola') == ['auto', 'fast', 'reference', 'fast+compile']
+    assert BENCH.attention_impls('pola') == ['auto', 'fast', 'reference', 'triton', 'fast+compile']
     register_attention_impl('pola', 'bench_extra', pola_attention_reference)
     try:
         assert 'bench_extra' in BENCH.attention_impls('pola') and 'bench_extra' not in BENCH.attention_impls('pacs')

@@ -1,0 +1,395 @@
+"""Pola attention in Triton kernels, forward and backward (implementation ``'triton'`` of the ``'pola'`` op).
+
+Same function and signature as :func:`mmpola.ops.pola.pola_attention_reference` (layout, options and
+the math: mmpola/ops/pola.py). Per head, with x = t / s, the feature map of a query or key row t is
+``[x+ || x-] = [relu(x)^p || relu(-x)^p]`` (d wide each, one ``exp2(p * log2|x|)`` per element); the
+keys give ``KV+ = x+^T v / n``, ``KV- = x-^T v / n`` (d x d each) and the key means ``m+``, ``m-``; the
+queries give, per output column c, ``num = x+ @ W+ + x- @ W-`` with ``W+ = KV+, W- = KV-`` on the
+same-sign columns (c < d/2) and swapped on the opposite-sign ones, and the normalisers
+``x+ . m+ + x- . m-`` (same sign) and ``x- . m+ + x+ . m-`` (opposite sign). This is the (2d, d+2)
+matrix W of :func:`~mmpola.ops.pola.pola_attention_fast` held as two d x d halves and two vectors.
+
+Forward, two kernels:
+
+1. key pass, grid (B*h, key chunks): each program sums ``x+^T v``, ``x-^T v`` (``tl.dot``) and the
+   token sums of x+, x- over its chunk of keys and writes them as one fp32 record per chunk; one torch
+   ``.sum`` over the chunks (deterministic, no atomics) gives the per-head summaries;
+2. query pass, grid (B*h, query blocks): feature map, W+- and m+- from the summaries (the 1/n
+   applied on load), both numerators (two ``tl.dot``), both normalisers and the division, written in
+   the input dtype.
+
+Saved for backward: q, k, v (as given), s, p and the per-head summaries (KV+, KV-, key sums): no
+(B, h, N, 2d) feature map is stored; the backward kernels recompute them.
+
+Backward, two kernels:
+
+1. query pass, grid (B*h, query chunks): recomputes the query features, numerators and normalisers;
+   writes dL/dq; per chunk one record of the partial sums of dL/dW+ = x+^T (g z), dL/dW- and dL/dm+-
+   (the normalisers' gradients) and of the feature-map terms for dL/ds and dL/dp;
+2. key pass, grid (B*h, key chunks), after a torch ``.sum`` over the query chunks: recomputes the key
+   features; dL/dKV+- are dL/dW+- with W's column swap undone; writes dL/dk and dL/dv; per chunk the
+   partial sums for dL/ds and dL/dp.
+
+The feature-map backward is that of :func:`~mmpola.ops.pola._feature_map_backward`: with
+gm = g+ * x+ + g- * x- (disjoint supports), dL/dt = p * gm / t (0 at t = 0), dL/ds = -p * sum(gm) / s,
+dL/dp = sum(gm * ln|x|) (0 where x = 0: no NaN). s = softplus(scale), p = 1 + alpha * sigmoid(power)
+and their broadcast over (B, h, 1, d) are torch ops on the small parameter tensors, so autograd sums
+their gradients back to the parameters' shapes.
+
+Inputs: float32, float16 or bfloat16 (float64 under the interpreter, computed in float64), any strides
+(views of a projection need no copy); computed in float32 (float64), output in q's dtype. The d x d
+products run on tensor cores: three TF32 products each (about fp32 accuracy) for float32 inputs, one
+TF32 product for float16 / bfloat16 inputs (whose own rounding is coarser); float32 at d = 128 in IEEE
+fp32. Head dims of any even
+size (blocks padded to a power of two >= 16, masked).
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .dispatch import AttnImplUnavailable, attention_op
+from .pola import _check_shapes
+from .triton_support import triton_available, triton_unsupported
+
+__all__ = ['pola_attention_triton']
+
+if triton_available() is None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _features(t, s, p):
+        """x = t / s -> (x+, x-, log2|x|): relu(x)^p, relu(-x)^p (one exp2 per element; 0 at x = 0)."""
+        x = t / s[None, :]
+        ax = tl.abs(x)
+        nonzero = ax > 0
+        lx = tl.log2(tl.where(nonzero, ax, 1.0))
+        mag = tl.where(nonzero, tl.exp2(p[None, :] * lx), 0.0)
+        xp = tl.where(x > 0, mag, 0.0)
+        return xp, mag - xp, lx
+
+    @triton.jit
+    def _mm(a, b, acc, PREC: tl.constexpr):
+        """acc + a @ b, accumulated in acc's dtype (float32; float64 under the interpreter)."""
+        return tl.dot(a, b, acc, input_precision=PREC, out_dtype=acc.dtype)
+
+    @triton.jit
+    def _load_rows(base, offs_n, offs_d, n, d, stride_n, stride_d, ACC: tl.constexpr):
+        mask = (offs_n[:, None] < n) & (offs_d[None, :] < d)
+        return tl.load(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d, mask=mask,
+                       other=0.0).to(ACC)
+
+    @triton.jit
+    def _store_rows(base, value, offs_n, offs_d, n, d, stride_n, stride_d):
+        mask = (offs_n[:, None] < n) & (offs_d[None, :] < d)
+        tl.store(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
+                 value.to(base.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _pola_fwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, part_ptr, H, n, d, chunk,
+                       sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+                       BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
+        """Per key chunk: x+^T v, x-^T v (BD x BD each) and the token sums of x+, x- (fp32 partials)."""
+        bh = tl.program_id(0)
+        c = tl.program_id(1)
+        num_chunks = tl.num_programs(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        offs_d = tl.arange(0, BD)
+        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        k_base = k_ptr + b * sk_b + h * sk_h
+        v_base = v_ptr + b * sv_b + h * sv_h
+        kv_pos = tl.zeros((BD, BD), dtype=ACC)
+        kv_neg = tl.zeros((BD, BD), dtype=ACC)
+        sum_pos = tl.zeros((BD, ), dtype=ACC)
+        sum_neg = tl.zeros((BD, ), dtype=ACC)
+        for start in range(c * chunk, c * chunk + chunk, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            kp, km, _ = _features(_load_rows(k_base, offs_n, offs_d, n, d, sk_n, sk_d, ACC), s, p)
+            vt = _load_rows(v_base, offs_n, offs_d, n, d, sv_n, sv_d, ACC)
+            kv_pos = _mm(tl.trans(kp), vt, kv_pos, PREC)
+            kv_neg = _mm(tl.trans(km), vt, kv_neg, PREC)
+            sum_pos += tl.sum(kp, axis=0)
+            sum_neg += tl.sum(km, axis=0)
+        _store_summary(part_ptr + (bh * num_chunks + c) * (2 * BD * BD + 2 * BD), kv_pos, kv_neg, sum_pos, sum_neg,
+                       BD)
+
+    @triton.jit
+    def _store_summary(ptr, a_pos, a_neg, u_pos, u_neg, BD: tl.constexpr):
+        """One summary record: two BD x BD matrices, then two BD vectors."""
+        offs_d = tl.arange(0, BD)
+        square = offs_d[:, None] * BD + offs_d[None, :]
+        tl.store(ptr + square, a_pos)
+        tl.store(ptr + BD * BD + square, a_neg)
+        tl.store(ptr + 2 * BD * BD + offs_d, u_pos)
+        tl.store(ptr + 2 * BD * BD + BD + offs_d, u_neg)
+
+    @triton.jit
+    def _load_summaries(ptr, half, scale, BD: tl.constexpr, ACC: tl.constexpr):
+        """From a record (KV+, KV-, key sums), times ``scale``: W+, W- (KV+ / KV- on the same-sign
+        columns, swapped on the opposite-sign ones) and m+, m-."""
+        offs_d = tl.arange(0, BD)
+        square = offs_d[:, None] * BD + offs_d[None, :]
+        kv_pos = tl.load(ptr + square).to(ACC) * scale
+        kv_neg = tl.load(ptr + BD * BD + square).to(ACC) * scale
+        same = offs_d[None, :] < half
+        m_pos = tl.load(ptr + 2 * BD * BD + offs_d).to(ACC) * scale
+        m_neg = tl.load(ptr + 2 * BD * BD + BD + offs_d).to(ACC) * scale
+        return tl.where(same, kv_pos, kv_neg), tl.where(same, kv_neg, kv_pos), m_pos, m_neg
+
+    @triton.jit
+    def _pola_fwd_queries(q_ptr, s_ptr, p_ptr, sum_ptr, o_ptr, H, N, d, half, inv_n, eps,
+                          sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
+                          BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
+        """Per query block: both numerators (x+ @ W+ + x- @ W-), both normalisers, the output."""
+        bh = tl.program_id(0)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        offs_d = tl.arange(0, BD)
+        offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
+        qp, qm, _ = _features(_load_rows(q_ptr + b * sq_b + h * sq_h, offs_m, offs_d, N, d, sq_n, sq_d, ACC), s, p)
+        num = _mm(qm, w_neg, _mm(qp, w_pos, tl.zeros((BLOCK_M, BD), dtype=ACC), PREC), PREC)
+        z_same = 1.0 / (tl.sum(qp * m_pos[None, :] + qm * m_neg[None, :], axis=1) + eps)
+        z_opp = 1.0 / (tl.sum(qm * m_pos[None, :] + qp * m_neg[None, :], axis=1) + eps)
+        z = tl.where(offs_d[None, :] < half, z_same[:, None], z_opp[:, None])
+        _store_rows(o_ptr + b * so_b + h * so_h, num * z, offs_m, offs_d, N, d, so_n, so_d)
+
+    @triton.jit
+    def _pola_bwd_queries(q_ptr, g_ptr, s_ptr, p_ptr, sum_ptr, dq_ptr, part_ptr, H, N, d, half, inv_n, eps, chunk,
+                          sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
+                          BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
+        """Per query chunk: dL/dq; a record of partial dL/dW+-, dL/dm+- and of sum(gm), sum(gm * log2|x|)."""
+        bh = tl.program_id(0)
+        c = tl.program_id(1)
+        num_chunks = tl.num_programs(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        offs_d = tl.arange(0, BD)
+        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
+        same = offs_d[None, :] < half
+        q_base = q_ptr + b * sq_b + h * sq_h
+        g_base = g_ptr + b * sg_b + h * sg_h
+        dq_base = dq_ptr + b * sdq_b + h * sdq_h
+        dw_pos = tl.zeros((BD, BD), dtype=ACC)
+        dw_neg = tl.zeros((BD, BD), dtype=ACC)
+        dm_pos = tl.zeros((BD, ), dtype=ACC)
+        dm_neg = tl.zeros((BD, ), dtype=ACC)
+        gm_sum = tl.zeros((BD, ), dtype=ACC)
+        gm_log = tl.zeros((BD, ), dtype=ACC)
+        for start in range(c * chunk, c * chunk + chunk, BLOCK_M):
+            offs_m = start + tl.arange(0, BLOCK_M)
+            qt = _load_rows(q_base, offs_m, offs_d, N, d, sq_n, sq_d, ACC)
+            g = _load_rows(g_base, offs_m, offs_d, N, d, sg_n, sg_d, ACC)
+            qp, qm, lx = _features(qt, s, p)
+            num = _mm(qm, w_neg, _mm(qp, w_pos, tl.zeros((BLOCK_M, BD), dtype=ACC), PREC), PREC)
+            z_same = 1.0 / (tl.sum(qp * m_pos[None, :] + qm * m_neg[None, :], axis=1) + eps)
+            z_opp = 1.0 / (tl.sum(qm * m_pos[None, :] + qp * m_neg[None, :], axis=1) + eps)
+            z = tl.where(same, z_same[:, None], z_opp[:, None])
+            gn = g * z  # dL/dnum
+            gout = gn * num  # g * out
+            # dL/d(normaliser) = -z * sum over the branch's columns of g * out
+            r_same = -z_same * tl.sum(tl.where(same, gout, 0.0), axis=1)
+            r_opp = -z_opp * tl.sum(tl.where(same, 0.0, gout), axis=1)
+            dqp = _mm(gn, tl.trans(w_pos), r_same[:, None] * m_pos[None, :] + r_opp[:, None] * m_neg[None, :], PREC)
+            dqm = _mm(gn, tl.trans(w_neg), r_same[:, None] * m_neg[None, :] + r_opp[:, None] * m_pos[None, :], PREC)
+            dw_pos = _mm(tl.trans(qp), gn, dw_pos, PREC)
+            dw_neg = _mm(tl.trans(qm), gn, dw_neg, PREC)
+            dm_pos += tl.sum(r_same[:, None] * qp + r_opp[:, None] * qm, axis=0)
+            dm_neg += tl.sum(r_same[:, None] * qm + r_opp[:, None] * qp, axis=0)
+            gm = dqp * qp + dqm * qm
+            gm_sum += tl.sum(gm, axis=0)
+            gm_log += tl.sum(gm * lx, axis=0)
+            dq = p[None, :] * gm / tl.where(qt == 0, 1.0, qt)  # gm = 0 where t = 0
+            _store_rows(dq_base, dq, offs_m, offs_d, N, d, sdq_n, sdq_d)
+        record = part_ptr + (bh * num_chunks + c) * (2 * BD * BD + 4 * BD)
+        _store_summary(record, dw_pos, dw_neg, dm_pos, dm_neg, BD)
+        tl.store(record + 2 * BD * BD + 2 * BD + offs_d, gm_sum)
+        tl.store(record + 2 * BD * BD + 3 * BD + offs_d, gm_log)
+
+    @triton.jit
+    def _pola_bwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, dsum_ptr, dk_ptr, dv_ptr, part_ptr,
+                       H, n, d, half, inv_n, chunk,
+                       sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+                       sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
+                       BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
+        """Per key chunk: dL/dk, dL/dv from dL/dKV+- and dL/dm+-; partial sum(gm), sum(gm * log2|x|)."""
+        bh = tl.program_id(0)
+        c = tl.program_id(1)
+        num_chunks = tl.num_programs(1)
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        offs_d = tl.arange(0, BD)
+        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        # dL/dW+- -> dL/dKV+- (the same column swap as W), with the 1/n of the key mean and of KV
+        dkv_pos, dkv_neg, dm_pos, dm_neg = _load_summaries(dsum_ptr + bh * (2 * BD * BD + 4 * BD), half, inv_n, BD,
+                                                           ACC)
+        k_base = k_ptr + b * sk_b + h * sk_h
+        v_base = v_ptr + b * sv_b + h * sv_h
+        dk_base = dk_ptr + b * sdk_b + h * sdk_h
+        dv_base = dv_ptr + b * sdv_b + h * sdv_h
+        gm_sum = tl.zeros((BD, ), dtype=ACC)
+        gm_log = tl.zeros((BD, ), dtype=ACC)
+        for start in range(c * chunk, c * chunk + chunk, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            kt = _load_rows(k_base, offs_n, offs_d, n, d, sk_n, sk_d, ACC)
+            vt = _load_rows(v_base, offs_n, offs_d, n, d, sv_n, sv_d, ACC)
+            kp, km, lx = _features(kt, s, p)
+            zero = tl.zeros((BLOCK_N, BD), dtype=ACC)
+            dkp = _mm(vt, tl.trans(dkv_pos), zero + dm_pos[None, :], PREC)
+            dkm = _mm(vt, tl.trans(dkv_neg), zero + dm_neg[None, :], PREC)
+            dv = _mm(km, dkv_neg, _mm(kp, dkv_pos, zero, PREC), PREC)
+            _store_rows(dv_base, dv, offs_n, offs_d, n, d, sdv_n, sdv_d)
+            gm = dkp * kp + dkm * km  # zero on padded rows (kp = km = 0 there)
+            gm_sum += tl.sum(gm, axis=0)
+            gm_log += tl.sum(gm * lx, axis=0)
+            dk = p[None, :] * gm / tl.where(kt == 0, 1.0, kt)
+            _store_rows(dk_base, dk, offs_n, offs_d, n, d, sdk_n, sdk_d)
+        record = part_ptr + (bh * num_chunks + c) * 2 * BD
+        tl.store(record + offs_d, gm_sum)
+        tl.store(record + BD + offs_d, gm_log)
+
+
+# the dtype of the kernels' partial sums per accumulator dtype
+_WORK = {tl.float32: torch.float32, tl.float64: torch.float64} if triton_available() is None else {}
+
+# Programs per streaming multiprocessor that the token-chunked kernels aim for; a CPU (the
+# interpreter) counts as this many "multiprocessors".
+_PROGRAMS_PER_SM = 4
+_CPU_SMS = 2
+
+
+def _launch_config(d):
+    """(head dim block, (token block, warps) of the forward kernels, (token block, warps) of the backward
+    kernels) for head dim d. The backward kernels keep four d x d tiles live besides their token tiles,
+    hence their shorter token blocks. With :func:`_dot_precision` and one stage, no kernel needs more than
+    160 KiB of shared memory (H100 / H200: 227 KiB, A100: 163 KiB); GPUs with less (99 KiB: sm_86, sm_89)
+    run float16 / bfloat16 inputs up to d = 64 and float32 up to d = 32."""
+    bd = max(16, triton.next_power_of_2(d))
+    if bd <= 32:
+        return bd, (64, 4), (32, 8)
+    if bd <= 64:
+        return bd, (64, 8), (16, 8)
+    return bd, (32, 8), (16, 8)
+
+
+def _dot_precision(dtype, bd):
+    """tl.dot's input precision: three TF32 products (about fp32 accuracy, on tensor cores) for float32
+    inputs, one TF32 product for float16 / bfloat16 inputs (coarser themselves), IEEE for float64 and for
+    float32 at head dims above 64 (the split operands of three products would not fit in shared memory)."""
+    if dtype == torch.float64 or (dtype == torch.float32 and bd > 64):
+        return 'ieee'
+    return 'tf32x3' if dtype == torch.float32 else 'tf32'
+
+
+def _num_sms(device):
+    if device.type != 'cuda':
+        return _CPU_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _chunking(tokens, heads, block, device):
+    """(tokens per chunk, number of chunks) splitting ``tokens`` so that heads x chunks programs fill
+    the device; a chunk is a multiple of ``block`` tokens."""
+    blocks = triton.cdiv(tokens, block)
+    want = max(1, triton.cdiv(_PROGRAMS_PER_SM * _num_sms(device), heads))
+    chunk = triton.cdiv(blocks, min(blocks, want)) * block
+    return chunk, triton.cdiv(tokens, chunk)
+
+
+class _PolaTriton(torch.autograd.Function):
+    """The kernels' autograd: q, k, v (B, h, N|n, d) of any strides, s and p (B*h, d) contiguous."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, s, p, eps):
+        B, H, N, d = q.shape
+        n = k.shape[2]
+        bh = B * H
+        bd, (block, warps), backward = _launch_config(d)
+        wide = torch.float64 in (q.dtype, k.dtype, v.dtype)
+        acc = tl.float64 if wide else tl.float32
+        # one stage: no prefetch buffers in shared memory (the d x d operands take most of it)
+        options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd), num_stages=1)
+        chunk, chunks = _chunking(n, bh, block, q.device)
+        # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
+        parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
+        _pola_fwd_keys[(bh, chunks)](k, v, s, p, parts, H, n, d, chunk, *k.stride(), *v.stride(),
+                                     BLOCK_N=block, num_warps=warps, **options)
+        sums = parts.sum(1)
+        out = torch.empty(B, H, N, d, device=q.device, dtype=q.dtype)
+        _pola_fwd_queries[(bh, triton.cdiv(N, block))](
+            q, s, p, sums, out, H, N, d, d // 2, 1.0 / n, eps, *q.stride(), *out.stride(),
+            BLOCK_M=block, num_warps=warps, **options)
+        ctx.save_for_backward(q, k, v, s, p, sums)
+        ctx.config = (eps, backward, options)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, s, p, sums = ctx.saved_tensors
+        eps, (block, warps), options = ctx.config
+        B, H, N, d = q.shape
+        n = k.shape[2]
+        bh, bd = B * H, options['BD']
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        chunk, chunks = _chunking(N, bh, block, q.device)
+        # per query chunk: dL/dW+, dL/dW- (bd x bd), dL/dm+, dL/dm-, sum(gm), sum(gm * log2|x|) (bd each)
+        parts = sums.new_empty(bh, chunks, 2 * bd * bd + 4 * bd)
+        _pola_bwd_queries[(bh, chunks)](
+            q, grad_out, s, p, sums, dq, parts, H, N, d, d // 2, 1.0 / n, eps, chunk,
+            *q.stride(), *grad_out.stride(), *dq.stride(), BLOCK_M=block, num_warps=warps, **options)
+        query_sums = parts.sum(1)
+        chunk, chunks = _chunking(n, bh, block, q.device)
+        parts = sums.new_empty(bh, chunks, 2 * bd)  # per key chunk: sum(gm), sum(gm * log2|x|)
+        _pola_bwd_keys[(bh, chunks)](
+            k, v, s, p, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n, chunk,
+            *k.stride(), *v.stride(), *dk.stride(), *dv.stride(), BLOCK_N=block, num_warps=warps, **options)
+        # over all query and key tokens: sum(gm) (-> dL/ds = -p sum(gm) / s) and sum(gm * log2|x|) (-> dL/dp)
+        gm = (query_sums[:, 2 * bd * bd + 2 * bd:] + parts.sum(1)).view(bh, 2, bd)[..., :d]
+        grad_s = gm[:, 0].mul(p).div_(s).neg_()
+        grad_p = gm[:, 1].mul(math.log(2.0))
+        return dq, dk, dv, grad_s, grad_p, None
+
+
+def _per_head(param, lead, d, name):
+    """A parameter broadcast to (*lead, 1, d), as a contiguous (prod(lead), d) tensor (autograd sums its
+    gradient back to the parameter's shape)."""
+    try:
+        full = torch.broadcast_to(param, (*lead, 1, d))
+    except RuntimeError:
+        raise ValueError(f"pola_attention_triton takes {name} constant along the tokens, broadcastable to "
+                         f"{(*lead, 1, d)}; got shape {tuple(param.shape)} (use impl='fast')") from None
+    return full.reshape(-1, d).contiguous()
+
+
+def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+    """Pola attention in Triton kernels; same arguments and result as
+    :func:`~mmpola.ops.pola.pola_attention_reference` (q (B, h, N, d), k and v (B, h, n, d), any strides;
+    power and scale broadcastable to (1, h, 1, d)). Computes in float32 whatever the input dtype
+    (float16 / bfloat16 / float32; float64 in float64), returns q's dtype."""
+    _check_shapes(q, k, v)
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f'pola_attention_triton takes q, k and v with the same leading (batch, head) dims; got '
+                         f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
+    reason = triton_unsupported(q.device, q.dtype)
+    if reason is not None:
+        raise AttnImplUnavailable(f"attn_impl='triton' (pola_attention) cannot run here: {reason}")
+    lead, (N, d), n = q.shape[:-2], q.shape[-2:], k.shape[-2]
+    if q.dim() != 4:
+        q, k, v = q.reshape(-1, 1, N, d), k.reshape(-1, 1, n, d), v.reshape(-1, 1, n, d)
+    compute = torch.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype) else torch.float32
+    s = _per_head(F.softplus(scale.to(compute)), lead, d, 'scale')
+    p = _per_head(1 + alpha * torch.sigmoid(power.to(compute)), lead, d, 'power')
+    return _PolaTriton.apply(q, k, v, s, p, float(eps)).reshape(*lead, N, d)
+
+
+attention_op('pola').register('triton', pola_attention_triton, supports=triton_unsupported, preferred_on=('cuda', ),
+                              fp32_inside=True)
