@@ -42,7 +42,8 @@ def test_every_implementation_matches_the_reference(op, impl):
     expected = _run(attention.impls['reference'], tensors, options)
     # an implementation that runs on CUDA tensors only (Triton without its interpreter) runs there, the
     # op's tensor options (PaCS's RoPE tables) with it
-    device = 'cuda' if torch.cuda.is_available() and attention.unsupported(attention.choose(impl), 'cpu', torch.float32) else 'cpu'
+    cpu_only_reason = attention.unsupported(attention.choose(impl), 'cpu', torch.float32)
+    device = 'cuda' if torch.cuda.is_available() and cpu_only_reason else 'cpu'
     actual = _run(attention.resolve(impl), tensors, [o.to(device) if torch.is_tensor(o) else o for o in options],
                   device=device)
     truth = _run(attention.impls['reference'], [t.double() for t in tensors],
