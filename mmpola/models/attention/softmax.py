@@ -128,24 +128,30 @@ def shifted_window_mask(hw, window_size, shift_size, device):
     masks of the last few (H, W, window, shift, device) are kept (shared by every block, read-only):
     detection inputs change size, the blocks of a stage share theirs.
     """
-    return _shifted_window_mask(tuple(int(side) for side in hw), int(window_size), int(shift_size),
-                                torch.device(device))
+    key = (tuple(int(side) for side in hw), int(window_size), int(shift_size), torch.device(device))
+    if torch.compiler.is_compiling():  # traced into the compiled graph, which keeps no Python cache
+        return _build_shifted_window_mask(*key)
+    return _kept_shifted_window_mask(*key)
 
 
 @functools.lru_cache(maxsize=16)
-def _shifted_window_mask(hw, window_size, shift_size, device):
-    H, W = hw
+def _kept_shifted_window_mask(hw, window_size, shift_size, device):
     with torch.inference_mode(False), torch.no_grad():  # a plain tensor, also when first built for inference
-        img_mask = torch.zeros((1, H, W, 1), device=device)
-        slices = (slice(0, -window_size), slice(-window_size, -shift_size), slice(-shift_size, None))
-        cnt = 0
-        for h in slices:
-            for w in slices:
-                img_mask[:, h, w, :] = cnt
-                cnt += 1
-        mask_windows = window_partition(img_mask, window_size).view(-1, window_size * window_size)
-        mask = mask_windows.unsqueeze(1) - mask_windows.unsqueeze(2)
-        return mask.masked_fill(mask != 0, float(-100.0)).masked_fill(mask == 0, float(0.0))
+        return _build_shifted_window_mask(hw, window_size, shift_size, device)
+
+
+def _build_shifted_window_mask(hw, window_size, shift_size, device):
+    H, W = hw
+    img_mask = torch.zeros((1, H, W, 1), device=device)
+    slices = (slice(0, -window_size), slice(-window_size, -shift_size), slice(-shift_size, None))
+    cnt = 0
+    for h in slices:
+        for w in slices:
+            img_mask[:, h, w, :] = cnt
+            cnt += 1
+    mask_windows = window_partition(img_mask, window_size).view(-1, window_size * window_size)
+    mask = mask_windows.unsqueeze(1) - mask_windows.unsqueeze(2)
+    return mask.masked_fill(mask != 0, float(-100.0)).masked_fill(mask == 0, float(0.0))
 
 
 @ATTENTIONS.register_module(name='window_softmax')

@@ -1,6 +1,8 @@
 """The softmax kinds attend through torch's scaled_dot_product_attention (with qk_scale as its scale,
 attention dropout as its dropout_p, Swin's bias and shift mask as one additive attn_mask) and compute
 the explicit formula softmax(q k^T * scale + bias + mask) v, written out here in float64."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -169,7 +171,18 @@ def test_shift_masks_are_shared_across_calls_and_blocks():
     assert shifted_window_mask((12, 12), 4, 2, 'cpu') is not first
     assert first.shape == (3 * 2, 16, 16) and set(first.unique().tolist()) == {-100.0, 0.0}
     blocks = [WindowAttention(16, 2, window_size=4, shift=True) for _ in range(2)]
-    built = softmax_module._shifted_window_mask.cache_info().misses
+    built = softmax_module._kept_shifted_window_mask.cache_info().misses
     for block in blocks:
         block(torch.randn(1, 12 * 8, 16), (12, 8))
-    assert softmax_module._shifted_window_mask.cache_info().misses == built
+    assert softmax_module._kept_shifted_window_mask.cache_info().misses == built
+
+
+def test_shifted_windows_compile_as_one_graph():
+    """Under torch.compile the mask is built in the graph (no Python cache call, no graph break)."""
+    torch.manual_seed(0)
+    attn = WindowAttention(16, 2, window_size=4, shift=True).eval()
+    x = torch.randn(2, 9 * 11, 16)
+    compiled = torch.compile(attn, backend='eager', fullgraph=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings('error', message='.*lru_cache')  # what dynamo says of a cached function
+        assert torch.allclose(compiled(x, (9, 11)), attn(x, (9, 11)), atol=1e-6)
