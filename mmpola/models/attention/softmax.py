@@ -234,7 +234,7 @@ class WindowAttention(nn.Module):
         """(heads, ws*ws, ws*ws): the bias table gathered by the relative position index."""
         N = self.window_size ** 2
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(N, N, -1)
-        return bias.permute(2, 0, 1)
+        return bias.permute(2, 0, 1).contiguous()
 
     def attend(self, x, mask=None):
         """Softmax attention within windows: x (nW*B, ws*ws, C); mask None or (nW, ws*ws, ws*ws)
