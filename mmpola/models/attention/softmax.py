@@ -250,8 +250,8 @@ class WindowAttention(nn.Module):
         attn_mask = self.relative_position_bias().unsqueeze(0)
         if mask is not None:
             nW = mask.shape[0]
-            attn_mask = attn_mask + mask.unsqueeze(1)
-            if B_ != nW:  # SDPA broadcasts size-1 dims only: one copy per image
+            attn_mask = (attn_mask + mask.unsqueeze(1)).to(q.dtype)
+            if B_ != nW:  # the windows are image-major (B*nW): the (nW, ...) mask is repeated per image
                 attn_mask = attn_mask.expand(B_ // nW, -1, -1, -1, -1).reshape(B_, heads, N, N)
         x = softmax_attention(q, k, v, self.scale, self.attn_drop, attn_mask.to(q.dtype))
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B_, N, C)))
