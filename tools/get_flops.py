@@ -14,7 +14,8 @@ Usage:
 Counting: mmengine's ``FlopAnalyzer`` (``mmengine.analysis``, what mmdet's and mmseg's own
 ``tools/analysis_tools/get_flops.py`` use), so the figures are comparable with their model zoos. It traces
 one forward pass at batch 1 and counts one multiply-accumulate per multiply-add of matrix products and
-convolutions (mm/addmm/bmm/matmul/einsum/linear, hence the attention matmuls, conv), plus norms,
+convolutions (mm/addmm/bmm/matmul/einsum/linear, hence the attention matmuls, conv; the two products
+of ``scaled_dot_product_attention``, q k^T and weights x v, counted as its explicit formula), plus norms,
 upsampling and adaptive pooling at one or a few operations per element; other element-wise ops,
 activations, softmax and pow are not counted. mmdet and mmseg print this count as "Flops"; this tool
 prints it as MACs, the papers' convention, and FLOPs = 2 x MACs. A config's model runs as in
@@ -70,6 +71,18 @@ def _counting_mode(model):
             os.environ['MMPOLA_NO_COMPILE'] = previous_env
 
 
+def sdpa_flop_jit(inputs, outputs):
+    """MACs of ``aten::scaled_dot_product_attention`` (FlopAnalyzer has no handle for it): its two matrix
+    products, q k^T and weights x v, as the explicit formula's matmuls count; the mask, scale and softmax,
+    element-wise, are not counted."""
+    from mmengine.analysis.jit_handles import get_shape
+    q, k, v = (get_shape(t) for t in inputs[:3])
+    batch = 1
+    for side in q[:-2]:
+        batch *= side
+    return batch * q[-2] * k[-2] * (q[-1] + v[-1])
+
+
 def count_flops(model, *inputs, depth=2):
     """FLOPs (2 per MAC) of one forward pass ``model(*inputs)`` and the per-module breakdown.
 
@@ -84,6 +97,7 @@ def count_flops(model, *inputs, depth=2):
     from mmengine.analysis import FlopAnalyzer
     with torch.no_grad(), _counting_mode(model):
         analyzer = FlopAnalyzer(model, inputs)
+        analyzer.set_op_handle('aten::scaled_dot_product_attention', sdpa_flop_jit)
         analyzer.unsupported_ops_warnings(False)
         analyzer.uncalled_modules_warnings(False)
         analyzer.tracer_warnings('none')

@@ -1,5 +1,6 @@
 """tools/get_flops.py: mmengine's FlopAnalyzer (as mmdet's / mmseg's get_flops): exact counts on known layers,
-Pola attention matmuls counted on both paths, the papers' GMACs, configs counted in mode='tensor'."""
+Pola attention matmuls counted on both paths, scaled_dot_product_attention as its matmuls, the papers' GMACs,
+configs counted in mode='tensor'."""
 import os.path as osp
 
 import pytest
@@ -43,6 +44,39 @@ def test_pola_attention_matmuls_are_counted(impl):
     query_side = B * h * N * 2 * d * (d + 2)
     kv_side = B * h * 2 * d * n * d
     assert flops == 2 * (query_side + kv_side)
+
+
+class Attending(nn.Module):
+    """An attention module called with its token grid."""
+
+    def __init__(self, attn, hw):
+        super().__init__()
+        self.attn, self.hw = attn, hw
+
+    def forward(self, x):
+        return self.attn(x, self.hw)
+
+
+def test_sdpa_is_counted_as_the_explicit_softmax_matmuls(monkeypatch):
+    """The softmax kinds attend through scaled_dot_product_attention: counted as q k^T and weights x v."""
+    from mmpola.models import SpatialReductionAttention, WindowAttention
+    B, C, h, (H, W) = 2, 16, 2, (6, 10)
+    n = (H // 2) * (W // 2)
+    pvt = SpatialReductionAttention(C, h, sr_ratio=2).eval()
+    flops, _ = get_flops.count_flops(Attending(pvt, (H, W)), torch.randn(B, H * W, C))
+    linear = B * H * W * C * C * 2 + B * n * C * 2 * C  # q, proj; kv on the reduced map
+    sr = B * n * C * C * 4 + B * n * C * 5  # 2x2 conv; LayerNorm: FlopAnalyzer's 5 per element
+    assert flops == 2 * (linear + sr + B * H * W * n * 2 * C)
+
+    def explicit(q, k, v, attn_mask=None, dropout_p=0.0, scale=None):
+        weights = (q @ k.transpose(-2, -1)) * scale
+        return (weights if attn_mask is None else weights + attn_mask).softmax(-1) @ v
+
+    swin = Attending(WindowAttention(C, h, window_size=4, shift=True).eval(), (8, 12))
+    x = torch.randn(B, 8 * 12, C)
+    fused, _ = get_flops.count_flops(swin, x)
+    monkeypatch.setattr(torch.nn.functional, 'scaled_dot_product_attention', explicit)
+    assert get_flops.count_flops(swin, x)[0] == fused
 
 
 PAPER_GMACS = {('PolaPVT', 'tiny'): 2.26, ('PolaSwin', 'tiny'): 4.66}  # PolaFormer paper, at 224

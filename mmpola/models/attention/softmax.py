@@ -1,7 +1,14 @@
 """The softmax attentions of the macro architectures, letter ``'S'``: PVT's spatial-reduction
 attention (kind ``'softmax'``, also the global attention of PVTv2 and the ViT), Swin's shifted-window
 attention (kind ``'window_softmax'``) and CSWin's cross-shaped stripes with LePE (kind
-``'stripe_softmax'``)."""
+``'stripe_softmax'``).
+
+Every kind attends through :func:`torch.nn.functional.scaled_dot_product_attention` (flash or
+memory-efficient kernels on CUDA, no (N, N) score matrix in memory); Swin's relative position bias
+and shift mask are its one additive float ``attn_mask``.
+"""
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -11,8 +18,25 @@ from mmpola.registry import ATTENTIONS
 
 from .common import QKV_LAYOUTS, spatial_reduction
 
-__all__ = ['SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 'window_partition', 'window_reverse',
-           'shifted_window_mask', 'relative_position_index']
+__all__ = ['SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 'softmax_attention', 'window_partition',
+           'window_reverse', 'shifted_window_mask', 'relative_position_index']
+
+
+def softmax_attention(q, k, v, scale, attn_drop, attn_mask=None):
+    """softmax(q k^T * scale + attn_mask) v with dropout on the attention weights, through
+    :func:`torch.nn.functional.scaled_dot_product_attention`.
+
+    Args:
+        q, k, v: (B, heads, N, d), (B, heads, n, d), (B, heads, n, d).
+        scale: the softmax scale (``qk_scale`` or d ** -0.5).
+        attn_drop: the module's ``nn.Dropout``: its probability applies in training mode.
+        attn_mask: None or an additive float mask broadcastable to (B, heads, N, n), of q's dtype.
+
+    Returns:
+        (B, heads, N, d).
+    """
+    dropout_p = attn_drop.p if attn_drop.training else 0.0
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
 
 @ATTENTIONS.register_module(name='softmax')
@@ -66,9 +90,7 @@ class SpatialReductionAttention(nn.Module):
             x_, _ = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
             kv = self.kv(x_).reshape(B, -1, 2, heads, C // heads).permute(2, 0, 3, 1, 4)
             k, v = kv[0], kv[1]
-        attn = (q @ k.transpose(-2, -1)) * self.scale
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        x = softmax_attention(q, k, v, self.scale, self.attn_drop).transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))
 
 
@@ -99,10 +121,26 @@ def window_reverse(windows, window_size, H, W):
 
 
 def shifted_window_mask(hw, window_size, shift_size, device):
-    """(nW, ws*ws, ws*ws) mask with -100 between tokens of different regions after a cyclic shift.
+    """(nW, ws*ws, ws*ws) float32 mask with -100 between tokens of different regions after a cyclic
+    shift, 0 elsewhere.
 
-    Built on the padded (H, W) like the official precomputed buffer and mmdet's run-time mask.
+    Built on the padded (H, W) like the official precomputed buffer and mmdet's run-time mask. The
+    masks of the last few (H, W, window, shift, device) are kept (shared by every block, read-only):
+    detection inputs change size, the blocks of a stage share theirs.
     """
+    key = (tuple(int(side) for side in hw), int(window_size), int(shift_size), torch.device(device))
+    if torch.compiler.is_compiling():  # traced into the compiled graph, which keeps no Python cache
+        return _build_shifted_window_mask(*key)
+    return _kept_shifted_window_mask(*key)
+
+
+@functools.lru_cache(maxsize=16)
+def _kept_shifted_window_mask(hw, window_size, shift_size, device):
+    with torch.inference_mode(False), torch.no_grad():  # a plain tensor, also when first built for inference
+        return _build_shifted_window_mask(hw, window_size, shift_size, device)
+
+
+def _build_shifted_window_mask(hw, window_size, shift_size, device):
     H, W = hw
     img_mask = torch.zeros((1, H, W, 1), device=device)
     slices = (slice(0, -window_size), slice(-window_size, -shift_size), slice(-shift_size, None))
@@ -165,7 +203,6 @@ class WindowAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         trunc_normal_(self.relative_position_bias_table, std=.02)
-        self._mask_cache = (None, None)  # (key, mask); a plain attribute, never in state dicts
 
     def forward(self, x, hw, **context):
         B, L, C = x.shape
@@ -181,7 +218,7 @@ class WindowAttention(nn.Module):
         Hp, Wp = H + pad_b, W + pad_r
         if shift:
             x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
-            mask = self._shift_mask((Hp, Wp), shift, x.device)
+            mask = shifted_window_mask((Hp, Wp), ws, shift, x.device)
         else:
             mask = None
         windows = window_partition(x, ws).view(-1, ws * ws, C)
@@ -193,30 +230,31 @@ class WindowAttention(nn.Module):
             x = x[:, :H, :W, :].contiguous()
         return x.view(B, H * W, C)
 
+    def relative_position_bias(self):
+        """(heads, ws*ws, ws*ws): the bias table gathered by the relative position index."""
+        N = self.window_size ** 2
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(N, N, -1)
+        return bias.permute(2, 0, 1).contiguous()
+
     def attend(self, x, mask=None):
         """Softmax attention within windows: x (nW*B, ws*ws, C); mask None or (nW, ws*ws, ws*ws)
-        with 0 / -100 -> (nW*B, ws*ws, C)."""
+        with 0 / -100 -> (nW*B, ws*ws, C).
+
+        The relative position bias (gathered once) and the shift mask are one additive ``attn_mask``
+        of q's dtype: (1, heads, N, N) without a mask, (nW, heads, N, N) with one, repeated for each
+        image of the batch only when the batch has several.
+        """
         B_, N, C = x.shape
         heads = self.num_heads
-        qkv = self.qkv(x).reshape(B_, N, 3, heads, C // heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        q = q * self.scale
-        attn = q @ k.transpose(-2, -1)
-        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(N, N, -1)
-        attn = attn + bias.permute(2, 0, 1).contiguous().unsqueeze(0)
+        q, k, v = self.qkv(x).reshape(B_, N, 3, heads, C // heads).permute(2, 0, 3, 1, 4)
+        attn_mask = self.relative_position_bias().unsqueeze(0)
         if mask is not None:
             nW = mask.shape[0]
-            attn = attn.view(B_ // nW, nW, heads, N, N) + mask.unsqueeze(1).unsqueeze(0)
-            attn = attn.view(-1, heads, N, N)
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        x = (attn @ v).transpose(1, 2).reshape(B_, N, C)
-        return self.proj_drop(self.proj(x))
-
-    def _shift_mask(self, padded_hw, shift, device):
-        key = (tuple(padded_hw), shift, device)
-        if self._mask_cache[0] != key:
-            self._mask_cache = (key, shifted_window_mask(padded_hw, self.window_size, shift, device))
-        return self._mask_cache[1]
+            attn_mask = (attn_mask + mask.unsqueeze(1)).to(q.dtype)
+            if B_ != nW:  # the windows are image-major (B*nW): the (nW, ...) mask is repeated per image
+                attn_mask = attn_mask.expand(B_ // nW, -1, -1, -1, -1).reshape(B_, heads, N, N)
+        x = softmax_attention(q, k, v, self.scale, self.attn_drop, attn_mask.to(q.dtype))
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B_, N, C)))
 
     def extra_repr(self):
         return f'dim={self.dim}, window_size={self.window_size}, num_heads={self.num_heads}, shift={self.shift_size}'
@@ -290,11 +328,9 @@ class StripeAttention(nn.Module):
         heads, d, L = self.num_heads, C // self.num_heads, hsp * wsp
         q = _stripe_tokens(q, hsp, wsp).reshape(-1, L, heads, d).permute(0, 2, 1, 3)
         k = _stripe_tokens(k, hsp, wsp).reshape(-1, L, heads, d).permute(0, 2, 1, 3)
-        v = _stripe_maps(v, hsp, wsp)  # (B * stripes, C, hsp, wsp)
-        lepe = self.get_v(v).reshape(-1, heads, d, L).permute(0, 1, 3, 2)
-        v = v.reshape(-1, heads, d, L).permute(0, 1, 3, 2)
-        attn = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1))
-        out = (attn @ v + lepe).transpose(1, 2).reshape(-1, L, C)
+        lepe = self.get_v(_stripe_maps(v, hsp, wsp)).reshape(-1, heads, d, L).permute(0, 1, 3, 2)
+        v = _stripe_tokens(v, hsp, wsp).reshape(-1, L, heads, d).permute(0, 2, 1, 3)  # d contiguous: fused kernels
+        out = (softmax_attention(q, k, v, self.scale, self.attn_drop) + lepe).transpose(1, 2).reshape(-1, L, C)
         out = _merge_stripes(out, hsp, wsp, Hp, Wp)
         if pad_h or pad_w:
             out = out[:, top:top + H, left:left + W, :]
