@@ -14,10 +14,10 @@ from mmengine.config import DictAction
 
 from mmpola.errors import MMPolaUserError, UserError
 
-from .launch import init_distributed
+from .launch import check_launch, init_distributed
 
-__all__ = ['exit_on_user_error', 'add_launch_args', 'add_check_args', 'parse_tool_args', 'enable_test_dump',
-           'enable_tta', 'enable_test_visualization', 'build_runner']
+__all__ = ['exit_on_user_error', 'check_launch_main', 'add_launch_args', 'add_check_args', 'parse_tool_args',
+           'enable_test_dump', 'enable_tta', 'enable_test_visualization', 'build_runner']
 
 
 @contextlib.contextmanager
@@ -41,6 +41,17 @@ def exit_on_user_error(logger=None):
         sys.stderr.write(f'error: {error}\n')
         sys.stderr.flush()
         sys.exit(error.exit_code)
+
+
+def check_launch_main(argv=None):
+    """``NPROC [tool options ...]``: tools/dist_*.sh run this once before torchrun
+    (:func:`mmpola.runtime.launch.check_launch`); a problem is one ``error:`` line and a non-zero exit."""
+    argv = sys.argv[1:] if argv is None else argv
+    with exit_on_user_error():
+        if not argv or not argv[0].isdigit() or int(argv[0]) < 1:
+            raise UserError(f'the number of processes per machine must be a positive integer, got '
+                            f'{argv[0] if argv else None!r}')
+        check_launch(int(argv[0]), argv[1:])
 
 
 def add_launch_args(parser):
