@@ -6,6 +6,7 @@ except through the config's ``default_scope``. Errors the user can fix are
 """
 import argparse
 import contextlib
+import logging
 import os
 import os.path as osp
 import sys
@@ -27,7 +28,7 @@ def exit_on_user_error(logger=None):
     Every such error derives from :class:`mmpola.errors.MMPolaUserError` (paths, flags and data,
     refused or mismatched checkpoints, bad backbone arguments, a NaN loss): its message names the
     problem and the fix, a traceback adds noise. With ``logger`` (a running Runner's) the line also
-    goes to the run's log file.
+    goes to the run's log file (not to the terminal a second time).
 
     A misspelled ``type`` or argument in the config is such an error too: the tools check the config
     against what it builds first (:func:`mmpola.runtime.config_check.check_config`).
@@ -36,11 +37,21 @@ def exit_on_user_error(logger=None):
         yield
     except MMPolaUserError as error:
         if logger is not None:
-            logger.error(f'[mmpola] {error}')
+            _log_to_files(logger, f'[mmpola] {error}')
         # one write per line: the lines of several processes (one per rank) do not interleave
         sys.stderr.write(f'error: {error}\n')
         sys.stderr.flush()
         sys.exit(error.exit_code)
+
+
+def _log_to_files(logger, message):
+    """An ERROR record of ``message`` to the file handlers of ``logger`` only (mmengine's logger writes
+    to the terminal and the run's log file)."""
+    record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, None, None,
+                               func='exit_on_user_error')
+    for handler in logger.handlers:
+        if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
+            handler.handle(record)
 
 
 def check_launch_main(argv=None):
