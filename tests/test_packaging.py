@@ -1,8 +1,11 @@
 """mmpola as a package in a user's own environment: the wheel holds the configs and tools
 (``mmpola/.mim``), its metadata does not require mmcv, and an outside project inherits
-``mmpola::`` configs and trains with mmdet's own ``tools/train.py``."""
+``mmpola::`` configs and trains with mmdet's own ``tools/train.py``; ``requirements/pins.txt`` as pip's
+constraints installs the set-up's environment."""
+import json
 import os
 import os.path as osp
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -10,10 +13,14 @@ import zipfile
 
 import mmdet
 import pytest
+from packaging.requirements import Requirement
 
+import mmpola
 from mmpola.datasets.demo_coco import make_demo_coco
 from tests.fixtures.packaging import build_wheel, clean_env, install_into_separate_env
-from tests.fixtures.paths import CONFIGS, TOOLS
+from tests.fixtures.paths import CONFIGS, REPO, TOOLS
+
+PINS = osp.join(REPO, 'requirements', 'pins.txt')
 
 
 @pytest.fixture(scope='module')
@@ -87,3 +94,29 @@ def test_loading_a_config_with_an_mmdet_base_prints_no_warning():
     res = subprocess.run([sys.executable, '-W', 'error::UserWarning', '-c', check],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert res.returncode == 0 and 'Warning' not in res.stdout, res.stdout[-3000:]
+
+
+def test_pins_as_constraints_install_the_tested_environment(wheel, tmp_path):
+    """docs/install.md's pip commands (``pip install ".[det,seg]" -c requirements/pins.txt``, then
+    ``wheel ninja`` and mmcv) resolve, offline against this environment (the set-up's, which CI tests), to
+    nothing but mmpola: every pin is a version the set-up installed and satisfies what mmpola, mmdet, mmseg
+    and mmcv require. (Downloading is pip's; mmcv's ``--no-build-isolation`` build is the set-up's own.)"""
+    from importlib.metadata import version
+    for line in open(PINS):
+        line = line.split('#', 1)[0].strip()
+        if line:
+            pin = Requirement(line)
+            installed = version(pin.name)
+            assert pin.specifier.contains(installed), f'{pin} in requirements/pins.txt, {installed} installed: ' \
+                                                      'run tools/setup_env.py'
+    env = clean_env()
+    env.pop('PIP_FIND_LINKS', None)  # only what is installed here, not a machine's local wheel folder
+    env['PIP_CONFIG_FILE'] = os.devnull
+    report = tmp_path / 'report.json'
+    res = subprocess.run([sys.executable, '-m', 'pip', 'install', '--dry-run', '--no-index', '--quiet', '--report',
+                          str(report), '-c', PINS, f'mmpola[det,seg] @ {pathlib.Path(wheel).as_uri()}', 'mmcv', 'wheel',
+                          'ninja'], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:]
+    planned = [(item['metadata']['name'], item['metadata']['version'])
+               for item in json.loads(report.read_text())['install']]
+    assert planned == [('mmpola', mmpola.__version__)]

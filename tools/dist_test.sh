@@ -4,8 +4,8 @@
 #   tools/dist_test.sh CONFIG CHECKPOINT GPUS [tools/test.py options ...]
 #
 # Several machines: NNODES, NODE_RANK, MASTER_ADDR, PORT as for tools/dist_train.sh.
-# Without usable CUDA it stops with the cause; with --device cpu, GPUS CPU processes test over
-# gloo. PYTHON selects the interpreter.
+# Without usable CUDA, or with fewer GPUs than GPUS, it stops with the cause before torchrun starts; with
+# --device cpu, GPUS CPU processes test over gloo. PYTHON selects the interpreter.
 set -e
 if [ $# -lt 3 ]; then
     echo "usage: $0 CONFIG CHECKPOINT GPUS [tools/test.py options ...]" >&2
@@ -22,6 +22,11 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -z "$PYTHON" ]; then
     if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python; fi
 fi
+
+# Checked once here, before torchrun starts GPUS processes (each would stop with the same error, then
+# torchrun would add its failure report): CUDA is usable and shows GPUS GPUs. --device cpu skips it.
+PYTHONPATH="$ROOT":$PYTHONPATH "$PYTHON" -c \
+    'from mmpola.runtime.cli import check_launch_main; check_launch_main()' "$GPUS" "${@:4}"
 
 PYTHONPATH="$ROOT":$PYTHONPATH \
 exec "$PYTHON" -m torch.distributed.run \

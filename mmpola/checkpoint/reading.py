@@ -144,9 +144,15 @@ def checkpoint_file_error(path, error=None):
     return None
 
 
-def download_error(url, error):
+CONFIG_LOCAL_FILE = ('--cfg-options load_from=checkpoints/file.pth or model.backbone.init_cfg.checkpoint=checkpoints/'
+                     'file.pth, or the local path as tools/test.py CHECKPOINT')
+
+
+def download_error(url, error, cache_path=None, local_file=CONFIG_LOCAL_FILE):
     """A :class:`CheckpointFileError` for a checkpoint URL that could not be fetched (no network,
-    a proxy, a 404), or None when ``error`` is no download failure."""
+    a proxy, a 404), or None when ``error`` is no download failure. ``cache_path``: where the download
+    would have gone, where a copy put by hand is used without downloading; ``local_file``: how the
+    caller takes a local file instead (examples)."""
     import socket
     import urllib.error
     chain, e = [], error
@@ -161,11 +167,11 @@ def download_error(url, error):
     if cause is None:
         return None
     reason = getattr(cause, 'reason', None) or cause
+    cache = f"; or copy it to {cache_path} (torch hub's cache), where it is used without downloading" \
+        if cache_path else ''
     return CheckpointFileError(
         f'downloading checkpoint {url!r} failed ({type(cause).__name__}: {reason}). Without network access, '
-        'download it on another machine and pass the local file instead of the URL (e.g. '
-        '--cfg-options load_from=checkpoints/file.pth or model.backbone.init_cfg.checkpoint=checkpoints/file.pth, '
-        'or the local path as tools/test.py CHECKPOINT)')
+        f'download it on another machine and pass the local file instead of the URL (e.g. {local_file}){cache}')
 
 
 class OfficialConfigNode:
@@ -379,7 +385,7 @@ def download_checkpoint(url):
         try:
             torch.hub.download_url_to_file(url, local)
         except Exception as e:
-            error = download_error(url, e)
+            error = download_error(url, e, cache_path=local)
             if error is None:
                 raise
             raise error from e

@@ -57,7 +57,7 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
         global_pool: ``'avg'`` (official; the ViT: ``'token'``, the class token, official, or
             ``'avg'``) or ``''`` (no pooling: ``forward`` returns the final NHWC map, the ViT its final
-            tokens, timm's convention). None: the official pooling.
+            tokens as one row of it, timm's convention). None: the official pooling.
         drop_rate: dropout inside the backbone (the official models have none before the head).
         drop_path_rate: stochastic depth (official: PVT T/S 0.1, M/L 0.3; Swin T 0.2, S 0.3,
             B 0.5; PolaFormer++ b0-b2 0.1, b3 0.15, b4 0.4, b5 0.55).
@@ -78,7 +78,8 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
 
     Shapes: images (B, C, H, W) -> logits (B, num_classes); ``forward_features``: the final
     map (B, H/32, W/32, num_features) in NHWC (``output_fmt``), as timm's Swin; the ViT's final
-    tokens (B, 1 + h*w, num_features) (``output_fmt='NLC'``), as timm's ViT.
+    tokens as one row, (B, 1, 1 + h*w, num_features), class token first (see
+    :meth:`~mmpola.models.backbones.vit.ViTBackbone.classification_features`).
     """
 
     not_scriptable_reason = ('the attention cores are custom autograd Functions (optionally torch.compile-d) '
@@ -112,7 +113,6 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         self.kind = self.backbone.attn_kind
         self.num_classes = num_classes
         self.global_pool_types = architecture.classification_global_pools
-        self.output_fmt = architecture.classification_output_fmt
         self.global_pool = check_global_pool(self.global_pool_types[0] if global_pool is None else global_pool,
                                              self.global_pool_types)
         neck, self.num_features = self.backbone.classification_neck(**head_args)
@@ -153,7 +153,7 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         return self.backbone.classification_features(self, self.backbone.forward_stages(x)[-1])
 
     def forward_head(self, x, pre_logits=False):
-        """Final map (B, h, w, F) (the ViT: tokens (B, L, F)) -> logits (B, num_classes), or the pooled
+        """Final map (B, h, w, F) (the ViT: its tokens, (B, 1, L, F)) -> logits (B, num_classes), or the pooled
         (B, F) with ``pre_logits`` (with ``global_pool=''`` no pooling: (B, h, w, F) / (B, h, w, num_classes))."""
         pooled = self.global_pool != ''
         if pooled:

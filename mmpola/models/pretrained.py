@@ -1,5 +1,7 @@
 """timm's ``pretrained=True`` for mmpola's entries: the official file of each release
 (:mod:`mmpola.checkpoint.sources`), downloaded once by timm's own cache."""
+import os.path as osp
+
 from mmpola.checkpoint.reading import download_error
 from mmpola.checkpoint.sources import NoPublishedWeightsError, no_download_message, weight_source
 
@@ -15,9 +17,10 @@ def timm_pretrained_file(name):
 
     Raises:
         NoPublishedWeightsError: the release publishes no direct download for ``name``.
-        CheckpointFileError: the download failed (no network): the message says how to pass a local file.
+        CheckpointFileError: the download failed (no network): the message says how to pass a local file
+            and where in the cache a copy is found.
     """
-    from timm.models._hub import download_cached_file
+    from timm.models._hub import download_cached_file, get_cache_dir
 
     source = weight_source(name)
     if source.url is None:
@@ -25,7 +28,9 @@ def timm_pretrained_file(name):
     try:
         return download_cached_file((source.url, source.file_name), check_hash=False, progress=True)
     except Exception as e:
-        error = download_error(source.url, e)
+        error = download_error(source.url, e, cache_path=osp.join(get_cache_dir(), source.file_name),
+                               local_file=f"timm.create_model('{name}', pretrained=True, "
+                               "pretrained_cfg_overlay=dict(file='checkpoints/file.pth'))")
         if error is None:
             raise
         raise error from e

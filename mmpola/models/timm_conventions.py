@@ -55,8 +55,8 @@ def timm_pretrained_cfg(first_conv, classifier='head', **kwargs):
     """An entry's ``pretrained_cfg``: ImageNet-1k at 224 with the official evaluation transform
     (square resize to 256, bicubic, centre crop 224, ImageNet mean/std) unless overridden.
 
-    ``pool_size`` is the final map at ``input_size`` (stride 32); ``min_input_size`` the smallest
-    input the backbones take (32 pixels: four stages down to stride 32).
+    ``pool_size`` is the final map at ``input_size`` (stride 32; the ViT: its row of tokens);
+    ``min_input_size`` the smallest input the backbones take (32 pixels: four stages down to stride 32).
     """
     cfg = {
         'url': '', 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': (7, 7),
@@ -77,8 +77,8 @@ class TimmClassifierMixin:
     * ``num_classes`` (int), ``num_features`` (int: channels of the final map), ``global_pool``
       (one of ``global_pool_types``, checked with ``check_global_pool``) and ``head`` (made with
       :meth:`_make_head`), set in ``__init__``;
-    * ``forward_features(x)`` -> the final map (B, H, W, num_features), NHWC, or the final tokens
-      (B, L, num_features) with ``output_fmt = 'NLC'`` (a ViT), unpooled; every trainable parameter
+    * ``forward_features(x)`` -> the final map (B, H, W, num_features), NHWC (a ViT: its final tokens as
+      one row, (B, 1, L, num_features)), unpooled; every trainable parameter
       must take part in it or in ``head``;
     * ``forward_intermediates(x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
       intermediates_only=False)`` with timm's meaning (use :meth:`_stage_indices`), returning NCHW

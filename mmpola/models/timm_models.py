@@ -147,10 +147,10 @@ def _cfg(name, entry):
     first_conv = 'backbone.' + architecture.first_conv
     source = entry.source or dict(url=pretrained_url(name) or '')
     size = entry.img_size
-    grid = dict(pool_size=(size // 32, size // 32)) if architecture.classification_output_fmt == 'NHWC' else \
-        dict(pool_size=None, min_input_size=(3, architecture.min_input_size, architecture.min_input_size))
     return timm_pretrained_cfg(first_conv=first_conv, classifier='head', paper_name=paper, origin_url=origin,
-                               input_size=(3, size, size), **grid, **source)
+                               input_size=(3, size, size), pool_size=architecture.classification_pool_size(size),
+                               min_input_size=(3, architecture.min_input_size, architecture.min_input_size),
+                               **source)
 
 
 default_cfgs = generate_default_cfgs({f'{name}.in1k': _cfg(name, entry) for name, entry in TIMM_ENTRIES.items()})

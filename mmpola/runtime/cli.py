@@ -6,6 +6,7 @@ except through the config's ``default_scope``. Errors the user can fix are
 """
 import argparse
 import contextlib
+import logging
 import os
 import os.path as osp
 import sys
@@ -15,10 +16,10 @@ from mmengine.config import DictAction
 from mmpola.errors import MMPolaUserError, UserError
 
 from .dump_results import check_out_path
-from .launch import init_distributed
+from .launch import check_launch, init_distributed
 
-__all__ = ['exit_on_user_error', 'add_launch_args', 'add_check_args', 'parse_tool_args', 'enable_test_dump',
-           'enable_tta', 'enable_test_visualization', 'build_runner']
+__all__ = ['exit_on_user_error', 'check_launch_main', 'add_launch_args', 'add_check_args', 'parse_tool_args',
+           'enable_test_dump', 'enable_tta', 'enable_test_visualization', 'build_runner']
 
 
 @contextlib.contextmanager
@@ -28,7 +29,7 @@ def exit_on_user_error(logger=None):
     Every such error derives from :class:`mmpola.errors.MMPolaUserError` (paths, flags and data,
     refused or mismatched checkpoints, bad backbone arguments, a NaN loss): its message names the
     problem and the fix, a traceback adds noise. With ``logger`` (a running Runner's) the line also
-    goes to the run's log file.
+    goes to the run's log file (not to the terminal a second time).
 
     A misspelled ``type`` or argument in the config is such an error too: the tools check the config
     against what it builds first (:func:`mmpola.runtime.config_check.check_config`).
@@ -37,11 +38,32 @@ def exit_on_user_error(logger=None):
         yield
     except MMPolaUserError as error:
         if logger is not None:
-            logger.error(f'[mmpola] {error}')
+            _log_to_files(logger, f'[mmpola] {error}')
         # one write per line: the lines of several processes (one per rank) do not interleave
         sys.stderr.write(f'error: {error}\n')
         sys.stderr.flush()
         sys.exit(error.exit_code)
+
+
+def _log_to_files(logger, message):
+    """An ERROR record of ``message`` to the file handlers of ``logger`` only (mmengine's logger writes
+    to the terminal and the run's log file)."""
+    record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, None, None,
+                               func='exit_on_user_error')
+    for handler in logger.handlers:
+        if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
+            handler.handle(record)
+
+
+def check_launch_main(argv=None):
+    """``NPROC [tool options ...]``: tools/dist_*.sh run this once before torchrun
+    (:func:`mmpola.runtime.launch.check_launch`); a problem is one ``error:`` line and a non-zero exit."""
+    argv = sys.argv[1:] if argv is None else argv
+    with exit_on_user_error():
+        if not argv or not argv[0].isdigit() or int(argv[0]) < 1:
+            raise UserError(f'the number of processes per machine must be a positive integer, got '
+                            f'{argv[0] if argv else None!r}')
+        check_launch(int(argv[0]), argv[1:])
 
 
 def add_launch_args(parser):

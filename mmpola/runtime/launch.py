@@ -20,7 +20,7 @@ import torch
 from mmpola.errors import MMPolaUserError, UserError
 
 __all__ = ['replace_sync_bn', 'adapt_cfg_to_machine', 'setup_amp', 'init_distributed', 'check_device',
-           'cuda_problem', 'probe_cuda', 'run_on_rank0_and_share', 'DEVICE_ENV']
+           'check_launch', 'cuda_problem', 'probe_cuda', 'run_on_rank0_and_share', 'DEVICE_ENV']
 
 DEVICE_ENV = 'MMPOLA_DEVICE'
 
@@ -281,6 +281,34 @@ def check_device(launcher='none', device=None, environ=None, facts=None):
     print(f'WARNING: running on the CPU: CUDA is not usable ({cause}). If a GPU was meant: {fix}. If the CPU is '
           f'meant, --device cpu (or {DEVICE_ENV}=cpu) says so and silences this warning.', flush=True)
     return 'cpu'
+
+
+def device_option(tool_args):
+    """The ``--device`` value among a tool's arguments (``--device cpu`` or ``--device=cpu``), or None."""
+    for i, arg in enumerate(tool_args):
+        if arg == '--device' and i + 1 < len(tool_args):
+            return tool_args[i + 1]
+        if arg.startswith('--device='):
+            return arg.partition('=')[2]
+    return None
+
+
+def check_launch(nproc, tool_args=(), environ=None, facts=None):
+    """What tools/dist_train.sh and dist_test.sh check once, before torchrun starts ``nproc`` processes
+    on this machine (each would otherwise stop with the same error, followed by torchrun's failure report):
+    CUDA is usable (:func:`check_device` of a ``pytorch`` launch) and shows at least ``nproc`` GPUs.
+    Nothing is checked when the tool arguments or ``MMPOLA_DEVICE`` ask for the CPU."""
+    environ = os.environ if environ is None else environ
+    device = device_option(tool_args)
+    if requested_device(device, environ) == 'cpu':
+        return
+    facts = probe_cuda(environ) if facts is None else facts
+    check_device('pytorch', device, environ, facts)
+    count = facts.get('device_count') or 0
+    if nproc > count:
+        raise UserError(f'{nproc} processes per machine (one per GPU) were asked for, but only {count} GPU(s) are '
+                        f'visible on this machine (CUDA_VISIBLE_DEVICES={facts.get("visible_devices")!r}); start at '
+                        f'most {count} (e.g. tools/dist_train.sh CONFIG {count})')
 
 
 def _check_local_rank(launcher, facts, environ):

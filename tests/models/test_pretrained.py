@@ -18,7 +18,6 @@ from mmpola.checkpoint.sources import (
     pretrained_url,
     weight_source,
 )
-from mmpola.models import pretrained
 from mmpola.models.timm_models import TIMM_ENTRIES
 from tests.fixtures.paths import CONFIGS
 
@@ -109,12 +108,30 @@ def test_timm_pretrained_takes_the_users_file_and_explains_missing_sources(hub_d
         timm.create_model('polapp_b0', pretrained=True)
 
 
-def test_offline_download_names_the_local_file_options(hub_dir, monkeypatch):
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError('[Errno -3] Temporary failure in name resolution')
-    monkeypatch.setattr(timm.models._hub, 'download_url_to_file', offline)
-    with pytest.raises(CheckpointFileError, match='model.backbone.init_cfg.checkpoint='):
-        pretrained.timm_pretrained_file('flatten_swin_tiny')
+def _offline(*args, **kwargs):
+    raise urllib.error.URLError('[Errno -3] Temporary failure in name resolution')
+
+
+def test_offline_download_names_the_local_file_options_and_the_cache_file(hub_dir, monkeypatch):
+    """Without network: timm's route says how to pass a file and the hub cache file docs/models.md promises."""
+    monkeypatch.setattr(timm.models._hub, 'download_url_to_file', _offline)
+    with pytest.raises(CheckpointFileError) as exc:
+        timm.create_model('flatten_swin_tiny', pretrained=True)
+    message = str(exc.value)
+    assert "timm.create_model('flatten_swin_tiny', pretrained=True, pretrained_cfg_overlay=dict(file=" in message
+    assert f"or copy it to {hub_dir / 'flatten_swin_tiny_in1k_official.pth'} (torch hub's cache)" in message
+    assert not list(hub_dir.glob('*.pth'))
+
+
+def test_offline_init_cfg_url_names_the_cache_file(hub_dir, monkeypatch):
+    """The config route (init_cfg URL, what the tools fetch before building) names the same file."""
+    from mmpola.checkpoint import read_checkpoint
+    monkeypatch.setattr(torch.hub, 'download_url_to_file', _offline)
+    with pytest.raises(CheckpointFileError) as exc:
+        read_checkpoint(pretrained_url('flatten_pvt_tiny'))
+    message = str(exc.value)
+    assert 'model.backbone.init_cfg.checkpoint=' in message
+    assert f"or copy it to {hub_dir / 'flatten_pvt_tiny_in1k_official.pth'} (torch hub's cache)" in message
 
 
 def test_init_cfg_url_downloads_into_torch_hub_cache_once(hub_dir, monkeypatch):

@@ -12,6 +12,7 @@ import timm
 import torch
 import torch.nn as nn
 from timm.data import resolve_data_config
+from timm.layers import get_spatial_dim
 from timm.models import get_notrace_functions, get_notrace_modules
 from timm.models._features import FeatureGetterNet
 from torchvision.models.feature_extraction import NodePathTracer
@@ -52,26 +53,26 @@ def test_backward_reaches_every_parameter(entry):
 
 
 def _unpooled_shape(model, size):
-    """forward_features of an input of ``size``: the NHWC map at stride 32, or (a ViT, NLC) the
-    class token and the patch tokens at stride 16."""
-    if model.output_fmt == 'NLC':
+    """forward_features of an input of ``size``: the NHWC map at stride 32, or (the ViT) its tokens as
+    one row: the class token and the patch tokens at stride 16."""
+    if model.pretrained_cfg['architecture'].startswith('inline_deit'):
         grid = [-(-s // model.backbone.patch_size) for s in size[1:]]
-        return (1, model.backbone.num_prefix_tokens + grid[0] * grid[1], model.num_features)
+        return (1, 1, model.backbone.num_prefix_tokens + grid[0] * grid[1], model.num_features)
     return (1, *[-(-s // 32) for s in size[1:]], model.num_features)
 
 
 def test_pretrained_cfg_and_head_api(entry):
-    """timm's test_model_default_cfgs (and, for NLC models such as the ViT, test_model_default_cfgs_non_std):
-    the config describes the model, forward_features is the unpooled map of ``pool_size`` (the tokens
-    of a ViT), forward_head(pre_logits=True) / reset_classifier / global_pool=''."""
+    """timm's test_model_default_cfgs, which timm runs on every model but its own ViT-like names (those
+    get test_model_default_cfgs_non_std): the config describes the model, forward_features is the
+    unpooled NHWC map of ``pool_size``, forward_head(pre_logits=True) / reset_classifier /
+    global_pool=''."""
     model = copy_entry(entry)
     cfg = model.pretrained_cfg
     assert model.default_cfg == cfg
-    nlc = model.output_fmt == 'NLC'
-    assert [k for k in CFG_KEYS if cfg.get(k) is None] == (['pool_size'] if nlc else [])
+    assert [k for k in CFG_KEYS if cfg.get(k) is None] == []
     assert cfg['num_classes'] == model.num_classes == 1000
     assert model.num_features > 0 and model.head_hidden_size == model.num_features
-    assert model.output_fmt in ('NHWC', 'NLC')
+    assert model.output_fmt == 'NHWC' and len(get_spatial_dim(model.output_fmt)) == 2  # timm: no 1-D support
     state_dict = model.state_dict()
     assert f"{cfg['classifier']}.weight" in state_dict
     assert model.get_classifier() is model.get_submodule(cfg['classifier'])
@@ -84,8 +85,7 @@ def test_pretrained_cfg_and_head_api(entry):
     with torch.no_grad():
         features = model.forward_features(torch.randn(1, *cfg['input_size']))
         assert features.shape == _unpooled_shape(model, cfg['input_size'])
-        if not nlc:
-            assert features.shape[1:3] == cfg['pool_size']
+        assert features.shape[1:3] == cfg['pool_size'] and features.shape[3] == model.num_features
         pre_logits = model.forward_head(features, pre_logits=True)
         assert pre_logits.shape == (1, model.head_hidden_size)
         assert model.forward_head(features).shape == (1, 1000)

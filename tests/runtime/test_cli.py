@@ -33,3 +33,25 @@ def test_test_time_adapters_follow_each_library():
     assert seg.test_dataloader.dataset.pipeline == ['tta']
     with pytest.raises(UserError, match='tta_model'):
         enable_tta(Config(dict(model=dict(type='X'))))
+
+
+def test_user_error_of_a_running_run_is_printed_once_and_logged(tmp_path, capsys):
+    """With the Runner's logger, the error line reaches the terminal once (stderr) and the log file once."""
+    import logging
+
+    from mmengine.logging import MMLogger
+
+    from mmpola.runtime.cli import exit_on_user_error
+    log_file = tmp_path / 'run.log'
+    logger = MMLogger.get_instance('test_cli_user_error', log_file=str(log_file))
+    with pytest.raises(SystemExit) as exc, exit_on_user_error(logger):
+        raise UserError('the problem and its fix')
+    assert exc.value.code == UserError.exit_code
+    out, err = capsys.readouterr()
+    assert err == 'error: the problem and its fix\n' and 'the problem' not in out
+    for handler in logger.handlers:
+        handler.flush()
+    logged = [line for line in log_file.read_text().splitlines() if 'the problem and its fix' in line]
+    assert len(logged) == 1 and ' - ERROR - ' in logged[0] and logged[0].endswith('[mmpola] the problem and its fix')
+    assert any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+               for h in logger.handlers)  # the terminal handler that no longer gets the line

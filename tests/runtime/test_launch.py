@@ -134,6 +134,22 @@ def test_usable_cuda_passes_with_a_gpu_per_local_rank(monkeypatch):
         launch.check_device('slurm', environ={'SLURM_LOCALID': '4'}, facts=four)
 
 
+def test_launch_check_needs_cuda_and_a_gpu_per_process(no_cuda, monkeypatch):
+    """tools/dist_*.sh check once before torchrun: usable CUDA with a GPU for each process, unless the
+    CPU is asked for."""
+    with pytest.raises(UserError, match='--launcher pytorch starts one process per GPU, but CUDA is not usable here: '
+                                        'no GPU is visible'):
+        launch.check_launch(2, ['--cfg-options', 'a=1'])
+    launch.check_launch(2, ['--device', 'cpu'], environ={}, facts=_facts())  # asked for: nothing to check
+    launch.check_launch(2, ['--device=cpu'], environ={}, facts=_facts())
+    launch.check_launch(2, [], environ={launch.DEVICE_ENV: 'cpu'}, facts=_facts())
+    four = _facts(available=True, device_count=4, visible_devices=None)
+    launch.check_launch(4, [], environ={}, facts=four)
+    with pytest.raises(UserError, match=r'8 processes per machine .* only 4 GPU\(s\) are visible .* '
+                                        r'tools/dist_train.sh CONFIG 4'):
+        launch.check_launch(8, [], environ={}, facts=four)
+
+
 def _fake_tool(folder, name, script):
     path = folder / name
     path.write_text('#!/bin/sh\n' + script)
@@ -230,6 +246,25 @@ def test_dist_train_on_cpu_stops_every_rank_with_rank0s_data_error(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
     assert len(errors) == 2 and errors[0] == errors[1] and '/nonexistent/' in errors[0], proc.stderr[-3000:]
     assert 'train.py", line' not in proc.stderr  # no traceback of ours (torchrun prints its own summary)
+
+
+@pytest.mark.parametrize('script', ['dist_train.sh', 'dist_test.sh'])
+def test_dist_scripts_without_cuda_stop_once_before_torchrun(script, tmp_path):
+    """One error line, from the check before torchrun: no process is started, so neither the same line
+    per process nor torchrun's failure report follows."""
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHON=sys.executable, CUDA_VISIBLE_DEVICES='')
+    env.pop(launch.DEVICE_ENV, None)
+    args = [DEMO_CONFIG] + (['CHECKPOINT.pth'] if script == 'dist_test.sh' else []) + ['8', '--work-dir',
+                                                                                        str(tmp_path / 'work')]
+    proc = subprocess.run(['bash', osp.join('tools', script)] + args, cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        "error: --launcher pytorch starts one process per GPU, but CUDA is not usable here: CUDA_VISIBLE_DEVICES is "
+        "set to '', which hides every GPU from this process. Fix: unset CUDA_VISIBLE_DEVICES, or list the GPUs to "
+        "use (e.g. CUDA_VISIBLE_DEVICES=0,1,2,3). To run on the CPU on purpose, add --device cpu (or set "
+        "MMPOLA_DEVICE=cpu)."], proc.stderr[-3000:]
+    assert proc.stdout == '' and not (tmp_path / 'work').exists()
 
 
 def test_train_tool_with_launcher_and_no_cuda_stops_at_once(tmp_path):

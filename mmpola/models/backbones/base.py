@@ -243,7 +243,6 @@ class DenseBackbone(BaseModule):
     classification_modules = ('norm', 'head')  # its modules beside ``backbone`` (unprefixed in official files)
     classification_args = ()  # classifier arguments of the architecture's head (PolaFormer++: projection)
     classification_global_pools = ('avg', '')  # the classifier's global_pool values, the official first
-    classification_output_fmt = 'NHWC'  # what classification_features returns (the ViT: 'NLC' tokens)
     first_conv = None  # the stem convolution, below ``backbone.`` (timm's pretrained_cfg)
 
     def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None, norm_after_stage=None,
@@ -632,6 +631,11 @@ class DenseBackbone(BaseModule):
         tokens, hw = stage
         tokens = neck.norm(tokens)
         return tokens.reshape(tokens.shape[0], hw[0], hw[1], tokens.shape[-1])
+
+    @classmethod
+    def classification_pool_size(cls, img_size):
+        """The (h, w) of :meth:`classification_features` at ``img_size`` (timm's ``pool_size``): stride 32."""
+        return img_size // 32, img_size // 32
 
     def classification_stage_norm(self, neck):
         """The norm ``forward_intermediates(norm=True)`` applies to the last stage map, or None."""

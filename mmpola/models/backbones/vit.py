@@ -123,7 +123,6 @@ class ViTBackbone(DenseBackbone):
     first_conv = 'patch_embed.proj'
     classification_kwargs = dict(final_norm=False)
     classification_global_pools = ('token', 'avg', '')
-    classification_output_fmt = 'NLC'
 
     def __init__(self, arch='tiny', pretrain_img_size=None, patch_size=16, in_channels=3, out_indices=None,
                  final_norm=False, attn_type=None, mlp_ratio=4., qkv_bias=True, qk_scale=None, drop_rate=0.,
@@ -232,18 +231,26 @@ class ViTBackbone(DenseBackbone):
         return {'norm': nn.LayerNorm(self.embed_dims[-1], eps=1e-6)}, self.embed_dims[-1]
 
     def classification_features(self, neck, stage):
-        """The final tokens (B, 1 + h*w, C) after the final norm (NLC, as timm's ViT)."""
+        """The final tokens after the final norm as the one row of an NHWC map, (B, 1, 1 + h*w, C), class
+        token first: timm's conventions give every entry but its own ViTs a map with two spatial axes, and
+        the official pooling takes the class token, which a map of the patch grid would not hold."""
         tokens, _ = stage
-        return neck.norm(tokens)
+        return neck.norm(tokens).unsqueeze(1)
+
+    @classmethod
+    def classification_pool_size(cls, img_size, patch_size=16):
+        """The (1, 1 + h*w) map of :meth:`classification_features` at ``img_size``."""
+        return 1, cls.num_prefix_tokens + (img_size // patch_size) ** 2
 
     def classification_stage_norm(self, neck):
         return neck.norm
 
     def classification_pool(self, x, global_pool='token'):
-        """``'token'``: the class token (official); ``'avg'``: the mean of the patch tokens."""
+        """(B, 1, 1 + h*w, C) -> ``'token'``: the class token (official); ``'avg'``: the mean of the patch tokens."""
+        tokens = x[:, 0]
         if global_pool == 'avg':
-            return x[:, self.num_prefix_tokens:].mean(dim=1)
-        return x[:, 0]
+            return tokens[:, self.num_prefix_tokens:].mean(dim=1)
+        return tokens[:, 0]
 
     @classmethod
     def classifier_kwargs_from_official(cls, kwargs):
