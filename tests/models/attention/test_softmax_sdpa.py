@@ -152,14 +152,35 @@ def test_softmax_kinds_call_sdpa_and_match_the_formula(sdpa_calls, case, dtype):
 
 
 def test_attention_dropout_is_sdpa_dropout_in_training_only(sdpa_calls):
-    attn = WindowAttention(16, 2, window_size=4, shift=True, attn_drop=0.25)
     x = torch.randn(2, 8 * 8, 16, requires_grad=True)
-    attn.train()(x, (8, 8)).sum().backward()
-    attn.eval()(x, (8, 8))
     vit = SpatialReductionAttention(16, 2, qkv_layout='fused', attn_drop=0.5).train()
-    vit(x, (8, 8))
-    assert [c['dropout_p'] for c in sdpa_calls] == [0.25, 0.0, 0.5]
-    assert attn.relative_position_bias_table.grad.abs().sum() > 0  # the bias learns through the mask
+    vit(x, (8, 8)).sum().backward()
+    vit.eval()(x, (8, 8))
+    attn = WindowAttention(16, 2, window_size=4, shift=True, attn_drop=0.25).train()
+    with torch.no_grad():  # the bias needs no gradient: SDPA, with the module's dropout probability
+        attn(x, (8, 8))
+    assert [c['dropout_p'] for c in sdpa_calls] == [0.5, 0.0, 0.25]
+
+
+def test_a_learned_bias_trains_through_the_explicit_steps_on_the_cpu(sdpa_calls):
+    """On the CPU, SDPA with a mask that needs its gradient runs its unfused math path; Swin's training
+    forward there takes the explicit steps instead: the same values, the bias gets its gradient, and
+    the attention dropout applies."""
+    attn = WindowAttention(16, 2, window_size=4, shift=True).double()
+    x = torch.randn(2, 8 * 8, 16, dtype=torch.float64)
+    out = attn(x, (8, 8))
+    out.sum().backward()
+    assert not sdpa_calls
+    with torch.no_grad():
+        expected = attn(x, (8, 8))
+    assert len(sdpa_calls) == 1
+    assert (out.detach() - expected).abs().max() <= 1e-12
+    assert attn.relative_position_bias_table.grad.abs().sum() > 0
+    attn.attn_drop.p = 0.5
+    attn.train()
+    assert (attn(x, (8, 8)).detach() - expected).abs().max() > 1e-3  # dropout in training
+    attn.eval()
+    assert (attn(x, (8, 8)).detach() - expected).abs().max() <= 1e-12
 
 
 def test_shift_masks_are_shared_across_calls_and_blocks():
