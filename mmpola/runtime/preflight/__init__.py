@@ -9,8 +9,9 @@ One module per kind of check:
 * :mod:`.checkpoints`: the checkpoint files the run reads (``load_from``, ``--resume``, the test
   checkpoint, pretrained inits): present, complete, loadable weights-only;
 * :mod:`.files`: the data files exist and are not empty;
-* :mod:`.coco`: COCO annotation files (no annotations, ids used twice, unusable annotations, image
-  sizes against the images, classes vs categories);
+* :mod:`.coco`: COCO annotation files (no annotations, ids used twice, unusable annotations, only
+  crowd regions, boxes off their polygons, image sizes against the images, classes vs categories, a
+  metric's file against the dataset's);
 * :mod:`.seg_maps`: segmentation maps against their images and the ``reduce_zero_label`` convention;
 * :mod:`.image_headers`: size, channels and EXIF orientation of an image file, from its header
   (shared by the two above);
@@ -23,7 +24,7 @@ import os.path as osp
 from ..config import is_url
 from ..launch import run_on_rank0_and_share
 from .checkpoints import check_run_checkpoints
-from .coco import checked_coco_categories, is_evaluated, uses_masks
+from .coco import check_metric_file, checked_coco_categories, is_evaluated, uses_masks
 from .datasets import (
     coco_ann_path,
     coco_image_dir,
@@ -99,8 +100,9 @@ def check_dataset_contents(cfg, dataloader_keys):
                 for metric_file in metric_files or []:  # a metric's own file: the ground truth it scores against
                     if metric_file and not is_url(metric_file) and osp.isfile(metric_file) \
                             and osp.abspath(metric_file) != osp.abspath(path):
-                        checked_coco_categories(metric_file, key.replace('_dataloader', '_evaluator'), masks,
-                                                evaluated=True)
+                        metric_key = key.replace('_dataloader', '_evaluator')
+                        checked_coco_categories(metric_file, metric_key, masks, evaluated=True)
+                        check_metric_file(metric_file, path, metric_key, key)
             elif is_seg(dataset):
                 root = dataset.get('data_root') or ''
                 images, seg_maps = seg_dataset_files(dataset, root)
