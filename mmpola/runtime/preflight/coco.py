@@ -93,7 +93,7 @@ def _evaluators(cfg, key):
     ``val_evaluator``); none for the training loader or a run without that loop."""
     if not key.endswith('_dataloader') or key.startswith('train'):
         return []
-    if key.startswith('val') and not cfg.get('val_cfg'):
+    if key.startswith('val') and cfg.get('val_cfg') is None:
         return []
     evaluator = cfg.get(key.replace('_dataloader', '_evaluator'))
     if isinstance(evaluator, dict) and 'metrics' in evaluator and 'type' not in evaluator:
