@@ -82,15 +82,15 @@ def image_inputs(inputs, suffixes, who='inferencer'):
     return kept
 
 
-def _with_image_inputs(base, suffixes):
+def _with_image_inputs(base, suffixes, name):
     class Inferencer(base):
         __doc__ = f"""mmpola's extension of ``{base.__module__}.{base.__name__}`` for image folders
         (:mod:`mmpola.inferencers`); same arguments and results."""
 
         def _inputs_to_list(self, inputs):
-            return image_inputs(inputs, suffixes, base.__name__)
+            return image_inputs(inputs, suffixes, name)
 
-    Inferencer.__name__ = Inferencer.__qualname__ = base.__name__
+    Inferencer.__name__ = Inferencer.__qualname__ = name
     return Inferencer
 
 
@@ -108,5 +108,5 @@ def __getattr__(name):
             from mmdet.apis import DetInferencer as base
         else:
             from mmseg.apis import MMSegInferencer as base
-        _CLASSES[name] = _with_image_inputs(base, IMG_EXTENSIONS)
+        _CLASSES[name] = _with_image_inputs(base, IMG_EXTENSIONS, name)
     return _CLASSES[name]

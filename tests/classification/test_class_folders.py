@@ -71,3 +71,14 @@ def test_a_class_folder_without_images_is_named(split_without_ring, tmp_path, ca
     assert err.startswith(f"train_dataloader: 1 class folder(s) of '{root}/train' hold no image (")
     assert err.endswith("): 'stripes', a class the model would never be trained on. Fix: copy its images there (an "
                         'interrupted copy?), or remove the folder (one class fewer: num_classes too)')
+
+
+def test_tests_without_the_training_split_are_told_where_the_classes_come_from(split_without_ring, tmp_path, capsys):
+    root, config = split_without_ring
+    shutil.rmtree(root / 'train')
+    checkpoint = tmp_path / 'weights.pth'
+    torch.save(dict(state_dict=dict(w=torch.zeros(1))), checkpoint)
+    err = refused(load_tool('test'), [config, str(checkpoint), '--work-dir', str(tmp_path / 'test')], capsys)
+    assert err.startswith(f"test_dataloader: test_dataloader.dataset.classes_from '{root}/train' does not exist: the "
+                          "class list (and the label of every image) comes from the training split's class folders. "
+                          'Fix: put the training split there')

@@ -124,7 +124,7 @@ def test_folders_upper_case_suffixes_and_unreadable_files(tmp_path, capsys):
 
     seg = SegInferencer(model=SEG_CONFIG, weights=_checkpoint(SEG_CONFIG, tmp_path / 'seg.pth')[0], device='cpu')
     labels = seg(str(folder))['predictions']
-    _left_out_warning(capsys, 'MMSegInferencer', folder)
+    _left_out_warning(capsys, 'SegInferencer', folder)
     assert [x.shape for x in labels] == [(96, 128), (80, 112)]
     assert np.array_equal(labels[1], seg(str(folder / 'b.JPG'))['predictions'])
 

@@ -52,6 +52,22 @@ def _numbering(dataset):
     return _class_folders(folder), f'the class folders of {folder!r}', folder
 
 
+def _check_source(key, where, dataset):
+    """``classes_from`` must be a folder of class folders."""
+    source = dataset.get('classes_from')
+    metainfo = dataset.get('metainfo') or {}
+    if isinstance(metainfo, dict) and metainfo.get('classes'):
+        return  # the dataset numbers from metainfo.classes
+    folder = full_path(dataset.get('data_root') or '', source) if source else None
+    if folder and not _class_folders(folder):
+        state = 'does not exist' if not osp.exists(folder) else 'has no class folders'
+        raise UserError(
+            f'{key}: {where}.classes_from {folder!r} {state}: the class list (and the label of every image) '
+            "comes from the training split's class folders. Fix: put the training split there, or give the "
+            f'classes: --cfg-options {where}.metainfo.classes=[...] (or, when this split has every class folder, '
+            f'{where}.classes_from=None)')
+
+
 def _split_folder(dataset):
     prefix = dataset.get('data_prefix') or {}
     img_path = prefix.get('img_path', '') if isinstance(prefix, dict) else ''
@@ -66,6 +82,7 @@ def check_class_folders(cfg, key, where, dataset):
     split = _split_folder(dataset)
     if not osp.isdir(split):
         return  # reported by the file checks
+    _check_source(key, where, dataset)
     classes, source, numbered_by = _numbering(dataset)
     own = _class_folders(split)
     reference = None
