@@ -95,7 +95,8 @@ def build_train_config(args):
     notes += runtime_hook_notes(cfg)
     if not args.skip_config_check:
         check_config(cfg)  # misspelled types and arguments, with the close matches
-    keys = ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else [])
+    # (an empty val_cfg=dict() is a validation loop too, as mmengine builds one)
+    keys = ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') is not None else [])
     launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
     run_preflight(cfg, keys, args.skip_data_check, training=True)  # checkpoints, data, model
     return cfg, scope, notes

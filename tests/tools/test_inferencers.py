@@ -8,6 +8,7 @@ import os.path as osp
 
 import cv2
 import numpy as np
+import pytest
 import torch
 
 from mmpola.runtime.config import load_config, register_task_modules
@@ -82,3 +83,51 @@ def test_mmseg_inferencer_one_image_and_arrays(tmp_path):
     assert (scaled == inferencer(array)['predictions']).mean() > 0.99
     gray = array[..., 1]
     assert np.array_equal(inferencer(gray)['predictions'], inferencer(np.repeat(gray[..., None], 3, 2))['predictions'])
+
+
+def _folder(tmp_path):
+    """a.jpg, b.JPG (upper-case suffix), c.png (not an image: random bytes), notes.txt."""
+    folder = tmp_path / 'photos'
+    folder.mkdir()
+    _image(folder / 'a.jpg', 96, 128)
+    image = np.random.default_rng(1).integers(0, 256, (80, 112, 3), dtype=np.uint8)
+    cv2.imwrite(str(folder / 'b.JPG'), image)
+    (folder / 'c.png').write_bytes(np.random.default_rng(2).bytes(3000))
+    (folder / 'notes.txt').write_text('taken on a sunny day')
+    return folder
+
+
+def _left_out_warning(capsys, who, folder):
+    out = capsys.readouterr().out
+    assert f"[mmpola] {who}: 2 of 4 files of folder '{folder}' left out: c.png (cannot be decoded as an image); " \
+           'notes.txt (not an image file name (suffixes: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp)). ' \
+           'Predicting the other 2' in out, out
+
+
+def test_folders_upper_case_suffixes_and_unreadable_files(tmp_path, capsys):
+    """mmpola.inferencers: a folder's b.JPG is predicted (mmdet's listing skipped it), an undecodable file
+    and a text file are named and left out (one stopped the whole folder), the rest is predicted as one
+    image at a time; nothing left to predict is one clear error."""
+    from mmengine.logging import MMLogger
+
+    from mmpola.errors import UserError
+    from mmpola.inferencers import DetInferencer, SegInferencer
+    folder = _folder(tmp_path)
+    MMLogger.get_instance('inferencer_folder')  # the log goes to this test's captured stdout
+    det = DetInferencer(model=DET_CONFIG, weights=_checkpoint(DET_CONFIG, tmp_path / 'det.pth')[0], device='cpu')
+    result = det(str(folder), out_dir=str(tmp_path / 'det'))
+    _left_out_warning(capsys, 'DetInferencer', folder)
+    assert sorted(p.name for p in (tmp_path / 'det' / 'vis').iterdir()) == ['a.jpg', 'b.JPG']
+    for pred, name in zip(result['predictions'], ('a.jpg', 'b.JPG')):
+        alone = det(str(folder / name))['predictions'][0]
+        assert pred['labels'] == alone['labels'] and np.allclose(pred['bboxes'], alone['bboxes'], atol=1e-3)
+
+    seg = SegInferencer(model=SEG_CONFIG, weights=_checkpoint(SEG_CONFIG, tmp_path / 'seg.pth')[0], device='cpu')
+    labels = seg(str(folder))['predictions']
+    _left_out_warning(capsys, 'SegInferencer', folder)
+    assert [x.shape for x in labels] == [(96, 128), (80, 112)]
+    assert np.array_equal(labels[1], seg(str(folder / 'b.JPG'))['predictions'])
+
+    with pytest.raises(UserError, match=r"^DetInferencer: no image to predict in the inputs: "
+                                        f"{folder}/c.png \\(cannot be decoded as an image\\)"):
+        det(str(folder / 'c.png'))

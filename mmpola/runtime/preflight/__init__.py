@@ -9,8 +9,11 @@ One module per kind of check:
 * :mod:`.checkpoints`: the checkpoint files the run reads (``load_from``, ``--resume``, the test
   checkpoint, pretrained inits): present, complete, loadable weights-only;
 * :mod:`.files`: the data files exist and are not empty;
-* :mod:`.coco`: COCO annotation files (no annotations, ids used twice, unusable annotations, image
-  sizes against the images, classes vs categories);
+* :mod:`.coco`: COCO annotation files (no annotations, ids used twice, unusable annotations, only
+  crowd regions, boxes off their polygons, image sizes against the images, classes vs categories, a
+  metric's file against the dataset's);
+* :mod:`.class_folders`: classification splits in class folders numbered from one class list, no
+  class folder without images;
 * :mod:`.seg_maps`: segmentation maps against their images and the ``reduce_zero_label`` convention;
 * :mod:`.image_headers`: size, channels and EXIF orientation of an image file, from its header
   (shared by the two above);
@@ -23,7 +26,8 @@ import os.path as osp
 from ..config import is_url
 from ..launch import run_on_rank0_and_share
 from .checkpoints import check_run_checkpoints
-from .coco import checked_coco_categories, is_evaluated, uses_masks
+from .class_folders import check_class_folders, is_class_folder_dataset
+from .coco import check_metric_file, checked_coco_categories, is_evaluated, uses_masks
 from .datasets import (
     coco_ann_path,
     coco_image_dir,
@@ -70,7 +74,8 @@ def run_preflight(cfg, dataloader_keys, skip_data_check=False, training=False):
 
 def check_dataset_contents(cfg, dataloader_keys):
     """The content checks of every (leaf) dataset of ``dataloader_keys``: COCO annotations and image
-    sizes, class names against the file's categories, segmentation maps and their label convention,
+    sizes, class names against the file's categories, the class folders of classification splits,
+    segmentation maps and their label convention,
     and ``num_classes`` of the heads. Each annotation file is parsed at most once (and not again
     while it is unchanged)."""
     categories = {}
@@ -99,8 +104,11 @@ def check_dataset_contents(cfg, dataloader_keys):
                 for metric_file in metric_files or []:  # a metric's own file: the ground truth it scores against
                     if metric_file and not is_url(metric_file) and osp.isfile(metric_file) \
                             and osp.abspath(metric_file) != osp.abspath(path):
-                        checked_coco_categories(metric_file, key.replace('_dataloader', '_evaluator'), masks,
-                                                evaluated=True)
+                        metric_key = key.replace('_dataloader', '_evaluator')
+                        checked_coco_categories(metric_file, metric_key, masks, evaluated=True)
+                        check_metric_file(metric_file, path, metric_key, key)
+            elif is_class_folder_dataset(dataset):
+                check_class_folders(cfg, key, where, dataset)
             elif is_seg(dataset):
                 root = dataset.get('data_root') or ''
                 images, seg_maps = seg_dataset_files(dataset, root)

@@ -5,6 +5,10 @@
 * :func:`check_coco_annotations`: image ids or annotation ids used twice, boxes with NaN/inf or
   negative size, polygons with fewer than 3 points, annotations without ``segmentation`` when masks
   are trained or evaluated, category ids missing from ``categories``;
+* :func:`check_trainable_annotations`: a training file whose annotations are all crowd regions
+  (ignored by the losses), boxes that do not match their own polygons (x1,y1,x2,y2 written as COCO's
+  x,y,width,height);
+* :func:`check_metric_file`: a metric's own ``ann_file`` must list the images the dataset reads;
 * :func:`check_image_sizes`: the ``width`` / ``height`` the file gives each image against the image
   as the pipeline decodes it (EXIF orientation applied), from the image headers;
 * :func:`check_classes_in_file`: the dataset's classes must be categories of the file;
@@ -20,11 +24,12 @@ from collections import Counter
 
 from mmpola.errors import UserError
 
-from .datasets import coco_ann_path, listing, shown
+from .datasets import coco_ann_path, coco_images, listing, shown
 from .image_headers import image_header
 
-__all__ = ['load_coco_json', 'check_has_annotations', 'check_coco_annotations', 'check_image_sizes',
-           'check_classes_in_file', 'checked_coco_categories', 'uses_masks', 'is_evaluated', 'class_list']
+__all__ = ['load_coco_json', 'check_has_annotations', 'check_coco_annotations', 'check_trainable_annotations',
+           'check_metric_file', 'check_image_sizes', 'check_classes_in_file', 'checked_coco_categories',
+           'uses_masks', 'is_evaluated', 'class_list']
 
 
 def coco_category_names(coco):
@@ -88,7 +93,7 @@ def _evaluators(cfg, key):
     ``val_evaluator``); none for the training loader or a run without that loop."""
     if not key.endswith('_dataloader') or key.startswith('train'):
         return []
-    if key.startswith('val') and not cfg.get('val_cfg'):
+    if key.startswith('val') and cfg.get('val_cfg') is None:
         return []
     evaluator = cfg.get(key.replace('_dataloader', '_evaluator'))
     if isinstance(evaluator, dict) and 'metrics' in evaluator and 'type' not in evaluator:
@@ -276,12 +281,106 @@ def check_coco_annotations(coco, ann_file, key='dataset', needs_masks=False):
         raise UserError(f'{key}: {ann_file!r} has annotations the model cannot use:\n' + '\n'.join(lines))
 
 
+def _polygon_bounds(segm):
+    """``(x0, y0, x1, y1)`` of the points of COCO polygons, or None (RLE, malformed)."""
+    if not isinstance(segm, list) or not segm:
+        return None
+    xs, ys = [], []
+    for poly in segm:
+        if not isinstance(poly, list) or len(poly) < 6 or len(poly) % 2 or \
+                not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in poly):
+            return None
+        xs += poly[0::2]
+        ys += poly[1::2]
+    return min(xs), min(ys), max(xs), max(ys)
+
+
+def _box_off_polygon(bbox, bounds):
+    """Whether a COCO box ([x, y, w, h]) misses its polygon's bounds by more than rounding: each edge
+    must lie within 2 px (or a tenth of the object's size) of the polygon's."""
+    x, y, w, h = bbox
+    x0, y0, x1, y1 = bounds
+    tol_x, tol_y = max(2.0, 0.1 * (x1 - x0)), max(2.0, 0.1 * (y1 - y0))
+    return abs(x - x0) > tol_x or abs(x + w - x1) > tol_x or abs(y - y0) > tol_y or abs(y + h - y1) > tol_y
+
+
+def check_trainable_annotations(coco, ann_file, key='dataset'):
+    """Annotations that are well-formed but cannot teach what they should.
+
+    * every annotation of a training file ``iscrowd=1``: mmdet ignores crowd regions in the losses, so
+      the box and mask losses stay 0 for the whole run (training file only);
+    * a ``bbox`` that does not match the bounds of its own polygons (e.g. ``[x1, y1, x2, y2]`` where
+      COCO has ``[x, y, width, height]``): the boxes are trained and scored on other pixels than the
+      masks. Refused when more than 1% of the annotations with polygons are off (a few sloppy boxes
+      of a large set are annotation noise); those with RLE masks or without polygons are left out.
+    """
+    anns = [a for a in coco.get('annotations') or [] if isinstance(a, dict) and not a.get('ignore', False)]
+    images = {img.get('id'): img.get('file_name') for img in coco.get('images') or [] if isinstance(img, dict)}
+    if key.startswith('train') and anns and all(a.get('iscrowd') for a in anns):
+        raise UserError(
+            f'{key}: all {len(anns)} annotations of {ann_file!r} have iscrowd=1 (e.g. annotation id '
+            f"{anns[0].get('id')!r}), which mmdet treats as regions to ignore: the box and mask losses would be 0 "
+            'for the whole run. Fix: set iscrowd=0 for the objects to learn (iscrowd=1 only marks crowds)')
+    off, compared = [], 0
+    for ann in anns:
+        bounds = _polygon_bounds(ann.get('segmentation'))
+        if bounds is not None and _bad_box(ann.get('bbox')) is None:
+            compared += 1
+            if _box_off_polygon(ann['bbox'], bounds):
+                off.append((ann, bounds))
+    if len(off) <= compared // 100:  # a few sloppy boxes in a large set are left to the training
+        return
+    ann, (x0, y0, x1, y1) = off[0]
+    x, y, w, h = ann['bbox']
+    image = images.get(ann.get('image_id'), f"image_id {ann.get('image_id')}")
+    corner_like = sum(abs(a['bbox'][2] - b[2]) <= max(2.0, 0.1 * (b[2] - b[0])) and
+                      abs(a['bbox'][3] - b[3]) <= max(2.0, 0.1 * (b[3] - b[1])) for a, b in off)
+    looks = (' They look like x1,y1,x2,y2 corners; COCO boxes are [x, y, width, height].'
+             if corner_like * 2 > len(off) else '')
+    raise UserError(
+        f"{key}: {len(off)} of the {compared} annotations with polygons of {ann_file!r} have a bbox that does not "
+        f"match their own polygon, e.g. annotation id {ann.get('id')!r} ({image}): "
+        f'bbox {ann["bbox"]} spans x {x:g}..{x + w:g}, y {y:g}..{y + h:g}, its polygon x {x0:g}..{x1:g}, '
+        f'y {y0:g}..{y1:g}.{looks} Fix: write each bbox as [x, y, width, height] of its object (e.g. from the '
+        'polygon: [min x, min y, max x - min x, max y - min y])')
+
+
+def check_metric_file(metric_file, dataset_file, metric_key, dataset_key):
+    """A COCO metric with an ``ann_file`` of its own scores each prediction against the ground truth
+    of that file's image with the prediction's image id, and counts every image of the file: the
+    file must list exactly the images (ids and file names) of the dataset's annotation file.
+    Otherwise (e.g. the training file named in the test evaluator) the predictions are scored against
+    other images' objects and the run ends with a wrong mAP."""
+    ours = {img.get('id'): img.get('file_name') for img in coco_images(dataset_file)}
+    theirs = {img.get('id'): img.get('file_name') for img in coco_images(metric_file)}
+    if ours == theirs:
+        return
+    absent = [i for i in ours if i not in theirs]
+    other = [i for i in ours if i in theirs and theirs[i] != ours[i]]
+    extra = [i for i in theirs if i not in ours]
+    found = []
+    if other:
+        i = other[0]
+        found.append(f'{len(other)} image id(s) name another file there (e.g. id {i!r}: {theirs[i]!r} there, '
+                     f'{ours[i]!r} in the dataset)')
+    if absent:
+        found.append(f'{len(absent)} of the dataset\'s {len(ours)} images are not in it (e.g. id {absent[0]!r}: '
+                     f'{ours[absent[0]]!r})')
+    if extra:
+        found.append(f'it has {len(extra)} image(s) the dataset does not read (e.g. id {extra[0]!r}: '
+                     f'{theirs[extra[0]]!r}), counted as missed')
+    raise UserError(
+        f"{metric_key}.ann_file {metric_file!r} is not the annotation file of the images {dataset_key} reads "
+        f"({dataset_file!r}): {'; '.join(found)}; the COCO metric would score the predictions against other "
+        f'images\' ground truth. Fix: --cfg-options {metric_key}.ann_file={dataset_file} (the dataset\'s file)')
+
+
 def _cache_file(path, settings):
     """Where the verdict on a COCO annotation file is kept: the file's path, size and modification
     time and the settings it was checked with name it, so an edited file is checked again.
     ``MMPOLA_CACHE_DIR`` overrides the folder."""
     stat = os.stat(path)
-    key = f'{osp.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{json.dumps(settings, sort_keys=True)}|2'
+    key = f'{osp.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{json.dumps(settings, sort_keys=True)}|3'
     folder = os.environ.get('MMPOLA_CACHE_DIR') or osp.join(osp.expanduser('~'), '.cache', 'mmpola')
     return osp.join(folder, 'preflight', hashlib.sha1(key.encode()).hexdigest() + '.json')
 
@@ -290,7 +389,7 @@ def checked_coco_categories(path, key='dataset', needs_masks=False, img_dir=None
                             evaluated=False, load_option=None):
     """Category names of a COCO annotation file that passes the checks of this module:
     :func:`check_has_annotations` (``evaluated``: a COCO metric scores against it),
-    :func:`check_coco_annotations` and, with ``img_dir`` (where its images are),
+    :func:`check_coco_annotations`, :func:`check_trainable_annotations` and, with ``img_dir`` (where its images are),
     :func:`check_image_sizes` (``load_option``: the config path of the pipeline's image loading, for
     the fix). A file that passed once is not parsed again while it is unchanged (COCO train2017's
     ~450 MB take tens of seconds to parse, its 118k image headers about ten): the verdict is cached.
@@ -306,6 +405,7 @@ def checked_coco_categories(path, key='dataset', needs_masks=False, img_dir=None
     coco = load_coco_json(path)
     check_has_annotations(coco, path, key, evaluated)
     check_coco_annotations(coco, path, key, needs_masks)
+    check_trainable_annotations(coco, path, key)
     if img_dir:
         check_image_sizes(coco, path, img_dir, key, applies_orientation, load_option)
     names = coco_category_names(coco)

@@ -18,7 +18,8 @@ from ..config import is_url
 
 __all__ = ['leaf_datasets', 'leaf_dataset_paths', 'pipeline_step', 'dataset_class', 'defining_class',
            'init_default', 'is_coco', 'is_seg', 'reads_local_files', 'dataset_classes', 'coco_ann_path',
-           'coco_image_dir', 'coco_image_file_names', 'seg_dataset_files', 'full_path', 'shown', 'listing', 'SHOW']
+           'coco_image_dir', 'coco_image_file_names', 'coco_images', 'seg_dataset_files', 'full_path', 'shown',
+           'listing', 'SHOW']
 
 # how many offending paths or ids a message lists
 SHOW = 5
@@ -150,7 +151,12 @@ def coco_image_dir(dataset):
 
 
 def coco_image_file_names(ann_file):
-    """``images[*].file_name`` of a COCO annotation file, quickly.
+    """``images[*].file_name`` of a COCO annotation file, quickly (:func:`coco_images`)."""
+    return [img['file_name'] for img in coco_images(ann_file) if 'file_name' in img]
+
+
+def coco_images(ann_file):
+    """The ``images`` entries (dicts) of a COCO annotation file, quickly.
 
     ``json.load`` of a file the size of COCO's instances_train2017.json (~450 MB) takes tens of
     seconds and GBs of memory; the ``images`` array (118k entries, ~30 MB) comes before the
@@ -171,7 +177,7 @@ def coco_image_file_names(ann_file):
                         'replace it with the original file') from e
     if not isinstance(images, list):
         raise UserError(f"annotation file {ann_file!r}: 'images' is not a list")
-    return [img['file_name'] for img in images if isinstance(img, dict) and 'file_name' in img]
+    return [img for img in images if isinstance(img, dict)]
 
 
 def _decode_images_array(mm):

@@ -3,6 +3,7 @@ pycocotools or the pipeline cannot use are listed per problem, with ids, images 
 passed is not parsed again while it is unchanged."""
 import json
 import os.path as osp
+import re
 
 import pytest
 from mmengine.logging import MMLogger
@@ -157,3 +158,83 @@ def test_exif_rotated_images_whose_boxes_were_drawn_on_the_stored_pixels(tmp_pat
     args = TRAIN.parse_args([RETINANET, '--work-dir', str(work)] + opts + [option])
     cfg, _, _ = TRAIN.build_train_config(args)  # the named fix passes the pre-flight checks
     assert cfg.train_dataloader.dataset.pipeline[0].color_type == 'color_ignore_orientation'
+
+
+def test_a_metric_scoring_against_another_annotation_file_is_refused(coco, tmp_path, capsys):
+    """The test / validation set's predictions scored with the training file's ground truth: the
+    metric's file must list the images the dataset reads (through tools/test.py and tools/train.py)."""
+    import torch
+    train_ann = coco / 'annotations' / 'instances_train.json'
+    val_ann = coco / 'annotations' / 'instances_val.json'
+    checkpoint = tmp_path / 'weights.pth'
+    torch.save(dict(state_dict=dict(w=torch.zeros(1))), checkpoint)
+    work = tmp_path / 'work'
+    err = refused(TEST, [DET_DEMO, str(checkpoint), '--work-dir', str(work), '--cfg-options', f'data_root={coco}/',
+                         f'test_evaluator.ann_file={train_ann}'], capsys, [coco])
+    assert err == (f"test_evaluator.ann_file '{train_ann}' is not the annotation file of the images test_dataloader "
+                   f"reads ('{val_ann}'): it has 2 image(s) the dataset does not read (e.g. id 3: '000003.jpg'), "
+                   "counted as missed; the COCO metric would score the predictions against other images' ground "
+                   f"truth. Fix: --cfg-options test_evaluator.ann_file={val_ann} (the dataset's file)")
+
+    def renamed(data):  # the same number of images, other files under the same ids
+        for img in data['images']:
+            img['file_name'] = 'other_' + img['file_name']
+    _write(coco, 'renamed.json', renamed)
+    opts = ['--cfg-options', f'data_root={coco}/', f"val_evaluator.ann_file={coco / 'annotations' / 'renamed.json'}",
+            'val_dataloader.dataset.ann_file=annotations/instances_train.json',
+            'val_dataloader.dataset.data_prefix.img=train/']
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work)] + opts, capsys, [coco], work)
+    assert err.startswith("val_evaluator.ann_file '") and "4 image id(s) name another file there (e.g. id 1: " \
+        "'other_000001.jpg' there, '000001.jpg' in the dataset)" in err
+
+    # the dataset's own file (the shipped configs) passes
+    args = TEST.parse_args([DET_DEMO, str(checkpoint), '--work-dir', str(work), '--cfg-options', f'data_root={coco}/'])
+    cfg, _, _ = TEST.build_test_config(args)
+    assert cfg.test_evaluator.ann_file == f'{val_ann}'
+
+
+def test_annotations_that_cannot_train(coco, tmp_path, capsys):
+    """Only crowd regions (losses 0 all run), boxes written as corners (off their polygons): refused with
+    the file, the count, an annotation id and the fix; the fixed file passes."""
+    work = tmp_path / 'work'
+
+    def all_crowd(data):
+        for ann in data['annotations']:
+            ann['iscrowd'] = 1
+    data = _write(coco, 'crowd.json', all_crowd)
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work)] + _det_opts(coco, 'annotations/crowd.json'), capsys,
+                  [coco], work)
+    assert err == (f"train_dataloader: all {len(data['annotations'])} annotations of "
+                   f"'{coco / 'annotations' / 'crowd.json'}' have iscrowd=1 (e.g. annotation id "
+                   f"{data['annotations'][0]['id']}), which mmdet treats as regions to ignore: the box and mask "
+                   'losses would be 0 for the whole run. Fix: set iscrowd=0 for the objects to learn (iscrowd=1 '
+                   'only marks crowds)')
+
+    def corners(data):
+        for ann in data['annotations']:
+            if isinstance(ann['segmentation'], list):
+                x, y, w, h = ann['bbox']
+                ann['bbox'] = [x, y, x + w, y + h]
+    data = _write(coco, 'corners.json', corners)
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work)] + _det_opts(coco, 'annotations/corners.json'), capsys,
+                  [coco], work)
+    # (an object at the image's top-left corner has nearly the same box either way: not counted)
+    polygons = sum(isinstance(a['segmentation'], list) for a in data['annotations'])
+    match = re.match(f"train_dataloader: (\\d+) of the {polygons} annotations with polygons of "
+                     f"'{re.escape(str(coco / 'annotations' / 'corners.json'))}' have a bbox that does not match "
+                     r'their own polygon, e\.g\. annotation id (\d+) \(\d+\.jpg\): bbox \[', err)
+    assert match and int(match[1]) >= polygons // 2, err
+    first = next(a for a in data['annotations'] if a['id'] == int(match[2]))
+    x, y, x2, y2 = first['bbox']
+    assert f'bbox {first["bbox"]} spans x {x:g}..{x + x2:g}, y {y:g}..{y + y2:g}, its polygon x ' in err
+    assert err.endswith('They look like x1,y1,x2,y2 corners; COCO boxes are [x, y, width, height]. Fix: write each '
+                        'bbox as [x, y, width, height] of its object (e.g. from the polygon: [min x, min y, max x - '
+                        'min x, max y - min y])')
+
+    def fixed(data):  # the fix the message names
+        for ann in (a for a in data['annotations'] if isinstance(a['segmentation'], list)):
+            xs, ys = ann['segmentation'][0][0::2], ann['segmentation'][0][1::2]
+            ann['bbox'] = [min(xs), min(ys), max(xs) - min(xs), max(ys) - min(ys)]
+    _write(coco, 'fixed.json', lambda data: (corners(data), fixed(data)))
+    args = TRAIN.parse_args([DET_DEMO, '--work-dir', str(work)] + _det_opts(coco, 'annotations/fixed.json'))
+    TRAIN.build_train_config(args)

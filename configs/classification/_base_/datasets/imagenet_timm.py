@@ -53,8 +53,9 @@ val_dataloader = dict(
     drop_last=False,
     sampler=dict(type='DefaultSampler', shuffle=False),
     collate_fn=dict(type='default_collate'),
-    dataset=dict(type='ImageNetFolderDataset', data_root=data_root,
-                 data_prefix=dict(img_path='val'), pipeline=test_pipeline, test_mode=True))
+    # classes numbered from the training split's folders: a split that lacks a class keeps the indices
+    dataset=dict(type='ImageNetFolderDataset', data_root=data_root, data_prefix=dict(img_path='val'),
+                 classes_from='train', pipeline=test_pipeline, test_mode=True))
 test_dataloader = val_dataloader
 val_evaluator = dict(type='TopKAccuracy', topk=(1, 5))
 test_evaluator = val_evaluator

@@ -1,0 +1,112 @@
+"""mmdet's ``DetInferencer`` and mmseg's ``MMSegInferencer`` for image folders: every image predicted,
+every file left out named.
+
+Given a folder, mmdet lists it by lower-case suffix (``b.JPG`` is skipped without a word), mmseg takes
+every file, and one file that cannot be decoded stops the whole folder (``AssertionError: failed to
+load image``).
+:class:`DetInferencer` and :class:`SegInferencer` are the two libraries' classes with their
+``_inputs_to_list`` (the step that turns the input into the list of images, which subclasses may
+override) extended by :func:`image_inputs`: a folder's image files are taken whatever the case of the
+suffix (sorted by name), files that are no image or cannot be decoded are left out with one warning
+naming each and why, and the rest is predicted; nothing left is an error. Everything else is the
+libraries' own::
+
+    from mmpola.inferencers import DetInferencer
+    result = DetInferencer(model=CONFIG, weights=CHECKPOINT)('photos/', out_dir='outputs')
+
+Every image file is decoded once more before the run to find the unreadable ones (mmcv's
+``imfrombytes``, as the inferencers' loader).
+"""
+import os
+import os.path as osp
+
+from mmengine.logging import print_log
+
+from mmpola.errors import UserError
+
+__all__ = ['DetInferencer', 'SegInferencer', 'image_inputs']  # noqa: F822 (made on first use)
+
+# how many skipped files the warning names
+_SHOWN = 10
+
+
+def _unreadable(path):
+    """Why the inferencers' loader could not decode ``path`` (mmcv's ``imfrombytes``), or None."""
+    import mmcv
+    try:
+        with open(path, 'rb') as f:
+            data = f.read()
+        if not data:
+            return 'empty file'
+        return None if mmcv.imfrombytes(data) is not None else 'cannot be decoded as an image'
+    except Exception as e:  # unreadable file or decoder error: the file is left out, the reason shown
+        return f'cannot be read: {type(e).__name__}: {e}'
+
+
+def image_inputs(inputs, suffixes, who='inferencer'):
+    """The list of inputs to predict for ``inputs`` (a folder, a path, an array or a list of them).
+
+    A folder gives its files whose suffix is one of ``suffixes`` in any case (``.JPG`` too), sorted by
+    name; local files that cannot be decoded are left out. A warning names every file left out (no
+    image suffix, empty, undecodable) and says how many are predicted; :class:`UserError` when none is.
+    Arrays, URLs and other inputs are passed on as they are.
+    """
+    folder = inputs if isinstance(inputs, str) and osp.isdir(inputs) else None
+    if folder is not None:
+        candidates = [osp.join(folder, name) for name in sorted(os.listdir(folder))
+                      if osp.isfile(osp.join(folder, name))]
+    else:
+        candidates = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    suffixes = tuple(s.lower() for s in suffixes)
+    kept, skipped = [], []
+    for item in candidates:
+        if not isinstance(item, str) or not osp.isfile(item):
+            kept.append(item)
+            continue
+        reason = ('not an image file name (suffixes: ' + ' '.join(suffixes) + ')'
+                  if folder is not None and not item.lower().endswith(suffixes) else _unreadable(item))
+        if reason:
+            skipped.append(f'{osp.basename(item) if folder else item} ({reason})')
+        else:
+            kept.append(item)
+    where = f'folder {folder!r}' if folder is not None else 'the inputs'
+    if not kept:
+        raise UserError(f'{who}: no image to predict in {where}'
+                        + (f': {"; ".join(skipped[:_SHOWN])}' if skipped else ' (it is empty)')
+                        + '. Fix: give a folder or files of images ' + ', '.join(suffixes))
+    if skipped:
+        more = f'; and {len(skipped) - _SHOWN} more' if len(skipped) > _SHOWN else ''
+        print_log(f'[mmpola] {who}: {len(skipped)} of {len(candidates)} files of {where} left out: '
+                  f'{"; ".join(skipped[:_SHOWN])}{more}. Predicting the other {len(kept)}',
+                  logger='current', level=30)
+    return kept
+
+
+def _with_image_inputs(base, suffixes, name):
+    class Inferencer(base):
+        __doc__ = f"""mmpola's extension of ``{base.__module__}.{base.__name__}`` for image folders
+        (:mod:`mmpola.inferencers`); same arguments and results."""
+
+        def _inputs_to_list(self, inputs):
+            return image_inputs(inputs, suffixes, name)
+
+    Inferencer.__name__ = Inferencer.__qualname__ = name
+    return Inferencer
+
+
+_CLASSES = {}
+
+
+def __getattr__(name):
+    """The classes are made on first use, so that importing this module needs neither library."""
+    if name not in ('DetInferencer', 'SegInferencer'):
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    if name not in _CLASSES:
+        # torchvision's image suffixes: mmdet's folder listing uses the same (mmseg's takes every file)
+        from torchvision.datasets.folder import IMG_EXTENSIONS
+        if name == 'DetInferencer':
+            from mmdet.apis import DetInferencer as base
+        else:
+            from mmseg.apis import MMSegInferencer as base
+        _CLASSES[name] = _with_image_inputs(base, IMG_EXTENSIONS, name)
+    return _CLASSES[name]

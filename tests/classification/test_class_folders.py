@@ -1,0 +1,86 @@
+"""Class folders through tools/train.py and tools/test.py on the tiny generated ImageNet layout: a
+validation split that lacks a class folder keeps the training indices (the shipped configs number every
+split from the training split); numbered from its own folders it is refused before anything is built,
+naming the class and the option; a class folder without images is named."""
+import os.path as osp
+import shutil
+
+import pytest
+import torch
+from mmengine.logging import MMLogger
+
+from tests.fixtures.paths import REPO
+from tests.fixtures.tools import load_tool, refused
+
+MMLogger.get_current_instance()  # mmengine's logger keeps the stream it first sees: not a test's capsys
+CONFIG = osp.join(REPO, 'configs', 'classification', 'pola-pvt-t_8xb128_in1k.py')
+
+
+@pytest.fixture
+def split_without_ring(tiny_imagenet, tmp_path):
+    """The tiny set whose val split lacks the class folder 'ring' (the 3rd of 6), and a config for it."""
+    root = tmp_path / 'imagenet'
+    shutil.copytree(tiny_imagenet, root)
+    shutil.rmtree(root / 'val' / 'ring')
+    config = tmp_path / 'tiny.py'
+    config.write_text(f"""_base_ = [{CONFIG!r}]
+data_root = {str(root) + '/'!r}
+model = dict(num_classes=6)
+data_preprocessor = dict(mixup=dict(num_classes=6))
+loader = dict(num_workers=0, persistent_workers=False, pin_memory=False)
+train_dataloader = dict(batch_size=4, **loader, dataset=dict(data_root=data_root))
+val_dataloader = dict(batch_size=4, **loader, dataset=dict(data_root=data_root))
+test_dataloader = val_dataloader
+""")
+    return root, str(config)
+
+
+def test_a_split_lacking_a_class_keeps_the_training_labels(split_without_ring, tmp_path, capsys):
+    from mmengine.registry import DATASETS
+    root, config = split_without_ring
+    MMLogger.get_instance('class_folders')  # mmengine logs to its latest logger: this test's capture
+    train = load_tool('train')
+    args = train.parse_args([config, '--work-dir', str(tmp_path / 'work')])
+    cfg, _, _ = train.build_train_config(args)  # the shipped configs pass the pre-flight checks
+    classes = ('circle', 'cross', 'ring', 'square', 'stripes', 'triangle')
+    val = DATASETS.build(cfg.val_dataloader.dataset)
+    assert val.metainfo['classes'] == classes
+    labels = {osp.basename(osp.dirname(val.get_data_info(i)['img_path'])): val.get_data_info(i)['gt_label']
+              for i in range(len(val))}
+    assert labels == {name: i for i, name in enumerate(classes) if name != 'ring'}  # square is 3, not 2
+
+    # numbered from its own folders (as before): refused through tools/train.py and tools/test.py
+    capsys.readouterr()
+    option = ['--cfg-options', 'val_dataloader.dataset.classes_from=None', 'test_dataloader.dataset.classes_from=None']
+    err = refused(train, [config, '--work-dir', str(tmp_path / 'work')] + option, capsys, work_dir=tmp_path / 'work')
+    assert err == (f"val_dataloader: '{root}/val' lacks the class folder(s) 'ring' of the training split, so its "
+                   "labels would be numbered differently from the model's classes (every label after a missing "
+                   'class shifted by one) and the accuracy computed against wrong labels. Fix: number every split '
+                   'from the training split: --cfg-options val_dataloader.dataset.classes_from=train')
+    checkpoint = tmp_path / 'weights.pth'
+    torch.save(dict(state_dict=dict(w=torch.zeros(1))), checkpoint)
+    err = refused(load_tool('test'), [config, str(checkpoint), '--work-dir', str(tmp_path / 'test')] + option, capsys)
+    assert err.startswith("test_dataloader: '") and 'test_dataloader.dataset.classes_from=train' in err
+
+
+def test_a_class_folder_without_images_is_named(split_without_ring, tmp_path, capsys):
+    root, config = split_without_ring
+    for name in ('stripes_0000.JPEG', 'stripes_0001.JPEG', 'stripes_0002.JPEG', 'stripes_0003.JPEG'):
+        (root / 'train' / 'stripes' / name).unlink()
+    (root / 'train' / 'stripes' / 'notes.txt').write_text('not an image')
+    work = tmp_path / 'work'
+    err = refused(load_tool('train'), [config, '--work-dir', str(work)], capsys, work_dir=work)
+    assert err.startswith(f"train_dataloader: 1 class folder(s) of '{root}/train' hold no image (")
+    assert err.endswith("): 'stripes', a class the model would never be trained on. Fix: copy its images there (an "
+                        'interrupted copy?), or remove the folder (one class fewer: num_classes too)')
+
+
+def test_tests_without_the_training_split_are_told_where_the_classes_come_from(split_without_ring, tmp_path, capsys):
+    root, config = split_without_ring
+    shutil.rmtree(root / 'train')
+    checkpoint = tmp_path / 'weights.pth'
+    torch.save(dict(state_dict=dict(w=torch.zeros(1))), checkpoint)
+    err = refused(load_tool('test'), [config, str(checkpoint), '--work-dir', str(tmp_path / 'test')], capsys)
+    assert err.startswith(f"test_dataloader: test_dataloader.dataset.classes_from '{root}/train' does not exist: the "
+                          "class list (and the label of every image) comes from the training split's class folders. "
+                          'Fix: put the training split there')
