@@ -9,6 +9,7 @@
     python tools/benchmark.py backbone --models pola-pvt-t swin-t --sizes 224 800x1333
     python tools/benchmark.py backbone --models all --sizes 224 800x1333 --no-memory  # every backbone
     python tools/benchmark.py scaling                   # Pola-PVT-T 800x1333 -> 1600x2666 time growth
+    python tools/benchmark.py ops                       # aten operators / kernels / syncs of one fwd+bwd
     python tools/benchmark.py amp                       # bf16 (CPU) / fp16+bf16 (CUDA) autocast fwd+bwd
                                                         # of every full-size backbone at 800x1216
     python tools/benchmark.py train CONFIG [CONFIG ...] --iters 20 --warmup 5 --device cuda [--amp]
@@ -679,6 +680,60 @@ def bench_scaling(args, device):
           'Target: Pola-PVT-T 800x1333 -> 1600x2666 time x <= 4.5.')
 
 
+SYNC_OPS = ('_local_scalar_dense', 'item', 'is_nonzero', 'nonzero')
+
+
+def count_dispatched_ops(fn):
+    """Run ``fn`` and count the aten operators it dispatches: ``(all, kernels, syncs)``, where kernels
+    are the operators that are not views (each launches work on a GPU) and syncs those that make the
+    host wait for the device there (SYNC_OPS)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        total = kernels = syncs = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.total += 1
+            self.kernels += not func.is_view
+            self.syncs += func.__name__.split('.')[0] in SYNC_OPS
+            return func(*args, **(kwargs or {}))
+
+    with Counter() as counter:
+        fn()
+    return counter.total, counter.kernels, counter.syncs
+
+
+def bench_ops(args, device):
+    """Operators dispatched by one training-mode forward and its backward of each backbone."""
+    height, width = parse_size(args.size)
+    print('\n| model | input | batch | fwd ops | fwd kernels | bwd ops | bwd kernels | syncs |')
+    print('|---|---|---:|---:|---:|---:|---:|---:|')
+    for name in args.models:
+        model = build_named_backbone(name, None if args.attn_impl == 'default' else args.attn_impl).to(device)
+        model.train()
+        image = torch.randn(args.batch, 3, height, width, device=device)
+        with torch.no_grad():
+            model.eval()(image)  # warm-up outside the count (caches of the map size)
+        model.train()
+        outs = []
+
+        def forward():
+            result = model(image)
+            outs.append(result if isinstance(result, (list, tuple)) else [result])
+
+        fwd = count_dispatched_ops(forward)
+        loss = sum(o.float().mean() for o in outs[0])
+        bwd = count_dispatched_ops(loss.backward)
+        print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]} | {bwd[0]} | {bwd[1]} | '
+              f'{fwd[2] + bwd[2]} |')
+        model = image = outs = loss = None
+        gc.collect()
+    print('\nCounted at the dispatcher (every aten operator, nested ones included) in train mode; kernels: '
+          'operators that are not views; bwd: the backward of the sum of the outputs\' means (from that sum '
+          'on); syncs: operators that read a device value on the host (' + ', '.join(SYNC_OPS) + '). '
+          f'Attention implementation: {args.attn_impl}.')
+
+
 def _finite_report(model, image, dtype, device):
     """Autocast forward+backward; returns (seconds, outputs finite, all grads finite, max |out|, #grads)."""
     model.zero_grad(set_to_none=True)
@@ -788,6 +843,15 @@ def parse_args(argv=None):
     scaling.add_argument('--sizes', nargs=2, default=['800x1333', '1600x2666'], metavar=('SMALL', 'LARGE'))
     scaling.add_argument('--repeat', type=int, default=3)
 
+    ops = sub.add_parser('ops', help='operators (and kernels, syncs) one training fwd+bwd of a backbone dispatches')
+    common(ops)
+    ops.add_argument('--models', nargs='+', default=['pola-pvt-t', 'pvt-t', 'pola-swin-t', 'swin-t'],
+                     choices=list(all_backbones()))
+    ops.add_argument('--size', default='256x384', help='S or HxW')
+    ops.add_argument('--batch', type=int, default=2)
+    ops.add_argument('--attn-impl', default='default', help="as for 'backbone'")
+    ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
+
     amp = sub.add_parser('amp', help='autocast forward+backward of every full-size backbone: finite?')
     common(amp)
     amp.add_argument('--models', nargs='+', default=pola_backbones(), choices=list(all_backbones()))
@@ -862,7 +926,7 @@ def main(argv=None):
         from benchmark_train import bench_train
         bench_train(args, device)
         return
-    {'attention': bench_attention, 'backbone': bench_backbone, 'scaling': bench_scaling,
+    {'attention': bench_attention, 'backbone': bench_backbone, 'scaling': bench_scaling, 'ops': bench_ops,
      'amp': bench_amp}[args.command](args, device)
 
 

@@ -44,3 +44,19 @@ def test_every_op_runs_through_the_generic_case():
             forward, forward_backward, clear = BENCH.attention_passes(leaves, options, grad_out, impl, kind)
             forward_backward()
         assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves), kind
+
+
+def test_operator_count_sees_forward_backward_kernels_and_host_reads():
+    linear = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    total, kernels, syncs = BENCH.count_dispatched_ops(lambda: linear(x).view(-1).sum().item())
+    assert syncs == 1 and kernels < total  # .item() reads the device; view() launches nothing
+    out = linear(x).sum()
+    assert BENCH.count_dispatched_ops(out.backward)[1] >= 2  # the backward's kernels are counted too
+
+
+def test_runnable_implementations_skip_those_for_another_device_with_the_reason(monkeypatch):
+    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    impls, skipped = BENCH.runnable_impls('pola', ['reference', 'fast', 'triton'], torch.device('cpu'), torch.float32)
+    assert impls == ['reference', 'fast']
+    assert len(skipped) == 1 and skipped[0].startswith('pola triton: the Triton kernels run on CUDA tensors')
