@@ -704,7 +704,9 @@ def count_dispatched_ops(fn):
 
 
 def bench_ops(args, device):
-    """Operators dispatched by one training-mode forward and its backward of each backbone."""
+    """Operators dispatched by one training-mode forward and its backward of each backbone (eager: a
+    torch.compile kernel is one opaque call, so the fast path's compilation is off here)."""
+    os.environ['MMPOLA_NO_COMPILE'] = '1'
     height, width = parse_size(args.size)
     print('\n| model | input | batch | fwd ops | fwd kernels | bwd ops | bwd kernels | syncs |')
     print('|---|---|---:|---:|---:|---:|---:|---:|')
@@ -712,8 +714,9 @@ def bench_ops(args, device):
         model = build_named_backbone(name, None if args.attn_impl == 'default' else args.attn_impl).to(device)
         model.train()
         image = torch.randn(args.batch, 3, height, width, device=device)
+        model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
         with torch.no_grad():
-            model.eval()(image)  # warm-up outside the count (caches of the map size)
+            model(image)  # warm-up outside the count (caches of the map size)
         model.train()
         outs = []
 
@@ -730,8 +733,8 @@ def bench_ops(args, device):
         gc.collect()
     print('\nCounted at the dispatcher (every aten operator, nested ones included) in train mode; kernels: '
           'operators that are not views; bwd: the backward of the sum of the outputs\' means (from that sum '
-          'on); syncs: operators that read a device value on the host (' + ', '.join(SYNC_OPS) + '). '
-          f'Attention implementation: {args.attn_impl}.')
+          'on); syncs: operators that read a device value on the host (' + ', '.join(SYNC_OPS) + '). Eager '
+          f'(no torch.compile). Attention implementation: {args.attn_impl}.')
 
 
 def _finite_report(model, image, dtype, device):
