@@ -27,8 +27,10 @@ Implementations (``impl=``; mmpola.ops.dispatch, each takes ``(q, k, v, power, s
   - ONE key-value product ``k'^T @ (v/n)`` yields both branches' value summaries (columns v1 | v2), and
     ONE query product ``q_sim @ W`` (W: (2d, d+2), built from it and the key mean) yields both
     numerators and both normalisers;
-  - the element-wise feature work is fused with ``torch.compile`` when it is available and pays off
-    (large tensors), with an eager fallback (see :func:`compile_status`).
+  - the element-wise feature work is fused with ``torch.compile`` on the CPU when it is available and
+    pays off (large tensors), with an eager fallback (see :func:`compile_status`). On CUDA the fast path
+    stays eager: ``'auto'`` runs the Triton implementation there, and a compiled fast path is recompiled
+    for every new shape and dtype a detector brings (:data:`COMPILE_DEVICES`).
 """
 import contextlib
 import logging
@@ -50,6 +52,13 @@ __all__ = [
 # inputs. 2**20 ~ five 56x56 maps of 64 channels: a 224 training batch or any detection input compiles,
 # a 224 test image does not.
 COMPILE_MIN_NUMEL = 2**20
+
+# Device types on which the fast path compiles by default. Only the CPU: there the fused C++ kernel
+# pays for large inputs (docs/benchmarks.md), while on CUDA 'auto' picks the Triton kernels and the
+# compiled fast path made a detector's training iteration slower than the eager one (it is compiled
+# again for the new shapes and dtypes a detector brings). force_compile() compiles on every device
+# (the benchmarks' 'fast+compile' rows).
+COMPILE_DEVICES = ('cpu',)
 
 _NO_COMPILE_ENV = 'MMPOLA_NO_COMPILE'
 
@@ -219,7 +228,8 @@ def _compile_unavailable_reason():
 def compile_status():
     """Return ``(enabled, reason)``: whether the fast path may use torch.compile, and why not."""
     reason = _compile_unavailable_reason()
-    return reason is None, reason or 'enabled (used for tensors of >= COMPILE_MIN_NUMEL elements)'
+    where = 'every device' if COMPILE_DEVICES is None else ', '.join(COMPILE_DEVICES)
+    return reason is None, reason or f'enabled (on {where}, for tensors of >= COMPILE_MIN_NUMEL elements)'
 
 
 def _disable_compile(reason):
@@ -235,7 +245,8 @@ def _traced():
 
 
 def _want_compile(t):
-    return t.numel() >= COMPILE_MIN_NUMEL and _compile_unavailable_reason() is None
+    return (t.numel() >= COMPILE_MIN_NUMEL and (COMPILE_DEVICES is None or t.device.type in COMPILE_DEVICES)
+            and _compile_unavailable_reason() is None)
 
 
 def _run_compiled(name, *args):
@@ -385,14 +396,16 @@ def _example_inputs(batch, heads, hw, head_dim, generator):
 
 @contextlib.contextmanager
 def force_compile():
-    """The fast path's torch.compile kernels at every size (benchmarks of the compiled kernels)."""
-    global COMPILE_MIN_NUMEL
-    previous_env, previous_min = os.environ.pop(_NO_COMPILE_ENV, None), COMPILE_MIN_NUMEL
-    COMPILE_MIN_NUMEL = 0
+    """The fast path's torch.compile kernels at every size and on every device (benchmarks and tests
+    of the compiled kernels)."""
+    global COMPILE_MIN_NUMEL, COMPILE_DEVICES
+    previous_env, previous_min, previous_devices = os.environ.pop(_NO_COMPILE_ENV, None), COMPILE_MIN_NUMEL, \
+        COMPILE_DEVICES
+    COMPILE_MIN_NUMEL, COMPILE_DEVICES = 0, None
     try:
         yield
     finally:
-        COMPILE_MIN_NUMEL = previous_min
+        COMPILE_MIN_NUMEL, COMPILE_DEVICES = previous_min, previous_devices
         if previous_env is not None:
             os.environ[_NO_COMPILE_ENV] = previous_env
 
