@@ -65,6 +65,8 @@ _NO_COMPILE_ENV = 'MMPOLA_NO_COMPILE'
 
 def pola_attention_reference(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     """The official op order (bit-exact to the official modules in fp32)."""
+    # the official per-head layout: strided views would change the products' summation order
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     n = k.shape[-2]
     scale = F.softplus(scale)
     power = 1 + alpha * torch.sigmoid(power)
