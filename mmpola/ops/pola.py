@@ -251,6 +251,14 @@ def _want_compile(t):
             and _compile_unavailable_reason() is None)
 
 
+def _no_duck_shapes():
+    try:
+        from torch.fx.experimental import _config as fx_config
+        return fx_config.patch(use_duck_shape=False)
+    except (ImportError, AttributeError, TypeError):  # a torch without the setting: duck shapes
+        return contextlib.nullcontext()
+
+
 def _run_compiled(name, *args):
     """Call the compiled variant ``name`` of :data:`_FUSED`; returns None when the caller must run
     eager: compiling failed (then it is disabled for the process) or this input is one variant too
@@ -262,7 +270,13 @@ def _run_compiled(name, *args):
         if fn is None:
             fn = torch.compile(_FUSED[name], dynamic=True, fullgraph=True)
             _CompileState.compiled[name] = fn
-        return fn(*args)
+        # Without duck shaping: by default dynamo gives equal sizes one symbol (batch 2 with 2 heads,
+        # 64 tokens of 64 channels) and guards on their equality, so every new batch size, head count
+        # or grid compiled the kernels again. With a symbol per size, one graph per variant serves
+        # every size (dynamo still specialises sizes of 1: a batch of one image or a single head has
+        # its own graph).
+        with _no_duck_shapes():
+            return fn(*args)
     except Exception as err:  # no C++ compiler, no triton, unsupported platform, ...
         first_line = (str(err).strip().splitlines() or [''])[0][:200]
         if 'RecompileLimit' in type(err).__name__ or 'recompile_limit' in first_line:
