@@ -391,13 +391,19 @@ def pola_attention_fast(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     kv = torch.cat([kv, k_mean.transpose(-2, -1)], dim=-1)  # (B, h, 2d, d+1), last column the key mean
 
     # q_opp = [q- || q+] is q_sim with halves swapped, so q_opp @ M == q_sim @ M_rowswapped.
-    # W columns: [same-sign values | opposite-sign values | same-sign norm | opposite-sign norm].
-    kv_swapped = torch.cat([kv[..., d:, :], kv[..., :d, :]], dim=-2)
-    w = torch.cat([kv[..., :half], kv_swapped[..., half:d], kv[..., d:], kv_swapped[..., d:]], dim=-1)
+    # W columns: [same-sign values | opposite-sign values | same-sign norm | opposite-sign norm], rows
+    # [k+ ; k-]; built from split() pieces (views whose backward is one cat, where slices of a tensor
+    # used twice would each scatter their gradient into zeros of the whole).
+    top, bottom = kv.split(d, dim=-2)  # k+ rows, k- rows
+    top_v1, top_v2, top_mean = top.split([half, d - half, 1], dim=-1)
+    bottom_v1, bottom_v2, bottom_mean = bottom.split([half, d - half, 1], dim=-1)
+    w = torch.cat([torch.cat([top_v1, bottom_v2, top_mean, bottom_mean], dim=-1),
+                   torch.cat([bottom_v1, top_v2, bottom_mean, top_mean], dim=-1)], dim=-2)
 
     out = q_sim @ w  # (B, h, N, d+2): one pass over the query features for everything
-    z = 1 / (out[..., d:] + eps)  # (B, h, N, 2) reciprocal normalisers of both branches
-    return (out[..., :d].unflatten(-1, (2, half)) * z.unsqueeze(-1)).flatten(-2)
+    numerators, normalisers = out.split([d, 2], dim=-1)
+    z = 1 / (normalisers + eps)  # (B, h, N, 2) reciprocal normalisers of both branches
+    return (numerators.unflatten(-1, (2, half)) * z.unsqueeze(-1)).flatten(-2)
 
 
 def _example_inputs(batch, heads, hw, head_dim, generator):
