@@ -4,13 +4,15 @@ resized to the real token grid, and the official weight init.
 Token layout: ``x`` is (B, N, C), the row-major flatten of an H x W grid, and the grid size
 travels beside it as ``hw = (H, W)``.
 """
+from collections import OrderedDict
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
-__all__ = ['DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache', 'depthwise_conv',
-           'resize_grid_embedding', 'to_2tuple_int', 'trunc_normal_init']
+__all__ = ['DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache', 'SizeCache',
+           'depthwise_conv', 'resize_grid_embedding', 'to_2tuple_int', 'trunc_normal_init']
 
 
 def to_2tuple_int(value, name):
@@ -119,6 +121,47 @@ class ResizedEmbeddingCache:
 
     def __setstate__(self, state):
         self.key = self.value = None
+
+
+class SizeCache:
+    """The last few tensors computed from a map size (least recently used out first).
+
+    For tensors that depend on the run-time (H, W) but on no trainable parameter (RoPE tables of a
+    buffer): a model called at the same sizes again (fixed training crops, the alternation of
+    training and validation sizes) computes them once. ``key`` must name everything the tensor
+    depends on (sizes, device, dtype, the buffer's ``data_ptr`` and ``_version``). Nothing is kept
+    while torch.compile, torch.jit or ONNX export records the model (the computation belongs in
+    their graph), and tensors made in inference mode are kept apart (autograd refuses them). A
+    plain attribute, never in a state dict; copies and pickles start empty.
+    """
+
+    def __init__(self, maxsize=4):
+        self.maxsize = maxsize
+        self.entries = OrderedDict()
+
+    def get(self, key, make):
+        """The tensor of ``key``: ``make()`` the first time (and after it fell out)."""
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return make()
+        key = (key, torch.is_inference_mode_enabled())
+        value = self.entries.get(key)
+        if value is None:
+            value = self.entries[key] = make()
+            while len(self.entries) > self.maxsize:
+                self.entries.popitem(last=False)
+        else:
+            self.entries.move_to_end(key)
+        return value
+
+    def __deepcopy__(self, memo):  # EMA copies / deepcopy must not share cached tensors
+        return SizeCache(self.maxsize)
+
+    def __getstate__(self):
+        return {'maxsize': self.maxsize}
+
+    def __setstate__(self, state):
+        self.maxsize = state['maxsize']
+        self.entries = OrderedDict()
 
 
 class Mlp(nn.Module):

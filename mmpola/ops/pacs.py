@@ -59,8 +59,9 @@ def rope_tables(angle, hw):
     The first ``len(angle)`` channels rotate with the row index, the rest with the column index.
     """
     height, width = hw
-    rows = torch.arange(height).to(angle)[:, None] * angle[None, :]  # (H, a)
-    cols = torch.arange(width).to(angle)[:, None] * angle[None, :]  # (W, a)
+    # made on the angles' device: a CPU arange copied to a GPU would wait for the GPU at every call
+    rows = torch.arange(height, device=angle.device, dtype=angle.dtype)[:, None] * angle[None, :]  # (H, a)
+    cols = torch.arange(width, device=angle.device, dtype=angle.dtype)[:, None] * angle[None, :]  # (W, a)
     a = angle.shape[0]
 
     def table(fn):

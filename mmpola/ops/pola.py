@@ -27,8 +27,10 @@ Implementations (``impl=``; mmpola.ops.dispatch, each takes ``(q, k, v, power, s
   - ONE key-value product ``k'^T @ (v/n)`` yields both branches' value summaries (columns v1 | v2), and
     ONE query product ``q_sim @ W`` (W: (2d, d+2), built from it and the key mean) yields both
     numerators and both normalisers;
-  - the element-wise feature work is fused with ``torch.compile`` when it is available and pays off
-    (large tensors), with an eager fallback (see :func:`compile_status`).
+  - the element-wise feature work is fused with ``torch.compile`` on the CPU when it is available and
+    pays off (large tensors), with an eager fallback (see :func:`compile_status`). On CUDA the fast path
+    stays eager: ``'auto'`` runs the Triton implementation there, and a compiled fast path is recompiled
+    for every new shape and dtype a detector brings (:data:`COMPILE_DEVICES`).
 """
 import contextlib
 import logging
@@ -51,11 +53,20 @@ __all__ = [
 # a 224 test image does not.
 COMPILE_MIN_NUMEL = 2**20
 
+# Device types on which the fast path compiles by default. Only the CPU: there the fused C++ kernel
+# pays for large inputs (docs/benchmarks.md), while on CUDA 'auto' picks the Triton kernels and the
+# compiled fast path made a detector's training iteration slower than the eager one (it is compiled
+# again for the new shapes and dtypes a detector brings). force_compile() compiles on every device
+# (the benchmarks' 'fast+compile' rows).
+COMPILE_DEVICES = ('cpu',)
+
 _NO_COMPILE_ENV = 'MMPOLA_NO_COMPILE'
 
 
 def pola_attention_reference(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     """The official op order (bit-exact to the official modules in fp32)."""
+    # the official per-head layout: strided views would change the products' summation order
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     n = k.shape[-2]
     scale = F.softplus(scale)
     power = 1 + alpha * torch.sigmoid(power)
@@ -219,7 +230,8 @@ def _compile_unavailable_reason():
 def compile_status():
     """Return ``(enabled, reason)``: whether the fast path may use torch.compile, and why not."""
     reason = _compile_unavailable_reason()
-    return reason is None, reason or 'enabled (used for tensors of >= COMPILE_MIN_NUMEL elements)'
+    where = 'every device' if COMPILE_DEVICES is None else ', '.join(COMPILE_DEVICES)
+    return reason is None, reason or f'enabled (on {where}, for tensors of >= COMPILE_MIN_NUMEL elements)'
 
 
 def _disable_compile(reason):
@@ -235,7 +247,16 @@ def _traced():
 
 
 def _want_compile(t):
-    return t.numel() >= COMPILE_MIN_NUMEL and _compile_unavailable_reason() is None
+    return (t.numel() >= COMPILE_MIN_NUMEL and (COMPILE_DEVICES is None or t.device.type in COMPILE_DEVICES)
+            and _compile_unavailable_reason() is None)
+
+
+def _no_duck_shapes():
+    try:
+        from torch.fx.experimental import _config as fx_config
+        return fx_config.patch(use_duck_shape=False)
+    except (ImportError, AttributeError, TypeError):  # a torch without the setting: duck shapes
+        return contextlib.nullcontext()
 
 
 def _run_compiled(name, *args):
@@ -249,7 +270,13 @@ def _run_compiled(name, *args):
         if fn is None:
             fn = torch.compile(_FUSED[name], dynamic=True, fullgraph=True)
             _CompileState.compiled[name] = fn
-        return fn(*args)
+        # Without duck shaping: by default dynamo gives equal sizes one symbol (batch 2 with 2 heads,
+        # 64 tokens of 64 channels) and guards on their equality, so every new batch size, head count
+        # or grid compiled the kernels again. With a symbol per size, one graph per variant serves
+        # every size (dynamo still specialises sizes of 1: a batch of one image or a single head has
+        # its own graph).
+        with _no_duck_shapes():
+            return fn(*args)
     except Exception as err:  # no C++ compiler, no triton, unsupported platform, ...
         first_line = (str(err).strip().splitlines() or [''])[0][:200]
         if 'RecompileLimit' in type(err).__name__ or 'recompile_limit' in first_line:
@@ -364,13 +391,19 @@ def pola_attention_fast(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     kv = torch.cat([kv, k_mean.transpose(-2, -1)], dim=-1)  # (B, h, 2d, d+1), last column the key mean
 
     # q_opp = [q- || q+] is q_sim with halves swapped, so q_opp @ M == q_sim @ M_rowswapped.
-    # W columns: [same-sign values | opposite-sign values | same-sign norm | opposite-sign norm].
-    kv_swapped = torch.cat([kv[..., d:, :], kv[..., :d, :]], dim=-2)
-    w = torch.cat([kv[..., :half], kv_swapped[..., half:d], kv[..., d:], kv_swapped[..., d:]], dim=-1)
+    # W columns: [same-sign values | opposite-sign values | same-sign norm | opposite-sign norm], rows
+    # [k+ ; k-]; built from split() pieces (views whose backward is one cat, where slices of a tensor
+    # used twice would each scatter their gradient into zeros of the whole).
+    top, bottom = kv.split(d, dim=-2)  # k+ rows, k- rows
+    top_v1, top_v2, top_mean = top.split([half, d - half, 1], dim=-1)
+    bottom_v1, bottom_v2, bottom_mean = bottom.split([half, d - half, 1], dim=-1)
+    w = torch.cat([torch.cat([top_v1, bottom_v2, top_mean, bottom_mean], dim=-1),
+                   torch.cat([bottom_v1, top_v2, bottom_mean, top_mean], dim=-1)], dim=-2)
 
     out = q_sim @ w  # (B, h, N, d+2): one pass over the query features for everything
-    z = 1 / (out[..., d:] + eps)  # (B, h, N, 2) reciprocal normalisers of both branches
-    return (out[..., :d].unflatten(-1, (2, half)) * z.unsqueeze(-1)).flatten(-2)
+    numerators, normalisers = out.split([d, 2], dim=-1)
+    z = 1 / (normalisers + eps)  # (B, h, N, 2) reciprocal normalisers of both branches
+    return (numerators.unflatten(-1, (2, half)) * z.unsqueeze(-1)).flatten(-2)
 
 
 def _example_inputs(batch, heads, hw, head_dim, generator):
@@ -385,14 +418,16 @@ def _example_inputs(batch, heads, hw, head_dim, generator):
 
 @contextlib.contextmanager
 def force_compile():
-    """The fast path's torch.compile kernels at every size (benchmarks of the compiled kernels)."""
-    global COMPILE_MIN_NUMEL
-    previous_env, previous_min = os.environ.pop(_NO_COMPILE_ENV, None), COMPILE_MIN_NUMEL
-    COMPILE_MIN_NUMEL = 0
+    """The fast path's torch.compile kernels at every size and on every device (benchmarks and tests
+    of the compiled kernels)."""
+    global COMPILE_MIN_NUMEL, COMPILE_DEVICES
+    previous_env, previous_min, previous_devices = os.environ.pop(_NO_COMPILE_ENV, None), COMPILE_MIN_NUMEL, \
+        COMPILE_DEVICES
+    COMPILE_MIN_NUMEL, COMPILE_DEVICES = 0, None
     try:
         yield
     finally:
-        COMPILE_MIN_NUMEL = previous_min
+        COMPILE_MIN_NUMEL, COMPILE_DEVICES = previous_min, previous_devices
         if previous_env is not None:
             os.environ[_NO_COMPILE_ENV] = previous_env
 

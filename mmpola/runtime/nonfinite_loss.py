@@ -4,12 +4,16 @@
 where the model computes it, through torch's public module and optimizer hooks (nothing of mmengine is
 replaced):
 
-* a forward hook on the model sees the loss dict of each training forward; a NaN / inf term stops
-  training right there (``action='stop'``: no backward, no optimizer step), or replaces the losses of
-  that batch by a zero that has no gradient (``action='skip'``);
-* an optimizer step pre-hook leaves the parameters that only the skipped batch touched out of the
-  step (their gradient is set back to None), so a skipped batch changes neither the weights nor the
-  optimizer state, also for AdamW's weight decay and moments.
+* a forward hook on the model sees the loss dict of each training forward. With ``action='stop'`` it
+  computes one finiteness flag of the losses on their device, without waiting for it: the backward
+  is queued meanwhile, and the flag is read (one device sync) just before the optimizer step, or at
+  the end of the iteration when no step comes (gradient accumulation, or a step that AMP's loss
+  scaler skips); a NaN / inf term then stops training before the weights change. With
+  ``action='skip'`` the flag is read in the forward hook (the backward must not see the batch), and
+  the losses of a non-finite batch are replaced by a zero that has no gradient;
+* an optimizer step pre-hook reads the flag (``'stop'``) and leaves the parameters that only a skipped
+  batch touched out of the step (their gradient is set back to None), so a skipped batch changes
+  neither the weights nor the optimizer state, also for AdamW's weight decay and moments.
 
 Options come from the hook's arguments, else from the config's top-level ``nonfinite_loss``
 (``--cfg-options nonfinite_loss.action=skip nonfinite_loss.max_skips=20``, or ``nonfinite_loss=skip``),
@@ -75,6 +79,18 @@ def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _finite_flag(terms):
+    """Whether every (name, value) term is finite: a Python bool, or a 0-d bool tensor computed on the
+    terms' device and not read here (reading it waits for the device)."""
+    tensors = [value for _, value in terms if isinstance(value, torch.Tensor)]
+    if not all(math.isfinite(value) for _, value in terms if _is_number(value)):
+        return False
+    if not tensors:
+        return True
+    device = tensors[0].device
+    return torch.isfinite(torch.cat([t.reshape(-1).to(device) for t in tensors])).all()
+
+
 def _value_text(value):
     if isinstance(value, torch.Tensor):
         value = value.detach().float().mean().item() if value.numel() else float('nan')
@@ -105,8 +121,9 @@ class NonFiniteLossHook(Hook):
 
     * ``action='stop'`` (default): raise :class:`NonFiniteLossError` naming the iteration (and
       epoch), each non-finite term with its value, the finite terms, the files of the batch and
-      the usual fixes. No backward pass and no optimizer step happen for that iteration: the
+      the usual fixes, before the optimizer step of that iteration (its backward has run): the
       weights are those of the last good step and the checkpoints already written are intact.
+      The check costs one device sync per iteration, right before the optimizer step.
     * ``action='skip'``: log a warning and skip the step: the batch contributes no gradient and the
       parameters it alone would have updated stay out of the optimizer step; the skipped iterations
       are kept in ``skipped_iters``. More than ``max_skips`` consecutive non-finite iterations
@@ -137,6 +154,7 @@ class NonFiniteLossHook(Hook):
         self._checked = False
         self._batch_idx = None
         self._data_batch = None
+        self._pending = []  # ('stop') (terms, flag) of this iteration's forwards, not read yet
         self._no_grad_before_skip = {}  # id -> parameter without gradient when a skipped batch came
 
     # ---------------------------------------------------------------- set-up
@@ -180,6 +198,7 @@ class NonFiniteLossHook(Hook):
         self._remove_handles()
         self._active = False
         self._data_batch = None
+        self._pending = []
 
     def _remove_handles(self):
         for handle in self._handles:
@@ -189,10 +208,12 @@ class NonFiniteLossHook(Hook):
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         self._active, self._checked = True, False
         self._batch_idx, self._data_batch = batch_idx, data_batch
+        self._pending = []
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
         self._active = False
         try:
+            self._decide()  # an iteration without an optimizer step (accumulation, a step AMP skipped)
             if not self._checked and isinstance(outputs, dict):
                 # the model's train_step bypassed the forward hook: check what it reports, after its step
                 bad, good = self._classify(list(_loss_terms(outputs)))
@@ -213,6 +234,10 @@ class NonFiniteLossHook(Hook):
         total = self._total(module, output)
         if total is not None:
             terms.append(('loss', total))
+        terms = [(name, value.detach() if isinstance(value, torch.Tensor) else value) for name, value in terms]
+        if self.action == 'stop':
+            self._pending.append((terms, _finite_flag(terms)))  # read before the optimizer step
+            return None
         bad, good = self._classify(terms)
         if not self._any_rank(bool(bad)):
             self.consecutive_skips = 0
@@ -258,9 +283,31 @@ class NonFiniteLossHook(Hook):
                 replaced[name] = [zero] * len(value) if isinstance(value, (list, tuple)) else zero
         return replaced
 
+    def _decide(self):
+        """``action='stop'``: read the finiteness flags of this iteration's forwards (one device sync)
+        and stop when a loss was not finite (on any rank)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        flags = [flag for _, flag in pending]
+        tensors = [flag for flag in flags if isinstance(flag, torch.Tensor)]
+        finite = all(flag for flag in flags if not isinstance(flag, torch.Tensor)) and \
+            (not tensors or bool(torch.stack([t.to(tensors[0].device) for t in tensors]).all()))
+        if not self._any_rank(not finite):
+            self.consecutive_skips = 0
+            return
+        bad, good = [], []
+        for terms, _ in pending:
+            more_bad, more_good = self._classify(terms)
+            bad += more_bad
+            good += more_good
+        raise NonFiniteLossError(self._message(bad, good))
+
     def _before_step(self, optimizer, args, kwargs):
-        """Optimizer step pre-hook: a parameter whose only gradient came from skipped batches (zeros)
-        gets None, so the optimizer leaves it alone (no update, no weight decay, no moment change)."""
+        """Optimizer step pre-hook: the decision on this iteration's losses (``'stop'``), then a
+        parameter whose only gradient came from skipped batches (zeros) gets None, so the optimizer
+        leaves it alone (no update, no weight decay, no moment change)."""
+        self._decide()
         if not self._no_grad_before_skip:
             return None
         for group in optimizer.param_groups:

@@ -173,3 +173,26 @@ def test_fp32_false_follows_input_dtype():
     out = pacs_attention(*inputs, *tables, fp32=False)
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, pacs_attention_reference(*inputs, *tables), rtol=1e-10, atol=1e-12)
+
+
+def test_rope_tables_are_made_on_the_angles_device_and_dtype():
+    """No tensor is made elsewhere and copied over: on a GPU such a copy of a CPU tensor waits for the
+    device at every call (every stage of every forward)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split('.')[0])
+            return func(*args, **(kwargs or {}))
+
+    angle = rope_angles(32, 2).double()
+    with Ops() as ops:
+        sin, cos = rope_tables(angle, (3, 5))
+    assert not {'_to_copy', 'copy_', 'to'} & set(ops.names), ops.names
+    assert sin.dtype == cos.dtype == torch.float64
+    expected = torch.arange(3, dtype=torch.float64)[:, None] * angle[None, :]
+    torch.testing.assert_close(sin.view(3, 5, -1)[:, 0, :8], torch.sin(expected), rtol=0, atol=0)

@@ -1,10 +1,8 @@
 """Pola attention core: fast path vs the official-order reference, closed form, AMP island.
 
-The fast path is tested eagerly (compile disabled) by default so this file stays fast on a CPU;
-set MMPOLA_TEST_COMPILE=1 to also test the torch.compile kernels (first compile: ~15-40 s on CPU).
+The fast path is tested eagerly (compile disabled, tests/conftest.py) except in the tests of its
+torch.compile kernels, which compile them once at small sizes (forced by force_compile()).
 """
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -303,16 +301,43 @@ def test_no_compile_env_disables_compile(monkeypatch):
     assert not enabled and 'MMPOLA_NO_COMPILE' in reason
 
 
-@pytest.mark.skipif(os.environ.get('MMPOLA_TEST_COMPILE', '0') in ('', '0'),
-                    reason='compiles C++ kernels (slow on CPU); set MMPOLA_TEST_COMPILE=1')
-def test_compiled_fast_path_matches_reference(monkeypatch):
-    monkeypatch.delenv('MMPOLA_NO_COMPILE')
-    monkeypatch.setattr(pola, 'COMPILE_MIN_NUMEL', 0)
+def test_compiled_fast_path_matches_reference_and_one_graph_serves_every_size(monkeypatch):
+    """The torch.compile kernels of the fast path (forced at small sizes) equal the reference, and the
+    graphs compiled at the first call serve other token grids, batch sizes, head counts and head dims:
+    a detector's changing image sizes compile nothing more (sizes of 1 have graphs of their own)."""
+    from torch._dynamo.utils import counters
+    monkeypatch.setattr(pola._CompileState, 'compiled', {})
     monkeypatch.setattr(pola._CompileState, 'disabled_reason', None)
-    for shape in [(2, 3, 37, 9, 16), (1, 1, 64, 64, 64)]:
-        inputs, grad_out = make_inputs(*shape)
-        ref = forward_backward(pola_attention_reference, inputs, grad_out)
-        fast = forward_backward(pola_attention, inputs, grad_out)
-        assert pola._CompileState.disabled_reason is None, pola._CompileState.disabled_reason
-        for name, a, e in zip(NAMES, fast, ref):
-            assert max_scaled_error(a, e) <= 1e-5, (name, shape)
+    torch._dynamo.reset()
+    before = counters['stats']['unique_graphs']
+    with pola.force_compile():
+        for i, shape in enumerate([(2, 2, 20, 20, 8), (2, 2, 35, 9, 8), (3, 2, 48, 48, 8), (2, 3, 12, 12, 16)]):
+            inputs, grad_out = make_inputs(*shape)
+            ref = forward_backward(pola_attention_reference, inputs, grad_out)
+            fast = forward_backward(pola_attention, inputs, grad_out)
+            assert pola._CompileState.disabled_reason is None, pola._CompileState.disabled_reason
+            for name, a, e in zip(NAMES, fast, ref):
+                assert max_scaled_error(a, e) <= 1e-5, (name, shape)
+            if i == 0:  # the forward with and without the token mean and their backwards
+                assert counters['stats']['unique_graphs'] - before == 4, dict(counters['stats'])
+    assert counters['stats']['unique_graphs'] - before == 4, dict(counters['stats'])
+
+
+def test_compile_only_on_the_cpu_by_default():
+    """On other devices the fast path stays eager ('auto' runs Triton on CUDA); force_compile() compiles
+    everywhere."""
+    large = torch.empty(pola.COMPILE_MIN_NUMEL, device='meta')
+    assert pola.COMPILE_DEVICES == ('cpu',)
+    assert not pola._want_compile(large)  # MMPOLA_NO_COMPILE=1 (tests/conftest.py)
+    with pola.force_compile():
+        assert pola._want_compile(large) and pola._want_compile(torch.empty(1))
+    assert pola.COMPILE_DEVICES == ('cpu',) and pola.COMPILE_MIN_NUMEL == 2 ** 20
+
+
+def test_compile_devices_and_size_threshold(monkeypatch):
+    monkeypatch.delenv('MMPOLA_NO_COMPILE')
+    monkeypatch.setattr(pola._CompileState, 'disabled_reason', None)
+    assert pola._want_compile(torch.empty(pola.COMPILE_MIN_NUMEL))
+    assert not pola._want_compile(torch.empty(pola.COMPILE_MIN_NUMEL - 1))
+    assert not pola._want_compile(torch.empty(pola.COMPILE_MIN_NUMEL, device='meta'))
+    assert 'on cpu' in pola.compile_status()[1]

@@ -121,7 +121,9 @@ def test_stop_raises_before_the_step_and_names_iteration_term_and_files(tmp_path
     assert sorted(rec.after) == [1, 2, 3, 4, 5]
     # no NaN got in: the weights are exactly those after the last good step
     assert torch.isfinite(_params(runner)).all() and torch.equal(_params(runner), rec.after[5])
-    assert runner.model.w.grad is None or not torch.isnan(runner.model.w.grad).any()
+    # the flag is read just before the step (no device sync in the forward): the bad batch's backward ran,
+    # its step did not
+    assert torch.isnan(runner.model.w.grad).all()
     # outside a training iteration the check is off
     assert runner.model.parse_losses({'loss_a': torch.tensor(float('nan'))})[0].isnan()
 
@@ -186,6 +188,18 @@ def test_skip_with_gradient_accumulation(tmp_path, bad):
     assert torch.equal(rec.after[3], rec.after[2])
     good = (6, 7) if bad == 3 else (4, 5)
     assert torch.allclose(rec.after[4], _sgd_step(rec.after[2], [good], scale=0.5), atol=0, rtol=1e-6)
+
+
+@pytest.mark.parametrize('bad', [3, 4])
+def test_stop_with_gradient_accumulation(tmp_path, bad):
+    """Windows of 2 iterations: a non-finite loss stops training at its own iteration, whether that
+    iteration ends with an optimizer step (4: read before the step) or not (3: read at its end), and
+    the window's step is never taken."""
+    runner = _runner(tmp_path, NonFiniteLossHook(), epochs=1, accumulate=2, bad_iters={bad})
+    rec = _Recorder(runner)
+    with pytest.raises(NonFiniteLossError, match=rf'^Iteration {bad}/4 .*loss_mask=nan'):
+        runner.train()
+    assert sorted(rec.after) == list(range(1, bad)) and torch.equal(_params(runner), rec.after[2])
 
 
 def test_too_many_consecutive_skips_stop(tmp_path):

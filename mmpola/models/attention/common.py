@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ..layers import ResizedEmbeddingCache
 
 __all__ = ['QKV_LAYOUTS', 'check_attention_args', 'reduced_grid', 'KeyPositionalEncoding', 'spatial_reduction',
-           'upsample_values', 'depthwise_value_term', 'split_prefix', 'add_to_patches']
+           'upsample_values', 'depthwise_value_heads', 'depthwise_value_term', 'split_prefix', 'add_to_patches']
 
 # 'fused': one projection of the tokens gives every operand (Swin, PolaFormer++, the ViT: ``qkv`` /
 # ``qkvg``); 'separate': queries from the tokens, keys and values from a second projection ``kv`` of
@@ -88,15 +88,16 @@ def upsample_values(v, kv_hw, hw, mode):
     return v.reshape(B, heads, head_dim, N).transpose(-2, -1)
 
 
-def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d'):
-    """The ``dwc`` term of Pola / FLatten attention: a depthwise conv over each head's values.
+def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d'):
+    """The ``dwc`` term of Pola / FLatten attention per head: a depthwise conv over each head's values.
 
     Args:
         dwc: Conv2d(d, d, groups=d), shared by the heads.
         v: (B, h, n, d) values on the key grid ``kv_hw``.
         hw: (H, W) query grid; values are upsampled to it first when n != H * W.
     Returns:
-        (B, N, C) with C = h * d in head-major channel order.
+        (B, h, N, d), the heads' layout of the attention core's output (a view of the conv's
+        channels-last output: added to the core's output before the heads are merged, no copy).
 
     The conv runs on a channels-last view, as in the official code; ``dwc`` is made by
     :func:`mmpola.models.layers.depthwise_conv` (its weight stored channels-last, see there why).
@@ -106,7 +107,13 @@ def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d'):
     if n != H * W:
         v = upsample_values(v, kv_hw, hw, v_upsample)
     v = v.reshape(B * heads, H, W, head_dim).permute(0, 3, 1, 2)
-    return dwc(v).reshape(B, heads * head_dim, H * W).permute(0, 2, 1)
+    return dwc(v).permute(0, 2, 3, 1).reshape(B, heads, H * W, head_dim)
+
+
+def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d'):
+    """:func:`depthwise_value_heads` as (B, N, C) tokens, C = h * d in head-major channel order."""
+    B, heads, _, head_dim = v.shape
+    return depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample).transpose(1, 2).reshape(B, -1, heads * head_dim)
 
 
 def split_prefix(x, num_prefix_tokens):

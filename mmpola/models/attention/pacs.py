@@ -16,7 +16,7 @@ from timm.layers import register_notrace_module
 from mmpola.ops import check_attn_impl, pacs_attention, rope_angles, rope_rotate, rope_tables
 from mmpola.registry import ATTENTIONS
 
-from ..layers import depthwise_conv
+from ..layers import SizeCache, depthwise_conv
 
 __all__ = ['PaCSAttention', 'RoPESoftmaxAttention', 'RotaryEmbedding']
 
@@ -32,11 +32,14 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, dim, num_heads, base=10000.0):
         super().__init__()
         self.register_buffer('angle', rope_angles(dim, num_heads, base))
+        self._tables = SizeCache(maxsize=2)
 
     def forward(self, hw):
         """(H, W) -> (2, H * W, 2 * len(angle)): sin and cos stacked (one tensor, so a traced graph can
-        index it)."""
-        return torch.stack(rope_tables(self.angle, hw))
+        index it). The tables of the last sizes are kept (they depend on the size and the buffer only)."""
+        angle = self.angle
+        key = (tuple(hw), angle.device, angle.dtype, angle.data_ptr(), angle._version)
+        return self._tables.get(key, lambda: torch.stack(rope_tables(angle, hw)))
 
 
 def _rope_table(context, name, kind):

@@ -11,6 +11,7 @@ from .common import (
     KeyPositionalEncoding,
     add_to_patches,
     check_attention_args,
+    depthwise_value_heads,
     depthwise_value_term,
     reduced_grid,
     spatial_reduction,
@@ -124,19 +125,25 @@ class PolaAttention(KeyPositionalEncoding, nn.Module):
         n = k.shape[1]
         k = add_to_patches(k, self.resized_positional_encoding(kv_hw), P)
 
-        # contiguous per-head layout: the reference data of the official model are reproduced
-        # bit for bit with it (strided views change the matmul summation order for h > 1)
-        q = q.reshape(B, N, heads, head_dim).transpose(1, 2).contiguous()
-        k = k.reshape(B, n, heads, head_dim).transpose(1, 2).contiguous()
+        # per-head views (B, h, N, d) of the projections, not copied: every implementation of the op
+        # takes strided tensors (the fp32 island's cast, the feature maps and the products lay out
+        # their own outputs; the reference copies to the official contiguous layout). v is made
+        # contiguous once: the depthwise conv runs on a channels-last view of it.
+        q = q.reshape(B, N, heads, head_dim).transpose(1, 2)
+        k = k.reshape(B, n, heads, head_dim).transpose(1, 2)
         v = v.reshape(B, n, heads, head_dim).transpose(1, 2).contiguous()
         # scale is per channel (1, 1, C) and divides q and k before the head split in the
         # official code; elementwise, so dividing by its (1, h, 1, d) view gives the same bits.
         scale = self.scale.reshape(1, 1, heads, head_dim).transpose(1, 2)
         out = pola_attention(q, k, v, self.power, scale, alpha=self.alpha, fp32=self.fp32_attn,
                              impl=self.attn_impl)
-        out = out.transpose(1, 2).reshape(B, N, C)
-
-        out = add_to_patches(out, depthwise_value_term(self.dwc, v[:, :, P:], kv_hw, (H, W), self.v_upsample), P)
+        if P:
+            out = out.transpose(1, 2).reshape(B, N, C)
+            out = add_to_patches(out, depthwise_value_term(self.dwc, v[:, :, P:], kv_hw, (H, W), self.v_upsample), P)
+        else:
+            # the conv's output is already in the heads' layout: one sum, then one copy to (B, N, C)
+            out = out + depthwise_value_heads(self.dwc, v, kv_hw, (H, W), self.v_upsample)
+            out = out.transpose(1, 2).reshape(B, N, C)
         out = out * g
         if self.qkv_layout == 'projected':
             return out
