@@ -1,7 +1,7 @@
 # UperNet on ADE20K, 160k iterations with InLine-CSWin-S:
-# ../flatten/upernet_flatten-cswin-s_8xb2-160k_ade20k-512x512.py
-# with the injective linear attention of InLine (NeurIPS 2024) in stages 1-2 of the backbone (the released
-# layout 'IISS' (InLine-CSWin-S: depths 3-6-29-2, deeper than FLatten's)), everything else identical. Every number and its source: docs/recipes.md.
+# ../flatten/upernet_flatten-cswin-s_8xb2-160k_ade20k-512x512.py with the injective linear attention of InLine
+# (NeurIPS 2024) in stages 1-2 of the backbone (the released layout 'IISS' (InLine-CSWin-S: depths 3-6-29-2, deeper
+# than FLatten's)), everything else identical. Every number and its source: docs/recipes.md.
 #
 # Backbone weights: the official InLine-CSWin-S ImageNet weights, downloaded from its release
 # (mmpola/checkpoint/sources.py); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
