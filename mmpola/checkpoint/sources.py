@@ -82,6 +82,7 @@ WEIGHT_SOURCES = {s.name: s for s in [
     _tsinghua('flatten_swin_tiny', _FLATTEN, 'e1518e76703e4e57a7f2'),
     _tsinghua('flatten_swin_small', _FLATTEN, '94188e52af354bf4a88b'),
     _tsinghua('flatten_swin_base', _FLATTEN, '7a9e5186bad04e7fb3a9'),
+    _tsinghua('flatten_swin_base_384', _FLATTEN, '0d0330cf2e5249f1abb6'),  # fine-tuned at 384 (85.0 top-1)
     _tsinghua('inline_pvt_tiny', _INLINE, '90ac52b1555b401eb5e6'),
     _tsinghua('inline_pvt_small', _INLINE, '1ab953b2479d433080a3'),
     _tsinghua('inline_pvt_medium', _INLINE, 'a72aec31e6084bc0a280'),

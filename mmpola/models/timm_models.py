@@ -1,6 +1,7 @@
 """timm model entries, generated from one table (:data:`TIMM_ENTRIES`): ``timm.create_model('pola_pvt_tiny'
 ... 'pola_swin_base')``, ``flatten_pvt_{tiny,small,medium,large}``, ``flatten_swin_{tiny,small,base}``,
-``inline_pvt_{...}``, ``inline_swin_{...}``, the other releases of the lineage ``flatten_pvt_v2_b0`` ...
+``inline_pvt_{...}``, ``inline_swin_{...}``, the Swin-B fine-tunes at 384 ``{pola,flatten}_swin_base_384``,
+the other releases of the lineage ``flatten_pvt_v2_b0`` ...
 ``_b4``, ``{flatten,inline}_cswin_{tiny,small,base,base_384}``, ``inline_deit_{tiny,small,base}`` and
 PolaFormer++'s ``polapp_b0`` ... ``polapp_b5``.
 
@@ -65,6 +66,8 @@ class TimmEntry:
         classifier: the class built.
         img_size: the official evaluation size (the pretraining size: CSWin-B-384 384, InLine-DeiT-S
             288, InLine-DeiT-B 448).
+        crop_pct: the official evaluation's centre crop (1.0: the Swin-B 384 fine-tunes resize to the size,
+            ``TEST.CROP: False``).
     """
     family: str
     arch: str
@@ -73,10 +76,14 @@ class TimmEntry:
     source: dict = field(default_factory=dict)
     classifier: type = PolaClassifier
     img_size: int = 224
+    crop_pct: float = 0.875
 
 
 def _row(family, arch, attn, drop_path_rate, **kwargs):
-    return TimmEntry(family, arch, attn, dict(drop_path_rate=drop_path_rate), **kwargs)
+    options = dict(drop_path_rate=drop_path_rate)
+    if family == 'swin' and kwargs.get('img_size', 224) != 224:  # pretrained at another size
+        options.update(pretrain_img_size=kwargs['img_size'], window_size=kwargs['img_size'] // 4)
+    return TimmEntry(family, arch, attn, options, **kwargs)
 
 
 # name: (architecture, arch, attention, options, pretrained cfg); drop-path rates of the official recipes
@@ -102,6 +109,9 @@ TIMM_ENTRIES = {
     'inline_swin_tiny': _row('swin', 'tiny', 'inline', 0.2),
     'inline_swin_small': _row('swin', 'small', 'inline', 0.3),
     'inline_swin_base': _row('swin', 'base', 'inline', 0.5),
+    # the Swin-B fine-tunes at 384 (cfgs/{pola,flatten}_swin_b_384.yaml: window 96 for the linear blocks)
+    'pola_swin_base_384': _row('swin', 'base', 'pola', 0.5, img_size=384, crop_pct=1.0),
+    'flatten_swin_base_384': _row('swin', 'base', 'flatten', 0.5, img_size=384, crop_pct=1.0),
     'polapp_b0': _row('polapp', 'b0', 'pacs', 0.1, classifier=PolaPPClassifier),
     'polapp_b1': _row('polapp', 'b1', 'pacs', 0.1, classifier=PolaPPClassifier),
     'polapp_b2': _row('polapp', 'b2', 'pacs', 0.1, classifier=PolaPPClassifier),
@@ -148,7 +158,8 @@ def _cfg(name, entry):
     source = entry.source or dict(url=pretrained_url(name) or '')
     size = entry.img_size
     return timm_pretrained_cfg(first_conv=first_conv, classifier='head', paper_name=paper, origin_url=origin,
-                               input_size=(3, size, size), pool_size=architecture.classification_pool_size(size),
+                               input_size=(3, size, size), crop_pct=entry.crop_pct,
+                               pool_size=architecture.classification_pool_size(size),
                                min_input_size=(3, architecture.min_input_size, architecture.min_input_size),
                                **source)
 

@@ -29,8 +29,9 @@ FLATTEN_IDS_SHOWN_AS_POLA = ('3ab1d773f19d45648690', '5d1f01532b104da28e7b', 'e1
 def test_every_timm_entry_has_a_source_and_no_pola_entry_names_a_flatten_file():
     assert set(TIMM_ENTRIES) <= set(WEIGHT_SOURCES)
     urls = [s.url for s in WEIGHT_SOURCES.values() if s.url]
-    # FLatten PVT-T, PVTv2-b0, Swin-T/S/B, CSWin-T; InLine DeiT-T/S/B, PVT-T/S/M/L, Swin-T/S/B, CSWin-T/S/B
-    assert len(urls) == len(set(urls)) == 19
+    # FLatten PVT-T, PVTv2-b0, Swin-T/S/B, Swin-B 384, CSWin-T; InLine DeiT-T/S/B, PVT-T/S/M/L, Swin-T/S/B,
+    # CSWin-T/S/B
+    assert len(urls) == len(set(urls)) == 20
     for name, source in WEIGHT_SOURCES.items():
         assert (source.url is None) == bool(source.note), name  # a download, or where the weights are
         if name.startswith(('pola_', 'polapp_')):

@@ -28,7 +28,8 @@ PARAMS_M = {'pola_pvt_tiny': 12.92, 'pola_pvt_small': 23.16, 'pola_pvt_medium': 
             'flatten_cswin_tiny': 21.20, 'flatten_cswin_small': 35.45, 'flatten_cswin_base': 74.87,
             'flatten_cswin_base_384': 78.37, 'inline_cswin_tiny': 20.60, 'inline_cswin_small': 33.03,
             'inline_cswin_base': 73.41, 'inline_cswin_base_384': 73.41,
-            'inline_deit_tiny': 6.48, 'inline_deit_small': 16.73, 'inline_deit_base': 23.80}
+            'inline_deit_tiny': 6.48, 'inline_deit_small': 16.73, 'inline_deit_base': 23.80,
+            'pola_swin_base_384': 91.60, 'flatten_swin_base_384': 91.43}
 
 
 def _mini_kwargs(expected):

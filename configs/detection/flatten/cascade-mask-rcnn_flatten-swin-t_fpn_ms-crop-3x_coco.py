@@ -1,0 +1,11 @@
+# Cascade Mask R-CNN + FPN on COCO 2017, 3x multi-scale-crop schedule with FLatten-Swin-T:
+# ../cascade-mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py with the focused linear attention of FLatten Transformer
+# (ICCV 2023) in the backbone, everything else identical, so the two compare the attention alone (Swin's detection
+# recipe reports Cascade Mask R-CNN 3x for Swin-T and Swin-S). Every number and its source: docs/recipes.md. Backbone
+# weights: the official FLatten-Swin-T ImageNet weights, downloaded from its release (mmpola/checkpoint/sources.py);
+# offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
+_base_ = ['../cascade-mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py']
+
+model = dict(backbone=dict(
+    type='FLattenSwin',
+    init_cfg=dict(type='Pretrained', checkpoint='https://cloud.tsinghua.edu.cn/f/e1518e76703e4e57a7f2/?dl=1')))

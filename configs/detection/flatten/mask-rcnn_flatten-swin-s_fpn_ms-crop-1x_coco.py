@@ -1,0 +1,10 @@
+# Mask R-CNN + FPN on COCO 2017, 1x multi-scale-crop schedule with FLatten-Swin-S:
+# ../mask-rcnn_pola-swin-s_fpn_ms-crop-1x_coco.py with the focused linear attention of FLatten Transformer (ICCV 2023)
+# in the backbone, everything else identical, so the two compare the attention alone. Every number and its source:
+# docs/recipes.md. Backbone weights: the official FLatten-Swin-S ImageNet weights, downloaded from its release
+# (mmpola/checkpoint/sources.py); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
+_base_ = ['../mask-rcnn_pola-swin-s_fpn_ms-crop-1x_coco.py']
+
+model = dict(backbone=dict(
+    type='FLattenSwin',
+    init_cfg=dict(type='Pretrained', checkpoint='https://cloud.tsinghua.edu.cn/f/94188e52af354bf4a88b/?dl=1')))

@@ -1,0 +1,10 @@
+# Mask R-CNN + FPN on COCO 2017, 1x schedule with InLine-PVT-M: ../mask-rcnn_pola-pvt-m_fpn_1x_coco.py with the
+# injective linear attention of InLine (NeurIPS 2024) in the backbone, everything else identical, so the two compare
+# the attention alone. Every number and its source: docs/recipes.md. Backbone weights: the official InLine-PVT-M
+# ImageNet weights, downloaded from its release (mmpola/checkpoint/sources.py); offline: --cfg-options
+# model.backbone.init_cfg.checkpoint=PATH.
+_base_ = ['../mask-rcnn_pola-pvt-m_fpn_1x_coco.py']
+
+model = dict(backbone=dict(
+    type='InLinePVT',
+    init_cfg=dict(type='Pretrained', checkpoint='https://cloud.tsinghua.edu.cn/f/a72aec31e6084bc0a280/?dl=1')))
