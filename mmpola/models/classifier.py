@@ -229,12 +229,7 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         pre-hook of :func:`accept_official_checkpoints`), refused with one message when they hold
         non-finite weights or (``strict``) other blocks than the model (a deeper or shallower model of
         the same widths would otherwise fail with torch's list of keys)."""
-        tensors = state_dict
-        for key in ('state_dict', 'model'):  # an unopened checkpoint container
-            if isinstance(state_dict.get(key), dict):
-                tensors = state_dict[key]
-                break
-        tensors = OrderedDict((k, v) for k, v in tensors.items() if torch.is_tensor(v))
+        tensors = _opened_tensors(state_dict)
         check_classifier_state_dict(self, checkpoint_filter_fn(tensors, self), 'the given state dict', layout=strict)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
@@ -358,6 +353,17 @@ def _all_options():
     return {name for kind in ATTENTIONS.module_dict for name in attention_options(kind)}
 
 
+def _opened_tensors(state_dict):
+    """The tensors of a state dict, or of an unopened checkpoint container holding one ('state_dict'
+    or 'model')."""
+    tensors = state_dict
+    for key in ('state_dict', 'model'):
+        if isinstance(state_dict.get(key), dict):
+            tensors = state_dict[key]
+            break
+    return OrderedDict((k, v) for k, v in tensors.items() if torch.is_tensor(v))
+
+
 def _official_state_dict_pre_hook(module, state_dict, prefix, *args):
     """Map an official (or mmengine-wrapped) state dict onto the classifier's keys, in place.
 
@@ -369,13 +375,7 @@ def _official_state_dict_pre_hook(module, state_dict, prefix, *args):
     """
     if prefix:
         return
-    tensors = state_dict
-    for key in ('state_dict', 'model'):  # an unopened checkpoint container
-        if isinstance(state_dict.get(key), dict):
-            tensors = state_dict[key]
-            break
-    tensors = OrderedDict((k, v) for k, v in tensors.items() if torch.is_tensor(v))
-    converted = checkpoint_filter_fn(tensors, module)
+    converted = checkpoint_filter_fn(_opened_tensors(state_dict), module)
     state_dict.clear()
     state_dict.update(converted)
 
