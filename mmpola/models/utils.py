@@ -8,8 +8,8 @@ import torch
 
 from mmpola.errors import MMPolaUserError
 
-__all__ = ['PolaConfigError', 'pretrained_alias', 'is_pretrained_cfg', 'resolve_arch', 'check_out_indices',
-           'check_frozen_stages', 'check_stage_string', 'check_input']
+__all__ = ['PolaConfigError', 'pretrained_alias', 'is_pretrained_cfg', 'check_pretrained_cfg', 'resolve_arch',
+           'check_out_indices', 'check_frozen_stages', 'check_stage_string', 'check_input']
 
 
 class PolaConfigError(MMPolaUserError, ValueError):
@@ -34,6 +34,27 @@ def pretrained_alias(pretrained, init_cfg):
 
 def is_pretrained_cfg(init_cfg):
     return isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained'
+
+
+# the keys of a backbone's init_cfg=dict(type='Pretrained', ...) (mmpola.checkpoint.load_checkpoint)
+PRETRAINED_KEYS = ('type', 'checkpoint', 'prefix', 'use_ema', 'map_final_norm', 'strict', 'map_location')
+
+
+def check_pretrained_cfg(init_cfg, owner):
+    """``init_cfg`` if it is a complete ``dict(type='Pretrained', ...)`` of known keys, else a
+    :class:`PolaConfigError` naming the unknown key (and the closest known one) or the missing
+    checkpoint: a misspelled ``strict`` or ``prefix`` would otherwise be ignored without a word."""
+    import difflib
+    unknown = [key for key in init_cfg if key not in PRETRAINED_KEYS]
+    if unknown:
+        hints = [f'{key!r}' + (f' (did you mean {close[0]!r}?)' if close else '')
+                 for key in unknown for close in [difflib.get_close_matches(key, PRETRAINED_KEYS, n=1)]]
+        raise PolaConfigError(f"{owner}: init_cfg=dict(type='Pretrained', ...) has unknown key(s) {', '.join(hints)}; "
+                              f"its keys are {', '.join(PRETRAINED_KEYS)}")
+    if not init_cfg.get('checkpoint'):
+        raise PolaConfigError(f"{owner}: init_cfg=dict(type='Pretrained', ...) names no checkpoint; add "
+                              "checkpoint=PATH_OR_URL, or set init_cfg=None to start from random weights")
+    return init_cfg
 
 
 def resolve_arch(arch, arch_settings, required, name):

@@ -82,6 +82,7 @@ from ..utils import (
     check_frozen_stages,
     check_input,
     check_out_indices,
+    check_pretrained_cfg,
     is_pretrained_cfg,
     pretrained_alias,
     resolve_arch,
@@ -467,7 +468,7 @@ class DenseBackbone(BaseModule):
     def init_weights(self):
         """Load ``init_cfg`` type 'Pretrained' with mmpola's loader; other configs go to mmengine."""
         if is_pretrained_cfg(self.init_cfg):
-            cfg = dict(self.init_cfg)
+            cfg = dict(check_pretrained_cfg(self.init_cfg, type(self).__name__))
             load_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'), use_ema=cfg.get('use_ema', True),
                             map_final_norm=cfg.get('map_final_norm', False), strict=cfg.get('strict'),
                             map_location=cfg.get('map_location', 'cpu'))

@@ -137,3 +137,20 @@ def test_helpers():
     assert [len(r) for r in rates] == [1, 2, 1] and rates[0] == [0.0] and rates[-1][-1] == pytest.approx(0.3)
     tokens = torch.arange(24.).reshape(1, 6, 4)
     assert torch.equal(tokens_to_nchw(tokens, (2, 3))[0, :, 1, 2], tokens[0, 5])
+
+
+def test_a_misspelled_pretrained_init_cfg_key_is_refused_not_ignored(tmp_path):
+    source = PolaPVT(arch=TINY_PVT)
+    path = tmp_path / 'tiny.pth'
+    torch.save(source.state_dict(), path)
+    model = PolaPVT(arch=TINY_PVT, init_cfg=dict(type='Pretrained', checkpoint=str(path), strickt=True))
+    with pytest.raises(PolaConfigError, match=r"PolaPVT: init_cfg=dict\(type='Pretrained', \.\.\.\) has unknown "
+                       r"key\(s\) 'strickt' \(did you mean 'strict'\?\); its keys are type, checkpoint"):
+        model.init_weights()
+    with pytest.raises(PolaConfigError, match=r"'checkpiont' \(did you mean 'checkpoint'\?\)"):
+        PolaPVT(arch=TINY_PVT, init_cfg=dict(type='Pretrained', checkpiont=str(path))).init_weights()
+    with pytest.raises(PolaConfigError, match='names no checkpoint; add checkpoint=PATH_OR_URL'):
+        PolaPVT(arch=TINY_PVT, init_cfg=dict(type='Pretrained')).init_weights()
+    model = PolaPVT(arch=TINY_PVT, init_cfg=dict(type='Pretrained', checkpoint=str(path), strict=True))
+    model.init_weights()  # every known key is taken
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
