@@ -67,7 +67,7 @@ def build_test_config(args):
     notes = launch.adapt_cfg_to_machine(cfg, args.launcher)
     notes += runtime_hook_notes(cfg, training=False)
     if not args.skip_config_check:
-        check_config(cfg)  # misspelled types and arguments, with the close matches
+        check_config(cfg, training=False)  # misspelled types and arguments (what a test run builds)
     launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
     run_preflight(cfg, ['test_dataloader'], args.skip_data_check)  # the checkpoint, data, model
     return cfg, scope, notes
