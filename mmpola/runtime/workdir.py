@@ -59,6 +59,8 @@ def _describe(fields):
 def check_work_dir(work_dir):
     """Raise :class:`MMPolaUserError` when the run could not create ``work_dir`` or write into it; creates
     nothing (a temporary file in the work dir, or in the folder it would be created in, is the probe)."""
+    if '://' in str(work_dir):  # a remote work dir (a storage backend's): its backend reports
+        return
     fix = 'Fix: give this run another --work-dir (a folder on a writable disk)'
     existing = osp.abspath(work_dir)
     while not osp.lexists(existing):
