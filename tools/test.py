@@ -22,6 +22,7 @@ from mmpola.runtime import cli, config, launch  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 from mmpola.runtime.config_check import check_config, runtime_hook_notes  # noqa: E402
 from mmpola.runtime.preflight import run_preflight  # noqa: E402
+from mmpola.runtime.workdir import check_work_dir  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -48,6 +49,7 @@ def build_test_config(args):
     cfg = config.load_config(args.config, args.cfg_options)
     scope = config.register_task_modules(cfg)
     config.set_work_dir(cfg, args.config, args.work_dir)
+    check_work_dir(cfg.work_dir)  # a file, or not writable: before anything is built (the log goes there)
 
     cfg.load_from = args.checkpoint
     cfg.resume = False
@@ -67,7 +69,7 @@ def build_test_config(args):
     notes = launch.adapt_cfg_to_machine(cfg, args.launcher)
     notes += runtime_hook_notes(cfg, training=False)
     if not args.skip_config_check:
-        check_config(cfg)  # misspelled types and arguments, with the close matches
+        check_config(cfg, training=False)  # misspelled types and arguments (what a test run builds)
     launch.init_distributed(args.launcher, cfg)  # so that the ranks can share the pre-flight verdict
     run_preflight(cfg, ['test_dataloader'], args.skip_data_check)  # the checkpoint, data, model
     return cfg, scope, notes

@@ -32,7 +32,7 @@ from mmpola.runtime.config_check import check_config, runtime_hook_notes  # noqa
 from mmpola.runtime.preflight import run_preflight  # noqa: E402
 from mmpola.runtime.resume import RESUME_OR_START  # noqa: E402
 from mmpola.runtime.signals import stopped_cleanly  # noqa: E402
-from mmpola.runtime.workdir import lock_work_dir  # noqa: E402
+from mmpola.runtime.workdir import check_work_dir, lock_work_dir  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -69,6 +69,7 @@ def build_train_config(args):
     cfg = config.load_config(args.config, args.cfg_options)
     scope = config.register_task_modules(cfg)
     config.set_work_dir(cfg, args.config, args.work_dir)
+    check_work_dir(cfg.work_dir)  # a file, or not writable: before anything is built
 
     notes = []
     if args.amp:

@@ -10,6 +10,11 @@ config key and difflib's close matches, instead of a registry traceback once the
 that part (for datasets: after the model was built). When a model part takes ``**kwargs`` for
 anything else (the options of an attention it builds ...), an argument its signatures do not name
 is tried: the part is built on the ``meta`` device (no memory, no weights) with and without it.
+
+What the Runner builds itself is judged the same way, with the keys the Runner handles (or passes)
+itself left out: the loops (``train_cfg``, ``val_cfg``, ``test_cfg``; without a ``type``, the loop
+mmengine picks), ``optim_wrapper`` and its ``optimizer``, ``param_scheduler``, and each dataloader's
+own arguments against ``torch.utils.data.DataLoader``'s.
 """
 import ast
 import difflib
@@ -21,7 +26,7 @@ from mmengine import registry as mmengine_registry
 
 from mmpola.errors import UserError
 
-__all__ = ['check_config', 'accepted_arguments', 'component_entries', 'runtime_hook_notes']
+__all__ = ['check_config', 'accepted_arguments', 'component_entries', 'runner_entries', 'runtime_hook_notes']
 
 # keys the builders read themselves: never arguments of the class
 _BUILDER_KEYS = ('type', '_scope_', 'priority')
@@ -80,6 +85,52 @@ def component_entries(cfg):
         for where, entry in _items(cfg.get(key), key):
             if entry['type'] != 'Evaluator':
                 yield where, entry, mmengine_registry.METRICS
+
+
+# keys the Runner takes out of (or passes into) what it builds, per config key
+_RUNNER_KEYS = {
+    'loop': ('runner', 'dataloader', 'evaluator', 'by_epoch'),
+    'optim_wrapper': ('constructor', 'paramwise_cfg'),
+    'optimizer': ('params',),
+    'param_scheduler': ('optimizer', 'epoch_length', 'convert_to_iter_based'),
+    # mmengine's Runner.build_dataloader: taken out, or passed by it, before DataLoader(...)
+    'dataloader': ('dataset', 'sampler', 'batch_sampler', 'collate_fn', 'worker_init_fn',
+                   'num_batch_per_epoch', 'disable_subprocess_warning'),
+}
+
+
+def runner_entries(cfg, training=True):
+    """(config path, entry, root registry or None, class when the entry has no ``type``, keys to leave
+    out) of what the Runner builds itself (see the module doc); ``training=False``: only what a test
+    run builds (``test_cfg`` and ``test_dataloader``)."""
+    from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop, TestLoop, ValLoop
+    from torch.utils.data import DataLoader
+
+    loops = (('train_cfg', None), ('val_cfg', ValLoop), ('test_cfg', TestLoop)) if training else \
+        (('test_cfg', TestLoop),)
+    for key, default in loops:
+        loop = cfg.get(key)
+        if not isinstance(loop, dict):
+            continue
+        if default is None and 'type' not in loop:
+            default = EpochBasedTrainLoop if loop.get('by_epoch', True) else IterBasedTrainLoop
+        yield key, loop, mmengine_registry.LOOPS, default, _RUNNER_KEYS['loop']
+    if training:
+        wrapper = cfg.get('optim_wrapper')
+        if isinstance(wrapper, dict) and isinstance(wrapper.get('optimizer'), dict):  # one optimizer
+            from mmengine.optim import OptimWrapper
+            yield 'optim_wrapper', wrapper, mmengine_registry.OPTIM_WRAPPERS, OptimWrapper, \
+                _RUNNER_KEYS['optim_wrapper']
+            if _is_entry(wrapper['optimizer']):
+                yield 'optim_wrapper.optimizer', wrapper['optimizer'], mmengine_registry.OPTIMIZERS, None, \
+                    _RUNNER_KEYS['optimizer']
+        for where, entry in _items(cfg.get('param_scheduler'), 'param_scheduler'):
+            yield where, entry, mmengine_registry.PARAM_SCHEDULERS, None, _RUNNER_KEYS['param_scheduler']
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader') if training else ('test_dataloader',):
+        loader = cfg.get(key)
+        if isinstance(loader, dict):
+            yield key, {k: v for k, v in loader.items() if k != 'type'}, None, DataLoader, \
+                _RUNNER_KEYS['dataloader']
 
 
 def accepted_arguments(obj):
@@ -175,12 +226,25 @@ def _refused_when_built(root, entry, keys):
     return next((key for key in keys if builds({k: v for k, v in entry.items() if k != key})), None)
 
 
-def check_config(cfg):
+def check_config(cfg, training=True):
     """Raise :class:`UserError` for the first component entry whose ``type`` is registered nowhere
-    the builder looks, or that has an argument its class does not take (see the module doc)."""
+    the builder looks, or that has an argument its class does not take (see the module doc);
+    ``training=False`` (a test run): the training loop, optimizer, schedulers and training / validation
+    loaders, which a test run does not build, are not judged."""
     for where, entry, root in component_entries(cfg):
+        _check_entry(where, entry, root)
+    for where, entry, root, default, skip in runner_entries(cfg, training):
+        _check_entry(where, entry, root, default, skip)
+
+
+def _check_entry(where, entry, root, default=None, skip=()):
+    if default is not None and 'type' not in entry:
+        cls, name = default, default.__name__
+    else:
         cls, registry = _lookup(root, entry)
         name = entry['type']
+        if not isinstance(name, str):  # a class given directly
+            cls, name = name, getattr(name, '__name__', str(name))
         if cls is None:
             close = _close(name.rpartition('.')[2], _registered_names(registry))
             hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else (
@@ -188,18 +252,19 @@ def check_config(cfg):
                 "(custom_imports=dict(imports=['...']))")
             raise UserError(f'{where}.type={name!r}: no {registry.name} of that name is registered '
                             f'(scope {registry.scope!r}); {hint}')
-        arguments, complete = accepted_arguments(cls)
-        unknown = [arg for arg in entry if arg not in _BUILDER_KEYS and arg not in arguments]
-        if not complete:
-            unknown = [_refused_when_built(root, entry, unknown)] if unknown and root is mmengine_registry.MODELS \
-                and inspect.isclass(cls) and issubclass(cls, torch.nn.Module) else []
-        for arg in unknown:
-            if arg is None:
-                continue
-            close = _close(str(arg), arguments)
-            hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else (
-                f"its arguments are {', '.join(arguments)}" if arguments else 'it takes no arguments')
-            raise UserError(f'{where}.{arg}: {getattr(cls, "__name__", name)} has no argument {arg!r}; {hint}')
+    arguments, complete = accepted_arguments(cls)
+    arguments = [arg for arg in arguments if arg not in skip]
+    unknown = [arg for arg in entry if arg not in _BUILDER_KEYS and arg not in skip and arg not in arguments]
+    if not complete:
+        unknown = [_refused_when_built(root, entry, unknown)] if unknown and root is mmengine_registry.MODELS \
+            and inspect.isclass(cls) and issubclass(cls, torch.nn.Module) else []
+    for arg in unknown:
+        if arg is None:
+            continue
+        close = _close(str(arg), arguments)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else (
+            f"its arguments are {', '.join(arguments)}" if arguments else 'it takes no arguments')
+        raise UserError(f'{where}.{arg}: {getattr(cls, "__name__", name)} has no argument {arg!r}; {hint}')
 
 
 # mmpola's hooks a run should have, where the config lists them, and what each gives

@@ -20,7 +20,8 @@ import torch
 from mmpola.errors import MMPolaUserError, UserError
 
 __all__ = ['replace_sync_bn', 'adapt_cfg_to_machine', 'setup_amp', 'init_distributed', 'check_device',
-           'check_launch', 'cuda_problem', 'probe_cuda', 'run_on_rank0_and_share', 'DEVICE_ENV']
+           'check_launch', 'check_slurm_environment', 'cuda_problem', 'probe_cuda', 'run_on_rank0_and_share',
+           'DEVICE_ENV']
 
 DEVICE_ENV = 'MMPOLA_DEVICE'
 
@@ -135,6 +136,8 @@ def init_distributed(launcher, cfg):
     import torch.distributed as dist
     if launcher == 'none' or dist.is_initialized():
         return
+    if launcher == 'slurm':
+        check_slurm_environment()
     if torch.cuda.is_available():
         _init_cuda_distributed(launcher, cfg)
         return
@@ -156,6 +159,27 @@ def init_distributed(launcher, cfg):
     else:
         raise UserError(f'--launcher {launcher} needs CUDA; on CPU use pytorch (tools/dist_*.sh) or slurm')
     dist.init_process_group(backend='gloo', timeout=timedelta(seconds=timeout))
+
+
+# what mmengine's (and mmpola's CPU) slurm start reads: the process's rank, the number of processes, the nodes
+SLURM_VARIABLES = ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST')
+
+
+def check_slurm_environment(environ=None):
+    """``--launcher slurm``: raise :class:`UserError` when this process was not started by slurm's ``srun``
+    (else a raw ``KeyError: 'SLURM_PROCID'``), or when the first node's address would come from a
+    ``scontrol`` that is not installed (else its "not found" as the address)."""
+    environ = os.environ if environ is None else environ
+    missing = [name for name in SLURM_VARIABLES if name not in environ]
+    if missing:
+        raise UserError(f'--launcher slurm: this process was not started by slurm\'s srun ({", ".join(missing)} '
+                        f'{"is" if len(missing) == 1 else "are"} not set). Fix: start it with tools/slurm_train.sh '
+                        '(or tools/slurm_test.sh) PARTITION JOB_NAME CONFIG ..., which runs srun; without slurm: '
+                        'tools/dist_train.sh CONFIG GPUS (torchrun), or leave out --launcher for one process.')
+    if 'MASTER_ADDR' not in environ and shutil.which('scontrol', path=environ.get('PATH')) is None:
+        raise UserError('--launcher slurm: the address of the first node comes from `scontrol show hostname '
+                        f'{environ["SLURM_NODELIST"]}`, but scontrol is not installed here. Fix: set MASTER_ADDR '
+                        '(and MASTER_PORT) to the first node\'s address in the job script.')
 
 
 def _init_cuda_distributed(launcher, cfg):

@@ -13,6 +13,10 @@
 * ``--resume CHECKPOINT``: :func:`check_resumable` refuses a file that holds weights only (an official
   or pretrained file), saying how to start a new run from its weights instead.
 
+* ``--resume`` after the config's lr was changed: mmengine restores the checkpoint's optimizer and lr
+  scheduler states, lr included, so the new value is dropped; :func:`lr_change_note` (logged once by
+  :class:`mmpola.runtime.saving.SafeCheckpointHook`) says so and how to train with the new lr.
+
 A checkpoint written in the middle of an epoch (on SIGTERM) records in its meta how many batches of
 that epoch were trained (:data:`EPOCH_BATCHES_DONE`); :class:`mmpola.runtime.random_state.RandomStateHook`
 skips exactly those when the run is resumed.
@@ -32,7 +36,7 @@ from mmpola.errors import UserError
 from .atomic_files import write_text_atomic
 
 __all__ = ['LAST_CHECKPOINT', 'EPOCH_BATCHES_DONE', 'RESUME_OR_START', 'find_resumable_checkpoint',
-           'choose_resume_checkpoint', 'check_resume_work_dir', 'check_resumable']
+           'choose_resume_checkpoint', 'check_resume_work_dir', 'check_resumable', 'lr_change_note']
 
 LAST_CHECKPOINT = 'last_checkpoint'
 # meta key of a checkpoint taken in the middle of an epoch: the batches of that epoch already trained
@@ -177,3 +181,31 @@ def check_resumable(path, backbone_option=None):
             f'--cfg-options load_from={path} (weights of this same model) or '
             f"{backbone_option or f'model.backbone.init_cfg.checkpoint={path}'} "
             f'(official PolaFormer / ImageNet weights for the backbone).')
+
+
+def _group_lr(group):
+    """A param group's lr before any schedule (``initial_lr``, which mmengine's schedulers set), else its lr."""
+    return group.get('initial_lr', group.get('lr'))
+
+
+def lr_change_note(optimizer, checkpoint, filename='the checkpoint'):
+    """The warning for a resume whose config's lr differs from the one the checkpoint's run started with
+    (``optimizer``: the run's optimizer, built from the config, before the checkpoint's state is loaded;
+    ``checkpoint``: the loaded dict), or None (same lr, several optimizers, or no optimizer state)."""
+    import math
+    state = checkpoint.get('optimizer') if isinstance(checkpoint, dict) else None
+    groups = getattr(optimizer, 'param_groups', None)
+    if not isinstance(state, dict) or not isinstance(state.get('param_groups'), list) or not groups \
+            or len(groups) != len(state['param_groups']):
+        return None
+    for index, (group, saved) in enumerate(zip(groups, state['param_groups'])):
+        new, old = _group_lr(group), _group_lr(saved)
+        if isinstance(new, (int, float)) and isinstance(old, (int, float)) \
+                and not math.isclose(new, old, rel_tol=1e-6, abs_tol=0.0):
+            where = '' if len(groups) == 1 else f' (param group {index} of {len(groups)})'
+            return (f'[mmpola] --resume: the config\'s lr is {new:g}{where}, but the run in {filename} started with '
+                    f'{old:g}: resuming restores the checkpoint\'s optimizer and lr scheduler states, lr included, '
+                    f'so this run goes on with {old:g} and its schedule; the new lr is not used. To train with the '
+                    f'new lr, start a new run from the checkpoint\'s weights: drop --resume and add --cfg-options '
+                    f'load_from={filename} (its schedule starts again at epoch / iteration 0).')
+    return None

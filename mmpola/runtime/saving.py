@@ -41,7 +41,7 @@ from mmpola.errors import MMPolaUserError
 from mmpola.registry import HOOKS
 
 from .atomic_files import fsync_dir, fsync_file, is_part_file, part_name, write_text_atomic
-from .resume import EPOCH_BATCHES_DONE, LAST_CHECKPOINT, choose_resume_checkpoint
+from .resume import EPOCH_BATCHES_DONE, LAST_CHECKPOINT, choose_resume_checkpoint, lr_change_note
 from .signals import StopSignals, TrainingInterrupted, ignore_stop_signals_in_workers, workers_may_end
 
 __all__ = ['CheckpointSaveError', 'SafeCheckpointHook', 'INTERRUPT_CHECKPOINTS']
@@ -112,6 +112,16 @@ class SafeCheckpointHook(CheckpointHook):
     def before_run(self, runner):
         """``--resume`` without a path: a readable checkpoint, before mmengine reads ``last_checkpoint``."""
         choose_resume_checkpoint(runner)
+
+    def after_load_checkpoint(self, runner, checkpoint):
+        """A resume after the config's lr changed: the checkpoint's lr wins; said once (see lr_change_note)."""
+        if getattr(runner, '_resume', False):
+            optimizer = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
+            from mmengine.runner.checkpoint import find_latest_checkpoint
+            filename = getattr(runner, '_load_from', None) or find_latest_checkpoint(runner.work_dir)
+            note = lr_change_note(optimizer, checkpoint, filename or 'the checkpoint')
+            if note is not None:
+                runner.logger.warning(note)
 
     def before_train(self, runner):
         super().before_train(runner)

@@ -7,6 +7,9 @@ and writes the holder's PID, host and start time into it. A second run stops wit
 :class:`WorkDirInUseError` naming that PID and host. The kernel drops the lock when its process
 ends, however it ends, so the lock of a killed run is taken over (with a warning naming the dead
 run). Only rank 0 of a distributed run takes the lock.
+
+:func:`check_work_dir` (called by the tools before anything is built) refuses a work dir the run
+could not write into: a file of that name, a file on its path, a read-only folder or disk.
 """
 import atexit
 import errno
@@ -14,11 +17,12 @@ import fcntl
 import os
 import os.path as osp
 import socket
+import tempfile
 import time
 
 from mmpola.errors import MMPolaUserError
 
-__all__ = ['LOCK_NAME', 'WorkDirInUseError', 'lock_work_dir']
+__all__ = ['LOCK_NAME', 'WorkDirInUseError', 'check_work_dir', 'lock_work_dir']
 
 LOCK_NAME = '.mmpola_train.lock'
 _HELD = {}  # real path of the lock file -> open file descriptor (kept open for the process lifetime)
@@ -50,6 +54,31 @@ def _describe(fields):
     if fields.get('started'):
         text += f", started {fields['started']}"
     return text
+
+
+def check_work_dir(work_dir):
+    """Raise :class:`MMPolaUserError` when the run could not create ``work_dir`` or write into it; creates
+    nothing (a temporary file in the work dir, or in the folder it would be created in, is the probe)."""
+    if '://' in str(work_dir):  # a remote work dir (a storage backend's): its backend reports
+        return
+    fix = 'Fix: give this run another --work-dir (a folder on a writable disk)'
+    existing = osp.abspath(work_dir)
+    while not osp.lexists(existing):
+        existing = osp.dirname(existing)
+    if not osp.isdir(existing):
+        if existing == osp.abspath(work_dir):
+            raise MMPolaUserError(f'work dir {work_dir!r} is a file, not a folder: the run writes its checkpoints and '
+                                  f'logs into a folder of that name. {fix}, or move the file away.')
+        raise MMPolaUserError(f'work dir {work_dir!r} cannot be created: {existing!r} on its path is a file, not a '
+                              f'folder. {fix}, or move that file away.')
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix='.mmpola_probe_'):
+            pass
+    except OSError as e:
+        where = f'the work dir {work_dir!r}' if existing == osp.abspath(work_dir) else \
+            f'{existing!r}, where the work dir {work_dir!r} would be created,'
+        raise MMPolaUserError(f'{where} is not writable ({e.strerror or e}): the run could not write its '
+                              f'checkpoints and logs there. {fix}, or make it writable.') from None
 
 
 def lock_work_dir(work_dir, launcher='none', logger=None):

@@ -1,8 +1,9 @@
 """Bad data that is not the pre-flight's to refuse: each case is mmdet/mmseg's documented behaviour or a
 clear error naming the file, never a silent mistake.
 
-* corrupted JPEG (random bytes, truncated): mmcv's ``LoadImageFromFile`` raises
-  ``AssertionError: failed to load image: <path>``, also through a DataLoader worker;
+* corrupted JPEG (random bytes, truncated): the pre-flight names both (mmpola.runtime.preflight.files);
+  without it mmcv's ``LoadImageFromFile`` raises ``AssertionError: failed to load image: <path>``, also
+  through a DataLoader worker;
 * zero-area / out-of-image boxes, images without annotations: mmdet's ``CocoDataset`` drops
   degenerate and fully-outside boxes, ``Resize`` clips partly-outside ones, ``filter_empty_gt``
   drops images without annotations from training only; a train step on such a batch is finite;
@@ -23,7 +24,7 @@ import pytest
 import torch
 from mmengine.dataset import pseudo_collate
 
-from mmpola.runtime import check_data_files
+from mmpola.runtime import UserError, check_data_files
 from tests.fixtures.bad_data import coco_dataset_cfg, config, make_bad_coco, scoped
 from tests.fixtures.paths import REPO
 
@@ -56,7 +57,11 @@ def test_corrupted_jpeg_error_names_the_file_also_from_a_worker(coco, tmp_path):
     for name in ('3.jpg', '4.jpg', '5.jpg'):
         (root / 'img' / name).write_bytes((coco / 'img' / name).read_bytes())
     cfg.train_dataloader.dataset = coco_dataset_cfg(cfg, root)
-    check_data_files(cfg, ['train_dataloader'])  # present and not empty: decoding is the pipeline's job
+    # the pre-flight reads each file's ends and names both before anything is built ...
+    with pytest.raises(UserError, match=r'2 of 5 images .* cannot be decoded .*\n  .*/img/1\.jpg: cut off: a JPEG '
+                                        r'file without its end marker.*\n  .*/img/2\.jpg: not an image file'):
+        check_data_files(cfg, ['train_dataloader'])
+    # ... which the pipeline, without it, reports at the first batch that holds them
     with scoped('mmdet'):
         from mmdet.registry import DATASETS
         dataset = DATASETS.build(cfg.train_dataloader.dataset)

@@ -8,6 +8,7 @@ import os.path as osp
 import pytest
 from mmengine.config import Config
 from mmengine.logging import MMLogger
+from mmengine.registry import DefaultScope
 
 from mmpola.errors import UserError
 from mmpola.runtime import load_config, register_task_modules
@@ -54,6 +55,40 @@ def test_misspelled_type_and_argument_name_the_close_matches(coco, tmp_path, cap
     assert err.startswith("train_dataloader.dataset.type='CocoDatset': no dataset of that name is registered "
                           "(scope 'mmdet')")
     assert "did you mean 'CocoDataset'" in err
+
+
+@pytest.mark.parametrize('option, expected', [
+    ('train_cfg.max_epoch=2', "train_cfg.max_epoch: EpochBasedTrainLoop has no argument 'max_epoch'; "
+                              "did you mean 'max_epochs'?"),
+    ('optim_wrapper.optimizer.weight_decy=0.1', "optim_wrapper.optimizer.weight_decy: AdamW has no argument "
+                                                "'weight_decy'; did you mean 'weight_decay'?"),
+    ('optim_wrapper.clip_grads=None', "optim_wrapper.clip_grads: OptimWrapper has no argument 'clip_grads'; "
+                                      "did you mean 'clip_grad'?"),
+    ('param_scheduler.0.star_factor=0.1', "param_scheduler.0.star_factor: LinearLR has no argument "
+                                          "'star_factor'; did you mean 'start_factor' or 'end_factor'?"),
+    ('train_dataloader.num_worker=2', "train_dataloader.num_worker: DataLoader has no argument 'num_worker'; "
+                                      "did you mean 'num_workers'"),
+], ids=['train_cfg', 'optimizer', 'optim_wrapper', 'param_scheduler', 'dataloader'])
+def test_misspelled_arguments_of_what_the_runner_builds(coco, tmp_path, capsys, option, expected):
+    """The training loop, the optimizer wrapper and optimizer, the lr schedulers and the dataloader's own
+    arguments (torch's DataLoader) are checked as well, before the Runner exists (else: a raw TypeError
+    once the Runner builds that part, for the optimizer after the model was built)."""
+    work = str(tmp_path / 'work')
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + [option], capsys, [], work)
+    assert err.startswith(expected), err
+    assert not osp.exists(work)
+
+
+def test_a_test_run_does_not_judge_the_training_parts(coco, tmp_path):
+    """tools/test.py builds no training loop, optimizer or training loader: a typo there does not stop it."""
+    cfg = load_config(DET_DEMO, {'train_cfg.max_epoch': 2, 'train_dataloader.num_worker': 2})
+    with DefaultScope.overwrite_default_scope(register_task_modules(cfg)):
+        check_config(cfg, training=False)
+        with pytest.raises(UserError, match="train_cfg.max_epoch: EpochBasedTrainLoop has no argument"):
+            check_config(cfg)
+        cfg.test_dataloader.num_worker = 2
+        with pytest.raises(UserError, match="test_dataloader.num_worker: DataLoader has no argument"):
+            check_config(cfg, training=False)
 
 
 def test_the_check_can_be_skipped(coco, tmp_path):

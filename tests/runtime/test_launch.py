@@ -328,3 +328,30 @@ def test_amp_on_cpu_is_bf16_and_reloadable():
     cfg = _cfg(optim_wrapper=dict(type='AmpOptimWrapper', loss_scale='dynamic', optimizer=dict(type='SGD', lr=1)))
     launch.adapt_cfg_to_machine(cfg, 'none')
     assert cfg.optim_wrapper.type == 'BF16AmpOptimWrapper' and 'loss_scale' not in cfg.optim_wrapper
+
+
+def test_slurm_launcher_outside_slurm_is_one_line(tmp_path, capsys, monkeypatch):
+    """``--launcher slurm`` run by hand (not through srun): one line with the fix, before anything is built
+    (before: ``KeyError: 'SLURM_PROCID'`` from the process group's start)."""
+    from mmengine.logging import MMLogger
+
+    from tests.fixtures.tools import load_tool, refused
+    from tests.fixtures.toy_runs import toy_config
+    MMLogger.get_current_instance()
+    for name in launch.SLURM_VARIABLES + ('MASTER_ADDR',):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', os.environ.get('CUDA_VISIBLE_DEVICES', ''))  # --device cpu sets it
+    device = [] if torch.cuda.is_available() else ['--device', 'cpu']
+    work = tmp_path / 'work'
+    err = refused(load_tool('train'), [toy_config(tmp_path), '--work-dir', str(work), '--launcher', 'slurm']
+                  + device, capsys, [], str(work))
+    assert err == ("--launcher slurm: this process was not started by slurm's srun (SLURM_PROCID, SLURM_NTASKS, "
+                   'SLURM_NODELIST are not set). Fix: start it with tools/slurm_train.sh (or tools/slurm_test.sh) '
+                   'PARTITION JOB_NAME CONFIG ..., which runs srun; without slurm: tools/dist_train.sh CONFIG GPUS '
+                   '(torchrun), or leave out --launcher for one process.')
+    # inside a job on a machine without scontrol (and no MASTER_ADDR): the address cannot be found
+    env = {'SLURM_PROCID': '0', 'SLURM_NTASKS': '2', 'SLURM_NODELIST': 'node[1-2]', 'PATH': str(tmp_path)}
+    with pytest.raises(UserError, match=r'scontrol show hostname node\[1-2\]`, but scontrol is not installed here. '
+                                        r'Fix: set MASTER_ADDR'):
+        launch.check_slurm_environment(env)
+    launch.check_slurm_environment(dict(env, MASTER_ADDR='node1'))

@@ -81,3 +81,24 @@ def test_resume_into_a_mistyped_work_dir_through_the_tool(straight, tmp_path, ca
     _, out = train(straight['config'], work, '--resume-or-start', '--cfg-options', 'train_cfg.max_epochs=2')
     assert f'Auto resumed from the latest checkpoint {work / "epoch_1.pth"}' in out
     assert load(work / 'epoch_2.pth')['meta']['iter'] == 10
+
+
+def test_resume_after_changing_the_lr_says_the_checkpoints_lr_wins(straight, tmp_path):
+    """The checkpoint's optimizer and scheduler states are restored, lr included (mmengine's behaviour): the
+    resumed run goes on with the old lr; one warning says so and how to train with the new one."""
+    work = tmp_path / 'work'
+    shutil.copytree(straight['work'], work)
+    (work / 'last_checkpoint').write_text(str(work / 'epoch_2.pth'))
+    _, out = train(straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=3',
+                   'optim_wrapper.optimizer.lr=0.01')
+    note = (f"--resume: the config's lr is 0.01, but the run in {work / 'epoch_2.pth'} started with 0.05: resuming "
+            "restores the checkpoint's optimizer and lr scheduler states, lr included, so this run goes on with 0.05 "
+            'and its schedule; the new lr is not used. To train with the new lr, start a new run from the '
+            f"checkpoint's weights: drop --resume and add --cfg-options load_from={work / 'epoch_2.pth'} (its "
+            'schedule starts again at epoch / iteration 0).')
+    assert out.count(note) == 1, out[-3000:]
+    saved = load(work / 'epoch_3.pth')['optimizer']['param_groups'][0]
+    assert saved['initial_lr'] == pytest.approx(0.05) and saved['lr'] == pytest.approx(0.05)  # as said
+    # the same lr: no word
+    _, out = train(straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=4')
+    assert "the config's lr" not in out

@@ -33,3 +33,32 @@ def test_second_run_into_a_locked_work_dir_stops_naming_the_first(tmp_path):
     # the killed run's lock is stale: taken over, with a warning naming it
     _, out = train(config, work, '--resume-or-start', '--cfg-options', 'train_cfg.max_epochs=1')
     assert f'took over the lock of a run that is no longer running (PID {first.pid} on host' in out
+
+
+def test_a_work_dir_that_is_a_file_or_not_writable_is_refused_before_anything_is_built(tmp_path, capsys):
+    """Before: mmengine's raw FileExistsError (a file) or PermissionError (read-only) when the Runner
+    made the folder, after the config check and the pre-flight had run."""
+    from mmengine.logging import MMLogger
+
+    from tests.fixtures.tools import load_tool, refused
+    MMLogger.get_current_instance()
+    tool = load_tool('train')
+    config = toy_config(tmp_path)
+    busy = tmp_path / 'results'
+    busy.write_text('a file\n')
+    err = refused(tool, [config, '--work-dir', str(busy)], capsys, [busy])
+    assert err == (f"work dir '{busy}' is a file, not a folder: the run writes its checkpoints and logs into a "
+                   'folder of that name. Fix: give this run another --work-dir (a folder on a writable disk), or '
+                   'move the file away.')
+    err = refused(tool, [config, '--work-dir', str(busy / 'run1')], capsys, [busy])
+    assert err.startswith(f"work dir '{busy}/run1' cannot be created: '{busy}' on its path is a file, not a folder.")
+    # a read-only folder (root writes anywhere a mode allows nothing: a sysfs folder is read-only for it too)
+    read_only = tmp_path / 'ro'
+    read_only.mkdir()
+    os.chmod(read_only, 0o555)
+    if os.geteuid() == 0:
+        read_only = '/sys/kernel'
+    err = refused(tool, [config, '--work-dir', f'{read_only}/work'], capsys)
+    assert err.startswith(f"'{read_only}', where the work dir '{read_only}/work' would be created, is not writable (")
+    assert err.endswith('Fix: give this run another --work-dir (a folder on a writable disk), or make it writable.')
+    assert not os.path.exists(f'{read_only}/work')

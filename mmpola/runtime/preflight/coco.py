@@ -241,10 +241,14 @@ def check_coco_annotations(coco, ann_file, key='dataset', needs_masks=False):
     gets its boxes; an annotation is lost and another counted twice), boxes with NaN/inf values or
     negative size (NaN losses; negative ones are dropped silently), polygons with fewer than 3
     points (evaluation crashes after the epoch), annotations without ``segmentation`` when masks
-    are trained or evaluated, and category ids that ``categories`` does not define (dropped
-    silently: counted per category). Zero-size boxes are left to mmdet, which drops them.
+    are trained or evaluated, RLE masks (crowd regions) whose ``size`` is not their image's, and
+    category ids that ``categories`` does not define (dropped silently: counted per category). Zero-size
+    boxes are left to mmdet, which drops them.
     """
     images = {img.get('id'): img.get('file_name') for img in coco.get('images') or [] if isinstance(img, dict)}
+    sizes = {img.get('id'): [img.get('height'), img.get('width')] for img in coco.get('images') or []
+             if isinstance(img, dict)}
+    rle_sizes = []  # (annotation id, image file, RLE size, image size) of RLE masks of another size
     cat_ids = {c.get('id') for c in coco.get('categories') or [] if isinstance(c, dict)}
     problems = {}  # description -> list of (annotation id, image file)
     unknown = Counter()
@@ -266,12 +270,23 @@ def check_coco_annotations(coco, ann_file, key='dataset', needs_masks=False):
             if bad:
                 problems.setdefault('no segmentation' if bad == 'missing' else f'segmentation with {bad}',
                                     []).append(where)
+            segm, size = ann.get('segmentation'), sizes.get(ann.get('image_id'))
+            if not bad and isinstance(segm, dict) and size and None not in size and list(segm['size']) != size:
+                rle_sizes.append(where + (list(segm['size']), size))
     for what, found in problems.items():
         ids = shown(i for i, _ in found)
         files = shown(dict.fromkeys(f for _, f in found))
         fix = _SEGM_FIX.get(what.replace('segmentation with ', '').replace('no segmentation', 'missing'),
                             'correct or delete these annotations')
         lines.append(f'  {len(found)} annotation(s) with {what}: ids {ids} (images {files}); fix: {fix}')
+    if rle_sizes:
+        ann_id, name, rle, size = rle_sizes[0]
+        lines.append(f'  {len(rle_sizes)} annotation(s) with an RLE mask whose size is not its image\'s: ids '
+                     f'{shown(i for i, *_ in rle_sizes)} (images {shown(dict.fromkeys(f for _, f, *_ in rle_sizes))}), '
+                     f'e.g. id {ann_id!r} ({name}): RLE size {rle} (height, width), the image {size} in \'images\' '
+                     '(mmdet\'s LoadAnnotations would stop at that image with a ValueError naming no file); fix: '
+                     'encode each RLE at its image\'s size (pycocotools.mask.encode of a '
+                     'height x width mask), or correct the image\'s width/height if those are wrong')
     if unknown:
         per_cat = ', '.join(f'category_id {c!r}: {n}' for c, n in sorted(unknown.items(), key=lambda kv: -kv[1]))
         lines.append(f"  {sum(unknown.values())} annotation(s) whose category_id is not in 'categories' "

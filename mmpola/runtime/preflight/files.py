@@ -1,7 +1,11 @@
-"""The data files a run reads exist and are not empty, checked before anything is built.
+"""The data files a run reads exist, are not empty and are not cut off, checked before anything is built.
 
 A missing dataset root, annotation file, image or segmentation map is reported up front, with the
-files and the fix, instead of as an exception inside a DataLoader worker hours into a run.
+files and the fix, instead of as an exception inside a DataLoader worker hours into a run. Each image
+and map is judged by its first bytes and its last KiB (one open, two small reads): a JPEG without its
+end marker or a PNG without its IEND chunk (an interrupted download or copy), and a file that starts
+as no image format does, is then decoded with PIL to be sure, and reported when that fails. (A body
+damaged in the middle of a complete file is not seen: that would need every file decoded.)
 """
 import os
 import os.path as osp
@@ -26,8 +30,8 @@ def check_data_files(cfg, dataloader_keys, check_images=True):
 
     A config may carry ``data_hint='...'`` (e.g. the command that generates its demo data); it
     is shown first. With ``check_images`` (the default) every file the dataset will read is
-    stat'ed too (:func:`check_dataset_images`), so that a missing or empty image is reported here,
-    naming the files, rather than as an exception inside a DataLoader worker hours into a run.
+    stat'ed and its ends read (:func:`check_dataset_images`), so that a missing, empty or cut-off image
+    is reported here, naming the files, rather than as an exception inside a DataLoader worker hours into a run.
     """
     for key in dataloader_keys:
         loader = cfg.get(key)
@@ -72,6 +76,40 @@ def _missing_and_empty(paths):
     return missing, empty
 
 
+# the first bytes of the image formats the decoders read (cv2 and PIL sniff the content, not the suffix)
+_SIGNATURES = ((b'\xff\xd8\xff', 'JPEG'), (b'\x89PNG\r\n\x1a\n', 'PNG'), (b'GIF8', 'GIF'), (b'BM', 'BMP'),
+               (b'II*\x00', 'TIFF'), (b'MM\x00*', 'TIFF'), (b'RIFF', 'WEBP'), (b'P', 'PNM'))
+# where each format's complete file ends: the marker must lie in the last KiB (trailers after it are kept short)
+_END_MARKERS = {'JPEG': (b'\xff\xd9', 'its end marker (FF D9)'), 'PNG': (b'IEND', 'its IEND chunk')}
+_TAIL = 1024
+
+
+def _damage(path):
+    """Why the image file ``path`` cannot be decoded whole, or None (see the module doc)."""
+    try:
+        with open(path, 'rb') as f:
+            head = f.read(8)
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _TAIL))
+            tail = f.read()
+    except OSError as exc:
+        return f'unreadable ({exc.strerror or exc})'
+    kind = next((name for sig, name in _SIGNATURES if head.startswith(sig)), None)
+    marker = _END_MARKERS.get(kind)
+    if kind is not None and (marker is None or marker[0] in tail):
+        return None
+    from PIL import Image
+    try:  # to be sure: a full decode (PIL raises for a cut-off file, cv2 would fill it with gray)
+        with Image.open(path) as img:
+            img.load()
+    except Exception as exc:  # noqa: BLE001  (anything PIL cannot decode)
+        why = f'{type(exc).__name__}: {exc}'
+        if kind is None:  # PIL's UnidentifiedImageError says no more than that (and repeats the path)
+            return f'not an image file: no image format starts with the bytes {head.hex(" ")}'
+        return f'cut off: a {kind} file without {marker[1]}, {size} bytes ({why})'
+    return None
+
+
 def check_dataset_images(dataset, key='dataset', hint=''):
     """Stat every image (and segmentation map) a dataset config will read; raise :class:`UserError`
     with the count, the first paths and the fix when some are missing or empty (0 bytes).
@@ -79,7 +117,8 @@ def check_dataset_images(dataset, key='dataset', hint=''):
     Understood: mmdet's COCO-format datasets (``images[*].file_name`` of ``ann_file`` under
     ``data_prefix.img``) and mmseg's folder datasets (images by suffix under
     ``data_prefix.img_path``, maps under ``seg_map_path``). Other datasets, and files read through
-    a remote ``backend_args``, are left to the dataset. One ``stat`` per file; no file is opened.
+    a remote ``backend_args``, are left to the dataset. One ``stat`` and one open (two small reads) per file;
+    a file that looks cut off or no image is decoded.
     """
     if dataset.get('backend_args') or is_url(dataset.get('data_root')):
         return
@@ -97,12 +136,15 @@ def check_dataset_images(dataset, key='dataset', hint=''):
         img_dir = prefix.get('img', '') or ''
         img_dir = img_dir if osp.isabs(img_dir) else osp.join(root, img_dir)
         images = [osp.join(img_dir, name) for name in coco_image_file_names(ann_file)]
+        drop = f', or remove their entries from {ann_file!r}'
         groups = [('images', images, f'listed in {ann_file!r}',
                    f'restore them, or remove their entries from {ann_file!r}')]
     elif defining_class(dataset_type, 'load_data_list') == 'BaseSegDataset':
         if any(is_url(v) for v in prefix.values()):
             return
         images, seg_maps = seg_dataset_files(dataset, root)
+        drop = ''
+
         groups = [('images', images, 'the dataset lists', 'restore them')]
         if seg_maps:
             groups.append(('segmentation maps', seg_maps, 'of the images under '
@@ -120,3 +162,9 @@ def check_dataset_images(dataset, key='dataset', hint=''):
             raise UserError(
                 f'{key}: {len(empty)} of {len(paths)} {what} {source} are empty (0 bytes: an interrupted '
                 f'download or copy):{listing(empty)}\nFix: replace them with the original files. {hint}'.rstrip())
+        damaged = [f'{path}: {why}' for path in paths for why in [_damage(path)] if why]
+        if damaged:
+            raise UserError(
+                f'{key}: {len(damaged)} of {len(paths)} {what} {source} cannot be decoded (an interrupted '
+                f'download or copy, or a damaged file):{listing(damaged)}\nFix: replace them with the original '
+                f'files (download or copy them again){drop}. {hint}'.rstrip())

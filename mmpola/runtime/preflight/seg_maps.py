@@ -15,7 +15,7 @@ from mmpola.errors import UserError
 from .datasets import listing
 from .image_headers import image_header
 
-__all__ = ['check_seg_maps', 'check_zero_label_setting', 'label_convention_problem',
+__all__ = ['blank_maps_problem', 'check_seg_maps', 'check_zero_label_setting', 'label_convention_problem',
            'SAMPLED_MAPS']
 
 # how many maps (evenly spread over the dataset) are decoded to learn the label convention
@@ -72,10 +72,32 @@ def check_seg_maps(images, seg_maps, key='dataset', root='', reduce_zero_label=N
     if lines:
         raise UserError(f'{key}: ' + '\n'.join(lines))
     if counts:
+        blank = blank_maps_problem(counts, reduce_zero_label)
+        if blank:
+            where = osp.dirname(_rel(seg_maps[0], root)) or '.'
+            raise UserError(f'{key}: the segmentation maps under {where!r} {blank}')
         problem = label_convention_problem(counts, reduce_zero_label, classes)
         if problem:
             where = osp.dirname(_rel(seg_maps[0], root)) or '.'
             raise UserError(f'{key}: the segmentation maps under {where!r} {problem} {fix}'.rstrip())
+
+
+def blank_maps_problem(counts, reduce_zero_label):
+    """With ``reduce_zero_label=True``: every sampled map holds only 0 (and 255), which that setting ignores,
+    so no pixel would be trained; the maps lost their labels (not another label convention, which
+    ``reduce_zero_label=False`` would fix: then every pixel would be class 0). The message, or None."""
+    if not reduce_zero_label:
+        return None
+    total = sum(c for _, c in counts)
+    if total[1:255].any():
+        return None
+    return (f'hold no class at all: all {len(counts)} sampled maps are 0 everywhere'
+            f'{" (and 255)" if total[255] else ""}, and reduce_zero_label=True ignores 0, so no pixel would be '
+            'trained or evaluated (reduce_zero_label=False would not help: every pixel would then be class 0). '
+            'The maps lost their labels on the way: a conversion to 8 bits of 16-bit or RGB maps, labels scaled to '
+            '0..1 and rounded, a colour-coded map read as grey, an export of empty masks. Fix: write the maps again '
+            'from the source annotations as single-channel PNGs of class values (1..N here, 0 = unlabelled), '
+            'and check one with PIL (numpy.unique(numpy.asarray(Image.open(path))))')
 
 
 def label_convention_problem(counts, reduce_zero_label, classes):

@@ -238,3 +238,22 @@ def test_annotations_that_cannot_train(coco, tmp_path, capsys):
     _write(coco, 'fixed.json', lambda data: (corners(data), fixed(data)))
     args = TRAIN.parse_args([DET_DEMO, '--work-dir', str(work)] + _det_opts(coco, 'annotations/fixed.json'))
     TRAIN.build_train_config(args)
+
+
+def test_a_crowd_rle_mask_of_another_size_than_its_image(coco, tmp_path, capsys):
+    """An RLE mask encoded at another size (a crowd region of a resized copy of the image): named with the
+    sizes and the fix before anything is built (mmdet's LoadAnnotations: `ValueError: all input arrays must
+    have the same shape`, naming no file, at the first batch holding that image)."""
+    def edit(data):
+        crowd = next(a for a in data['annotations'] if a['iscrowd'])
+        crowd['segmentation']['size'] = [32, 128]  # the same number of pixels, another shape
+    data = _write(coco, 'rle_size.json', edit)
+    crowd = next(a for a in data['annotations'] if a['iscrowd'])
+    image = next(img for img in data['images'] if img['id'] == crowd['image_id'])
+    work = tmp_path / 'work'
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work)] + _det_opts(coco, 'annotations/rle_size.json'),
+                  capsys, [coco], work, one_line=False)
+    assert f"  1 annotation(s) with an RLE mask whose size is not its image's: ids {crowd['id']} (images " \
+           f"{image['file_name']}), e.g. id {crowd['id']} ({image['file_name']}): RLE size [32, 128] (height, " \
+           f"width), the image [{image['height']}, {image['width']}] in 'images'" in err, err
+    assert "fix: encode each RLE at its image's size (pycocotools.mask.encode of a height x width mask)" in err

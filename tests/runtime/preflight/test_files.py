@@ -117,3 +117,60 @@ def test_missing_coco_and_demo_data_say_where_to_get_them(capsys, tmp_path):
     err = refused(TRAIN, [DET_DEMO, '--work-dir', str(tmp_path), '--cfg-options',
                           'train_dataloader.dataset.data_root=/nonexistent/demo/'], capsys, one_line=False)
     assert 'tools/make_demo_coco.py' in err
+
+
+def test_cut_off_and_undecodable_images_and_maps_are_reported_before_training(coco, tmp_path, capsys):
+    """A JPEG cut off mid-file (an interrupted copy) and a .jpg holding no image: named, with the fix,
+    before anything is built. Without the check: PIL's 'image file is truncated' naming no file (mmcv's
+    pillow backend), or cv2 filling the lost part with gray and training on it; mmcv's bare assertion
+    at the first batch for the file that is no image."""
+    root = tmp_path / 'coco'
+    os.makedirs(root / 'img')
+    (root / 'ann.json').write_bytes((coco / 'ann.json').read_bytes())
+    for name in ('1.jpg', '2.jpg', '3.jpg', '4.jpg', '5.jpg'):
+        (root / 'img' / name).write_bytes((coco / 'img' / name).read_bytes())
+    whole = (coco / 'img' / '2.jpg').read_bytes()
+    (root / 'img' / '2.jpg').write_bytes(whole[:len(whole) // 2])
+    (root / 'img' / '4.jpg').write_bytes(os.urandom(2000))
+    opts = [DET_DEMO, '--work-dir', str(tmp_path / 'work'), '--cfg-options',
+            f'train_dataloader.dataset.data_root={root}/', 'train_dataloader.dataset.ann_file=ann.json',
+            'train_dataloader.dataset.data_prefix.img=img/', 'val_cfg=None', 'val_dataloader=None',
+            'val_evaluator=None']
+    err = refused(TRAIN, opts, capsys, [root], str(tmp_path / 'work'), one_line=False)
+    assert err.startswith(f"train_dataloader: 2 of 5 images listed in '{root}/ann.json' cannot be decoded "
+                          f'(an interrupted download or copy, or a damaged file):\n'
+                          f'  {root}/img/2.jpg: cut off: a JPEG file without its end marker (FF D9), '
+                          f'{len(whole) // 2} bytes (OSError: image file is truncated'), err
+    assert f'\n  {root}/img/4.jpg: not an image file: no image format starts with the bytes ' in err
+    assert f"\nFix: replace them with the original files (download or copy them again), or remove their entries " \
+           f"from '{root}/ann.json'. Generate the demo dataset" in err
+    # what the check prevents: PIL's message names no file
+    from mmcv.transforms import LoadImageFromFile
+    with pytest.raises(OSError) as exc:
+        LoadImageFromFile(imdecode_backend='pillow')(dict(img_path=str(root / 'img' / '2.jpg')))
+    assert 'image file is truncated' in str(exc.value) and '2.jpg' not in str(exc.value)
+
+    # the whole files pass
+    for name in ('2.jpg', '4.jpg'):
+        (root / 'img' / name).write_bytes((coco / 'img' / name).read_bytes())
+    cfg = config(DET_DEMO, 'mmdet')
+    cfg.train_dataloader.dataset = coco_dataset_cfg(cfg, root)
+    check_data_files(cfg, ['train_dataloader'])
+
+
+def test_a_cut_off_segmentation_map_is_reported(tmp_path):
+    from mmpola.datasets.demo_ade import make_demo_ade
+    cfg = config(SEG_DEMO, 'mmseg')
+    make_demo_ade(str(tmp_path), num_train=2, num_val=1, size=32, seed=0)
+    cfg.train_dataloader.dataset.data_root = str(tmp_path)
+    check_data_files(cfg, ['train_dataloader'])
+    path = tmp_path / 'annotations' / 'training' / 'demo_ade_00001.png'
+    data = path.read_bytes()
+    path.write_bytes(data[:-30])
+    with pytest.raises(UserError) as exc:
+        check_data_files(cfg, ['train_dataloader'])
+    assert str(exc.value).startswith(
+        "train_dataloader: 1 of 2 segmentation maps of the images under 'images/training' (one per image, same "
+        f"name) cannot be decoded (an interrupted download or copy, or a damaged file):\n  {path}: cut off: a PNG "
+        'file without its IEND chunk'), str(exc.value)
+    assert 'Fix: replace them with the original files (download or copy them again).' in str(exc.value)

@@ -117,3 +117,28 @@ def test_label_convention_and_zero_label_setting_directly():
         check_zero_label_setting('train_dataloader', False, dict(type='LoadAnnotations', reduce_zero_label=True),
                                  'train_dataloader.dataset.pipeline.1')
     check_zero_label_setting('train_dataloader', False, dict(type='LoadAnnotations'), 'x')
+
+
+def test_blank_maps_read_with_reduce_zero_label_are_not_called_0_based(ade, tmp_path, capsys):
+    """Maps that are 0 everywhere (labels lost in a conversion) with reduce_zero_label=True: the message says
+    the maps hold no class, not that they look 0-based (whose fix, reduce_zero_label=False, would make every
+    pixel class 0)."""
+    root = tmp_path / 'ade'
+    for sub in ('images', 'annotations'):
+        os.makedirs(root / sub)
+        for name in os.listdir(ade / sub / 'training'):
+            if sub == 'images':
+                (root / sub / name).write_bytes((ade / sub / 'training' / name).read_bytes())
+            else:  # the same size, every value 0
+                shape = cv2.imread(str(ade / sub / 'training' / name), cv2.IMREAD_UNCHANGED).shape
+                cv2.imwrite(str(root / sub / name), np.zeros(shape, np.uint8))
+    work = tmp_path / 'work'
+    opts = ['--cfg-options', f'train_dataloader.dataset.data_root={root}',
+            'train_dataloader.dataset.data_prefix.img_path=images',
+            'train_dataloader.dataset.data_prefix.seg_map_path=annotations',
+            'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
+    err = refused(TRAIN, [SEG_DEMO, '--work-dir', str(work)] + opts, capsys, [root], work)
+    assert err.startswith("train_dataloader: the segmentation maps under 'annotations' hold no class at all: all 3 "
+                          'sampled maps are 0 everywhere, and reduce_zero_label=True ignores 0, so no pixel would be '
+                          'trained or evaluated (reduce_zero_label=False would not help'), err
+    assert 'Fix: write the maps again from the source annotations' in err and '0-based' not in err
