@@ -5,8 +5,8 @@
 stage is entered, which parts a frozen stage covers, its checkpoint filter and its official
 classification head.
 
-* arguments: ``arch`` presets / custom dicts, ``out_indices``, ``frozen_stages``, ``out_norm``
-  (deprecated alias ``norm_after_stage``), ``norm_eval`` (a no-op unless the architecture has
+* arguments: ``arch`` presets / custom dicts, ``out_indices``, ``frozen_stages``, ``out_norm``,
+  ``norm_eval`` (a no-op unless the architecture has
   BatchNorms), ``with_cp``, ``pretrained`` (deprecated alias of ``init_cfg``), with clear errors;
 * the attention: ``attn`` (the kind and its options, ``dict(type='pola', alpha=4.0)``) and
   ``attn_type`` (the per-stage layout in the official letters, see :func:`parse_attn_type`),
@@ -88,7 +88,7 @@ from ..utils import (
 )
 
 __all__ = ['DenseBackbone', 'register_architecture', 'parse_attn_type', 'drop_path_rates', 'tokens_to_nchw',
-           'run_blocks', 'resolve_out_norm']
+           'run_blocks']
 
 
 def register_architecture(name, title=None):
@@ -130,17 +130,6 @@ def run_blocks(blocks, x, hw, with_cp=False, **context):
         else:
             x = block(x, hw, **context)
     return x
-
-
-def resolve_out_norm(out_norm, norm_after_stage, default):
-    """``out_norm`` with its deprecated alias ``norm_after_stage`` (kept for one release)."""
-    if norm_after_stage is not None:
-        if out_norm is not None and bool(out_norm) != bool(norm_after_stage):
-            raise PolaConfigError(f'out_norm={out_norm} and its deprecated alias norm_after_stage='
-                                  f'{norm_after_stage} disagree; pass only out_norm')
-        warnings.warn('norm_after_stage is deprecated; use out_norm (the same option)', DeprecationWarning)
-        return bool(norm_after_stage)
-    return default if out_norm is None else bool(out_norm)
 
 
 def parse_attn_type(attn_type, depths, linear='L'):
@@ -186,7 +175,6 @@ class DenseBackbone(BaseModule):
         out_indices: 0-based stages to return (None: the architecture's ``default_out_indices``).
         out_norm: add an output norm to every returned stage (new, dense-only parameters). None:
             the architecture's default (``default_out_norm``).
-        norm_after_stage: deprecated alias of ``out_norm``.
         frozen_stages: -1 none; 0 the stem; k >= 1 also stages 0..k-1 and their output norms.
             Frozen parts stay in eval mode and without gradients through ``train()``.
         norm_eval: accepted for API compatibility; a no-op for LayerNorm-only architectures.
@@ -245,7 +233,7 @@ class DenseBackbone(BaseModule):
     classification_global_pools = ('avg', '')  # the classifier's global_pool values, the official first
     first_conv = None  # the stem convolution, below ``backbone.`` (timm's pretrained_cfg)
 
-    def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None, norm_after_stage=None,
+    def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None,
                  frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_type=None, attn_impl='auto',
                  fp32_attn=True, attn_options=None, pretrained=None, init_cfg=None):
         init_cfg = pretrained_alias(pretrained, init_cfg)
@@ -259,7 +247,7 @@ class DenseBackbone(BaseModule):
             out_indices = self.default_out_indices(self.num_stages)
         self.out_indices = check_out_indices(out_indices, self.num_stages, name)
         self.frozen_stages = check_frozen_stages(frozen_stages, self.num_stages, name)
-        self.out_norm = resolve_out_norm(out_norm, norm_after_stage, self.default_out_norm)
+        self.out_norm = self.default_out_norm if out_norm is None else bool(out_norm)
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.attn_impl = check_attn_impl(attn_impl, PolaConfigError)
@@ -419,11 +407,6 @@ class DenseBackbone(BaseModule):
     def init_module(self, module):
         """The official weight init of one module (``model.apply`` runs it on every module)."""
         trunc_normal_init(module, self.init_layers)
-
-    @property
-    def norm_after_stage(self):
-        """Deprecated alias of ``out_norm``."""
-        return self.out_norm
 
     @property
     def out_channels(self):

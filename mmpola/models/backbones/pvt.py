@@ -53,8 +53,7 @@ class PVTBackbone(DenseBackbone):
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and embeddings,
             attention dropout ('S' only), stochastic depth (linear over all blocks).
         out_norm: add a LayerNorm (eps 1e-6) ``norm{i}`` to every returned stage (new,
-            dense-only parameters; off like mmdet's PVTv1). ``norm_after_stage``: its deprecated
-            alias.
+            dense-only parameters; off like mmdet's PVTv1).
         frozen_stages: -1 none; 0 freezes ``patch_embed1`` and ``pos_embed1``; k >= 1 freezes
             stages 1..k entirely (``patch_embed{i}``, ``pos_embed{i}``, ``block{i}`` and its
             ``norm{i-1}``).
@@ -90,11 +89,11 @@ class PVTBackbone(DenseBackbone):
 
     def __init__(self, arch='tiny', pretrain_img_size=224, in_channels=3, out_indices=(0, 1, 2, 3),
                  attn_type=None, la_sr_ratios='1111', sr_ratios=(8, 4, 2, 1), qkv_bias=True, qk_scale=None,
-                 drop_rate=0., attn_drop_rate=0., drop_path_rate=0.1, out_norm=None, norm_after_stage=None,
+                 drop_rate=0., attn_drop_rate=0., drop_path_rate=0.1, out_norm=None,
                  frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_impl='auto', fp32_attn=True,
                  pretrained=None, init_cfg=None, **attn_options):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
-                         norm_after_stage=norm_after_stage, frozen_stages=frozen_stages, norm_eval=norm_eval,
+                         frozen_stages=frozen_stages, norm_eval=norm_eval,
                          with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
                          attn_options=attn_options, pretrained=pretrained, init_cfg=init_cfg)
         self.init_stages()

@@ -85,7 +85,7 @@ class SwinBackbone(DenseBackbone):
         out_indices: stages (0-based) to return.
         out_norm: add the output LayerNorms ``norm{i}`` (eps 1e-5) for ``out_indices`` (new,
             dense-only parameters, as mmdet; default True). ``False`` returns raw stage outputs
-            (classifier). ``norm_after_stage``: its deprecated alias.
+            (classifier).
         clamp_shift: the classification shift rule (``False`` for dense prediction; see
             :class:`~mmpola.models.attention.WindowAttention`).
         frozen_stages: -1 none; 0 freezes ``patch_embed``; k >= 1 also ``layers[0..k-1]`` (blocks
@@ -121,10 +121,10 @@ class SwinBackbone(DenseBackbone):
     def __init__(self, arch='tiny', pretrain_img_size=224, in_channels=3, window_size=None,
                  softmax_window_size=None, mlp_ratio=4., attn_type=None, qkv_bias=True, qk_scale=None,
                  drop_rate=0., attn_drop_rate=0., drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=None,
-                 norm_after_stage=None, clamp_shift=False, frozen_stages=-1, norm_eval=False, with_cp=False,
+                 clamp_shift=False, frozen_stages=-1, norm_eval=False, with_cp=False,
                  attn=None, attn_impl='auto', fp32_attn=True, pretrained=None, init_cfg=None, **attn_options):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
-                         norm_after_stage=norm_after_stage, frozen_stages=frozen_stages, norm_eval=norm_eval,
+                         frozen_stages=frozen_stages, norm_eval=norm_eval,
                          with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
                          attn_options=attn_options, pretrained=pretrained, init_cfg=init_cfg)
         name = type(self).__name__

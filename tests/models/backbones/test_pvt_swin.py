@@ -120,9 +120,8 @@ def test_with_cp_gives_same_outputs_and_grads():
     assert pvt.block4[0].attn.qg.weight.grad is not None
 
 
-def test_out_indices_and_norm_after_stage():
-    with pytest.deprecated_call(match='norm_after_stage is deprecated; use out_norm'):  # the old name, one release
-        model = PolaPVT(arch=TINY_PVT, out_indices=(1, 3), norm_after_stage=True).eval()
+def test_out_indices_and_out_norm():
+    model = PolaPVT(arch=TINY_PVT, out_indices=(1, 3), out_norm=True).eval()
     assert model.out_channels == [32, 64]
     assert hasattr(model, 'norm1') and hasattr(model, 'norm3') and not hasattr(model, 'norm0')
     with torch.no_grad():
