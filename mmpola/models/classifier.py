@@ -42,7 +42,7 @@ PARTIAL_OPTION = ("strict=False (model.load_checkpoint(..., strict=False), init_
                   'create_model(..., pretrained_cfg_overlay=dict(file=...), pretrained_strict=False))')
 
 # backbone arguments the official classification forward fixes (besides the architecture's own)
-_FIXED = ('out_indices', 'out_norm', 'init_cfg', 'pretrained')
+_FIXED = ('out_indices', 'out_norm', 'init_cfg')
 
 
 @MODELS.register_module()

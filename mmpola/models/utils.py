@@ -2,13 +2,12 @@
 
 Every error names the problem and the fix.
 """
-import warnings
 
 import torch
 
 from mmpola.errors import MMPolaUserError
 
-__all__ = ['PolaConfigError', 'pretrained_alias', 'is_pretrained_cfg', 'resolve_arch', 'check_out_indices',
+__all__ = ['PolaConfigError', 'is_pretrained_cfg', 'resolve_arch', 'check_out_indices',
            'check_frozen_stages', 'check_stage_string', 'check_input']
 
 
@@ -18,18 +17,6 @@ class PolaConfigError(MMPolaUserError, ValueError):
     A ``ValueError``, so existing ``except ValueError`` code still sees it; mmpola's tools print it
     without a traceback.
     """
-
-
-def pretrained_alias(pretrained, init_cfg):
-    if pretrained is None:
-        return init_cfg
-    if init_cfg is not None:
-        raise PolaConfigError('pass either init_cfg or the deprecated pretrained=, not both')
-    if not isinstance(pretrained, str):
-        raise TypeError(f'pretrained must be a checkpoint path or URL, got {type(pretrained).__name__}')
-    warnings.warn('pretrained= is deprecated; use init_cfg=dict(type="Pretrained", checkpoint=...)',
-                  DeprecationWarning)
-    return dict(type='Pretrained', checkpoint=pretrained)
 
 
 def is_pretrained_cfg(init_cfg):

@@ -7,7 +7,7 @@ classification head.
 
 * arguments: ``arch`` presets / custom dicts, ``out_indices``, ``frozen_stages``, ``out_norm``,
   ``norm_eval`` (a no-op unless the architecture has
-  BatchNorms), ``with_cp``, ``pretrained`` (deprecated alias of ``init_cfg``), with clear errors;
+  BatchNorms), ``with_cp``, with clear errors;
 * the attention: ``attn`` (the kind and its options, ``dict(type='pola', alpha=4.0)``) and
   ``attn_type`` (the per-stage layout in the official letters, see :func:`parse_attn_type`),
   ``attn_impl`` and ``fp32_attn`` for every attention (:meth:`build_attention`);
@@ -83,7 +83,6 @@ from ..utils import (
     check_input,
     check_out_indices,
     is_pretrained_cfg,
-    pretrained_alias,
     resolve_arch,
 )
 
@@ -192,7 +191,6 @@ class DenseBackbone(BaseModule):
         fp32_attn: run the attention ops in fp32 under autocast.
         attn_options: the options of ``attn`` as separate keyword arguments (``alpha=4.0``), the
             older spelling: deprecated, use ``attn=dict(...)``.
-        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, use_ema=True,
             map_final_norm=False, map_location='cpu', strict=None)`` loads through
             :func:`mmpola.checkpoint.load_checkpoint` (``strict=False``: also the blocks a file of
@@ -235,8 +233,7 @@ class DenseBackbone(BaseModule):
 
     def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None,
                  frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_type=None, attn_impl='auto',
-                 fp32_attn=True, attn_options=None, pretrained=None, init_cfg=None):
-        init_cfg = pretrained_alias(pretrained, init_cfg)
+                 fp32_attn=True, attn_options=None, init_cfg=None):
         super().__init__(init_cfg=init_cfg)
         name = type(self).__name__
         self.arch = resolve_arch(arch, self.arch_settings, self.arch_keys, name)

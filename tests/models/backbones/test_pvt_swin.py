@@ -187,7 +187,6 @@ def test_swin_mixed_attn_type_and_384_settings():
     (dict(out_indices=(0, 4)), 'out of range.*0..3'),
     (dict(frozen_stages=5), 'beyond the depth'),
     (dict(attn_type='LLXL'), 'attn_type'),
-    (dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')), 'not both'),
 ])
 @pytest.mark.parametrize('cls', [PolaPVT, PolaSwin])
 def test_constructor_errors(cls, kwargs, match):
@@ -206,12 +205,6 @@ def test_input_errors(cls, arch):
         model(torch.randn(3, 64, 64))
     with pytest.raises(ValueError, match='3 input channels, got 1'):
         model(torch.randn(1, 1, 64, 64))
-
-
-def test_pretrained_alias_warns():
-    with pytest.warns(DeprecationWarning, match='init_cfg'):
-        model = PolaPVT(arch=TINY_PVT, pretrained='some.pth')
-    assert model.init_cfg == dict(type='Pretrained', checkpoint='some.pth')
 
 
 def test_init_without_checkpoint_keeps_official_init():
