@@ -54,7 +54,6 @@ An architecture::
 Input: (B, in_channels, H, W) with H, W >= ``min_input_size``. Output: a tuple of NCHW maps for
 ``out_indices``.
 """
-import warnings
 
 import torch
 import torch.nn as nn
@@ -189,8 +188,8 @@ class DenseBackbone(BaseModule):
         attn_impl: implementation of every attention op: ``'auto'``, ``'fast'``, ``'reference'``
             (the official op order) or a registered one (mmpola.ops.dispatch).
         fp32_attn: run the attention ops in fp32 under autocast.
-        attn_options: the options of ``attn`` as separate keyword arguments (``alpha=4.0``), the
-            older spelling: deprecated, use ``attn=dict(...)``.
+        unexpected: the other keyword arguments of the architecture: an error that names the
+            attention options and where they go (``attn=dict(...)``).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, use_ema=True,
             map_final_norm=False, map_location='cpu', strict=None)`` loads through
             :func:`mmpola.checkpoint.load_checkpoint` (``strict=False``: also the blocks a file of
@@ -233,7 +232,7 @@ class DenseBackbone(BaseModule):
 
     def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None,
                  frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_type=None, attn_impl='auto',
-                 fp32_attn=True, attn_options=None, init_cfg=None):
+                 fp32_attn=True, unexpected=None, init_cfg=None):
         super().__init__(init_cfg=init_cfg)
         name = type(self).__name__
         self.arch = resolve_arch(arch, self.arch_settings, self.arch_keys, name)
@@ -249,35 +248,27 @@ class DenseBackbone(BaseModule):
         self.with_cp = with_cp
         self.attn_impl = check_attn_impl(attn_impl, PolaConfigError)
         self.fp32_attn = fp32_attn
-        self.attn_kind, self.attn_options = self._resolve_attention(attn, attn_options or {})
+        self.attn_kind, self.attn_options = self._resolve_attention(attn, unexpected or {})
         self.attn_type = attn_type
 
     # ---------------------------------------------------------------------------------------------
     # the attention
 
-    def _resolve_attention(self, attn, legacy_options):
-        """(kind, options) of ``attn`` (None: the preset's), with the deprecated keyword options."""
+    def _resolve_attention(self, attn, unexpected):
+        """(kind, options) of ``attn`` (None: the preset's); ``unexpected`` keyword arguments are an error."""
         default_kind = split_attention_cfg(self.default_attn)[0] if self.default_attn else None
         if attn is None and self.default_attn is None:
             kind, options = None, {}
         else:
             kind, options = split_attention_cfg(attn, default_kind)
-        if legacy_options:
+        if unexpected:
             valid = attention_options(kind, self.attention_context) if kind else {}
-            unknown = sorted(set(legacy_options) - set(valid))
-            if unknown:
-                title = f'the {attention_title(kind)} attention' if kind else 'this backbone\'s attention'
-                # Python's own wording, which the tools turn into a one-line error with the close matches
-                raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument '{unknown[0]}' "
-                                f'(unknown: {", ".join(unknown)}; {title} options are: '
-                                f'{", ".join(valid) or "none"}; pass them as attn=dict(type=..., ...))')
-            warnings.warn(f'attention options as backbone arguments ({", ".join(sorted(legacy_options))}) are '
-                          f"deprecated; pass attn=dict(type='{kind}', {', '.join(sorted(legacy_options))}=...)",
-                          DeprecationWarning, stacklevel=3)
-            clash = sorted(k for k in legacy_options if k in options and options[k] != legacy_options[k])
-            if clash:
-                raise PolaConfigError(f'{", ".join(clash)} given twice, in attn and as a backbone argument')
-            options = dict(legacy_options, **options)
+            names = sorted(unexpected)
+            title = f'the {attention_title(kind)} attention' if kind else 'this backbone\'s attention'
+            # Python's own wording, which the tools turn into a one-line error with the close matches
+            raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument '{names[0]}' "
+                            f'(unknown: {", ".join(names)}; {title} options are: '
+                            f'{", ".join(valid) or "none"}; pass them as attn=dict(type=..., ...))')
         return kind, options
 
     @property

@@ -156,7 +156,7 @@ class CSWinBackbone(DenseBackbone):
             :class:`~mmpola.models.backbones.DenseBackbone`.
         init_cfg: see :class:`~mmpola.models.backbones.DenseBackbone`; ``map_final_norm=True`` copies
             the trained classification ``norm`` into ``norm4``.
-        **attn_options: the options of ``attn`` as keyword arguments (deprecated spelling).
+        **unexpected: an error naming the attention options, which go in ``attn``.
 
     Attention context: ``qkv_layout='projected'``; linear branches ``pe_grid`` = the stage map at
     pretraining; stripe branches ``split_size`` and ``orientation`` (``'vertical'``, ``'horizontal'``,
@@ -185,10 +185,10 @@ class CSWinBackbone(DenseBackbone):
     def __init__(self, arch='tiny', pretrain_img_size=None, in_channels=3, out_indices=(0, 1, 2, 3), attn_type=None,
                  la_split_size=None, mlp_ratio=4., qkv_bias=True, qk_scale=None, drop_rate=0., attn_drop_rate=0.,
                  drop_path_rate=0.1, out_norm=None, frozen_stages=-1, norm_eval=False, with_cp=False, attn=None,
-                 attn_impl='auto', fp32_attn=True, init_cfg=None, **attn_options):
+                 attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
                          frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
-                         attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, attn_options=attn_options,
+                         attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, unexpected=unexpected,
                          init_cfg=init_cfg)
         name = type(self).__name__
         settings = self.arch

@@ -204,10 +204,10 @@ class PolaPPBackbone(DenseBackbone):
 
     def __init__(self, arch='b2', in_channels=3, out_indices=(0, 1, 2, 3), attn_type=None, drop_rate=0.,
                  drop_path_rate=0.1, out_norm=True, frozen_stages=-1, norm_eval=False, with_cp=False, attn=None,
-                 attn_impl='auto', fp32_attn=True, init_cfg=None, **attn_options):
+                 attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
                          frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
-                         attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, attn_options=attn_options,
+                         attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, unexpected=unexpected,
                          init_cfg=init_cfg)
         self.init_stages()
 

@@ -94,7 +94,7 @@ class SwinBackbone(DenseBackbone):
             :class:`~mmpola.models.backbones.DenseBackbone`.
         init_cfg: see :class:`~mmpola.models.backbones.DenseBackbone`; ``map_final_norm=True`` copies
             the trained classification ``norm`` into ``norm3``.
-        **attn_options: the options of ``attn`` as keyword arguments (deprecated spelling).
+        **unexpected: an error naming the attention options, which go in ``attn``.
 
     Attention context: ``pe_grid`` = the linear window at pretraining (the stage grid at 224),
     ``qkv_layout='fused'``, ``window_size`` (the softmax window), ``shift`` (odd blocks),
@@ -122,11 +122,11 @@ class SwinBackbone(DenseBackbone):
                  softmax_window_size=None, mlp_ratio=4., attn_type=None, qkv_bias=True, qk_scale=None,
                  drop_rate=0., attn_drop_rate=0., drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=None,
                  clamp_shift=False, frozen_stages=-1, norm_eval=False, with_cp=False,
-                 attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None, **attn_options):
+                 attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
                          frozen_stages=frozen_stages, norm_eval=norm_eval,
                          with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
-                         attn_options=attn_options, init_cfg=init_cfg)
+                         unexpected=unexpected, init_cfg=init_cfg)
         name = type(self).__name__
         settings = self.arch
         embed_dims = settings['embed_dims']

@@ -67,14 +67,13 @@ def test_attention_kind_options_and_impl_are_checked():
     assert all(m.attn_impl == 'reference' for m in model.modules() if hasattr(m, 'attn_impl'))
 
 
-def test_attention_options_and_the_deprecated_keyword_spelling():
-    new = PolaPVT(arch=TINY_PVT, attn=dict(type='pola', alpha=3.0, kernel_size=3))
-    with pytest.warns(DeprecationWarning, match=r"pass attn=dict\(type='pola', alpha, kernel_size=...\)"):
-        old = PolaPVT(arch=TINY_PVT, alpha=3.0, kernel_size=3)
-    for model in (new, old):
-        assert model.attn_cfg == dict(type='pola', alpha=3.0, kernel_size=3)
-        attn = model.block1[0].attn
-        assert attn.alpha == 3.0 and attn.dwc.kernel_size == (3, 3)
+def test_attention_options_go_in_attn():
+    model = PolaPVT(arch=TINY_PVT, attn=dict(type='pola', alpha=3.0, kernel_size=3))
+    assert model.attn_cfg == dict(type='pola', alpha=3.0, kernel_size=3)
+    attn = model.block1[0].attn
+    assert attn.alpha == 3.0 and attn.dwc.kernel_size == (3, 3)
+    with pytest.raises(TypeError, match=r"argument 'alpha' \(unknown: alpha, kernel_size; .*pass them as attn=dict"):
+        PolaPVT(arch=TINY_PVT, alpha=3.0, kernel_size=3)
     assert PolaPVT(arch=TINY_PVT, attn=dict(alpha=2.0)).attn_cfg == dict(type='pola', alpha=2.0)  # the preset's type
 
 
