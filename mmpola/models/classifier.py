@@ -197,13 +197,6 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
     # ---------------------------------------------------------------------------------------------
     # weights
 
-    @classmethod
-    def from_official_kwargs(cls, kwargs, family=None, **overrides):
-        """Build from the keyword arguments of the official model class (see
-        :func:`official_kwargs_to_classifier_kwargs`; ``family`` names the architecture where the
-        arguments do not: PVT-v1 and PVTv2 take the same ones)."""
-        return cls(**dict(official_kwargs_to_classifier_kwargs(kwargs, family), **overrides))
-
     def init_weights(self):
         if is_pretrained_cfg(self.init_cfg):
             self.load_checkpoint(self.init_cfg['checkpoint'], strict=self.init_cfg.get('strict', True),

@@ -12,6 +12,7 @@ import mmpola  # noqa: F401
 from mmpola.checkpoint import CheckpointMismatchError, find_key_prefix, load_checkpoint
 from mmpola.checkpoint.reading import safe_torch_load
 from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
+from tests.fixtures.checkpoints import classifier_from_official
 from tests.fixtures.paths import DATA  # noqa: E402
 
 
@@ -121,7 +122,7 @@ def test_classifier_run_checkpoint_loads_into_backbone(official, tmp_path):
     """An ImageNet run of PolaClassifier saves backbone.* / norm.* / head.*: loads with no conversion."""
     path, sd = official['pvt']
     _, constructor = _golden('pvt')
-    clf = PolaClassifier.from_official_kwargs(constructor)
+    clf = classifier_from_official(PolaClassifier, constructor)
     clf.load_checkpoint(path)
     out = tmp_path / 'epoch_300.pth'
     torch.save({'meta': {'epoch': 300}, 'state_dict': clf.state_dict(), 'message_hub': {}}, out)
