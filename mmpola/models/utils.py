@@ -7,8 +7,10 @@ import torch
 
 from mmpola.errors import MMPolaUserError
 
+from .layers import to_2tuple_int
+
 __all__ = ['PolaConfigError', 'is_pretrained_cfg', 'resolve_arch', 'check_out_indices',
-           'check_frozen_stages', 'check_stage_string', 'check_input']
+           'check_frozen_stages', 'check_stage_string', 'check_input', 'square_pretrain_size']
 
 
 class PolaConfigError(MMPolaUserError, ValueError):
@@ -80,3 +82,13 @@ def check_input(x, in_channels, min_size, name, reason='four stages down to stri
     if H < min_size or W < min_size:
         raise PolaConfigError(f'{name}: input size {H}x{W} is smaller than the minimum {min_size}x{min_size} '
                               f'({reason}); resize or pad the image')
+
+
+def square_pretrain_size(value, owner=None):
+    """``pretrain_img_size`` (``224`` or ``(224, 224)``) -> ``(224, 224)``, refused unless square
+    (official models are); ``owner`` (a class name) starts the message."""
+    size = to_2tuple_int(value, 'pretrain_img_size')
+    if size[0] != size[1]:
+        raise PolaConfigError(f'{owner + ": " if owner else ""}pretrain_img_size must be square (official models '
+                              f'are), got {size}')
+    return size

@@ -271,6 +271,15 @@ class DenseBackbone(BaseModule):
                             f'{", ".join(valid) or "none"}; pass them as attn=dict(type=..., ...))')
         return kind, options
 
+    def doubling_widths(self):
+        """The stage widths of an architecture that doubles the width at every stage (Swin, CSWin),
+        from ``arch['embed_dims']``, the stage-1 width."""
+        embed_dims = self.arch['embed_dims']
+        if not isinstance(embed_dims, int):
+            raise PolaConfigError(f'{type(self).__name__}: embed_dims must be the stage-1 width (int), got '
+                                  f'{embed_dims!r}')
+        return [embed_dims * 2 ** i for i in range(self.num_stages)]
+
     @property
     def attn_cfg(self):
         """The configured attention as a config dict (``dict(type='pola', alpha=4.0)``), or None."""

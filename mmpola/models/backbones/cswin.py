@@ -33,8 +33,8 @@ import torch
 import torch.nn as nn
 
 from ..attention import attention_class
-from ..layers import DropPath, Mlp, to_2tuple_int
-from ..utils import PolaConfigError
+from ..layers import DropPath, Mlp
+from ..utils import PolaConfigError, square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['CSWinBackbone', 'CSWinBlock', 'MergeBlock']
@@ -193,16 +193,11 @@ class CSWinBackbone(DenseBackbone):
         name = type(self).__name__
         settings = self.arch
         embed_dims = settings['embed_dims']
-        if not isinstance(embed_dims, int):
-            raise PolaConfigError(f'{name}: embed_dims must be the stage-1 width (int), got {embed_dims!r}')
-        self.embed_dims = [embed_dims * 2 ** i for i in range(self.num_stages)]
+        self.embed_dims = self.doubling_widths()
         self.init_stages(('depths', 'num_heads', 'split_size'))
         if pretrain_img_size is None:
             pretrain_img_size = 384 if (self.arch_name or '').endswith('_384') else 224
-        self.pretrain_img_size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
-        if self.pretrain_img_size[0] != self.pretrain_img_size[1]:
-            raise PolaConfigError(f'{name}: pretrain_img_size must be square (official models are), got '
-                                  f'{self.pretrain_img_size}')
+        self.pretrain_img_size = square_pretrain_size(pretrain_img_size, name)
         self.resolutions = [self.pretrain_img_size[0] // 4 // 2 ** i for i in range(self.num_stages)]
         self._check_la_split_size(la_split_size)
 

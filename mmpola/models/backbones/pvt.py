@@ -14,8 +14,8 @@ from timm.layers import trunc_normal_
 
 from mmpola.checkpoint import CheckpointMismatchError
 
-from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache, to_2tuple_int
-from ..utils import PolaConfigError, check_stage_string
+from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache
+from ..utils import check_stage_string, square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['PVTBackbone', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids', 'pvt_stage_settings']
@@ -178,9 +178,7 @@ def pvt_stage_settings(num_stages, la_sr_ratios, sr_ratios, pretrain_img_size):
     la_sr_ratios = [int(c) for c in check_stage_string(
         ''.join(str(int(r)) for r in la_sr_ratios) if not isinstance(la_sr_ratios, str) else la_sr_ratios,
         '123456789', num_stages, 'la_sr_ratios')]
-    size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
-    if size[0] != size[1]:
-        raise PolaConfigError(f'pretrain_img_size must be square (official models are), got {size}')
+    size = square_pretrain_size(pretrain_img_size)
     return la_sr_ratios, list(sr_ratios), size, pvt_pos_grids(size[0], num_stages)
 
 

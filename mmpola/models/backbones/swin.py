@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layers import DropPath, Mlp, PatchEmbed, PatchMerging, to_2tuple_int
-from ..utils import PolaConfigError
+from ..layers import DropPath, Mlp, PatchEmbed, PatchMerging
+from ..utils import square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
 __all__ = ['SwinBackbone', 'SwinBlock', 'SwinStage']
@@ -130,15 +130,10 @@ class SwinBackbone(DenseBackbone):
         name = type(self).__name__
         settings = self.arch
         embed_dims = settings['embed_dims']
-        if not isinstance(embed_dims, int):
-            raise PolaConfigError(f'{name}: embed_dims must be the stage-1 width (int), got {embed_dims!r}')
-        self.embed_dims = [embed_dims * 2 ** i for i in range(self.num_stages)]
+        self.embed_dims = self.doubling_widths()
         self.init_stages(('depths', 'num_heads'))
         self.clamp_shift = clamp_shift
-        self.pretrain_img_size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
-        if self.pretrain_img_size[0] != self.pretrain_img_size[1]:
-            raise PolaConfigError(f'{name}: pretrain_img_size must be square (official models are), got '
-                                  f'{self.pretrain_img_size}')
+        self.pretrain_img_size = square_pretrain_size(pretrain_img_size, name)
         patches = self.pretrain_img_size[0] // 4
         self.window_size = patches if window_size is None else window_size
         if softmax_window_size is None:
