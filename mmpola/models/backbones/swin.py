@@ -17,31 +17,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layers import DropPath, Mlp, PatchEmbed, PatchMerging
+from ..layers import PatchEmbed, PatchMerging, PreNormBlock
 from ..utils import square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
-__all__ = ['SwinBackbone', 'SwinBlock', 'SwinStage']
-
-
-class SwinBlock(nn.Module):
-    """Pre-norm Swin block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))).
-
-    ``attn``: any attention kind (``attn(x, hw, **context)``; windows and shifts are the softmax
-    kind's own). Shapes: ``forward(x, hw)``: (B, H*W, C), (H, W) -> (B, H*W, C).
-    """
-
-    def __init__(self, dim, attn, mlp_ratio=4., drop=0., drop_path=0.):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = attn
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-
-    def forward(self, x, hw, **context):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+__all__ = ['SwinBackbone', 'SwinStage']
 
 
 class SwinStage(nn.Module):
@@ -155,7 +135,8 @@ class SwinBackbone(DenseBackbone):
                                             qkv_layout='fused', window_size=ws, shift=j % 2 == 1,
                                             clamp_shift=clamp_shift, qkv_bias=qkv_bias, qk_scale=qk_scale,
                                             attn_drop=attn_drop_rate, proj_drop=drop_rate)
-                blocks.append(SwinBlock(dim, attn, mlp_ratio=mlp_ratio, drop=drop_rate, drop_path=dpr[i][j]))
+                blocks.append(PreNormBlock(dim, attn, mlp_ratio=mlp_ratio, drop=drop_rate, drop_path=dpr[i][j],
+                                           norm_eps=1e-5))
             downsample = PatchMerging(dim) if i < self.num_stages - 1 else None
             self.layers.append(SwinStage(blocks, downsample))
         self._finish_init()
