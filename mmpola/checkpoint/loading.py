@@ -38,7 +38,7 @@ from .reading import download_checkpoint, safe_torch_load
 from .signatures import attention_modules
 from .state_dict import CheckpointMismatchError, check_finite, extract_state_dict, find_key_prefix, resize_state_dict
 
-__all__ = ['read_checkpoint', 'load_checkpoint', 'load_pola_checkpoint', 'LoadReport', 'checkpoint_source',
+__all__ = ['read_checkpoint', 'load_checkpoint', 'LoadReport', 'checkpoint_source',
            'PARTIAL_OPTION']
 
 # how a caller of :func:`load_checkpoint` loads a file of other blocks on purpose (the messages say it)
@@ -178,6 +178,3 @@ def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm
             f'{unexpected[:10]}, shape mismatch {mismatched[:10]}')
     return report
 
-
-# the earlier name
-load_pola_checkpoint = load_checkpoint

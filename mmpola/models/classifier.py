@@ -42,7 +42,7 @@ PARTIAL_OPTION = ("strict=False (model.load_checkpoint(..., strict=False), init_
                   'create_model(..., pretrained_cfg_overlay=dict(file=...), pretrained_strict=False))')
 
 # backbone arguments the official classification forward fixes (besides the architecture's own)
-_FIXED = ('out_indices', 'out_norm', 'norm_after_stage', 'init_cfg', 'pretrained')
+_FIXED = ('out_indices', 'out_norm', 'init_cfg')
 
 
 @MODELS.register_module()
@@ -196,13 +196,6 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
 
     # ---------------------------------------------------------------------------------------------
     # weights
-
-    @classmethod
-    def from_official_kwargs(cls, kwargs, family=None, **overrides):
-        """Build from the keyword arguments of the official model class (see
-        :func:`official_kwargs_to_classifier_kwargs`; ``family`` names the architecture where the
-        arguments do not: PVT-v1 and PVTv2 take the same ones)."""
-        return cls(**dict(official_kwargs_to_classifier_kwargs(kwargs, family), **overrides))
 
     def init_weights(self):
         if is_pretrained_cfg(self.init_cfg):

@@ -180,20 +180,20 @@ class Mlp(nn.Module):
 
 
 class PreNormBlock(nn.Module):
-    """Pre-norm transformer block of PVT, PVTv2 and the ViT: x + DropPath(Attn(LN(x), hw, **context)), then
-    x + DropPath(MLP(LN(x))); LayerNorm eps 1e-6.
+    """Pre-norm transformer block of PVT, PVTv2, Swin and the ViT: x + DropPath(Attn(LN(x), hw, **context)),
+    then x + DropPath(MLP(LN(x))); LayerNorm eps ``norm_eps`` (1e-6; Swin's 1e-5).
 
     ``attn``: any attention kind (``attn(x, hw, **context)``); ``mlp_layer``: :class:`Mlp`, or an MLP that
     takes the map size too (``takes_hw = True``, as PVTv2's ConvMlp with its depthwise conv).
     Shapes: ``forward(x, hw, **context)``: (B, N, C), (H, W) -> (B, N, C).
     """
 
-    def __init__(self, dim, attn, mlp_ratio=4., drop=0., drop_path=0., mlp_layer=Mlp):
+    def __init__(self, dim, attn, mlp_ratio=4., drop=0., drop_path=0., mlp_layer=Mlp, norm_eps=1e-6):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = attn
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=drop)
         self.mlp_takes_hw = getattr(mlp_layer, 'takes_hw', False)
 

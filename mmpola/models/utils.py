@@ -2,14 +2,15 @@
 
 Every error names the problem and the fix.
 """
-import warnings
 
 import torch
 
 from mmpola.errors import MMPolaUserError
 
-__all__ = ['PolaConfigError', 'pretrained_alias', 'is_pretrained_cfg', 'check_pretrained_cfg', 'resolve_arch',
-           'check_out_indices', 'check_frozen_stages', 'check_stage_string', 'check_input']
+from .layers import to_2tuple_int
+
+__all__ = ['PolaConfigError', 'is_pretrained_cfg', 'check_pretrained_cfg', 'resolve_arch', 'check_out_indices',
+           'check_frozen_stages', 'check_stage_string', 'check_input', 'square_pretrain_size']
 
 
 class PolaConfigError(MMPolaUserError, ValueError):
@@ -18,18 +19,6 @@ class PolaConfigError(MMPolaUserError, ValueError):
     A ``ValueError``, so existing ``except ValueError`` code still sees it; mmpola's tools print it
     without a traceback.
     """
-
-
-def pretrained_alias(pretrained, init_cfg):
-    if pretrained is None:
-        return init_cfg
-    if init_cfg is not None:
-        raise PolaConfigError('pass either init_cfg or the deprecated pretrained=, not both')
-    if not isinstance(pretrained, str):
-        raise TypeError(f'pretrained must be a checkpoint path or URL, got {type(pretrained).__name__}')
-    warnings.warn('pretrained= is deprecated; use init_cfg=dict(type="Pretrained", checkpoint=...)',
-                  DeprecationWarning)
-    return dict(type='Pretrained', checkpoint=pretrained)
 
 
 def is_pretrained_cfg(init_cfg):
@@ -114,3 +103,13 @@ def check_input(x, in_channels, min_size, name, reason='four stages down to stri
     if H < min_size or W < min_size:
         raise PolaConfigError(f'{name}: input size {H}x{W} is smaller than the minimum {min_size}x{min_size} '
                               f'({reason}); resize or pad the image')
+
+
+def square_pretrain_size(value, owner=None):
+    """``pretrain_img_size`` (``224`` or ``(224, 224)``) -> ``(224, 224)``, refused unless square
+    (official models are); ``owner`` (a class name) starts the message."""
+    size = to_2tuple_int(value, 'pretrain_img_size')
+    if size[0] != size[1]:
+        raise PolaConfigError(f'{owner + ": " if owner else ""}pretrain_img_size must be square (official models '
+                              f'are), got {size}')
+    return size

@@ -110,19 +110,6 @@ class AttentionOp:
 
         return add if fn is None else add(fn)
 
-    def unregister(self, impl):
-        """Remove implementation ``impl`` (the reference stays)."""
-        if impl == 'reference':
-            raise ValueError('the reference implementation is always present')
-        self.impls.pop(impl)
-        self.records.pop(impl)
-        for names in self.preferred.values():
-            if impl in names:
-                names.remove(impl)
-        if self.default == impl:
-            self.default = 'fast' if 'fast' in self.impls else 'reference'
-        self._auto_cache.clear()
-
     def names(self):
         """``'auto'`` and the registered implementation names."""
         return (AUTO, *sorted(self.impls))

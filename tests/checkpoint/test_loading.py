@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import mmpola  # noqa: F401
-from mmpola.checkpoint import CheckpointMismatchError, find_key_prefix, load_pola_checkpoint
+from mmpola.checkpoint import CheckpointMismatchError, find_key_prefix, load_checkpoint
 from mmpola.checkpoint.reading import safe_torch_load
 from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
+from tests.fixtures.checkpoints import classifier_from_official
 from tests.fixtures.paths import DATA  # noqa: E402
 
 
@@ -52,7 +53,7 @@ def _assert_loaded_official(model, state_dict):
 def test_official_container(official):
     path, sd = official['pvt']
     model = _mini('pvt')
-    report = load_pola_checkpoint(model, path)
+    report = load_checkpoint(model, path)
     _assert_loaded_official(model, sd)
     assert report.origin == "'model'" and report.prefix == ''
     assert len(report.loaded) == len(model.state_dict())
@@ -63,7 +64,7 @@ def test_official_container(official):
 def test_swin_attn_mask_and_index_dropped(official):
     path, sd = official['swin']
     model = _mini('swin')
-    report = load_pola_checkpoint(model, path)
+    report = load_checkpoint(model, path)
     _assert_loaded_official(model, sd)
     assert any(k.endswith('attn_mask') for k in report.dropped)
     assert any(k.endswith('relative_position_index') for k in report.dropped)
@@ -75,14 +76,14 @@ def test_swin_attn_mask_and_index_dropped(official):
 def test_swin_map_final_norm(official):
     path, sd = official['swin']
     model = _mini('swin')
-    load_pola_checkpoint(model, path, map_final_norm=True)
+    load_checkpoint(model, path, map_final_norm=True)
     assert torch.equal(model.norm3.weight, sd['norm.weight'])
     # from a classifier run: the final norm sits beside 'backbone.'
     classifier_sd = {f'model.backbone.{k}': v for k, v in sd.items() if not k.startswith('norm.')}
     classifier_sd['model.norm.weight'] = sd['norm.weight'] + 1
     classifier_sd['model.norm.bias'] = sd['norm.bias']
     model = _mini('swin')
-    load_pola_checkpoint(model, {'state_dict': classifier_sd}, map_final_norm=True)
+    load_checkpoint(model, {'state_dict': classifier_sd}, map_final_norm=True)
     assert torch.equal(model.norm3.weight, sd['norm.weight'] + 1)
 
 
@@ -100,7 +101,7 @@ def test_prefixed_and_bare_variants(official, tmp_path, layout):
     path = tmp_path / 'ckpt.pth'
     torch.save(ckpt, path)
     model = _mini('pvt')
-    report = load_pola_checkpoint(model, str(path))
+    report = load_checkpoint(model, str(path))
     _assert_loaded_official(model, sd)
     assert len(report.loaded) == len(model.state_dict())
     assert report.prefix == {'bare': '', 'detector': 'backbone.'}.get(layout, layout)
@@ -114,14 +115,14 @@ def test_explicit_prefix_and_init_cfg(official, tmp_path):
     model.init_weights()
     _assert_loaded_official(model, sd)
     with pytest.raises(CheckpointMismatchError, match='no key matching'):
-        load_pola_checkpoint(_mini('swin'), str(path), prefix='model.')
+        load_checkpoint(_mini('swin'), str(path), prefix='model.')
 
 
 def test_classifier_run_checkpoint_loads_into_backbone(official, tmp_path):
     """An ImageNet run of PolaClassifier saves backbone.* / norm.* / head.*: loads with no conversion."""
     path, sd = official['pvt']
     _, constructor = _golden('pvt')
-    clf = PolaClassifier.from_official_kwargs(constructor)
+    clf = classifier_from_official(PolaClassifier, constructor)
     clf.load_checkpoint(path)
     out = tmp_path / 'epoch_300.pth'
     torch.save({'meta': {'epoch': 300}, 'state_dict': clf.state_dict(), 'message_hub': {}}, out)
@@ -135,39 +136,39 @@ def test_ema_preference(official):
     ema = OrderedDict((k, v + 1) for k, v in sd.items())
     ckpt = {'model': sd, 'model_ema': ema}
     model = _mini('pvt')
-    report = load_pola_checkpoint(model, ckpt)
+    report = load_checkpoint(model, ckpt)
     assert 'EMA' in report.origin
     assert torch.equal(model.pos_embed1, ema['pos_embed1'])
-    load_pola_checkpoint(model, ckpt, use_ema=False)
+    load_checkpoint(model, ckpt, use_ema=False)
     assert torch.equal(model.pos_embed1, sd['pos_embed1'])
 
 
 def test_swin_checkpoint_into_pvt_is_refused(official):
     path, _ = official['swin']
     with pytest.raises(CheckpointMismatchError, match=r"no key matching PolaPVT.*'block1\.\*'.*Pola-Swin"):
-        load_pola_checkpoint(_mini('pvt'), path)
+        load_checkpoint(_mini('pvt'), path)
     path, _ = official['pvt']
     with pytest.raises(CheckpointMismatchError, match=r'layers\.0\.blocks.*Pola-PVT'):
-        load_pola_checkpoint(_mini('swin'), path)
+        load_checkpoint(_mini('swin'), path)
 
 
 def test_la_sr_mismatch_names_the_fix(official):
     path, _ = official['pvt']
     with pytest.raises(CheckpointMismatchError, match="la_sr_ratios='1111'"):
-        load_pola_checkpoint(_mini('pvt', la_sr_ratios='8421'), path)
+        load_checkpoint(_mini('pvt', la_sr_ratios='8421'), path)
 
 
 def test_resize_to_another_pretraining_grid(official):
     path, sd = official['pvt']
     model = _mini('pvt', pretrain_img_size=256)
-    report = load_pola_checkpoint(model, path)
+    report = load_checkpoint(model, path)
     assert model.pos_embed1.shape == (1, 64 * 64, 16)
     assert model.block1[0].attn.positional_encoding.shape == (1, 64 * 64, 16)
     assert any(r.startswith('pos_embed1:') for r in report.resized)
     assert not report.mismatched and not report.missing
     path, sd = official['swin']
     swin = _mini('swin', softmax_window_size=12, pretrain_img_size=448)
-    report = load_pola_checkpoint(swin, path)
+    report = load_checkpoint(swin, path)
     table = swin.layers[2].blocks[0].attn.relative_position_bias_table
     assert table.shape == (23 * 23, 4)
     # the Pola positional encodings follow the pretraining grid: 56 -> 112 at 448
@@ -179,8 +180,8 @@ def test_resize_to_another_pretraining_grid(official):
 def test_strict_mode_reports_missing(official):
     path, _ = official['swin']
     with pytest.raises(CheckpointMismatchError, match='norm0'):
-        load_pola_checkpoint(_mini('swin'), path, strict=True)
-    load_pola_checkpoint(_mini('swin', out_norm=False), path, strict=True)
+        load_checkpoint(_mini('swin'), path, strict=True)
+    load_checkpoint(_mini('swin', out_norm=False), path, strict=True)
 
 
 def test_prefix_search():
@@ -198,4 +199,4 @@ def test_loading_needs_no_yacs(official, monkeypatch):
     from mmpola.checkpoint import read_checkpoint
     ckpt = read_checkpoint(path)
     assert isinstance(ckpt['config'], dict)
-    load_pola_checkpoint(_mini('swin'), path)
+    load_checkpoint(_mini('swin'), path)

@@ -31,6 +31,7 @@ from tests.fixtures.checkpoints import (
     RunCode,
     add_numpy,
     assert_refused,
+    classifier_from_official,
     evil_checkpoint,
     golden_constructor,
     golden_official,
@@ -246,7 +247,7 @@ class _ToyClassifier:
     def build(family):
         from mmengine.model import BaseModel
 
-        clf = PolaClassifier.from_official_kwargs(golden_constructor(family))
+        clf = classifier_from_official(PolaClassifier, golden_constructor(family))
 
         class Toy(BaseModel):
 

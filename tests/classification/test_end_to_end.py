@@ -10,7 +10,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from mmpola.checkpoint import load_pola_checkpoint
+from mmpola.checkpoint import load_checkpoint
 from mmpola.checkpoint.reading import safe_torch_load
 from tests.fixtures.paths import REPO as REPO_ROOT  # noqa: E402
 from tests.fixtures.tools import load_tool
@@ -135,7 +135,7 @@ def test_checkpoint_loads_by_filtering_only(trained):
     from mmpola.models import PolaPVT
     _, checkpoint, _ = trained
     backbone = PolaPVT(arch='tiny')
-    report = load_pola_checkpoint(backbone, checkpoint, logger=None)
+    report = load_checkpoint(backbone, checkpoint, logger=None)
     assert report.prefix == 'backbone.'
     assert not report.missing and not report.unexpected and not report.resized
     assert {k.split('.')[0] for k in report.outside_prefix} == {'head'}

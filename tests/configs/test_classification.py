@@ -9,6 +9,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
+from tests.fixtures.checkpoints import classifier_from_official
 from tests.fixtures.paths import CONFIGS, DATA
 
 CONFIG_DIR = osp.join(CONFIGS, 'classification')
@@ -167,7 +168,7 @@ def test_polapp_recipe_model_reproduces_official_logits_and_trains_one_step():
     from mmpola.models import PolaPPClassifier
     expected = safe_torch_load(osp.join(DATA, 'polapp_mini_expected.pth'))
     cfg = _load('polapp-b0_8xb256_in1k.py')
-    reference = PolaPPClassifier.from_official_kwargs(expected['constructor'])
+    reference = classifier_from_official(PolaPPClassifier, expected['constructor'])
     cfg.model.update(arch=reference.backbone.arch, projection=reference.num_features, num_classes=10,
                      drop_path_rate=0.0,
                      init_cfg=dict(type='Pretrained', checkpoint=osp.join(DATA, 'polapp_mini_official.pth')))

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from mmpola.models import PolaAttention, PolaClassifier, PolaPVT, PolaSwin
+from tests.fixtures.checkpoints import classifier_from_official
 
 TOL = 1e-5
 
 
 def _build(golden, family, **overrides):
     expected, ckpt = golden[family]
-    model = PolaClassifier.from_official_kwargs(expected['constructor'], **overrides)
+    model = classifier_from_official(PolaClassifier, expected['constructor'], **overrides)
     model.load_checkpoint(ckpt, strict=True)
     return model.eval(), expected
 
@@ -121,7 +122,7 @@ def test_classifier_round_trips_its_own_checkpoint(golden, tmp_path):
     model, expected = _build(golden, 'pvt')
     path = tmp_path / 'cls.pth'
     torch.save({'state_dict': model.state_dict(), 'meta': {'epoch': 3}}, path)
-    clone = PolaClassifier.from_official_kwargs(expected['constructor'],
+    clone = classifier_from_official(PolaClassifier, expected['constructor'],
                                                 init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     clone.init_weights()
     clone.eval()

@@ -12,6 +12,7 @@ from mmpola.models import (
     InLineSwin,
     PolaClassifier,
 )
+from tests.fixtures.checkpoints import classifier_from_official
 
 MINIS = ['flatten_pvt', 'flatten_swin', 'inline_pvt', 'inline_swin']
 DENSE = {'flatten_pvt': FLattenPVT, 'flatten_swin': FLattenSwin, 'inline_pvt': InLinePVT,
@@ -26,7 +27,7 @@ def lineage(golden_data):
 
 def _classifier(lineage, name, **overrides):
     expected, ckpt = lineage[name]
-    model = PolaClassifier.from_official_kwargs(expected['constructor'], **overrides)
+    model = classifier_from_official(PolaClassifier, expected['constructor'], **overrides)
     model.load_checkpoint(ckpt, strict=True)
     return model.eval(), expected
 

@@ -11,6 +11,7 @@ import torch
 from mmpola.models import PolaClassifier
 from mmpola.models.backbones import backbone_class
 from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
+from tests.fixtures.checkpoints import classifier_from_official
 
 # golden mini model: its architecture
 MINIS = {'flatten_pvt_v2': 'pvt_v2', 'flatten_cswin': 'cswin', 'inline_cswin': 'cswin',
@@ -20,7 +21,7 @@ TOL = {'reference': 1e-5, 'auto': 1e-4}
 
 def _classifier(golden_data, name, impl):
     expected, ckpt = golden_data(name)
-    model = PolaClassifier.from_official_kwargs(expected['constructor'], family=MINIS[name], attn_impl=impl)
+    model = classifier_from_official(PolaClassifier, expected['constructor'], family=MINIS[name], attn_impl=impl)
     model.load_checkpoint(ckpt, strict=True)
     return model.eval(), expected
 

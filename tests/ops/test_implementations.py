@@ -7,6 +7,7 @@ import torch
 from mmpola.models import PolaPVT
 from mmpola.ops import OPS, pacs_attention_reference, pola_attention, pola_attention_reference, register_attention_impl
 from mmpola.ops.dispatch import AttnImplUnavailable
+from tests.fixtures.ops import op_tables_restored
 
 # every implementation of every op; the inputs come from the op (its example_inputs)
 CASES = [(op, impl) for op in sorted(OPS) for impl in OPS[op].names() if impl != 'reference']
@@ -57,14 +58,13 @@ def test_every_implementation_matches_the_reference(op, impl):
 def counting_pola_impl():
     """An extra implementation of the Pola op, registered the documented way: the reference, counted."""
     calls = []
+    with op_tables_restored('pola'):
+        @register_attention_impl('pola', 'counting')
+        def pola_attention_counting(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+            calls.append(tuple(q.shape))
+            return pola_attention_reference(q, k, v, power, scale, alpha, eps)
 
-    @register_attention_impl('pola', 'counting')
-    def pola_attention_counting(q, k, v, power, scale, alpha=4.0, eps=1e-6):
-        calls.append(tuple(q.shape))
-        return pola_attention_reference(q, k, v, power, scale, alpha, eps)
-
-    yield calls
-    OPS['pola'].unregister('counting')
+        yield calls
 
 
 def test_extra_implementation_selected_with_attn_impl_on_a_backbone(counting_pola_impl):
@@ -110,13 +110,13 @@ def device_bound_impl():
             return f'runs on CPU tensors only, got {device.type}'
         return None if dtype == torch.float32 else f'takes float32 only, got {dtype}'
 
-    @register_attention_impl('pola', 'cpu_only', supports=supports, preferred_on=('cpu',), fp32_inside=True)
-    def pola_cpu_only(q, k, v, power, scale, alpha=4.0, eps=1e-6):
-        seen.append(q.dtype)
-        return pola_attention_reference(q.float(), k.float(), v.float(), power.float(), scale.float(), alpha, eps)
+    with op_tables_restored('pola'):
+        @register_attention_impl('pola', 'cpu_only', supports=supports, preferred_on=('cpu',), fp32_inside=True)
+        def pola_cpu_only(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+            seen.append(q.dtype)
+            return pola_attention_reference(q.float(), k.float(), v.float(), power.float(), scale.float(), alpha, eps)
 
-    yield seen
-    OPS['pola'].unregister('cpu_only')
+        yield seen
 
 
 def test_auto_picks_the_preferred_implementation_that_supports_the_tensors(device_bound_impl):

@@ -13,6 +13,7 @@ from mmengine.registry import DefaultScope
 from mmpola.errors import UserError
 from mmpola.runtime import load_config, register_task_modules
 from mmpola.runtime.config_check import accepted_arguments, check_config, runtime_hook_notes
+from tests.fixtures.detection import coco_options, make_tool_coco
 from tests.fixtures.paths import REPO
 from tests.fixtures.tools import load_tool, refused
 
@@ -24,34 +25,22 @@ TRAIN = load_tool('train')
 
 @pytest.fixture(scope='module')
 def coco(tmp_path_factory):
-    from mmpola.datasets import make_demo_coco
-    root = tmp_path_factory.mktemp('coco')
-    make_demo_coco(str(root), num_train=2, num_val=2, seed=1, image_shapes=((64, 64),), verbose=False)
-    return root
-
-
-def _opts(root):
-    return ['--cfg-options'] + [f'{key}.dataset.data_root={root}/' for key in
-                                ('train_dataloader', 'val_dataloader', 'test_dataloader')] + [
-        f'val_evaluator.ann_file={root}/annotations/instances_val.json',
-        f'test_evaluator.ann_file={root}/annotations/instances_val.json',
-        'train_dataloader.batch_size=1',
-        'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
+    return make_tool_coco(tmp_path_factory)
 
 
 def test_misspelled_type_and_argument_name_the_close_matches(coco, tmp_path, capsys):
     work = str(tmp_path / 'work')
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + ['model.backbone.type=PolaPVTT'], capsys,
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + coco_options(coco) + ['model.backbone.type=PolaPVTT'], capsys,
                   [], work)
     assert err.startswith("model.backbone.type='PolaPVTT': no model of that name is registered (scope 'mmdet'); "
                           "did you mean 'PolaPVT'")
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + ['model.backbone.drop_path_rat=0.1'],
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + coco_options(coco) + ['model.backbone.drop_path_rat=0.1'],
                   capsys, [], work)
     assert err == "model.backbone.drop_path_rat: PolaPVT has no argument 'drop_path_rat'; " \
                   "did you mean 'drop_path_rate' or 'drop_rate'?"
     # built much later by the Runner (the datasets, in runner.train()): found before anything is built too
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + ['train_dataloader.dataset.type=CocoDatset'],
-                  capsys, [], work)
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + coco_options(coco)
+                  + ['train_dataloader.dataset.type=CocoDatset'], capsys, [], work)
     assert err.startswith("train_dataloader.dataset.type='CocoDatset': no dataset of that name is registered "
                           "(scope 'mmdet')")
     assert "did you mean 'CocoDataset'" in err
@@ -74,7 +63,7 @@ def test_misspelled_arguments_of_what_the_runner_builds(coco, tmp_path, capsys, 
     arguments (torch's DataLoader) are checked as well, before the Runner exists (else: a raw TypeError
     once the Runner builds that part, for the optimizer after the model was built)."""
     work = str(tmp_path / 'work')
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + [option], capsys, [], work)
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + coco_options(coco) + [option], capsys, [], work)
     assert err.startswith(expected), err
     assert not osp.exists(work)
 
@@ -94,7 +83,7 @@ def test_a_test_run_does_not_judge_the_training_parts(coco, tmp_path):
 def test_the_check_can_be_skipped(coco, tmp_path):
     """--skip-config-check: the config goes to the Runner as it is (which fails, or not, when it
     builds that part)."""
-    args = TRAIN.parse_args([DET_DEMO, '--work-dir', str(tmp_path), '--skip-config-check'] + _opts(coco)
+    args = TRAIN.parse_args([DET_DEMO, '--work-dir', str(tmp_path), '--skip-config-check'] + coco_options(coco)
                             + ['train_dataloader.dataset.type=CocoDatset'])
     cfg, _, _ = TRAIN.build_train_config(args)
     assert cfg.train_dataloader.dataset.type == 'CocoDatset'

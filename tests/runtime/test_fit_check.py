@@ -11,6 +11,7 @@ from mmengine.logging import MMLogger
 
 from mmpola.checkpoint import describe_checkpoint
 from mmpola.runtime.fit_check import checkpoint_fit
+from tests.fixtures.detection import coco_options, make_tool_coco
 from tests.fixtures.paths import DATA, REPO
 from tests.fixtures.tools import load_tool, refused
 
@@ -22,25 +23,13 @@ TRAIN, TEST = load_tool('train'), load_tool('test')
 
 @pytest.fixture(scope='module')
 def coco(tmp_path_factory):
-    from mmpola.datasets import make_demo_coco
-    root = tmp_path_factory.mktemp('coco')
-    make_demo_coco(str(root), num_train=2, num_val=2, seed=1, image_shapes=((64, 64),), verbose=False)
-    return root
-
-
-def _opts(root):
-    return ['--cfg-options'] + [f'{key}.dataset.data_root={root}/' for key in
-                                ('train_dataloader', 'val_dataloader', 'test_dataloader')] + [
-        f'val_evaluator.ann_file={root}/annotations/instances_val.json',
-        f'test_evaluator.ann_file={root}/annotations/instances_val.json',
-        'train_dataloader.batch_size=1',
-        'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
+    return make_tool_coco(tmp_path_factory)
 
 
 def test_test_tool_refuses_a_classification_checkpoint(coco, tmp_path, capsys):
     official = osp.join(DATA, 'pola_pvt_mini_official.pth')
     work = tmp_path / 'work'
-    opts = [o for o in _opts(coco) if not o.startswith('val')]
+    opts = [o for o in coco_options(coco) if not o.startswith('val')]
     err = refused(TEST, [DET_DEMO, official, '--work-dir', str(work)] + opts, capsys, [official])
     assert err.startswith(f"checkpoint '{official}' does not fit the MaskRCNN (PolaPVT backbone): only 0 of its ")
     assert '(0.0% of ' in err and 'less than the 50% required, so the run would use random weights' in err
@@ -57,7 +46,7 @@ def test_load_from_a_segmentor_checkpoint_is_refused_before_training(coco, tmp_p
                                            'backbone.layers.0.blocks.0.attn.qkvg.weight': torch.zeros(4, 4),
                                            'decode_head.conv_seg.weight': torch.zeros(8, 64, 1, 1)}}, segmentor)
     work = tmp_path / 'work'
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work)] + _opts(coco) + [f'load_from={segmentor}'],
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work)] + coco_options(coco) + [f'load_from={segmentor}'],
                   capsys, unchanged=[segmentor], work_dir=work)
     assert 'does not fit the MaskRCNN (PolaPVT backbone): only 0 of its' in err
     assert 'looks like an mmseg segmentor checkpoint (PolaFormer Swin). Fix: use a checkpoint of this MaskRCNN' in err

@@ -4,6 +4,7 @@ import torch
 
 from mmpola.models.backbones import PRESETS
 from mmpola.ops import OPS, pola_attention_reference, register_attention_impl
+from tests.fixtures.ops import op_tables_restored
 from tests.fixtures.tools import load_tool
 
 BENCH = load_tool('benchmark')
@@ -27,13 +28,12 @@ def test_backbone_cases_are_every_preset_at_every_size():
 def test_attention_cases_follow_the_op_registry():
     assert set(BENCH.attention_ops()) == set(OPS)
     assert BENCH.attention_impls('pola') == ['auto', 'fast', 'reference', 'triton', 'fast+compile']
-    register_attention_impl('pola', 'bench_extra', pola_attention_reference)
-    try:
+    with op_tables_restored('pola'):
+        register_attention_impl('pola', 'bench_extra', pola_attention_reference)
         assert 'bench_extra' in BENCH.attention_impls('pola') and 'bench_extra' not in BENCH.attention_impls('pacs')
         args = BENCH.parse_args(['attention', '--impls', 'bench_extra', '--kinds', 'pola'])
         assert args.impls == ['bench_extra']
-    finally:
-        OPS['pola'].unregister('bench_extra')
+    assert 'bench_extra' not in BENCH.attention_impls('pola')
 
 
 def test_every_op_runs_through_the_generic_case():

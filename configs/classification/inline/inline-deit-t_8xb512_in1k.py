@@ -8,24 +8,8 @@
 #   tools/dist_train.sh configs/classification/inline/inline-deit-t_8xb512_in1k.py 8 --amp   (official: fp16)
 #   tools/test.py configs/classification/inline/inline-deit-t_8xb512_in1k.py CHECKPOINT
 #   (official files load as they are)
-_base_ = [
-    '../_base_/datasets/imagenet_timm.py',
-    '../_base_/schedules/pola-swin_300e.py',
-    '../_base_/default_runtime.py',
-]
+_base_ = ['../_base_/inline-deit_in1k.py']
 
-model = dict(
-    type='PolaImageClassifier',
-    family='vit',
-    arch='tiny',
-    kind='inline',
-    num_classes=1000,
-    drop_path_rate=0.1,
-    label_smoothing=0.1)
-
-optim_wrapper = dict(paramwise_cfg=dict(
-    _delete_=True,
-    flat_decay_mult=0.0,
-    custom_keys={'pos_embed': dict(decay_mult=0.0), 'cls_token': dict(decay_mult=0.0)}))
+model = dict(arch='tiny')
 
 train_dataloader = dict(batch_size=512)

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from ..layers import ResizedEmbeddingCache
 
-__all__ = ['QKV_LAYOUTS', 'check_attention_args', 'reduced_grid', 'KeyPositionalEncoding', 'spatial_reduction',
-           'upsample_values', 'depthwise_value_heads', 'depthwise_value_term', 'split_prefix', 'add_to_patches']
+__all__ = ['QKV_LAYOUTS', 'QKVProjections', 'check_attention_args', 'reduced_grid', 'KeyPositionalEncoding',
+           'spatial_reduction', 'upsample_values', 'depthwise_value_heads', 'depthwise_value_term', 'split_prefix',
+           'add_to_patches']
 
 # 'fused': one projection of the tokens gives every operand (Swin, PolaFormer++, the ViT: ``qkv`` /
 # ``qkvg``); 'separate': queries from the tokens, keys and values from a second projection ``kv`` of
@@ -36,6 +37,53 @@ def check_attention_args(dim, num_heads, qkv_layout='fused', sr_ratio=1, v_upsam
     if v_upsample not in ('linear1d', 'bilinear2d'):
         raise ValueError(f"v_upsample must be 'linear1d' or 'bilinear2d', got {v_upsample!r}")
     return dim // num_heads
+
+
+class QKVProjections:
+    """Mixin of the linear attention modules: the projections of ``qkv_layout`` (``QKV_LAYOUTS``) under
+    the official names. ``fused_projection`` = (name, operands) of the 'fused' Linear (``('qkv', 3)``;
+    Pola ``('qkvg', 4)``, the operands q, k, v, g); ``query_projection`` = (name, operands) of the
+    'separate' layout's Linear of the tokens (``('q', 1)``; Pola ``('qg', 2)``, q and g), beside ``kv``
+    Linear(C, 2C) of the (optionally spatially reduced: ``sr`` / ``norm``) map."""
+
+    fused_projection = ('qkv', 3)
+    query_projection = ('q', 1)
+
+    def _init_input_projections(self, dim, qkv_layout, qkv_bias):
+        if qkv_layout == 'fused':
+            name, operands = self.fused_projection
+            setattr(self, name, nn.Linear(dim, dim * operands, bias=qkv_bias))
+        elif qkv_layout == 'separate':
+            name, operands = self.query_projection
+            setattr(self, name, nn.Linear(dim, dim * operands, bias=qkv_bias))
+            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+
+    def _init_output_projection(self, dim, qkv_layout, proj_drop):
+        if qkv_layout != 'projected':
+            self.proj = nn.Linear(dim, dim)
+            self.proj_drop = nn.Dropout(proj_drop)
+
+    def _project_inputs(self, x, hw):
+        """(the operands (B, N, C) each, in the order of the fused projection; k and v: (B, n, C)),
+        (Hk, Wk) the key grid."""
+        if self.qkv_layout == 'projected':
+            return x[:, :, :self.fused_projection[1]].unbind(2), tuple(hw)
+        B, N, C = x.shape
+        if self.qkv_layout == 'fused':
+            name, operands = self.fused_projection
+            return getattr(self, name)(x).reshape(B, N, operands, C).unbind(2), tuple(hw)
+        name, operands = self.query_projection
+        query = getattr(self, name)(x)
+        query = (query,) if operands == 1 else query.reshape(B, N, operands, C).unbind(2)
+        x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
+        k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
+        return (query[0], k, v, *query[1:]), kv_hw
+
+    def _project_output(self, out):
+        """``proj`` and its dropout, except in the 'projected' layout (the caller owns ``proj``)."""
+        if self.qkv_layout == 'projected':
+            return out
+        return self.proj_drop(self.proj(out))
 
 
 def reduced_grid(pe_grid, sr_ratio):

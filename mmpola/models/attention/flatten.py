@@ -9,11 +9,11 @@ from mmpola.registry import ATTENTIONS
 from ..layers import depthwise_conv
 from .common import (
     KeyPositionalEncoding,
+    QKVProjections,
     add_to_patches,
     check_attention_args,
     depthwise_value_term,
     reduced_grid,
-    spatial_reduction,
 )
 
 __all__ = ['FocusedLinearAttention']
@@ -21,7 +21,7 @@ __all__ = ['FocusedLinearAttention']
 
 @ATTENTIONS.register_module(name='flatten')
 @register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
-class FocusedLinearAttention(KeyPositionalEncoding, nn.Module):
+class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     """Focused linear attention over one whole H x W token grid.
 
     * ``qkv_layout='fused'`` (FLatten-Swin, the ViT): ``qkv`` Linear(C, 3C) gives q, k, v.
@@ -66,14 +66,8 @@ class FocusedLinearAttention(KeyPositionalEncoding, nn.Module):
         self.v_upsample = v_upsample
         self.attn_impl = check_attn_impl(attn_impl, op='flatten')
         self.fp32_attn = fp32_attn
-        if qkv_layout == 'fused':
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        elif qkv_layout == 'separate':
-            self.q = nn.Linear(dim, dim, bias=qkv_bias)
-            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        if qkv_layout != 'projected':
-            self.proj = nn.Linear(dim, dim)
-            self.proj_drop = nn.Dropout(proj_drop)
+        self._init_input_projections(dim, qkv_layout, qkv_bias)
+        self._init_output_projection(dim, qkv_layout, proj_drop)
         if sr_ratio > 1:
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(dim)
@@ -83,27 +77,14 @@ class FocusedLinearAttention(KeyPositionalEncoding, nn.Module):
 
     def forward(self, x, hw, num_prefix_tokens=0, **context):
         P = num_prefix_tokens
-        if self.qkv_layout == 'projected':
-            q, k, v = x[:, :, :3].unbind(2)
-            kv_hw = tuple(hw)
-        elif self.qkv_layout == 'fused':
-            B, N, C = x.shape
-            q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
-            kv_hw = tuple(hw)
-        else:
-            B, N, C = x.shape
-            q = self.q(x)
-            x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
-            k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
+        (q, k, v), kv_hw = self._project_inputs(x, hw)
         B, n, C = k.shape
         k = add_to_patches(k, self.resized_positional_encoding(kv_hw), P)
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
                                 impl=self.attn_impl)
         v = v[:, P:].reshape(B, n - P, self.num_heads, C // self.num_heads).transpose(1, 2)
         out = add_to_patches(out, depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample), P)
-        if self.qkv_layout == 'projected':
-            return out
-        return self.proj_drop(self.proj(out))
+        return self._project_output(out)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '

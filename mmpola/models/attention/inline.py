@@ -6,14 +6,14 @@ from timm.layers import register_notrace_module
 from mmpola.ops import check_attn_impl, inline_attention
 from mmpola.registry import ATTENTIONS
 
-from .common import add_to_patches, check_attention_args
+from .common import QKVProjections, add_to_patches, check_attention_args
 
 __all__ = ['InLineAttention']
 
 
 @ATTENTIONS.register_module(name='inline')
 @register_notrace_module  # torch.fx leaf: custom autograd core, per-image kernels
-class InLineAttention(nn.Module):
+class InLineAttention(QKVProjections, nn.Module):
     """Injective linear attention over one whole H x W token grid.
 
     * ``qkv_layout='fused'`` (InLine-Swin, InLine-DeiT): ``qkv`` Linear(C, 3C).
@@ -59,14 +59,8 @@ class InLineAttention(nn.Module):
         self.qkv_layout = qkv_layout
         self.attn_impl = check_attn_impl(attn_impl, op='inline')
         self.fp32_attn = fp32_attn
-        if qkv_layout == 'fused':
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        elif qkv_layout == 'separate':
-            self.q = nn.Linear(dim, dim, bias=qkv_bias)
-            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        if qkv_layout != 'projected':
-            self.proj = nn.Linear(dim, dim)
-            self.proj_drop = nn.Dropout(proj_drop)
+        self._init_input_projections(dim, qkv_layout, qkv_bias)
+        self._init_output_projection(dim, qkv_layout, proj_drop)
         self.residual = nn.Sequential(
             nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads),
             nn.GELU(),
@@ -79,14 +73,7 @@ class InLineAttention(nn.Module):
             if x_mean is None:
                 raise ValueError("InLine attention with qkv_layout='projected' needs x_mean (B, C) in the call "
                                  'context: the mean token its residual kernels are predicted from')
-            q, k, v = x[:, :, :3].unbind(2)
-        elif self.qkv_layout == 'fused':
-            B, N, C = x.shape
-            q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
-        else:
-            B, N, C = x.shape
-            q = self.q(x)
-            k, v = self.kv(x).reshape(B, N, 2, C).unbind(2)
+        (q, k, v), _ = self._project_inputs(x, hw)
         B, N, C = q.shape
         if x_mean is None:
             x_mean = x.mean(dim=1)
@@ -95,9 +82,7 @@ class InLineAttention(nn.Module):
         v = v[:, P:].reshape(B, H, W, C).permute(0, 3, 1, 2).reshape(1, B * C, H, W)
         local = F.conv2d(v, kernels.to(v.dtype), None, padding=1, groups=B * C)
         out = add_to_patches(out, local.reshape(B, C, H * W).permute(0, 2, 1), P)
-        if self.qkv_layout == 'projected':
-            return out
-        return self.proj_drop(self.proj(out))
+        return self._project_output(out)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, qkv_layout={self.qkv_layout!r}, '

@@ -9,12 +9,12 @@ from mmpola.registry import ATTENTIONS
 from ..layers import depthwise_conv
 from .common import (
     KeyPositionalEncoding,
+    QKVProjections,
     add_to_patches,
     check_attention_args,
     depthwise_value_heads,
     depthwise_value_term,
     reduced_grid,
-    spatial_reduction,
 )
 
 __all__ = ['PolaAttention']
@@ -22,7 +22,7 @@ __all__ = ['PolaAttention']
 
 @ATTENTIONS.register_module(name='pola')
 @register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
-class PolaAttention(KeyPositionalEncoding, nn.Module):
+class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     """Polarity-aware linear attention over one whole H x W token grid (docs/design.md).
 
     The projection layouts:
@@ -70,6 +70,8 @@ class PolaAttention(KeyPositionalEncoding, nn.Module):
     title = 'Pola'
     paper = 'PolaFormer'
     qkv_layouts = ('fused', 'separate', 'projected')
+    fused_projection = ('qkvg', 4)
+    query_projection = ('qg', 2)
     projections = 4  # q, k, v, g (the 'projected' layout's operands)
     prefix_tokens = True
 
@@ -89,17 +91,11 @@ class PolaAttention(KeyPositionalEncoding, nn.Module):
         self.attn_impl = check_attn_impl(attn_impl, op='pola')
         self.fp32_attn = fp32_attn
 
-        if qkv_layout == 'fused':
-            self.qkvg = nn.Linear(dim, dim * 4, bias=qkv_bias)
-        elif qkv_layout == 'separate':
-            self.qg = nn.Linear(dim, dim * 2, bias=qkv_bias)
-            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-            if sr_ratio > 1:
-                self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
-                self.norm = nn.LayerNorm(dim)
-        if qkv_layout != 'projected':
-            self.proj = nn.Linear(dim, dim)
-            self.proj_drop = nn.Dropout(proj_drop)
+        self._init_input_projections(dim, qkv_layout, qkv_bias)
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(dim)
+        self._init_output_projection(dim, qkv_layout, proj_drop)
         self.dwc = depthwise_conv(head_dim, kernel_size)
         self.power = nn.Parameter(torch.zeros(1, num_heads, 1, head_dim))
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
@@ -108,18 +104,7 @@ class PolaAttention(KeyPositionalEncoding, nn.Module):
     def forward(self, x, hw, num_prefix_tokens=0, **context):
         H, W = hw
         P = num_prefix_tokens
-        if self.qkv_layout == 'projected':
-            q, k, v, g = x[:, :, :4].unbind(2)
-            kv_hw = (H, W)
-        elif self.qkv_layout == 'fused':
-            B, N, C = x.shape
-            q, k, v, g = self.qkvg(x).reshape(B, N, 4, C).unbind(2)
-            kv_hw = (H, W)
-        else:
-            B, N, C = x.shape
-            q, g = self.qg(x).reshape(B, N, 2, C).unbind(2)
-            x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
-            k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
+        (q, k, v, g), kv_hw = self._project_inputs(x, hw)
         B, N, C = q.shape
         heads, head_dim = self.num_heads, C // self.num_heads
         n = k.shape[1]
@@ -144,10 +129,7 @@ class PolaAttention(KeyPositionalEncoding, nn.Module):
             # the conv's output is already in the heads' layout: one sum, then one copy to (B, N, C)
             out = out + depthwise_value_heads(self.dwc, v, kv_hw, (H, W), self.v_upsample)
             out = out.transpose(1, 2).reshape(B, N, C)
-        out = out * g
-        if self.qkv_layout == 'projected':
-            return out
-        return self.proj_drop(self.proj(out))
+        return self._project_output(out * g)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '

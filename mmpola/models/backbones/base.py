@@ -5,9 +5,9 @@
 stage is entered, which parts a frozen stage covers, its checkpoint filter and its official
 classification head.
 
-* arguments: ``arch`` presets / custom dicts, ``out_indices``, ``frozen_stages``, ``out_norm``
-  (deprecated alias ``norm_after_stage``), ``norm_eval`` (a no-op unless the architecture has
-  BatchNorms), ``with_cp``, ``pretrained`` (deprecated alias of ``init_cfg``), with clear errors;
+* arguments: ``arch`` presets / custom dicts, ``out_indices``, ``frozen_stages``, ``out_norm``,
+  ``norm_eval`` (a no-op unless the architecture has
+  BatchNorms), ``with_cp``, with clear errors;
 * the attention: ``attn`` (the kind and its options, ``dict(type='pola', alpha=4.0)``) and
   ``attn_type`` (the per-stage layout in the official letters, see :func:`parse_attn_type`),
   ``attn_impl`` and ``fp32_attn`` for every attention (:meth:`build_attention`);
@@ -54,7 +54,6 @@ An architecture::
 Input: (B, in_channels, H, W) with H, W >= ``min_input_size``. Output: a tuple of NCHW maps for
 ``out_indices``.
 """
-import warnings
 
 import torch
 import torch.nn as nn
@@ -84,12 +83,11 @@ from ..utils import (
     check_out_indices,
     check_pretrained_cfg,
     is_pretrained_cfg,
-    pretrained_alias,
     resolve_arch,
 )
 
 __all__ = ['DenseBackbone', 'register_architecture', 'parse_attn_type', 'drop_path_rates', 'tokens_to_nchw',
-           'run_blocks', 'resolve_out_norm']
+           'run_blocks']
 
 
 def register_architecture(name, title=None):
@@ -131,17 +129,6 @@ def run_blocks(blocks, x, hw, with_cp=False, **context):
         else:
             x = block(x, hw, **context)
     return x
-
-
-def resolve_out_norm(out_norm, norm_after_stage, default):
-    """``out_norm`` with its deprecated alias ``norm_after_stage`` (kept for one release)."""
-    if norm_after_stage is not None:
-        if out_norm is not None and bool(out_norm) != bool(norm_after_stage):
-            raise PolaConfigError(f'out_norm={out_norm} and its deprecated alias norm_after_stage='
-                                  f'{norm_after_stage} disagree; pass only out_norm')
-        warnings.warn('norm_after_stage is deprecated; use out_norm (the same option)', DeprecationWarning)
-        return bool(norm_after_stage)
-    return default if out_norm is None else bool(out_norm)
 
 
 def parse_attn_type(attn_type, depths, linear='L'):
@@ -187,7 +174,6 @@ class DenseBackbone(BaseModule):
         out_indices: 0-based stages to return (None: the architecture's ``default_out_indices``).
         out_norm: add an output norm to every returned stage (new, dense-only parameters). None:
             the architecture's default (``default_out_norm``).
-        norm_after_stage: deprecated alias of ``out_norm``.
         frozen_stages: -1 none; 0 the stem; k >= 1 also stages 0..k-1 and their output norms.
             Frozen parts stay in eval mode and without gradients through ``train()``.
         norm_eval: accepted for API compatibility; a no-op for LayerNorm-only architectures.
@@ -203,9 +189,8 @@ class DenseBackbone(BaseModule):
         attn_impl: implementation of every attention op: ``'auto'``, ``'fast'``, ``'reference'``
             (the official op order) or a registered one (mmpola.ops.dispatch).
         fp32_attn: run the attention ops in fp32 under autocast.
-        attn_options: the options of ``attn`` as separate keyword arguments (``alpha=4.0``), the
-            older spelling: deprecated, use ``attn=dict(...)``.
-        pretrained: deprecated alias of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
+        unexpected: the other keyword arguments of the architecture: an error that names the
+            attention options and where they go (``attn=dict(...)``).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, use_ema=True,
             map_final_norm=False, map_location='cpu', strict=None)`` loads through
             :func:`mmpola.checkpoint.load_checkpoint` (``strict=False``: also the blocks a file of
@@ -246,10 +231,9 @@ class DenseBackbone(BaseModule):
     classification_global_pools = ('avg', '')  # the classifier's global_pool values, the official first
     first_conv = None  # the stem convolution, below ``backbone.`` (timm's pretrained_cfg)
 
-    def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None, norm_after_stage=None,
+    def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None,
                  frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_type=None, attn_impl='auto',
-                 fp32_attn=True, attn_options=None, pretrained=None, init_cfg=None):
-        init_cfg = pretrained_alias(pretrained, init_cfg)
+                 fp32_attn=True, unexpected=None, init_cfg=None):
         super().__init__(init_cfg=init_cfg)
         name = type(self).__name__
         self.arch = resolve_arch(arch, self.arch_settings, self.arch_keys, name)
@@ -260,41 +244,42 @@ class DenseBackbone(BaseModule):
             out_indices = self.default_out_indices(self.num_stages)
         self.out_indices = check_out_indices(out_indices, self.num_stages, name)
         self.frozen_stages = check_frozen_stages(frozen_stages, self.num_stages, name)
-        self.out_norm = resolve_out_norm(out_norm, norm_after_stage, self.default_out_norm)
+        self.out_norm = self.default_out_norm if out_norm is None else bool(out_norm)
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.attn_impl = check_attn_impl(attn_impl, PolaConfigError)
         self.fp32_attn = fp32_attn
-        self.attn_kind, self.attn_options = self._resolve_attention(attn, attn_options or {})
+        self.attn_kind, self.attn_options = self._resolve_attention(attn, unexpected or {})
         self.attn_type = attn_type
 
     # ---------------------------------------------------------------------------------------------
     # the attention
 
-    def _resolve_attention(self, attn, legacy_options):
-        """(kind, options) of ``attn`` (None: the preset's), with the deprecated keyword options."""
+    def _resolve_attention(self, attn, unexpected):
+        """(kind, options) of ``attn`` (None: the preset's); ``unexpected`` keyword arguments are an error."""
         default_kind = split_attention_cfg(self.default_attn)[0] if self.default_attn else None
         if attn is None and self.default_attn is None:
             kind, options = None, {}
         else:
             kind, options = split_attention_cfg(attn, default_kind)
-        if legacy_options:
+        if unexpected:
             valid = attention_options(kind, self.attention_context) if kind else {}
-            unknown = sorted(set(legacy_options) - set(valid))
-            if unknown:
-                title = f'the {attention_title(kind)} attention' if kind else 'this backbone\'s attention'
-                # Python's own wording, which the tools turn into a one-line error with the close matches
-                raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument '{unknown[0]}' "
-                                f'(unknown: {", ".join(unknown)}; {title} options are: '
-                                f'{", ".join(valid) or "none"}; pass them as attn=dict(type=..., ...))')
-            warnings.warn(f'attention options as backbone arguments ({", ".join(sorted(legacy_options))}) are '
-                          f"deprecated; pass attn=dict(type='{kind}', {', '.join(sorted(legacy_options))}=...)",
-                          DeprecationWarning, stacklevel=3)
-            clash = sorted(k for k in legacy_options if k in options and options[k] != legacy_options[k])
-            if clash:
-                raise PolaConfigError(f'{", ".join(clash)} given twice, in attn and as a backbone argument')
-            options = dict(legacy_options, **options)
+            names = sorted(unexpected)
+            title = f'the {attention_title(kind)} attention' if kind else 'this backbone\'s attention'
+            # Python's own wording, which the tools turn into a one-line error with the close matches
+            raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument '{names[0]}' "
+                            f'(unknown: {", ".join(names)}; {title} options are: '
+                            f'{", ".join(valid) or "none"}; pass them as attn=dict(type=..., ...))')
         return kind, options
+
+    def doubling_widths(self):
+        """The stage widths of an architecture that doubles the width at every stage (Swin, CSWin),
+        from ``arch['embed_dims']``, the stage-1 width."""
+        embed_dims = self.arch['embed_dims']
+        if not isinstance(embed_dims, int):
+            raise PolaConfigError(f'{type(self).__name__}: embed_dims must be the stage-1 width (int), got '
+                                  f'{embed_dims!r}')
+        return [embed_dims * 2 ** i for i in range(self.num_stages)]
 
     @property
     def attn_cfg(self):
@@ -420,11 +405,6 @@ class DenseBackbone(BaseModule):
     def init_module(self, module):
         """The official weight init of one module (``model.apply`` runs it on every module)."""
         trunc_normal_init(module, self.init_layers)
-
-    @property
-    def norm_after_stage(self):
-        """Deprecated alias of ``out_norm``."""
-        return self.out_norm
 
     @property
     def out_channels(self):

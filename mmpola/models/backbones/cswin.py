@@ -33,8 +33,8 @@ import torch
 import torch.nn as nn
 
 from ..attention import attention_class
-from ..layers import DropPath, Mlp, to_2tuple_int
-from ..utils import PolaConfigError
+from ..layers import DropPath, Mlp
+from ..utils import PolaConfigError, square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['CSWinBackbone', 'CSWinBlock', 'MergeBlock']
@@ -152,11 +152,11 @@ class CSWinBackbone(DenseBackbone):
             the official dense backbone; the classifier builds without them).
         frozen_stages: -1 none; 0 freezes ``stage1_conv_embed``; k >= 1 also stages 1..k (their
             blocks, the merge before them and their output norm).
-        norm_eval, with_cp, attn_impl, fp32_attn, pretrained: see
+        norm_eval, with_cp, attn_impl, fp32_attn: see
             :class:`~mmpola.models.backbones.DenseBackbone`.
         init_cfg: see :class:`~mmpola.models.backbones.DenseBackbone`; ``map_final_norm=True`` copies
             the trained classification ``norm`` into ``norm4``.
-        **attn_options: the options of ``attn`` as keyword arguments (deprecated spelling).
+        **unexpected: an error naming the attention options, which go in ``attn``.
 
     Attention context: ``qkv_layout='projected'``; linear branches ``pe_grid`` = the stage map at
     pretraining; stripe branches ``split_size`` and ``orientation`` (``'vertical'``, ``'horizontal'``,
@@ -185,24 +185,19 @@ class CSWinBackbone(DenseBackbone):
     def __init__(self, arch='tiny', pretrain_img_size=None, in_channels=3, out_indices=(0, 1, 2, 3), attn_type=None,
                  la_split_size=None, mlp_ratio=4., qkv_bias=True, qk_scale=None, drop_rate=0., attn_drop_rate=0.,
                  drop_path_rate=0.1, out_norm=None, frozen_stages=-1, norm_eval=False, with_cp=False, attn=None,
-                 attn_impl='auto', fp32_attn=True, pretrained=None, init_cfg=None, **attn_options):
+                 attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
                          frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
-                         attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, attn_options=attn_options,
-                         pretrained=pretrained, init_cfg=init_cfg)
+                         attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, unexpected=unexpected,
+                         init_cfg=init_cfg)
         name = type(self).__name__
         settings = self.arch
         embed_dims = settings['embed_dims']
-        if not isinstance(embed_dims, int):
-            raise PolaConfigError(f'{name}: embed_dims must be the stage-1 width (int), got {embed_dims!r}')
-        self.embed_dims = [embed_dims * 2 ** i for i in range(self.num_stages)]
+        self.embed_dims = self.doubling_widths()
         self.init_stages(('depths', 'num_heads', 'split_size'))
         if pretrain_img_size is None:
             pretrain_img_size = 384 if (self.arch_name or '').endswith('_384') else 224
-        self.pretrain_img_size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
-        if self.pretrain_img_size[0] != self.pretrain_img_size[1]:
-            raise PolaConfigError(f'{name}: pretrain_img_size must be square (official models are), got '
-                                  f'{self.pretrain_img_size}')
+        self.pretrain_img_size = square_pretrain_size(pretrain_img_size, name)
         self.resolutions = [self.pretrain_img_size[0] // 4 // 2 ** i for i in range(self.num_stages)]
         self._check_la_split_size(la_split_size)
 

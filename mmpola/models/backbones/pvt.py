@@ -14,8 +14,8 @@ from timm.layers import trunc_normal_
 
 from mmpola.checkpoint import CheckpointMismatchError
 
-from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache, to_2tuple_int
-from ..utils import PolaConfigError, check_stage_string
+from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache
+from ..utils import check_stage_string, square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['PVTBackbone', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids', 'pvt_stage_settings']
@@ -53,14 +53,13 @@ class PVTBackbone(DenseBackbone):
         drop_rate, attn_drop_rate, drop_path_rate: dropout after projections and embeddings,
             attention dropout ('S' only), stochastic depth (linear over all blocks).
         out_norm: add a LayerNorm (eps 1e-6) ``norm{i}`` to every returned stage (new,
-            dense-only parameters; off like mmdet's PVTv1). ``norm_after_stage``: its deprecated
-            alias.
+            dense-only parameters; off like mmdet's PVTv1).
         frozen_stages: -1 none; 0 freezes ``patch_embed1`` and ``pos_embed1``; k >= 1 freezes
             stages 1..k entirely (``patch_embed{i}``, ``pos_embed{i}``, ``block{i}`` and its
             ``norm{i-1}``).
-        norm_eval, with_cp, attn_impl, fp32_attn, pretrained, init_cfg: see
+        norm_eval, with_cp, attn_impl, fp32_attn, init_cfg: see
             :class:`~mmpola.models.backbones.DenseBackbone`.
-        **attn_options: the options of ``attn`` as keyword arguments (deprecated spelling).
+        **unexpected: an error naming the attention options, which go in ``attn``.
 
     Attention context: ``pe_grid`` = the stage grid at pretraining, ``qkv_layout='separate'``,
     ``sr_ratio`` (``la_sr_ratios`` or, for the softmax, ``sr_ratios``).
@@ -90,13 +89,13 @@ class PVTBackbone(DenseBackbone):
 
     def __init__(self, arch='tiny', pretrain_img_size=224, in_channels=3, out_indices=(0, 1, 2, 3),
                  attn_type=None, la_sr_ratios='1111', sr_ratios=(8, 4, 2, 1), qkv_bias=True, qk_scale=None,
-                 drop_rate=0., attn_drop_rate=0., drop_path_rate=0.1, out_norm=None, norm_after_stage=None,
+                 drop_rate=0., attn_drop_rate=0., drop_path_rate=0.1, out_norm=None,
                  frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_impl='auto', fp32_attn=True,
-                 pretrained=None, init_cfg=None, **attn_options):
+                 init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
-                         norm_after_stage=norm_after_stage, frozen_stages=frozen_stages, norm_eval=norm_eval,
+                         frozen_stages=frozen_stages, norm_eval=norm_eval,
                          with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
-                         attn_options=attn_options, pretrained=pretrained, init_cfg=init_cfg)
+                         unexpected=unexpected, init_cfg=init_cfg)
         self.init_stages()
         self.la_sr_ratios, self.sr_ratios, self.pretrain_img_size, grids = pvt_stage_settings(
             self.num_stages, la_sr_ratios, sr_ratios, pretrain_img_size)
@@ -179,9 +178,7 @@ def pvt_stage_settings(num_stages, la_sr_ratios, sr_ratios, pretrain_img_size):
     la_sr_ratios = [int(c) for c in check_stage_string(
         ''.join(str(int(r)) for r in la_sr_ratios) if not isinstance(la_sr_ratios, str) else la_sr_ratios,
         '123456789', num_stages, 'la_sr_ratios')]
-    size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
-    if size[0] != size[1]:
-        raise PolaConfigError(f'pretrain_img_size must be square (official models are), got {size}')
+    size = square_pretrain_size(pretrain_img_size)
     return la_sr_ratios, list(sr_ratios), size, pvt_pos_grids(size[0], num_stages)
 
 

@@ -17,31 +17,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layers import DropPath, Mlp, PatchEmbed, PatchMerging, to_2tuple_int
-from ..utils import PolaConfigError
+from ..layers import PatchEmbed, PatchMerging, PreNormBlock
+from ..utils import square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
-__all__ = ['SwinBackbone', 'SwinBlock', 'SwinStage']
-
-
-class SwinBlock(nn.Module):
-    """Pre-norm Swin block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))).
-
-    ``attn``: any attention kind (``attn(x, hw, **context)``; windows and shifts are the softmax
-    kind's own). Shapes: ``forward(x, hw)``: (B, H*W, C), (H, W) -> (B, H*W, C).
-    """
-
-    def __init__(self, dim, attn, mlp_ratio=4., drop=0., drop_path=0.):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = attn
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-
-    def forward(self, x, hw, **context):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+__all__ = ['SwinBackbone', 'SwinStage']
 
 
 class SwinStage(nn.Module):
@@ -85,16 +65,16 @@ class SwinBackbone(DenseBackbone):
         out_indices: stages (0-based) to return.
         out_norm: add the output LayerNorms ``norm{i}`` (eps 1e-5) for ``out_indices`` (new,
             dense-only parameters, as mmdet; default True). ``False`` returns raw stage outputs
-            (classifier). ``norm_after_stage``: its deprecated alias.
+            (classifier).
         clamp_shift: the classification shift rule (``False`` for dense prediction; see
             :class:`~mmpola.models.attention.WindowAttention`).
         frozen_stages: -1 none; 0 freezes ``patch_embed``; k >= 1 also ``layers[0..k-1]`` (blocks
             and their downsample) and ``norm{i}`` for i < k (mmdet's rule).
-        norm_eval, with_cp, attn_impl, fp32_attn, pretrained: see
+        norm_eval, with_cp, attn_impl, fp32_attn: see
             :class:`~mmpola.models.backbones.DenseBackbone`.
         init_cfg: see :class:`~mmpola.models.backbones.DenseBackbone`; ``map_final_norm=True`` copies
             the trained classification ``norm`` into ``norm3``.
-        **attn_options: the options of ``attn`` as keyword arguments (deprecated spelling).
+        **unexpected: an error naming the attention options, which go in ``attn``.
 
     Attention context: ``pe_grid`` = the linear window at pretraining (the stage grid at 224),
     ``qkv_layout='fused'``, ``window_size`` (the softmax window), ``shift`` (odd blocks),
@@ -121,24 +101,19 @@ class SwinBackbone(DenseBackbone):
     def __init__(self, arch='tiny', pretrain_img_size=224, in_channels=3, window_size=None,
                  softmax_window_size=None, mlp_ratio=4., attn_type=None, qkv_bias=True, qk_scale=None,
                  drop_rate=0., attn_drop_rate=0., drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=None,
-                 norm_after_stage=None, clamp_shift=False, frozen_stages=-1, norm_eval=False, with_cp=False,
-                 attn=None, attn_impl='auto', fp32_attn=True, pretrained=None, init_cfg=None, **attn_options):
+                 clamp_shift=False, frozen_stages=-1, norm_eval=False, with_cp=False,
+                 attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
-                         norm_after_stage=norm_after_stage, frozen_stages=frozen_stages, norm_eval=norm_eval,
+                         frozen_stages=frozen_stages, norm_eval=norm_eval,
                          with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
-                         attn_options=attn_options, pretrained=pretrained, init_cfg=init_cfg)
+                         unexpected=unexpected, init_cfg=init_cfg)
         name = type(self).__name__
         settings = self.arch
         embed_dims = settings['embed_dims']
-        if not isinstance(embed_dims, int):
-            raise PolaConfigError(f'{name}: embed_dims must be the stage-1 width (int), got {embed_dims!r}')
-        self.embed_dims = [embed_dims * 2 ** i for i in range(self.num_stages)]
+        self.embed_dims = self.doubling_widths()
         self.init_stages(('depths', 'num_heads'))
         self.clamp_shift = clamp_shift
-        self.pretrain_img_size = to_2tuple_int(pretrain_img_size, 'pretrain_img_size')
-        if self.pretrain_img_size[0] != self.pretrain_img_size[1]:
-            raise PolaConfigError(f'{name}: pretrain_img_size must be square (official models are), got '
-                                  f'{self.pretrain_img_size}')
+        self.pretrain_img_size = square_pretrain_size(pretrain_img_size, name)
         patches = self.pretrain_img_size[0] // 4
         self.window_size = patches if window_size is None else window_size
         if softmax_window_size is None:
@@ -160,7 +135,8 @@ class SwinBackbone(DenseBackbone):
                                             qkv_layout='fused', window_size=ws, shift=j % 2 == 1,
                                             clamp_shift=clamp_shift, qkv_bias=qkv_bias, qk_scale=qk_scale,
                                             attn_drop=attn_drop_rate, proj_drop=drop_rate)
-                blocks.append(SwinBlock(dim, attn, mlp_ratio=mlp_ratio, drop=drop_rate, drop_path=dpr[i][j]))
+                blocks.append(PreNormBlock(dim, attn, mlp_ratio=mlp_ratio, drop=drop_rate, drop_path=dpr[i][j],
+                                           norm_eps=1e-5))
             downsample = PatchMerging(dim) if i < self.num_stages - 1 else None
             self.layers.append(SwinStage(blocks, downsample))
         self._finish_init()

@@ -42,18 +42,12 @@ def test_families_share_the_core():
         assert preset.__bases__ == (arch,) and '__init__' not in vars(preset)
 
 
-def test_out_norm_is_one_option_with_a_deprecated_alias():
-    with pytest.warns(DeprecationWarning, match='norm_after_stage is deprecated; use out_norm'):
-        old = PolaPVT(arch=TINY_PVT, norm_after_stage=True)
+def test_out_norm_adds_the_output_norms():
     new = PolaPVT(arch=TINY_PVT, out_norm=True)
-    assert old.out_norm and new.out_norm and old.norm_after_stage
-    assert sorted(old.state_dict()) == sorted(new.state_dict())
+    assert new.out_norm and not PolaPVT(arch=TINY_PVT).out_norm
     assert new.norm0.eps == 1e-6 and PolaSwin(arch=TINY_SWIN).norm0.eps == 1e-5
-    with pytest.warns(DeprecationWarning):
-        swin = PolaSwin(arch=TINY_SWIN, norm_after_stage=False)
+    swin = PolaSwin(arch=TINY_SWIN, out_norm=False)
     assert not swin.out_norm and not hasattr(swin, 'norm0')
-    with pytest.raises(PolaConfigError, match='disagree'):
-        PolaPVT(arch=TINY_PVT, out_norm=False, norm_after_stage=True)
 
 
 def test_attention_kind_options_and_impl_are_checked():
@@ -73,14 +67,13 @@ def test_attention_kind_options_and_impl_are_checked():
     assert all(m.attn_impl == 'reference' for m in model.modules() if hasattr(m, 'attn_impl'))
 
 
-def test_attention_options_and_the_deprecated_keyword_spelling():
-    new = PolaPVT(arch=TINY_PVT, attn=dict(type='pola', alpha=3.0, kernel_size=3))
-    with pytest.warns(DeprecationWarning, match=r"pass attn=dict\(type='pola', alpha, kernel_size=...\)"):
-        old = PolaPVT(arch=TINY_PVT, alpha=3.0, kernel_size=3)
-    for model in (new, old):
-        assert model.attn_cfg == dict(type='pola', alpha=3.0, kernel_size=3)
-        attn = model.block1[0].attn
-        assert attn.alpha == 3.0 and attn.dwc.kernel_size == (3, 3)
+def test_attention_options_go_in_attn():
+    model = PolaPVT(arch=TINY_PVT, attn=dict(type='pola', alpha=3.0, kernel_size=3))
+    assert model.attn_cfg == dict(type='pola', alpha=3.0, kernel_size=3)
+    attn = model.block1[0].attn
+    assert attn.alpha == 3.0 and attn.dwc.kernel_size == (3, 3)
+    with pytest.raises(TypeError, match=r"argument 'alpha' \(unknown: alpha, kernel_size; .*pass them as attn=dict"):
+        PolaPVT(arch=TINY_PVT, alpha=3.0, kernel_size=3)
     assert PolaPVT(arch=TINY_PVT, attn=dict(alpha=2.0)).attn_cfg == dict(type='pola', alpha=2.0)  # the preset's type
 
 

@@ -11,6 +11,7 @@ from mmpola.checkpoint.reading import safe_torch_load
 from mmpola.models import PolaPP, PolaPPClassifier
 from mmpola.models.timm_conventions import NotScriptableError
 from mmpola.models.utils import PolaConfigError
+from tests.fixtures.checkpoints import classifier_from_official
 
 # backbone parameters: classification projection, its BatchNorm, the head and the dense output norms
 # excluded
@@ -60,7 +61,7 @@ def test_classifier_matches_official_tensors(manifest, arch):
 
 @pytest.mark.parametrize('impl,tol', [('reference', 1e-5), ('auto', 1e-4)])
 def test_classifier_reproduces_official_logits_and_stages(expected, data_file, impl, tol):
-    model = PolaPPClassifier.from_official_kwargs(expected['constructor'], attn_impl=impl)
+    model = classifier_from_official(PolaPPClassifier, expected['constructor'], attn_impl=impl)
     result = model.load_checkpoint(data_file('polapp_mini_official.pth'))
     assert not result.missing_keys and not result.unexpected_keys
     model.eval()
@@ -192,7 +193,7 @@ def test_bad_arguments_and_inputs_are_clear_errors():
 
 def test_classifier_timm_api(expected):
     torch.manual_seed(0)
-    model = PolaPPClassifier.from_official_kwargs(expected['constructor']).eval()
+    model = classifier_from_official(PolaPPClassifier, expected['constructor']).eval()
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         features, maps = model.forward_intermediates(x)

@@ -120,9 +120,8 @@ def test_with_cp_gives_same_outputs_and_grads():
     assert pvt.block4[0].attn.qg.weight.grad is not None
 
 
-def test_out_indices_and_norm_after_stage():
-    with pytest.deprecated_call(match='norm_after_stage is deprecated; use out_norm'):  # the old name, one release
-        model = PolaPVT(arch=TINY_PVT, out_indices=(1, 3), norm_after_stage=True).eval()
+def test_out_indices_and_out_norm():
+    model = PolaPVT(arch=TINY_PVT, out_indices=(1, 3), out_norm=True).eval()
     assert model.out_channels == [32, 64]
     assert hasattr(model, 'norm1') and hasattr(model, 'norm3') and not hasattr(model, 'norm0')
     with torch.no_grad():
@@ -188,7 +187,6 @@ def test_swin_mixed_attn_type_and_384_settings():
     (dict(out_indices=(0, 4)), 'out of range.*0..3'),
     (dict(frozen_stages=5), 'beyond the depth'),
     (dict(attn_type='LLXL'), 'attn_type'),
-    (dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')), 'not both'),
 ])
 @pytest.mark.parametrize('cls', [PolaPVT, PolaSwin])
 def test_constructor_errors(cls, kwargs, match):
@@ -207,12 +205,6 @@ def test_input_errors(cls, arch):
         model(torch.randn(3, 64, 64))
     with pytest.raises(ValueError, match='3 input channels, got 1'):
         model(torch.randn(1, 1, 64, 64))
-
-
-def test_pretrained_alias_warns():
-    with pytest.warns(DeprecationWarning, match='init_cfg'):
-        model = PolaPVT(arch=TINY_PVT, pretrained='some.pth')
-    assert model.init_cfg == dict(type='Pretrained', checkpoint='some.pth')
 
 
 def test_init_without_checkpoint_keeps_official_init():

@@ -19,6 +19,7 @@ from tests.fixtures.checkpoints import (
     golden_official,
     unreadable_checkpoints,
 )
+from tests.fixtures.detection import coco_options, make_tool_coco
 from tests.fixtures.paths import REPO
 from tests.fixtures.tools import load_tool, refused
 
@@ -30,44 +31,32 @@ TRAIN, TEST = load_tool('train'), load_tool('test')
 
 @pytest.fixture(scope='module')
 def coco(tmp_path_factory):
-    from mmpola.datasets import make_demo_coco
-    root = tmp_path_factory.mktemp('coco')
-    make_demo_coco(str(root), num_train=2, num_val=2, seed=1, image_shapes=((64, 64),), verbose=False)
-    return root
-
-
-def _opts(root):
-    return ['--cfg-options'] + [f'{key}.dataset.data_root={root}/' for key in
-                                ('train_dataloader', 'val_dataloader', 'test_dataloader')] + [
-        f'val_evaluator.ann_file={root}/annotations/instances_val.json',
-        f'test_evaluator.ann_file={root}/annotations/instances_val.json',
-        'train_dataloader.batch_size=1',
-        'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
+    return make_tool_coco(tmp_path_factory)
 
 
 def test_unreadable_checkpoints_through_the_tools(coco, tmp_path, capsys):
     files = unreadable_checkpoints(tmp_path)
     work = str(tmp_path / 'work')
-    test_opts = [o for o in _opts(coco) if not o.startswith('val')]
+    test_opts = [o for o in coco_options(coco) if not o.startswith('val')]
     for name in ('truncated', 'text', 'empty', 'directory'):
         err = refused(TEST, [DET_DEMO, files[name], '--work-dir', work] + test_opts, capsys, [files[name]], work)
         assert err.startswith(f"checkpoint: checkpoint{' file' if name != 'directory' else ''} '{files[name]}' ")
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', work, '--resume', files['directory']] + _opts(coco), capsys,
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work, '--resume', files['directory']] + coco_options(coco), capsys,
                   [files['directory']], work)
     assert err.startswith(f"--resume checkpoint: checkpoint '{files['directory']}' is a directory")
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + [f"load_from={files['lfs']}"], capsys,
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + coco_options(coco) + [f"load_from={files['lfs']}"], capsys,
                   [files['lfs']], work)
     assert err.startswith(f"load_from checkpoint: checkpoint file '{files['lfs']}' is not a PyTorch checkpoint: a Git "
                           'LFS pointer')
     config = tmp_path / 'pretrained.py'
     config.write_text(f"_base_ = [{DET_DEMO!r}]\nmodel = dict(backbone=dict(init_cfg=dict(_delete_=True, "
                       f"type='Pretrained', checkpoint={files['empty']!r})))\n")
-    err = refused(TRAIN, [str(config), '--work-dir', work] + _opts(coco), capsys, [files['empty']], work)
+    err = refused(TRAIN, [str(config), '--work-dir', work] + coco_options(coco), capsys, [files['empty']], work)
     assert err.startswith(f"pretrained checkpoint (model.backbone.init_cfg): checkpoint file '{files['empty']}' is "
                           'empty (0 bytes)')
     # a truncated legacy pickle passes the first-bytes check and fails inside the Runner, still named
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + [f"load_from={files['legacy_truncated']}"],
-                  capsys, [files['legacy_truncated']], work)
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + coco_options(coco)
+                  + [f"load_from={files['legacy_truncated']}"], capsys, [files['legacy_truncated']], work)
     assert err.startswith(f"load_from checkpoint: checkpoint file '{files['legacy_truncated']}' is truncated or "
                           'damaged')
     # --resume without a path: the work dir's last checkpoint, cut short (the Runner reads it)
@@ -75,12 +64,12 @@ def test_unreadable_checkpoints_through_the_tools(coco, tmp_path, capsys):
     resume_dir.mkdir()
     (resume_dir / 'epoch_1.pth').write_bytes(open(files['truncated'], 'rb').read())
     (resume_dir / 'last_checkpoint').write_text(str(resume_dir / 'epoch_1.pth'))
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(resume_dir), '--resume'] + _opts(coco), capsys,
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(resume_dir), '--resume'] + coco_options(coco), capsys,
                   [str(resume_dir / 'epoch_1.pth')])
     # (the only checkpoint there: no readable one to fall back to; the message names it and why)
     assert err.startswith(f'--resume: no readable checkpoint in {resume_dir}')
     assert f"'{resume_dir / 'epoch_1.pth'}' is a truncated or damaged zip archive" in err
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + _opts(coco) + ['load_from=http://127.0.0.1:9/w.pth'],
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + coco_options(coco) + ['load_from=http://127.0.0.1:9/w.pth'],
                   capsys, [], work)
     assert err.startswith("load_from checkpoint: downloading checkpoint 'http://127.0.0.1:9/w.pth' failed (URLError: ")
 
@@ -229,12 +218,12 @@ def test_the_backbone_option_of_a_message_works_on_a_config_without_init_cfg(coc
     torch.save({'state_dict': backbone.state_dict()}, weights)
     capsys.readouterr()  # the build's log
     work = tmp_path / 'work'
-    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work), '--resume', str(weights)] + _opts(coco), capsys,
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', str(work), '--resume', str(weights)] + coco_options(coco), capsys,
                   [weights], work)
     option = (f'model.backbone.init_cfg._delete_=True model.backbone.init_cfg.type=Pretrained '
               f'model.backbone.init_cfg.checkpoint={weights}')
     assert err.startswith(f'--resume {weights}: this is not a training checkpoint')
     assert f'or {option} (official PolaFormer / ImageNet weights for the backbone)' in err
-    seen = _probe_train(TRAIN, [DET_DEMO, '--work-dir', str(work)] + _opts(coco) + option.split())
+    seen = _probe_train(TRAIN, [DET_DEMO, '--work-dir', str(work)] + coco_options(coco) + option.split())
     _assert_backbone_equals({k[len('backbone.'):]: v for k, v in seen['model'].items() if k.startswith('backbone.')},
                             backbone.state_dict())
