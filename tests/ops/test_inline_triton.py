@@ -6,6 +6,7 @@ import torch
 
 from mmpola.ops import OPS, inline_attention, inline_attention_reference, inline_attention_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
+from tests.fixtures.ops import forward_backward, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
@@ -14,19 +15,6 @@ def make_inputs(B, N, n, C, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     tensors = [torch.randn(B, rows, C, generator=g) for rows in (N, n, n, N)]  # q, k, v, dL/dout
     return [t.to(device=DEVICE, dtype=dtype) for t in tensors]
-
-
-def forward_backward(fn, inputs, grad_out, num_heads):
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    out = fn(*leaves, num_heads)
-    out.backward(grad_out)
-    return [out.detach()] + [t.grad for t in leaves]
-
-
-def relative_error(actual, expected):
-    """max |actual - expected| / max |expected|, in float64."""
-    expected = expected.double()
-    return ((actual.double() - expected).abs().max() / expected.abs().max()).item()
 
 
 def assert_matches(actual, expected, tol, what=''):

@@ -7,6 +7,7 @@ import torch
 
 from mmpola.ops import OPS, pola_attention, pola_attention_reference, pola_attention_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
+from tests.fixtures.ops import forward_backward, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ('out', 'grad_q', 'grad_k', 'grad_v', 'grad_power', 'grad_scale')
@@ -24,19 +25,6 @@ def make_inputs(B, h, N, n, d, dtype=torch.float32, seed=0, zeros=False):
         q[..., ::3, 1::4] = 0
         k[..., 1::2, ::3] = 0
     return [t.to(device=DEVICE, dtype=dtype) for t in (q, k, v, power, scale)], grad_out.to(DEVICE, dtype)
-
-
-def forward_backward(fn, inputs, grad_out, **kwargs):
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    out = fn(*leaves, **kwargs)
-    out.backward(grad_out)
-    return [out.detach()] + [t.grad for t in leaves]
-
-
-def relative_error(actual, expected):
-    """max |actual - expected| / max |expected|, in float64."""
-    expected = expected.double()
-    return ((actual.double() - expected).abs().max() / expected.abs().max()).item()
 
 
 def assert_matches(actual, expected, tol, what=''):
