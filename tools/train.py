@@ -17,6 +17,7 @@ and data (--skip-data-check), the work dir's lock (--no-work-dir-lock) and the C
 (MMPOLA_MALLOC_TUNING=0). Everything that happens during the run comes from the config.
 """
 import argparse
+import gc
 import os.path as osp
 import sys
 
@@ -122,6 +123,10 @@ def main(argv=None):
             runner.train()
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():  # an orderly end: gloo can abort at exit otherwise
+        # the Runner (its DDP model, data loaders and their workers) released while the process group
+        # still exists, not during the interpreter's shutdown
+        del runner
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 
