@@ -310,6 +310,16 @@ def _polygon_bounds(segm):
     return min(xs), min(ys), max(xs), max(ys)
 
 
+def _inside_image(bounds, size):
+    """Polygon bounds clipped to the image (``size``: (width, height) of the file's image record, when
+    numbers): a box lies inside its image, a polygon may reach past its edge."""
+    if bounds is None or not size or not all(isinstance(v, (int, float)) and v > 0 for v in size):
+        return bounds
+    width, height = size
+    x0, y0, x1, y1 = bounds
+    return min(max(x0, 0), width), min(max(y0, 0), height), min(max(x1, 0), width), min(max(y1, 0), height)
+
+
 def _box_off_polygon(bbox, bounds):
     """Whether a COCO box ([x, y, w, h]) misses its polygon's bounds by more than rounding: each edge
     must lie within 2 px (or a tenth of the object's size) of the polygon's."""
@@ -331,6 +341,8 @@ def check_trainable_annotations(coco, ann_file, key='dataset'):
     """
     anns = [a for a in coco.get('annotations') or [] if isinstance(a, dict) and not a.get('ignore', False)]
     images = {img.get('id'): img.get('file_name') for img in coco.get('images') or [] if isinstance(img, dict)}
+    sizes = {img.get('id'): (img.get('width'), img.get('height')) for img in coco.get('images') or []
+             if isinstance(img, dict)}
     if key.startswith('train') and anns and all(a.get('iscrowd') for a in anns):
         raise UserError(
             f'{key}: all {len(anns)} annotations of {ann_file!r} have iscrowd=1 (e.g. annotation id '
@@ -338,7 +350,7 @@ def check_trainable_annotations(coco, ann_file, key='dataset'):
             'for the whole run. Fix: set iscrowd=0 for the objects to learn (iscrowd=1 only marks crowds)')
     off, compared = [], 0
     for ann in anns:
-        bounds = _polygon_bounds(ann.get('segmentation'))
+        bounds = _inside_image(_polygon_bounds(ann.get('segmentation')), sizes.get(ann.get('image_id')))
         if bounds is not None and _bad_box(ann.get('bbox')) is None:
             compared += 1
             if _box_off_polygon(ann['bbox'], bounds):

@@ -257,3 +257,18 @@ def test_a_crowd_rle_mask_of_another_size_than_its_image(coco, tmp_path, capsys)
            f"{image['file_name']}), e.g. id {crowd['id']} ({image['file_name']}): RLE size [32, 128] (height, " \
            f"width), the image [{image['height']}, {image['width']}] in 'images'" in err, err
     assert "fix: encode each RLE at its image's size (pycocotools.mask.encode of a height x width mask)" in err
+
+
+def test_a_box_clipped_to_its_image_matches_a_polygon_past_the_edge():
+    """Boxes lie inside their image, a polygon may reach past its edge (the demo data's objects at the
+    border): the comparison takes the polygon's bounds inside the image."""
+    from mmpola.runtime.preflight.coco import check_trainable_annotations
+    poly = [[60.7, -8.6, 133.0, -8.6, 133.0, 63.9, 60.7, 63.9]]
+    coco = dict(images=[dict(id=1, file_name='a.jpg', width=128, height=96)],
+                annotations=[dict(id=i, image_id=1, iscrowd=0, bbox=[61.0, 0.0, 67.0, 64.0], segmentation=poly)
+                             for i in range(3)])
+    check_trainable_annotations(coco, 'ann.json', 'train_dataloader')  # no error
+    for ann in coco['annotations']:
+        ann['bbox'] = [61.0, 0.0, 128.0, 64.0]  # x1, y1, x2, y2 corners
+    with pytest.raises(Exception, match='have a bbox that does not match their own polygon'):
+        check_trainable_annotations(coco, 'ann.json', 'train_dataloader')
