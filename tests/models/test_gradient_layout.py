@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from mmpola.models import FLattenSwin, InLinePVT, PolaPP, PolaPVT, PolaSwin
+from tests.fixtures.backbones import TINY_PVT
 
-TINY_PVT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])
 TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 1, 2], num_heads=[1, 2, 4, 8])
 TINY_POLAPP = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratios=[2] * 4,
                    layer_scale_init_values=[1.0] * 4)

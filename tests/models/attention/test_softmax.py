@@ -1,6 +1,7 @@
 """The softmax kinds attend through torch's scaled_dot_product_attention (with qk_scale as its scale,
 attention dropout as its dropout_p, Swin's bias and shift mask as one additive attn_mask) and compute
-the explicit formula softmax(q k^T * scale + bias + mask) v, written out here in float64."""
+the explicit formula softmax(q k^T * scale + bias + mask) v, written out here in float64; CSWin's
+stripes pad the map symmetrically as the official dense code."""
 import warnings
 
 import pytest
@@ -207,3 +208,39 @@ def test_shifted_windows_compile_as_one_graph():
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings('error', message='.*lru_cache')  # what dynamo says of a cached function
         assert torch.allclose(compiled(x, (9, 11)), attn(x, (9, 11)), atol=1e-6)
+
+
+def _stripes_one_by_one(attn, qkv, hw):
+    """CSWin's stripe softmax written as a loop over the stripes of the symmetrically zero-padded map
+    (the official dense code's padding); LePE convolves each stripe on its own."""
+    B, N, _, C = qkv.shape
+    H, W = hw
+    hsp, wsp = attn.stripe(hw)
+    pad_h, pad_w = (-H) % hsp, (-W) % wsp
+    maps = F.pad(qkv.permute(0, 2, 3, 1).reshape(B, 3, C, H, W),
+                 (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
+    heads, d = attn.num_heads, C // attn.num_heads
+    out = torch.zeros(B, C, H + pad_h, W + pad_w)
+
+    def tokens(t):
+        return t.flatten(2).transpose(1, 2).reshape(B, -1, heads, d).transpose(1, 2)
+
+    for r in range(0, H + pad_h, hsp):
+        for c in range(0, W + pad_w, wsp):
+            q, k, v = (maps[:, i, :, r:r + hsp, c:c + wsp] for i in range(3))
+            weights = ((tokens(q) * attn.scale) @ tokens(k).transpose(-2, -1)).softmax(dim=-1)
+            o = (weights @ tokens(v)).transpose(1, 2).reshape(B, -1, C).transpose(1, 2).reshape(B, C, hsp, wsp)
+            out[..., r:r + hsp, c:c + wsp] = o + attn.get_v(v)
+    out = out[..., pad_h // 2:pad_h // 2 + H, pad_w // 2:pad_w // 2 + W]
+    return out.flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize('hw', [(14, 14), (6, 9), (13, 20)], ids=lambda s: f'{s[0]}x{s[1]}')
+@pytest.mark.parametrize('orientation', StripeAttention.ORIENTATIONS)
+def test_cswin_stripes_pad_symmetrically_as_the_official_dense_code(orientation, hw):
+    torch.manual_seed(0)
+    attn = StripeAttention(8, 2, split_size=4, orientation=orientation).eval()
+    qkv = torch.randn(2, hw[0] * hw[1], 3, 8)
+    with torch.no_grad():
+        assert torch.allclose(attn(qkv, hw), _stripes_one_by_one(attn, qkv, hw), atol=1e-5)
+

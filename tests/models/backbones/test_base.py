@@ -1,5 +1,11 @@
 """The shared backbone contract (mmpola.models.backbones.base): one core for every architecture, the
-attention chosen by ``attn`` and ``attn_type``, presets that only set defaults."""
+attention chosen by ``attn`` and ``attn_type``, presets that only set defaults; and the dense contract
+of PVTv2, CSWin and the ViT (their presets FLatten-PVTv2, InLine-CSWin, InLine-DeiT): any input size
+with the official size rules, freezing through the core's stem and stage parts, checkpointing,
+registries, released defaults and configuration errors (PVT and Swin: test_dense_forward.py)."""
+import copy
+import importlib
+
 import pytest
 import torch
 
@@ -7,6 +13,10 @@ from mmpola.checkpoint import identify
 from mmpola.models import (
     CSWinBackbone,
     DenseBackbone,
+    FLattenCSWin,
+    FLattenPVTv2,
+    InLineCSWin,
+    InLineDeiT,
     PolaPP,
     PolaPPBackbone,
     PolaPVT,
@@ -20,14 +30,21 @@ from mmpola.models.attention import attention_letter, registered_attention_kinds
 from mmpola.models.backbones import drop_path_rates, parse_attn_type, tokens_to_nchw
 from mmpola.models.utils import PolaConfigError
 from mmpola.registry import ARCHITECTURES
+from tests.fixtures.backbones import (
+    MINI_CSWIN,
+    MINI_PVT,
+    TINY_CSWIN,
+    TINY_PVT,
+    TINY_SWIN,
+    TINY_VIT,
+    expected_stage_sizes,
+)
 
-TINY_PVT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])
-TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 2, 2], num_heads=[1, 2, 4, 8])
 TINY_POLAPP = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratios=[2] * 4,
                    layer_scale_init_values=[1.0] * 4)
 TINY = {'pvt': TINY_PVT, 'swin': TINY_SWIN, 'polapp': TINY_POLAPP, 'pvt_v2': TINY_PVT,
         'cswin': dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[2, 2, 4, 8], split_size=[1, 2, 7, 7]),
-        'vit': dict(embed_dims=32, depth=4, num_heads=2, img_size=64)}
+        'vit': TINY_VIT}
 
 
 def test_families_share_the_core():
@@ -147,3 +164,87 @@ def test_a_misspelled_pretrained_init_cfg_key_is_refused_not_ignored(tmp_path):
     model = PolaPVT(arch=TINY_PVT, init_cfg=dict(type='Pretrained', checkpoint=str(path), strict=True))
     model.init_weights()  # every known key is taken
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
+
+
+TINY_PRESETS = {'pvt_v2': (FLattenPVTv2, dict(arch=TINY_PVT)), 'cswin': (InLineCSWin, dict(arch=TINY_CSWIN)),
+                'vit': (InLineDeiT, dict(arch=TINY_VIT))}
+
+
+@pytest.mark.parametrize('size', [(32, 32), (97, 131), (256, 352)], ids=lambda s: f'{s[0]}x{s[1]}')
+@pytest.mark.parametrize('family', list(TINY_PRESETS))
+def test_any_input_size(family, size):
+    cls, kwargs = TINY_PRESETS[family]
+    torch.manual_seed(0)
+    model = cls(**kwargs, out_indices=(0, 1, 2, 3)).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, *size))
+    assert [tuple(o.shape[-2:]) for o in outs] == expected_stage_sizes(family, *size)
+    assert [o.shape[1] for o in outs] == [model.embed_dims[i] for i in model.out_indices]
+    assert all(torch.isfinite(o).all() and o.is_contiguous() for o in outs)
+
+
+@pytest.mark.parametrize('family', list(TINY_PRESETS))
+def test_frozen_stages_and_with_cp(family):
+    cls, kwargs = TINY_PRESETS[family]
+    torch.manual_seed(0)
+    model = cls(**kwargs, frozen_stages=1, drop_path_rate=0.)
+    ckpt = copy.deepcopy(model)
+    ckpt.with_cp = True
+    x = torch.randn(1, 3, 64, 80)
+    for m in (model, ckpt):
+        m.train()
+        sum(o.square().mean() for o in m(x)).backward()
+    stem, _ = model._stem_parts()
+    stage0, _ = model._stage_parts(0)
+    for module in stem + stage0:
+        assert not module.training and not any(p.requires_grad for p in module.parameters())
+    trained = [(n, a, b) for (n, a), (_, b) in zip(model.named_parameters(), ckpt.named_parameters())
+               if a.requires_grad]
+    assert trained and all(a.grad is not None for _, a, _ in trained)
+    for name, a, b in trained:
+        assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize('registry_module', ['mmdet.registry', 'mmseg.registry'])
+def test_builds_from_downstream_registries(registry_module):
+    registry = importlib.import_module(registry_module).MODELS
+    for cls, kwargs in TINY_PRESETS.values():
+        with torch.device('meta'):
+            assert type(registry.build(dict(type=cls.__name__, **kwargs))) is cls
+    with torch.device('meta'):
+        cswin = registry.build(dict(type='CSWinBackbone', **TINY_PRESETS['cswin'][1], attn='pola'))
+        assert type(cswin) is CSWinBackbone
+
+
+def test_released_defaults():
+    with torch.device('meta'):
+        assert FLattenPVTv2().attn_type == 'LLLL' and FLattenPVTv2().la_sr_ratios == [1, 1, 1, 1]
+        assert not hasattr(FLattenPVTv2(), 'pos_embed1') and FLattenPVTv2().norm1.eps == 1e-6
+        flatten, inline = FLattenCSWin(arch='small'), InLineCSWin(arch='small')
+        assert (flatten.attn_type, inline.attn_type) == ('LLSS', 'IISS')
+        assert (flatten.depths, inline.depths) == ([2, 4, 32, 2], [3, 6, 29, 2])  # the two releases' small
+        big = FLattenCSWin(arch='base_384')
+        assert big.pretrain_img_size == (384, 384) and big.resolutions == [96, 48, 24, 12]
+        assert big.stage1[0].attns[0].pe_grid == (96, 96) and len(big.stage3[0].attns) == 2
+        assert len(big.stage4[0].attns) == 1 and big.stage4[0].attns[0].orientation == 'whole'
+        deit = InLineDeiT(arch='small')
+        assert deit.attn_type == 'I' * 12 and deit.out_indices == (2, 5, 8, 11) and deit.grid == (18, 18)
+        assert deit.out_channels == [320] * 4 and not hasattr(deit, 'norm')
+        assert ViTBackbone(arch='tiny', attn_type='S').block_kinds[0] == ['softmax']
+
+
+def test_configuration_errors():
+    with pytest.raises(PolaConfigError, match='out_norm=True is not available: every PVTv2 stage output'):
+        PVTv2Backbone(arch=MINI_PVT, out_norm=True)
+    with pytest.raises(PolaConfigError, match=r"la_split_size '48-24-12-6'.*pass la_split_size='56-28-14-7'"):
+        FLattenCSWin(arch=MINI_CSWIN, la_split_size='48-24-12-6')
+    with pytest.raises(PolaConfigError, match=r"the softmax attention \(type='softmax'\) cannot run on CSWin, "
+                                              r"whose blocks call their attention with qkv_layout='projected'; "
+                                              r"kinds that can: .*flatten.*stripe_softmax"):
+        CSWinBackbone(arch=MINI_CSWIN, attn='softmax')
+    with pytest.raises(PolaConfigError, match=r"window softmax attention .* cannot run on DeiT, .*the class token"):
+        ViTBackbone(arch=TINY_PRESETS['vit'][1]['arch'], attn='window_softmax')
+    with pytest.raises(PolaConfigError, match=r'out_indices \(12,\) out of range; valid stages are 0..11'):
+        ViTBackbone(out_indices=(12,))
+    with pytest.raises(PolaConfigError, match=r'input size 8x40 is smaller than the minimum 16x16 \(one 16x16 patch'):
+        InLineDeiT(**TINY_PRESETS['vit'][1])(torch.randn(1, 3, 8, 40))

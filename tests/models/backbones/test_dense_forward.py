@@ -1,5 +1,7 @@
-"""The PVT and Swin architectures (presets PolaPVT / PolaSwin) as dense backbones: sizes, gradients,
-freezing, checkpointing, registry, argument errors (docs/design.md, "Dense forward")."""
+"""The dense forward (docs/design.md, "Dense forward") of the PVT and Swin architectures (presets PolaPVT /
+PolaSwin): any input size, gradients, freezing, checkpointing, output norms, the attention's resized
+positional encoding, registries, argument errors, bf16 autocast. What one architecture alone does is in
+its own file (test_pvt.py, test_swin.py); the other architectures' dense contract is in test_base.py."""
 import copy
 import importlib
 
@@ -7,26 +9,9 @@ import pytest
 import torch
 
 from mmpola.models import PolaAttention, PolaPVT, PolaSwin
+from tests.fixtures.backbones import TINY_PVT, TINY_SWIN, expected_stage_sizes
 
 SIZES = [(800, 1216), (513, 677), (64, 64), (32, 480)]
-TINY_PVT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2],
-                depths=[1, 1, 1, 1])
-TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 2, 2], num_heads=[1, 2, 4, 8])
-
-
-def _expected_sizes(family, h, w):
-    sizes = []
-    if family == 'pvt':  # conv patch embeddings without padding: floor
-        h, w = h // 4, w // 4
-        for _ in range(4):
-            sizes.append((h, w))
-            h, w = h // 2, w // 2
-    else:  # pad to multiples of 4, merging pads odd maps: ceil
-        h, w = -(-h // 4), -(-w // 4)
-        for _ in range(4):
-            sizes.append((h, w))
-            h, w = -(-h // 2), -(-w // 2)
-    return sizes
 
 
 @pytest.fixture(scope='module')
@@ -49,7 +34,7 @@ def test_any_input_size(loaded_minis, family, size):
     with torch.no_grad():
         outs = model(torch.randn(1, 3, *size))
     assert len(outs) == 4
-    for out, channels, hw in zip(outs, model.embed_dims, _expected_sizes(family, *size)):
+    for out, channels, hw in zip(outs, model.embed_dims, expected_stage_sizes(family, *size)):
         assert out.shape == (1, channels, *hw)
         assert out.is_contiguous()
         assert torch.isfinite(out).all()
@@ -57,12 +42,12 @@ def test_any_input_size(loaded_minis, family, size):
 
 def test_ade_whole_image_sizes_spec_example():
     """ADE20K whole-image test sizes: 512x683 -> PVT 128x170, 64x85, 32x42, 16x21; Swin 128x171, 64x86, 32x43, 16x22."""
-    assert _expected_sizes('pvt', 512, 683) == [(128, 170), (64, 85), (32, 42), (16, 21)]
-    assert _expected_sizes('swin', 512, 683) == [(128, 171), (64, 86), (32, 43), (16, 22)]
+    assert expected_stage_sizes('pvt', 512, 683) == [(128, 170), (64, 85), (32, 42), (16, 21)]
+    assert expected_stage_sizes('swin', 512, 683) == [(128, 171), (64, 86), (32, 43), (16, 22)]
     model = PolaSwin(arch=TINY_SWIN).eval()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 512, 683))
-    assert [tuple(o.shape[-2:]) for o in outs] == _expected_sizes('swin', 512, 683)
+    assert [tuple(o.shape[-2:]) for o in outs] == expected_stage_sizes('swin', 512, 683)
 
 
 @pytest.mark.parametrize('cls,arch', [(PolaPVT, TINY_PVT), (PolaSwin, TINY_SWIN)])
@@ -149,36 +134,6 @@ def test_positional_encoding_resize_and_eval_cache():
     model.train()
     a = attn.resized_positional_encoding((20, 30))
     assert a.requires_grad and a is not attn.resized_positional_encoding((20, 30))
-
-
-def test_pvt_spatial_reduction_and_softmax_blocks():
-    """la_sr_ratios > 1 (official class default '8421') and softmax 'S' stages still run anywhere."""
-    model = PolaPVT(arch=TINY_PVT, la_sr_ratios='8421', attn_type='LLLS').eval()
-    sd = model.state_dict()
-    assert sd['block1.0.attn.positional_encoding'].shape == (1, 49, 16)  # (56 / 8) ** 2
-    assert 'block1.0.attn.sr.weight' in sd and 'block1.0.attn.norm.weight' in sd
-    assert 'block4.0.attn.q.weight' in sd and 'block4.0.attn.sr.weight' not in sd
-    with torch.no_grad():
-        for size in [(64, 64), (96, 160)]:
-            outs = model(torch.randn(1, 3, *size))
-            assert all(torch.isfinite(o).all() for o in outs)
-    model2d = PolaPVT(arch=TINY_PVT, la_sr_ratios='8421', attn=dict(v_upsample='bilinear2d')).eval()
-    with torch.no_grad():
-        assert model2d(torch.randn(1, 3, 96, 160))[0].shape == (1, 16, 24, 40)
-
-
-def test_swin_mixed_attn_type_and_384_settings():
-    model = PolaSwin(arch=dict(embed_dims=16, depths=[1, 1, 4, 1], num_heads=[1, 2, 4, 8]),
-                     attn_type='LLMS3')
-    kinds = [type(b.attn).__name__ for b in model.layers[2].blocks]
-    assert kinds == ['PolaAttention'] * 3 + ['WindowAttention']
-    with torch.device('meta'):
-        b384 = PolaSwin(arch='base', pretrain_img_size=384)
-    sd = b384.state_dict()
-    assert b384.window_size == 96 and b384.softmax_window_size == 12
-    assert sd['layers.0.blocks.0.attn.positional_encoding'].shape == (1, 9216, 128)
-    assert sd['layers.1.blocks.0.attn.positional_encoding'].shape == (1, 2304, 256)
-    assert sd['layers.2.blocks.0.attn.relative_position_bias_table'].shape == (529, 16)
 
 
 @pytest.mark.parametrize('kwargs,match', [

@@ -6,14 +6,9 @@ import pytest
 import torch
 
 from mmpola.registry import ARCHITECTURES
+from tests.fixtures.backbones import TINY_CSWIN, TINY_PVT, TINY_SWIN, TINY_VIT
 
-TINY = {
-    'pvt': dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1]),
-    'pvt_v2': dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1]),
-    'swin': dict(embed_dims=16, depths=[1, 2, 2, 2], num_heads=[1, 2, 4, 8]),
-    'cswin': dict(embed_dims=16, depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 8], split_size=[1, 2, 7, 7]),
-    'vit': dict(embed_dims=32, depth=4, num_heads=2, img_size=64),
-}
+TINY = {'pvt': TINY_PVT, 'pvt_v2': TINY_PVT, 'swin': TINY_SWIN, 'cswin': TINY_CSWIN, 'vit': TINY_VIT}
 KINDS = ('pola', 'flatten', 'inline', 'softmax')
 SIZE = (67, 97)
 # the maps of each architecture at 67 x 97 (strides 4-32; the ViT: its blocks at stride 16)

@@ -1,30 +1,17 @@
-"""FLattenPVT / FLattenSwin / InLinePVT / InLineSwin as dense backbones: any input size, gradients,
-bf16 autocast, freezing, checkpointing, registries, and checkpoints of another attention kind
-refused at init_weights naming the kind they look like."""
+"""The presets (mmpola.models.backbones.presets) FLattenPVT / FLattenSwin / InLinePVT / InLineSwin as dense
+backbones: any input size, gradients, bf16 autocast, freezing, checkpointing, registries, and the released
+defaults each preset sets (checkpoints of another kind: tests/checkpoint/test_signatures.py)."""
 import copy
 
 import pytest
 import torch
 
-from mmpola.checkpoint import CheckpointMismatchError
-from mmpola.models import FLattenPVT, FLattenSwin, InLinePVT, InLineSwin, PolaPVT, PolaSwin, PVTBackbone
+from mmpola.models import FLattenPVT, FLattenSwin, InLinePVT, InLineSwin, PVTBackbone
+from tests.fixtures.backbones import MINI_PVT, MINI_SWIN, expected_stage_sizes
 
-# the golden mini architectures (tests/data/*_mini_official.pth)
-MINI_PVT = dict(arch=dict(embed_dims=[16, 32, 80, 128], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
-                          depths=[1, 1, 2, 1]))
-MINI_SWIN = dict(arch=dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]))
-NEW = {'FLattenPVT': (FLattenPVT, MINI_PVT), 'InLinePVT': (InLinePVT, MINI_PVT),
-       'FLattenSwin': (FLattenSwin, MINI_SWIN), 'InLineSwin': (InLineSwin, MINI_SWIN)}
+NEW = {'FLattenPVT': (FLattenPVT, dict(arch=MINI_PVT)), 'InLinePVT': (InLinePVT, dict(arch=MINI_PVT)),
+       'FLattenSwin': (FLattenSwin, dict(arch=MINI_SWIN)), 'InLineSwin': (InLineSwin, dict(arch=MINI_SWIN))}
 SIZES = [(800, 1216), (513, 677), (32, 480)]
-
-
-def _expected_sizes(pvt, h, w):
-    out = []
-    h, w = (h // 4, w // 4) if pvt else (-(-h // 4), -(-w // 4))
-    for _ in range(4):
-        out.append((h, w))
-        h, w = (h // 2, w // 2) if pvt else (-(-h // 2), -(-w // 2))
-    return out
 
 
 @pytest.mark.parametrize('size', SIZES, ids=lambda s: f'{s[0]}x{s[1]}')
@@ -35,7 +22,8 @@ def test_any_input_size(name, size):
     model = cls(**kwargs).eval()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, *size))
-    assert [tuple(o.shape[-2:]) for o in outs] == _expected_sizes(issubclass(cls, PVTBackbone), *size)
+    family = 'pvt' if issubclass(cls, PVTBackbone) else 'swin'
+    assert [tuple(o.shape[-2:]) for o in outs] == expected_stage_sizes(family, *size)
     assert [o.shape[1] for o in outs] == model.embed_dims
     assert all(torch.isfinite(o).all() and o.is_contiguous() for o in outs)
 
@@ -97,28 +85,6 @@ def test_released_defaults():
         assert InLineSwin(window_size=64).softmax_window_size == 8  # max(7, 64 // 8), the InLine rule
         assert FLattenSwin(window_size=64).softmax_window_size == 12
     with pytest.raises(ValueError, match='InLine attention has no spatial reduction'):
-        InLinePVT(arch=MINI_PVT['arch'], la_sr_ratios='8421')
+        InLinePVT(arch=MINI_PVT, la_sr_ratios='8421')
     with pytest.raises(ValueError, match='stage chars must be I, S or M'):
-        InLineSwin(arch=MINI_SWIN['arch'], attn_type='LLSS')
-
-
-# checkpoint of another kind -> (model, message naming what the checkpoint looks like)
-CROSS = [
-    (FLattenPVT, 'pola_pvt', r"none of the FLatten attention weights of FLattenPVT.*looks like a Pola-PVT "
-                             r"checkpoint.*build type='PolaPVT'"),
-    (InLinePVT, 'flatten_pvt', r"none of the InLine attention weights of InLinePVT.*FLatten-PVT"),
-    (PolaPVT, 'inline_pvt', r"none of the Pola attention weights of PolaPVT.*InLine-PVT"),
-    (PolaPVT, 'flatten_pvt', r"none of the Pola attention weights of PolaPVT.*FLatten-PVT"),
-    (FLattenSwin, 'inline_swin', r"none of the FLatten attention weights of FLattenSwin.*InLine-Swin"),
-    (InLineSwin, 'pola_swin', r"none of the InLine attention weights of InLineSwin.*Pola-Swin"),
-    (PolaSwin, 'flatten_swin', r"none of the Pola attention weights of PolaSwin.*FLatten-Swin"),
-    (FLattenPVT, 'flatten_swin', r'no key matching FLattenPVT.*FLatten-Swin \(type="FLattenSwin"\)'),
-]
-
-
-@pytest.mark.parametrize('cls,ckpt,match', CROSS, ids=lambda v: getattr(v, '__name__', str(v))[:12])
-def test_checkpoint_of_another_kind_is_refused(data_file, cls, ckpt, match):
-    kwargs = MINI_PVT if issubclass(cls, PVTBackbone) else MINI_SWIN
-    model = cls(**kwargs, init_cfg=dict(type='Pretrained', checkpoint=data_file(f'{ckpt}_mini_official.pth')))
-    with pytest.raises(CheckpointMismatchError, match=match):
-        model.init_weights()
+        InLineSwin(arch=MINI_SWIN, attn_type='LLSS')

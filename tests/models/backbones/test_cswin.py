@@ -1,0 +1,22 @@
+"""The CSWin architecture (mmpola.models.backbones.cswin) on its own: mixed stages with a whole-map
+branch of another kind. The stripes themselves are tested with the softmax kinds
+(tests/models/attention/test_softmax.py); CSWin's dense contract is in test_base.py."""
+import torch
+
+from mmpola.models import CSWinBackbone
+from tests.fixtures.backbones import MINI_CSWIN
+
+
+def test_cswin_mixed_stage_and_pola_branches():
+    """'M<k>': the first k blocks of the stage with the kind (one whole-map branch), the rest stripes; Pola's
+    branch needs four projections, so its blocks' qkv is Linear(C, 4C)."""
+    torch.manual_seed(0)
+    model = CSWinBackbone(arch=dict(MINI_CSWIN, depths=[1, 3, 1, 1]), attn='pola', attn_type='LMSS1').train()
+    assert model.block_kinds[1] == ['pola', 'stripe_softmax', 'stripe_softmax']
+    assert [len(b.attns) for b in model.stage2] == [1, 2, 2]
+    assert model.stage2[0].qkv.out_features == 4 * 32 and model.stage2[1].qkv.out_features == 3 * 32
+    assert hasattr(model.stage2[0].attns[0], 'get_v')  # CSWin's LePE, stored under the official name
+    outs = model(torch.randn(1, 3, 61, 83))
+    sum(o.square().mean() for o in outs).backward()
+    assert not [n for n, p in model.named_parameters() if p.grad is None]
+
