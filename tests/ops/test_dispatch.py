@@ -7,7 +7,7 @@ import torch
 from mmpola.models import PolaPVT
 from mmpola.ops import OPS, pacs_attention_reference, pola_attention, pola_attention_reference, register_attention_impl
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import op_tables_restored
+from tests.fixtures.ops import max_scaled_error, op_tables_restored
 
 # every implementation of every op; the inputs come from the op (its example_inputs)
 CASES = [(op, impl) for op in sorted(OPS) for impl in OPS[op].names() if impl != 'reference']
@@ -21,10 +21,6 @@ def _run(fn, tensors, options, grad_seed=1, device='cpu'):
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=out.dtype)
     out.backward(grad_out.to(device))
     return [out.detach().cpu()] + [t.grad.cpu() for t in leaves]
-
-
-def _scaled_error(actual, expected):
-    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1.0)).item()
 
 
 def test_every_op_has_its_reference_a_default_and_example_inputs():
@@ -51,7 +47,7 @@ def test_every_implementation_matches_the_reference(op, impl):
                  [o.double() if torch.is_tensor(o) else o for o in options])
     for i, (a, e, t) in enumerate(zip(actual, expected, truth)):
         assert a.shape == e.shape and a.dtype == e.dtype, i
-        assert _scaled_error(a, e) <= 1e-5 or _scaled_error(a.double(), t) <= 1e-5, f'{op}/{impl}: output {i}'
+        assert max_scaled_error(a, e) <= 1e-5 or max_scaled_error(a.double(), t) <= 1e-5, f'{op}/{impl}: output {i}'
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ def test_triton_matches_float64_reference(case):
 def test_one_key_token():
     """With one key the output is v but for eps: the gradients of q, k and scale are differences of
     O(1) terms cancelling to O(eps), so fp32 (the reference's too) is ~1e-4 off relative to their own
-    size; they are compared on the scale max(|reference|, 1) (as tests/ops/test_implementations.py)."""
+    size; they are compared on the scale max(|reference|, 1) (as tests/ops/test_dispatch.py)."""
     inputs, grad_out = make_inputs(2, (1, 1), (1, 1), 2, 16)
     actual = forward_backward(flatten_attention_triton, inputs, grad_out, 2)
     truth = forward_backward(flatten_attention_reference, inputs, grad_out, 2, dtype=torch.float64, device='cpu')

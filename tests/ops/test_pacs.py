@@ -4,6 +4,7 @@ import torch
 
 from mmpola.ops import pacs_attention, pacs_attention_fast, pacs_attention_reference, rope_angles, rope_tables
 from mmpola.ops.pacs import rope_rotate
+from tests.fixtures.ops import max_scaled_error
 
 # (B, h, H, W, d): odd grids, one token, batch and heads > 1, the smallest even head dim
 SHAPES = [
@@ -36,11 +37,6 @@ def forward_backward(fn, inputs, tables, grad_out, **kwargs):
     out = fn(*leaves, *tables, **kwargs)
     out.backward(grad_out)
     return [out.detach()] + [t.grad for t in leaves]
-
-
-def max_scaled_error(actual, expected):
-    """max |a - e| / max(1, max |e|): absolute error for O(1) values, relative for larger sums."""
-    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1.0)).item()
 
 
 @pytest.mark.parametrize('shape', SHAPES, ids=lambda s: 'x'.join(map(str, s)))

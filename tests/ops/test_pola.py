@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from mmpola.ops import pola, pola_attention, pola_attention_reference
 from mmpola.ops.pola import pola_attention_fast, polarity_feature_map, polarity_feature_map_and_mean
+from tests.fixtures.ops import forward_backward, max_scaled_error
 
 # (B, h, N, n, d): odd token counts, spatial reduction (n != N), single tokens, batch and heads > 1
 SHAPES = [
@@ -32,18 +33,6 @@ def make_inputs(B, h, N, n, d, dtype=torch.float32, seed=0, q_scale=1.0):
     scale = torch.randn(1, h, 1, d, generator=g) * 0.3
     grad_out = torch.randn(B, h, N, d, generator=g)
     return [t.to(dtype) for t in (q, k, v, power, scale)], grad_out.to(dtype)
-
-
-def forward_backward(fn, inputs, grad_out, **kwargs):
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    out = fn(*leaves, **kwargs)
-    out.backward(grad_out)
-    return [out.detach()] + [t.grad for t in leaves]
-
-
-def max_scaled_error(actual, expected):
-    """max |a - e| / max(1, max |e|): absolute error for O(1) values, relative for larger sums."""
-    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1.0)).item()
 
 
 NAMES = ['out', 'grad_q', 'grad_k', 'grad_v', 'grad_power', 'grad_scale']
