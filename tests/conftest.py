@@ -11,6 +11,9 @@ import torch  # noqa: E402
 
 # Without a GPU, the 'triton' implementations of the attention ops run through Triton's CPU interpreter
 # (same arithmetic, slowly); it is read when the kernels are defined, so it is set before mmpola loads.
+# The GPU checks in fp16 / bf16 live with the ops tests (tests/ops: each op's Triton kernels in
+# test_<op>_triton.py); they run on the CPU through this interpreter while no GPU is present. The model
+# tests check mixed precision with CPU bf16 autocast only.
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 

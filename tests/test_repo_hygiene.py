@@ -37,3 +37,41 @@ def test_no_references_to_how_the_project_was_made():
                     if pattern.search(line):
                         found.append(f'{osp.relpath(path, REPO)}:{number}: {what}: {line.strip()[:100]}')
     assert not found, 'write design notes in docs/ instead:\n' + '\n'.join(found)
+
+
+# The tests of mmpola/models, mmpola/ops and mmpola/checkpoint mirror the package: tests/<path>/test_<name>.py
+# tests mmpola/<path>/<name>.py, or a topic that spans modules, named here (the file's name starts or ends
+# with it).
+MIRRORED = ('models', 'ops', 'checkpoint')
+TOPICS = {
+    'golden': 'the official models reproduced from the golden mini models of tests/data',
+    'timm': "timm's entries and model conventions",
+    'gradient_layout': "every gradient with its parameter's strides (DDP's buckets)",
+    'dense_forward': 'docs/design.md, "Dense forward"',
+    'kinds_on_architectures': 'every attention kind on every architecture',
+    'official_keys': "every release's official parameter names, shapes and counts",
+    'user_kind': "a user's own attention kind, registered and used from configs",
+    'layout': 'checkpoints of other blocks than the model, on every loading path',
+}
+
+
+def _names_a_topic(stem):
+    return any(stem == t or stem.startswith(t + '_') or stem.endswith('_' + t) for t in TOPICS)
+
+
+def test_test_files_mirror_the_package():
+    unmatched = []
+    for folder in MIRRORED:
+        for dirpath, dirnames, filenames in os.walk(osp.join(REPO, 'tests', folder)):
+            dirnames[:] = [d for d in dirnames if d != '__pycache__']
+            package_dir = osp.join(REPO, 'mmpola', osp.relpath(dirpath, osp.join(REPO, 'tests')))
+            for name in filenames:
+                if not (name.startswith('test_') and name.endswith('.py')):
+                    continue
+                stem = name[len('test_'):-len('.py')]
+                module = osp.join(package_dir, stem)
+                if not (osp.isfile(module + '.py') or osp.isdir(module) or _names_a_topic(stem)):
+                    unmatched.append(osp.relpath(osp.join(dirpath, name), REPO))
+    assert not unmatched, ('test files that name neither a module of the folder they mirror under mmpola/ nor a '
+                           'topic of TOPICS (rename them after what they test, or add the topic):\n'
+                           + '\n'.join(unmatched))
