@@ -1,8 +1,7 @@
-"""COCO evaluation of annotation files without `info` (mmdet's CocoMetric with pycocotools >= 2.0.11)
-and PolaDetTTAModel (test-time augmentation that keeps instance masks, mmpola.detection), on small
-synthetic inputs."""
+"""PolaDetTTAModel (test-time augmentation that keeps instance masks, mmpola.detection.tta) on small
+synthetic inputs, and every detection config's evaluation and TTA settings (the evaluation of COCO files
+without `info`: test_coco_metric.py)."""
 import glob
-import json
 import os.path as osp
 
 import numpy as np
@@ -10,55 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.fixtures.detection import mmdet_scope
 from tests.fixtures.paths import REPO  # noqa: E402
-
-
-def _mmdet_scope():
-    from mmengine.registry import init_default_scope
-
-    import mmpola  # noqa: F401  (registers PolaDetTTAModel)
-    init_default_scope('mmdet')
-
-
-def test_coco_metric_evaluates_a_file_without_info_or_licenses(tmp_path):
-    """Perfect predictions of a user-style annotation file (no `info`, no `licenses`) give mAP 1 with
-    mmdet's own CocoMetric, as the detection configs use it."""
-    from importlib.metadata import version
-
-    from mmdet.registry import METRICS
-    from pycocotools import mask as mask_utils
-
-    installed = version('pycocotools')
-    assert tuple(int(x) for x in installed.split('.')[:3]) >= (2, 0, 11), (
-        f'pycocotools {installed} cannot evaluate files without `info`; requirements/pins.txt pins 2.0.11: run '
-        'tools/setup_env.py')
-
-    from mmpola.datasets import DEMO_CLASSES, demo_coco_files, make_demo_coco
-    make_demo_coco(str(tmp_path), num_train=1, num_val=3, seed=2, image_shapes=((64, 64), ), crowd_prob=0.0,
-                   verbose=False)
-    ann_file = demo_coco_files(str(tmp_path))['val']
-    with open(ann_file) as f:
-        data = json.load(f)
-    del data['info'], data['licenses']
-    with open(ann_file, 'w') as f:
-        json.dump(data, f)
-
-    _mmdet_scope()
-    metric = METRICS.build(dict(type='CocoMetric', ann_file=ann_file, metric=['bbox', 'segm']))
-    metric.dataset_meta = dict(classes=DEMO_CLASSES)
-    with open(ann_file) as f:
-        assert 'info' not in json.load(f)  # the file itself is left as it is
-    for image in data['images']:
-        anns = [a for a in data['annotations'] if a['image_id'] == image['id']]
-        masks = [mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(a['segmentation'], 64, 64)))
-                 for a in anns]
-        boxes = [[x, y, x + w, y + h] for x, y, w, h in (a['bbox'] for a in anns)]
-        pred = dict(bboxes=torch.tensor(boxes, dtype=torch.float32), scores=torch.ones(len(anns)),
-                    labels=torch.tensor([a['category_id'] - 1 for a in anns]),
-                    masks=torch.from_numpy(np.stack(masks)).bool())
-        metric.process({}, [dict(img_id=image['id'], ori_shape=(64, 64), pred_instances=pred)])
-    results = metric.evaluate(size=len(data['images']))
-    assert results['coco/bbox_mAP'] == pytest.approx(1.0) and results['coco/segm_mAP'] == pytest.approx(1.0)
 
 
 class _Views(nn.Module):
@@ -81,7 +33,7 @@ def _view(boxes, scores, labels, masks, flip):
 
 def _tta_model():
     from mmdet.registry import MODELS
-    _mmdet_scope()
+    mmdet_scope()
     return MODELS.build(dict(type='PolaDetTTAModel', module=_Views(),
                              tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)))
 
@@ -129,7 +81,7 @@ def test_detection_configs_evaluate_any_coco_file_and_have_tta(name, tmp_path):
     assert [t.prob for t in augment[1]] == [1., 0.]
     assert 'flip' in augment[-1][0].meta_keys and 'flip_direction' in augment[-1][0].meta_keys
 
-    _mmdet_scope()
+    mmdet_scope()
     cv2.imwrite(str(tmp_path / 'image.jpg'), np.full((60, 90, 3), 127, np.uint8))
     views = Compose(cfg.tta_pipeline)(dict(img_path=str(tmp_path / 'image.jpg'), img_id=0))
     assert len(views['inputs']) == len(views['data_samples']) == 2 * len(scales)
