@@ -18,7 +18,7 @@ the op's reference (documented at the top of the op's file):
           ...
 
   then ``attn_impl='mine'`` on a backbone (or an attention module) selects it. The op's tests run
-  every registered implementation against the reference (tests/ops/test_implementations.py).
+  every registered implementation against the reference (tests/ops/test_dispatch.py).
 
 An implementation knows where it runs: ``supports(device, dtype)`` returns None when it runs on
 tensors of that device and dtype, else one line saying why not and what to use instead. Asking for
