@@ -75,3 +75,23 @@ def test_test_files_mirror_the_package():
     assert not unmatched, ('test files that name neither a module of the folder they mirror under mmpola/ nor a '
                            'topic of TOPICS (rename them after what they test, or add the topic):\n'
                            + '\n'.join(unmatched))
+
+
+TEST_PATH = re.compile(r'\btests/[\w/]+\.py\b')
+OTHER_REPOSITORY = re.compile(r"timm's|of the timm repository")  # timm's own tests/test_models.py
+
+
+def test_named_test_files_exist():
+    """A test file named in the package, the tools, the docs or the README exists (tests are renamed as the
+    package changes; a stale name sends a reader nowhere)."""
+    paths = list(_files()) + [osp.join(REPO, 'README.md')]
+    for dirpath, _, filenames in os.walk(osp.join(REPO, 'docs')):
+        paths += [osp.join(dirpath, name) for name in filenames if name.endswith('.md')]
+    stale = []
+    for path in paths:
+        with open(path, encoding='utf-8', errors='replace') as f:
+            for number, line in enumerate(f, 1):
+                for named in ([] if OTHER_REPOSITORY.search(line) else TEST_PATH.findall(line)):
+                    if not osp.isfile(osp.join(REPO, named)):
+                        stale.append(f'{osp.relpath(path, REPO)}:{number}: {named}')
+    assert not stale, 'test files named but not in the repository (renamed?):\n' + '\n'.join(stale)
