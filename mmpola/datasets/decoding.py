@@ -29,7 +29,8 @@ from mmengine.logging import print_log
 from mmpola.errors import MMPolaUserError
 from mmpola.registry import TRANSFORMS
 
-__all__ = ['DamagedImageError', 'LoadCheckedImage', 'corrupt_jpeg_messages', 'decoder_messages']
+__all__ = ['DamagedImageError', 'UnreadableImageError', 'LoadCheckedImage', 'corrupt_jpeg_messages',
+           'decoder_messages', 'unreadable_image']
 
 # libjpeg's warnings that mean pixels were lost (jerror.h: JWRN_EXTRANEOUS_DATA, JWRN_HIT_MARKER,
 # JWRN_HUFF_BAD_CODE, JWRN_MUST_RESYNC, JWRN_JPEG_EOF, the arithmetic decoder's); "Corrupt JPEG data: bad
@@ -86,6 +87,18 @@ def corrupt_jpeg_messages(lines):
 
 class DamagedImageError(MMPolaUserError, ValueError):
     """An image file decodes only with parts lost (a damaged body)."""
+
+
+class UnreadableImageError(MMPolaUserError, OSError):
+    """An image file that cannot be read or decoded at all (permission denied, empty, no image, cut off)."""
+
+
+def unreadable_image(path, error):
+    """:class:`UnreadableImageError` naming ``path``, why (``error``) and the fix."""
+    why = f'{type(error).__name__}: {error}' if str(error) else type(error).__name__
+    return UnreadableImageError(
+        f'image {path} cannot be loaded ({why}). Fix: replace it with the original file (download or copy it '
+        'again), make it readable by this user, or remove it from the dataset')
 
 
 @TRANSFORMS.register_module()
