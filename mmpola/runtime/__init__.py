@@ -53,7 +53,7 @@ from .random_state import RandomStateHook
 from .resume import find_resumable_checkpoint
 from .saving import CheckpointSaveError, SafeCheckpointHook
 from .signals import TrainingInterrupted
-from .workdir import WorkDirInUseError, lock_work_dir
+from .workdir import WorkDirHook, WorkDirInUseError, lock_work_dir
 
 __all__ = [
     'MMPolaUserError', 'UserError',
@@ -63,7 +63,7 @@ __all__ = [
     'BF16AmpOptimWrapper', 'autocast_module',
     # errors of the run
     'CheckpointSaveError', 'ResultsSaveError', 'TrainingInterrupted', 'NonFiniteLossError', 'NonFinitePixelsError',
-    'WorkDirInUseError',
+    'WorkDirInUseError', 'WorkDirHook',
     # what the tools call
     'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir', 'is_url', 'check_config',
     'run_preflight', 'check_data_files', 'check_dataset_images', 'find_resumable_checkpoint',
