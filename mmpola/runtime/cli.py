@@ -117,12 +117,15 @@ def parse_tool_args(parser, argv=None):
 
 def enable_test_dump(cfg, out, scope):
     """``--out``: keep the raw predictions (pickle for mmdet/others, a folder of maps for mmseg), with
-    the path checked now (:func:`mmpola.runtime.dump_results.check_out_path`) and the pickle written
-    atomically once the evaluation is done (:mod:`mmpola.runtime.dump_results`)."""
-    if scope == 'mmseg':
+    the path checked now (:func:`mmpola.runtime.dump_results.check_out_path`) and the pickle or the
+    folder written atomically (:mod:`mmpola.runtime.dump_results`)."""
+    if scope == 'mmseg':  # a folder of maps, written next to it and renamed once complete
         check_out_path(out, folder=True)
-        cfg.test_evaluator['output_dir'] = out
-        cfg.test_evaluator['keep_results'] = True
+        evaluators = cfg.test_evaluator if isinstance(cfg.test_evaluator, (list, tuple)) else [cfg.test_evaluator]
+        metric = evaluators[0]
+        kind = metric.pop('type')
+        kind = kind if isinstance(kind, str) and '.' in kind else f'mmseg.{getattr(kind, "__name__", kind)}'
+        metric.update(type='mmpola.SafeOutputDir', metric_type=kind, output_dir=out)
         return
     if not out.endswith(('.pkl', '.pickle')):
         raise UserError(f'--out {out!r}: the predictions are written as a pickle; use a .pkl name')
