@@ -58,9 +58,14 @@ def decoder_messages():
     except those :func:`corrupt_jpeg_messages` recognises (the caller reports them)."""
     lines = []
     with _LOCK:
+        try:
+            saved = os.dup(2)
+        except OSError:  # no standard error to watch (closed): nothing is said there either
+            yield lines
+            return
         sink = _sink()
-        sys.stderr.flush()
-        saved = os.dup(2)
+        if sys.stderr is not None:
+            sys.stderr.flush()
         os.dup2(sink.fileno(), 2)
         try:
             yield lines
