@@ -113,6 +113,8 @@ class LoadCheckedImage(LoadImageFromFile):
 
     With mmcv's ``ignore_empty=True`` such an image (as an unreadable one) is left out with a warning
     naming it, and mmengine's dataset takes another in its place (in training; a test dataset stops).
+    The check needs the ``cv2`` decoder (``imdecode_backend``, mmcv's default): Pillow drops libjpeg's
+    warnings, so with ``imdecode_backend='pillow'`` a damaged body is not seen.
     """
 
     def transform(self, results):
