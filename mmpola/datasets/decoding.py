@@ -72,12 +72,12 @@ def decoder_messages():
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            size = sink.tell()
+            fd = sink.fileno()  # written through fd 2 (its offset shared), read and emptied at the OS level
+            size = os.lseek(fd, 0, os.SEEK_CUR)
             if size:
-                sink.seek(0)
-                text = sink.read(size).decode(errors='replace')
-                sink.seek(0)
-                sink.truncate()
+                text = os.pread(fd, size, 0).decode(errors='replace')
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
                 lines.extend(text.splitlines())
                 others = [line for line in lines if line not in corrupt_jpeg_messages(lines)]
                 if others:
