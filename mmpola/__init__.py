@@ -8,6 +8,9 @@ mmengine's and official PolaFormer checkpoints hold in torch's weights-only allo
 mmengine or timm is replaced. One entry is added to mmengine's table of packages that ship configs
 (``MODULE2PACKAGE``), so that ``mmpola::`` config bases resolve (mmpola/config_scope.py);
 docs/development.md, "What importing mmpola changes", says it all.
+
+``mmpola.DetInferencer`` / ``mmpola.SegInferencer`` (also in :mod:`mmpola.apis`) are mmdet's and
+mmseg's inferencers extended for image folders (:mod:`mmpola.inferencers`), made on first use.
 """
 from .checkpoint.reading import register_safe_globals
 from .config_scope import register_config_scope
@@ -18,4 +21,11 @@ register_config_scope()  # `mmpola::` config bases (mmpola/config_scope.py)
 
 from . import datasets, detection, models, runtime  # noqa: E402,F401
 
-__all__ = ['__version__']
+__all__ = ['__version__', 'DetInferencer', 'SegInferencer']  # noqa: F822 (the inferencers: made on first use)
+
+
+def __getattr__(name):
+    if name in ('DetInferencer', 'SegInferencer'):
+        from . import inferencers
+        return getattr(inferencers, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

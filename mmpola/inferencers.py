@@ -9,13 +9,15 @@ load image``).
 override) extended by :func:`image_inputs`: a folder's image files are taken whatever the case of the
 suffix (sorted by name), files that are no image or cannot be decoded are left out with one warning
 naming each and why, and the rest is predicted; nothing left is an error. Everything else is the
-libraries' own::
+libraries' own. They are exported where an OpenMMLab user looks for inferencers, the package's
+``apis`` (as ``mmdet.apis`` / ``mmseg.apis``), and from the package itself::
 
-    from mmpola.inferencers import DetInferencer
+    from mmpola.apis import DetInferencer          # or: from mmpola import DetInferencer
     result = DetInferencer(model=CONFIG, weights=CHECKPOINT)('photos/', out_dir='outputs')
 
 Every image file is decoded once more before the run to find the unreadable ones (mmcv's
-``imfrombytes``, as the inferencers' loader).
+``imfrombytes``, as the inferencers' loader); a JPEG whose body is damaged (libjpeg's corruption
+warning during that decode, :mod:`mmpola.datasets.decoding`) is left out too.
 """
 import os
 import os.path as osp
@@ -33,14 +35,21 @@ _SHOWN = 10
 def _unreadable(path):
     """Why the inferencers' loader could not decode ``path`` (mmcv's ``imfrombytes``), or None."""
     import mmcv
+
+    from mmpola.datasets.decoding import corrupt_jpeg_messages, decoder_messages
     try:
         with open(path, 'rb') as f:
             data = f.read()
         if not data:
             return 'empty file'
-        return None if mmcv.imfrombytes(data) is not None else 'cannot be decoded as an image'
+        with decoder_messages() as lines:
+            image = mmcv.imfrombytes(data)
     except Exception as e:  # unreadable file or decoder error: the file is left out, the reason shown
         return f'cannot be read: {type(e).__name__}: {e}'
+    if image is None:
+        return 'cannot be decoded as an image'
+    corrupt = corrupt_jpeg_messages(lines)
+    return f'damaged: its JPEG data are corrupt (libjpeg: {"; ".join(corrupt)})' if corrupt else None
 
 
 def image_inputs(inputs, suffixes, who='inferencer'):

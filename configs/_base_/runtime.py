@@ -20,6 +20,8 @@
 #                              testing) before it is batched with others, naming the file (or is skipped)
 #   mmpola.CheckpointFitHook   a load_from / test checkpoint that fits less than `checkpoint_min_loaded` of
 #                              the model's weights is refused (a checkpoint of another model)
+#   mmpola.WorkDirHook         a work dir deleted during the run is recreated (one warning) before the next
+#                              log or checkpoint is written there, instead of a traceback and a lost checkpoint
 #
 # Their settings, which --cfg-options can change with any train.py:
 #   --cfg-options nonfinite_loss.action=skip nonfinite_loss.max_skips=20
@@ -33,4 +35,5 @@ custom_hooks = [
     dict(type='mmpola.NonFiniteLossHook'),
     dict(type='mmpola.NonFinitePixelsHook'),
     dict(type='mmpola.CheckpointFitHook'),
+    dict(type='mmpola.WorkDirHook'),
 ]

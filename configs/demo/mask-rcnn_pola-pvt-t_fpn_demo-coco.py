@@ -37,7 +37,7 @@ model = dict(
         rcnn=dict(max_per_img=50)))
 
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
+    dict(type='LoadCheckedImage'),  # a JPEG with a damaged body fails here, naming the file
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(type='Resize', scale=image_scale, keep_ratio=True),
     dict(type='RandomFlip', prob=0.5),

@@ -27,7 +27,7 @@ model = dict(
     auxiliary_head=dict(channels=32, num_classes=num_classes, norm_cfg=norm_cfg))
 
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
+    dict(type='LoadCheckedImage'),  # a JPEG with a damaged body fails here, naming the file
     dict(type='LoadAnnotations', reduce_zero_label=True),
     dict(type='CheckSegLabels', num_classes=num_classes),  # a bad label fails here, naming the file
     dict(type='RandomResize', scale=(256, 128), ratio_range=(0.75, 1.25), keep_ratio=True),

@@ -32,7 +32,10 @@ param_scheduler = [
     dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
 ]
 
-train_dataloader = dict(batch_size=2)
+# training images loaded by mmpola's LoadCheckedImage: mmcv's LoadImageFromFile that refuses a JPEG whose
+# body is damaged, naming the file (mmpola/datasets/decoding.py)
+train_pipeline = [dict(_base_.train_pipeline[0], type='LoadCheckedImage'), *_base_.train_pipeline[1:]]
+train_dataloader = dict(batch_size=2, dataset=dict(pipeline=train_pipeline))
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 
 # `--tta`: horizontal flip

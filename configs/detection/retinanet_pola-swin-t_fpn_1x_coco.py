@@ -38,7 +38,10 @@ optim_wrapper = dict(
         'relative_position_bias_table': dict(decay_mult=0.),
         'norm': dict(decay_mult=0.)}))
 
-train_dataloader = dict(batch_size=2)
+# training images loaded by mmpola's LoadCheckedImage: mmcv's LoadImageFromFile that refuses a JPEG whose
+# body is damaged, naming the file (mmpola/datasets/decoding.py)
+train_pipeline = [dict(_base_.train_pipeline[0], type='LoadCheckedImage'), *_base_.train_pipeline[1:]]
+train_dataloader = dict(batch_size=2, dataset=dict(pipeline=train_pipeline))
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 
 # `--tta`: horizontal flip

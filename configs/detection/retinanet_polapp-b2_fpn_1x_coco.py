@@ -25,7 +25,10 @@ model = dict(
               num_outs=5))
 
 optim_wrapper = dict(optimizer=dict(betas=(0.9, 0.999)))
-train_dataloader = dict(batch_size=2)
+# training images loaded by mmpola's LoadCheckedImage: mmcv's LoadImageFromFile that refuses a JPEG whose
+# body is damaged, naming the file (mmpola/datasets/decoding.py)
+train_pipeline = [dict(_base_.train_pipeline[0], type='LoadCheckedImage'), *_base_.train_pipeline[1:]]
+train_dataloader = dict(batch_size=2, dataset=dict(pipeline=train_pipeline))
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 
 # `--tta`: horizontal flip

@@ -11,6 +11,7 @@ import io
 from mmengine import fileio
 from PIL import Image
 
+from mmpola.datasets.decoding import unreadable_image
 from mmpola.registry import TRANSFORMS
 
 __all__ = ['LoadPILImage', 'TimmTransform', 'PackClsInputs']
@@ -22,16 +23,22 @@ class LoadPILImage:
 
     Files are read through mmengine's file backends (``backend_args``), so the same config
     reads a local folder, an object store or HTTP. CMYK / grey JPEGs of ImageNet become RGB
-    (as torchvision's ``ImageFolder``).
+    (as torchvision's ``ImageFolder``). A file that cannot be read or decoded (permission denied, empty,
+    no image, cut off) stops with one error naming it (:class:`mmpola.datasets.decoding.UnreadableImageError`),
+    not PIL's, which names no file.
     """
 
     def __init__(self, backend_args=None):
         self.backend_args = backend_args
 
     def __call__(self, results):
-        data = fileio.get(results['img_path'], backend_args=self.backend_args)
-        with Image.open(io.BytesIO(data)) as img:
-            results['img'] = img.convert('RGB')
+        path = results['img_path']
+        try:
+            data = fileio.get(path, backend_args=self.backend_args)
+            with Image.open(io.BytesIO(data)) as img:
+                results['img'] = img.convert('RGB')
+        except (OSError, SyntaxError, ValueError) as error:  # PIL's UnidentifiedImageError is an OSError
+            raise unreadable_image(path, error) from None
         results['ori_shape'] = results['img'].size[::-1]
         return results
 

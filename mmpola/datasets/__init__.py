@@ -1,8 +1,11 @@
 """Dataset helpers: the synthetic demo datasets (tools/make_demo_coco.py, tools/make_demo_ade.py) and
 pipeline checks: images in the form the models take (:class:`CheckImage`), labels that name the bad
-file (:class:`CheckSegLabels`)."""
+file (:class:`CheckSegLabels`), JPEGs with a damaged body refused where they are decoded
+(:class:`LoadCheckedImage`)."""
+from .decoding import DamagedImageError, LoadCheckedImage
 from .demo_ade import DEMO_ADE_CLASSES, DEMO_ADE_PALETTE, demo_ade_is_complete, make_demo_ade  # noqa: F401
 from .demo_coco import DEMO_CLASSES, demo_coco_files, demo_coco_is_complete, make_demo_coco
 from .transforms import CheckImage, CheckSegLabels
 
-__all__ = ['DEMO_CLASSES', 'make_demo_coco', 'demo_coco_is_complete', 'demo_coco_files', 'CheckImage', 'CheckSegLabels']
+__all__ = ['DEMO_CLASSES', 'make_demo_coco', 'demo_coco_is_complete', 'demo_coco_files', 'CheckImage', 'CheckSegLabels',
+           'LoadCheckedImage', 'DamagedImageError']

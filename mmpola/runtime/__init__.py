@@ -11,8 +11,9 @@ started with mmdet's or mmseg's own tools gets them too):
 * :mod:`.nonfinite_pixels`: :class:`NonFinitePixelsHook` (stop at, or skip, input images with NaN / inf
   pixels before they are batched);
 * :mod:`.fit_check`: :class:`CheckpointFitHook` (refuse a checkpoint of another model);
-* :mod:`.dump_results`: ``SafeDumpResults`` (``tools/test.py --out`` written atomically, its path
-  checked first);
+* :mod:`.dump_results`: ``SafeDumpResults`` and ``SafeOutputDir`` (``tools/test.py --out``, a pickle or
+  mmseg's folder of maps, written atomically, its path checked first);
+* :mod:`.workdir`: :class:`WorkDirHook` (a work dir deleted during the run recreated before the next write);
 * :mod:`.amp`: :class:`BF16AmpOptimWrapper` (bf16 mixed precision on the CPU and with fp32-only kernels);
 * :mod:`.demo`: ``InitialEvaluationHook`` and the demos' shared course.
 
@@ -22,7 +23,7 @@ What only a tool can do (called explicitly by tools/train.py, tools/test.py and 
   :mod:`.config_check` (types and arguments against what they build);
 * :mod:`.preflight`: data, checkpoint and model checks before anything is built;
 * :mod:`.launch`: the device, the process group, the machine's fallbacks (SyncBN, AMP);
-* :mod:`.workdir`: one training run per work dir;
+* :mod:`.workdir`: one training run per work dir (its lock, a work dir the run could not write into);
 * :mod:`.cli`: arguments, test-time flags, the one-line user errors;
 * :mod:`.allocator`: glibc malloc settings of the tools.
 """
@@ -53,7 +54,7 @@ from .random_state import RandomStateHook
 from .resume import find_resumable_checkpoint
 from .saving import CheckpointSaveError, SafeCheckpointHook
 from .signals import TrainingInterrupted
-from .workdir import WorkDirInUseError, lock_work_dir
+from .workdir import WorkDirHook, WorkDirInUseError, lock_work_dir
 
 __all__ = [
     'MMPolaUserError', 'UserError',
@@ -63,7 +64,7 @@ __all__ = [
     'BF16AmpOptimWrapper', 'autocast_module',
     # errors of the run
     'CheckpointSaveError', 'ResultsSaveError', 'TrainingInterrupted', 'NonFiniteLossError', 'NonFinitePixelsError',
-    'WorkDirInUseError',
+    'WorkDirInUseError', 'WorkDirHook',
     # what the tools call
     'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir', 'is_url', 'check_config',
     'run_preflight', 'check_data_files', 'check_dataset_images', 'find_resumable_checkpoint',

@@ -18,7 +18,8 @@ from mmpola.errors import MMPolaUserError, UserError
 from .dump_results import check_out_path
 from .launch import check_launch, init_distributed
 
-__all__ = ['exit_on_user_error', 'check_launch_main', 'add_launch_args', 'add_check_args', 'parse_tool_args',
+__all__ = ['exit_on_user_error', 'user_message', 'check_launch_main', 'add_launch_args', 'add_check_args',
+           'parse_tool_args',
            'enable_test_dump', 'enable_tta', 'enable_test_visualization', 'build_runner']
 
 
@@ -37,12 +38,27 @@ def exit_on_user_error(logger=None):
     try:
         yield
     except MMPolaUserError as error:
+        message = user_message(error)
         if logger is not None:
-            _log_to_files(logger, f'[mmpola] {error}')
+            _log_to_files(logger, f'[mmpola] {message}')
         # one write per line: the lines of several processes (one per rank) do not interleave
-        sys.stderr.write(f'error: {error}\n')
+        sys.stderr.write(f'error: {message}\n')
         sys.stderr.flush()
         sys.exit(error.exit_code)
+
+
+def user_message(error):
+    """The message of ``error``; for one raised in a DataLoader worker (a pipeline step's), which
+    PyTorch raises again in the main process with the worker's traceback as its text, the worker's own
+    message (the traceback's last entry)."""
+    text = str(error)
+    if text.startswith('Caught ') and '\nOriginal Traceback' in text:
+        cls = type(error)
+        marker = f'{cls.__module__}.{cls.__qualname__}: '
+        at = text.rfind(marker)
+        if at >= 0:
+            return text[at + len(marker):].strip()
+    return text
 
 
 def _log_to_files(logger, message):
@@ -101,12 +117,15 @@ def parse_tool_args(parser, argv=None):
 
 def enable_test_dump(cfg, out, scope):
     """``--out``: keep the raw predictions (pickle for mmdet/others, a folder of maps for mmseg), with
-    the path checked now (:func:`mmpola.runtime.dump_results.check_out_path`) and the pickle written
-    atomically once the evaluation is done (:mod:`mmpola.runtime.dump_results`)."""
-    if scope == 'mmseg':
+    the path checked now (:func:`mmpola.runtime.dump_results.check_out_path`) and the pickle or the
+    folder written atomically (:mod:`mmpola.runtime.dump_results`)."""
+    if scope == 'mmseg':  # a folder of maps, written next to it and renamed once complete
         check_out_path(out, folder=True)
-        cfg.test_evaluator['output_dir'] = out
-        cfg.test_evaluator['keep_results'] = True
+        evaluators = cfg.test_evaluator if isinstance(cfg.test_evaluator, (list, tuple)) else [cfg.test_evaluator]
+        metric = evaluators[0]
+        kind = metric.pop('type')
+        kind = kind if isinstance(kind, str) and '.' in kind else f'mmseg.{getattr(kind, "__name__", kind)}'
+        metric.update(type='mmpola.SafeOutputDir', metric_type=kind, output_dir=out)
         return
     if not out.endswith(('.pkl', '.pickle')):
         raise UserError(f'--out {out!r}: the predictions are written as a pickle; use a .pkl name')

@@ -274,6 +274,7 @@ _RUNTIME_HOOKS = (
     ('NonFiniteLossHook', 'custom_hooks', True, 'a clear stop at a NaN / inf loss'),
     ('NonFinitePixelsHook', 'custom_hooks', False, 'a clear stop at an input image with NaN / inf pixels'),
     ('CheckpointFitHook', 'custom_hooks', False, 'refusal of a checkpoint of another model'),
+    ('WorkDirHook', 'custom_hooks', True, 'a work dir deleted during the run recreated instead of a crash'),
 )
 
 

@@ -10,6 +10,16 @@ run). Only rank 0 of a distributed run takes the lock.
 
 :func:`check_work_dir` (called by the tools before anything is built) refuses a work dir the run
 could not write into: a file of that name, a file on its path, a read-only folder or disk.
+
+:class:`WorkDirHook` (in the shipped configs) keeps a run going when its work dir is deleted while it
+runs (``rm -rf work_dirs/x`` by mistake, a cleanup job): mmengine would stop at the next log write with a
+``FileNotFoundError`` traceback (its scalar log is opened per write) and the coming checkpoint could not
+be saved, so the run's progress since its last checkpoint, which went with the folder, would be lost too.
+Before mmengine's hooks write (its priority is ``VERY_HIGH``), after every iteration and epoch, it checks
+that the work dir and the run's log folders exist (one ``stat`` each); when one is gone it recreates
+them, copies the run's log back from the still open, deleted file (Linux) into a new file of the same
+name, dumps the config again, takes the work dir's lock again, and says so in one warning. The next
+checkpoint is then saved as planned: nothing more is lost than what was deleted.
 """
 import atexit
 import errno
@@ -20,9 +30,12 @@ import socket
 import tempfile
 import time
 
-from mmpola.errors import MMPolaUserError
+from mmengine.hooks import Hook
 
-__all__ = ['LOCK_NAME', 'WorkDirInUseError', 'check_work_dir', 'lock_work_dir']
+from mmpola.errors import MMPolaUserError
+from mmpola.registry import HOOKS
+
+__all__ = ['LOCK_NAME', 'WorkDirInUseError', 'WorkDirHook', 'check_work_dir', 'lock_work_dir', 'relock_work_dir']
 
 LOCK_NAME = '.mmpola_train.lock'
 _HELD = {}  # real path of the lock file -> open file descriptor (kept open for the process lifetime)
@@ -144,3 +157,97 @@ def _release_all():
             pass
         os.close(fd)
         _HELD.pop(path, None)
+
+
+def relock_work_dir(work_dir):
+    """Take the lock of ``work_dir`` again when this process held it and its file was deleted (with the
+    folder); returns whether it did."""
+    path = osp.realpath(osp.join(work_dir, LOCK_NAME))
+    fd = _HELD.get(path)
+    if fd is None or osp.exists(path):
+        return False
+    os.close(_HELD.pop(path))
+    lock_work_dir(work_dir)
+    return True
+
+
+def _reopen_deleted_log_files(logger):
+    """The file handlers of ``logger`` whose file is gone write to a new file of that name, which starts
+    with what the deleted file held (read through ``/proc/self/fd``, where there is one); returns their
+    paths."""
+    import logging
+    reopened = []
+    for handler in getattr(logger, 'handlers', []):
+        if not isinstance(handler, logging.FileHandler) or handler.stream is None \
+                or osp.exists(handler.baseFilename):
+            continue
+        old = handler.stream
+        old.flush()
+        try:
+            with open(f'/proc/self/fd/{old.fileno()}', 'rb') as f:
+                earlier = f.read()
+        except OSError:
+            earlier = b''
+        os.makedirs(osp.dirname(handler.baseFilename), exist_ok=True)
+        with open(handler.baseFilename, 'ab') as f:
+            f.write(earlier)
+        handler.setStream(open(handler.baseFilename, 'a', encoding=handler.encoding, errors=handler.errors))
+        old.close()
+        reopened.append(handler.baseFilename)
+    return reopened
+
+
+@HOOKS.register_module()
+class WorkDirHook(Hook):
+    """Recreates the work dir (and the run's log folders) when it is deleted during a run, before
+    anything is written there again (see the module doc); one warning says what was done."""
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self):
+        self._folders = []
+
+    def _record(self, runner):
+        work_dir = osp.abspath(runner.work_dir)
+        log_dir = osp.abspath(getattr(runner, 'log_dir', work_dir))
+        folders = [work_dir] + [folder for folder, _, _ in os.walk(log_dir)]
+        self._folders = list(dict.fromkeys(folders))
+
+    def before_train(self, runner):
+        self._record(runner)
+
+    def before_val(self, runner):
+        if not self._folders:
+            self._record(runner)
+
+    before_test = before_val
+
+    def _check(self, runner):
+        if all(osp.isdir(folder) for folder in self._folders):
+            return
+        work_dir = runner.work_dir
+        for folder in self._folders:
+            os.makedirs(folder, exist_ok=True)
+        logs = _reopen_deleted_log_files(runner.logger)
+        from mmengine.dist import is_main_process
+        if is_main_process():
+            runner.dump_config()
+            relock_work_dir(work_dir)
+        kept = f'its log {", ".join(logs)} was written back from the open file; ' if logs else ''
+        runner.logger.warning(
+            f'[mmpola] work dir {work_dir} was deleted while the run was writing into it; recreated it, so the '
+            f'coming checkpoints and logs are saved as planned ({kept}the files deleted with it, earlier '
+            'checkpoints included, are not restored). If the folder was removed on purpose, stop the run.')
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self._check(runner)
+
+    def after_train_epoch(self, runner):
+        self._check(runner)
+        self._record(runner)  # folders made since (mmengine's logs are created on first use)
+
+    def after_val_epoch(self, runner, metrics=None):
+        self._check(runner)
+
+    def after_test_epoch(self, runner, metrics=None):
+        self._check(runner)

@@ -2,6 +2,7 @@
 validation split that lacks a class folder keeps the training indices (the shipped configs number every
 split from the training split); numbered from its own folders it is refused before anything is built,
 naming the class and the option; a class folder without images is named."""
+import os
 import os.path as osp
 import shutil
 
@@ -84,3 +85,51 @@ def test_tests_without_the_training_split_are_told_where_the_classes_come_from(s
     assert err.startswith(f"test_dataloader: test_dataloader.dataset.classes_from '{root}/train' does not exist: the "
                           "class list (and the label of every image) comes from the training split's class folders. "
                           'Fix: put the training split there')
+
+
+def test_unreadable_files_in_class_folders_are_named(split_without_ring, tmp_path, capsys):
+    """A dangling link, an empty file, a file that is no image, a cut-off JPEG (and, for a user other
+    than root, one without read permission) in a class folder: named before anything is built; with
+    --skip-data-check the loader names the file (one line) instead of PIL's error naming none."""
+    root, config = split_without_ring
+    train = load_tool('train')
+    folder = root / 'train' / 'circle'
+    work = tmp_path / 'work'
+
+    def refusal(*extra):
+        return refused(train, [config, '--work-dir', str(work), *extra], capsys, work_dir=work, one_line=False)
+
+    (folder / 'gone.JPEG').symlink_to(tmp_path / 'moved_away.JPEG')
+    err = refusal()
+    assert err.startswith(f"train_dataloader: 1 of 25 images in the class folders of '{root}/train' do not exist:\n"
+                          f'  {folder}/gone.JPEG\nFix: restore them (a link whose target is gone?), or remove them')
+    (folder / 'gone.JPEG').unlink()
+    (folder / 'empty.JPEG').write_bytes(b'')
+    err = refusal()
+    assert err.startswith(f"train_dataloader: 1 of 25 images in the class folders of '{root}/train' are empty "
+                          f'(0 bytes: an interrupted download or copy):\n  {folder}/empty.JPEG\n')
+    assert err.endswith('Fix: replace them with the original files, or remove them from the class folders.')
+    (folder / 'empty.JPEG').write_text('<html>not an image</html>')
+    jpeg = (folder / 'circle_0000.JPEG').read_bytes()
+    (folder / 'cut.JPEG').write_bytes(jpeg[:len(jpeg) // 2])
+    err = refusal()
+    assert err.startswith(f"train_dataloader: 2 of 26 images in the class folders of '{root}/train' cannot be decoded")
+    assert f'  {folder}/cut.JPEG: cut off: a JPEG file without its end marker (FF D9)' in err
+    assert f'  {folder}/empty.JPEG: not an image file: no image format starts with the bytes 3c 68' in err
+    assert err.endswith('Fix: replace them with the original files (download or copy them again), or remove them '
+                        'from the class folders.')
+
+    # the loader names the file where the pre-flight check is skipped
+    (folder / 'cut.JPEG').unlink()
+    err = refusal('--skip-data-check', '--cfg-options', 'train_dataloader.batch_size=5',
+                  'train_dataloader.sampler.shuffle=False')  # circle's 4 images and empty.JPEG
+    assert err.startswith(f'image {folder}/empty.JPEG cannot be loaded (UnidentifiedImageError: ')
+    assert err.endswith('Fix: replace it with the original file (download or copy it again), make it readable by '
+                        'this user, or remove it from the dataset') and '\n' not in err
+
+    if os.geteuid() != 0:  # root reads every file whatever its permissions
+        (folder / 'empty.JPEG').write_bytes(jpeg)
+        (folder / 'empty.JPEG').chmod(0)
+        err = refusal()
+        assert err.startswith(f"train_dataloader: 1 of 25 images in the class folders of '{root}/train' cannot be "
+                              f'read:\n  {folder}/empty.JPEG: Permission denied\nFix: make them readable')

@@ -25,7 +25,8 @@ def test_test_time_adapters_follow_each_library():
                       test_dataloader=dict(dataset=dict(pipeline=['plain'])),
                       tta_model=dict(type='SegTTAModel'), tta_pipeline=['tta']))
     enable_test_dump(seg, 'pred_dir', 'mmseg')
-    assert seg.test_evaluator.output_dir == 'pred_dir' and seg.test_evaluator.keep_results
+    # mmseg's IoUMetric, its folder of maps written atomically (mmpola.runtime.dump_results)
+    assert seg.test_evaluator == dict(type='mmpola.SafeOutputDir', metric_type='mmseg.IoUMetric', output_dir='pred_dir')
     enable_test_visualization(seg, 'vis', 'mmseg')
     assert seg.default_hooks.visualization.draw and seg.visualizer.save_dir == 'vis'
     enable_tta(seg)

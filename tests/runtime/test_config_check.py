@@ -182,7 +182,7 @@ def test_task_libraries_own_train_script_gets_mmpolas_hooks(tmp_path):
 
 def test_a_config_without_the_hooks_is_told_so():
     notes = runtime_hook_notes(Config(dict(default_hooks=dict(checkpoint=dict(type='CheckpointHook')))))
-    assert len(notes) == 5 and all('configs/_base_/runtime.py' in n for n in notes)
+    assert len(notes) == 6 and all('configs/_base_/runtime.py' in n for n in notes)
     assert 'SafeCheckpointHook in default_hooks.checkpoint' in notes[0]
     assert len(runtime_hook_notes(Config(dict()), training=False)) == 2  # testing: the pixel and fit checks
 
@@ -199,5 +199,5 @@ def test_mmpola_names_resolve_in_the_mmpola_scope_of_inherited_configs():
     assert isinstance(hook, SafeCheckpointHook)
     assert MODELS.build(dict(type='PolaPVT', _scope_='mmpola', arch='tiny')).__class__.__name__ == 'PolaPVT'
     for name in ('SafeCheckpointHook', 'RandomStateHook', 'NonFiniteLossHook', 'CheckpointFitHook',
-                 'NonFinitePixelsHook'):
+                 'NonFinitePixelsHook', 'WorkDirHook'):
         assert registry.HOOKS.get(f'mmpola.{name}') is HOOKS.get(name) is not None

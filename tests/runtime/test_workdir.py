@@ -62,3 +62,23 @@ def test_a_work_dir_that_is_a_file_or_not_writable_is_refused_before_anything_is
     assert err.startswith(f"'{read_only}', where the work dir '{read_only}/work' would be created, is not writable (")
     assert err.endswith('Fix: give this run another --work-dir (a folder on a writable disk), or make it writable.')
     assert not os.path.exists(f'{read_only}/work')
+
+
+def test_a_work_dir_deleted_during_training_is_recreated_and_nothing_more_is_lost(tmp_path):
+    """``rm -rf`` of the work dir in iteration 3 of 10 (epoch 1): WorkDirHook recreates it before the next
+    log write, with one warning; the checkpoints of epochs 1 and 2 are saved as planned, the log (copied
+    back from the open file) still holds the first iterations and the config is dumped again. Before: a
+    ``FileNotFoundError`` traceback at the next log write, no checkpoint."""
+    from tests.fixtures.toy_runs import last_named, load
+    config = toy_config(tmp_path, epochs=2)
+    work = tmp_path / 'work'
+    _, out = train(config, work, env=dict(TOY_RMTREE_AT_ITER='3'))
+    assert 'Traceback' not in out
+    warnings = [line for line in out.splitlines() if f'work dir {work} was deleted' in line]
+    assert len(warnings) == 1, out[-3000:]
+    assert 'recreated it, so the coming checkpoints and logs are saved as planned' in warnings[0]
+    assert last_named(work) == str(work / 'epoch_2.pth') and (work / 'epoch_1.pth').is_file()
+    assert load(work / 'epoch_2.pth')['meta']['iter'] == 10
+    log = next(work.glob('*/*.log')).read_text()
+    assert 'Epoch(train) [1][1/5]' in log and 'Epoch(train) [2][5/5]' in log and warnings[0] in log
+    assert (work / 'toy.py').is_file()  # the config dumped again

@@ -152,3 +152,51 @@ def test_demo_script_runs_and_writes_summary_and_figure(tiny, tmp_path):
         assert json.load(f)['after'] == summary['after']
     figure = cv2.imread(str(work_dir / 'predictions.png'))
     assert figure is not None and figure.shape[1] >= 4 * 64
+
+
+def test_out_folder_is_written_atomically_and_kept_on_a_failure(tiny, tmp_path, capsys, monkeypatch):
+    """tools/test.py --out DIR (mmseg's maps): written into a temporary folder beside DIR, which replaces DIR
+    once the evaluation is complete; a disk that fills while the maps are written leaves an earlier DIR as it
+    was (one ``error:`` line, exit 1) and no partial folder."""
+    import errno
+
+    from mmengine.logging import MMLogger
+    from PIL import Image
+
+    from tests.fixtures.segmentation import build_segmentor
+    from tests.fixtures.tools import digest
+    checkpoint = tmp_path / 'weights.pth'
+    torch.save(dict(state_dict=build_segmentor(load_config(tiny['config']).model).state_dict()), checkpoint)
+    out = tmp_path / 'pred_maps'
+    out.mkdir()
+    (out / 'stale.png').write_bytes(b'a map of an earlier run')
+    test = load_tool('test')
+    argv = [tiny['config'], str(checkpoint), '--work-dir', str(tmp_path / 'work'), '--out', str(out)]
+    MMLogger.get_instance('out_folder')
+    test.main(argv)
+    maps = sorted(p.name for p in out.iterdir())
+    assert len(maps) == 4 and 'stale.png' not in maps  # the folder replaced whole
+    assert sorted(os.listdir(tmp_path)) == ['pred_maps', 'weights.pth', 'work']  # nothing left beside it
+    before = digest(out)
+
+    saved = []
+    real_save = Image.Image.save
+
+    def disk_full(self, fp, *args, **kwargs):  # the disk is full at the second map
+        if len(saved) == 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        saved.append(fp)
+        return real_save(self, fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, 'save', disk_full)
+    MMLogger.get_instance('out_folder_full')
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        test.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and err.count('\n') == 1 and 'Traceback' not in err, err
+    assert err == (f'error: could not write the prediction maps to {out}: No space left on device (errno 28). Nothing '
+                   f'was lost: the earlier {out} is intact and no partial folder was left. Free disk space (or pass '
+                   'an --out on another disk), then run tools/test.py again.\n')
+    assert digest(out) == before
+    assert sorted(os.listdir(tmp_path)) == ['pred_maps', 'weights.pth', 'work']

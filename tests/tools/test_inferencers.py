@@ -5,6 +5,7 @@ as numpy users make them pass through the configs' CheckImage: a float image in 
 IndexError in the data preprocessor), each with a warning."""
 import json
 import os.path as osp
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from mmpola.runtime.config import load_config, register_task_modules
+from tests.fixtures.bad_data import damage_jpeg_body
 from tests.fixtures.paths import REPO
 
 DET_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
@@ -86,7 +88,8 @@ def test_mmseg_inferencer_one_image_and_arrays(tmp_path):
 
 
 def _folder(tmp_path):
-    """a.jpg, b.JPG (upper-case suffix), c.png (not an image: random bytes), notes.txt."""
+    """a.jpg, b.JPG (upper-case suffix), c.png (not an image: random bytes), d.jpg (a JPEG whose body is
+    damaged: 1 KiB overwritten in the middle of its image data), notes.txt."""
     folder = tmp_path / 'photos'
     folder.mkdir()
     _image(folder / 'a.jpg', 96, 128)
@@ -94,24 +97,29 @@ def _folder(tmp_path):
     cv2.imwrite(str(folder / 'b.JPG'), image)
     (folder / 'c.png').write_bytes(np.random.default_rng(2).bytes(3000))
     (folder / 'notes.txt').write_text('taken on a sunny day')
+    damage_jpeg_body(Path(_image(folder / 'd.jpg', 96, 128)), 1024)
     return folder
 
 
 def _left_out_warning(capsys, who, folder):
     out = capsys.readouterr().out
-    assert f"[mmpola] {who}: 2 of 4 files of folder '{folder}' left out: c.png (cannot be decoded as an image); " \
-           'notes.txt (not an image file name (suffixes: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp)). ' \
+    assert f"[mmpola] {who}: 3 of 5 files of folder '{folder}' left out: c.png (cannot be decoded as an image); " \
+           'd.jpg (damaged: its JPEG data are corrupt (libjpeg: Corrupt JPEG data' in out, out
+    assert 'notes.txt (not an image file name (suffixes: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp)). ' \
            'Predicting the other 2' in out, out
 
 
 def test_folders_upper_case_suffixes_and_unreadable_files(tmp_path, capsys):
-    """mmpola.inferencers: a folder's b.JPG is predicted (mmdet's listing skipped it), an undecodable file
-    and a text file are named and left out (one stopped the whole folder), the rest is predicted as one
-    image at a time; nothing left to predict is one clear error."""
+    """mmpola's inferencers (from mmpola.apis and the package, where OpenMMLab users look for them): a
+    folder's b.JPG is predicted (mmdet's listing skipped it), an undecodable file, a JPEG with a damaged
+    body (mmdet's loader predicted on its noise) and a text file are named and left out (one undecodable
+    file stopped the whole folder), the rest is predicted as one image at a time; nothing left to predict
+    is one clear error."""
     from mmengine.logging import MMLogger
 
+    from mmpola import SegInferencer
+    from mmpola.apis import DetInferencer
     from mmpola.errors import UserError
-    from mmpola.inferencers import DetInferencer, SegInferencer
     folder = _folder(tmp_path)
     MMLogger.get_instance('inferencer_folder')  # the log goes to this test's captured stdout
     det = DetInferencer(model=DET_CONFIG, weights=_checkpoint(DET_CONFIG, tmp_path / 'det.pth')[0], device='cpu')

@@ -20,6 +20,7 @@ default_hooks = dict(
     nonfinite_loss=dict(type='mmpola.NonFiniteLossHook'),
     nonfinite_pixels=dict(type='mmpola.NonFinitePixelsHook'),
     checkpoint_fit=dict(type='mmpola.CheckpointFitHook'),
+    work_dir=dict(type='mmpola.WorkDirHook'),
 )
 # settings of the hooks above (--cfg-options nonfinite_loss.action=skip, nonfinite_pixels.action=skip,
 # checkpoint_min_loaded=0)

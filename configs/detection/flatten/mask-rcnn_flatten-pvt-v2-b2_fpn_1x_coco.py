@@ -35,7 +35,10 @@ optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=2e-4, betas=(0.9, 0.999), weight_decay=1e-4))
 
 # 8 GPUs x 2 images; --auto-scale-lr rescales the lr for another total batch size.
-train_dataloader = dict(batch_size=2)
+# training images loaded by mmpola's LoadCheckedImage: mmcv's LoadImageFromFile that refuses a JPEG whose
+# body is damaged, naming the file (mmpola/datasets/decoding.py)
+train_pipeline = [dict(_base_.train_pipeline[0], type='LoadCheckedImage'), *_base_.train_pipeline[1:]]
+train_dataloader = dict(batch_size=2, dataset=dict(pipeline=train_pipeline))
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 
 # `--tta`: horizontal flip

@@ -41,7 +41,7 @@ from .datasets import (
     seg_dataset_files,
 )
 from .files import check_data_files
-from .image_headers import applies_orientation
+from .image_headers import IMAGE_LOADERS, applies_orientation
 from .model import check_model_channels, check_num_classes
 from .seg_maps import check_seg_maps, check_zero_label_setting
 
@@ -92,7 +92,7 @@ def check_dataset_contents(cfg, dataloader_keys):
                     continue
                 masks = uses_masks(cfg, key, dataset)
                 metric_files = is_evaluated(cfg, key)
-                index, _ = pipeline_step(dataset, 'LoadImageFromFile')
+                index, _ = pipeline_step(dataset, IMAGE_LOADERS)
                 scored = any(f is None or (isinstance(f, str) and osp.abspath(f) == osp.abspath(path))
                              for f in metric_files or [])  # a metric without a file of its own uses the dataset's
                 settings = dict(img_dir=coco_image_dir(dataset), applies_orientation=applies_orientation(

@@ -6,7 +6,12 @@ The class list comes from one place: ``metainfo.classes``, else the class folder
 numbered from its own folders that lacks one class folder shifts every label after it by one (the
 accuracy is then computed against wrong labels, without a word); a class folder without images
 (an interrupted copy) is a class the model never sees. Both are named here, before anything is built.
-Folders are listed as the dataset lists them (torchvision's ``find_classes``); no image is opened.
+Folders are listed as the dataset lists them (torchvision's ``find_classes`` and ``make_dataset``). Each
+image file is then checked as the detection and segmentation images are
+(:func:`mmpola.runtime.preflight.files.check_image_files`: one ``stat`` and one open with two small reads
+per file): a file that does not exist (a link whose target is gone), is empty, cannot be read (permission
+denied), is no image or is cut off is named with the fix, instead of PIL's error naming no file in a
+DataLoader worker.
 """
 import os
 import os.path as osp
@@ -14,6 +19,7 @@ import os.path as osp
 from mmpola.errors import UserError
 
 from .datasets import dataset_class, full_path, shown
+from .files import check_image_files
 
 __all__ = ['is_class_folder_dataset', 'check_class_folders']
 
@@ -119,3 +125,8 @@ def check_class_folders(cfg, key, where, dataset):
             f'{"never be trained on" if key.startswith("train") else "never be tested on"}. Fix: copy its images '
             'there (an interrupted copy?), or remove the folder'
             + (' (one class fewer: num_classes too)' if key.startswith('train') or numbered_by == split else ''))
+    from torchvision.datasets.folder import make_dataset
+    samples = make_dataset(split, {c: i for i, c in enumerate(own)}, extensions=extensions, allow_empty=True)
+    check_image_files([('images', [path for path, _ in samples], f'in the class folders of {split!r}',
+                        'restore them (a link whose target is gone?), or remove them')],
+                      key, drop=', or remove them from the class folders')

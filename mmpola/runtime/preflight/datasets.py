@@ -65,10 +65,11 @@ def leaf_dataset_paths(node, where='dataset'):
 
 
 def pipeline_step(dataset, name):
-    """``(index, step config)`` of the first step of type ``name`` (any scope) in the dataset's
-    pipeline, or ``(None, None)``."""
+    """``(index, step config)`` of the first step of type ``name`` (any scope; or of one of the types
+    ``name`` lists) in the dataset's pipeline, or ``(None, None)``."""
+    names = (name,) if isinstance(name, str) else tuple(name)
     for i, step in enumerate(dataset.get('pipeline') or []):
-        if isinstance(step, dict) and str(step.get('type', '')).split('.')[-1] == name:
+        if isinstance(step, dict) and str(step.get('type', '')).split('.')[-1] in names:
             return i, step
     return None, None
 

@@ -15,7 +15,7 @@ from mmpola.errors import UserError
 from ..config import is_url
 from .datasets import coco_image_file_names, defining_class, leaf_datasets, listing, seg_dataset_files
 
-__all__ = ['check_data_files', 'check_dataset_images']
+__all__ = ['check_data_files', 'check_dataset_images', 'check_image_files']
 
 
 _DATA_HINTS = {
@@ -82,6 +82,7 @@ _SIGNATURES = ((b'\xff\xd8\xff', 'JPEG'), (b'\x89PNG\r\n\x1a\n', 'PNG'), (b'GIF8
 # where each format's complete file ends: the marker must lie in the last KiB (trailers after it are kept short)
 _END_MARKERS = {'JPEG': (b'\xff\xd9', 'its end marker (FF D9)'), 'PNG': (b'IEND', 'its IEND chunk')}
 _TAIL = 1024
+_UNREADABLE = 'unreadable: '
 
 
 def _damage(path):
@@ -93,7 +94,7 @@ def _damage(path):
             f.seek(max(0, size - _TAIL))
             tail = f.read()
     except OSError as exc:
-        return f'unreadable ({exc.strerror or exc})'
+        return f'{_UNREADABLE}{exc.strerror or exc}'
     kind = next((name for sig, name in _SIGNATURES if head.startswith(sig)), None)
     marker = _END_MARKERS.get(kind)
     if kind is not None and (marker is None or marker[0] in tail):
@@ -152,6 +153,14 @@ def check_dataset_images(dataset, key='dataset', hint=''):
                            'add the missing maps, or move the images that have none out of the image folder'))
     else:
         return
+    check_image_files(groups, key, drop, hint)
+
+
+def check_image_files(groups, key, drop='', hint=''):
+    """Raise :class:`UserError` for the first group of files with missing, empty, unreadable or
+    undecodable ones, with the count, the first paths and the fix. ``groups``: ``(what, paths, source,
+    fix)`` (``'images'``, the files, where they come from, the fix for missing ones); ``drop``: how to
+    leave a file out (appended to the fix of damaged ones)."""
     for what, paths, source, fix in groups:
         missing, empty = _missing_and_empty(paths)
         if missing:
@@ -161,8 +170,15 @@ def check_dataset_images(dataset, key='dataset', hint=''):
         if empty:
             raise UserError(
                 f'{key}: {len(empty)} of {len(paths)} {what} {source} are empty (0 bytes: an interrupted '
-                f'download or copy):{listing(empty)}\nFix: replace them with the original files. {hint}'.rstrip())
-        damaged = [f'{path}: {why}' for path in paths for why in [_damage(path)] if why]
+                f'download or copy):{listing(empty)}\nFix: replace them with the original files{drop}. {hint}'.rstrip())
+        verdicts = [(path, _damage(path)) for path in paths]
+        unreadable = [f'{path}: {why[len(_UNREADABLE):]}' for path, why in verdicts
+                      if why and why.startswith(_UNREADABLE)]
+        if unreadable:
+            raise UserError(
+                f'{key}: {len(unreadable)} of {len(paths)} {what} {source} cannot be read:{listing(unreadable)}'
+                f'\nFix: make them readable by this user (chmod a+r, or run as their owner){drop}. {hint}'.rstrip())
+        damaged = [f'{path}: {why}' for path, why in verdicts if why]
         if damaged:
             raise UserError(
                 f'{key}: {len(damaged)} of {len(paths)} {what} {source} cannot be decoded (an interrupted '

@@ -6,7 +6,8 @@ lazy open, which reads the header and, for JPEG, the EXIF block).
 """
 import struct
 
-__all__ = ['ImageHeader', 'png_header', 'image_header', 'applies_orientation', 'ORIENTATION_TRANSPOSES']
+__all__ = ['ImageHeader', 'png_header', 'image_header', 'applies_orientation', 'ORIENTATION_TRANSPOSES',
+           'IMAGE_LOADERS']
 
 _PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 # PNG colour type -> (channels, name)
@@ -18,6 +19,9 @@ ORIENTATION_TRANSPOSES = (5, 6, 7, 8)
 # IMREAD_UNCHANGED and IMREAD_IGNORE_ORIENTATION; mmcv's pillow backend applies it only for
 # 'color' and 'grayscale')
 _IGNORE_ORIENTATION = ('unchanged', 'color_ignore_orientation', 'grayscale_ignore_orientation')
+# the pipeline steps that load an image file with mmcv's LoadImageFromFile arguments (mmpola's
+# LoadCheckedImage is mmcv's, with damaged JPEG data refused)
+IMAGE_LOADERS = ('LoadImageFromFile', 'LoadCheckedImage')
 
 
 class ImageHeader(tuple):
@@ -86,6 +90,6 @@ def image_header(path, pixels=False):
 def applies_orientation(pipeline):
     """Whether the pipeline's image loading applies the EXIF orientation (mmcv's default, 'color')."""
     for step in pipeline or []:
-        if isinstance(step, dict) and str(step.get('type', '')).split('.')[-1] == 'LoadImageFromFile':
+        if isinstance(step, dict) and str(step.get('type', '')).split('.')[-1] in IMAGE_LOADERS:
             return step.get('color_type', 'color') not in _IGNORE_ORIENTATION
     return True
