@@ -43,7 +43,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from mmpola.checkpoint.sources import pretrained_url
 from mmpola.registry import ARCHITECTURES
 
-from .attention import attention_title
+from .attention import attention_publication, attention_title
 from .backbones import backbone_class, preset_of
 from .classifier import PolaClassifier, PolaPPClassifier, accept_official_checkpoints, timm_filter_fn
 from .pretrained import timm_pretrained_overlay
@@ -137,22 +137,9 @@ TIMM_ENTRIES = {
     'inline_deit_base': _row('vit', 'base', 'inline', 0.1, img_size=448),
 }
 
-# the publication of each kind's models (timm's pretrained_cfg paper_name / origin_url)
-_PAPERS = {
-    'pola': ('PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
-             'https://github.com/ZacharyMeng/PolaFormer'),
-    'flatten': ('FLatten Transformer: Vision Transformer using Focused Linear Attention',
-                'https://github.com/LeapLabTHU/FLatten-Transformer'),
-    'inline': ('Bridging the Divide: Reconsidering Softmax and Linear Attention',
-               'https://github.com/LeapLabTHU/InLine'),
-    'pacs': ('PolaFormer++: Polarity-aware Linear Attention with Channel-wise Spikiness',
-             'https://github.com/ZacharyMeng/PolaFormerPP'),
-}
-
-
 def _cfg(name, entry):
     # evaluation exactly as the official code: square resize to 256 / 224 of the size (bicubic), centre crop
-    paper, origin = _PAPERS[entry.attn]
+    paper, origin = attention_publication(entry.attn)  # the kind's release: its class says
     architecture = ARCHITECTURES.get(entry.family)
     first_conv = 'backbone.' + architecture.first_conv
     source = entry.source or dict(url=pretrained_url(name) or '')

@@ -5,6 +5,7 @@ every parameter, and a finite bf16 autocast pass."""
 import pytest
 import torch
 
+from mmpola.models.backbones import kinds_on_every_architecture
 from mmpola.registry import ARCHITECTURES
 
 TINY = {
@@ -14,7 +15,8 @@ TINY = {
     'cswin': dict(embed_dims=16, depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 8], split_size=[1, 2, 7, 7]),
     'vit': dict(embed_dims=32, depth=4, num_heads=2, img_size=64),
 }
-KINDS = ('pola', 'flatten', 'inline', 'softmax')
+# every registered kind that every architecture takes (Pola, FLatten, InLine ...), and each one's softmax
+KINDS = kinds_on_every_architecture() + ('softmax',)
 SIZE = (67, 97)
 # the maps of each architecture at 67 x 97 (strides 4-32; the ViT: its blocks at stride 16)
 SIZES = {'pvt': [(16, 24), (8, 12), (4, 6), (2, 3)], 'pvt_v2': [(17, 25), (9, 13), (5, 7), (3, 4)],
