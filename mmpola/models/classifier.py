@@ -25,9 +25,9 @@ from mmpola.registry import ARCHITECTURES, ATTENTIONS, MODELS
 
 from .attention import attention_letter, attention_options
 from .backbones import PRESETS, backbone_class
+from .checks import PolaConfigError, is_pretrained_cfg
 from .classification_head import classification_head_of
 from .timm_conventions import TimmClassifierMixin, check_global_pool
-from .utils import PolaConfigError, is_pretrained_cfg
 
 __all__ = ['ImageClassifier', 'official_kwargs_to_classifier_kwargs', 'timm_filter_fn', 'PARTIAL_OPTION']
 

@@ -54,7 +54,7 @@ import inspect
 
 from mmpola.registry import ATTENTIONS
 
-from ..utils import PolaConfigError
+from ..checks import PolaConfigError
 
 __all__ = ['COMMON_ARGS', 'attention_class', 'attention_title', 'attention_paper', 'attention_letter',
            'attention_citation', 'attention_publication', 'attention_op', 'attention_options',

@@ -6,7 +6,8 @@ from timm.layers import register_notrace_module
 from mmpola.ops import check_attn_impl, inline_attention
 from mmpola.registry import ATTENTIONS
 
-from .common import QKVProjections, add_to_patches, check_attention_args
+from .grid_terms import add_to_patches
+from .projections import QKVProjections, check_attention_args
 
 __all__ = ['InLineAttention']
 

@@ -7,15 +7,8 @@ from mmpola.ops import check_attn_impl, pola_attention
 from mmpola.registry import ATTENTIONS
 
 from ..layers import depthwise_conv
-from .common import (
-    KeyPositionalEncoding,
-    QKVProjections,
-    add_to_patches,
-    check_attention_args,
-    depthwise_value_heads,
-    depthwise_value_term,
-    reduced_grid,
-)
+from .grid_terms import KeyPositionalEncoding, add_to_patches, depthwise_value_heads, depthwise_value_term
+from .projections import QKVProjections, check_attention_args, reduced_grid
 
 __all__ = ['PolaAttention']
 

@@ -73,9 +73,7 @@ from ..attention import (
     registered_attention_kinds,
     split_attention_cfg,
 )
-from ..classification_head import classification_head_of
-from ..layers import trunc_normal_init
-from ..utils import (
+from ..checks import (
     PolaConfigError,
     check_frozen_stages,
     check_input,
@@ -84,6 +82,8 @@ from ..utils import (
     is_pretrained_cfg,
     resolve_arch,
 )
+from ..classification_head import classification_head_of
+from ..layers import trunc_normal_init
 
 __all__ = ['DenseBackbone', 'register_architecture', 'parse_attn_type', 'drop_path_rates', 'tokens_to_nchw',
            'run_blocks']

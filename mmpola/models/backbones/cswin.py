@@ -33,9 +33,9 @@ import torch
 import torch.nn as nn
 
 from ..attention import attention_class
+from ..checks import PolaConfigError, square_pretrain_size
 from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import DropPath, Mlp
-from ..utils import PolaConfigError, square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['CSWinBackbone', 'CSWinHead', 'CSWinBlock', 'MergeBlock']

@@ -17,9 +17,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import RotaryEmbedding
+from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import DropPath, depthwise_conv, trunc_normal_init
-from ..utils import PolaConfigError
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
 __all__ = ['PolaPPBackbone', 'PolaPPHead', 'PolaPPBlock', 'LayerNorm2d', 'ConvStem', 'ConvDownsample',

@@ -14,9 +14,9 @@ from timm.layers import trunc_normal_
 
 from mmpola.checkpoint import CheckpointMismatchError
 
+from ..checks import check_stage_string, square_pretrain_size
 from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache
-from ..utils import check_stage_string, square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['PVTBackbone', 'PVTHead', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids',

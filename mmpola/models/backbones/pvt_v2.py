@@ -23,9 +23,9 @@ import math
 import torch.nn as nn
 from timm.layers import register_notrace_module
 
+from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PreNormBlock, trunc_normal_init
-from ..utils import PolaConfigError
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_stage_settings
 

@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..checks import square_pretrain_size
 from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PatchEmbed, PatchMerging, PreNormBlock
-from ..utils import square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
 __all__ = ['SwinBackbone', 'SwinHead', 'SwinStage']

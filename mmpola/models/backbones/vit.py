@@ -29,9 +29,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module, trunc_normal_
 
+from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PreNormBlock, resize_grid_embedding, to_2tuple_int
-from ..utils import PolaConfigError
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
 __all__ = ['ViTBackbone', 'ViTHead', 'ViTPatchEmbed', 'resize_token_embedding']

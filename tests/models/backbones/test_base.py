@@ -18,7 +18,7 @@ from mmpola.models import (
 )
 from mmpola.models.attention import attention_letter, registered_attention_kinds
 from mmpola.models.backbones import drop_path_rates, parse_attn_type, tokens_to_nchw
-from mmpola.models.utils import PolaConfigError
+from mmpola.models.checks import PolaConfigError
 from mmpola.registry import ARCHITECTURES
 
 TINY_PVT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])

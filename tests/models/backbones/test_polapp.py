@@ -9,8 +9,8 @@ import torch
 from mmpola.checkpoint import CheckpointMismatchError
 from mmpola.checkpoint.reading import safe_torch_load
 from mmpola.models import ImageClassifier, PolaPP
+from mmpola.models.checks import PolaConfigError
 from mmpola.models.timm_conventions import NotScriptableError
-from mmpola.models.utils import PolaConfigError
 from tests.fixtures.checkpoints import classifier_from_official
 
 # backbone parameters: classification projection, its BatchNorm, the head and the dense output norms

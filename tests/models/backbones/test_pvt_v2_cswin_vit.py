@@ -24,7 +24,7 @@ from mmpola.models import (
     StripeAttention,
     ViTBackbone,
 )
-from mmpola.models.utils import PolaConfigError
+from mmpola.models.checks import PolaConfigError
 
 TINY = {
     'pvt_v2': (FLattenPVTv2, dict(arch=dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4],
