@@ -13,7 +13,8 @@ imports it instead of looking for an ``mmpola.utils.register_all_modules``.
 ``ATTENTIONS`` holds the attention modules a backbone stage can use, under short names
 (``'pola'``, ``'softmax'`` ...; mmpola.models.attention), and ``ARCHITECTURES`` the macro
 architectures under their family names (``'pvt'``, ``'swin'``, ``'polapp'``; the same classes are in
-``MODELS`` under their class names); both are mmpola's own.
+``MODELS`` under their class names), and ``CLASSIFICATION_HEADS`` each architecture's official
+ImageNet head under the same family names; the three are mmpola's own.
 """
 from mmengine.registry import DATA_SAMPLERS as MMENGINE_DATA_SAMPLERS
 from mmengine.registry import DATASETS as MMENGINE_DATASETS
@@ -25,7 +26,7 @@ from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
 __all__ = ['ScopedRegistry', 'MODELS', 'HOOKS', 'TRANSFORMS', 'METRICS', 'DATASETS', 'DATA_SAMPLERS', 'OPTIM_WRAPPERS',
-           'ATTENTIONS', 'ARCHITECTURES']
+           'ATTENTIONS', 'ARCHITECTURES', 'CLASSIFICATION_HEADS']
 
 
 class ScopedRegistry(Registry):
@@ -49,3 +50,5 @@ OPTIM_WRAPPERS = ScopedRegistry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS,
 ATTENTIONS = Registry('attention', scope='mmpola', locations=['mmpola'])
 # macro architectures (dense backbones) by family name; see mmpola.models.backbones
 ARCHITECTURES = Registry('architecture', scope='mmpola', locations=['mmpola'])
+# the official ImageNet head of each architecture, by family name; see mmpola.models.classification_head
+CLASSIFICATION_HEADS = Registry('classification head', scope='mmpola', locations=['mmpola'])

@@ -38,9 +38,9 @@ The cases are data, read from the package's registries and tables: the attention
 implementations and example inputs (mmpola.ops.OPS: a new op or a registered implementation appears
 here), and the backbones (every preset of mmpola.models.backbones.PRESETS at every arch size of its
 architecture, named '<official name>-<size>': pola-pvt-t, flatten-swin-b, flatten-pvtv2-b0,
-inline-cswin-b-384, inline-deit-s, polaformer++-b2 ...; every other attention kind of KIND_ROWS on every
-architecture at its first size, named the same way: pola-cswin-t, softmax-deit-t ...; the rows of
-EXTRA_BACKBONES; mmdet's PVT-T and Swin-T as references).
+inline-cswin-b-384, inline-deit-s, polaformer++-b2 ...; every kind every architecture takes, and its
+softmax (kind_rows()), on every architecture at its first size, named the same way: pola-cswin-t,
+softmax-deit-t ...; the rows of EXTRA_BACKBONES; mmdet's PVT-T and Swin-T as references).
 
 Training throughput (train; tools/benchmark_train.py holds it): each config's Runner built as
 tools/train.py builds it (model, optimizer wrapper and --amp, parameter schedulers, hooks), on generated
@@ -154,13 +154,17 @@ def released_backbones():
     return out
 
 
-# the attention kinds compared on every architecture (besides its released presets); 'softmax': its own
-KIND_ROWS = ('pola', 'flatten', 'inline', 'softmax')
+def kind_rows():
+    """The attention kinds compared on every architecture (besides its released presets): the
+    registered kinds every architecture takes, and 'softmax' (each architecture's own)."""
+    from mmpola.models.backbones import kinds_on_every_architecture
+    return kinds_on_every_architecture() + ('softmax',)
 
 
 def kind_backbones():
-    """``{name: (registered type, build kwargs)}``: every kind of KIND_ROWS on every architecture that takes
-    it, at the architecture's first size, where no preset is that pair (PolaFormer++ keeps its own kinds)."""
+    """``{name: (registered type, build kwargs)}``: every kind of :func:`kind_rows` on every architecture
+    that takes it, at the architecture's first size, where no preset is that pair (PolaFormer++ keeps its
+    own kinds)."""
     from mmpola.models.attention import attention_title
     from mmpola.models.backbones import preset_of
     from mmpola.registry import ARCHITECTURES
@@ -169,7 +173,7 @@ def kind_backbones():
         if family == 'polapp':
             continue
         arch = next(iter(arch_cls.arch_settings))
-        for kind in KIND_ROWS:
+        for kind in kind_rows():
             if kind == 'softmax':
                 stages = arch_cls.stages_of(arch_cls.arch_settings[arch])
                 kwargs = dict(arch=arch, attn_type='S' * (1 if family == 'vit' else stages))

@@ -12,7 +12,7 @@ _base_ = [
 ]
 
 model = dict(
-    type='PolaImageClassifier',
+    type='ClassificationModel',
     family='pvt',
     arch='small',
     num_classes=1000,

@@ -13,7 +13,7 @@ _base_ = [
 ]
 
 model = dict(
-    type='PolaImageClassifier',
+    type='ClassificationModel',
     family='swin',
     arch='base',
     num_classes=1000,

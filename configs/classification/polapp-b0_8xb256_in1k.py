@@ -12,7 +12,8 @@ _base_ = [
 ]
 
 model = dict(
-    type='PolaPPImageClassifier',
+    type='ClassificationModel',
+    family='polapp',
     arch='b0',
     num_classes=1000,
     drop_path_rate=0.1,

@@ -6,7 +6,7 @@ This package knows nothing of mmpola's models: they bring their own filter and k
 (``model.checkpoint_filter``, ``model.checkpoint_signature()``), and mmpola.models registers what
 its models' files look like (:func:`register_known_models`) for the messages.
 """
-from .loading import LoadReport, checkpoint_source, load_checkpoint, read_checkpoint
+from .loading import PARTIAL_OPTION, LoadReport, checkpoint_source, load_checkpoint, prepare_state_dict, read_checkpoint
 from .signatures import (
     BlockLayout,
     KeySignature,
@@ -29,6 +29,7 @@ from .state_dict import (
 )
 
 __all__ = ['read_checkpoint', 'extract_state_dict', 'find_key_prefix', 'resize_state_dict', 'load_checkpoint',
+           'prepare_state_dict', 'PARTIAL_OPTION',
            'checkpoint_source', 'describe_checkpoint', 'describe_backbone', 'identify',
            'key_pattern', 'KeySignature', 'KnownModel', 'LookAlike', 'register_known_models', 'LoadReport',
            'CheckpointMismatchError', 'NonFiniteCheckpointError', 'check_finite', 'BlockLayout', 'block_layout']

@@ -1,5 +1,5 @@
-"""Load weights into the backbones: one path (docs/design.md, "Checkpoints: official names, loading
-is a filter").
+"""Load weights into the backbones, the classifiers and the timm entries: one path (docs/design.md,
+"Checkpoints: official names, loading is a filter").
 
     read safely -> extract -> prefix -> architecture filter -> is it for this model -> resize -> load -> report
 
@@ -38,7 +38,7 @@ from .reading import download_checkpoint, safe_torch_load
 from .signatures import attention_modules
 from .state_dict import CheckpointMismatchError, check_finite, extract_state_dict, find_key_prefix, resize_state_dict
 
-__all__ = ['read_checkpoint', 'load_checkpoint', 'LoadReport', 'checkpoint_source',
+__all__ = ['read_checkpoint', 'load_checkpoint', 'prepare_state_dict', 'LoadReport', 'checkpoint_source',
            'PARTIAL_OPTION']
 
 # how a caller of :func:`load_checkpoint` loads a file of other blocks on purpose (the messages say it)
@@ -49,9 +49,17 @@ PARTIAL_OPTION = ("strict=False (init_cfg=dict(type='Pretrained', checkpoint=...
 class LoadReport(dict):
     """What a load did: lists of keys under 'loaded', 'missing', 'unexpected', 'dropped',
     'resized', 'mismatched', 'outside_prefix', plus 'prefix', 'origin' and 'source'. Attribute
-    access for convenience."""
+    access for convenience; ``missing_keys`` / ``unexpected_keys`` as in torch's ``load_state_dict`` result."""
 
     __getattr__ = dict.__getitem__
+
+    @property
+    def missing_keys(self):
+        return self['missing']
+
+    @property
+    def unexpected_keys(self):
+        return self['unexpected']
 
 
 def _log(msg, logger, level=logging.INFO):
@@ -85,13 +93,77 @@ def read_checkpoint(source, map_location='cpu'):
     return safe_torch_load(source, map_location=map_location)
 
 
+class _Prepared(dict):
+    """What :func:`prepare_state_dict` made: the tensors to load and what it did to the file's keys."""
+
+    __getattr__ = dict.__getitem__
+
+
+def prepare_state_dict(model, state_dict, source='the given state dict', prefix=None, map_final_norm=False,
+                       strict=None):
+    """Steps 1-5 of the loading (module doc) on extracted tensors: prefix, the model's filter, "is this
+    file for this model", resizing and the finite check; what :func:`load_checkpoint` loads, and what
+    timm's ``pretrained_filter_fn`` of the entries returns.
+
+    Args:
+        model: the backbone or classifier; a model with ``checkpoint_filter`` and ``checkpoint_signature``
+            brings its filter and key signature (a classifier's signature is its backbone's, compared
+            with the keys below its ``checkpoint_signature_prefix``), any other module is loaded by
+            matching names. ``partial_load_option`` names how its callers load other blocks on purpose.
+        state_dict: the file's tensors (:func:`extract_state_dict`).
+        source, prefix, map_final_norm, strict: as :func:`load_checkpoint`.
+
+    Returns:
+        a dict with ``state_dict`` (the tensors to load, shape-mismatched ones included), ``prefix``,
+        ``matched``, ``outside`` (keys outside the prefix), ``dropped``, ``resized`` and ``mismatched``.
+    """
+    model_state = model.state_dict()
+    name = type(model).__name__
+    if prefix is None:
+        prefix, matched = find_key_prefix(state_dict, model_state)
+    else:
+        matched = sum(1 for k in state_dict if k.startswith(prefix) and k[len(prefix):] in model_state)
+    outside = [k for k in state_dict if not k.startswith(prefix)]
+    final_norm = {}
+    if map_final_norm and prefix.endswith('backbone.'):
+        # a classifier checkpoint keeps its final norm beside the backbone: '<outer>norm.*'
+        outer = prefix[:-len('backbone.')]
+        final_norm = {k[len(outer):]: v for k, v in state_dict.items() if k.startswith(outer + 'norm.')}
+    state_dict = OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
+    for key, value in final_norm.items():
+        state_dict.setdefault(key, value)
+
+    dropped = []
+    if hasattr(model, 'checkpoint_filter'):
+        state_dict, dropped = model.checkpoint_filter(state_dict, source, map_final_norm=map_final_norm)
+    signature = model.checkpoint_signature() if hasattr(model, 'checkpoint_signature') else None
+    if signature is not None:
+        below = getattr(model, 'checkpoint_signature_prefix', '')
+        keys = OrderedDict((k[len(below):], v) for k, v in state_dict.items() if k.startswith(below))
+        signature.check(keys, source, prefix, layout=strict is not False,
+                        partial_option=getattr(model, 'partial_load_option', PARTIAL_OPTION))
+    elif matched == 0:
+        raise CheckpointMismatchError(
+            f'checkpoint {source} has no key matching {name}{" under prefix " + repr(prefix) if prefix else ""}; '
+            f'its keys look like {list(state_dict)[:3]}, the model\'s like {list(model_state)[:3]}')
+
+    kept, resized = resize_state_dict(state_dict, model_state)
+    mismatched = [f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(model_state[k].shape)}'
+                  for k, v in kept.items() if k in model_state and v.shape != model_state[k].shape]
+    shapes_differ = {entry.split(':', 1)[0] for entry in mismatched}
+    check_finite({k: v for k, v in kept.items() if k in model_state and k not in shapes_differ}, source)
+    return _Prepared(state_dict=kept, prefix=prefix, matched=matched, outside=outside, dropped=dropped,
+                     resized=resized, mismatched=mismatched)
+
+
 def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm=False, strict=None,
                     map_location='cpu', logger='current'):
     """Load a checkpoint into a backbone (or any module) by filtering keys.
 
     Args:
-        model: the backbone; a :class:`~mmpola.models.backbones.DenseBackbone` brings its filter and
-            key signature, any other module is loaded by matching names.
+        model: the backbone or classifier; a :class:`~mmpola.models.backbones.DenseBackbone` or an
+            :class:`~mmpola.models.classifier.ImageClassifier` brings its filter and key signature
+            (:func:`prepare_state_dict`), any other module is loaded by matching names.
         checkpoint: path, URL or already loaded dict (any container listed in the module doc).
         prefix: keep only keys starting with it and strip it (e.g. ``'backbone.'``); None finds it.
         use_ema: prefer ``state_dict_ema`` / ``model_ema`` when present.
@@ -119,39 +191,12 @@ def load_checkpoint(model, checkpoint, prefix=None, use_ema=True, map_final_norm
     state_dict, origin = extract_state_dict(read_checkpoint(checkpoint, map_location), use_ema)
     model_state = model.state_dict()
     name = type(model).__name__
-
-    if prefix is None:
-        prefix, matched = find_key_prefix(state_dict, model_state)
-    else:
-        matched = sum(1 for k in state_dict if k.startswith(prefix) and k[len(prefix):] in model_state)
-    outside = [k for k in state_dict if not k.startswith(prefix)]
-    final_norm = {}
-    if map_final_norm and prefix.endswith('backbone.'):
-        # a classifier checkpoint keeps its final norm beside the backbone: '<outer>norm.*'
-        outer = prefix[:-len('backbone.')]
-        final_norm = {k[len(outer):]: v for k, v in state_dict.items() if k.startswith(outer + 'norm.')}
-    state_dict = OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
-    for key, value in final_norm.items():
-        state_dict.setdefault(key, value)
-
-    dropped = []
-    if hasattr(model, 'checkpoint_filter'):
-        state_dict, dropped = model.checkpoint_filter(state_dict, source, map_final_norm=map_final_norm)
-    signature = model.checkpoint_signature() if hasattr(model, 'checkpoint_signature') else None
-    if signature is not None:
-        signature.check(state_dict, source, prefix, layout=strict is not False, partial_option=PARTIAL_OPTION)
-    elif matched == 0:
-        raise CheckpointMismatchError(
-            f'checkpoint {source} has no key matching {name}{" under prefix " + repr(prefix) if prefix else ""}; '
-            f'its keys look like {list(state_dict)[:3]}, the model\'s like {list(model_state)[:3]}')
-
-    kept, resized = resize_state_dict(state_dict, model_state)
-    mismatched = [f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(model_state[k].shape)}'
-                  for k, v in kept.items() if k in model_state and v.shape != model_state[k].shape]
+    prepared = prepare_state_dict(model, state_dict, source, prefix, map_final_norm, strict)
+    kept, prefix, outside = prepared.state_dict, prepared.prefix, prepared.outside
+    dropped, resized, mismatched = prepared.dropped, prepared.resized, prepared.mismatched
     for entry in mismatched:
         kept.pop(entry.split(':', 1)[0])
 
-    check_finite({k: v for k, v in kept.items() if k in model_state}, source)
     result = model.load_state_dict(kept, strict=False)
     missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
     loaded = [k for k in kept if k in model_state]

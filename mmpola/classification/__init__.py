@@ -7,8 +7,9 @@ Importing this package registers, in mmengine's root registries (classification 
 * ``LoadPILImage`` / ``TimmTransform`` / ``PackClsInputs``: per-image pipeline with timm's
   ImageNet transforms (RandAugment, random resized crop, colour jitter; official eval resize);
 * ``TimmClsDataPreprocessor``: normalisation, random erasing and Mixup/CutMix batch-wise;
-* ``PolaImageClassifier`` / ``PolaPPImageClassifier``: the Pola / PolaFormer++ classifiers with loss
-  and predictions (checkpoints keep the ``backbone.*`` names the dense configs load);
+* ``ClassificationModel``: the classifier of every architecture and kind (Pola, FLatten, InLine,
+  PolaFormer++ ...) with loss and predictions (checkpoints keep the ``backbone.*`` names the dense
+  configs load);
 * ``TopKAccuracy``: top-1 / top-5 accuracy;
 * ``SwitchableEMAHook``: EMA of the weights, off unless ``custom_hooks.0.enabled=True``.
 """
@@ -18,9 +19,9 @@ from .data_preprocessor import TimmClsDataPreprocessor
 from .datasets import ImageNetFolderDataset
 from .hooks import SwitchableEMAHook
 from .metrics import TopKAccuracy
-from .model import PolaImageClassifier, PolaPPImageClassifier
+from .model import ClassificationModel
 from .transforms import LoadPILImage, PackClsInputs, TimmTransform
 
 __all__ = ['ImageNetFolderDataset', 'LoadPILImage', 'TimmTransform', 'PackClsInputs',
-           'TimmClsDataPreprocessor', 'PolaImageClassifier', 'PolaPPImageClassifier', 'TopKAccuracy',
+           'TimmClsDataPreprocessor', 'ClassificationModel', 'TopKAccuracy',
            'SwitchableEMAHook']

@@ -12,7 +12,7 @@ class TopKAccuracy(BaseMetric):
     """Percentage of images whose label is among the ``k`` highest scores.
 
     Reads ``pred_score`` (num_classes,) and ``gt_label`` from each prediction of
-    :class:`PolaImageClassifier`. Only one boolean per image and k is kept, so evaluating
+    :class:`ClassificationModel`. Only one boolean per image and k is kept, so evaluating
     50k ImageNet images across processes moves almost nothing. Reported as
     ``accuracy/top{k}`` (mmpretrain's names); a k above the number of classes counts every
     image as correct.

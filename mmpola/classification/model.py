@@ -3,26 +3,51 @@ import torch.nn.functional as F
 from mmengine.model import BaseModel
 from timm.loss import SoftTargetCrossEntropy
 
-from mmpola.models.classifier import PolaClassifier, PolaPPClassifier
-from mmpola.models.timm_models import accept_official_checkpoints
+from mmpola.models.classifier import ImageClassifier
 from mmpola.registry import MODELS
 
-__all__ = ['PolaImageClassifier', 'PolaPPImageClassifier']
+__all__ = ['ClassificationModel']
 
 
-class _MMEngineClassifierMixin:
-    """mmengine's model interface over a classifier's ``forward_features`` / ``forward_head``: data
-    preprocessor, loss (hard or Mixup/CutMix soft targets), predictions. Listed before the classifier
-    and ``BaseModel`` in the bases, so its ``forward`` wins."""
+@MODELS.register_module()
+class ClassificationModel(ImageClassifier, BaseModel):
+    """:class:`~mmpola.models.classifier.ImageClassifier` with mmengine's model interface: data
+    preprocessor, loss (hard or Mixup/CutMix soft targets), predictions.
 
-    def _setup_mmengine(self, data_preprocessor, label_smoothing):
+    It *is* the classifier (subclass, no wrapper prefix), so the checkpoints it saves hold
+    ``backbone.<official names>`` and the head's modules (``norm.*`` (Swin), ``head.*``; PolaFormer++
+    ``proj.*``, ``norm.*``, ``head.*``): every detection / segmentation config loads them through
+    ``init_cfg=dict(type='Pretrained', checkpoint=...)`` as they are, and
+    ``timm.create_model('pola_*', checkpoint_path=...)`` too. Official PolaFormer, FLatten, InLine and
+    PolaFormer++ files load into it as well (``load_from``, ``tools/test.py CONFIG OFFICIAL.pth``,
+    ``init_cfg=dict(type='Pretrained', ...)``).
+
+    Args:
+        data_preprocessor: config of :class:`TimmClsDataPreprocessor` (or any mmengine data
+            preprocessor).
+        label_smoothing: smoothing of the cross-entropy with hard labels (official 0.1). With
+            Mixup/CutMix in the data preprocessor the targets arrive as soft scores
+            (``data_samples['gt_score']``, smoothing already applied by timm's Mixup) and the
+            loss is timm's ``SoftTargetCrossEntropy``, as in the official training.
+        **kwargs: :class:`~mmpola.models.classifier.ImageClassifier` arguments (``family``, ``arch``,
+            ``kind``, ``num_classes``, ``drop_path_rate``, ``with_cp``, ``init_cfg``; PolaFormer++
+            ``projection`` ...).
+
+    ``forward(inputs, data_samples, mode)``: ``'tensor'`` -> logits (B, num_classes);
+    ``'loss'`` -> ``dict(loss=...)``; ``'predict'`` -> one dict per image with ``pred_score``
+    (softmax, (num_classes,)), ``pred_label`` and the sample's ``gt_label`` / ``img_path``.
+    """
+
+    def __init__(self, data_preprocessor=None, label_smoothing=0.1, **kwargs):
+        # ImageClassifier.__init__ reaches BaseModel.__init__ through super() (MRO), which
+        # installs a default preprocessor; the configured one replaces it.
+        super().__init__(**kwargs)
         if data_preprocessor is not None:
             if isinstance(data_preprocessor, dict):
                 data_preprocessor = MODELS.build(data_preprocessor)
             self.data_preprocessor = data_preprocessor
         self.label_smoothing = label_smoothing
         self._soft_target_loss = SoftTargetCrossEntropy()
-        accept_official_checkpoints(self)
 
     def forward(self, inputs, data_samples=None, mode='tensor'):
         if mode == 'tensor':
@@ -55,55 +80,3 @@ class _MMEngineClassifierMixin:
                         result[key] = value[i]
             results.append(result)
         return results
-
-
-@MODELS.register_module()
-class PolaImageClassifier(_MMEngineClassifierMixin, PolaClassifier, BaseModel):
-    """:class:`PolaClassifier` with mmengine's model interface: data preprocessor, loss, predictions.
-
-    It *is* the classifier (subclass, no wrapper prefix), so the checkpoints it saves hold
-    ``backbone.<official names>``, ``norm.*`` (Swin) and ``head.*``: every detection / segmentation
-    config loads them through ``init_cfg=dict(type='Pretrained', checkpoint=...)`` as they are,
-    and ``timm.create_model('pola_*', checkpoint_path=...)`` too. Official PolaFormer files
-    load into it as well (``load_from``, ``tools/test.py CONFIG OFFICIAL.pth``,
-    ``init_cfg=dict(type='Pretrained', ...)``).
-
-    Args:
-        data_preprocessor: config of :class:`TimmClsDataPreprocessor` (or any mmengine data
-            preprocessor).
-        label_smoothing: smoothing of the cross-entropy with hard labels (official 0.1). With
-            Mixup/CutMix in the data preprocessor the targets arrive as soft scores
-            (``data_samples['gt_score']``, smoothing already applied by timm's Mixup) and the
-            loss is timm's ``SoftTargetCrossEntropy``, as in the official training.
-        **kwargs: :class:`PolaClassifier` arguments (``family``, ``arch``, ``num_classes``,
-            ``drop_path_rate``, ``with_cp``, ``init_cfg`` ...).
-
-    ``forward(inputs, data_samples, mode)``: ``'tensor'`` -> logits (B, num_classes);
-    ``'loss'`` -> ``dict(loss=...)``; ``'predict'`` -> one dict per image with ``pred_score``
-    (softmax, (num_classes,)), ``pred_label`` and the sample's ``gt_label`` / ``img_path``.
-    """
-
-    def __init__(self, data_preprocessor=None, label_smoothing=0.1, **kwargs):
-        # PolaClassifier.__init__ reaches BaseModel.__init__ through super() (MRO), which
-        # installs a default preprocessor; the configured one replaces it.
-        super().__init__(**kwargs)
-        self._setup_mmengine(data_preprocessor, label_smoothing)
-
-
-@MODELS.register_module()
-class PolaPPImageClassifier(_MMEngineClassifierMixin, PolaPPClassifier, BaseModel):
-    """:class:`PolaPPClassifier` (PolaFormer++) with mmengine's model interface, as
-    :class:`PolaImageClassifier`: its checkpoints hold ``backbone.<official names>``, ``proj.*``,
-    ``norm.*`` and ``head.*``, which the dense configs' ``PolaPP`` backbones load through
-    ``init_cfg=dict(type='Pretrained', ...)``, as ``timm.create_model('polapp_*', checkpoint_path=...)``
-    does; official PolaFormer++ files load into it as well.
-
-    Args:
-        data_preprocessor, label_smoothing: as :class:`PolaImageClassifier`.
-        **kwargs: :class:`PolaPPClassifier` arguments (``arch``, ``num_classes``, ``projection``,
-            ``drop_path_rate``, ``with_cp``, ``init_cfg`` ...).
-    """
-
-    def __init__(self, data_preprocessor=None, label_smoothing=0.1, **kwargs):
-        super().__init__(**kwargs)
-        self._setup_mmengine(data_preprocessor, label_smoothing)

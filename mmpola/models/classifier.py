@@ -1,16 +1,18 @@
-"""The ImageNet classifier of every architecture: a dense backbone plus the official classification
-head of its release, with timm's model API.
+"""The ImageNet classifier of every architecture and attention kind: a dense backbone plus the official
+classification head of its release, with timm's model API.
 
-:class:`PolaClassifier` reproduces the official forward of every released model and loads official
-checkpoints strictly. What differs between the releases (the modules after the last stage, the
-pooling, the head) belongs to the architecture (``classification_*`` of
-:class:`~mmpola.models.backbones.DenseBackbone`): PVT has no final norm and a linear head, Swin a
-final LayerNorm, PolaFormer++ a 1x1 projection with BatchNorm and swish and a 1x1 conv head.
+:class:`ImageClassifier` reproduces the official forward of every released model (Pola, FLatten, InLine,
+PolaFormer++ and the softmax layouts) and loads official checkpoints strictly. What differs between the
+releases (the modules after the last stage, the pooling, the head) is the architecture's head
+(:class:`~mmpola.models.classification_head.ClassificationHead`, beside each architecture in its
+module): PVT has no final norm and a linear head, Swin a final LayerNorm, PolaFormer++ a 1x1 projection
+with BatchNorm and swish and a 1x1 conv head.
 
-The state dict is ``backbone.*`` (official names below it) and the architecture's classification
-modules (``norm.*`` / ``head.*``; PolaFormer++ ``proj.*`` / ``norm.*`` / ``head.*``);
-:func:`checkpoint_filter_fn` maps official files to it (timm style). timm's model API comes from
-:class:`~mmpola.models.timm_conventions.TimmClassifierMixin`.
+The state dict is ``backbone.*`` (official names below it) and the head's modules (``norm.*`` /
+``head.*``; PolaFormer++ ``proj.*`` / ``norm.*`` / ``head.*``). Official, mmengine and own files load
+through :func:`mmpola.checkpoint.load_checkpoint`, the one loading path of the backbones, the
+classifier and the timm entries (:meth:`ImageClassifier.checkpoint_filter` maps official keys onto the
+classifier's); timm's model API comes from :class:`~mmpola.models.timm_conventions.TimmClassifierMixin`.
 """
 from collections import OrderedDict
 
@@ -18,42 +20,36 @@ import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 
-from mmpola.checkpoint import (
-    check_finite,
-    checkpoint_source,
-    extract_state_dict,
-    find_key_prefix,
-    read_checkpoint,
-    resize_state_dict,
-)
+from mmpola.checkpoint import find_key_prefix, load_checkpoint, prepare_state_dict, resize_state_dict
 from mmpola.registry import ARCHITECTURES, ATTENTIONS, MODELS
 
 from .attention import attention_letter, attention_options
 from .backbones import PRESETS, backbone_class
+from .checks import PolaConfigError, is_pretrained_cfg
+from .classification_head import classification_head_of
 from .timm_conventions import TimmClassifierMixin, check_global_pool
-from .utils import PolaConfigError, is_pretrained_cfg
 
-__all__ = ['PolaClassifier', 'PolaPPClassifier', 'checkpoint_filter_fn', 'official_kwargs_to_classifier_kwargs',
-           'accept_official_checkpoints', 'check_classifier_state_dict', 'PARTIAL_OPTION']
+__all__ = ['ImageClassifier', 'official_kwargs_to_classifier_kwargs', 'timm_filter_fn', 'PARTIAL_OPTION']
 
 # how the classifier's loaders load a file of other blocks on purpose (their messages say it)
 PARTIAL_OPTION = ("strict=False (model.load_checkpoint(..., strict=False), init_cfg=dict(type='Pretrained', "
                   'checkpoint=..., strict=False), model.load_state_dict(..., strict=False); timm: '
                   'create_model(..., pretrained_cfg_overlay=dict(file=...), pretrained_strict=False))')
 
-# backbone arguments the official classification forward fixes (besides the architecture's own)
+# backbone arguments the official classification forward fixes (besides the head's own)
 _FIXED = ('out_indices', 'out_norm', 'init_cfg')
 
 
 @MODELS.register_module()
-class PolaClassifier(TimmClassifierMixin, BaseModule):
-    """Image classifier of any architecture and attention kind with the official forward.
+class ImageClassifier(TimmClassifierMixin, BaseModule):
+    """Image classifier of any architecture and attention kind with the official forward: the backbone
+    and its architecture's official head.
 
     Args:
         family: the architecture, ``'pvt'``, ``'pvt_v2'``, ``'swin'``, ``'cswin'``, ``'vit'``, ``'polapp'``
             (mmpola.registry.ARCHITECTURES).
         arch: preset name of the backbone (``'tiny'`` ...) or a custom arch dict (see the
-            architecture). None: the architecture's default.
+            architecture). None: the architecture's default (PolaFormer++: ``'b2'``).
         num_classes: classes of ``head`` (0: no head, ``forward`` returns pooled features).
         global_pool: ``'avg'`` (official; the ViT: ``'token'``, the class token, official, or
             ``'avg'``) or ``''`` (no pooling: ``forward`` returns the final NHWC map, the ViT its final
@@ -79,12 +75,19 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
     Shapes: images (B, C, H, W) -> logits (B, num_classes); ``forward_features``: the final
     map (B, H/32, W/32, num_features) in NHWC (``output_fmt``), as timm's Swin; the ViT's final
     tokens as one row, (B, 1, 1 + h*w, num_features), class token first (see
-    :meth:`~mmpola.models.backbones.vit.ViTBackbone.classification_features`).
+    :meth:`~mmpola.models.backbones.vit.ViTHead.features`).
+
+    ``load_state_dict`` takes official state dicts as well (a pre-hook maps their keys), so
+    ``model.load_state_dict(official)``, timm's ``checkpoint_path=`` and mmengine's ``load_from`` work.
     """
 
     not_scriptable_reason = ('the attention cores are custom autograd Functions (optionally torch.compile-d) '
                              'and the stages build their positional encodings, windows and rotary tables from '
                              'the run-time map size, which TorchScript does not support')
+    # mmpola.checkpoint's loading: the file's backbone part is compared with the backbone's signature,
+    # and its messages offer the classifier's ways of loading other blocks on purpose
+    checkpoint_signature_prefix = 'backbone.'
+    partial_load_option = PARTIAL_OPTION
 
     def __init__(self, family='pvt', arch=None, num_classes=1000, global_pool=None, drop_rate=0.,
                  drop_path_rate=0.1, attn_impl='auto', fp32_attn=True, with_cp=False, init_cfg=None, kind=None,
@@ -93,11 +96,12 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         architecture = ARCHITECTURES.get(family) if isinstance(family, str) else None
         if architecture is None:
             raise PolaConfigError(f'unknown family {family!r}; valid: {", ".join(ARCHITECTURES.module_dict)}')
-        for key in _FIXED + tuple(architecture.classification_kwargs):
+        head_settings = classification_head_of(family)
+        for key in _FIXED + tuple(head_settings.backbone_kwargs):
             if key in backbone_kwargs:
                 raise PolaConfigError(f'{key} is fixed by {type(self).__name__} (the official classification '
                                       'forward); build the backbone directly to change it')
-        head_args = {k: backbone_kwargs.pop(k) for k in architecture.classification_args if k in backbone_kwargs}
+        head_args = {k: backbone_kwargs.pop(k) for k in head_settings.args if k in backbone_kwargs}
         attn = dict(attn or {})
         if kind is not None and attn.get('type', kind) != kind:
             raise PolaConfigError(f"kind={kind!r} and attn=dict(type={attn['type']!r}) disagree; pass one")
@@ -108,14 +112,15 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         self.backbone = cls(out_indices=None, drop_rate=drop_rate, drop_path_rate=drop_path_rate,
                             attn_impl=attn_impl, fp32_attn=fp32_attn, with_cp=with_cp,
                             attn=dict(attn, type=kind) if kind else (attn or None),
-                            **architecture.classification_kwargs, **backbone_kwargs)
+                            **head_settings.backbone_kwargs, **backbone_kwargs)
         self.family = family
         self.kind = self.backbone.attn_kind
+        self.head_settings = head_settings
         self.num_classes = num_classes
-        self.global_pool_types = architecture.classification_global_pools
+        self.global_pool_types = head_settings.global_pools
         self.global_pool = check_global_pool(self.global_pool_types[0] if global_pool is None else global_pool,
                                              self.global_pool_types)
-        neck, self.num_features = self.backbone.classification_neck(**head_args)
+        neck, self.num_features = head_settings.neck(self.backbone, **head_args)
         self._neck_names = tuple(neck)
         for name, module in neck.items():
             self.add_module(name, module)
@@ -123,12 +128,16 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         # node of that name gives the stage's tokens, or maps for architectures whose blocks work on maps)
         self.feature_info = self.backbone.feature_info(prefix='backbone.')
         self.head = self._make_head(num_classes)
+        # official (or mmengine-wrapped) state dicts map onto the classifier's keys before torch matches
+        # them; a module-level function bound through torch's weak module reference, so copy.deepcopy
+        # (EMA copies) and pickling keep working
+        self.register_load_state_dict_pre_hook(_official_state_dict_pre_hook)
 
     # ---------------------------------------------------------------------------------------------
     # timm's API (TimmClassifierMixin) over the architecture's head
 
     def _make_head(self, num_classes):
-        return self.backbone.classification_head(self.num_features, num_classes)
+        return self.head_settings.build_head(self.backbone, self.num_features, num_classes)
 
     @property
     def grad_checkpointing(self):
@@ -150,15 +159,15 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
 
     def forward_features(self, x):
         """(B, C, H, W) -> final map (B, h, w, num_features) (NHWC), through the architecture's neck."""
-        return self.backbone.classification_features(self, self.backbone.forward_stages(x)[-1])
+        return self.head_settings.features(self.backbone, self, self.backbone.forward_stages(x)[-1])
 
     def forward_head(self, x, pre_logits=False):
         """Final map (B, h, w, F) (the ViT: its tokens, (B, 1, L, F)) -> logits (B, num_classes), or the pooled
         (B, F) with ``pre_logits`` (with ``global_pool=''`` no pooling: (B, h, w, F) / (B, h, w, num_classes))."""
         pooled = self.global_pool != ''
         if pooled:
-            x = self.backbone.classification_pool(x, self.global_pool)
-        return x if pre_logits else self.backbone.classification_logits(self.head, x, pooled)
+            x = self.head_settings.pool(self.backbone, x, self.global_pool)
+        return x if pre_logits else self.head_settings.logits(self.head, x, pooled)
 
     def forward_intermediates(self, x, indices=None, norm=False, stop_early=False, output_fmt='NCHW',
                               intermediates_only=False):
@@ -188,14 +197,14 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
             raise PolaConfigError('stop_early needs intermediates_only=True (the final features come from the '
                                   'last stage)')
         stages = self.backbone.forward_stages(x, last)
-        final_norm = self.backbone.classification_stage_norm(self) if norm else None
+        final_norm = self.head_settings.stage_norm(self) if norm else None
         maps = [self.backbone.stage_map(stages[i], final_norm if i == num_stages - 1 else None) for i in take]
         if intermediates_only:
             return maps
-        return self.backbone.classification_features(self, stages[-1]), maps
+        return self.head_settings.features(self.backbone, self, stages[-1]), maps
 
     # ---------------------------------------------------------------------------------------------
-    # weights
+    # weights: mmpola.checkpoint's one loading path
 
     def init_weights(self):
         if is_pretrained_cfg(self.init_cfg):
@@ -205,95 +214,81 @@ class PolaClassifier(TimmClassifierMixin, BaseModule):
         else:
             super().init_weights()
 
-    def load_checkpoint(self, checkpoint, strict=True, use_ema=True, map_location='cpu'):
+    def load_checkpoint(self, checkpoint, strict=True, use_ema=True, map_location='cpu', logger='current'):
         """Load an official, mmengine or own checkpoint (path, URL or dict; EMA weights first with
-        ``use_ema``): mapped by :func:`checkpoint_filter_fn` (run-time buffers dropped, grids of another
-        pretraining size resized), refused when it is not this architecture's and kind's, when it holds
-        other blocks (another depth or per-stage layout; ``strict=False`` loads the blocks both have)
-        or non-finite weights, then ``load_state_dict(strict)``. Returns the ``load_state_dict`` result."""
-        source = checkpoint_source(checkpoint)
-        state_dict, _ = extract_state_dict(read_checkpoint(checkpoint, map_location), use_ema)
-        state_dict = checkpoint_filter_fn(state_dict, self, source)
-        check_classifier_state_dict(self, state_dict, source, layout=strict)
-        return super().load_state_dict(state_dict, strict=strict)
+        ``use_ema``) through :func:`mmpola.checkpoint.load_checkpoint`: mapped by :meth:`checkpoint_filter`
+        (run-time buffers dropped), refused when it is not this architecture's and kind's, when it holds
+        other blocks (another depth or per-stage layout; ``strict=False`` loads the blocks both have) or
+        non-finite weights, grids of another pretraining size resized, loaded, one report line (``strict``:
+        every key of the model and of the file used). Returns the :class:`~mmpola.checkpoint.LoadReport`."""
+        return load_checkpoint(self, checkpoint, prefix='', use_ema=use_ema, strict=strict,
+                               map_location=map_location, logger=logger)
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """torch's ``load_state_dict`` of official, mmengine or own state dicts (mapped by the
-        pre-hook of :func:`accept_official_checkpoints`), refused with one message when they hold
-        non-finite weights or (``strict``) other blocks than the model (a deeper or shallower model of
-        the same widths would otherwise fail with torch's list of keys)."""
-        tensors = _opened_tensors(state_dict)
-        check_classifier_state_dict(self, checkpoint_filter_fn(tensors, self), 'the given state dict', layout=strict)
+        pre-hook), refused with one message when they hold non-finite weights or (``strict``) other
+        blocks than the model (a deeper or shallower model of the same widths would otherwise fail with
+        torch's list of keys): :func:`mmpola.checkpoint.prepare_state_dict` checks them first."""
+        prepare_state_dict(self, _opened_tensors(state_dict), 'the given state dict', prefix='',
+                           strict=None if strict else False)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
+    def checkpoint_signature(self):
+        """The backbone's key signature (compared with the keys below ``backbone.``)."""
+        return self.backbone.checkpoint_signature()
 
-@MODELS.register_module()
-class PolaPPClassifier(PolaClassifier):
-    """The PolaFormer++ classifier: :class:`PolaClassifier` with ``family='polapp'`` (default arch
-    ``'b2'``): backbone, 1x1 projection ``proj`` (``projection`` channels; the preset's released
-    width by default), BatchNorm ``norm``, swish, average pool, 1x1 conv ``head``."""
+    def checkpoint_filter(self, state_dict, source='the checkpoint', map_final_norm=False):
+        """Official / mmengine / own checkpoint tensors -> the classifier's keys, timm's
+        ``checkpoint_filter_fn``: official keys get the ``backbone.`` prefix except the head's modules;
+        ``module.`` is stripped; the backbone part goes through the backbone's filter (run-time buffers
+        ...), head modules the model does not have are dropped (the official PVT's unused final norm).
+        ``map_final_norm`` is the backbones' option (the classifier keeps its own ``norm``).
 
-    def __init__(self, arch='b2', family='polapp', **kwargs):
-        if family != 'polapp':
-            raise PolaConfigError(f"PolaPPClassifier is the PolaFormer++ classifier (family='polapp'), got "
-                                  f"family={family!r}; use PolaClassifier(family={family!r})")
-        super().__init__(family=family, arch=arch, **kwargs)
-
-
-def checkpoint_filter_fn(state_dict, model, source='the checkpoint'):
-    """Official / mmengine / own checkpoint state dict -> :class:`PolaClassifier` state dict (timm style).
-
-    Official keys get the ``backbone.`` prefix except the architecture's classification modules;
-    ``module.`` is stripped; the backbone part goes through the architecture's filter
-    (``checkpoint_filter``: run-time buffers ...), classification modules the model does not have are
-    dropped (the official PVT's unused final norm), and grids are resized to the model.
-    """
-    model_state = model.state_dict()
-    own_prefix, own = find_key_prefix(state_dict, model_state)
-    classification_modules = tuple(model.backbone.classification_modules)
-    official = OrderedDict()
-    for key, value in state_dict.items():
-        key = key[len('module.'):] if key.startswith('module.') else key
-        top = key.split('.', 1)[0]
-        official[key if top in classification_modules else 'backbone.' + key] = value
-    _, n_official = find_key_prefix(official, model_state)
-    if own >= n_official:
-        state_dict = OrderedDict((k[len(own_prefix):], v) for k, v in state_dict.items() if k.startswith(own_prefix))
-    else:
-        state_dict = official
-    backbone, _ = model.backbone.checkpoint_filter(
-        OrderedDict((k[len('backbone.'):], v) for k, v in state_dict.items() if k.startswith('backbone.')), source)
-    out = OrderedDict(('backbone.' + k, v) for k, v in backbone.items())
-    out.update((k, v) for k, v in state_dict.items() if not k.startswith('backbone.')
-               and (k in model_state or k.split('.', 1)[0] not in classification_modules))
-    return resize_state_dict(out, model_state)[0]
-
-
-def check_classifier_state_dict(model, state_dict, source, layout=True):
-    """Refuse a classifier state dict (already mapped, :func:`checkpoint_filter_fn`) from ``source``
-    that is not for ``model``: another architecture or attention kind, with ``layout`` other blocks
-    (:meth:`mmpola.checkpoint.KeySignature.check_layout`), or non-finite weights (always)."""
-    backbone = OrderedDict((k[len('backbone.'):], v) for k, v in state_dict.items() if k.startswith('backbone.'))
-    model.backbone.checkpoint_signature().check(backbone, source, layout=layout, partial_option=PARTIAL_OPTION)
-    model_state = model.state_dict()
-    check_finite({k: v for k, v in state_dict.items() if k in model_state}, source)
+        Returns:
+            (kept state dict, dropped keys).
+        """
+        model_state = self.state_dict()
+        own_prefix, own = find_key_prefix(state_dict, model_state)
+        head_modules = tuple(self.head_settings.modules)
+        official = OrderedDict()
+        for key, value in state_dict.items():
+            key = key[len('module.'):] if key.startswith('module.') else key
+            official[key if key.split('.', 1)[0] in head_modules else 'backbone.' + key] = value
+        _, n_official = find_key_prefix(official, model_state)
+        if own >= n_official:
+            state_dict = OrderedDict((k[len(own_prefix):], v) for k, v in state_dict.items()
+                                     if k.startswith(own_prefix))
+        else:
+            state_dict = official
+        backbone, dropped = self.backbone.checkpoint_filter(
+            OrderedDict((k[len('backbone.'):], v) for k, v in state_dict.items() if k.startswith('backbone.')),
+            source)
+        out = OrderedDict(('backbone.' + k, v) for k, v in backbone.items())
+        dropped = ['backbone.' + k for k in dropped]
+        for key, value in state_dict.items():
+            if key.startswith('backbone.'):
+                continue
+            if key in model_state or key.split('.', 1)[0] not in head_modules:
+                out[key] = value
+            else:
+                dropped.append(key)
+        return out, dropped
 
 
 def timm_filter_fn(state_dict, model, layout=True):
-    """timm's ``pretrained_filter_fn`` of the entries: :func:`checkpoint_filter_fn`, then the checks of
-    :func:`check_classifier_state_dict` (timm loads without ``strict`` when it resets the head, so the
-    file's blocks are compared here; ``layout=False`` with ``pretrained_strict=False``)."""
+    """timm's ``pretrained_filter_fn`` of the entries: :func:`mmpola.checkpoint.prepare_state_dict` (the
+    classifier's filter, "is this file for this model", resizing, the finite check; timm loads without
+    ``strict`` when it resets the head, so the file's blocks are compared here; ``layout=False`` with
+    ``pretrained_strict=False``)."""
     cfg = getattr(model, 'pretrained_cfg', None) or {}
     source = next((repr(cfg[k]) for k in ('file', 'url', 'hf_hub_id') if cfg.get(k)), 'the pretrained weights')
-    out = checkpoint_filter_fn(state_dict, model, source)
-    check_classifier_state_dict(model, out, source, layout=layout)
-    return out
+    return prepare_state_dict(model, state_dict, source, prefix='', strict=None if layout else False).state_dict
 
 
 def official_kwargs_to_classifier_kwargs(kwargs, family=None):
-    """Keyword arguments of an official model class -> :class:`PolaClassifier` keyword arguments.
+    """Keyword arguments of an official model class -> :class:`ImageClassifier` keyword arguments.
 
-    Each architecture reads its own official arguments (``classifier_kwargs_from_official``; only
+    Each architecture's head reads its own official arguments (``official_kwargs``; only
     ``family``'s when given: the official PVT-v1 and PVTv2 classes take the same arguments, so
     without it they are read as PVT-v1's); the
     attention kind is the registered kind with the letter of the official ``attn_type`` whose
@@ -308,7 +303,7 @@ def official_kwargs_to_classifier_kwargs(kwargs, family=None):
             raise PolaConfigError(f'unknown family {family!r}; valid: {", ".join(architectures)}')
         architectures = {family: architectures[family]}
     for family, architecture in architectures.items():
-        parsed = architecture.classifier_kwargs_from_official(kwargs)
+        parsed = classification_head_of(family).official_kwargs(architecture, kwargs)
         if parsed is None:
             continue
         out, rest, attn_type = parsed
@@ -368,16 +363,7 @@ def _official_state_dict_pre_hook(module, state_dict, prefix, *args):
     """
     if prefix:
         return
-    converted = checkpoint_filter_fn(_opened_tensors(state_dict), module)
+    mapped, _ = module.checkpoint_filter(_opened_tensors(state_dict))
+    converted, _ = resize_state_dict(mapped, module.state_dict())
     state_dict.clear()
     state_dict.update(converted)
-
-
-def accept_official_checkpoints(model):
-    """Let ``model.load_state_dict`` take official state dicts (returns ``model``).
-
-    The hook is a module-level function bound through torch's weak module reference, so
-    ``copy.deepcopy`` (EMA copies) and pickling keep working.
-    """
-    model.register_load_state_dict_pre_hook(_official_state_dict_pre_hook)
-    return model

@@ -17,7 +17,7 @@ from timm.layers import is_scriptable, trunc_normal_
 
 from mmpola.errors import MMPolaUserError
 
-from .utils import PolaConfigError
+from .checks import PolaConfigError
 
 __all__ = ['TimmClassifierMixin', 'NotScriptableError', 'refuse_scriptable', 'timm_pretrained_cfg',
            'check_global_pool', 'GLOBAL_POOL_TYPES']

@@ -5,10 +5,9 @@ the other releases of the lineage ``flatten_pvt_v2_b0`` ...
 ``_b4``, ``{flatten,inline}_cswin_{tiny,small,base,base_384}``, ``inline_deit_{tiny,small,base}`` and
 PolaFormer++'s ``polapp_b0`` ... ``polapp_b5``.
 
-Importing mmpola registers them. Every entry builds :class:`~mmpola.models.classifier.PolaClassifier`
-(official forward; state dict ``backbone.*`` and the architecture's head modules; PolaFormer++'s
-entries its preset :class:`~mmpola.models.classifier.PolaPPClassifier`); timm's model conventions come
-from :class:`~mmpola.models.timm_conventions.TimmClassifierMixin`. The entries differ only in their
+Importing mmpola registers them. Every entry builds :class:`~mmpola.models.classifier.ImageClassifier`
+(official forward; state dict ``backbone.*`` and the architecture's head modules); timm's model
+conventions come from :class:`~mmpola.models.timm_conventions.TimmClassifierMixin`. The entries differ only in their
 table row::
 
     import mmpola, timm
@@ -19,13 +18,14 @@ table row::
     features = timm.create_model('pola_swin_tiny', features_only=True)               # 4 NCHW maps
     pooled = timm.create_model('pola_pvt_tiny', num_classes=0)                       # (B, 512)
 
-Checkpoints: official PolaFormer / FLatten / InLine files (``{'model': ..., 'config': <yacs CfgNode>}``),
-PolaFormer++ files (EMA weights ``state_dict_ema`` used when present), mmengine checkpoints of our
-classification runs (``{'state_dict': ...}``) and bare state dicts all load, through ``checkpoint_path=``
-as well as ``pretrained_cfg_overlay=dict(file=...)``; official keys are mapped by
-:func:`~mmpola.models.classifier.checkpoint_filter_fn`. A file of other blocks than the entry (a
-``pola_pvt_small`` file for ``pola_pvt_tiny``) or with NaN / inf weights is refused, naming what it
-holds; ``pretrained_strict=False`` loads the blocks both have on purpose. timm reads them with
+Checkpoints: official PolaFormer / FLatten / InLine files (``{'model': ..., 'config': <yacs
+CfgNode>}``), PolaFormer++ files (EMA weights ``state_dict_ema`` used when present), mmengine
+checkpoints of our classification runs (``{'state_dict': ...}``) and bare state dicts all load, through
+``checkpoint_path=`` as well as ``pretrained_cfg_overlay=dict(file=...)``, through mmpola.checkpoint's
+one loading path (:func:`~mmpola.models.classifier.timm_filter_fn`; official keys are mapped by the
+classifier's filter). A file of other blocks than the entry (a ``pola_pvt_small`` file for
+``pola_pvt_tiny``) or with NaN / inf weights is refused, naming what it holds;
+``pretrained_strict=False`` loads the blocks both have on purpose. timm reads them with
 ``torch.load(weights_only=True)``; importing mmpola adds the yacs config and mmengine's logging types to
 torch's allowlist (:mod:`mmpola.checkpoint.reading`), so nothing in the file is executed.
 
@@ -43,13 +43,14 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from mmpola.checkpoint.sources import pretrained_url
 from mmpola.registry import ARCHITECTURES
 
-from .attention import attention_title
+from .attention import attention_publication, attention_title
 from .backbones import backbone_class, preset_of
-from .classifier import PolaClassifier, PolaPPClassifier, accept_official_checkpoints, timm_filter_fn
+from .classification_head import classification_head_of
+from .classifier import ImageClassifier, timm_filter_fn
 from .pretrained import timm_pretrained_overlay
 from .timm_conventions import refuse_scriptable, timm_pretrained_cfg
 
-__all__ = ['TimmEntry', 'TIMM_ENTRIES', 'create_pola_classifier', 'accept_official_checkpoints']
+__all__ = ['TimmEntry', 'TIMM_ENTRIES', 'create_classifier']
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,6 @@ class TimmEntry:
         options: other classifier arguments (``drop_path_rate`` as the official recipe).
         source: where the official weights are, as timm's pretrained_cfg keys (``url``,
             ``hf_hub_id`` ...); empty: the verified download of :mod:`mmpola.checkpoint.sources`, if any.
-        classifier: the class built.
         img_size: the official evaluation size (the pretraining size: CSWin-B-384 384, InLine-DeiT-S
             288, InLine-DeiT-B 448).
         crop_pct: the official evaluation's centre crop (1.0: the Swin-B 384 fine-tunes resize to the size,
@@ -74,7 +74,6 @@ class TimmEntry:
     attn: str
     options: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
-    classifier: type = PolaClassifier
     img_size: int = 224
     crop_pct: float = 0.875
 
@@ -112,12 +111,12 @@ TIMM_ENTRIES = {
     # the Swin-B fine-tunes at 384 (cfgs/{pola,flatten}_swin_b_384.yaml: window 96 for the linear blocks)
     'pola_swin_base_384': _row('swin', 'base', 'pola', 0.5, img_size=384, crop_pct=1.0),
     'flatten_swin_base_384': _row('swin', 'base', 'flatten', 0.5, img_size=384, crop_pct=1.0),
-    'polapp_b0': _row('polapp', 'b0', 'pacs', 0.1, classifier=PolaPPClassifier),
-    'polapp_b1': _row('polapp', 'b1', 'pacs', 0.1, classifier=PolaPPClassifier),
-    'polapp_b2': _row('polapp', 'b2', 'pacs', 0.1, classifier=PolaPPClassifier),
-    'polapp_b3': _row('polapp', 'b3', 'pacs', 0.15, classifier=PolaPPClassifier),
-    'polapp_b4': _row('polapp', 'b4', 'pacs', 0.4, classifier=PolaPPClassifier),
-    'polapp_b5': _row('polapp', 'b5', 'pacs', 0.55, classifier=PolaPPClassifier),
+    'polapp_b0': _row('polapp', 'b0', 'pacs', 0.1),
+    'polapp_b1': _row('polapp', 'b1', 'pacs', 0.1),
+    'polapp_b2': _row('polapp', 'b2', 'pacs', 0.1),
+    'polapp_b3': _row('polapp', 'b3', 'pacs', 0.15),
+    'polapp_b4': _row('polapp', 'b4', 'pacs', 0.4),
+    'polapp_b5': _row('polapp', 'b5', 'pacs', 0.55),
     # the other macro architectures of the FLatten and InLine releases (drop path of their yaml files)
     'flatten_pvt_v2_b0': _row('pvt_v2', 'b0', 'flatten', 0.1),
     'flatten_pvt_v2_b1': _row('pvt_v2', 'b1', 'flatten', 0.1),
@@ -137,29 +136,16 @@ TIMM_ENTRIES = {
     'inline_deit_base': _row('vit', 'base', 'inline', 0.1, img_size=448),
 }
 
-# the publication of each kind's models (timm's pretrained_cfg paper_name / origin_url)
-_PAPERS = {
-    'pola': ('PolaFormer: Polarity-aware Linear Attention for Vision Transformers',
-             'https://github.com/ZacharyMeng/PolaFormer'),
-    'flatten': ('FLatten Transformer: Vision Transformer using Focused Linear Attention',
-                'https://github.com/LeapLabTHU/FLatten-Transformer'),
-    'inline': ('Bridging the Divide: Reconsidering Softmax and Linear Attention',
-               'https://github.com/LeapLabTHU/InLine'),
-    'pacs': ('PolaFormer++: Polarity-aware Linear Attention with Channel-wise Spikiness',
-             'https://github.com/ZacharyMeng/PolaFormerPP'),
-}
-
-
 def _cfg(name, entry):
     # evaluation exactly as the official code: square resize to 256 / 224 of the size (bicubic), centre crop
-    paper, origin = _PAPERS[entry.attn]
+    paper, origin = attention_publication(entry.attn)  # the kind's release: its class says
     architecture = ARCHITECTURES.get(entry.family)
     first_conv = 'backbone.' + architecture.first_conv
     source = entry.source or dict(url=pretrained_url(name) or '')
     size = entry.img_size
     return timm_pretrained_cfg(first_conv=first_conv, classifier='head', paper_name=paper, origin_url=origin,
                                input_size=(3, size, size), crop_pct=entry.crop_pct,
-                               pool_size=architecture.classification_pool_size(size),
+                               pool_size=classification_head_of(entry.family).pool_size(architecture, size),
                                min_input_size=(3, architecture.min_input_size, architecture.min_input_size),
                                **source)
 
@@ -174,24 +160,24 @@ def _official_name(family, kind):
 
 def _entries_of(family, kind):
     names = [n for n, e in TIMM_ENTRIES.items() if e.family == family and e.attn == kind]
-    return f'a {names[0].rsplit("_", 1)[0]}_* entry' if names else f"PolaClassifier(family='{family}', kind='{kind}')"
+    return f'a {names[0].rsplit("_", 1)[0]}_* entry' if names else f"ImageClassifier(family='{family}', kind='{kind}')"
 
 
-def _build_classifier(classifier, in_chans=3, **kwargs):
+def _build_classifier(in_chans=3, **kwargs):
     """timm calls the model class with ``in_chans``; the backbones say ``in_channels``."""
-    return accept_official_checkpoints(classifier(in_channels=in_chans, **kwargs))
+    return ImageClassifier(in_channels=in_chans, **kwargs)
 
 
-def create_pola_classifier(variant, pretrained=False, **kwargs):
+def create_classifier(variant, pretrained=False, **kwargs):
     """Shared builder of the entries (timm's ``build_model_with_cfg`` with our filter).
 
-    Any :class:`PolaClassifier` argument overrides the entry's row (``arch=dict(...)``,
+    Any :class:`~mmpola.models.classifier.ImageClassifier` argument overrides the entry's row (``arch=dict(...)``,
     ``drop_path_rate``, ``pretrain_img_size``, ``attn_impl`` ...). ``features_only=True``
     wraps the model in timm's ``FeatureGetterNet`` (``forward_intermediates``): a list of NCHW
     stage maps, strides 4, 8, 16, 32, ``out_indices`` 0-based (default all four).
     """
     entry = TIMM_ENTRIES[variant]
-    refuse_scriptable(entry.classifier)
+    refuse_scriptable(ImageClassifier)
     family = kwargs.pop('family', entry.family)
     kind = kwargs.pop('kind', entry.attn)
     if family != entry.family:
@@ -209,7 +195,7 @@ def create_pola_classifier(variant, pretrained=False, **kwargs):
         model_args.setdefault('num_classes', 0)  # a feature extractor carries no classifier
     strict = model_args.get('pretrained_strict', True)  # False: a file of other blocks loads what fits
     return build_model_with_cfg(
-        lambda **args: _build_classifier(entry.classifier, **args), variant, pretrained,
+        _build_classifier, variant, pretrained,
         pretrained_filter_fn=functools.partial(timm_filter_fn, layout=strict is not False),
         feature_cfg=dict(feature_cls='getter', out_indices=_feature_indices(entry, model_args.get('arch'))),
         **model_args)
@@ -229,7 +215,7 @@ def _register(name):
     entry = TIMM_ENTRIES[name]
 
     def create(pretrained=False, **kwargs):
-        return create_pola_classifier(name, pretrained, **kwargs)
+        return create_classifier(name, pretrained, **kwargs)
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__

@@ -15,7 +15,10 @@ started with mmdet's or mmseg's own tools gets them too):
   mmseg's folder of maps, written atomically, its path checked first);
 * :mod:`.workdir`: :class:`WorkDirHook` (a work dir deleted during the run recreated before the next write);
 * :mod:`.amp`: :class:`BF16AmpOptimWrapper` (bf16 mixed precision on the CPU and with fp32-only kernels);
-* :mod:`.demo`: ``InitialEvaluationHook`` and the demos' shared course.
+* :mod:`.initial_evaluation`: :class:`InitialEvaluationHook` (the untrained model's evaluation, before
+  training; the demos add it).
+
+The demos' shared course (evaluate untrained, train, evaluate, report): :mod:`.demo`.
 
 What only a tool can do (called explicitly by tools/train.py, tools/test.py and the demos):
 
@@ -42,9 +45,9 @@ from .cli import (
 )
 from .config import is_url, load_config, move_data_root, register_task_modules, set_work_dir
 from .config_check import check_config
-from .demo import InitialEvaluationHook
 from .dump_results import ResultsSaveError, check_out_path
 from .fit_check import CheckpointFitHook
+from .initial_evaluation import InitialEvaluationHook
 from .launch import adapt_cfg_to_machine, check_device, init_distributed, replace_sync_bn, setup_amp
 from .nonfinite_loss import NonFiniteLossError, NonFiniteLossHook
 from .nonfinite_pixels import NonFinitePixelsError, NonFinitePixelsHook

@@ -16,7 +16,7 @@ import torch
 
 import mmpola  # noqa: F401
 from mmpola.checkpoint import CheckpointMismatchError, NonFiniteCheckpointError, load_checkpoint
-from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
+from mmpola.models import ImageClassifier, PolaPVT, PolaSwin
 
 # the golden mini architectures (tests/data/pola_*_mini_official.pth) and a deeper one of the same widths
 ARCH = {'pvt': dict(embed_dims=[16, 32, 80, 128], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4]),
@@ -35,7 +35,7 @@ def backbone(family, depths, **kwargs):
 
 
 def classifier(family, depths, **kwargs):
-    return PolaClassifier(family=family, kind='pola', arch=dict(ARCH[family], depths=depths), num_classes=10,
+    return ImageClassifier(family=family, kind='pola', arch=dict(ARCH[family], depths=depths), num_classes=10,
                           **dict(_extra(family), **kwargs))
 
 

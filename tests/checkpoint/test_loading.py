@@ -1,5 +1,6 @@
 """mmpola.checkpoint: every checkpoint layout our users have loads into the backbones
 (docs/design.md, "Checkpoints: official names, loading is a filter")."""
+import logging
 import os.path as osp
 import sys
 from collections import OrderedDict
@@ -11,7 +12,7 @@ import torch
 import mmpola  # noqa: F401
 from mmpola.checkpoint import CheckpointMismatchError, find_key_prefix, load_checkpoint
 from mmpola.checkpoint.reading import safe_torch_load
-from mmpola.models import PolaClassifier, PolaPVT, PolaSwin
+from mmpola.models import ImageClassifier, PolaPVT, PolaSwin
 from tests.fixtures.checkpoints import classifier_from_official
 from tests.fixtures.paths import DATA  # noqa: E402
 
@@ -119,10 +120,10 @@ def test_explicit_prefix_and_init_cfg(official, tmp_path):
 
 
 def test_classifier_run_checkpoint_loads_into_backbone(official, tmp_path):
-    """An ImageNet run of PolaClassifier saves backbone.* / norm.* / head.*: loads with no conversion."""
+    """An ImageNet run of ImageClassifier saves backbone.* / norm.* / head.*: loads with no conversion."""
     path, sd = official['pvt']
     _, constructor = _golden('pvt')
-    clf = classifier_from_official(PolaClassifier, constructor)
+    clf = classifier_from_official(ImageClassifier, constructor)
     clf.load_checkpoint(path)
     out = tmp_path / 'epoch_300.pth'
     torch.save({'meta': {'epoch': 300}, 'state_dict': clf.state_dict(), 'message_hub': {}}, out)
@@ -200,3 +201,28 @@ def test_loading_needs_no_yacs(official, monkeypatch):
     ckpt = read_checkpoint(path)
     assert isinstance(ckpt['config'], dict)
     load_checkpoint(_mini('swin'), path)
+
+
+def test_the_classifier_loads_through_the_same_path(official):
+    """A classifier's load_checkpoint is load_checkpoint: the official file mapped below ``backbone.`` (its
+    unused final norm dropped), one report line, the LoadReport returned (torch's names too)."""
+    path, sd = official['pvt']
+    _, constructor = _golden('pvt')
+    clf = classifier_from_official(ImageClassifier, constructor)
+    logger = logging.getLogger('mmpola.test_classifier_report')
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        report = clf.load_checkpoint(path, logger=logger)
+    finally:
+        logger.removeHandler(handler)
+    assert len(records) == 1 and records[0].getMessage().startswith(f'ImageClassifier: loaded {len(report.loaded)}/')
+    assert report.prefix == '' and not report.missing_keys and not report.unexpected_keys
+    assert all(key.startswith('norm.') for key in report.dropped)
+    for key, value in sd.items():
+        if 'backbone.' + key in report.loaded:
+            assert torch.equal(clf.state_dict()['backbone.' + key], value), key
+    assert torch.equal(clf.head.weight, sd['head.weight'])

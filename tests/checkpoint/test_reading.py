@@ -24,7 +24,7 @@ from mmpola.checkpoint.reading import (
     refused_globals,
     safe_torch_load,
 )
-from mmpola.models import PolaClassifier
+from mmpola.models import ImageClassifier
 from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
 from tests.fixtures.checkpoints import (
     UNREADABLE,
@@ -241,13 +241,13 @@ def _assert_backbone_equals(backbone_state, reference, prefix=''):
 
 
 class _ToyClassifier:
-    """A tiny mmengine model with PolaClassifier's key layout (backbone.* / norm.* / head.*)."""
+    """A tiny mmengine model with ImageClassifier's key layout (backbone.* / norm.* / head.*)."""
 
     @staticmethod
     def build(family):
         from mmengine.model import BaseModel
 
-        clf = classifier_from_official(PolaClassifier, golden_constructor(family))
+        clf = classifier_from_official(ImageClassifier, golden_constructor(family))
 
         class Toy(BaseModel):
 

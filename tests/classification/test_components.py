@@ -7,8 +7,8 @@ from mmengine.registry import DATASETS, HOOKS, METRICS, MODELS, TRANSFORMS
 from PIL import Image
 
 from mmpola.classification import (
+    ClassificationModel,
     ImageNetFolderDataset,
-    PolaImageClassifier,
     SwitchableEMAHook,
     TimmClsDataPreprocessor,
     TopKAccuracy,
@@ -106,10 +106,10 @@ def test_preprocessor_mixup_and_erasing():
 
 
 def test_model_loss_predict_and_state_dict_names():
-    model = MODELS.build(dict(type='PolaImageClassifier', family='pvt', arch=TINY_ARCH, num_classes=5,
+    model = MODELS.build(dict(type='ClassificationModel', family='pvt', arch=TINY_ARCH, num_classes=5,
                               pretrain_img_size=64, drop_path_rate=0.0,
                               data_preprocessor=dict(type='TimmClsDataPreprocessor')))
-    assert isinstance(model, PolaImageClassifier)
+    assert isinstance(model, ClassificationModel)
     assert isinstance(model.data_preprocessor, TimmClsDataPreprocessor)
     keys = list(model.state_dict())
     assert all(k.split('.')[0] in ('backbone', 'norm', 'head') for k in keys), keys[:5]

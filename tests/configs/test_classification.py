@@ -165,10 +165,10 @@ def test_polapp_recipe_model_reproduces_official_logits_and_trains_one_step():
     from mmengine.optim import build_optim_wrapper
 
     from mmpola.checkpoint.reading import safe_torch_load
-    from mmpola.models import PolaPPClassifier
+    from mmpola.models import ImageClassifier
     expected = safe_torch_load(osp.join(DATA, 'polapp_mini_expected.pth'))
     cfg = _load('polapp-b0_8xb256_in1k.py')
-    reference = classifier_from_official(PolaPPClassifier, expected['constructor'])
+    reference = classifier_from_official(ImageClassifier, expected['constructor'])
     cfg.model.update(arch=reference.backbone.arch, projection=reference.num_features, num_classes=10,
                      drop_path_rate=0.0,
                      init_cfg=dict(type='Pretrained', checkpoint=osp.join(DATA, 'polapp_mini_official.pth')))

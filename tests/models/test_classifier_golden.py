@@ -7,7 +7,7 @@ official code; ``*_official.pth`` the official checkpoint container.
 import pytest
 import torch
 
-from mmpola.models import PolaAttention, PolaClassifier, PolaPVT, PolaSwin
+from mmpola.models import ImageClassifier, PolaAttention, PolaPVT, PolaSwin
 from tests.fixtures.checkpoints import classifier_from_official
 
 TOL = 1e-5
@@ -15,7 +15,7 @@ TOL = 1e-5
 
 def _build(golden, family, **overrides):
     expected, ckpt = golden[family]
-    model = classifier_from_official(PolaClassifier, expected['constructor'], **overrides)
+    model = classifier_from_official(ImageClassifier, expected['constructor'], **overrides)
     model.load_checkpoint(ckpt, strict=True)
     return model.eval(), expected
 
@@ -86,10 +86,10 @@ def test_dense_swin_shifts_every_odd_softmax_block(golden, mini_kwargs):
 
 def test_classifier_kwargs_and_heads():
     with torch.device('meta'):
-        pvt = PolaClassifier(family='pvt', arch='tiny', num_classes=10)
+        pvt = ImageClassifier(family='pvt', arch='tiny', num_classes=10)
     assert pvt.head.out_features == 10
     assert not any(k.startswith('norm.') for k in pvt.state_dict())  # official norm is unused: not built
-    swin = PolaClassifier(family='swin', arch=dict(embed_dims=16, depths=[1, 1, 1, 1],
+    swin = ImageClassifier(family='swin', arch=dict(embed_dims=16, depths=[1, 1, 1, 1],
                                                    num_heads=[1, 2, 4, 8]), num_classes=0)
     x = torch.randn(1, 3, 64, 96)
     feats = swin.forward_features(x)
@@ -97,9 +97,9 @@ def test_classifier_kwargs_and_heads():
     assert swin.forward_head(feats, pre_logits=True).shape == (1, 128)
     assert swin(x).shape == (1, 128)
     with pytest.raises(ValueError, match="unknown family 'resnet'; valid: .*cswin.*vit"):
-        PolaClassifier(family='resnet')
+        ImageClassifier(family='resnet')
     with pytest.raises(ValueError, match='out_indices is fixed'):
-        PolaClassifier(family='pvt', out_indices=(3,))
+        ImageClassifier(family='pvt', out_indices=(3,))
 
 
 def test_forward_intermediates_timm_api(golden):
@@ -122,7 +122,7 @@ def test_classifier_round_trips_its_own_checkpoint(golden, tmp_path):
     model, expected = _build(golden, 'pvt')
     path = tmp_path / 'cls.pth'
     torch.save({'state_dict': model.state_dict(), 'meta': {'epoch': 3}}, path)
-    clone = classifier_from_official(PolaClassifier, expected['constructor'],
+    clone = classifier_from_official(ImageClassifier, expected['constructor'],
                                                 init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     clone.init_weights()
     clone.eval()
@@ -132,6 +132,6 @@ def test_classifier_round_trips_its_own_checkpoint(golden, tmp_path):
 
 def test_classifier_registered():
     from mmengine.registry import MODELS
-    model = MODELS.build(dict(type='PolaClassifier', family='swin', num_classes=5,
+    model = MODELS.build(dict(type='ImageClassifier', family='swin', num_classes=5,
                               arch=dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])))
-    assert isinstance(model, PolaClassifier)
+    assert isinstance(model, ImageClassifier)

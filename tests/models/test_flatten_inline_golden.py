@@ -7,10 +7,10 @@ from mmpola.models import (
     FLattenPVT,
     FLattenSwin,
     FocusedLinearAttention,
+    ImageClassifier,
     InLineAttention,
     InLinePVT,
     InLineSwin,
-    PolaClassifier,
 )
 from tests.fixtures.checkpoints import classifier_from_official
 
@@ -27,7 +27,7 @@ def lineage(golden_data):
 
 def _classifier(lineage, name, **overrides):
     expected, ckpt = lineage[name]
-    model = classifier_from_official(PolaClassifier, expected['constructor'], **overrides)
+    model = classifier_from_official(ImageClassifier, expected['constructor'], **overrides)
     model.load_checkpoint(ckpt, strict=True)
     return model.eval(), expected
 

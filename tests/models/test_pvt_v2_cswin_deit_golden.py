@@ -8,7 +8,7 @@ stage; DeiT the patch tokens after every block, then after the final norm.
 import pytest
 import torch
 
-from mmpola.models import PolaClassifier
+from mmpola.models import ImageClassifier
 from mmpola.models.backbones import backbone_class
 from mmpola.models.classifier import official_kwargs_to_classifier_kwargs
 from tests.fixtures.checkpoints import classifier_from_official
@@ -21,7 +21,7 @@ TOL = {'reference': 1e-5, 'auto': 1e-4}
 
 def _classifier(golden_data, name, impl):
     expected, ckpt = golden_data(name)
-    model = classifier_from_official(PolaClassifier, expected['constructor'], family=MINIS[name], attn_impl=impl)
+    model = classifier_from_official(ImageClassifier, expected['constructor'], family=MINIS[name], attn_impl=impl)
     model.load_checkpoint(ckpt, strict=True)
     return model.eval(), expected
 

@@ -1,37 +1,14 @@
-"""The demos' shared course (mmpola.runtime.demo): the initial evaluation, and what the demo configs run."""
+"""The demos' shared course (mmpola.runtime.demo): what the demo configs run, the initial evaluation added."""
 import os.path as osp
 
 import pytest
 from mmengine.config import Config
 
-from mmpola.runtime import InitialEvaluationHook
 from tests.fixtures.paths import REPO
 
 DEMOS = {'detection': 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py',
          'segmentation': 'upernet_pola-swin-t_demo-ade-128x128.py',
          'classification': 'pola-pvt_demo-imagenet-64x64.py'}
-
-
-def test_initial_evaluation_hook_records_before_and_after():
-    class Loop:
-        def run(self):
-            return {'coco/bbox_mAP': 0.01}
-
-    class Runner:
-        _resume, iter, val_loop = False, 0, Loop()
-
-        class logger:
-            info = staticmethod(print)
-
-    hook = InitialEvaluationHook()
-    hook.before_train(Runner())
-    hook.after_val_epoch(Runner(), {'coco/bbox_mAP': 0.5})
-    assert hook.initial_metrics == {'coco/bbox_mAP': 0.01} and hook.last_metrics == {'coco/bbox_mAP': 0.5}
-    resumed = Runner()
-    resumed._resume = True
-    hook = InitialEvaluationHook()
-    hook.before_train(resumed)
-    assert hook.initial_metrics is None
 
 
 @pytest.mark.parametrize('name', sorted(DEMOS))

@@ -10,7 +10,7 @@ _base_ = [
 ]
 
 model = dict(
-    type='PolaImageClassifier',
+    type='ClassificationModel',
     family='vit',
     arch='tiny',
     kind='inline',

@@ -16,7 +16,7 @@ _base_ = [
 ]
 
 model = dict(
-    type='PolaImageClassifier',
+    type='ClassificationModel',
     family='cswin',
     arch='tiny',
     kind='inline',

@@ -17,11 +17,14 @@ rope_softmax   S        :class:`RoPESoftmaxAttention` (PolaFormer++'s softmax)
 """
 from .builder import (
     COMMON_ARGS,
+    attention_citation,
     attention_class,
     attention_kind_of,
     attention_letter,
+    attention_op,
     attention_options,
     attention_paper,
+    attention_publication,
     attention_title,
     build_attention,
     registered_attention_kinds,
@@ -33,7 +36,8 @@ from .pacs import PaCSAttention, RoPESoftmaxAttention, RotaryEmbedding
 from .pola import PolaAttention
 from .softmax import SpatialReductionAttention, StripeAttention, WindowAttention
 
-__all__ = ['COMMON_ARGS', 'attention_class', 'attention_kind_of', 'attention_letter', 'attention_options',
-           'attention_paper', 'attention_title', 'build_attention', 'registered_attention_kinds', 'split_attention_cfg',
+__all__ = ['COMMON_ARGS', 'attention_citation', 'attention_class', 'attention_kind_of', 'attention_letter',
+           'attention_op', 'attention_options', 'attention_paper', 'attention_publication', 'attention_title',
+           'build_attention', 'registered_attention_kinds', 'split_attention_cfg',
            'PolaAttention', 'FocusedLinearAttention', 'InLineAttention', 'PaCSAttention', 'RoPESoftmaxAttention',
            'RotaryEmbedding', 'SpatialReductionAttention', 'StripeAttention', 'WindowAttention']

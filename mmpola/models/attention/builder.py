@@ -9,6 +9,10 @@ A kind is an ``nn.Module`` registered in :data:`mmpola.registry.ATTENTIONS` unde
         letter = 'L'        # its letter in the official per-stage strings (default 'L')
         title = 'Pola'      # its name in messages (default: the registered name)
         paper = 'PolaFormer'  # the release it comes from, in messages (default: its title)
+        citation = 'PolaFormer, ICLR 2025'  # the release in docstrings (default: its paper)
+        paper_title = 'PolaFormer: Polarity-aware ...'    # timm's paper_name of its entries
+        paper_url = 'https://github.com/ZacharyMeng/PolaFormer'  # timm's origin_url of its entries
+        op = 'pola'         # its op in mmpola.ops (OPS), whose implementations attn_impl chooses
 
         def __init__(self, dim, num_heads, pe_grid, qkv_layout='fused', sr_ratio=1, ..., alpha=4.0):
         def forward(self, x, hw, **context):   # x (B, N, C) tokens of an H x W map -> (B, N, C)
@@ -50,10 +54,10 @@ import inspect
 
 from mmpola.registry import ATTENTIONS
 
-from ..utils import PolaConfigError
+from ..checks import PolaConfigError
 
 __all__ = ['COMMON_ARGS', 'attention_class', 'attention_title', 'attention_paper', 'attention_letter',
-           'attention_options',
+           'attention_citation', 'attention_publication', 'attention_op', 'attention_options',
            'attention_kind_of', 'split_attention_cfg', 'build_attention', 'registered_attention_kinds']
 
 COMMON_ARGS = ('dim', 'num_heads', 'pe_grid', 'qkv_bias', 'qk_scale', 'attn_drop', 'proj_drop', 'attn_impl',
@@ -82,6 +86,24 @@ def attention_title(kind):
 def attention_paper(kind):
     """The release the kind comes from (``'PolaFormer'``; its title when the class has no ``paper``)."""
     return getattr(attention_class(kind), 'paper', None) or attention_title(kind)
+
+
+def attention_citation(kind):
+    """The release of the kind in docstrings (``'PolaFormer, ICLR 2025'``; its paper when the class has
+    no ``citation``)."""
+    return getattr(attention_class(kind), 'citation', None) or attention_paper(kind)
+
+
+def attention_publication(kind):
+    """``(paper title, origin url)`` of the kind's release (timm's ``paper_name`` / ``origin_url``);
+    ``(its paper, '')`` when the class does not name them."""
+    cls = attention_class(kind)
+    return getattr(cls, 'paper_title', None) or attention_paper(kind), getattr(cls, 'paper_url', None) or ''
+
+
+def attention_op(kind):
+    """The op of :mod:`mmpola.ops` the kind runs (``'pola'``), or None (the softmaxes, a kind without ``op``)."""
+    return getattr(attention_class(kind), 'op', None)
 
 
 def attention_letter(kind):

@@ -7,14 +7,8 @@ from mmpola.ops import check_attn_impl, flatten_attention
 from mmpola.registry import ATTENTIONS
 
 from ..layers import depthwise_conv
-from .common import (
-    KeyPositionalEncoding,
-    QKVProjections,
-    add_to_patches,
-    check_attention_args,
-    depthwise_value_term,
-    reduced_grid,
-)
+from .grid_terms import KeyPositionalEncoding, add_to_patches, depthwise_value_term
+from .projections import QKVProjections, check_attention_args, reduced_grid
 
 __all__ = ['FocusedLinearAttention']
 
@@ -51,6 +45,10 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     letter = 'L'
     title = 'FLatten'
     paper = 'FLatten Transformer'
+    citation = 'FLatten Transformer, ICCV 2023'
+    paper_title = 'FLatten Transformer: Vision Transformer using Focused Linear Attention'
+    paper_url = 'https://github.com/LeapLabTHU/FLatten-Transformer'
+    op = 'flatten'
     qkv_layouts = ('fused', 'separate', 'projected')
     prefix_tokens = True
 
@@ -64,7 +62,7 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         self.sr_ratio = sr_ratio
         self.focusing_factor = focusing_factor
         self.v_upsample = v_upsample
-        self.attn_impl = check_attn_impl(attn_impl, op='flatten')
+        self.attn_impl = check_attn_impl(attn_impl, op=self.op)
         self.fp32_attn = fp32_attn
         self._init_input_projections(dim, qkv_layout, qkv_bias)
         self._init_output_projection(dim, qkv_layout, proj_drop)

@@ -6,7 +6,8 @@ from timm.layers import register_notrace_module
 from mmpola.ops import check_attn_impl, inline_attention
 from mmpola.registry import ATTENTIONS
 
-from .common import QKVProjections, add_to_patches, check_attention_args
+from .grid_terms import add_to_patches
+from .projections import QKVProjections, check_attention_args
 
 __all__ = ['InLineAttention']
 
@@ -44,6 +45,10 @@ class InLineAttention(QKVProjections, nn.Module):
     letter = 'I'
     title = 'InLine'
     paper = 'InLine'
+    citation = 'InLine attention, NeurIPS 2024'
+    paper_title = 'Bridging the Divide: Reconsidering Softmax and Linear Attention'
+    paper_url = 'https://github.com/LeapLabTHU/InLine'
+    op = 'inline'
     qkv_layouts = ('fused', 'separate', 'projected')
     prefix_tokens = True
 
@@ -57,7 +62,7 @@ class InLineAttention(QKVProjections, nn.Module):
         self.dim = dim
         self.num_heads = num_heads
         self.qkv_layout = qkv_layout
-        self.attn_impl = check_attn_impl(attn_impl, op='inline')
+        self.attn_impl = check_attn_impl(attn_impl, op=self.op)
         self.fp32_attn = fp32_attn
         self._init_input_projections(dim, qkv_layout, qkv_bias)
         self._init_output_projection(dim, qkv_layout, proj_drop)

@@ -67,6 +67,10 @@ class PaCSAttention(nn.Module):
     letter = 'L'
     title = 'PaCS'
     paper = 'PolaFormer++'
+    citation = 'PolaFormer++'
+    paper_title = 'PolaFormer++: Polarity-aware Linear Attention with Channel-wise Spikiness'
+    paper_url = 'https://github.com/ZacharyMeng/PolaFormerPP'
+    op = 'pacs'
 
     def __init__(self, dim, num_heads, attn_impl='auto', fp32_attn=True):
         super().__init__()
@@ -80,7 +84,7 @@ class PaCSAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.s1 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
         self.s2 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
-        self.attn_impl = check_attn_impl(attn_impl, op='pacs')
+        self.attn_impl = check_attn_impl(attn_impl, op=self.op)
         self.fp32_attn = fp32_attn
 
     def forward(self, x, hw, **context):

@@ -7,15 +7,8 @@ from mmpola.ops import check_attn_impl, pola_attention
 from mmpola.registry import ATTENTIONS
 
 from ..layers import depthwise_conv
-from .common import (
-    KeyPositionalEncoding,
-    QKVProjections,
-    add_to_patches,
-    check_attention_args,
-    depthwise_value_heads,
-    depthwise_value_term,
-    reduced_grid,
-)
+from .grid_terms import KeyPositionalEncoding, add_to_patches, depthwise_value_heads, depthwise_value_term
+from .projections import QKVProjections, check_attention_args, reduced_grid
 
 __all__ = ['PolaAttention']
 
@@ -69,6 +62,10 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     letter = 'L'
     title = 'Pola'
     paper = 'PolaFormer'
+    citation = 'PolaFormer, ICLR 2025'
+    paper_title = 'PolaFormer: Polarity-aware Linear Attention for Vision Transformers'
+    paper_url = 'https://github.com/ZacharyMeng/PolaFormer'
+    op = 'pola'
     qkv_layouts = ('fused', 'separate', 'projected')
     fused_projection = ('qkvg', 4)
     query_projection = ('qg', 2)
@@ -88,7 +85,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         self.sr_ratio = sr_ratio
         self.alpha = alpha
         self.v_upsample = v_upsample
-        self.attn_impl = check_attn_impl(attn_impl, op='pola')
+        self.attn_impl = check_attn_impl(attn_impl, op=self.op)
         self.fp32_attn = fp32_attn
 
         self._init_input_projections(dim, qkv_layout, qkv_bias)

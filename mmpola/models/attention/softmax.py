@@ -16,7 +16,7 @@ from timm.layers import register_notrace_module, trunc_normal_
 
 from mmpola.registry import ATTENTIONS
 
-from .common import QKV_LAYOUTS, spatial_reduction
+from .projections import QKV_LAYOUTS, spatial_reduction
 
 __all__ = ['SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 'softmax_attention', 'window_partition',
            'window_reverse', 'shifted_window_mask', 'relative_position_index']

@@ -21,6 +21,7 @@ from .presets import (
     PolaSwin,
     Preset,
     backbone_class,
+    kinds_on_every_architecture,
     known_models,
     preset_of,
 )
@@ -33,6 +34,7 @@ register_known_models(known_models)
 
 __all__ = ['DenseBackbone', 'register_architecture', 'parse_attn_type', 'drop_path_rates', 'run_blocks',
            'tokens_to_nchw', 'PVTBackbone', 'PVTv2Backbone', 'SwinBackbone', 'CSWinBackbone', 'ViTBackbone',
-           'PolaPPBackbone', 'PRESETS', 'Preset', 'preset_of', 'backbone_class', 'known_models', 'PolaPVT',
+           'PolaPPBackbone', 'PRESETS', 'Preset', 'preset_of', 'backbone_class', 'kinds_on_every_architecture',
+           'known_models', 'PolaPVT',
            'FLattenPVT', 'InLinePVT', 'PolaSwin', 'FLattenSwin', 'InLineSwin', 'PolaPP', 'FLattenPVTv2',
            'FLattenCSWin', 'InLineCSWin', 'InLineDeiT']

@@ -2,8 +2,8 @@
 
 :class:`DenseBackbone` holds what every architecture has in common, so an architecture file
 (pvt.py, swin.py, polapp.py) keeps only what is its own: its modules and official key layout, how a
-stage is entered, which parts a frozen stage covers, its checkpoint filter and its official
-classification head.
+stage is entered, which parts a frozen stage covers and its checkpoint filter (its official
+classification head lives beside it, in the same file: :mod:`mmpola.models.classification_head`).
 
 * arguments: ``arch`` presets / custom dicts, ``out_indices``, ``frozen_stages``, ``out_norm``,
   ``norm_eval`` (a no-op unless the architecture has
@@ -43,13 +43,11 @@ An architecture::
         def _stage_parts(self, i):       # (modules, parameters) of stage i, frozen when i < frozen_stages
         def stage_module(self, i):       # name of stage i's blocks (timm's feature_info)
 
-    and, where the defaults (four stages of tokens, LayerNorm output norms ``norm{i}``, PVT's
-    classification head) do not fit: ``stages_of`` / ``default_out_indices`` (a stage per block: the
-    ViT), ``_block_context`` (keyword context of every block), ``_stage_output`` / ``stage_map`` /
-    ``output_norm`` / ``output_norm_name`` / ``_add_output_norms`` (stages of NCHW maps, prefix
-    tokens, other norm names), ``checkpoint_filter`` (the official key layout), the
-    ``classification_*`` hooks and ``classifier_kwargs_from_official`` (the official classifier,
-    :class:`~mmpola.models.classifier.PolaClassifier`).
+    and, where the defaults (four stages of tokens, LayerNorm output norms ``norm{i}``) do not fit:
+    ``stages_of`` / ``default_out_indices`` (a stage per block: the ViT), ``_block_context`` (keyword
+    context of every block), ``_stage_output`` / ``stage_map`` / ``output_norm`` / ``output_norm_name``
+    / ``_add_output_norms`` (stages of NCHW maps, prefix tokens, other norm names),
+    ``checkpoint_filter`` (the official key layout).
 
 Input: (B, in_channels, H, W) with H, W >= ``min_input_size``. Output: a tuple of NCHW maps for
 ``out_indices``.
@@ -75,8 +73,7 @@ from ..attention import (
     registered_attention_kinds,
     split_attention_cfg,
 )
-from ..layers import trunc_normal_init
-from ..utils import (
+from ..checks import (
     PolaConfigError,
     check_frozen_stages,
     check_input,
@@ -85,6 +82,8 @@ from ..utils import (
     is_pretrained_cfg,
     resolve_arch,
 )
+from ..classification_head import classification_head_of
+from ..layers import trunc_normal_init
 
 __all__ = ['DenseBackbone', 'register_architecture', 'parse_attn_type', 'drop_path_rates', 'tokens_to_nchw',
            'run_blocks']
@@ -224,11 +223,6 @@ class DenseBackbone(BaseModule):
     # other libraries {description: regex on the keys} (mmpola.checkpoint names them)
     official_key_pattern = None
     look_alikes = {}
-    # the official ImageNet classifier (mmpola.models.classifier.PolaClassifier)
-    classification_kwargs = {}  # backbone arguments fixed by the official classification forward
-    classification_modules = ('norm', 'head')  # its modules beside ``backbone`` (unprefixed in official files)
-    classification_args = ()  # classifier arguments of the architecture's head (PolaFormer++: projection)
-    classification_global_pools = ('avg', '')  # the classifier's global_pool values, the official first
     first_conv = None  # the stem convolution, below ``backbone.`` (timm's pretrained_cfg)
 
     def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None,
@@ -459,15 +453,17 @@ class DenseBackbone(BaseModule):
 
     def checkpoint_filter(self, state_dict, source='the checkpoint', map_final_norm=False):
         """Official / own checkpoint tensors (backbone keys) -> this model's keys, timm's
-        ``checkpoint_filter_fn``: drops the classification modules (``classification_modules``)
-        and the run-time buffers the model does not have; with ``map_final_norm`` the classifier's
-        final ``norm.*`` becomes the last output norm (Swin: the trained LN after stage 4). An
+        ``checkpoint_filter_fn``: drops the official classification modules (the ``modules`` of
+        the architecture's :class:`~mmpola.models.classification_head.ClassificationHead`) and the
+        run-time buffers the model does not have; with ``map_final_norm`` the classifier's final
+        ``norm.*`` becomes the last output norm (Swin: the trained LN after stage 4). An
         architecture adds its own checks (PVT: the spatial reduction).
 
         Returns:
             (kept state dict, dropped keys).
         """
         model_state = self.state_dict()
+        classification_modules = classification_head_of(self.family).modules
         last_norm = self.output_norm_name(self.num_stages - 1) + '.'
         kept, dropped = {}, []
         for key, value in state_dict.items():
@@ -475,7 +471,7 @@ class DenseBackbone(BaseModule):
             mapped = last_norm + key[len('norm.'):]
             if map_final_norm and key.startswith('norm.') and mapped in model_state:
                 kept[mapped] = value  # the trained final norm of the classifier as the last output norm
-            elif top in self.classification_modules and key not in model_state:
+            elif top in classification_modules and key not in model_state:
                 dropped.append(key)
             elif key.rsplit('.', 1)[-1] in KeySignature.runtime_buffers and key not in model_state:
                 dropped.append(key)
@@ -585,7 +581,7 @@ class DenseBackbone(BaseModule):
         return tuple(self.stage_map(stages[i], self.output_norm(i)) for i in self.out_indices)
 
     # ---------------------------------------------------------------------------------------------
-    # the official ImageNet classifier (PolaClassifier calls these; defaults: the PVT head)
+    # the stage maps as timm describes them (feature_info)
 
     def stage_module(self, i):
         """Name (below the backbone) of the module whose output is stage ``i``'s (timm's feature_info)."""
@@ -600,48 +596,3 @@ class DenseBackbone(BaseModule):
         ``module`` named below ``prefix``."""
         return [dict(num_chs=c, reduction=self.stage_stride(i), module=prefix + self.stage_module(i))
                 for i, c in enumerate(self.embed_dims)]
-
-    def classification_neck(self):
-        """``({name: module}, num_features)``: the classifier's modules between the last stage and
-        the pooling, and the width of the pooled features. Default: no final norm."""
-        return {'norm': nn.Identity()}, self.embed_dims[-1]
-
-    def classification_features(self, neck, stage):
-        """The last :meth:`forward_stages` entry -> the final map (B, h, w, num_features), NHWC;
-        ``neck``: the classifier holding the modules of :meth:`classification_neck`."""
-        tokens, hw = stage
-        tokens = neck.norm(tokens)
-        return tokens.reshape(tokens.shape[0], hw[0], hw[1], tokens.shape[-1])
-
-    @classmethod
-    def classification_pool_size(cls, img_size):
-        """The (h, w) of :meth:`classification_features` at ``img_size`` (timm's ``pool_size``): stride 32."""
-        return img_size // 32, img_size // 32
-
-    def classification_stage_norm(self, neck):
-        """The norm ``forward_intermediates(norm=True)`` applies to the last stage map, or None."""
-        return None
-
-    def classification_pool(self, x, global_pool='avg'):
-        """The official pooling (``global_pool``: one of ``classification_global_pools`` but ''):
-        final map (B, h, w, F) -> (B, F). Default: mean over the tokens."""
-        return x.flatten(1, 2).mean(dim=1)
-
-    def classification_head(self, num_features, num_classes):
-        """The official head: ``nn.Linear`` (trunc-normal .02, zero bias), ``nn.Identity`` for 0 classes."""
-        if num_classes <= 0:
-            return nn.Identity()
-        head = nn.Linear(num_features, num_classes)
-        trunc_normal_init(head)
-        return head
-
-    def classification_logits(self, head, x, pooled):
-        """Apply the head to pooled (B, F) or, unpooled, to (B, h, w, F) features."""
-        return head(x)
-
-    @classmethod
-    def classifier_kwargs_from_official(cls, kwargs):
-        """Keyword arguments of the official model class -> ``(classifier kwargs, the rest (the
-        attention's options), the official attn_type string or None)``, or None when they are not
-        this architecture's."""
-        return None

@@ -33,11 +33,12 @@ import torch
 import torch.nn as nn
 
 from ..attention import attention_class
+from ..checks import PolaConfigError, square_pretrain_size
+from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import DropPath, Mlp
-from ..utils import PolaConfigError, square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
-__all__ = ['CSWinBackbone', 'CSWinBlock', 'MergeBlock']
+__all__ = ['CSWinBackbone', 'CSWinHead', 'CSWinBlock', 'MergeBlock']
 
 
 class MapToTokens(nn.Module):
@@ -180,7 +181,6 @@ class CSWinBackbone(DenseBackbone):
     qkv_layout = 'projected'
     official_key_pattern = 'stage1.0.attns.0.*'
     first_conv = 'stage1_conv_embed.0'
-    classification_kwargs = dict(out_norm=False)
 
     def __init__(self, arch='tiny', pretrain_img_size=None, in_channels=3, out_indices=(0, 1, 2, 3), attn_type=None,
                  la_split_size=None, mlp_ratio=4., qkv_bias=True, qk_scale=None, drop_rate=0., attn_drop_rate=0.,
@@ -267,17 +267,23 @@ class CSWinBackbone(DenseBackbone):
     def stage_module(self, i):
         return f'stage{i + 1}'
 
-    # ---------------------------------------------------------------------------------------------
-    # the official classifier: final LayerNorm, mean over the tokens, linear head
 
-    def classification_neck(self):
-        return {'norm': nn.LayerNorm(self.embed_dims[-1])}, self.embed_dims[-1]
+@register_classification_head('cswin')
+class CSWinHead(ClassificationHead):
+    """The official CSWin classifier: final LayerNorm ``norm``, mean over the tokens, linear ``head``."""
 
-    def classification_stage_norm(self, neck):
+    backbone_kwargs = dict(out_norm=False)
+
+    @classmethod
+    def neck(cls, backbone):
+        return {'norm': nn.LayerNorm(backbone.embed_dims[-1])}, backbone.embed_dims[-1]
+
+    @classmethod
+    def stage_norm(cls, neck):
         return neck.norm
 
     @classmethod
-    def classifier_kwargs_from_official(cls, kwargs):
+    def official_kwargs(cls, architecture, kwargs):
         """The official ``CSWinTransformer`` arguments of the FLatten / InLine releases (``embed_dim``,
         ``depth``, ``split_size`` ...)."""
         if 'split_size' not in kwargs or 'embed_dim' not in kwargs:
@@ -288,7 +294,7 @@ class CSWinBackbone(DenseBackbone):
         if kwargs.pop('hybrid_backbone', None) is not None:
             raise ValueError('hybrid_backbone is not supported; no released model uses it')
         split = kwargs.pop('split_size')
-        out = dict(family=cls.family, num_classes=kwargs.pop('num_classes', 1000),
+        out = dict(family=architecture.family, num_classes=kwargs.pop('num_classes', 1000),
                    drop_rate=kwargs.pop('drop_rate', 0.), drop_path_rate=kwargs.pop('drop_path_rate', 0.),
                    pretrain_img_size=kwargs.pop('img_size', 224),
                    arch=dict(embed_dims=kwargs.pop('embed_dim'), depths=list(kwargs.pop('depth')),

@@ -17,11 +17,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import RotaryEmbedding
+from ..checks import PolaConfigError
+from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import DropPath, depthwise_conv, trunc_normal_init
-from ..utils import PolaConfigError
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
-__all__ = ['PolaPPBackbone', 'PolaPPBlock', 'LayerNorm2d', 'ConvStem', 'ConvDownsample', 'PROJECTION']
+__all__ = ['PolaPPBackbone', 'PolaPPHead', 'PolaPPBlock', 'LayerNorm2d', 'ConvStem', 'ConvDownsample',
+           'PROJECTION']
 
 # width of the classification projection of the released sizes
 PROJECTION = {'b0': 2048, 'b1': 2048, 'b2': 2048, 'b3': 2048, 'b4': 2048, 'b5': 2560}
@@ -198,9 +200,6 @@ class PolaPPBackbone(DenseBackbone):
     attention_context = ('qkv_layout',)
     official_key_pattern = 'layers.0.blocks.0.norm1.norm.weight'
     first_conv = 'patch_embed.proj.0'
-    classification_kwargs = dict(out_norm=False)
-    classification_modules = ('proj', 'norm', 'head')
-    classification_args = ('projection',)
 
     def __init__(self, arch='b2', in_channels=3, out_indices=(0, 1, 2, 3), attn_type=None, drop_rate=0.,
                  drop_path_rate=0.1, out_norm=True, frozen_stages=-1, norm_eval=False, with_cp=False, attn=None,
@@ -272,42 +271,54 @@ class PolaPPBackbone(DenseBackbone):
     def stage_module(self, i):
         return f'layers.{i}.blocks'
 
-    # ---------------------------------------------------------------------------------------------
-    # the official classifier: 1x1 projection, BatchNorm, swish, average pool, 1x1 conv head
 
-    def classification_neck(self, projection=None):
+@register_classification_head('polapp')
+class PolaPPHead(ClassificationHead):
+    """The official PolaFormer++ classifier: 1x1 projection ``proj`` (``projection`` channels),
+    BatchNorm ``norm``, swish, average pool, 1x1 conv ``head``."""
+
+    backbone_kwargs = dict(out_norm=False)
+    modules = ('proj', 'norm', 'head')
+    args = ('projection',)
+
+    @classmethod
+    def neck(cls, backbone, projection=None):
         """``projection``: channels of the 1x1 projection (default: the released value of the preset,
         ``PROJECTION``; required for a custom arch)."""
         if projection is None:
-            if self.arch_name not in PROJECTION:
+            if backbone.arch_name not in PROJECTION:
                 raise PolaConfigError('a custom PolaFormer++ arch needs projection= (channels of the classification '
                                       f'projection; released sizes use {sorted(set(PROJECTION.values()))})')
-            projection = PROJECTION[self.arch_name]
-        proj = nn.Conv2d(self.embed_dims[-1], projection, 1)
-        trunc_normal_init(proj, self.init_layers)
+            projection = PROJECTION[backbone.arch_name]
+        proj = nn.Conv2d(backbone.embed_dims[-1], projection, 1)
+        trunc_normal_init(proj, backbone.init_layers)
         return {'proj': proj, 'norm': nn.BatchNorm2d(projection)}, projection
 
-    def classification_features(self, neck, stage):
+    @classmethod
+    def features(cls, backbone, neck, stage):
         return F.silu(neck.norm(neck.proj(stage))).permute(0, 2, 3, 1)
 
-    def classification_pool(self, x, global_pool='avg'):
+    @classmethod
+    def pool(cls, backbone, x, global_pool='avg'):
         return x.mean(dim=(1, 2))  # the official average pool of the (B, P, h, w) map
 
-    def classification_head(self, num_features, num_classes):
+    @classmethod
+    def build_head(cls, backbone, num_features, num_classes):
         """The official head: a 1x1 convolution of the pooled (B, P, 1, 1) map."""
         if num_classes <= 0:
             return nn.Identity()
         head = nn.Conv2d(num_features, num_classes, 1)
-        trunc_normal_init(head, self.init_layers)
+        trunc_normal_init(head, backbone.init_layers)
         return head
 
-    def classification_logits(self, head, x, pooled):
+    @classmethod
+    def logits(cls, head, x, pooled):
         if pooled:
             return head(x[:, :, None, None]).flatten(1)
         return head(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
 
     @classmethod
-    def classifier_kwargs_from_official(cls, kwargs):
+    def official_kwargs(cls, architecture, kwargs):
         """The official ``POLA`` arguments (``embed_dims``, ``depths``, ``num_heads``, ``mlp_ratios``,
         ``drop_path_rate``, ``projection``, ``layerscales``, ``layer_init_values``, ``num_classes``,
         ``flagss``)."""
@@ -319,7 +330,7 @@ class PolaPPBackbone(DenseBackbone):
         arch = dict(embed_dims=list(kwargs.pop('embed_dims')), depths=list(kwargs.pop('depths')),
                     num_heads=list(kwargs.pop('num_heads')), mlp_ratios=list(kwargs.pop('mlp_ratios')),
                     layer_scale_init_values=[v if on else None for on, v in zip(layerscales, init_values)])
-        out = dict(family=cls.family, arch=arch, num_classes=kwargs.pop('num_classes', 1000),
+        out = dict(family=architecture.family, arch=arch, num_classes=kwargs.pop('num_classes', 1000),
                    projection=kwargs.pop('projection', 1024), drop_path_rate=kwargs.pop('drop_path_rate', 0.1))
         if 'in_chans' in kwargs:
             out['in_channels'] = kwargs.pop('in_chans')

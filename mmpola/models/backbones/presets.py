@@ -17,14 +17,14 @@ import torch
 from mmpola.checkpoint import KnownModel, LookAlike
 from mmpola.registry import ARCHITECTURES, ATTENTIONS, MODELS
 
-from ..attention import attention_letter, attention_paper, attention_title
+from ..attention import attention_citation, attention_letter, attention_paper, attention_title
 from . import polapp, pvt_v2, swin, vit  # noqa: F401  (registers the architectures the rows name)
 from .cswin import CSWinBackbone
 from .pvt import PVTBackbone
 
-__all__ = ['Preset', 'PRESETS', 'preset_of', 'backbone_class', 'known_models', 'PolaPVT', 'FLattenPVT', 'InLinePVT',
-           'PolaSwin', 'FLattenSwin', 'InLineSwin', 'PolaPP', 'FLattenPVTv2', 'FLattenCSWin', 'InLineCSWin',
-           'InLineDeiT']
+__all__ = ['Preset', 'PRESETS', 'preset_of', 'backbone_class', 'kinds_on_every_architecture', 'known_models',
+           'PolaPVT', 'FLattenPVT', 'InLinePVT', 'PolaSwin', 'FLattenSwin', 'InLineSwin', 'PolaPP', 'FLattenPVTv2',
+           'FLattenCSWin', 'InLineCSWin', 'InLineDeiT']
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,6 @@ class Preset:
         attn: its attention kind (``'pola'``).
         attn_type: the released per-stage layout, or ``{arch: layout}`` where the sizes of a release
             differ (a custom arch dict gets the first entry's).
-        paper: the publication, for the docstring.
         official: its name as a checkpoint in messages (default ``'<kind title>-<architecture title>'``).
         release: its short name in descriptions of files (default ``'<kind paper> <architecture title>'``).
         overrides: class attributes the release changes (``arch_settings`` ...).
@@ -46,7 +45,6 @@ class Preset:
     family: str
     attn: str
     attn_type: str
-    paper: str
     official: str = None
     release: str = None
     overrides: dict = field(default_factory=dict)
@@ -67,23 +65,21 @@ def _inline_softmax_window(window_size):
 
 
 PRESETS = (
-    Preset('PolaPVT', 'pvt', 'pola', 'LLLL', 'PolaFormer, ICLR 2025'),
-    Preset('FLattenPVT', 'pvt', 'flatten', 'LLLL', 'FLatten Transformer, ICCV 2023'),
+    Preset('PolaPVT', 'pvt', 'pola', 'LLLL'),
+    Preset('FLattenPVT', 'pvt', 'flatten', 'LLLL'),
     # the released InLine-PVT models use twice the heads of PVT
-    Preset('InLinePVT', 'pvt', 'inline', 'IIII', 'InLine attention, NeurIPS 2024',
+    Preset('InLinePVT', 'pvt', 'inline', 'IIII',
            overrides=dict(arch_settings=_doubled_heads(PVTBackbone.arch_settings))),
-    Preset('PolaSwin', 'swin', 'pola', 'LLSS', 'PolaFormer, ICLR 2025'),
-    Preset('FLattenSwin', 'swin', 'flatten', 'LLSS', 'FLatten Transformer, ICCV 2023'),
+    Preset('PolaSwin', 'swin', 'pola', 'LLSS'),
+    Preset('FLattenSwin', 'swin', 'flatten', 'LLSS'),
     # the released layouts differ per size (LeapLabTHU/InLine cfgs/inline_swin_{t,s,b}.yaml)
     Preset('InLineSwin', 'swin', 'inline', dict(tiny='IIIS', small='IISS', base='IIMS2'),
-           'InLine attention, NeurIPS 2024',
            overrides=dict(default_softmax_window_size=staticmethod(_inline_softmax_window))),
-    Preset('PolaPP', 'polapp', 'pacs', 'LLSS', 'PolaFormer++', official='PolaFormer++', release='PolaFormer++'),
-    Preset('FLattenPVTv2', 'pvt_v2', 'flatten', 'LLLL', 'FLatten Transformer, ICCV 2023'),
-    Preset('FLattenCSWin', 'cswin', 'flatten', 'LLSS', 'FLatten Transformer, ICCV 2023'),
-    Preset('InLineCSWin', 'cswin', 'inline', 'IISS', 'InLine attention, NeurIPS 2024',
-           overrides=dict(arch_settings=_INLINE_CSWIN)),
-    Preset('InLineDeiT', 'vit', 'inline', 'I', 'InLine attention, NeurIPS 2024'),
+    Preset('PolaPP', 'polapp', 'pacs', 'LLSS', official='PolaFormer++', release='PolaFormer++'),
+    Preset('FLattenPVTv2', 'pvt_v2', 'flatten', 'LLLL'),
+    Preset('FLattenCSWin', 'cswin', 'flatten', 'LLSS'),
+    Preset('InLineCSWin', 'cswin', 'inline', 'IISS', overrides=dict(arch_settings=_INLINE_CSWIN)),
+    Preset('InLineDeiT', 'vit', 'inline', 'I'),
 )
 
 
@@ -91,7 +87,7 @@ def _complete(preset):
     arch = ARCHITECTURES.get(preset.family)
     official = preset.official or f'{attention_title(preset.attn)}-{arch.title}'
     release = preset.release or f'{attention_paper(preset.attn)} {arch.title}'
-    return Preset(preset.name, preset.family, preset.attn, preset.attn_type, preset.paper, official, release,
+    return Preset(preset.name, preset.family, preset.attn, preset.attn_type, official, release,
                   preset.overrides)
 
 
@@ -100,7 +96,8 @@ def _make(preset):
     arch = ARCHITECTURES.get(preset.family)
     layout = preset.attn_type if isinstance(preset.attn_type, str) else \
         ', '.join(f"'{v}' ({k})" for k, v in preset.attn_type.items())
-    doc = (f"""{preset.official} backbone ({preset.paper}) for mmdet / mmseg: :class:`{arch.__name__}` with
+    citation = attention_citation(preset.attn)
+    doc = (f"""{preset.official} backbone ({citation}) for mmdet / mmseg: :class:`{arch.__name__}` with
     ``attn=dict(type='{preset.attn}')`` and ``attn_type`` {layout!s} by default (its release).
 
     Registered in mmengine's root ``MODELS`` registry, so ``dict(type='{preset.name}', ...)`` builds from
@@ -133,6 +130,14 @@ InLineDeiT = _CLASSES['InLineDeiT']
 def preset_of(family, kind):
     """The :class:`Preset` of an architecture with a kind, or None."""
     return next((p for p in PRESETS if p.family == family and p.attn == kind), None)
+
+
+def kinds_on_every_architecture():
+    """The registered linear kinds (letter other than 'S') that every registered architecture takes
+    (:meth:`DenseBackbone.accepts_kind`): what the benchmark and the tests put on every architecture
+    beside its softmax (PaCS, which needs PolaFormer++'s RoPE tables and no class token, is not one)."""
+    return tuple(kind for kind in ATTENTIONS.module_dict if attention_letter(kind) != 'S'
+                 and all(arch.accepts_kind(kind) for arch in ARCHITECTURES.module_dict.values()))
 
 
 def backbone_class(family, kind=None):

@@ -14,11 +14,13 @@ from timm.layers import trunc_normal_
 
 from mmpola.checkpoint import CheckpointMismatchError
 
+from ..checks import check_stage_string, square_pretrain_size
+from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache
-from ..utils import check_stage_string, square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
-__all__ = ['PVTBackbone', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids', 'pvt_stage_settings']
+__all__ = ['PVTBackbone', 'PVTHead', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids',
+           'pvt_stage_settings']
 
 
 @register_architecture('pvt', title='PVT')
@@ -164,10 +166,17 @@ class PVTBackbone(DenseBackbone):
         check_la_sr_ratios(self, state_dict, source)
         return super().checkpoint_filter(state_dict, source, map_final_norm)
 
+
+
+@register_classification_head('pvt')
+class PVTHead(ClassificationHead):
+    """The official PVT classifier: the defaults (mean of the stage-4 tokens without a final norm, a
+    linear ``head``)."""
+
     @classmethod
-    def classifier_kwargs_from_official(cls, kwargs):
+    def official_kwargs(cls, architecture, kwargs):
         """The official ``PyramidVisionTransformer`` arguments (``embed_dims`` ...)."""
-        return pvt_classifier_kwargs(cls, kwargs)
+        return pvt_classifier_kwargs(architecture, kwargs)
 
 
 def pvt_stage_settings(num_stages, la_sr_ratios, sr_ratios, pretrain_img_size):

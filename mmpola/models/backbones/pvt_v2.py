@@ -23,12 +23,13 @@ import math
 import torch.nn as nn
 from timm.layers import register_notrace_module
 
+from ..checks import PolaConfigError
+from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PreNormBlock, trunc_normal_init
-from ..utils import PolaConfigError
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_stage_settings
 
-__all__ = ['PVTv2Backbone', 'OverlapPatchEmbed', 'ConvMlp']
+__all__ = ['PVTv2Backbone', 'PVTv2Head', 'OverlapPatchEmbed', 'ConvMlp']
 
 
 @register_notrace_module  # torch.fx leaf: (H, W) depend on the input size
@@ -216,8 +217,14 @@ class PVTv2Backbone(DenseBackbone):
         check_la_sr_ratios(self, state_dict, source)
         return super().checkpoint_filter(state_dict, source, map_final_norm)
 
+
+@register_classification_head('pvt_v2')
+class PVTv2Head(ClassificationHead):
+    """The official PVTv2 classifier: mean of the stage-4 tokens (after its stage norm ``norm4``), a
+    linear ``head`` (the defaults)."""
+
     @classmethod
-    def classifier_kwargs_from_official(cls, kwargs):
+    def official_kwargs(cls, architecture, kwargs):
         """The official ``PyramidVisionTransformerV2`` arguments (``embed_dims`` ...: those of PVT's
         class, so an official PVTv2 model is named by ``family='pvt_v2'``)."""
-        return pvt_classifier_kwargs(cls, kwargs)
+        return pvt_classifier_kwargs(architecture, kwargs)

@@ -17,11 +17,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..checks import square_pretrain_size
+from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PatchEmbed, PatchMerging, PreNormBlock
-from ..utils import square_pretrain_size
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
-__all__ = ['SwinBackbone', 'SwinStage']
+__all__ = ['SwinBackbone', 'SwinHead', 'SwinStage']
 
 
 class SwinStage(nn.Module):
@@ -96,7 +97,6 @@ class SwinBackbone(DenseBackbone):
     official_key_pattern = 'layers.0.blocks.*'
     look_alikes = {'mmdet/mmseg Swin (not Pola; softmax attention only)': r'(^|\.)stages\.0\.blocks\.'}
     first_conv = 'patch_embed.proj'
-    classification_kwargs = dict(out_norm=False, clamp_shift=True)
 
     def __init__(self, arch='tiny', pretrain_img_size=224, in_channels=3, window_size=None,
                  softmax_window_size=None, mlp_ratio=4., attn_type=None, qkv_bias=True, qk_scale=None,
@@ -168,21 +168,28 @@ class SwinBackbone(DenseBackbone):
     def stage_module(self, i):
         return f'layers.{i}.blocks'
 
-    # ---------------------------------------------------------------------------------------------
-    # the official classifier: final LayerNorm, average pool, linear head
 
-    def classification_neck(self):
-        return {'norm': nn.LayerNorm(self.embed_dims[-1])}, self.embed_dims[-1]
+@register_classification_head('swin')
+class SwinHead(ClassificationHead):
+    """The official Swin classifier: final LayerNorm ``norm``, average pool, linear ``head``."""
 
-    def classification_stage_norm(self, neck):
+    backbone_kwargs = dict(out_norm=False, clamp_shift=True)
+
+    @classmethod
+    def neck(cls, backbone):
+        return {'norm': nn.LayerNorm(backbone.embed_dims[-1])}, backbone.embed_dims[-1]
+
+    @classmethod
+    def stage_norm(cls, neck):
         return neck.norm
 
-    def classification_pool(self, x, global_pool='avg'):
+    @classmethod
+    def pool(cls, backbone, x, global_pool='avg'):
         """The official op order: adaptive average pool over the token axis."""
         return torch.flatten(F.adaptive_avg_pool1d(x.flatten(1, 2).transpose(1, 2), 1), 1)
 
     @classmethod
-    def classifier_kwargs_from_official(cls, kwargs):
+    def official_kwargs(cls, architecture, kwargs):
         """The official ``SwinTransformer`` arguments of the releases (``embed_dim`` ...)."""
         if 'embed_dim' not in kwargs or 'depths' not in kwargs:
             return None
@@ -193,7 +200,7 @@ class SwinBackbone(DenseBackbone):
             raise ValueError('ape=True (absolute position embedding) is not supported; no released model uses it')
         if not kwargs.pop('patch_norm', True):
             raise ValueError('patch_norm=False is not supported; every released model uses it')
-        out = dict(family=cls.family, num_classes=kwargs.pop('num_classes', 1000),
+        out = dict(family=architecture.family, num_classes=kwargs.pop('num_classes', 1000),
                    drop_rate=kwargs.pop('drop_rate', 0.), drop_path_rate=kwargs.pop('drop_path_rate', 0.),
                    pretrain_img_size=kwargs.pop('img_size', 224),
                    arch=dict(embed_dims=kwargs.pop('embed_dim'), depths=list(kwargs.pop('depths')),

@@ -29,11 +29,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module, trunc_normal_
 
+from ..checks import PolaConfigError
+from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PreNormBlock, resize_grid_embedding, to_2tuple_int
-from ..utils import PolaConfigError
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
-__all__ = ['ViTBackbone', 'ViTPatchEmbed', 'resize_token_embedding']
+__all__ = ['ViTBackbone', 'ViTHead', 'ViTPatchEmbed', 'resize_token_embedding']
 
 
 def resize_token_embedding(embed, num_prefix_tokens, src_hw, dst_hw, mode='bicubic'):
@@ -121,8 +122,6 @@ class ViTBackbone(DenseBackbone):
     official_key_pattern = 'blocks.0.attn.*'
     look_alikes = {'mmseg / mmpretrain ViT (not InLine; softmax attention only)': r'(^|\.)layers\.0\.ln1\.'}
     first_conv = 'patch_embed.proj'
-    classification_kwargs = dict(final_norm=False)
-    classification_global_pools = ('token', 'avg', '')
 
     def __init__(self, arch='tiny', pretrain_img_size=None, patch_size=16, in_channels=3, out_indices=None,
                  final_norm=False, attn_type=None, mlp_ratio=4., qkv_bias=True, qk_scale=None, drop_rate=0.,
@@ -224,13 +223,20 @@ class ViTBackbone(DenseBackbone):
     def stage_module(self, i):
         return f'blocks.{i}'
 
-    # ---------------------------------------------------------------------------------------------
-    # the official classifier: final LayerNorm, the class token, linear head
 
-    def classification_neck(self):
-        return {'norm': nn.LayerNorm(self.embed_dims[-1], eps=1e-6)}, self.embed_dims[-1]
+@register_classification_head('vit')
+class ViTHead(ClassificationHead):
+    """The official DeiT classifier: final LayerNorm ``norm``, the class token, linear ``head``."""
 
-    def classification_features(self, neck, stage):
+    backbone_kwargs = dict(final_norm=False)
+    global_pools = ('token', 'avg', '')
+
+    @classmethod
+    def neck(cls, backbone):
+        return {'norm': nn.LayerNorm(backbone.embed_dims[-1], eps=1e-6)}, backbone.embed_dims[-1]
+
+    @classmethod
+    def features(cls, backbone, neck, stage):
         """The final tokens after the final norm as the one row of an NHWC map, (B, 1, 1 + h*w, C), class
         token first: timm's conventions give every entry but its own ViTs a map with two spatial axes, and
         the official pooling takes the class token, which a map of the patch grid would not hold."""
@@ -238,22 +244,24 @@ class ViTBackbone(DenseBackbone):
         return neck.norm(tokens).unsqueeze(1)
 
     @classmethod
-    def classification_pool_size(cls, img_size, patch_size=16):
-        """The (1, 1 + h*w) map of :meth:`classification_features` at ``img_size``."""
-        return 1, cls.num_prefix_tokens + (img_size // patch_size) ** 2
+    def pool_size(cls, architecture, img_size, patch_size=16):
+        """The (1, 1 + h*w) map of :meth:`features` at ``img_size``."""
+        return 1, architecture.num_prefix_tokens + (img_size // patch_size) ** 2
 
-    def classification_stage_norm(self, neck):
+    @classmethod
+    def stage_norm(cls, neck):
         return neck.norm
 
-    def classification_pool(self, x, global_pool='token'):
+    @classmethod
+    def pool(cls, backbone, x, global_pool='token'):
         """(B, 1, 1 + h*w, C) -> ``'token'``: the class token (official); ``'avg'``: the mean of the patch tokens."""
         tokens = x[:, 0]
         if global_pool == 'avg':
-            return tokens[:, self.num_prefix_tokens:].mean(dim=1)
+            return tokens[:, backbone.num_prefix_tokens:].mean(dim=1)
         return tokens[:, 0]
 
     @classmethod
-    def classifier_kwargs_from_official(cls, kwargs):
+    def official_kwargs(cls, architecture, kwargs):
         """The official ``VisionTransformer`` arguments of InLine-DeiT (``embed_dim``, ``depth``, ``num_heads``,
         ``img_size`` ...)."""
         if not isinstance(kwargs.get('depth'), int) or 'embed_dim' not in kwargs:
@@ -262,7 +270,7 @@ class ViTBackbone(DenseBackbone):
         for key, value in (('distilled', False), ('representation_size', None), ('hybrid_backbone', None)):
             if kwargs.pop(key, value) != value:
                 raise ValueError(f'{key}={kwargs.get(key)!r} is not supported; no released model uses it')
-        out = dict(family=cls.family, num_classes=kwargs.pop('num_classes', 1000),
+        out = dict(family=architecture.family, num_classes=kwargs.pop('num_classes', 1000),
                    drop_rate=kwargs.pop('drop_rate', 0.), drop_path_rate=kwargs.pop('drop_path_rate', 0.),
                    arch=dict(embed_dims=kwargs.pop('embed_dim'), depth=kwargs.pop('depth'),
                              num_heads=kwargs.pop('num_heads'), img_size=kwargs.pop('img_size', 224)))

@@ -28,7 +28,7 @@ from mmpola.models import (
 )
 from mmpola.models.attention import attention_letter, registered_attention_kinds
 from mmpola.models.backbones import drop_path_rates, parse_attn_type, tokens_to_nchw
-from mmpola.models.utils import PolaConfigError
+from mmpola.models.checks import PolaConfigError
 from mmpola.registry import ARCHITECTURES
 from tests.fixtures.backbones import (
     MINI_CSWIN,

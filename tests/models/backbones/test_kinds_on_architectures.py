@@ -5,11 +5,13 @@ every parameter, and a finite bf16 autocast pass."""
 import pytest
 import torch
 
+from mmpola.models.backbones import kinds_on_every_architecture
 from mmpola.registry import ARCHITECTURES
 from tests.fixtures.backbones import TINY_CSWIN, TINY_PVT, TINY_SWIN, TINY_VIT
 
 TINY = {'pvt': TINY_PVT, 'pvt_v2': TINY_PVT, 'swin': TINY_SWIN, 'cswin': TINY_CSWIN, 'vit': TINY_VIT}
-KINDS = ('pola', 'flatten', 'inline', 'softmax')
+# every registered kind that every architecture takes (Pola, FLatten, InLine ...), and each one's softmax
+KINDS = kinds_on_every_architecture() + ('softmax',)
 SIZE = (67, 97)
 # the maps of each architecture at 67 x 97 (strides 4-32; the ViT: its blocks at stride 16)
 SIZES = {'pvt': [(16, 24), (8, 12), (4, 6), (2, 3)], 'pvt_v2': [(17, 25), (9, 13), (5, 7), (3, 4)],

@@ -15,11 +15,11 @@ from mmpola.models import (
     FLattenPVT,
     FLattenPVTv2,
     FLattenSwin,
+    ImageClassifier,
     InLineCSWin,
     InLineDeiT,
     InLinePVT,
     InLineSwin,
-    PolaClassifier,
     PolaPVT,
     PolaSwin,
 )
@@ -83,7 +83,7 @@ def test_classifier_matches_official_total(manifest, name):
     final norm the official forward never uses)."""
     kind, family, _ = name.split('_')
     with torch.device('meta'):
-        model = PolaClassifier(family=family, kind=kind, arch=SIZES[name][1])
+        model = ImageClassifier(family=family, kind=kind, arch=SIZES[name][1])
     ours = {re.sub(r'^backbone\.', '', k): tuple(v.shape) for k, v in model.state_dict().items()}
     official = {k: tuple(v) for k, v in manifest[name]['keys'].items() if not _BUFFERS.search(k)}
     unused = {k: v for k, v in official.items() if family == 'pvt' and k.startswith('norm.')}

@@ -8,9 +8,9 @@ import torch
 
 from mmpola.checkpoint import CheckpointMismatchError
 from mmpola.checkpoint.reading import safe_torch_load
-from mmpola.models import PolaPP, PolaPPClassifier
+from mmpola.models import ImageClassifier, PolaPP
+from mmpola.models.checks import PolaConfigError
 from mmpola.models.timm_conventions import NotScriptableError
-from mmpola.models.utils import PolaConfigError
 from tests.fixtures.checkpoints import classifier_from_official
 
 # backbone parameters: classification projection, its BatchNorm, the head and the dense output norms
@@ -53,7 +53,7 @@ def test_backbone_keys_shapes_and_param_count(manifest, arch):
 @pytest.mark.parametrize('arch', list(BACKBONE_PARAMS))
 def test_classifier_matches_official_tensors(manifest, arch):
     with torch.device('meta'):
-        model = PolaPPClassifier(arch=arch)
+        model = ImageClassifier(family='polapp', arch=arch)
     ours = {re.sub(r'^backbone\.', '', k): tuple(v.shape) for k, v in model.state_dict().items()}
     assert ours == {k: tuple(v) for k, v in manifest[f'polapp_{arch}']['keys'].items()}
     assert sum(p.numel() for p in model.parameters()) == manifest[f'polapp_{arch}']['params_total']
@@ -61,7 +61,7 @@ def test_classifier_matches_official_tensors(manifest, arch):
 
 @pytest.mark.parametrize('impl,tol', [('reference', 1e-5), ('auto', 1e-4)])
 def test_classifier_reproduces_official_logits_and_stages(expected, data_file, impl, tol):
-    model = classifier_from_official(PolaPPClassifier, expected['constructor'], attn_impl=impl)
+    model = classifier_from_official(ImageClassifier, expected['constructor'], attn_impl=impl)
     result = model.load_checkpoint(data_file('polapp_mini_official.pth'))
     assert not result.missing_keys and not result.unexpected_keys
     model.eval()
@@ -115,7 +115,7 @@ def test_other_family_checkpoints_are_refused(data_file, name, family):
     with pytest.raises(CheckpointMismatchError, match=family) as info:
         model.init_weights()
     assert 'PolaPP' in str(info.value)
-    classifier = PolaPPClassifier(arch='b0', num_classes=10)
+    classifier = ImageClassifier(family='polapp', arch='b0', num_classes=10)
     with pytest.raises(CheckpointMismatchError, match='not a PolaFormer\\+\\+ checkpoint'):
         classifier.load_checkpoint(data_file(name))
 
@@ -188,12 +188,12 @@ def test_bad_arguments_and_inputs_are_clear_errors():
     with pytest.raises(PolaConfigError, match='smaller than the minimum'):
         PolaPP(arch='b0')(torch.randn(1, 3, 31, 64))
     with pytest.raises(ValueError, match='projection='):
-        PolaPPClassifier(arch=PolaPP.arch_settings['b0'])
+        ImageClassifier(family='polapp', arch=PolaPP.arch_settings['b0'])
 
 
 def test_classifier_timm_api(expected):
     torch.manual_seed(0)
-    model = classifier_from_official(PolaPPClassifier, expected['constructor']).eval()
+    model = classifier_from_official(ImageClassifier, expected['constructor']).eval()
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         features, maps = model.forward_intermediates(x)
@@ -225,7 +225,7 @@ def test_timm_entries_load_official_files(expected, data_file):
     c = expected['constructor']
     kwargs = dict(arch=mini_arch(c), projection=c['projection'], drop_path_rate=0.0)
     model = timm.create_model('polapp_b0', checkpoint_path=ckpt, num_classes=10, **kwargs).eval()
-    assert isinstance(model, PolaPPClassifier) and model.pretrained_cfg['first_conv'] == 'backbone.patch_embed.proj.0'
+    assert isinstance(model, ImageClassifier) and model.pretrained_cfg['first_conv'] == 'backbone.patch_embed.proj.0'
     with torch.no_grad():
         assert (model(expected['input']) - expected['logits']).abs().max() <= 1e-4
     features = timm.create_model('polapp_b0', features_only=True, pretrained=True,

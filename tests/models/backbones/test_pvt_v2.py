@@ -4,14 +4,14 @@ contract is in test_base.py."""
 import timm
 import torch
 
-from mmpola.models import PolaClassifier
+from mmpola.models import ImageClassifier
 
 
 def test_softmax_layouts_are_timm_pvt_v2_and_deit():
     """'SSSS' PVTv2 is whai362's PVTv2 and the ViT with 'S' is DeiT: their weights load and give timm's
     outputs (timm's own filter maps the official PVTv2 names)."""
     torch.manual_seed(0)
-    ours = PolaClassifier(family='pvt_v2', arch='b0', attn_type='SSSS', num_classes=10, drop_path_rate=0.).eval()
+    ours = ImageClassifier(family='pvt_v2', arch='b0', attn_type='SSSS', num_classes=10, drop_path_rate=0.).eval()
     theirs = timm.create_model('pvt_v2_b0', num_classes=10).eval()
     official = {k[len('backbone.'):] if k.startswith('backbone.') else k: v for k, v in ours.state_dict().items()}
     theirs.load_state_dict(timm.models.pvt_v2.checkpoint_filter_fn(official, theirs))
@@ -20,7 +20,7 @@ def test_softmax_layouts_are_timm_pvt_v2_and_deit():
         assert torch.allclose(ours(x), theirs(x), atol=1e-5)
 
     arch = dict(embed_dims=64, depth=2, num_heads=2, img_size=64)
-    ours = PolaClassifier(family='vit', arch=arch, attn_type='S', num_classes=10, drop_path_rate=0.).eval()
+    ours = ImageClassifier(family='vit', arch=arch, attn_type='S', num_classes=10, drop_path_rate=0.).eval()
     theirs = timm.models.vision_transformer.VisionTransformer(img_size=64, embed_dim=64, depth=2, num_heads=2,
                                                               num_classes=10).eval()
     ours.load_checkpoint(theirs.state_dict())  # DeiT's names: the official ones (strict)

@@ -1,18 +1,10 @@
-"""Pieces the linear-attention kinds share: the projection layouts, the learned key positional
-encoding, PVT's spatial reduction of keys and values, and the depthwise-convolution value term.
-
-Official parameter names are kept (``qkvg``, ``qg``, ``q``, ``kv``, ``qkv``, ``sr``, ``norm``,
-``dwc``, ``positional_encoding``), so official checkpoints load by filtering keys.
-"""
-import torch
+"""How the linear attention kinds get their operands: the projection layouts (``qkv_layout``) under the
+official names (``qkvg``, ``qg``, ``q``, ``kv``, ``qkv``), the checks of their arguments, and PVT's spatial
+reduction of the keys and values (``sr``, ``norm``), so official checkpoints load by filtering keys."""
 import torch.nn as nn
-import torch.nn.functional as F
 
-from ..layers import ResizedEmbeddingCache
+__all__ = ['QKV_LAYOUTS', 'QKVProjections', 'check_attention_args', 'reduced_grid', 'spatial_reduction']
 
-__all__ = ['QKV_LAYOUTS', 'QKVProjections', 'check_attention_args', 'reduced_grid', 'KeyPositionalEncoding',
-           'spatial_reduction', 'upsample_values', 'depthwise_value_heads', 'depthwise_value_term', 'split_prefix',
-           'add_to_patches']
 
 # 'fused': one projection of the tokens gives every operand (Swin, PolaFormer++, the ViT: ``qkv`` /
 # ``qkvg``); 'separate': queries from the tokens, keys and values from a second projection ``kv`` of
@@ -91,22 +83,6 @@ def reduced_grid(pe_grid, sr_ratio):
     return tuple(side // sr_ratio for side in pe_grid)
 
 
-class KeyPositionalEncoding:
-    """Mixin of Pola and FLatten attention: the learned ``positional_encoding`` added to the keys,
-    stored on the pretraining key grid and bilinearly resized to the real key grid (the resized
-    tensor is cached in eval mode)."""
-
-    def _init_positional_encoding(self, dim, key_grid):
-        self.pe_grid = tuple(key_grid)
-        self.positional_encoding = nn.Parameter(torch.zeros(1, self.pe_grid[0] * self.pe_grid[1], dim))
-        self._pe_cache = ResizedEmbeddingCache()
-
-    def resized_positional_encoding(self, kv_hw):
-        """(1, Hk*Wk, C) positional encoding for a Hk x Wk key grid (cached in eval mode)."""
-        return self._pe_cache.get(self.positional_encoding, self.pe_grid, kv_hw, 'bilinear',
-                                  enabled=not self.training)
-
-
 def spatial_reduction(x, hw, sr, norm):
     """Keys/values source of PVT attention: (B, N, C) -> ``sr`` conv (k = s = r) -> LayerNorm.
 
@@ -118,60 +94,3 @@ def spatial_reduction(x, hw, sr, norm):
     x = sr(x.permute(0, 2, 1).reshape(B, C, *hw))
     kv_hw = tuple(x.shape[-2:])
     return norm(x.reshape(B, C, -1).permute(0, 2, 1)), kv_hw
-
-
-def upsample_values(v, kv_hw, hw, mode):
-    """(B, h, n, d) values of a spatially reduced key grid -> (B, h, N, d) on the query grid.
-
-    ``mode='linear1d'``: along the flattened token axis (the official PVT models' choice, needed for
-    their outputs); ``'bilinear2d'``: on the 2-D grid (geometrically sound; a documented deviation).
-    """
-    B, heads, n, head_dim = v.shape
-    N = hw[0] * hw[1]
-    if mode == 'linear1d':
-        v = F.interpolate(v.transpose(-2, -1).reshape(B * heads, head_dim, n), size=N, mode='linear')
-        return v.reshape(B, heads, head_dim, N).transpose(-2, -1)
-    v = v.transpose(-2, -1).reshape(B * heads, head_dim, *kv_hw)
-    v = F.interpolate(v, size=hw, mode='bilinear', align_corners=False)
-    return v.reshape(B, heads, head_dim, N).transpose(-2, -1)
-
-
-def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d'):
-    """The ``dwc`` term of Pola / FLatten attention per head: a depthwise conv over each head's values.
-
-    Args:
-        dwc: Conv2d(d, d, groups=d), shared by the heads.
-        v: (B, h, n, d) values on the key grid ``kv_hw``.
-        hw: (H, W) query grid; values are upsampled to it first when n != H * W.
-    Returns:
-        (B, h, N, d), the heads' layout of the attention core's output (a view of the conv's
-        channels-last output: added to the core's output before the heads are merged, no copy).
-
-    The conv runs on a channels-last view, as in the official code; ``dwc`` is made by
-    :func:`mmpola.models.layers.depthwise_conv` (its weight stored channels-last, see there why).
-    """
-    B, heads, n, head_dim = v.shape
-    H, W = hw
-    if n != H * W:
-        v = upsample_values(v, kv_hw, hw, v_upsample)
-    v = v.reshape(B * heads, H, W, head_dim).permute(0, 3, 1, 2)
-    return dwc(v).permute(0, 2, 3, 1).reshape(B, heads, H * W, head_dim)
-
-
-def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d'):
-    """:func:`depthwise_value_heads` as (B, N, C) tokens, C = h * d in head-major channel order."""
-    B, heads, _, head_dim = v.shape
-    return depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample).transpose(1, 2).reshape(B, -1, heads * head_dim)
-
-
-def split_prefix(x, num_prefix_tokens):
-    """(prefix tokens, grid tokens) of (B, P + H*W, C) tokens (a ViT's class token first)."""
-    return x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
-
-
-def add_to_patches(x, term, num_prefix_tokens):
-    """``x`` with ``term`` (B, H*W, C) added to its grid tokens only (the prefix tokens unchanged)."""
-    if not num_prefix_tokens:
-        return x + term
-    prefix, patches = split_prefix(x, num_prefix_tokens)
-    return torch.cat([prefix, patches + term], dim=1)

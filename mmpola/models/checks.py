@@ -1,4 +1,4 @@
-"""Argument checks and small helpers shared by the Pola backbones and the classifier.
+"""The argument checks of the backbones and the classifier, and their error (:class:`PolaConfigError`).
 
 Every error names the problem and the fix.
 """

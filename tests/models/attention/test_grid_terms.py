@@ -1,0 +1,59 @@
+"""The linear kinds' terms on the token grid (mmpola.models.attention.grid_terms): the key positional
+encoding resized to the real grid, the depthwise value term (reduced values upsampled first), and terms
+added to the grid tokens only, the prefix tokens unchanged."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmpola.models.attention.grid_terms import (
+    KeyPositionalEncoding,
+    add_to_patches,
+    depthwise_value_heads,
+    depthwise_value_term,
+    split_prefix,
+    upsample_values,
+)
+
+
+class _Encoded(KeyPositionalEncoding, nn.Module):
+    def __init__(self, dim, key_grid):
+        super().__init__()
+        self._init_positional_encoding(dim, key_grid)
+
+
+def test_key_positional_encoding_is_stored_on_the_pretraining_grid_and_resized():
+    module = _Encoded(4, (4, 6))
+    assert module.positional_encoding.shape == (1, 24, 4)
+    with torch.no_grad():
+        module.positional_encoding.copy_(torch.randn(1, 24, 4))
+    assert torch.equal(module.resized_positional_encoding((4, 6)), module.positional_encoding)
+    grid = module.positional_encoding.reshape(1, 4, 6, 4).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=(8, 3), mode='bilinear', align_corners=False).flatten(2).transpose(1, 2)
+    assert torch.allclose(module.resized_positional_encoding((8, 3)), expected, atol=1e-6)
+
+
+def test_depthwise_value_term_per_head_and_as_tokens():
+    torch.manual_seed(0)
+    dwc = nn.Conv2d(2, 2, 3, padding=1, groups=2)
+    v = torch.randn(1, 3, 4 * 5, 2)  # (B, heads, N, d)
+    heads = depthwise_value_heads(dwc, v, (4, 5), (4, 5))
+    expected = dwc(v.reshape(3, 4, 5, 2).permute(0, 3, 1, 2)).permute(0, 2, 3, 1).reshape(1, 3, 20, 2)
+    assert torch.allclose(heads, expected, atol=1e-6)
+    tokens = depthwise_value_term(dwc, v, (4, 5), (4, 5))
+    assert torch.equal(tokens, heads.transpose(1, 2).reshape(1, 20, 6))
+
+
+def test_values_of_a_reduced_grid_are_upsampled_first():
+    v = torch.arange(2 * 3, dtype=torch.float32).reshape(1, 1, 6, 1)
+    assert upsample_values(v, (2, 3), (4, 6), 'bilinear2d').shape == (1, 1, 24, 1)
+    along_tokens = upsample_values(v, (2, 3), (4, 6), 'linear1d')
+    assert torch.allclose(along_tokens[0, 0, :, 0], F.interpolate(v[0, 0].T[None], size=24, mode='linear')[0, 0])
+
+
+def test_terms_reach_the_grid_tokens_only():
+    x = torch.randn(2, 1 + 6, 4)
+    term = torch.randn(2, 6, 4)
+    prefix, patches = split_prefix(x, 1)
+    out = add_to_patches(x, term, 1)
+    assert torch.equal(out[:, :1], prefix) and torch.equal(out[:, 1:], patches + term)
+    assert torch.equal(add_to_patches(x[:, 1:], term, 0), x[:, 1:] + term)
