@@ -38,7 +38,7 @@ lint: setup
 
 # Every params / GMACs figure of docs/model_zoo.md and docs/models.md, counted again by tools/get_flops.py
 # (one forward pass per model and size: about an hour on 2 CPU cores) and compared with the docs: each must be
-# the count rounded as printed. docs-figures rewrites the ones that differ. One row: ONLY="pvt-t swin-t".
+# the count rounded as printed. docs-figures rewrites the ones that differ. Some rows only: ONLY="pvt-t swin-t".
 docs-check: setup
 	$(PY) tools/docs_figures.py $(if $(ONLY),--only $(ONLY))
 

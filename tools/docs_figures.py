@@ -15,7 +15,8 @@ The tables and the command of each (one forward pass at batch 1, tools/get_flops
   (``params``, ``GMACs @512x512``);
 * docs/models.md, the backbone tables: ``tools/get_flops.py --backbone TYPE --arch SIZE [--cfg-options
   attn.type=KIND | attn_type=LAYOUT] [--shape 800 1333]`` (``params M``, ``GMACs @224``,
-  ``GMACs @800x1333``).
+  ``GMACs @800x1333``); PolaFormer++'s: ``tools/get_flops.py --backbone PolaPP --arch SIZE`` (``backbone
+  params``) and ``--backbone PolaPPClassifier --arch SIZE`` (``classifier params``, ``classifier GMACs``).
 
 Parameters and multiply-accumulates are integer counts of the model's structure: they do not depend on
 the machine (the two-stage detectors' second stages run on the RPN's 1000 test-time proposals). A figure
@@ -35,18 +36,23 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 from _mmpola_tools import REPO_ROOT  # noqa: E402
 
 NUMBER = re.compile(r'^(\d+(?:\.(\d+))?)(.*)$')
-# docs file, the heading the table follows, (the column, what it counts, the input size) for each figure
+# docs file, the start of the table's heading or header line, and for each figure: (its column, what it
+# counts, the input size, the registered type it counts when the row names no model of its own)
 TABLES = (
     ('docs/model_zoo.md', '### COCO detection and instance segmentation (configs/detection)',
-     (('params', 'params', (800, 1280)), ('GMACs', 'macs', (800, 1280)))),
+     (('params', 'params', (800, 1280), None), ('GMACs', 'macs', (800, 1280), None))),
     ('docs/model_zoo.md', '### ADE20K semantic segmentation (configs/segmentation)',
-     (('params', 'params', (512, 512)), ('GMACs @512x512', 'macs', (512, 512)))),
+     (('params', 'params', (512, 512), None), ('GMACs @512x512', 'macs', (512, 512), None))),
     ('docs/models.md', '| backbone | type, arch | params M | GMACs @224 | GMACs @800x1333 |',
-     (('params M', 'params', (224, 224)), ('GMACs @224', 'macs', (224, 224)),
-      ('GMACs @800x1333', 'macs', (800, 1333)))),
+     (('params M', 'params', (224, 224), None), ('GMACs @224', 'macs', (224, 224), None),
+      ('GMACs @800x1333', 'macs', (800, 1333), None))),
     ('docs/models.md', '| backbone | type, arch, attention | params M | GMACs @224 | GMACs @800x1333 |',
-     (('params M', 'params', (224, 224)), ('GMACs @224', 'macs', (224, 224)),
-      ('GMACs @800x1333', 'macs', (800, 1333)))),
+     (('params M', 'params', (224, 224), None), ('GMACs @224', 'macs', (224, 224), None),
+      ('GMACs @800x1333', 'macs', (800, 1333), None))),
+    ('docs/models.md', '| arch | backbone params | classifier params | classifier GMACs @224 |',
+     (('backbone params', 'params', (224, 224), 'PolaPP'),
+      ('classifier params', 'params', (224, 224), 'PolaPPClassifier'),
+      ('classifier GMACs @224', 'macs', (224, 224), 'PolaPPClassifier'))),
 )
 
 
@@ -97,11 +103,13 @@ def _cells(line):
     return [c.strip() for c in line.strip().strip('|').split('|')]
 
 
-def _model_of_row(path, heading, cells):
+def _model_of_row(path, heading, cells, type_name):
     if 'model_zoo' in path:
         name = cells[0].split(' ')[0]
         task = 'detection' if heading.startswith('### COCO') else 'segmentation'
         return Model(name, config=f'configs/{task}/{name}.py')
+    if type_name:  # the row names the arch only
+        return Model(f'{type_name} {cells[0]}', type=type_name, arch=cells[0])
     described = re.findall(r'`([^`]*)`', cells[1])
     type_name, arch, *rest = described
     options = []
@@ -123,14 +131,14 @@ def find_figures(root=REPO_ROOT):
                              f'with the docs')
         header = next(i for i in range(start, len(lines)) if lines[i].startswith('| '))
         names = _cells(lines[header])
-        index = {column: names.index(column) for column, _, _ in columns}
+        index = {column: names.index(column) for column, *_ in columns}
         line = header + 2
         while line < len(lines) and lines[line].startswith('|'):
             cells = _cells(lines[line])
-            model = _model_of_row(path, heading, cells)
-            for column, what, shape in columns:
+            for column, what, shape, type_name in columns:
                 text = cells[index[column]]
                 if NUMBER.match(text):
+                    model = _model_of_row(path, heading, cells, type_name)
                     figures.append(Figure(path, line, index[column], what, model, shape, text))
             line += 1
     return figures
