@@ -49,7 +49,8 @@ def test_every_backbone_row_names_a_registered_backbone_and_size(figures):
     for model in rows:
         cls = MODELS.get(model.type)
         assert cls is not None, f'{model.name}: {model.type} is not registered'
-        assert model.arch in cls.arch_settings, f'{model.name}: {model.type} has no arch {model.arch!r}'
+        backbone = MODELS.get(model.type.removesuffix('Classifier'))  # PolaPPClassifier: PolaPP's sizes
+        assert model.arch in backbone.arch_settings, f'{model.name}: {model.type} has no arch {model.arch!r}'
     assert {f.shape for f in figures if not f.model.config} == {(224, 224), (800, 1333)}
     kinds = {m.options for m in rows if m.name in ('Pola-CSWin-T', 'softmax CSWin-T')}
     assert kinds == {(('attn.type', 'pola'), ), (('attn_type', 'SSSS'), )}
