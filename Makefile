@@ -4,12 +4,13 @@
 #   make lint   - ruff (pyflakes, pycodestyle, isort rules; ruff.toml)
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
 #   make bench-gpu - the GPU tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
+#   make docs-check - the params / GMACs figures of the docs counted again (tools/docs_figures.py) and compared
 # Use an existing environment (e.g. your CUDA torch build) instead of .venv:
 #   make test PY=/path/to/env/bin/python SETUP_ARGS="--python /path/to/env/bin/python"
 PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
-.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu
+.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu docs-check docs-figures
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)
@@ -34,6 +35,15 @@ test-portable: setup
 
 lint: setup
 	$(PY) -m ruff check .
+
+# Every params / GMACs figure of docs/model_zoo.md and docs/models.md, counted again by tools/get_flops.py
+# (one forward pass per model and size: about an hour on 2 CPU cores) and compared with the docs: each must be
+# the count rounded as printed. docs-figures rewrites the ones that differ. Some rows only: ONLY="pvt-t swin-t".
+docs-check: setup
+	$(PY) tools/docs_figures.py $(if $(ONLY),--only $(ONLY))
+
+docs-figures: setup
+	$(PY) tools/docs_figures.py --write $(if $(ONLY),--only $(ONLY))
 
 bench: setup
 	$(PY) tools/benchmark.py attention

@@ -21,7 +21,7 @@ from .launch import adapt_cfg_to_machine, check_device
 from .preflight import run_preflight
 from .workdir import lock_work_dir
 
-__all__ = ['DemoResult', 'prepare_demo_config', 'run_demo', 'write_summary', 'config_label']
+__all__ = ['DemoResult', 'prepare_demo_config', 'run_demo', 'write_summary', 'config_label', 'check_learned']
 
 
 @dataclass
@@ -82,3 +82,20 @@ def write_summary(work_dir, summary):
     with open(path, 'w') as f:
         json.dump(summary, f, indent=2)
     return path
+
+
+def check_learned(tool, after, minimums, log_dir):
+    """A demo's pass/fail check: each metric of ``after`` reaches its minimum, else one line and exit 1.
+
+    The trained figures are not the same digits on every machine (the CPU's kernels and the thread count
+    change the rounding, and a few hundred steps from scratch carry that into the result), so the
+    minimums sit far below the range measured on different kernels and threads (docs) and far above
+    the untrained model: they tell a run that learned from one that did not. Call it after the summary
+    is written (nothing is lost when it fails).
+    """
+    short = {name: after.get(name, float('nan')) for name, low in minimums.items()
+             if not after.get(name, float('nan')) >= low}
+    if short:
+        found = ', '.join(f'{name} {value:g} (minimum {minimums[name]:g})' for name, value in short.items())
+        raise SystemExit(f'{tool}: the trained model did not learn: {found}; see the training loss in '
+                         f'{log_dir}/*/*.log, and rerun the demo without options')

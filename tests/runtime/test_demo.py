@@ -30,3 +30,16 @@ def test_prepare_demo_config_adds_the_initial_evaluation_only(tmp_path):
                       custom_hooks=[dict(type='mmpola.NonFiniteLossHook')]))
     prepare_demo_config(cfg, str(tmp_path), str(tmp_path), seed=0)
     assert [h['type'] for h in cfg.custom_hooks] == ['mmpola.NonFiniteLossHook', 'mmpola.InitialEvaluationHook']
+
+
+def test_check_learned_passes_a_run_that_learned_and_names_what_fell_short():
+    from mmpola.runtime.demo import check_learned
+    minimums = {'box mAP': 0.3, 'mask mAP': 0.3}
+    check_learned('tools/demo_detection.py', {'box mAP': 0.547, 'mask mAP': 0.31}, minimums, 'work')
+    with pytest.raises(SystemExit) as failed:
+        check_learned('tools/demo_detection.py', {'box mAP': 0.547, 'mask mAP': 0.12}, minimums, 'work')
+    message = str(failed.value)
+    assert message.startswith('tools/demo_detection.py: the trained model did not learn: mask mAP 0.12 '
+                              '(minimum 0.3)') and 'box mAP' not in message and '\n' not in message
+    with pytest.raises(SystemExit, match='accuracy/top1 nan'):  # a metric missing from the results fails
+        check_learned('tools/demo_classification.py', {}, {'accuracy/top1': 60.0}, 'work')
