@@ -132,3 +132,17 @@ def test_a_wrong_width_is_found():
     cfg.model.neck = dict(cfg.model.neck, in_channels=[96, 192, 384, 768])
     assert width_mismatches(cfg) == ['neck.in_channels is [96, 192, 384, 768], the maps it takes have '
                                      '[128, 256, 512, 1024]']
+
+
+def test_training_images_are_loaded_by_the_decoding_check():
+    """Every dense config's training data are loaded by LoadCheckedImage (a JPEG with a damaged body stops
+    the run naming the file instead of being trained on as decoded); mmdet's and mmseg's inferencers look
+    for LoadImageFromFile by name, so the test pipelines keep it."""
+    from mmpola.runtime.preflight.datasets import leaf_datasets
+    plain = []
+    for name in DENSE:
+        for dataset in leaf_datasets(load(name).train_dataloader.dataset):
+            loader = dataset['pipeline'][0]['type']
+            if loader != 'LoadCheckedImage':
+                plain.append(f'{name}: {loader}')
+    assert not plain, 'training pipelines that do not start with LoadCheckedImage:\n' + '\n'.join(plain)
