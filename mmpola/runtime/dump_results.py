@@ -102,11 +102,16 @@ def _atomic_class(base):
 def build_safe_dump_results(out_file_path, dump_type='DumpResults', **kwargs):
     """The dump metric ``dump_type`` (``'mmdet.DumpDetResults'``, ``'DumpResults'``) writing its pickle
     atomically (see the module doc)."""
+    return _atomic_class(_metric_class(dump_type, 'SafeDumpResults dump_type'))(out_file_path=out_file_path, **kwargs)
+
+
+def _metric_class(metric_type, where):
+    """The registered metric class ``metric_type`` (scoped names such as 'mmseg.IoUMetric' included)."""
     from mmengine.registry import METRICS as ROOT_METRICS
-    base = ROOT_METRICS.get(dump_type)
+    base = ROOT_METRICS.get(metric_type)
     if base is None:
-        raise UserError(f'no metric {dump_type!r} is registered (SafeDumpResults dump_type)')
-    return _atomic_class(base)(out_file_path=out_file_path, **kwargs)
+        raise UserError(f'no metric {metric_type!r} is registered ({where})')
+    return base
 
 
 _OUTPUT_CLASSES = {}
@@ -178,8 +183,4 @@ def _output_dir_class(base):
 def build_safe_output_dir(output_dir, metric_type='mmseg.IoUMetric', **kwargs):
     """The metric ``metric_type`` (``'mmseg.IoUMetric'``) writing its ``output_dir`` of prediction maps
     atomically (see the module doc)."""
-    from mmengine.registry import METRICS as ROOT_METRICS
-    base = ROOT_METRICS.get(metric_type)
-    if base is None:
-        raise UserError(f'no metric {metric_type!r} is registered (SafeOutputDir metric_type)')
-    return _output_dir_class(base)(output_dir=output_dir, **kwargs)
+    return _output_dir_class(_metric_class(metric_type, 'SafeOutputDir metric_type'))(output_dir=output_dir, **kwargs)
