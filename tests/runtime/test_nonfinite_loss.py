@@ -363,7 +363,8 @@ def test_tools_train_runs_the_configs_guard_and_stops_with_the_message(tmp_path,
     # the dumped config tells what ran: the hooks of the runtime base and their settings, nothing added
     dumped = Config.fromfile(str(work_dir / 'toy_stop.py'))
     assert dumped.custom_hooks == [dict(type='mmpola.RandomStateHook'), dict(type='mmpola.NonFiniteLossHook'),
-                                   dict(type='mmpola.NonFinitePixelsHook'), dict(type='mmpola.CheckpointFitHook')]
+                                   dict(type='mmpola.NonFinitePixelsHook'), dict(type='mmpola.CheckpointFitHook'),
+                                   dict(type='mmpola.WorkDirHook')]
     assert dumped.nonfinite_loss == dict(action='stop', max_skips=10)
     assert dumped.default_hooks.get('checkpoint') is None  # the toy config's choice: not replaced
 
