@@ -4,12 +4,14 @@
 #   make lint   - ruff (pyflakes, pycodestyle, isort rules; ruff.toml)
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
 #   make bench-gpu - the GPU tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
+#   make check-kernels - every Triton kernel compiled for sm_80 and sm_90 (no GPU needed): shared memory,
+#                   registers, spills; fails on a kernel that does not compile or fit
 # Use an existing environment (e.g. your CUDA torch build) instead of .venv:
 #   make test PY=/path/to/env/bin/python SETUP_ARGS="--python /path/to/env/bin/python"
 PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
-.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu
+.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu check-kernels
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)
@@ -34,6 +36,9 @@ test-portable: setup
 
 lint: setup
 	$(PY) -m ruff check .
+
+check-kernels: setup
+	$(PY) tools/check_triton_kernels.py --jobs 4
 
 bench: setup
 	$(PY) tools/benchmark.py attention

@@ -35,14 +35,12 @@ With one head nothing couples the heads: 4 and 5 (and 6 and 7) run as one kernel
 and its chain rule stay in torch (a (C,) vector). float64 inputs (tests, through the interpreter)
 are computed in float32 and returned in float64.
 """
-import functools
-
 import torch
 import torch.nn.functional as F
 
 from .dispatch import AttnImplUnavailable, attention_op
 from .flatten import _KERNEL_EPS, _check_shapes
-from .triton_support import interpreting, triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
 __all__ = ['flatten_attention_triton']
 
@@ -276,16 +274,10 @@ def _blocks(d):
     return block_t, block_d, 4 if block_d <= 64 else 8
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index):
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _programs_target(device):
     """About how many programs fill the device (a few per SM); a handful under the interpreter."""
-    if interpreting() or device.type != 'cuda':
-        return 8
-    return 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    target = kernel_target(device)
+    return 4 * target.sm_count if target.gpu else 8
 
 
 def _chunks(tokens, block_t, rows, device):
@@ -307,8 +299,8 @@ def _token_stats(x, s, focus):
     B, T, C = x.shape
     stats = torch.empty((B, T, 2), device=x.device, dtype=torch.float32)
     block_t, block_c = 32, min(128, max(16, triton.next_power_of_2(C)))
-    _token_stats_kernel[(B, triton.cdiv(T, block_t))](x, s, stats, T, C, *x.stride(), **focus,
-                                                      BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4)
+    launch(_token_stats_kernel, (B, triton.cdiv(T, block_t)), x, s, stats, T, C, *x.stride(), **focus,
+           BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4)
     return stats
 
 
@@ -327,12 +319,12 @@ class _FlattenTriton(torch.autograd.Function):
         chunks, per = _chunks(n, block_t, B * H, q.device)
         kv_part = torch.empty((B * H, chunks, d, d), device=q.device, dtype=torch.float32)
         m_part = torch.empty((B * H, chunks, d), device=q.device, dtype=torch.float32)
-        _key_reduce_kernel[(B * H, chunks)](k, v, s, stats_k, kv_part, m_part, n, d, H, per, 1.0 / n,
-                                            *k.stride(), *v.stride(), **focus, **blocks)
+        launch(_key_reduce_kernel, (B * H, chunks), k, v, s, stats_k, kv_part, m_part, n, d, H, per, 1.0 / n,
+               *k.stride(), *v.stride(), **focus, **blocks)
         kv, m = kv_part.sum(1), m_part.sum(1)
         out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
-        _query_kernel[(B * H, triton.cdiv(N, block_t))](q, s, stats_q, kv, m, out, N, d, H, eps,
-                                                        *q.stride(), *out.stride(), **focus, **blocks)
+        launch(_query_kernel, (B * H, triton.cdiv(N, block_t)), q, s, stats_q, kv, m, out, N, d, H, eps,
+               *q.stride(), *out.stride(), **focus, **blocks)
         ctx.save_for_backward(q, k, v, s, stats_q, stats_k, kv, m)
         ctx.options = (H, focusing_factor, eps)
         return out
@@ -362,12 +354,12 @@ class _FlattenTriton(torch.autograd.Function):
                 *q.stride(), *g.stride(), *dq.stride())
         grid = (B * H, chunks)
         if one:
-            _query_backward_kernel[grid](*args, REDUCE=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
+            launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
         else:
-            _query_backward_kernel[grid](*args, REDUCE=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
+            launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
             dden_sum = dden.sum(-1)
             args = args[:8] + (dden_sum,) + args[9:]
-            _query_backward_kernel[grid](*args, REDUCE=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
+            launch(_query_backward_kernel, grid, *args, REDUCE=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
         dkv, dm = dkv_part.sum(1), dm_part.sum(1)
 
         # keys: dv (and G per head), then dk and their part of dL/ds
@@ -380,11 +372,11 @@ class _FlattenTriton(torch.autograd.Function):
                 *k.stride(), *v.stride(), *dk.stride(), *dv.stride())
         grid = (B * H, chunks)
         if one:
-            _key_backward_kernel[grid](*args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
+            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
         else:
-            _key_backward_kernel[grid](*args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
+            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
             args = args[:6] + (gk.sum(-1),) + args[7:]
-            _key_backward_kernel[grid](*args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
+            launch(_key_backward_kernel, grid, *args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
         ds = -(ds_q.sum((0, 2)) + ds_k.sum((0, 2))).reshape(C) / s
         return dq, dk, dv, ds, None, None, None
 

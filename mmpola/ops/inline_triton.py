@@ -43,7 +43,7 @@ import torch
 
 from .dispatch import AttnImplUnavailable, attention_op
 from .inline import _check_shapes
-from .triton_support import triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
 __all__ = ['inline_attention_triton']
 
@@ -191,10 +191,10 @@ class _Launch:
         self.block = 64 if self.bd <= 64 else 32
         self.num_warps = 4 if self.bd <= 64 else 8
         self.num_stages = None  # Triton's default
-        if device.type == 'cuda':
-            props = torch.cuda.get_device_properties(device)
-            self.programs = 4 * props.multi_processor_count  # enough programs to fill the GPU with a few waves
-            self.precision = 'tf32x3' if props.major >= 8 and self.bd <= 64 else 'ieee'
+        target = kernel_target(device)
+        if target.gpu:
+            self.programs = 4 * target.sm_count  # enough programs to fill the GPU with a few waves
+            self.precision = 'tf32x3' if target.capability[0] >= 8 and self.bd <= 64 else 'ieee'
         else:  # the interpreter: few programs (each costs Python), but several chunks once N is large
             self.programs = 4
             self.precision = 'ieee'
@@ -232,47 +232,47 @@ class _InLineTriton(torch.autograd.Function):
         B, N, C = q.shape
         n = k.shape[1]
         d = C // num_heads
-        launch = _Launch(q.device, B, N, n, num_heads, d)
-        bd, bh = launch.bd, B * num_heads
-        common = launch.kwargs()
-        key_chunk, key_chunks = launch.key
+        plan = _Launch(q.device, B, N, n, num_heads, d)
+        bd, bh = plan.bd, B * num_heads
+        common = plan.kwargs()
+        key_chunk, key_chunks = plan.key
         kv = q.new_empty(bh, key_chunks, bd, bd, dtype=torch.float32)
         sums = q.new_empty(bh, key_chunks, 2, bd, dtype=torch.float32)
-        _inline_kv_kernel[(bh, key_chunks)](k, v, kv, sums, n, num_heads, d, key_chunk, *k.stride(), *v.stride(),
-                                            **common)
+        launch(_inline_kv_kernel, (bh, key_chunks), k, v, kv, sums, n, num_heads, d, key_chunk, *k.stride(),
+               *v.stride(), **common)
         kv, sums = _reduce(kv), _reduce(sums)
         out = q.new_empty(B, N, C)
-        query_chunk, query_chunks = launch.query
-        _inline_out_kernel[(bh, query_chunks)](q, kv, sums, out, N, num_heads, d, query_chunk, 1.0 / n, d ** -0.5,
-                                               *q.stride(), **common)
+        query_chunk, query_chunks = plan.query
+        launch(_inline_out_kernel, (bh, query_chunks), q, kv, sums, out, N, num_heads, d, query_chunk, 1.0 / n,
+               d ** -0.5, *q.stride(), **common)
         ctx.save_for_backward(q, k, v, kv, sums)
         ctx.num_heads = num_heads
-        ctx.launch = launch
+        ctx.plan = plan
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         q, k, v, kv, sums = ctx.saved_tensors
-        num_heads, launch = ctx.num_heads, ctx.launch
+        num_heads, plan = ctx.num_heads, ctx.plan
         B, N, C = q.shape
         n = k.shape[1]
         d = C // num_heads
-        bd, bh = launch.bd, B * num_heads
-        common = launch.kwargs()
+        bd, bh = plan.bd, B * num_heads
+        common = plan.kwargs()
         inv_n, scale = 1.0 / n, d ** -0.5
-        query_chunk, query_chunks = launch.query
+        query_chunk, query_chunks = plan.query
         grad_q = torch.empty(B, N, C, dtype=q.dtype, device=q.device)
         dm = q.new_empty(bh, query_chunks, bd, bd, dtype=torch.float32)
         g_sum = q.new_empty(bh, query_chunks, bd, dtype=torch.float32)
-        _inline_bwd_query_kernel[(bh, query_chunks)](q, g, kv, sums, grad_q, dm, g_sum, N, num_heads, d, query_chunk,
-                                                     inv_n, scale, *q.stride(), *g.stride(), **common)
+        launch(_inline_bwd_query_kernel, (bh, query_chunks), q, g, kv, sums, grad_q, dm, g_sum, N, num_heads, d,
+               query_chunk, inv_n, scale, *q.stride(), *g.stride(), **common)
         dm, g_sum = _reduce(dm), _reduce(g_sum)
-        key_chunk, key_chunks = launch.key
+        key_chunk, key_chunks = plan.key
         grad_k = torch.empty(B, n, C, dtype=k.dtype, device=k.device)
         grad_v = torch.empty(B, n, C, dtype=v.dtype, device=v.device)
-        _inline_bwd_key_kernel[(bh, key_chunks)](k, v, sums, dm, g_sum, grad_k, grad_v, n, num_heads, d, key_chunk,
-                                                 inv_n, scale, *k.stride(), *v.stride(), **common)
+        launch(_inline_bwd_key_kernel, (bh, key_chunks), k, v, sums, dm, g_sum, grad_k, grad_v, n, num_heads, d,
+               key_chunk, inv_n, scale, *k.stride(), *v.stride(), **common)
         return grad_q, grad_k, grad_v, None
 
 

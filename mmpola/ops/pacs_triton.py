@@ -37,7 +37,7 @@ import torch
 from .dispatch import AttnImplUnavailable, attention_op
 from .pacs import _check_shapes
 from .pola import _sum_to_shape
-from .triton_support import triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
 __all__ = ['pacs_attention_triton']
 
@@ -360,7 +360,7 @@ if triton_available() is None:
 def _config(d, device):
     """(BLOCK_N, BLOCK_J, num_warps, dot precision) for head dim d."""
     block_j = max(16, triton.next_power_of_2(d // 2))
-    if device.type != 'cuda':  # the interpreter: small blocks exercise the masked tails and the chunks
+    if not kernel_target(device).gpu:  # the interpreter: small blocks exercise the masked tails and the chunks
         return 16, block_j, 4, 'ieee'
     # fp32 products in full precision (the test's 1e-5); 32 tokens a block keeps the backward's tiles in
     # registers (64 spills at head dim 64)
@@ -369,10 +369,8 @@ def _config(d, device):
 
 def _chunks(heads, blocks, device):
     """(number of chunks, blocks per chunk) of a token reduction: enough programs to fill the GPU."""
-    if device.type == 'cuda':
-        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 2
+    target = kernel_target(device)
+    target = 2 * target.sm_count if target.gpu else 2
     chunks = max(1, min(blocks, triton.cdiv(target, heads)))
     per_chunk = triton.cdiv(blocks, chunks)
     return triton.cdiv(blocks, per_chunk), per_chunk
@@ -398,6 +396,7 @@ class _PaCSTriton(torch.autograd.Function):
         bh = batch * heads
         dev = q.device
         block_n, block_j, warps, precision = _config(d, dev)
+        meta = dict(BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
         t = _temperatures(s_same, s_opp, heads, d)
         # one angle per rotary pair: the even channels of the tables, (N, d)
         sin_h = sin[:, ::2].float().contiguous()
@@ -406,15 +405,15 @@ class _PaCSTriton(torch.autograd.Function):
         chunks, per_chunk = _chunks(bh, blocks, dev)
         kv = torch.empty(bh, chunks, 4, 2, block_j, block_j, device=dev, dtype=torch.float32)
         mean = torch.empty(bh, chunks, 4, block_j, device=dev, dtype=torch.float32)
-        _pacs_fwd_keys_kernel[(2, bh, chunks)](
-            k, v, sin_h, cos_h, kv, mean, heads, n, j, per_chunk, *k.stride(), *v.stride(), sin_h.stride(0),
-            BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        launch(
+            _pacs_fwd_keys_kernel, (2, bh, chunks), k, v, sin_h, cos_h, kv, mean, heads, n, j, per_chunk,
+            *k.stride(), *v.stride(), sin_h.stride(0), **meta)
         kv = kv.sum(1).div_(n)
         mean = mean.sum(1).div_(n)
         out = torch.empty(q.shape, device=dev, dtype=q.dtype)
-        _pacs_fwd_queries_kernel[(2, bh, blocks)](
-            q, t, sin_h, cos_h, kv, mean, out, eps, heads, n, j, *q.stride(), sin_h.stride(0),
-            BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        launch(
+            _pacs_fwd_queries_kernel, (2, bh, blocks), q, t, sin_h, cos_h, kv, mean, out, eps, heads, n, j,
+            *q.stride(), sin_h.stride(0), **meta)
         ctx.save_for_backward(q, k, v, t, sin_h, cos_h, kv, mean)
         ctx.eps = eps
         ctx.logit_shapes = (s_same.shape, s_opp.shape)
@@ -430,6 +429,7 @@ class _PaCSTriton(torch.autograd.Function):
         bh = batch * heads
         dev = q.device
         block_n, block_j, warps, precision = _config(d, dev)
+        meta = dict(BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
         blocks = triton.cdiv(n, block_n)
         chunks, per_chunk = _chunks(bh, blocks, dev)
         f32 = dict(device=dev, dtype=torch.float32)
@@ -437,18 +437,17 @@ class _PaCSTriton(torch.autograd.Function):
         gkv = torch.empty(bh, chunks, 4, 2, block_j, block_j, **f32)
         gmean = torch.empty(bh, chunks, 2, 4, block_j, **f32)
         gt = torch.empty(bh, chunks, 2, 4, block_j, **f32)
-        _pacs_bwd_queries_kernel[(2, bh, chunks)](
-            q, grad_out, t, sin_h, cos_h, kv, mean, ctx.eps, grad_q, gkv, gmean, gt, heads, n, j, per_chunk,
-            *q.stride(), *grad_out.stride(), sin_h.stride(0),
-            BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        launch(
+            _pacs_bwd_queries_kernel, (2, bh, chunks), q, grad_out, t, sin_h, cos_h, kv, mean, ctx.eps, grad_q, gkv,
+            gmean, gt, heads, n, j, per_chunk, *q.stride(), *grad_out.stride(), sin_h.stride(0), **meta)
         grad_q = grad_q[0].add_(grad_q[1]).to(q.dtype)
         gkv = gkv.sum(1).div_(n)
         gmean = gmean.sum((1, 2)).div_(n)
         grad_k = torch.empty(k.shape, device=dev, dtype=k.dtype)
         grad_v = torch.empty(v.shape, device=dev, dtype=v.dtype)
-        _pacs_bwd_keys_kernel[(bh, blocks)](
-            k, v, sin_h, cos_h, gkv, gmean, grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(),
-            sin_h.stride(0), BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        launch(
+            _pacs_bwd_keys_kernel, (bh, blocks), k, v, sin_h, cos_h, gkv, gmean, grad_k, grad_v, heads, n, j,
+            *k.stride(), *v.stride(), sin_h.stride(0), **meta)
         # temperatures: groups (s, p, lane i) -> channel s * d + 2 i + p; then through the sigmoid
         gt = gt.view(batch, heads, chunks, 2, 2, 2, block_j).sum((0, 2))[..., :j]  # (h, flow, s, p, i)
         gt = gt.permute(1, 0, 2, 4, 3).reshape(2, heads, 2 * d)

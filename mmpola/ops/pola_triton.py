@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from .dispatch import AttnImplUnavailable, attention_op
 from .pola import _check_shapes
-from .triton_support import triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
 __all__ = ['pola_attention_triton']
 
@@ -260,10 +260,8 @@ if triton_available() is None:
 # the dtype of the kernels' partial sums per accumulator dtype
 _WORK = {tl.float32: torch.float32, tl.float64: torch.float64} if triton_available() is None else {}
 
-# Programs per streaming multiprocessor that the token-chunked kernels aim for; a CPU (the
-# interpreter) counts as this many "multiprocessors".
+# Programs per streaming multiprocessor that the token-chunked kernels aim for
 _PROGRAMS_PER_SM = 4
-_CPU_SMS = 2
 
 
 def _launch_config(d):
@@ -289,17 +287,11 @@ def _dot_precision(dtype, bd):
     return 'tf32x3' if dtype == torch.float32 else 'tf32'
 
 
-def _num_sms(device):
-    if device.type != 'cuda':
-        return _CPU_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _chunking(tokens, heads, block, device):
     """(tokens per chunk, number of chunks) splitting ``tokens`` so that heads x chunks programs fill
     the device; a chunk is a multiple of ``block`` tokens."""
     blocks = triton.cdiv(tokens, block)
-    want = max(1, triton.cdiv(_PROGRAMS_PER_SM * _num_sms(device), heads))
+    want = max(1, triton.cdiv(_PROGRAMS_PER_SM * kernel_target(device).sm_count, heads))
     chunk = triton.cdiv(blocks, min(blocks, want)) * block
     return chunk, triton.cdiv(tokens, chunk)
 
@@ -320,13 +312,13 @@ class _PolaTriton(torch.autograd.Function):
         chunk, chunks = _chunking(n, bh, block, q.device)
         # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
         parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
-        _pola_fwd_keys[(bh, chunks)](k, v, s, p, parts, H, n, d, chunk, *k.stride(), *v.stride(),
-                                     BLOCK_N=block, num_warps=warps, **options)
+        launch(_pola_fwd_keys, (bh, chunks), k, v, s, p, parts, H, n, d, chunk, *k.stride(), *v.stride(),
+               BLOCK_N=block, num_warps=warps, **options)
         sums = parts.sum(1)
         out = torch.empty(B, H, N, d, device=q.device, dtype=q.dtype)
-        _pola_fwd_queries[(bh, triton.cdiv(N, block))](
-            q, s, p, sums, out, H, N, d, d // 2, 1.0 / n, eps, *q.stride(), *out.stride(),
-            BLOCK_M=block, num_warps=warps, **options)
+        launch(
+            _pola_fwd_queries, (bh, triton.cdiv(N, block)), q, s, p, sums, out, H, N, d, d // 2, 1.0 / n, eps,
+            *q.stride(), *out.stride(), BLOCK_M=block, num_warps=warps, **options)
         ctx.save_for_backward(q, k, v, s, p, sums)
         ctx.config = (eps, backward, options)
         return out
@@ -343,14 +335,14 @@ class _PolaTriton(torch.autograd.Function):
         chunk, chunks = _chunking(N, bh, block, q.device)
         # per query chunk: dL/dW+, dL/dW- (bd x bd), dL/dm+, dL/dm-, sum(gm), sum(gm * log2|x|) (bd each)
         parts = sums.new_empty(bh, chunks, 2 * bd * bd + 4 * bd)
-        _pola_bwd_queries[(bh, chunks)](
-            q, grad_out, s, p, sums, dq, parts, H, N, d, d // 2, 1.0 / n, eps, chunk,
+        launch(
+            _pola_bwd_queries, (bh, chunks), q, grad_out, s, p, sums, dq, parts, H, N, d, d // 2, 1.0 / n, eps, chunk,
             *q.stride(), *grad_out.stride(), *dq.stride(), BLOCK_M=block, num_warps=warps, **options)
         query_sums = parts.sum(1)
         chunk, chunks = _chunking(n, bh, block, q.device)
         parts = sums.new_empty(bh, chunks, 2 * bd)  # per key chunk: sum(gm), sum(gm * log2|x|)
-        _pola_bwd_keys[(bh, chunks)](
-            k, v, s, p, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n, chunk,
+        launch(
+            _pola_bwd_keys, (bh, chunks), k, v, s, p, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n, chunk,
             *k.stride(), *v.stride(), *dk.stride(), *dv.stride(), BLOCK_N=block, num_warps=warps, **options)
         # over all query and key tokens: sum(gm) (-> dL/ds = -p sum(gm) / s) and sum(gm * log2|x|) (-> dL/dp)
         gm = (query_sums[:, 2 * bd * bd + 2 * bd:] + parts.sum(1)).view(bh, 2, bd)[..., :d]

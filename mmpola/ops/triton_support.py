@@ -3,14 +3,23 @@
 The kernels run on CUDA tensors. With ``TRITON_INTERPRET=1`` (set before Triton is imported) Triton
 runs them on the CPU through its interpreter, slowly but with the same arithmetic: that is how the
 test suite checks them on machines without a GPU (tests/conftest.py sets it there).
+
+The launch code of every op asks :func:`kernel_target` what it runs on (the interpreter, or a GPU of
+some compute capability and number of multiprocessors) and launches through :func:`launch`. Inside
+:func:`dry_run` both answer for a GPU named by the caller: the ops run on CPU tensors, every launch
+is recorded instead of made, and tools/check_triton_kernels.py compiles the recorded kernels for
+that GPU without one.
 """
+import contextlib
 import functools
 import importlib.util
 import os
+from typing import NamedTuple
 
 import torch
 
-__all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES']
+__all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
+           'kernel_target', 'launch', 'dry_run', 'Launch']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -53,6 +62,9 @@ def triton_unsupported(device, dtype=None):
     reason = triton_available()
     if reason is not None:
         return reason
+    if _DRY_RUNS and device.type == 'cpu':
+        ok = dtype is None or dtype in KERNEL_DTYPES
+        return None if ok else f'the Triton kernels take float32, float16 or bfloat16 tensors, got {dtype}'
     if device.type == 'cpu':
         if not interpreting():
             return ("the Triton kernels run on CUDA tensors, these are on the CPU; use attn_impl='auto' or "
@@ -69,3 +81,70 @@ def triton_unsupported(device, dtype=None):
     if reason is None and dtype == torch.bfloat16 and torch.cuda.get_device_capability(index)[0] < 8:
         reason = "bfloat16 Triton kernels need a GPU of compute capability 8.0 or newer; use attn_impl='fast'"
     return reason
+
+
+class KernelTarget(NamedTuple):
+    """What the launch code knows of where the kernels run."""
+    gpu: bool  # False: Triton's CPU interpreter
+    capability: tuple  # (major, minor) compute capability of the GPU; (0, 0) in the interpreter
+    sm_count: int  # streaming multiprocessors of the GPU; the interpreter counts as 2
+
+
+INTERPRETER = KernelTarget(False, (0, 0), 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_target(index):
+    props = torch.cuda.get_device_properties(index)
+    return KernelTarget(True, (props.major, props.minor), props.multi_processor_count)
+
+
+def kernel_target(device):
+    """The :class:`KernelTarget` the kernels on tensors of ``device`` run on (inside :func:`dry_run`: its
+    target)."""
+    if _DRY_RUNS:
+        return _DRY_RUNS[-1].target
+    device = torch.device(device)
+    if device.type != 'cuda' or interpreting():
+        return INTERPRETER
+    return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
+
+
+class Launch(NamedTuple):
+    """One kernel launch: the kernel (a ``triton.jit`` function or an autotuner over one), its grid,
+    arguments and launch options."""
+    kernel: object
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+
+class _DryRun:
+
+    def __init__(self, target):
+        self.target = target
+        self.launches = []
+
+
+_DRY_RUNS = []
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)``; inside :func:`dry_run` the launch is recorded instead."""
+    if _DRY_RUNS:
+        _DRY_RUNS[-1].launches.append(Launch(kernel, tuple(grid), args, kwargs))
+        return
+    kernel[grid](*args, **kwargs)
+
+
+@contextlib.contextmanager
+def dry_run(target):
+    """Yield the list of the :class:`Launch` es that the ops make inside, on CPU tensors of the kernels'
+    dtypes, as they would make them on a GPU of :class:`KernelTarget` ``target``; nothing is launched
+    (outputs and gradients are left uninitialised)."""
+    run = _DryRun(target)
+    _DRY_RUNS.append(run)
+    try:
+        yield run.launches
+    finally:
+        _DRY_RUNS.remove(run)

@@ -1,0 +1,46 @@
+"""tools/check_triton_kernels.py compiles the ops' Triton kernels for a GPU without one, with the launch
+options the ops' own launch code picks for that GPU (recorded by mmpola.ops.triton_support.dry_run)."""
+import pytest
+import torch
+
+from mmpola.ops import OPS
+from mmpola.ops.triton_support import KernelTarget, dry_run
+from tests.fixtures.paths import PYTHON
+from tests.fixtures.runs import run_tool
+
+H100 = KernelTarget(True, (9, 0), 132)
+
+
+def _record(op_name, target, dtype=torch.bfloat16, head_dim=64):
+    op = OPS[op_name]
+    tensors, options = op.example_inputs(1, 2, (5, 7), head_dim, torch.Generator().manual_seed(0))
+    tensors = [(t.to(dtype) if i < 3 else t).requires_grad_() for i, t in enumerate(tensors)]
+    with dry_run(target) as launches:
+        out = op.impls['triton'](*tensors, *options)
+        out.backward(torch.zeros_like(out))
+    return out, launches
+
+
+@pytest.mark.parametrize('op_name', ['pola', 'flatten', 'inline', 'pacs'])
+def test_a_dry_run_records_the_launches_for_the_named_gpu(op_name):
+    out, launches = _record(op_name, H100)
+    assert out.dtype == torch.bfloat16 and launches, op_name
+    # forward and backward kernels, each launched with its grid, tensors and compile-time options
+    names = {launch.kernel.fn.__name__ if hasattr(launch.kernel, 'configs') else launch.kernel.__name__
+             for launch in launches}
+    assert len(names) >= 4, names
+    assert all(any(isinstance(a, torch.Tensor) for a in launch.args) for launch in launches)
+    # the GPU's multiprocessors set the chunking: 132 SMs ask for more chunks than the interpreter's 2
+    _, few = _record(op_name, KernelTarget(True, (9, 0), 1))
+    assert max(max(launch.grid) for launch in launches) >= max(max(launch.grid) for launch in few)
+
+
+def test_the_tool_compiles_a_kernel_for_sm_90(tmp_path):
+    log = run_tool([PYTHON, 'tools/check_triton_kernels.py', '--ops', 'inline', '--targets', 'sm_90', '--head-dims',
+                    '16', '--dtypes', 'bfloat16', '--kernels', '_inline_out_kernel'],
+                   env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
+    rows = [line for line in log.splitlines() if line.startswith('| inline | _inline_out_kernel | sm_90')]
+    assert rows and all(row.rstrip(' |').endswith('ok') for row in rows), log
+    shared_kib = float(rows[0].split('|')[7])
+    assert 0 < shared_kib < 227, rows[0]
+    assert '0 failed' in log
