@@ -156,7 +156,7 @@ def check_item(item):
                 continue
             signature, constexprs, attrs, options = bind(fn, launch.args, kwargs, target)
             config = config_text(constexprs, fn, options)
-            key = (name, str({k: v for k, v in signature.items() if v != 'constexpr'}), config)
+            key = (name, str({k: v for k, v in signature.items() if v.startswith('*')}), config)
             if key in seen:
                 continue
             seen.add(key)

@@ -42,6 +42,9 @@ from .dispatch import AttnImplUnavailable, attention_op
 from .flatten import _KERNEL_EPS, _check_shapes
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
+if triton_available() is None:
+    from .triton_support import batch_and_head
+
 __all__ = ['flatten_attention_triton']
 
 if triton_available() is None:
@@ -113,46 +116,62 @@ if triton_available() is None:
         return grad_x, grad_a
 
     @triton.jit
+    def _head(H, d, BLOCK_D: tl.constexpr):
+        """The program's head (grid axis 0: batch * head), its batch and head, its chunk (grid axis 1) and
+        the head dim lanes with their mask."""
+        pid = tl.program_id(0)
+        b, head = batch_and_head(pid, H)
+        offs_d = tl.arange(0, BLOCK_D)
+        return pid, b, head, tl.program_id(1), offs_d, offs_d < d
+
+    @triton.jit
+    def _load_head_summary(mat_ptr, vec_ptr, pid, d, offs_d, md):
+        """The (d, d) matrix and the (d,) vector of head ``pid`` (0 on the padded lanes)."""
+        mat = tl.load(mat_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :], mask=md[:, None] & md[None, :],
+                      other=0.0)
+        return mat, tl.load(vec_ptr + pid * d + offs_d, mask=md, other=0.0)
+
+    @triton.jit
+    def _store_head_summary(mat_ptr, vec_ptr, part, mat, vec, d, offs_d, md):
+        """Store a (d, d) matrix and a (d,) vector as record ``part`` (the unpadded lanes)."""
+        tl.store(mat_ptr + part * d * d + offs_d[:, None] * d + offs_d[None, :], mat, mask=md[:, None] & md[None, :])
+        tl.store(vec_ptr + part * d + offs_d, vec, mask=md)
+
+    @triton.jit
+    def _tile_rows(chunk, tiles_per_chunk, i, T, d, head, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Tile ``i`` of a chunk of tokens: its token indices, their mask, the (tokens, lanes) mask and the
+        head's column indices (1, BLOCK_D)."""
+        offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_d = tl.arange(0, BLOCK_D)
+        mt = offs_t < T
+        return offs_t, mt, mt[:, None] & (offs_d < d)[None, :], (head * d + offs_d)[None, :]
+
+    @triton.jit
     def _key_reduce_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, kv_part_ptr, m_part_ptr, n, d, H, tiles_per_chunk, inv_n,
                            skb, skt, skc, svb, svt, svc,
                            FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-        pid = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (pid // H).to(tl.int64)
-        head = pid % H
-        offs_d = tl.arange(0, BLOCK_D)
-        md = offs_d < d
+        pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
         acc_kv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         acc_m = tl.zeros((BLOCK_D,), dtype=tl.float32)
         for i in range(tiles_per_chunk):
-            offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
-            m2 = (offs_t < n)[:, None] & md[None, :]
+            offs_t, _, m2, cols = _tile_rows(chunk, tiles_per_chunk, i, n, d, head, BLOCK_T, BLOCK_D)
             _, _, y, _ = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, d, skb, skt, skc,
                                    FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
-            vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + (head * d + offs_d)[None, :] * svc,
-                         mask=m2, other=0.0).to(tl.float32)
+            vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             acc_kv = tl.dot(tl.trans(y), vv, acc_kv, input_precision='ieee')
             acc_m += tl.sum(y, axis=0)
-        part = pid * tl.num_programs(1) + chunk
-        md2 = md[:, None] & md[None, :]
-        tl.store(kv_part_ptr + part * d * d + offs_d[:, None] * d + offs_d[None, :], acc_kv * inv_n, mask=md2)
-        tl.store(m_part_ptr + part * d + offs_d, acc_m * inv_n, mask=md)
+        _store_head_summary(kv_part_ptr, m_part_ptr, pid * tl.num_programs(1) + chunk, acc_kv * inv_n, acc_m * inv_n,
+                            d, offs_d, md)
 
     @triton.jit
     def _query_kernel(q_ptr, s_ptr, stats_ptr, kv_ptr, m_ptr, out_ptr, N, d, H, eps,
                       sqb, sqt, sqc, sob, sot, soc,
                       FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-        pid = tl.program_id(0)
-        b = (pid // H).to(tl.int64)
-        head = pid % H
-        offs_d = tl.arange(0, BLOCK_D)
-        md = offs_d < d
-        kv = tl.load(kv_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :],
-                     mask=md[:, None] & md[None, :], other=0.0)
-        m = tl.load(m_ptr + pid * d + offs_d, mask=md, other=0.0)
-        offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        pid, b, head, block, offs_d, md = _head(H, d, BLOCK_D)
+        kv, m = _load_head_summary(kv_ptr, m_ptr, pid, d, offs_d, md)
+        offs_t = block * BLOCK_T + tl.arange(0, BLOCK_T)
         _, _, y, _ = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, d, sqb, sqt, sqc,
                                FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
         num = tl.dot(y, kv, input_precision='ieee')
@@ -171,24 +190,14 @@ if triton_available() is None:
                                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         """REDUCE: the partial dKV, dM of the chunk (and dden per token and head unless LOCAL_G);
         WRITE_DX: dq and the partial dL/ds (G from dden of this head if LOCAL_G, else from dden_ptr)."""
-        pid = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (pid // H).to(tl.int64)
-        head = pid % H
-        offs_d = tl.arange(0, BLOCK_D)
-        md = offs_d < d
-        md2 = md[:, None] & md[None, :]
-        kv = tl.load(kv_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :], mask=md2, other=0.0)
-        m = tl.load(m_ptr + pid * d + offs_d, mask=md, other=0.0)
+        pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
+        kv, m = _load_head_summary(kv_ptr, m_ptr, pid, d, offs_d, md)
         s = tl.load(s_ptr + head * d + offs_d, mask=md, other=1.0)
         acc_dkv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         acc_dm = tl.zeros((BLOCK_D,), dtype=tl.float32)
         acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
         for i in range(tiles_per_chunk):
-            offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
-            mt = offs_t < N
-            m2 = mt[:, None] & md[None, :]
-            cols = (head * d + offs_d)[None, :]
+            offs_t, mt, m2, cols = _tile_rows(chunk, tiles_per_chunk, i, N, d, head, BLOCK_T, BLOCK_D)
             x, a, y, inv_r2 = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, d, sqb, sqt, sqc,
                                         FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             g = tl.load(g_ptr + b * sgb + offs_t[:, None] * sgt + cols * sgc, mask=m2, other=0.0).to(tl.float32)
@@ -213,8 +222,7 @@ if triton_available() is None:
                 acc_ds += tl.sum(tl.where(m2, grad_a * a, 0.0), axis=0)
         part = pid * tl.num_programs(1) + chunk
         if REDUCE:
-            tl.store(dkv_part_ptr + part * d * d + offs_d[:, None] * d + offs_d[None, :], acc_dkv, mask=md2)
-            tl.store(dm_part_ptr + part * d + offs_d, acc_dm, mask=md)
+            _store_head_summary(dkv_part_ptr, dm_part_ptr, part, acc_dkv, acc_dm, d, offs_d, md)
         if WRITE_DX:
             tl.store(ds_part_ptr + part * d + offs_d, acc_ds, mask=md)
 
@@ -227,22 +235,12 @@ if triton_available() is None:
                              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         """WRITE_DV: dv (and this head's part of G per key unless LOCAL_G); WRITE_DX: dk and the
         partial dL/ds (G of this head if LOCAL_G, else summed over the heads in gk_ptr)."""
-        pid = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (pid // H).to(tl.int64)
-        head = pid % H
-        offs_d = tl.arange(0, BLOCK_D)
-        md = offs_d < d
-        dkv = tl.load(dkv_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :],
-                      mask=md[:, None] & md[None, :], other=0.0)
-        dm = tl.load(dm_ptr + pid * d + offs_d, mask=md, other=0.0)
+        pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
+        dkv, dm = _load_head_summary(dkv_ptr, dm_ptr, pid, d, offs_d, md)
         s = tl.load(s_ptr + head * d + offs_d, mask=md, other=1.0)
         acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
         for i in range(tiles_per_chunk):
-            offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
-            mt = offs_t < n
-            m2 = mt[:, None] & md[None, :]
-            cols = (head * d + offs_d)[None, :]
+            offs_t, mt, m2, cols = _tile_rows(chunk, tiles_per_chunk, i, n, d, head, BLOCK_T, BLOCK_D)
             x, a, y, inv_r2 = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, d, skb, skt, skc,
                                         FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)

@@ -45,6 +45,9 @@ from .dispatch import AttnImplUnavailable, attention_op
 from .inline import _check_shapes
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
+if triton_available() is None:
+    from .triton_support import batch_and_head
+
 __all__ = ['inline_attention_triton']
 
 if triton_available() is None:
@@ -52,26 +55,40 @@ if triton_available() is None:
     import triton.language as tl
 
     @triton.jit
+    def _inline_head(H, D, rows, CHUNK, BD: tl.constexpr):
+        """The program's head (grid axis 0: batch * head), its chunk (grid axis 1), its batch, the head's
+        columns and their mask, and the chunk's rows [lo, hi) of ``rows``."""
+        bh = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b, head = batch_and_head(bh, H)
+        lo = chunk * CHUNK
+        return bh, chunk, b, head * D + tl.arange(0, BD), tl.arange(0, BD) < D, lo, tl.minimum(lo + CHUNK, rows)
+
+    @triton.jit
+    def _load_tile(ptr, b, r, col, mask, sb, sn, sc):
+        """Rows ``r`` and columns ``col`` of batch ``b`` of a (B, N, C) tensor of any strides, in float32."""
+        return tl.load(ptr + b * sb + r[:, None] * sn + col[None, :] * sc, mask=mask, other=0.).to(tl.float32)
+
+    @triton.jit
+    def _store_tile(ptr, value, b, r, col, mask, N, C):
+        """Store rows ``r`` and columns ``col`` of batch ``b`` of a contiguous (B, N, C) tensor."""
+        tl.store(ptr + b * N * C + r[:, None] * C + col[None, :], value.to(ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
     def _inline_kv_kernel(k_ptr, v_ptr, kv_ptr, sums_ptr, n, H, D, CHUNK,
                           skb, skn, skc, svb, svn, svc,
                           BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """Partial k^T v (BD, BD) and sum k, sum v (2, BD) of one chunk of keys of one head."""
-        bh = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        col = (bh % H) * D + tl.arange(0, BD)
-        cmask = tl.arange(0, BD) < D
+        bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, n, CHUNK, BD)
         rows = tl.arange(0, BLOCK)
         acc = tl.zeros((BD, BD), dtype=tl.float32)
         k_sum = tl.zeros((BD,), dtype=tl.float32)
         v_sum = tl.zeros((BD,), dtype=tl.float32)
-        lo = chunk * CHUNK
-        hi = tl.minimum(lo + CHUNK, n)
         for start in range(lo, hi, BLOCK):
             r = start + rows
             mask = (r < hi)[:, None] & cmask[None, :]
-            kt = tl.load(k_ptr + b * skb + r[:, None] * skn + col[None, :] * skc, mask=mask, other=0.).to(tl.float32)
-            vt = tl.load(v_ptr + b * svb + r[:, None] * svn + col[None, :] * svc, mask=mask, other=0.).to(tl.float32)
+            kt = _load_tile(k_ptr, b, r, col, mask, skb, skn, skc)
+            vt = _load_tile(v_ptr, b, r, col, mask, svb, svn, svc)
             acc = tl.dot(tl.trans(kt), vt, acc, input_precision=PRECISION)
             k_sum += tl.sum(kt, axis=0)
             v_sum += tl.sum(vt, axis=0)
@@ -96,22 +113,15 @@ if triton_available() is None:
                            sqb, sqn, sqc,
                            BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """out = mean(v) + q M for one chunk of queries of one head (out: (B, N, C) contiguous)."""
-        bh = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        C = H * D
-        col = (bh % H) * D + tl.arange(0, BD)
-        cmask = tl.arange(0, BD) < D
+        bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, N, CHUNK, BD)
         rows = tl.arange(0, BLOCK)
         m, v_mean = _inline_matrix(kv_ptr, sums_ptr, bh, inv_n, scale, BD)
-        lo = chunk * CHUNK
-        hi = tl.minimum(lo + CHUNK, N)
         for start in range(lo, hi, BLOCK):
             r = start + rows
             mask = (r < hi)[:, None] & cmask[None, :]
-            qt = tl.load(q_ptr + b * sqb + r[:, None] * sqn + col[None, :] * sqc, mask=mask, other=0.).to(tl.float32)
+            qt = _load_tile(q_ptr, b, r, col, mask, sqb, sqn, sqc)
             out = tl.dot(qt, m, input_precision=PRECISION) + v_mean[None, :]
-            tl.store(out_ptr + b * N * C + r[:, None] * C + col[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+            _store_tile(out_ptr, out, b, r, col, mask, N, H * D)
 
     @triton.jit
     def _inline_bwd_query_kernel(q_ptr, g_ptr, kv_ptr, sums_ptr, dq_ptr, dm_ptr, gsum_ptr,
@@ -119,26 +129,19 @@ if triton_available() is None:
                                  sqb, sqn, sqc, sgb, sgn, sgc,
                                  BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """dq = g M^T for one chunk of queries of one head, and the chunk's partial q^T g and sum g."""
-        bh = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        C = H * D
-        col = (bh % H) * D + tl.arange(0, BD)
-        cmask = tl.arange(0, BD) < D
+        bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, N, CHUNK, BD)
         rows = tl.arange(0, BLOCK)
         m, _ = _inline_matrix(kv_ptr, sums_ptr, bh, inv_n, scale, BD)
         m_t = tl.trans(m)
         acc = tl.zeros((BD, BD), dtype=tl.float32)
         g_sum = tl.zeros((BD,), dtype=tl.float32)
-        lo = chunk * CHUNK
-        hi = tl.minimum(lo + CHUNK, N)
         for start in range(lo, hi, BLOCK):
             r = start + rows
             mask = (r < hi)[:, None] & cmask[None, :]
-            qt = tl.load(q_ptr + b * sqb + r[:, None] * sqn + col[None, :] * sqc, mask=mask, other=0.).to(tl.float32)
-            gt = tl.load(g_ptr + b * sgb + r[:, None] * sgn + col[None, :] * sgc, mask=mask, other=0.).to(tl.float32)
+            qt = _load_tile(q_ptr, b, r, col, mask, sqb, sqn, sqc)
+            gt = _load_tile(g_ptr, b, r, col, mask, sgb, sgn, sgc)
             dq = tl.dot(gt, m_t, input_precision=PRECISION)
-            tl.store(dq_ptr + b * N * C + r[:, None] * C + col[None, :], dq.to(dq_ptr.dtype.element_ty), mask=mask)
+            _store_tile(dq_ptr, dq, b, r, col, mask, N, H * D)
             acc = tl.dot(tl.trans(qt), gt, acc, input_precision=PRECISION)
             g_sum += tl.sum(gt, axis=0)
         part = bh * tl.num_programs(1) + chunk
@@ -152,12 +155,7 @@ if triton_available() is None:
                                skb, skn, skc, svb, svn, svc,
                                BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """dk = v dA^T + d mean(k) / n and dv = k dA + d mean(v) / n for one chunk of keys of one head."""
-        bh = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        C = H * D
-        col = (bh % H) * D + tl.arange(0, BD)
-        cmask = tl.arange(0, BD) < D
+        bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, n, CHUNK, BD)
         rows = tl.arange(0, BLOCK)
         i = tl.arange(0, BD)
         dm = tl.load(dm_ptr + bh * BD * BD + i[:, None] * BD + i[None, :])
@@ -169,18 +167,15 @@ if triton_available() is None:
         dk_mean = -scale * inv_n * tl.sum(dm * v_mean[None, :], axis=1)
         da = dm * (scale * inv_n)
         da_t = tl.trans(da)
-        lo = chunk * CHUNK
-        hi = tl.minimum(lo + CHUNK, n)
         for start in range(lo, hi, BLOCK):
             r = start + rows
             mask = (r < hi)[:, None] & cmask[None, :]
-            kt = tl.load(k_ptr + b * skb + r[:, None] * skn + col[None, :] * skc, mask=mask, other=0.).to(tl.float32)
-            vt = tl.load(v_ptr + b * svb + r[:, None] * svn + col[None, :] * svc, mask=mask, other=0.).to(tl.float32)
+            kt = _load_tile(k_ptr, b, r, col, mask, skb, skn, skc)
+            vt = _load_tile(v_ptr, b, r, col, mask, svb, svn, svc)
             dk = tl.dot(vt, da_t, input_precision=PRECISION) + dk_mean[None, :]
             dv = tl.dot(kt, da, input_precision=PRECISION) + dv_mean[None, :]
-            offs = b * n * C + r[:, None] * C + col[None, :]
-            tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty), mask=mask)
-            tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+            _store_tile(dk_ptr, dk, b, r, col, mask, n, H * D)
+            _store_tile(dv_ptr, dv, b, r, col, mask, n, H * D)
 
 
 class _Launch:

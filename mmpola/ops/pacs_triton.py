@@ -39,6 +39,9 @@ from .pacs import _check_shapes
 from .pola import _sum_to_shape
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
+if triton_available() is None:
+    from .triton_support import batch_and_head
+
 __all__ = ['pacs_attention_triton']
 
 if triton_available() is None:
@@ -53,11 +56,44 @@ if triton_available() is None:
         return tl.where(x < 0.25, series, tl.exp(x) - 1.0)
 
     @triton.jit
-    def _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, offset):
-        """sin, cos of the rotary pairs ``offset + lanes`` of the token rows (halved tables (N, d))."""
-        ptr = rows[:, None] * s_tn + (offset + lanes)[None, :]
+    def _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J):
+        """sin, cos of the rotary pairs of the token rows (halved tables (N, d)): those of the relu(x) groups
+        (pairs ``lanes``), then those of the relu(-x) groups (pairs ``J + lanes``)."""
+        ptr = rows[:, None] * s_tn + lanes[None, :]
         return (tl.load(sin_ptr + ptr, mask=mask, other=0.0).to(tl.float32),
-                tl.load(cos_ptr + ptr, mask=mask, other=0.0).to(tl.float32))
+                tl.load(cos_ptr + ptr, mask=mask, other=0.0).to(tl.float32),
+                tl.load(sin_ptr + ptr + J, mask=mask, other=0.0).to(tl.float32),
+                tl.load(cos_ptr + ptr + J, mask=mask, other=0.0).to(tl.float32))
+
+    @triton.jit
+    def _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n):
+        """The four groups of a feature map rotated pair-wise (even, odd lanes of one angle)."""
+        return (f_pe * cos_p - f_po * sin_p, f_po * cos_p + f_pe * sin_p,
+                f_ne * cos_n - f_no * sin_n, f_no * cos_n + f_ne * sin_n)
+
+    @triton.jit
+    def _dot4(a_pe, a_po, a_ne, a_no, b_pe, b_po, b_ne, b_no, PRECISION: tl.constexpr):
+        """Sum over the four groups of a_g @ b_g (accumulated in that order)."""
+        acc = tl.dot(a_pe, b_pe, input_precision=PRECISION)
+        acc = tl.dot(a_po, b_po, acc, input_precision=PRECISION)
+        acc = tl.dot(a_ne, b_ne, acc, input_precision=PRECISION)
+        return tl.dot(a_no, b_no, acc, input_precision=PRECISION)
+
+    @triton.jit
+    def _head(H, J, AXIS: tl.constexpr, BLOCK_J: tl.constexpr):
+        """The program's head (grid axis AXIS: batch * head), its batch and head, and the pair lanes with
+        their mask."""
+        bh = tl.program_id(AXIS)
+        b, head = batch_and_head(bh, H)
+        lanes = tl.arange(0, BLOCK_J)
+        return bh, b, head, lanes, lanes < J
+
+    @triton.jit
+    def _means(mean_ptr, bh, lanes, BLOCK_J: tl.constexpr):
+        """The four groups of mean(k') of head ``bh``, as (1, BLOCK_J) rows."""
+        mean = mean_ptr + bh * 4 * BLOCK_J + lanes
+        return (tl.load(mean)[None, :], tl.load(mean + BLOCK_J)[None, :], tl.load(mean + 2 * BLOCK_J)[None, :],
+                tl.load(mean + 3 * BLOCK_J)[None, :])
 
     @triton.jit
     def _load_pairs(base, rows, lanes, mask, s_n, s_d):
@@ -99,15 +135,11 @@ if triton_available() is None:
                               skb, skh, skn, skd, svb, svh, svn, svd, s_tn,
                               BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
         chunk = tl.program_id(2)
         chunks = tl.num_programs(2)
-        b = (bh // H).to(tl.int64)
-        head = (bh % H).to(tl.int64)
         k_base = k_ptr + b * skb + head * skh
         v_base = v_ptr + b * svb + head * svh + flow * J * svd
-        lanes = tl.arange(0, BLOCK_J)
-        lane_mask = lanes < J
         kv_pe = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         kv_po = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         kv_ne = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
@@ -122,12 +154,12 @@ if triton_available() is None:
             k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_base, rows, lanes, mask, skn, skd)
             v = tl.load(v_base + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd, mask=mask,
                         other=0.0).to(tl.float32)
-            sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
-            sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
-            kv_pe = tl.dot(tl.trans(f_pe * cos_p - f_po * sin_p), v, kv_pe, input_precision=PRECISION)
-            kv_po = tl.dot(tl.trans(f_po * cos_p + f_pe * sin_p), v, kv_po, input_precision=PRECISION)
-            kv_ne = tl.dot(tl.trans(f_ne * cos_n - f_no * sin_n), v, kv_ne, input_precision=PRECISION)
-            kv_no = tl.dot(tl.trans(f_no * cos_n + f_ne * sin_n), v, kv_no, input_precision=PRECISION)
+            sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+            r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
+            kv_pe = tl.dot(tl.trans(r_pe), v, kv_pe, input_precision=PRECISION)
+            kv_po = tl.dot(tl.trans(r_po), v, kv_po, input_precision=PRECISION)
+            kv_ne = tl.dot(tl.trans(r_ne), v, kv_ne, input_precision=PRECISION)
+            kv_no = tl.dot(tl.trans(r_no), v, kv_no, input_precision=PRECISION)
             sum_pe += tl.sum(f_pe, axis=0)
             sum_po += tl.sum(f_po, axis=0)
             sum_ne += tl.sum(f_ne, axis=0)
@@ -153,29 +185,22 @@ if triton_available() is None:
                                  sqb, sqh, sqn, sqd, s_tn,
                                  BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
         rows = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-        b = (bh // H).to(tl.int64)
-        head = (bh % H).to(tl.int64)
-        lanes = tl.arange(0, BLOCK_J)
-        lane_mask = lanes < J
         mask = (rows < N)[:, None] & lane_mask[None, :]
         sign = 1.0 - 2.0 * flow  # the opposite-sign flow is the same-sign one of -q
         q_e, q_o = _load_pairs(q_ptr + b * sqb + head * sqh, rows, lanes, mask, sqn, sqd)
         t_base = t_ptr + (flow * H + head) * 4 * J
         _, _, _, _, _, _, _, _, f_pe, f_po, f_ne, f_no = _spiky(q_e * sign, q_o * sign, t_base, lanes, lane_mask,
                                                                 2 * J)
-        mean = mean_ptr + bh * 4 * BLOCK_J + lanes
-        z = tl.sum(f_pe * tl.load(mean)[None, :] + f_po * tl.load(mean + BLOCK_J)[None, :]
-                   + f_ne * tl.load(mean + 2 * BLOCK_J)[None, :] + f_no * tl.load(mean + 3 * BLOCK_J)[None, :], axis=1)
-        sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
-        sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+        m_pe, m_po, m_ne, m_no = _means(mean_ptr, bh, lanes, BLOCK_J)
+        z = tl.sum(f_pe * m_pe + f_po * m_po + f_ne * m_ne + f_no * m_no, axis=1)
+        sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+        r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
         size = BLOCK_J * BLOCK_J
         kv = kv_ptr + (bh * 8 + flow) * size
-        u = tl.dot(f_pe * cos_p - f_po * sin_p, _tile(kv, lanes, BLOCK_J), input_precision=PRECISION)
-        u = tl.dot(f_po * cos_p + f_pe * sin_p, _tile(kv + 2 * size, lanes, BLOCK_J), u, input_precision=PRECISION)
-        u = tl.dot(f_ne * cos_n - f_no * sin_n, _tile(kv + 4 * size, lanes, BLOCK_J), u, input_precision=PRECISION)
-        u = tl.dot(f_no * cos_n + f_ne * sin_n, _tile(kv + 6 * size, lanes, BLOCK_J), u, input_precision=PRECISION)
+        u = _dot4(r_pe, r_po, r_ne, r_no, _tile(kv, lanes, BLOCK_J), _tile(kv + 2 * size, lanes, BLOCK_J),
+                  _tile(kv + 4 * size, lanes, BLOCK_J), _tile(kv + 6 * size, lanes, BLOCK_J), PRECISION)
         out = u * (1.0 / (z + eps))[:, None]
         ptr = out_ptr + bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J + flow * J + lanes[None, :]
         tl.store(ptr, out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -187,24 +212,16 @@ if triton_available() is None:
                                  sqb, sqh, sqn, sqd, sgb, sgh, sgn, sgd, s_tn,
                                  BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
         chunk = tl.program_id(2)
         chunks = tl.num_programs(2)
-        b = (bh // H).to(tl.int64)
-        head = (bh % H).to(tl.int64)
-        lanes = tl.arange(0, BLOCK_J)
-        lane_mask = lanes < J
         sign = 1.0 - 2.0 * flow
         q_base = q_ptr + b * sqb + head * sqh
         g_base = g_ptr + b * sgb + head * sgh + flow * J * sgd
         t_base = t_ptr + (flow * H + head) * 4 * J
         size = BLOCK_J * BLOCK_J
         kv = kv_ptr + (bh * 8 + flow) * size
-        mean = mean_ptr + bh * 4 * BLOCK_J + lanes
-        m_pe = tl.load(mean)[None, :]
-        m_po = tl.load(mean + BLOCK_J)[None, :]
-        m_ne = tl.load(mean + 2 * BLOCK_J)[None, :]
-        m_no = tl.load(mean + 3 * BLOCK_J)[None, :]
+        m_pe, m_po, m_ne, m_no = _means(mean_ptr, bh, lanes, BLOCK_J)
         gkv_pe = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         gkv_po = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         gkv_ne = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
@@ -225,21 +242,14 @@ if triton_available() is None:
             q_o = q_o * sign
             a_pe, a_po, a_ne, a_no, t_pe, t_po, t_ne, t_no, f_pe, f_po, f_ne, f_no = _spiky(
                 q_e, q_o, t_base, lanes, lane_mask, 2 * J)
-            sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
-            sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
-            r_pe = f_pe * cos_p - f_po * sin_p
-            r_po = f_po * cos_p + f_pe * sin_p
-            r_ne = f_ne * cos_n - f_no * sin_n
-            r_no = f_no * cos_n + f_ne * sin_n
+            sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+            r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
             kv_pe = _tile(kv, lanes, BLOCK_J)
             kv_po = _tile(kv + 2 * size, lanes, BLOCK_J)
             kv_ne = _tile(kv + 4 * size, lanes, BLOCK_J)
             kv_no = _tile(kv + 6 * size, lanes, BLOCK_J)
             rz = 1.0 / (tl.sum(f_pe * m_pe + f_po * m_po + f_ne * m_ne + f_no * m_no, axis=1) + eps)
-            u = tl.dot(r_pe, kv_pe, input_precision=PRECISION)
-            u = tl.dot(r_po, kv_po, u, input_precision=PRECISION)
-            u = tl.dot(r_ne, kv_ne, u, input_precision=PRECISION)
-            u = tl.dot(r_no, kv_no, u, input_precision=PRECISION)
+            u = _dot4(r_pe, r_po, r_ne, r_no, kv_pe, kv_po, kv_ne, kv_no, PRECISION)
             g = tl.load(g_base + rows[:, None].to(tl.int64) * sgn + lanes[None, :] * sgd, mask=mask,
                         other=0.0).to(tl.float32)
             # out = u / (z + eps): du = g / (z + eps), dz = -(g . u) / (z + eps)^2
@@ -297,23 +307,15 @@ if triton_available() is None:
                               H, N, J,
                               skb, skh, skn, skd, svb, svh, svn, svd, s_tn,
                               BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
-        bh = tl.program_id(0)
+        bh, b, head, lanes, lane_mask = _head(H, J, 0, BLOCK_J)
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        b = (bh // H).to(tl.int64)
-        head = (bh % H).to(tl.int64)
-        lanes = tl.arange(0, BLOCK_J)
-        lane_mask = lanes < J
         mask = (rows < N)[:, None] & lane_mask[None, :]
         k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_ptr + b * skb + head * skh, rows, lanes, mask, skn, skd)
         v_ptrs = v_ptr + b * svb + head * svh + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd
         v_same = tl.load(v_ptrs, mask=mask, other=0.0).to(tl.float32)
         v_opp = tl.load(v_ptrs + J * svd, mask=mask, other=0.0).to(tl.float32)
-        sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
-        sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
-        r_pe = f_pe * cos_p - f_po * sin_p
-        r_po = f_po * cos_p + f_pe * sin_p
-        r_ne = f_ne * cos_n - f_no * sin_n
-        r_no = f_no * cos_n + f_ne * sin_n
+        sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+        r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
         size = BLOCK_J * BLOCK_J
         gkv = gkv_ptr + bh * 8 * size  # (4 groups, 2 flows) tiles, already divided by N
         gkv_pe0 = _tile(gkv, lanes, BLOCK_J)
@@ -324,14 +326,8 @@ if triton_available() is None:
         gkv_ne1 = _tile(gkv + 5 * size, lanes, BLOCK_J)
         gkv_no0 = _tile(gkv + 6 * size, lanes, BLOCK_J)
         gkv_no1 = _tile(gkv + 7 * size, lanes, BLOCK_J)
-        gv_same = tl.dot(r_pe, gkv_pe0, input_precision=PRECISION)
-        gv_same = tl.dot(r_po, gkv_po0, gv_same, input_precision=PRECISION)
-        gv_same = tl.dot(r_ne, gkv_ne0, gv_same, input_precision=PRECISION)
-        gv_same = tl.dot(r_no, gkv_no0, gv_same, input_precision=PRECISION)
-        gv_opp = tl.dot(r_pe, gkv_pe1, input_precision=PRECISION)
-        gv_opp = tl.dot(r_po, gkv_po1, gv_opp, input_precision=PRECISION)
-        gv_opp = tl.dot(r_ne, gkv_ne1, gv_opp, input_precision=PRECISION)
-        gv_opp = tl.dot(r_no, gkv_no1, gv_opp, input_precision=PRECISION)
+        gv_same = _dot4(r_pe, r_po, r_ne, r_no, gkv_pe0, gkv_po0, gkv_ne0, gkv_no0, PRECISION)
+        gv_opp = _dot4(r_pe, r_po, r_ne, r_no, gkv_pe1, gkv_po1, gkv_ne1, gkv_no1, PRECISION)
         gr_pe = tl.dot(v_same, tl.trans(gkv_pe0), input_precision=PRECISION)
         gr_pe = tl.dot(v_opp, tl.trans(gkv_pe1), gr_pe, input_precision=PRECISION)
         gr_po = tl.dot(v_same, tl.trans(gkv_po0), input_precision=PRECISION)

@@ -52,6 +52,9 @@ from .dispatch import AttnImplUnavailable, attention_op
 from .pola import _check_shapes
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
+if triton_available() is None:
+    from .triton_support import batch_and_head
+
 __all__ = ['pola_attention_triton']
 
 if triton_available() is None:
@@ -87,18 +90,33 @@ if triton_available() is None:
                  value.to(base.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _head(s_ptr, p_ptr, H, d, BD: tl.constexpr, ACC: tl.constexpr):
+        """The program's head (grid axis 0: batch * head), its batch and head index, the head dim lanes and
+        the head's s and p (1 on the padded lanes)."""
+        bh = tl.program_id(0)
+        b, h = batch_and_head(bh, H)
+        offs_d = tl.arange(0, BD)
+        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        return bh, b, h, offs_d, s, p
+
+    @triton.jit
+    def _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, same, eps, PREC: tl.constexpr):
+        """num = x+ @ W+ + x- @ W- and the reciprocal normalisers of a block of queries: same-sign,
+        opposite-sign, and per output column (``same``: the same-sign columns)."""
+        num = _mm(qm, w_neg, _mm(qp, w_pos, tl.zeros(qp.shape, dtype=qp.dtype), PREC), PREC)
+        z_same = 1.0 / (tl.sum(qp * m_pos[None, :] + qm * m_neg[None, :], axis=1) + eps)
+        z_opp = 1.0 / (tl.sum(qm * m_pos[None, :] + qp * m_neg[None, :], axis=1) + eps)
+        return num, z_same, z_opp, tl.where(same, z_same[:, None], z_opp[:, None])
+
+    @triton.jit
     def _pola_fwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, part_ptr, H, n, d, chunk,
                        sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                        BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per key chunk: x+^T v, x-^T v (BD x BD each) and the token sums of x+, x- (fp32 partials)."""
-        bh = tl.program_id(0)
+        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        offs_d = tl.arange(0, BD)
-        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         k_base = k_ptr + b * sk_b + h * sk_h
         v_base = v_ptr + b * sv_b + h * sv_h
         kv_pos = tl.zeros((BD, BD), dtype=ACC)
@@ -144,19 +162,11 @@ if triton_available() is None:
                           sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
                           BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per query block: both numerators (x+ @ W+ + x- @ W-), both normalisers, the output."""
-        bh = tl.program_id(0)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        offs_d = tl.arange(0, BD)
+        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
         qp, qm, _ = _features(_load_rows(q_ptr + b * sq_b + h * sq_h, offs_m, offs_d, N, d, sq_n, sq_d, ACC), s, p)
-        num = _mm(qm, w_neg, _mm(qp, w_pos, tl.zeros((BLOCK_M, BD), dtype=ACC), PREC), PREC)
-        z_same = 1.0 / (tl.sum(qp * m_pos[None, :] + qm * m_neg[None, :], axis=1) + eps)
-        z_opp = 1.0 / (tl.sum(qm * m_pos[None, :] + qp * m_neg[None, :], axis=1) + eps)
-        z = tl.where(offs_d[None, :] < half, z_same[:, None], z_opp[:, None])
+        num, _, _, z = _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, offs_d[None, :] < half, eps, PREC)
         _store_rows(o_ptr + b * so_b + h * so_h, num * z, offs_m, offs_d, N, d, so_n, so_d)
 
     @triton.jit
@@ -164,14 +174,9 @@ if triton_available() is None:
                           sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
                           BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per query chunk: dL/dq; a record of partial dL/dW+-, dL/dm+- and of sum(gm), sum(gm * log2|x|)."""
-        bh = tl.program_id(0)
+        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        offs_d = tl.arange(0, BD)
-        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
         same = offs_d[None, :] < half
         q_base = q_ptr + b * sq_b + h * sq_h
@@ -188,10 +193,7 @@ if triton_available() is None:
             qt = _load_rows(q_base, offs_m, offs_d, N, d, sq_n, sq_d, ACC)
             g = _load_rows(g_base, offs_m, offs_d, N, d, sg_n, sg_d, ACC)
             qp, qm, lx = _features(qt, s, p)
-            num = _mm(qm, w_neg, _mm(qp, w_pos, tl.zeros((BLOCK_M, BD), dtype=ACC), PREC), PREC)
-            z_same = 1.0 / (tl.sum(qp * m_pos[None, :] + qm * m_neg[None, :], axis=1) + eps)
-            z_opp = 1.0 / (tl.sum(qm * m_pos[None, :] + qp * m_neg[None, :], axis=1) + eps)
-            z = tl.where(same, z_same[:, None], z_opp[:, None])
+            num, z_same, z_opp, z = _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, same, eps, PREC)
             gn = g * z  # dL/dnum
             gout = gn * num  # g * out
             # dL/d(normaliser) = -z * sum over the branch's columns of g * out
@@ -220,14 +222,9 @@ if triton_available() is None:
                        sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
                        BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per key chunk: dL/dk, dL/dv from dL/dKV+- and dL/dm+-; partial sum(gm), sum(gm * log2|x|)."""
-        bh = tl.program_id(0)
+        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        offs_d = tl.arange(0, BD)
-        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         # dL/dW+- -> dL/dKV+- (the same column swap as W), with the 1/n of the key mean and of KV
         dkv_pos, dkv_neg, dm_pos, dm_neg = _load_summaries(dsum_ptr + bh * (2 * BD * BD + 4 * BD), half, inv_n, BD,
                                                            ACC)

@@ -148,3 +148,14 @@ def dry_run(target):
         yield run.launches
     finally:
         _DRY_RUNS.remove(run)
+
+
+if triton_available() is None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def batch_and_head(bh, H):
+        """(batch, head) of the flat index ``bh = batch * H + head`` of a program's head, as int64 (they
+        scale offsets into tensors that may pass 2**31 elements)."""
+        return (bh // H).to(tl.int64), (bh % H).to(tl.int64)
