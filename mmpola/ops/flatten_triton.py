@@ -38,7 +38,7 @@ are computed in float32 and returned in float64.
 import torch
 import torch.nn.functional as F
 
-from .dispatch import AttnImplUnavailable, attention_op
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .flatten import _KERNEL_EPS, _check_shapes
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
@@ -386,6 +386,9 @@ def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1
     reason = triton_unsupported(q.device, q.dtype)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (flatten_attention) cannot run here: {reason}")
+    empty = empty_attention('flatten_attention', (q, k, v, scale))
+    if empty is not None:
+        return empty
     if focusing_factor <= 0:
         raise ValueError(f'focusing_factor must be positive, got {focusing_factor}')
     s = F.softplus(scale.float()).reshape(-1).contiguous()

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .inline import _check_shapes
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
@@ -279,6 +279,9 @@ def inline_attention_triton(q, k, v, num_heads):
     reason = triton_unsupported(q.device, q.dtype)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (inline_attention) cannot run here: {reason}")
+    empty = empty_attention('inline_attention', (q, k, v))
+    if empty is not None:
+        return empty
     if not (q.device == k.device == v.device):
         raise ValueError(f'inline_attention expects q, k and v on one device, got {q.device}, {k.device}, {v.device}')
     return _InLineTriton.apply(q, k, v, num_heads)

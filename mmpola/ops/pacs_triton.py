@@ -34,7 +34,7 @@ no (B, h, N, 2d) feature map is stored. ``exp(x) - 1`` is evaluated with a serie
 """
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .pacs import _check_shapes
 from .pola import _sum_to_shape
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported
@@ -465,6 +465,9 @@ def pacs_attention_triton(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
     reason = triton_unsupported(q.device, q.dtype)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (pacs_attention) cannot run here: {reason}")
+    empty = empty_attention('pacs_attention', (q, k, v, s_same, s_opp))
+    if empty is not None:
+        return empty
     return _PaCSTriton.apply(q, k, v, s_same, s_opp, sin, cos, eps)
 
 

@@ -48,7 +48,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .dispatch import AttnImplUnavailable, attention_op
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .pola import _check_shapes
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported
 
@@ -371,6 +371,9 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     reason = triton_unsupported(q.device, q.dtype)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (pola_attention) cannot run here: {reason}")
+    empty = empty_attention('pola_attention', (q, k, v, power, scale))
+    if empty is not None:
+        return empty
     lead, (N, d), n = q.shape[:-2], q.shape[-2:], k.shape[-2]
     if q.dim() != 4:
         q, k, v = q.reshape(-1, 1, N, d), k.reshape(-1, 1, n, d), v.reshape(-1, 1, n, d)
