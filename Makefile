@@ -57,6 +57,7 @@ GPU_TRAIN = configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py mmdet::pvt/ret
 bench-gpu:
 	$(PY) tools/benchmark.py attention --device cuda --cases $(GPU_CASES)
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --dtype bfloat16
+	$(PY) tools/benchmark.py layers --device cuda --cases $(GPU_CASES)
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
