@@ -100,8 +100,11 @@ def compilations(launch):
     autotuned kernel."""
     from triton.runtime.autotuner import Autotuner
     kernel = launch.kernel
-    if isinstance(kernel, Autotuner):
-        return [(kernel.fn, {**launch.kwargs, **config.all_kwargs()}) for config in kernel.configs]
+    if isinstance(kernel, Autotuner):  # the configs Triton times for this launch (after its pruning)
+        configs = kernel.configs
+        if kernel.early_config_prune is not None:
+            configs = kernel.early_config_prune(configs, dict(zip(kernel.arg_names, launch.args)), **launch.kwargs)
+        return [(kernel.fn, {**launch.kwargs, **config.all_kwargs()}) for config in configs]
     return [(kernel, dict(launch.kwargs))]
 
 

@@ -43,7 +43,7 @@ import torch
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .inline import _check_shapes
-from .triton_support import kernel_target, launch, triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
     from .triton_support import batch_and_head
@@ -53,6 +53,15 @@ __all__ = ['inline_attention_triton']
 if triton_available() is None:
     import triton
     import triton.language as tl
+
+    # what the kernels are tuned over on a GPU (triton_support.tunable): rows a block and warps, the
+    # blocks of at most 64 x 64 elements of a head (wider heads: shorter blocks, for shared memory);
+    # the token chunks are multiples of the largest block, whatever the config
+    _TUNED = [triton.Config({'BLOCK': block}, num_warps=warps) for block in (32, 64, 128) for warps in (4, 8)]
+    _TUNED_KEY = ['BD', 'PRECISION']
+
+    def _fitting(configs, named_args, **kwargs):
+        return [config for config in configs if config.kwargs['BLOCK'] * kwargs['BD'] <= 64 * 64]
 
     @triton.jit
     def _inline_head(H, D, rows, CHUNK, BD: tl.constexpr):
@@ -74,6 +83,7 @@ if triton_available() is None:
         """Store rows ``r`` and columns ``col`` of batch ``b`` of a contiguous (B, N, C) tensor."""
         tl.store(ptr + b * N * C + r[:, None] * C + col[None, :], value.to(ptr.dtype.element_ty), mask=mask)
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _inline_kv_kernel(k_ptr, v_ptr, kv_ptr, sums_ptr, n, H, D, CHUNK,
                           skb, skn, skc, svb, svn, svc,
@@ -108,6 +118,7 @@ if triton_available() is None:
         m = (a * inv_n - k_mean[:, None] * v_mean[None, :]) * scale
         return m, v_mean
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _inline_out_kernel(q_ptr, kv_ptr, sums_ptr, out_ptr, N, H, D, CHUNK, inv_n, scale,
                            sqb, sqn, sqc,
@@ -123,6 +134,7 @@ if triton_available() is None:
             out = tl.dot(qt, m, input_precision=PRECISION) + v_mean[None, :]
             _store_tile(out_ptr, out, b, r, col, mask, N, H * D)
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _inline_bwd_query_kernel(q_ptr, g_ptr, kv_ptr, sums_ptr, dq_ptr, dm_ptr, gsum_ptr,
                                  N, H, D, CHUNK, inv_n, scale,
@@ -149,6 +161,7 @@ if triton_available() is None:
         tl.store(dm_ptr + part * BD * BD + i[:, None] * BD + i[None, :], acc)
         tl.store(gsum_ptr + part * BD + i, g_sum)
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _inline_bwd_key_kernel(k_ptr, v_ptr, sums_ptr, dm_ptr, gsum_ptr, dk_ptr, dv_ptr,
                                n, H, D, CHUNK, inv_n, scale,
@@ -179,39 +192,41 @@ if triton_available() is None:
 
 
 class _Launch:
-    """Block sizes, chunks and dot precision of one call (same for forward and backward)."""
+    """Head block, chunks, dot precision and default config of one call (same for forward and backward).
+
+    The default config (BLOCK rows, num_warps) runs where no timing chooses (the interpreter,
+    deterministic mode; triton_support.launch); on a GPU the kernels are tuned over ``_TUNED``. The
+    chunks are multiples of the granule, the largest block that can run (a block stops at its chunk's
+    end in any case)."""
 
     def __init__(self, device, B, N, n, num_heads, head_dim):
         self.bd = max(16, triton.next_power_of_2(head_dim))
-        self.block = 64 if self.bd <= 64 else 32
-        self.num_warps = 4 if self.bd <= 64 else 8
-        self.num_stages = None  # Triton's default
+        self.default = dict(BLOCK=64 if self.bd <= 64 else 32, num_warps=4 if self.bd <= 64 else 8)
         target = kernel_target(device)
         if target.gpu:
             self.programs = 4 * target.sm_count  # enough programs to fill the GPU with a few waves
             self.precision = 'tf32x3' if target.capability[0] >= 8 and self.bd <= 64 else 'ieee'
+            self.granule = max(c.kwargs['BLOCK'] for c in _fitting(_TUNED, None, BD=self.bd))
         else:  # the interpreter: few programs (each costs Python), but several chunks once N is large
             self.programs = 4
             self.precision = 'ieee'
+            self.granule = self.default['BLOCK']
         self.split(B, N, n, num_heads)
 
     def split(self, B, N, n, num_heads):
-        """The query and key chunks: (rows per chunk, a multiple of the block; number of chunks)."""
+        """The query and key chunks: (rows per chunk, a multiple of the granule; number of chunks)."""
         chunks = max(1, math.ceil(self.programs / (B * num_heads)))
         self.query = self._split(N, chunks)
         self.key = self._split(n, chunks)
 
     def _split(self, rows, chunks):
-        blocks = triton.cdiv(rows, self.block)
-        per_chunk = triton.cdiv(blocks, min(chunks, blocks)) * self.block
+        units = triton.cdiv(rows, self.granule)
+        per_chunk = triton.cdiv(units, min(chunks, units)) * self.granule
         return per_chunk, triton.cdiv(rows, per_chunk)
 
     def kwargs(self):
-        """The kernels' compile-time arguments."""
-        kwargs = dict(BLOCK=self.block, BD=self.bd, PRECISION=self.precision, num_warps=self.num_warps)
-        if self.num_stages is not None:
-            kwargs['num_stages'] = self.num_stages
-        return kwargs
+        """The kernels' compile-time arguments and default config (triton_support.launch)."""
+        return dict(BD=self.bd, PRECISION=self.precision, default=self.default)
 
 
 def _reduce(partials):

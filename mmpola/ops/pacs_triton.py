@@ -14,7 +14,8 @@ the fast path assumes). The value halves (v[..., :j] for the same-sign flow, v[.
 opposite-sign flow) are two more j-wide tiles, and the opposite-sign flow is the same-sign one with q's
 sign flipped and its own temperatures: one kernel serves both flows (a grid axis).
 
-Passes (B x h heads, token blocks of BLOCK_N, chunks of several blocks):
+Passes (B x h heads, token blocks of BLOCK_N, chunks of several blocks; BLOCK_N and the warps are tuned
+on the GPU, see ``_config``):
 
 * forward, keys (grid flow x B*h x chunks): k' = exp(a(k)) - 1 and its rotation recomputed per
   block; each program writes its chunk's partial rotated key-value summaries (4 groups x (j, j) for
@@ -37,7 +38,7 @@ import torch
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .pacs import _check_shapes
 from .pola import _sum_to_shape
-from .triton_support import kernel_target, launch, triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
     from .triton_support import batch_and_head
@@ -47,6 +48,11 @@ __all__ = ['pacs_attention_triton']
 if triton_available() is None:
     import triton
     import triton.language as tl
+
+    # what the kernels are tuned over on a GPU (triton_support.tunable): tokens a block and warps; the
+    # token chunks of the reductions are multiples of the largest block, whatever the config
+    _TUNED = [triton.Config({'BLOCK_N': block}, num_warps=warps) for block in (16, 32, 64) for warps in (4, 8)]
+    _TUNED_KEY = ['BLOCK_J', 'PRECISION']
 
     @triton.jit
     def _expm1_pos(x):
@@ -129,9 +135,10 @@ if triton_available() is None:
         """A (BLOCK_J, BLOCK_J) float32 summary tile stored row-major."""
         return tl.load(ptr + lanes[:, None] * BLOCK_J + lanes[None, :])
 
+    @tunable(_TUNED, _TUNED_KEY)
     @triton.jit
     def _pacs_fwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr,
-                              H, N, J, blocks_per_chunk,
+                              H, N, J, tokens_per_chunk,
                               skb, skh, skn, skd, svb, svh, svn, svd, s_tn,
                               BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
@@ -148,9 +155,11 @@ if triton_available() is None:
         sum_po = tl.zeros((BLOCK_J,), tl.float32)
         sum_ne = tl.zeros((BLOCK_J,), tl.float32)
         sum_no = tl.zeros((BLOCK_J,), tl.float32)
-        for blk in range(0, blocks_per_chunk):
-            rows = (chunk * blocks_per_chunk + blk) * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = (rows < N)[:, None] & lane_mask[None, :]
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, N)  # a chunk's tail block stops at its end, whatever BLOCK_N
+        for start in range(lo, hi, BLOCK_N):
+            rows = start + tl.arange(0, BLOCK_N)
+            mask = (rows < hi)[:, None] & lane_mask[None, :]
             k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_base, rows, lanes, mask, skn, skd)
             v = tl.load(v_base + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd, mask=mask,
                         other=0.0).to(tl.float32)
@@ -179,6 +188,7 @@ if triton_available() is None:
         tl.store(out + 2 * BLOCK_J, sum_ne, mask=first)
         tl.store(out + 3 * BLOCK_J, sum_no, mask=first)
 
+    @tunable(_TUNED, _TUNED_KEY)
     @triton.jit
     def _pacs_fwd_queries_kernel(q_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, out_ptr, eps,
                                  H, N, J,
@@ -205,10 +215,11 @@ if triton_available() is None:
         ptr = out_ptr + bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J + flow * J + lanes[None, :]
         tl.store(ptr, out.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @tunable(_TUNED, _TUNED_KEY)
     @triton.jit
     def _pacs_bwd_queries_kernel(q_ptr, g_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, eps,
                                  gq_ptr, gkv_ptr, gmean_ptr, gt_ptr,
-                                 H, N, J, blocks_per_chunk,
+                                 H, N, J, tokens_per_chunk,
                                  sqb, sqh, sqn, sqd, sgb, sgh, sgn, sgd, s_tn,
                                  BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
@@ -234,9 +245,11 @@ if triton_available() is None:
         gt_po = tl.zeros((BLOCK_J,), tl.float32)
         gt_ne = tl.zeros((BLOCK_J,), tl.float32)
         gt_no = tl.zeros((BLOCK_J,), tl.float32)
-        for blk in range(0, blocks_per_chunk):
-            rows = (chunk * blocks_per_chunk + blk) * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = (rows < N)[:, None] & lane_mask[None, :]
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, N)  # a chunk's tail block stops at its end, whatever BLOCK_N
+        for start in range(lo, hi, BLOCK_N):
+            rows = start + tl.arange(0, BLOCK_N)
+            mask = (rows < hi)[:, None] & lane_mask[None, :]
             q_e, q_o = _load_pairs(q_base, rows, lanes, mask, sqn, sqd)
             q_e = q_e * sign
             q_o = q_o * sign
@@ -302,6 +315,7 @@ if triton_available() is None:
         tl.store(gt_ptr + offset + 2 * BLOCK_J, gt_ne)
         tl.store(gt_ptr + offset + 3 * BLOCK_J, gt_no)
 
+    @tunable(_TUNED, _TUNED_KEY)
     @triton.jit
     def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, gkv_ptr, gmean_ptr, gk_ptr, gv_ptr,
                               H, N, J,
@@ -354,22 +368,29 @@ if triton_available() is None:
 
 
 def _config(d, device):
-    """(BLOCK_N, BLOCK_J, num_warps, dot precision) for head dim d."""
+    """(BLOCK_J, dot precision, the default config, the token granule of the chunks) for head dim d.
+
+    The default config (BLOCK_N, num_warps) runs where no timing chooses (the interpreter,
+    deterministic mode; triton_support.launch); on a GPU the kernels are tuned over ``_TUNED``. The
+    chunks of the token reductions are multiples of the granule, the largest block that can run."""
     block_j = max(16, triton.next_power_of_2(d // 2))
     if not kernel_target(device).gpu:  # the interpreter: small blocks exercise the masked tails and the chunks
-        return 16, block_j, 4, 'ieee'
+        return block_j, 'ieee', dict(BLOCK_N=16, num_warps=4), 16
     # fp32 products in full precision (the test's 1e-5); 32 tokens a block keeps the backward's tiles in
     # registers (64 spills at head dim 64)
-    return 32, block_j, (4 if block_j <= 32 else 8), 'ieee'
+    default = dict(BLOCK_N=32, num_warps=4 if block_j <= 32 else 8)
+    return block_j, 'ieee', default, max(config.kwargs['BLOCK_N'] for config in _TUNED)
 
 
-def _chunks(heads, blocks, device):
-    """(number of chunks, blocks per chunk) of a token reduction: enough programs to fill the GPU."""
+def _chunks(heads, tokens, granule, device):
+    """(number of chunks, tokens per chunk, a multiple of ``granule``) of a token reduction: enough
+    programs to fill the GPU."""
     target = kernel_target(device)
     target = 2 * target.sm_count if target.gpu else 2
-    chunks = max(1, min(blocks, triton.cdiv(target, heads)))
-    per_chunk = triton.cdiv(blocks, chunks)
-    return triton.cdiv(blocks, per_chunk), per_chunk
+    units = triton.cdiv(tokens, granule)
+    chunks = max(1, min(units, triton.cdiv(target, heads)))
+    per_chunk = triton.cdiv(units, chunks)
+    return triton.cdiv(units, per_chunk), per_chunk * granule
 
 
 def _temperatures(s_same, s_opp, heads, d):
@@ -391,14 +412,13 @@ class _PaCSTriton(torch.autograd.Function):
         j = d // 2
         bh = batch * heads
         dev = q.device
-        block_n, block_j, warps, precision = _config(d, dev)
-        meta = dict(BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        block_j, precision, default, granule = _config(d, dev)
+        meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
         t = _temperatures(s_same, s_opp, heads, d)
         # one angle per rotary pair: the even channels of the tables, (N, d)
         sin_h = sin[:, ::2].float().contiguous()
         cos_h = cos[:, ::2].float().contiguous()
-        blocks = triton.cdiv(n, block_n)
-        chunks, per_chunk = _chunks(bh, blocks, dev)
+        chunks, per_chunk = _chunks(bh, n, granule, dev)
         kv = torch.empty(bh, chunks, 4, 2, block_j, block_j, device=dev, dtype=torch.float32)
         mean = torch.empty(bh, chunks, 4, block_j, device=dev, dtype=torch.float32)
         launch(
@@ -408,8 +428,8 @@ class _PaCSTriton(torch.autograd.Function):
         mean = mean.sum(1).div_(n)
         out = torch.empty(q.shape, device=dev, dtype=q.dtype)
         launch(
-            _pacs_fwd_queries_kernel, (2, bh, blocks), q, t, sin_h, cos_h, kv, mean, out, eps, heads, n, j,
-            *q.stride(), sin_h.stride(0), **meta)
+            _pacs_fwd_queries_kernel, lambda meta: (2, bh, triton.cdiv(n, meta['BLOCK_N'])), q, t, sin_h, cos_h, kv,
+            mean, out, eps, heads, n, j, *q.stride(), sin_h.stride(0), **meta)
         ctx.save_for_backward(q, k, v, t, sin_h, cos_h, kv, mean)
         ctx.eps = eps
         ctx.logit_shapes = (s_same.shape, s_opp.shape)
@@ -424,10 +444,9 @@ class _PaCSTriton(torch.autograd.Function):
         j = d // 2
         bh = batch * heads
         dev = q.device
-        block_n, block_j, warps, precision = _config(d, dev)
-        meta = dict(BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
-        blocks = triton.cdiv(n, block_n)
-        chunks, per_chunk = _chunks(bh, blocks, dev)
+        block_j, precision, default, granule = _config(d, dev)
+        meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
+        chunks, per_chunk = _chunks(bh, n, granule, dev)
         f32 = dict(device=dev, dtype=torch.float32)
         grad_q = torch.empty(2, batch, heads, n, d, **f32)
         gkv = torch.empty(bh, chunks, 4, 2, block_j, block_j, **f32)
@@ -442,8 +461,8 @@ class _PaCSTriton(torch.autograd.Function):
         grad_k = torch.empty(k.shape, device=dev, dtype=k.dtype)
         grad_v = torch.empty(v.shape, device=dev, dtype=v.dtype)
         launch(
-            _pacs_bwd_keys_kernel, (bh, blocks), k, v, sin_h, cos_h, gkv, gmean, grad_k, grad_v, heads, n, j,
-            *k.stride(), *v.stride(), sin_h.stride(0), **meta)
+            _pacs_bwd_keys_kernel, lambda meta: (bh, triton.cdiv(n, meta['BLOCK_N'])), k, v, sin_h, cos_h, gkv, gmean,
+            grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), sin_h.stride(0), **meta)
         # temperatures: groups (s, p, lane i) -> channel s * d + 2 i + p; then through the sigmoid
         gt = gt.view(batch, heads, chunks, 2, 2, 2, block_j).sum((0, 2))[..., :j]  # (h, flow, s, p, i)
         gt = gt.permute(1, 0, 2, 4, 3).reshape(2, heads, 2 * d)

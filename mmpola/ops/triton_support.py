@@ -9,6 +9,17 @@ some compute capability and number of multiprocessors) and launches through :fun
 :func:`dry_run` both answer for a GPU named by the caller: the ops run on CPU tensors, every launch
 is recorded instead of made, and tools/check_triton_kernels.py compiles the recorded kernels for
 that GPU without one.
+
+A kernel whose blocks are worth tuning (:func:`tunable`) is a ``triton.autotune`` over a few configs,
+keyed on its compile-time head dim block and the arguments' dtypes, never on the token count (it
+changes at every detection iteration). :func:`launch` with ``default=`` runs it: on a GPU Triton picks
+the fastest config at the first launch of a key; under the interpreter, in torch's deterministic mode
+(``torch.use_deterministic_algorithms(True)``) and inside :func:`fixed_config` it runs one given config
+(the launch code's ``default``, or the named one) without timing. The launch code makes the grids and
+the partial-sum buffers independent of the config (token chunks are multiples of every config's
+block; a grid of token blocks is a function of the config's block), so a config changes the order of
+the float32 additions inside a chunk, never the chunks: results of two configs agree to rounding, and
+two runs that pick the same config agree exactly.
 """
 import contextlib
 import functools
@@ -19,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
-           'kernel_target', 'launch', 'dry_run', 'Launch']
+           'kernel_target', 'launch', 'dry_run', 'Launch', 'tunable', 'fixed_config']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -129,11 +140,51 @@ class _DryRun:
 _DRY_RUNS = []
 
 
-def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)``; inside :func:`dry_run` the launch is recorded instead."""
+def tunable(configs, key, prune=None):
+    """Decorator of a ``triton.jit`` kernel: ``triton.autotune`` over ``configs`` (``triton.Config`` of
+    its tuned compile-time arguments and warps), keyed on the kernel arguments named in ``key`` and the
+    tensors' dtypes; ``prune(configs, named_args, **kwargs)`` keeps those worth timing for a launch (e.g.
+    the blocks that fit a head dim). Launch it with :func:`launch` and ``default=``."""
+    import triton
+
+    def wrap(fn):
+        prune_by = None if prune is None else {'early_config_prune': prune}
+        return triton.autotune(configs=list(configs), key=list(key), prune_configs_by=prune_by)(fn)
+
+    return wrap
+
+
+_FIXED = []
+
+
+@contextlib.contextmanager
+def fixed_config(index):
+    """Inside, every tunable kernel runs its config number ``index`` (tests of each config)."""
+    _FIXED.append(index)
+    try:
+        yield
+    finally:
+        _FIXED.pop()
+
+
+def launch(kernel, grid, *args, default=None, **kwargs):
+    """``kernel[grid](*args, **kwargs)``; inside :func:`dry_run` the launch is recorded instead.
+
+    A :func:`tunable` kernel takes ``default``, the config (compile-time arguments and ``num_warps``)
+    that runs where no timing may choose: under the interpreter and in torch's deterministic mode;
+    :func:`fixed_config` picks one of its configs instead. ``grid`` may be a function of the config's
+    compile-time arguments (``lambda meta: (heads, triton.cdiv(tokens, meta['BLOCK_N']))``).
+    """
     if _DRY_RUNS:
-        _DRY_RUNS[-1].launches.append(Launch(kernel, tuple(grid), args, kwargs))
+        _DRY_RUNS[-1].launches.append(Launch(kernel, grid, args, kwargs))
         return
+    if default is not None:
+        if _FIXED:
+            kwargs = {**kwargs, **kernel.configs[_FIXED[-1]].all_kwargs()}
+            kernel = kernel.fn
+        elif interpreting() or torch.are_deterministic_algorithms_enabled():
+            kwargs = {**kwargs, **default}
+            kernel = kernel.fn
     kernel[grid](*args, **kwargs)
 
 
