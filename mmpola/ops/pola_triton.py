@@ -40,8 +40,11 @@ Inputs: float32, float16 or bfloat16 (float64 under the interpreter, computed in
 (views of a projection need no copy); computed in float32 (float64), output in q's dtype. The d x d
 products run on tensor cores: three TF32 products each (about fp32 accuracy) for float32 inputs, one
 TF32 product for float16 / bfloat16 inputs (whose own rounding is coarser); float32 at d = 128 in IEEE
-fp32. Head dims of any even
-size (blocks padded to a power of two >= 16, masked).
+fp32. Head dims of any even size (blocks padded to a power of two >= 16, masked).
+
+On a GPU each kernel is tuned (triton_support.tunable) over its token block and warps, among the blocks
+no longer than :func:`_launch_config`'s (what fits an A100's shared memory); the chunks are multiples of
+that block and a block stops at its chunk's end, so the partial sums do not depend on the config.
 """
 import math
 
@@ -50,7 +53,7 @@ import torch.nn.functional as F
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .pola import _check_shapes
-from .triton_support import kernel_target, launch, triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
     from .triton_support import batch_and_head
@@ -60,6 +63,22 @@ __all__ = ['pola_attention_triton']
 if triton_available() is None:
     import triton
     import triton.language as tl
+
+    def _tuned(block_name):
+        """What a kernel is tuned over on a GPU (triton_support.tunable): tokens a block and warps, one stage
+        (no prefetch buffers in shared memory: the d x d operands take most of it)."""
+        return [triton.Config({block_name: block}, num_warps=warps, num_stages=1) for block in (16, 32, 64)
+                for warps in (4, 8)]
+
+    def _fitting(direction):
+        """The configs of blocks no longer than :func:`_launch_config`'s for the head dim block (``direction``
+        1: forward kernels, 2: backward kernels): what fits the shared memory of an A100."""
+        def prune(configs, named_args, **kwargs):
+            limit = _launch_config(kwargs['BD'])[direction][0]
+            return [config for config in configs if next(iter(config.kwargs.values())) <= limit]
+        return prune
+
+    _TUNED_KEY = ['BD', 'PREC']
 
     @triton.jit
     def _features(t, s, p):
@@ -109,6 +128,7 @@ if triton_available() is None:
         z_opp = 1.0 / (tl.sum(qm * m_pos[None, :] + qp * m_neg[None, :], axis=1) + eps)
         return num, z_same, z_opp, tl.where(same, z_same[:, None], z_opp[:, None])
 
+    @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(1))
     @triton.jit
     def _pola_fwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, part_ptr, H, n, d, chunk,
                        sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
@@ -123,10 +143,11 @@ if triton_available() is None:
         kv_neg = tl.zeros((BD, BD), dtype=ACC)
         sum_pos = tl.zeros((BD, ), dtype=ACC)
         sum_neg = tl.zeros((BD, ), dtype=ACC)
-        for start in range(c * chunk, c * chunk + chunk, BLOCK_N):
+        hi = tl.minimum(c * chunk + chunk, n)  # a chunk's tail block stops at its end, whatever BLOCK_N
+        for start in range(c * chunk, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            kp, km, _ = _features(_load_rows(k_base, offs_n, offs_d, n, d, sk_n, sk_d, ACC), s, p)
-            vt = _load_rows(v_base, offs_n, offs_d, n, d, sv_n, sv_d, ACC)
+            kp, km, _ = _features(_load_rows(k_base, offs_n, offs_d, hi, d, sk_n, sk_d, ACC), s, p)
+            vt = _load_rows(v_base, offs_n, offs_d, hi, d, sv_n, sv_d, ACC)
             kv_pos = _mm(tl.trans(kp), vt, kv_pos, PREC)
             kv_neg = _mm(tl.trans(km), vt, kv_neg, PREC)
             sum_pos += tl.sum(kp, axis=0)
@@ -157,6 +178,7 @@ if triton_available() is None:
         m_neg = tl.load(ptr + 2 * BD * BD + BD + offs_d).to(ACC) * scale
         return tl.where(same, kv_pos, kv_neg), tl.where(same, kv_neg, kv_pos), m_pos, m_neg
 
+    @tunable(_tuned('BLOCK_M'), _TUNED_KEY, _fitting(1))
     @triton.jit
     def _pola_fwd_queries(q_ptr, s_ptr, p_ptr, sum_ptr, o_ptr, H, N, d, half, inv_n, eps,
                           sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
@@ -169,6 +191,7 @@ if triton_available() is None:
         num, _, _, z = _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, offs_d[None, :] < half, eps, PREC)
         _store_rows(o_ptr + b * so_b + h * so_h, num * z, offs_m, offs_d, N, d, so_n, so_d)
 
+    @tunable(_tuned('BLOCK_M'), _TUNED_KEY, _fitting(2))
     @triton.jit
     def _pola_bwd_queries(q_ptr, g_ptr, s_ptr, p_ptr, sum_ptr, dq_ptr, part_ptr, H, N, d, half, inv_n, eps, chunk,
                           sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
@@ -188,10 +211,11 @@ if triton_available() is None:
         dm_neg = tl.zeros((BD, ), dtype=ACC)
         gm_sum = tl.zeros((BD, ), dtype=ACC)
         gm_log = tl.zeros((BD, ), dtype=ACC)
-        for start in range(c * chunk, c * chunk + chunk, BLOCK_M):
+        hi = tl.minimum(c * chunk + chunk, N)  # a chunk's tail block stops at its end, whatever BLOCK_M
+        for start in range(c * chunk, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
-            qt = _load_rows(q_base, offs_m, offs_d, N, d, sq_n, sq_d, ACC)
-            g = _load_rows(g_base, offs_m, offs_d, N, d, sg_n, sg_d, ACC)
+            qt = _load_rows(q_base, offs_m, offs_d, hi, d, sq_n, sq_d, ACC)
+            g = _load_rows(g_base, offs_m, offs_d, hi, d, sg_n, sg_d, ACC)
             qp, qm, lx = _features(qt, s, p)
             num, z_same, z_opp, z = _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, same, eps, PREC)
             gn = g * z  # dL/dnum
@@ -209,12 +233,13 @@ if triton_available() is None:
             gm_sum += tl.sum(gm, axis=0)
             gm_log += tl.sum(gm * lx, axis=0)
             dq = p[None, :] * gm / tl.where(qt == 0, 1.0, qt)  # gm = 0 where t = 0
-            _store_rows(dq_base, dq, offs_m, offs_d, N, d, sdq_n, sdq_d)
+            _store_rows(dq_base, dq, offs_m, offs_d, hi, d, sdq_n, sdq_d)
         record = part_ptr + (bh * num_chunks + c) * (2 * BD * BD + 4 * BD)
         _store_summary(record, dw_pos, dw_neg, dm_pos, dm_neg, BD)
         tl.store(record + 2 * BD * BD + 2 * BD + offs_d, gm_sum)
         tl.store(record + 2 * BD * BD + 3 * BD + offs_d, gm_log)
 
+    @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(2))
     @triton.jit
     def _pola_bwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, dsum_ptr, dk_ptr, dv_ptr, part_ptr,
                        H, n, d, half, inv_n, chunk,
@@ -234,21 +259,22 @@ if triton_available() is None:
         dv_base = dv_ptr + b * sdv_b + h * sdv_h
         gm_sum = tl.zeros((BD, ), dtype=ACC)
         gm_log = tl.zeros((BD, ), dtype=ACC)
-        for start in range(c * chunk, c * chunk + chunk, BLOCK_N):
+        hi = tl.minimum(c * chunk + chunk, n)
+        for start in range(c * chunk, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            kt = _load_rows(k_base, offs_n, offs_d, n, d, sk_n, sk_d, ACC)
-            vt = _load_rows(v_base, offs_n, offs_d, n, d, sv_n, sv_d, ACC)
+            kt = _load_rows(k_base, offs_n, offs_d, hi, d, sk_n, sk_d, ACC)
+            vt = _load_rows(v_base, offs_n, offs_d, hi, d, sv_n, sv_d, ACC)
             kp, km, lx = _features(kt, s, p)
             zero = tl.zeros((BLOCK_N, BD), dtype=ACC)
             dkp = _mm(vt, tl.trans(dkv_pos), zero + dm_pos[None, :], PREC)
             dkm = _mm(vt, tl.trans(dkv_neg), zero + dm_neg[None, :], PREC)
             dv = _mm(km, dkv_neg, _mm(kp, dkv_pos, zero, PREC), PREC)
-            _store_rows(dv_base, dv, offs_n, offs_d, n, d, sdv_n, sdv_d)
+            _store_rows(dv_base, dv, offs_n, offs_d, hi, d, sdv_n, sdv_d)
             gm = dkp * kp + dkm * km  # zero on padded rows (kp = km = 0 there)
             gm_sum += tl.sum(gm, axis=0)
             gm_log += tl.sum(gm * lx, axis=0)
             dk = p[None, :] * gm / tl.where(kt == 0, 1.0, kt)
-            _store_rows(dk_base, dk, offs_n, offs_d, n, d, sdk_n, sdk_d)
+            _store_rows(dk_base, dk, offs_n, offs_d, hi, d, sdk_n, sdk_d)
         record = part_ptr + (bh * num_chunks + c) * 2 * BD
         tl.store(record + offs_d, gm_sum)
         tl.store(record + BD + offs_d, gm_log)
@@ -304,18 +330,19 @@ class _PolaTriton(torch.autograd.Function):
         bd, (block, warps), backward = _launch_config(d)
         wide = torch.float64 in (q.dtype, k.dtype, v.dtype)
         acc = tl.float64 if wide else tl.float32
-        # one stage: no prefetch buffers in shared memory (the d x d operands take most of it)
-        options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd), num_stages=1)
+        options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
+        # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
+        config = dict(num_warps=warps, num_stages=1)
         chunk, chunks = _chunking(n, bh, block, q.device)
         # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
         parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
         launch(_pola_fwd_keys, (bh, chunks), k, v, s, p, parts, H, n, d, chunk, *k.stride(), *v.stride(),
-               BLOCK_N=block, num_warps=warps, **options)
+               default=dict(BLOCK_N=block, **config), **options)
         sums = parts.sum(1)
         out = torch.empty(B, H, N, d, device=q.device, dtype=q.dtype)
         launch(
-            _pola_fwd_queries, (bh, triton.cdiv(N, block)), q, s, p, sums, out, H, N, d, d // 2, 1.0 / n, eps,
-            *q.stride(), *out.stride(), BLOCK_M=block, num_warps=warps, **options)
+            _pola_fwd_queries, lambda meta: (bh, triton.cdiv(N, meta['BLOCK_M'])), q, s, p, sums, out, H, N, d,
+            d // 2, 1.0 / n, eps, *q.stride(), *out.stride(), default=dict(BLOCK_M=block, **config), **options)
         ctx.save_for_backward(q, k, v, s, p, sums)
         ctx.config = (eps, backward, options)
         return out
@@ -334,13 +361,15 @@ class _PolaTriton(torch.autograd.Function):
         parts = sums.new_empty(bh, chunks, 2 * bd * bd + 4 * bd)
         launch(
             _pola_bwd_queries, (bh, chunks), q, grad_out, s, p, sums, dq, parts, H, N, d, d // 2, 1.0 / n, eps, chunk,
-            *q.stride(), *grad_out.stride(), *dq.stride(), BLOCK_M=block, num_warps=warps, **options)
+            *q.stride(), *grad_out.stride(), *dq.stride(), default=dict(BLOCK_M=block, num_warps=warps, num_stages=1),
+            **options)
         query_sums = parts.sum(1)
         chunk, chunks = _chunking(n, bh, block, q.device)
         parts = sums.new_empty(bh, chunks, 2 * bd)  # per key chunk: sum(gm), sum(gm * log2|x|)
         launch(
             _pola_bwd_keys, (bh, chunks), k, v, s, p, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n, chunk,
-            *k.stride(), *v.stride(), *dk.stride(), *dv.stride(), BLOCK_N=block, num_warps=warps, **options)
+            *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
+            default=dict(BLOCK_N=block, num_warps=warps, num_stages=1), **options)
         # over all query and key tokens: sum(gm) (-> dL/ds = -p sum(gm) / s) and sum(gm * log2|x|) (-> dL/dp)
         gm = (query_sums[:, 2 * bd * bd + 2 * bd:] + parts.sum(1)).view(bh, 2, bd)[..., :d]
         grad_s = gm[:, 0].mul(p).div_(s).neg_()
