@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .flatten import _KERNEL_EPS, _check_shapes
-from .triton_support import kernel_target, launch, triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
     from .triton_support import batch_and_head
@@ -50,6 +50,14 @@ __all__ = ['flatten_attention_triton']
 if triton_available() is None:
     import triton
     import triton.language as tl
+
+    # what the token kernels are tuned over on a GPU (triton_support.tunable): tokens a block and warps,
+    # among the blocks no longer than _blocks' for the head dim (the chunks are multiples of it)
+    _TUNED = [triton.Config({'BLOCK_T': block}, num_warps=warps) for block in (16, 32, 64) for warps in (4, 8)]
+    _FOCUS_KEY = ['BLOCK_D', 'FOCUS', 'INT_FOCUS']
+
+    def _fitting(configs, named_args, **kwargs):
+        return [config for config in configs if config.kwargs['BLOCK_T'] <= _blocks(kwargs['BLOCK_D'])[0]]
 
     @triton.jit
     def _power(a, FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr):
@@ -89,10 +97,11 @@ if triton_available() is None:
         tl.store(row + 1, 1.0 / sum_a2, mask=mt)
 
     @triton.jit
-    def _features(x_ptr, s_ptr, stats_ptr, b, head, offs_t, T, d, sxb, sxt, sxc,
+    def _features(x_ptr, s_ptr, stats_ptr, b, head, offs_t, T, limit, d, sxb, sxt, sxc,
                   FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr, BLOCK_D: tl.constexpr):
-        """(x, a, phi(x), c, 1 / ||a||**2) of a block of tokens in one head; 0 where masked."""
-        mt = offs_t < T
+        """(x, a, phi(x), c, 1 / ||a||**2) of a block of tokens (of T) in one head; 0 where masked (from
+        token ``limit`` on)."""
+        mt = offs_t < limit
         offs_d = tl.arange(0, BLOCK_D)
         md = offs_d < d
         m2 = mt[:, None] & md[None, :]
@@ -138,25 +147,28 @@ if triton_available() is None:
         tl.store(vec_ptr + part * d + offs_d, vec, mask=md)
 
     @triton.jit
-    def _tile_rows(chunk, tiles_per_chunk, i, T, d, head, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-        """Tile ``i`` of a chunk of tokens: its token indices, their mask, the (tokens, lanes) mask and the
-        head's column indices (1, BLOCK_D)."""
-        offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+    def _tile_rows(start, hi, d, head, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+        """The tile of a chunk of tokens from ``start`` (the chunk ends at ``hi``): its token indices, their
+        mask, the (tokens, lanes) mask and the head's column indices (1, BLOCK_D)."""
+        offs_t = start + tl.arange(0, BLOCK_T)
         offs_d = tl.arange(0, BLOCK_D)
-        mt = offs_t < T
+        mt = offs_t < hi
         return offs_t, mt, mt[:, None] & (offs_d < d)[None, :], (head * d + offs_d)[None, :]
 
+    @tunable(_TUNED, _FOCUS_KEY, _fitting)
     @triton.jit
-    def _key_reduce_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, kv_part_ptr, m_part_ptr, n, d, H, tiles_per_chunk, inv_n,
+    def _key_reduce_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, kv_part_ptr, m_part_ptr, n, d, H, tokens_per_chunk, inv_n,
                            skb, skt, skc, svb, svt, svc,
                            FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
         acc_kv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         acc_m = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for i in range(tiles_per_chunk):
-            offs_t, _, m2, cols = _tile_rows(chunk, tiles_per_chunk, i, n, d, head, BLOCK_T, BLOCK_D)
-            _, _, y, _ = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, d, skb, skt, skc,
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, n)  # a chunk's tail tile stops at its end, whatever BLOCK_T
+        for start in range(lo, hi, BLOCK_T):
+            offs_t, _, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
+            _, _, y, _ = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
                                    FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             acc_kv = tl.dot(tl.trans(y), vv, acc_kv, input_precision='ieee')
@@ -164,6 +176,7 @@ if triton_available() is None:
         _store_head_summary(kv_part_ptr, m_part_ptr, pid * tl.num_programs(1) + chunk, acc_kv * inv_n, acc_m * inv_n,
                             d, offs_d, md)
 
+    @tunable(_TUNED, _FOCUS_KEY, _fitting)
     @triton.jit
     def _query_kernel(q_ptr, s_ptr, stats_ptr, kv_ptr, m_ptr, out_ptr, N, d, H, eps,
                       sqb, sqt, sqc, sob, sot, soc,
@@ -172,7 +185,7 @@ if triton_available() is None:
         pid, b, head, block, offs_d, md = _head(H, d, BLOCK_D)
         kv, m = _load_head_summary(kv_ptr, m_ptr, pid, d, offs_d, md)
         offs_t = block * BLOCK_T + tl.arange(0, BLOCK_T)
-        _, _, y, _ = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, d, sqb, sqt, sqc,
+        _, _, y, _ = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, N, d, sqb, sqt, sqc,
                                FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
         num = tl.dot(y, kv, input_precision='ieee')
         den = tl.sum(y * m[None, :], axis=1) + eps
@@ -181,9 +194,10 @@ if triton_available() is None:
         tl.store(out_ptr + b * sob + offs_t[:, None] * sot + (head * d + offs_d)[None, :] * soc,
                  out.to(out_ptr.dtype.element_ty), mask=m2)
 
+    @tunable(_TUNED, _FOCUS_KEY + ['REDUCE', 'WRITE_DX', 'LOCAL_G'], _fitting)
     @triton.jit
     def _query_backward_kernel(q_ptr, g_ptr, s_ptr, stats_ptr, kv_ptr, m_ptr, dkv_part_ptr, dm_part_ptr,
-                               dden_ptr, dq_ptr, ds_part_ptr, N, d, H, eps, tiles_per_chunk,
+                               dden_ptr, dq_ptr, ds_part_ptr, N, d, H, eps, tokens_per_chunk,
                                sqb, sqt, sqc, sgb, sgt, sgc, sdb, sdt, sdc,
                                REDUCE: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
                                FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
@@ -196,9 +210,11 @@ if triton_available() is None:
         acc_dkv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         acc_dm = tl.zeros((BLOCK_D,), dtype=tl.float32)
         acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for i in range(tiles_per_chunk):
-            offs_t, mt, m2, cols = _tile_rows(chunk, tiles_per_chunk, i, N, d, head, BLOCK_T, BLOCK_D)
-            x, a, y, inv_r2 = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, d, sqb, sqt, sqc,
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, N)
+        for start in range(lo, hi, BLOCK_T):
+            offs_t, mt, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
+            x, a, y, inv_r2 = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, hi, d, sqb, sqt, sqc,
                                         FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             g = tl.load(g_ptr + b * sgb + offs_t[:, None] * sgt + cols * sgc, mask=m2, other=0.0).to(tl.float32)
             num = tl.dot(y, kv, input_precision='ieee')
@@ -226,9 +242,10 @@ if triton_available() is None:
         if WRITE_DX:
             tl.store(ds_part_ptr + part * d + offs_d, acc_ds, mask=md)
 
+    @tunable(_TUNED, _FOCUS_KEY + ['WRITE_DV', 'WRITE_DX', 'LOCAL_G'], _fitting)
     @triton.jit
     def _key_backward_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, dkv_ptr, dm_ptr, gk_ptr, dk_ptr, dv_ptr, ds_part_ptr,
-                             n, d, H, tiles_per_chunk, inv_n,
+                             n, d, H, tokens_per_chunk, inv_n,
                              skb, skt, skc, svb, svt, svc, sdkb, sdkt, sdkc, sdvb, sdvt, sdvc,
                              WRITE_DV: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
                              FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
@@ -239,9 +256,11 @@ if triton_available() is None:
         dkv, dm = _load_head_summary(dkv_ptr, dm_ptr, pid, d, offs_d, md)
         s = tl.load(s_ptr + head * d + offs_d, mask=md, other=1.0)
         acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for i in range(tiles_per_chunk):
-            offs_t, mt, m2, cols = _tile_rows(chunk, tiles_per_chunk, i, n, d, head, BLOCK_T, BLOCK_D)
-            x, a, y, inv_r2 = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, d, skb, skt, skc,
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, n)
+        for start in range(lo, hi, BLOCK_T):
+            offs_t, mt, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
+            x, a, y, inv_r2 = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
                                         FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             if WRITE_DV:
@@ -279,11 +298,11 @@ def _programs_target(device):
 
 
 def _chunks(tokens, block_t, rows, device):
-    """(chunks, tiles per chunk) splitting ``tokens`` into token blocks for ``rows`` programs each."""
+    """(chunks, tokens per chunk, a multiple of ``block_t``) splitting ``tokens`` for ``rows`` programs each."""
     tiles = triton.cdiv(tokens, block_t)
     chunks = max(1, min(tiles, triton.cdiv(_programs_target(device), rows)))
     per = triton.cdiv(tiles, chunks)
-    return triton.cdiv(tiles, per), per
+    return triton.cdiv(tiles, per), per * block_t
 
 
 def _focus_args(focusing_factor):
@@ -312,7 +331,7 @@ class _FlattenTriton(torch.autograd.Function):
         d = C // H
         focus = _focus_args(focusing_factor)
         block_t, block_d, warps = _blocks(d)
-        blocks = dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=warps)
+        blocks = dict(BLOCK_D=block_d, default=dict(BLOCK_T=block_t, num_warps=warps))
         stats_q, stats_k = _token_stats(q, s, focus), _token_stats(k, s, focus)
         chunks, per = _chunks(n, block_t, B * H, q.device)
         kv_part = torch.empty((B * H, chunks, d, d), device=q.device, dtype=torch.float32)
@@ -321,8 +340,8 @@ class _FlattenTriton(torch.autograd.Function):
                *k.stride(), *v.stride(), **focus, **blocks)
         kv, m = kv_part.sum(1), m_part.sum(1)
         out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
-        launch(_query_kernel, (B * H, triton.cdiv(N, block_t)), q, s, stats_q, kv, m, out, N, d, H, eps,
-               *q.stride(), *out.stride(), **focus, **blocks)
+        launch(_query_kernel, lambda meta: (B * H, triton.cdiv(N, meta['BLOCK_T'])), q, s, stats_q, kv, m, out, N, d,
+               H, eps, *q.stride(), *out.stride(), **focus, **blocks)
         ctx.save_for_backward(q, k, v, s, stats_q, stats_k, kv, m)
         ctx.options = (H, focusing_factor, eps)
         return out
@@ -337,7 +356,7 @@ class _FlattenTriton(torch.autograd.Function):
         dev, f32 = q.device, torch.float32
         focus = _focus_args(focusing_factor)
         block_t, block_d, warps = _blocks(d)
-        blocks = dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=warps)
+        blocks = dict(BLOCK_D=block_d, default=dict(BLOCK_T=block_t, num_warps=warps))
         one = H == 1
 
         # queries: dKV, dM (and dden per head), then dq and their part of dL/ds
