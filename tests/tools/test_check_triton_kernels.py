@@ -56,10 +56,10 @@ def test_tuned_kernels_are_recorded_with_every_config_and_grids_of_chunks_that_d
 
 
 def test_the_tool_compiles_a_kernel_for_sm_90(tmp_path):
-    log = run_tool([PYTHON, 'tools/check_triton_kernels.py', '--ops', 'inline', '--targets', 'sm_90', '--head-dims',
-                    '16', '--dtypes', 'bfloat16', '--kernels', '_inline_out_kernel'],
+    log = run_tool([PYTHON, 'tools/check_triton_kernels.py', '--ops', 'flatten', '--targets', 'sm_90', '--head-dims',
+                    '16', '--dtypes', 'bfloat16', '--kernels', '_token_stats_kernel'],
                    env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
-    rows = [line for line in log.splitlines() if line.startswith('| inline | _inline_out_kernel | sm_90')]
+    rows = [line for line in log.splitlines() if line.startswith('| flatten | _token_stats_kernel | sm_90')]
     assert rows and all(row.rstrip(' |').endswith('ok') for row in rows), log
     shared_kib = float(rows[0].split('|')[7])
     assert 0 < shared_kib < 227, rows[0]
