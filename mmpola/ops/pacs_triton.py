@@ -49,10 +49,17 @@ if triton_available() is None:
     import triton
     import triton.language as tl
 
-    # what the kernels are tuned over on a GPU (triton_support.tunable): tokens a block and warps; the
-    # token chunks of the reductions are multiples of the largest block, whatever the config
+    # what the kernels are tuned over on a GPU (triton_support.tunable): tokens a block and warps; at head
+    # dim 128 (BLOCK_J = 64) 16 tokens in one stage, what fits the backward's tiles in an A100's shared
+    # memory (32 tokens in three stages take 242 KiB there). The token chunks of the reductions are
+    # multiples of the largest block, whatever the config
     _TUNED = [triton.Config({'BLOCK_N': block}, num_warps=warps) for block in (16, 32, 64) for warps in (4, 8)]
+    _TUNED += [triton.Config({'BLOCK_N': 16}, num_warps=warps, num_stages=1) for warps in (4, 8)]
     _TUNED_KEY = ['BLOCK_J', 'PRECISION']
+
+    def _fitting(configs, named_args, **kwargs):
+        """The configs of a head dim: one stage at BLOCK_J = 64, Triton's default stages below."""
+        return [config for config in configs if (config.num_stages == 1) == (kwargs['BLOCK_J'] >= 64)]
 
     @triton.jit
     def _expm1_pos(x):
@@ -135,7 +142,7 @@ if triton_available() is None:
         """A (BLOCK_J, BLOCK_J) float32 summary tile stored row-major."""
         return tl.load(ptr + lanes[:, None] * BLOCK_J + lanes[None, :])
 
-    @tunable(_TUNED, _TUNED_KEY)
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _pacs_fwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr,
                               H, N, J, tokens_per_chunk,
@@ -188,7 +195,7 @@ if triton_available() is None:
         tl.store(out + 2 * BLOCK_J, sum_ne, mask=first)
         tl.store(out + 3 * BLOCK_J, sum_no, mask=first)
 
-    @tunable(_TUNED, _TUNED_KEY)
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _pacs_fwd_queries_kernel(q_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, out_ptr, eps,
                                  H, N, J,
@@ -215,7 +222,7 @@ if triton_available() is None:
         ptr = out_ptr + bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J + flow * J + lanes[None, :]
         tl.store(ptr, out.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @tunable(_TUNED, _TUNED_KEY)
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _pacs_bwd_queries_kernel(q_ptr, g_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, eps,
                                  gq_ptr, gkv_ptr, gmean_ptr, gt_ptr,
@@ -315,7 +322,7 @@ if triton_available() is None:
         tl.store(gt_ptr + offset + 2 * BLOCK_J, gt_ne)
         tl.store(gt_ptr + offset + 3 * BLOCK_J, gt_no)
 
-    @tunable(_TUNED, _TUNED_KEY)
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, gkv_ptr, gmean_ptr, gk_ptr, gv_ptr,
                               H, N, J,
@@ -377,9 +384,10 @@ def _config(d, device):
     if not kernel_target(device).gpu:  # the interpreter: small blocks exercise the masked tails and the chunks
         return block_j, 'ieee', dict(BLOCK_N=16, num_warps=4), 16
     # fp32 products in full precision (the test's 1e-5); 32 tokens a block keeps the backward's tiles in
-    # registers (64 spills at head dim 64)
-    default = dict(BLOCK_N=32, num_warps=4 if block_j <= 32 else 8)
-    return block_j, 'ieee', default, max(config.kwargs['BLOCK_N'] for config in _TUNED)
+    # registers (64 spills at head dim 64); at head dim 128, 16 tokens in one stage (shared memory)
+    default = dict(BLOCK_N=32, num_warps=4) if block_j <= 32 else dict(BLOCK_N=16, num_warps=8, num_stages=1)
+    granule = max(config.kwargs['BLOCK_N'] for config in _fitting(_TUNED, None, BLOCK_J=block_j))
+    return block_j, 'ieee', default, granule
 
 
 def _chunks(heads, tokens, granule, device):
