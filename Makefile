@@ -5,12 +5,14 @@
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
 #   make bench-gpu - the GPU tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
 #   make docs-check - the params / GMACs figures of the docs counted again (tools/docs_figures.py) and compared
+#   make check-kernels - every Triton kernel compiled for sm_80 and sm_90 (no GPU needed): shared memory,
+#                   registers, spills; fails on a kernel that does not compile or fit
 # Use an existing environment (e.g. your CUDA torch build) instead of .venv:
 #   make test PY=/path/to/env/bin/python SETUP_ARGS="--python /path/to/env/bin/python"
 PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
-.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu docs-check docs-figures
+.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu docs-check docs-figures check-kernels
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)
@@ -45,6 +47,9 @@ docs-check: setup
 docs-figures: setup
 	$(PY) tools/docs_figures.py --write $(if $(ONLY),--only $(ONLY))
 
+check-kernels: setup
+	$(PY) tools/check_triton_kernels.py --jobs 4
+
 bench: setup
 	$(PY) tools/benchmark.py attention
 	$(PY) tools/benchmark.py backbone
@@ -62,6 +67,7 @@ GPU_TRAIN = configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py mmdet::pvt/ret
 bench-gpu:
 	$(PY) tools/benchmark.py attention --device cuda --cases $(GPU_CASES)
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --dtype bfloat16
+	$(PY) tools/benchmark.py layers --device cuda --cases $(GPU_CASES)
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \

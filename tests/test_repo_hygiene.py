@@ -52,6 +52,7 @@ TOPICS = {
     'official_keys': "every release's official parameter names, shapes and counts",
     'user_kind': "a user's own attention kind, registered and used from configs",
     'layout': 'checkpoints of other blocks than the model, on every loading path',
+    'empty_inputs': 'every attention op and implementation on inputs without tokens',
 }
 
 

@@ -12,6 +12,9 @@
     python tools/benchmark.py ops                       # aten operators / kernels / syncs of one fwd+bwd
     python tools/benchmark.py amp                       # bf16 (CPU) / fp16+bf16 (CUDA) autocast fwd+bwd
                                                         # of every full-size backbone at 800x1216
+    python tools/benchmark.py layers --device cuda --cases pvt-s1@800x1344 swin-s1@800x1344
+                                                        # the value path's depthwise 5x5 conv alone, fwd and
+                                                        # bwd, channels-last vs contiguous, fp32/bf16/fp16
     python tools/benchmark.py train CONFIG [CONFIG ...] --iters 20 --warmup 5 --device cuda [--amp]
         [--batch-size B] [--data-root DIR] [--img-scale W H] [--hooks mmpola|library|config] [--profile DIR]
                                                         # training throughput of whole configs, e.g.
@@ -799,6 +802,84 @@ def bench_amp(args, device):
 
 
 # --------------------------------------------------------------------------------------------------
+# layers
+# --------------------------------------------------------------------------------------------------
+
+
+def value_conv_inputs(case, device, dtype, layout, seed):
+    """The depthwise conv of the attentions' value path (mmpola.models.attention.common.depthwise_value_heads:
+    Pola, FLatten; made by mmpola.models.layers.depthwise_conv) for attention case ``case``, and its input
+    (B * h, d, H, W) in ``dtype``: the channels-last view of the heads' values that the attention passes
+    (``layout='channels_last'``), or that view made contiguous (``'contiguous'``)."""
+    from mmpola.models.layers import depthwise_conv
+    batch, heads, (height, width), dim = ATTENTION_CASES[case]
+    g = torch.Generator().manual_seed(seed)
+    conv = depthwise_conv(dim, 5)
+    conv = conv.to(device=device, dtype=dtype)
+    v = torch.randn(batch * heads, height, width, dim, generator=g).to(device, dtype).permute(0, 3, 1, 2)
+    if layout == 'contiguous':
+        v = v.contiguous()
+    return conv, v.requires_grad_()
+
+
+LAYER_LAYOUTS = ('channels_last', 'contiguous')
+
+
+def bench_layers(args, device):
+    """fwd, fwd + weight gradient, fwd + input gradient and fwd + both of the value path's depthwise 5x5
+    conv, per case, dtype and input layout (interleaved within each repetition)."""
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    print(f'- cudnn.benchmark: {torch.backends.cudnn.benchmark}' if device.type == 'cuda' else '- (no cuDNN)')
+    print('\n| layer | case | input (N,C,H,W) | dtype | input layout | fwd ms | fwd+wgrad ms | fwd+dgrad ms | '
+          'fwd+bwd ms | runs |')
+    print('|---|---|---|---|---|---:|---:|---:|---:|---:|')
+    for case in args.cases:
+        for dtype_name in args.dtypes:
+            dtype = getattr(torch, dtype_name)
+            runs = {}
+            for layout in LAYER_LAYOUTS:
+                conv, v = value_conv_inputs(case, device, dtype, layout, args.seed)
+                grad = torch.randn(v.shape, generator=torch.Generator().manual_seed(args.seed + 1)).to(device, dtype)
+                grad = grad.to(memory_format=torch.channels_last) if layout == 'channels_last' else grad
+
+                def forward(conv=conv, v=v):
+                    with torch.no_grad():
+                        conv(v)
+
+                def weight_grad(conv=conv, v=v, grad=grad):
+                    torch.autograd.grad(conv(v), [conv.weight], grad)
+
+                def input_grad(conv=conv, v=v, grad=grad):
+                    torch.autograd.grad(conv(v), [v], grad)
+
+                def both(conv=conv, v=v, grad=grad):
+                    torch.autograd.grad(conv(v), [conv.weight, conv.bias, v], grad)
+
+                passes = dict(fwd=forward, wgrad=weight_grad, dgrad=input_grad, bwd=both)
+                for fn in passes.values():  # warm-up (cuDNN picks its kernels)
+                    fn()
+                runs[layout] = (v.shape, passes, {name: [] for name in passes})
+            for _ in range(args.repeat):
+                for layout in LAYER_LAYOUTS:
+                    _, passes, times = runs[layout]
+                    for name, fn in passes.items():
+                        times[name].append(time_once(fn, device))
+            for layout in LAYER_LAYOUTS:
+                shape, _, times = runs[layout]
+                ms = {name: 1e3 * min(values) for name, values in times.items()}
+                print(f"| dwconv 5x5 | {case} | {','.join(map(str, shape))} | {dtype_name} | {layout} | "
+                      f"{ms['fwd']:.2f} | {ms['wgrad']:.2f} | {ms['dgrad']:.2f} | {ms['bwd']:.2f} | {args.repeat} |")
+            runs = None
+            gc.collect()
+    print('\nThe depthwise conv (d channels, 5x5, groups=d) of the Pola / FLatten value path on the heads\' '
+          'values (B * h, d, H, W) of the case: channels_last is the view the attention passes it, contiguous '
+          'the same values copied to NCHW. Its weight is stored channels-last (mmpola.models.layers.depthwise_conv). '
+          'The input, the weight and the output gradient are in the row\'s dtype (as under autocast). Times: '
+          'min over the runs (layouts interleaved) of the forward under no_grad, and of the forward with the '
+          'weight gradient, with the input gradient, and with both (and the bias\'s).')
+
+
+# --------------------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------------------
 
@@ -867,6 +948,17 @@ def parse_args(argv=None):
                      help='default: bfloat16 on the CPU, float16 and bfloat16 on CUDA')
     amp.add_argument('--repeat', type=int, default=1)
 
+    layers = sub.add_parser('layers', help="single layers of the attentions: the value path's depthwise 5x5 "
+                            'conv, fwd and bwd, channels-last vs contiguous input')
+    common(layers)
+    layers.add_argument('--cases', nargs='+', default=['pvt-s1@224', 'swin-s1@224'], choices=list(ATTENTION_CASES),
+                        help='attention cases: their batch x heads, head dim and token grid')
+    layers.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16', 'float16'],
+                        choices=['float32', 'bfloat16', 'float16'])
+    layers.add_argument('--cudnn-benchmark', action='store_true', help='torch.backends.cudnn.benchmark = True '
+                        "(default False, as mmengine's env_cfg)")
+    layers.add_argument('--repeat', type=int, default=5)
+
     from benchmark_train import HOOK_MODES
     train = sub.add_parser('train', help='training throughput of whole configs (s/iter, images/s, data time, peak '
                            'memory; --profile: one iteration under torch.profiler)')
@@ -934,7 +1026,7 @@ def main(argv=None):
         bench_train(args, device)
         return
     {'attention': bench_attention, 'backbone': bench_backbone, 'scaling': bench_scaling, 'ops': bench_ops,
-     'amp': bench_amp}[args.command](args, device)
+     'amp': bench_amp, 'layers': bench_layers}[args.command](args, device)
 
 
 if __name__ == '__main__':

@@ -27,13 +27,18 @@ an implementation on tensors it does not support raises :class:`AttnImplUnavaila
 supports the tensors, else the op's default. An implementation registered with ``fp32_inside=True``
 computes in float32 whatever its inputs' dtype (it loads and casts inside its kernels), so the fp32
 island hands it the tensors as they are instead of casting them first.
+
+Every op's output has the shape of its queries (the first tensor). Queries without elements (no
+tokens, batch or heads) give an empty output and zero gradients, whatever the implementation
+(:func:`empty_attention`); keys without tokens under queries that have some are one clear error:
+the mean over an empty key set is undefined.
 """
 import torch
 
 from mmpola.errors import MMPolaUserError
 
 __all__ = ['AUTO', 'AttentionOp', 'AttnImplUnavailable', 'OPS', 'attention_op', 'register_attention_impl',
-           'attention_impls', 'check_attn_impl', 'run_attention_op']
+           'attention_impls', 'check_attn_impl', 'run_attention_op', 'empty_attention']
 
 AUTO = 'auto'  # the best implementation for the tensors' device ('triton' on CUDA, else 'fast')
 
@@ -189,6 +194,34 @@ def check_attn_impl(impl, error=ValueError, op=None):
     return impl
 
 
+class _EmptyAttention(torch.autograd.Function):
+    """The empty output of queries without elements; zero gradients for every input."""
+
+    @staticmethod
+    def forward(ctx, q, *others):
+        ctx.inputs = [(t.shape, t.dtype, t.device) for t in (q, *others)]
+        return q.new_empty(q.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return tuple(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.inputs)
+
+
+def empty_attention(function, tensors):
+    """The output of attention op ``function`` (its name, for the message) when the queries
+    ``tensors[0]`` have no elements: an empty tensor of their shape whose backward gives every tensor a
+    zero gradient (nothing depends on them); None when the queries have elements. Keys ``tensors[1]``
+    without elements under queries that have some raise ValueError (one line)."""
+    q, k = tensors[0], tensors[1]
+    if q.numel() == 0:
+        return _EmptyAttention.apply(*tensors)
+    if k.numel() == 0:
+        raise ValueError(f'{function} got keys without tokens (k of shape {tuple(k.shape)}) for queries of shape '
+                         f'{tuple(q.shape)}: attention over an empty key set is undefined; give at least one key '
+                         'token or skip the attention for this input')
+    return None
+
+
 def run_attention_op(op, impl, fp32, tensors, *options):
     """Implementation ``impl`` of ``op`` on ``(*tensors, *options)``.
 
@@ -200,6 +233,9 @@ def run_attention_op(op, impl, fp32, tensors, *options):
     attention = attention_op(op)
     first = tensors[0]
     name = attention.choose(impl, first.device, torch.float32 if fp32 else first.dtype)
+    empty = empty_attention(attention.function, tensors)
+    if empty is not None:
+        return empty
     fn = attention.impls[name]
     if not fp32:
         return fn(*tensors, *options)

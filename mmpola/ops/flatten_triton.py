@@ -35,20 +35,29 @@ With one head nothing couples the heads: 4 and 5 (and 6 and 7) run as one kernel
 and its chain rule stay in torch (a (C,) vector). float64 inputs (tests, through the interpreter)
 are computed in float32 and returned in float64.
 """
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from .dispatch import AttnImplUnavailable, attention_op
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .flatten import _KERNEL_EPS, _check_shapes
-from .triton_support import interpreting, triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+
+if triton_available() is None:
+    from .triton_support import batch_and_head
 
 __all__ = ['flatten_attention_triton']
 
 if triton_available() is None:
     import triton
     import triton.language as tl
+
+    # what the token kernels are tuned over on a GPU (triton_support.tunable): tokens a block and warps,
+    # among the blocks no longer than _blocks' for the head dim (the chunks are multiples of it)
+    _TUNED = [triton.Config({'BLOCK_T': block}, num_warps=warps) for block in (16, 32, 64) for warps in (4, 8)]
+    _FOCUS_KEY = ['BLOCK_D', 'FOCUS', 'INT_FOCUS']
+
+    def _fitting(configs, named_args, **kwargs):
+        return [config for config in configs if config.kwargs['BLOCK_T'] <= _blocks(kwargs['BLOCK_D'])[0]]
 
     @triton.jit
     def _power(a, FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr):
@@ -88,10 +97,11 @@ if triton_available() is None:
         tl.store(row + 1, 1.0 / sum_a2, mask=mt)
 
     @triton.jit
-    def _features(x_ptr, s_ptr, stats_ptr, b, head, offs_t, T, d, sxb, sxt, sxc,
+    def _features(x_ptr, s_ptr, stats_ptr, b, head, offs_t, T, limit, d, sxb, sxt, sxc,
                   FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr, BLOCK_D: tl.constexpr):
-        """(x, a, phi(x), c, 1 / ||a||**2) of a block of tokens in one head; 0 where masked."""
-        mt = offs_t < T
+        """(x, a, phi(x), c, 1 / ||a||**2) of a block of tokens (of T) in one head; 0 where masked (from
+        token ``limit`` on)."""
+        mt = offs_t < limit
         offs_d = tl.arange(0, BLOCK_D)
         md = offs_d < d
         m2 = mt[:, None] & md[None, :]
@@ -115,47 +125,67 @@ if triton_available() is None:
         return grad_x, grad_a
 
     @triton.jit
-    def _key_reduce_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, kv_part_ptr, m_part_ptr, n, d, H, tiles_per_chunk, inv_n,
+    def _head(H, d, BLOCK_D: tl.constexpr):
+        """The program's head (grid axis 0: batch * head), its batch and head, its chunk (grid axis 1) and
+        the head dim lanes with their mask."""
+        pid = tl.program_id(0)
+        b, head = batch_and_head(pid, H)
+        offs_d = tl.arange(0, BLOCK_D)
+        return pid, b, head, tl.program_id(1), offs_d, offs_d < d
+
+    @triton.jit
+    def _load_head_summary(mat_ptr, vec_ptr, pid, d, offs_d, md):
+        """The (d, d) matrix and the (d,) vector of head ``pid`` (0 on the padded lanes)."""
+        mat = tl.load(mat_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :], mask=md[:, None] & md[None, :],
+                      other=0.0)
+        return mat, tl.load(vec_ptr + pid * d + offs_d, mask=md, other=0.0)
+
+    @triton.jit
+    def _store_head_summary(mat_ptr, vec_ptr, part, mat, vec, d, offs_d, md):
+        """Store a (d, d) matrix and a (d,) vector as record ``part`` (the unpadded lanes)."""
+        tl.store(mat_ptr + part * d * d + offs_d[:, None] * d + offs_d[None, :], mat, mask=md[:, None] & md[None, :])
+        tl.store(vec_ptr + part * d + offs_d, vec, mask=md)
+
+    @triton.jit
+    def _tile_rows(start, hi, d, head, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+        """The tile of a chunk of tokens from ``start`` (the chunk ends at ``hi``): its token indices, their
+        mask, the (tokens, lanes) mask and the head's column indices (1, BLOCK_D)."""
+        offs_t = start + tl.arange(0, BLOCK_T)
+        offs_d = tl.arange(0, BLOCK_D)
+        mt = offs_t < hi
+        return offs_t, mt, mt[:, None] & (offs_d < d)[None, :], (head * d + offs_d)[None, :]
+
+    @tunable(_TUNED, _FOCUS_KEY, _fitting)
+    @triton.jit
+    def _key_reduce_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, kv_part_ptr, m_part_ptr, n, d, H, tokens_per_chunk, inv_n,
                            skb, skt, skc, svb, svt, svc,
                            FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-        pid = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (pid // H).to(tl.int64)
-        head = pid % H
-        offs_d = tl.arange(0, BLOCK_D)
-        md = offs_d < d
+        pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
         acc_kv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         acc_m = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for i in range(tiles_per_chunk):
-            offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
-            m2 = (offs_t < n)[:, None] & md[None, :]
-            _, _, y, _ = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, d, skb, skt, skc,
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, n)  # a chunk's tail tile stops at its end, whatever BLOCK_T
+        for start in range(lo, hi, BLOCK_T):
+            offs_t, _, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
+            _, _, y, _ = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
                                    FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
-            vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + (head * d + offs_d)[None, :] * svc,
-                         mask=m2, other=0.0).to(tl.float32)
+            vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             acc_kv = tl.dot(tl.trans(y), vv, acc_kv, input_precision='ieee')
             acc_m += tl.sum(y, axis=0)
-        part = pid * tl.num_programs(1) + chunk
-        md2 = md[:, None] & md[None, :]
-        tl.store(kv_part_ptr + part * d * d + offs_d[:, None] * d + offs_d[None, :], acc_kv * inv_n, mask=md2)
-        tl.store(m_part_ptr + part * d + offs_d, acc_m * inv_n, mask=md)
+        _store_head_summary(kv_part_ptr, m_part_ptr, pid * tl.num_programs(1) + chunk, acc_kv * inv_n, acc_m * inv_n,
+                            d, offs_d, md)
 
+    @tunable(_TUNED, _FOCUS_KEY, _fitting)
     @triton.jit
     def _query_kernel(q_ptr, s_ptr, stats_ptr, kv_ptr, m_ptr, out_ptr, N, d, H, eps,
                       sqb, sqt, sqc, sob, sot, soc,
                       FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-        pid = tl.program_id(0)
-        b = (pid // H).to(tl.int64)
-        head = pid % H
-        offs_d = tl.arange(0, BLOCK_D)
-        md = offs_d < d
-        kv = tl.load(kv_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :],
-                     mask=md[:, None] & md[None, :], other=0.0)
-        m = tl.load(m_ptr + pid * d + offs_d, mask=md, other=0.0)
-        offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-        _, _, y, _ = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, d, sqb, sqt, sqc,
+        pid, b, head, block, offs_d, md = _head(H, d, BLOCK_D)
+        kv, m = _load_head_summary(kv_ptr, m_ptr, pid, d, offs_d, md)
+        offs_t = block * BLOCK_T + tl.arange(0, BLOCK_T)
+        _, _, y, _ = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, N, d, sqb, sqt, sqc,
                                FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
         num = tl.dot(y, kv, input_precision='ieee')
         den = tl.sum(y * m[None, :], axis=1) + eps
@@ -164,34 +194,27 @@ if triton_available() is None:
         tl.store(out_ptr + b * sob + offs_t[:, None] * sot + (head * d + offs_d)[None, :] * soc,
                  out.to(out_ptr.dtype.element_ty), mask=m2)
 
+    @tunable(_TUNED, _FOCUS_KEY + ['REDUCE', 'WRITE_DX', 'LOCAL_G'], _fitting)
     @triton.jit
     def _query_backward_kernel(q_ptr, g_ptr, s_ptr, stats_ptr, kv_ptr, m_ptr, dkv_part_ptr, dm_part_ptr,
-                               dden_ptr, dq_ptr, ds_part_ptr, N, d, H, eps, tiles_per_chunk,
+                               dden_ptr, dq_ptr, ds_part_ptr, N, d, H, eps, tokens_per_chunk,
                                sqb, sqt, sqc, sgb, sgt, sgc, sdb, sdt, sdc,
                                REDUCE: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
                                FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         """REDUCE: the partial dKV, dM of the chunk (and dden per token and head unless LOCAL_G);
         WRITE_DX: dq and the partial dL/ds (G from dden of this head if LOCAL_G, else from dden_ptr)."""
-        pid = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (pid // H).to(tl.int64)
-        head = pid % H
-        offs_d = tl.arange(0, BLOCK_D)
-        md = offs_d < d
-        md2 = md[:, None] & md[None, :]
-        kv = tl.load(kv_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :], mask=md2, other=0.0)
-        m = tl.load(m_ptr + pid * d + offs_d, mask=md, other=0.0)
+        pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
+        kv, m = _load_head_summary(kv_ptr, m_ptr, pid, d, offs_d, md)
         s = tl.load(s_ptr + head * d + offs_d, mask=md, other=1.0)
         acc_dkv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         acc_dm = tl.zeros((BLOCK_D,), dtype=tl.float32)
         acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for i in range(tiles_per_chunk):
-            offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
-            mt = offs_t < N
-            m2 = mt[:, None] & md[None, :]
-            cols = (head * d + offs_d)[None, :]
-            x, a, y, inv_r2 = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, d, sqb, sqt, sqc,
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, N)
+        for start in range(lo, hi, BLOCK_T):
+            offs_t, mt, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
+            x, a, y, inv_r2 = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, hi, d, sqb, sqt, sqc,
                                         FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             g = tl.load(g_ptr + b * sgb + offs_t[:, None] * sgt + cols * sgc, mask=m2, other=0.0).to(tl.float32)
             num = tl.dot(y, kv, input_precision='ieee')
@@ -215,37 +238,29 @@ if triton_available() is None:
                 acc_ds += tl.sum(tl.where(m2, grad_a * a, 0.0), axis=0)
         part = pid * tl.num_programs(1) + chunk
         if REDUCE:
-            tl.store(dkv_part_ptr + part * d * d + offs_d[:, None] * d + offs_d[None, :], acc_dkv, mask=md2)
-            tl.store(dm_part_ptr + part * d + offs_d, acc_dm, mask=md)
+            _store_head_summary(dkv_part_ptr, dm_part_ptr, part, acc_dkv, acc_dm, d, offs_d, md)
         if WRITE_DX:
             tl.store(ds_part_ptr + part * d + offs_d, acc_ds, mask=md)
 
+    @tunable(_TUNED, _FOCUS_KEY + ['WRITE_DV', 'WRITE_DX', 'LOCAL_G'], _fitting)
     @triton.jit
     def _key_backward_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, dkv_ptr, dm_ptr, gk_ptr, dk_ptr, dv_ptr, ds_part_ptr,
-                             n, d, H, tiles_per_chunk, inv_n,
+                             n, d, H, tokens_per_chunk, inv_n,
                              skb, skt, skc, svb, svt, svc, sdkb, sdkt, sdkc, sdvb, sdvt, sdvc,
                              WRITE_DV: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
                              FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         """WRITE_DV: dv (and this head's part of G per key unless LOCAL_G); WRITE_DX: dk and the
         partial dL/ds (G of this head if LOCAL_G, else summed over the heads in gk_ptr)."""
-        pid = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (pid // H).to(tl.int64)
-        head = pid % H
-        offs_d = tl.arange(0, BLOCK_D)
-        md = offs_d < d
-        dkv = tl.load(dkv_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :],
-                      mask=md[:, None] & md[None, :], other=0.0)
-        dm = tl.load(dm_ptr + pid * d + offs_d, mask=md, other=0.0)
+        pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
+        dkv, dm = _load_head_summary(dkv_ptr, dm_ptr, pid, d, offs_d, md)
         s = tl.load(s_ptr + head * d + offs_d, mask=md, other=1.0)
         acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for i in range(tiles_per_chunk):
-            offs_t = (chunk * tiles_per_chunk + i) * BLOCK_T + tl.arange(0, BLOCK_T)
-            mt = offs_t < n
-            m2 = mt[:, None] & md[None, :]
-            cols = (head * d + offs_d)[None, :]
-            x, a, y, inv_r2 = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, d, skb, skt, skc,
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, n)
+        for start in range(lo, hi, BLOCK_T):
+            offs_t, mt, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
+            x, a, y, inv_r2 = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
                                         FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             if WRITE_DV:
@@ -276,24 +291,18 @@ def _blocks(d):
     return block_t, block_d, 4 if block_d <= 64 else 8
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index):
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _programs_target(device):
     """About how many programs fill the device (a few per SM); a handful under the interpreter."""
-    if interpreting() or device.type != 'cuda':
-        return 8
-    return 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    target = kernel_target(device)
+    return 4 * target.sm_count if target.gpu else 8
 
 
 def _chunks(tokens, block_t, rows, device):
-    """(chunks, tiles per chunk) splitting ``tokens`` into token blocks for ``rows`` programs each."""
+    """(chunks, tokens per chunk, a multiple of ``block_t``) splitting ``tokens`` for ``rows`` programs each."""
     tiles = triton.cdiv(tokens, block_t)
     chunks = max(1, min(tiles, triton.cdiv(_programs_target(device), rows)))
     per = triton.cdiv(tiles, chunks)
-    return triton.cdiv(tiles, per), per
+    return triton.cdiv(tiles, per), per * block_t
 
 
 def _focus_args(focusing_factor):
@@ -307,8 +316,8 @@ def _token_stats(x, s, focus):
     B, T, C = x.shape
     stats = torch.empty((B, T, 2), device=x.device, dtype=torch.float32)
     block_t, block_c = 32, min(128, max(16, triton.next_power_of_2(C)))
-    _token_stats_kernel[(B, triton.cdiv(T, block_t))](x, s, stats, T, C, *x.stride(), **focus,
-                                                      BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4)
+    launch(_token_stats_kernel, (B, triton.cdiv(T, block_t)), x, s, stats, T, C, *x.stride(), **focus,
+           BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4)
     return stats
 
 
@@ -322,17 +331,17 @@ class _FlattenTriton(torch.autograd.Function):
         d = C // H
         focus = _focus_args(focusing_factor)
         block_t, block_d, warps = _blocks(d)
-        blocks = dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=warps)
+        blocks = dict(BLOCK_D=block_d, default=dict(BLOCK_T=block_t, num_warps=warps))
         stats_q, stats_k = _token_stats(q, s, focus), _token_stats(k, s, focus)
         chunks, per = _chunks(n, block_t, B * H, q.device)
         kv_part = torch.empty((B * H, chunks, d, d), device=q.device, dtype=torch.float32)
         m_part = torch.empty((B * H, chunks, d), device=q.device, dtype=torch.float32)
-        _key_reduce_kernel[(B * H, chunks)](k, v, s, stats_k, kv_part, m_part, n, d, H, per, 1.0 / n,
-                                            *k.stride(), *v.stride(), **focus, **blocks)
+        launch(_key_reduce_kernel, (B * H, chunks), k, v, s, stats_k, kv_part, m_part, n, d, H, per, 1.0 / n,
+               *k.stride(), *v.stride(), **focus, **blocks)
         kv, m = kv_part.sum(1), m_part.sum(1)
         out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
-        _query_kernel[(B * H, triton.cdiv(N, block_t))](q, s, stats_q, kv, m, out, N, d, H, eps,
-                                                        *q.stride(), *out.stride(), **focus, **blocks)
+        launch(_query_kernel, lambda meta: (B * H, triton.cdiv(N, meta['BLOCK_T'])), q, s, stats_q, kv, m, out, N, d,
+               H, eps, *q.stride(), *out.stride(), **focus, **blocks)
         ctx.save_for_backward(q, k, v, s, stats_q, stats_k, kv, m)
         ctx.options = (H, focusing_factor, eps)
         return out
@@ -347,7 +356,7 @@ class _FlattenTriton(torch.autograd.Function):
         dev, f32 = q.device, torch.float32
         focus = _focus_args(focusing_factor)
         block_t, block_d, warps = _blocks(d)
-        blocks = dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=warps)
+        blocks = dict(BLOCK_D=block_d, default=dict(BLOCK_T=block_t, num_warps=warps))
         one = H == 1
 
         # queries: dKV, dM (and dden per head), then dq and their part of dL/ds
@@ -362,12 +371,12 @@ class _FlattenTriton(torch.autograd.Function):
                 *q.stride(), *g.stride(), *dq.stride())
         grid = (B * H, chunks)
         if one:
-            _query_backward_kernel[grid](*args, REDUCE=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
+            launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
         else:
-            _query_backward_kernel[grid](*args, REDUCE=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
+            launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
             dden_sum = dden.sum(-1)
             args = args[:8] + (dden_sum,) + args[9:]
-            _query_backward_kernel[grid](*args, REDUCE=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
+            launch(_query_backward_kernel, grid, *args, REDUCE=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
         dkv, dm = dkv_part.sum(1), dm_part.sum(1)
 
         # keys: dv (and G per head), then dk and their part of dL/ds
@@ -380,11 +389,11 @@ class _FlattenTriton(torch.autograd.Function):
                 *k.stride(), *v.stride(), *dk.stride(), *dv.stride())
         grid = (B * H, chunks)
         if one:
-            _key_backward_kernel[grid](*args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
+            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
         else:
-            _key_backward_kernel[grid](*args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
+            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
             args = args[:6] + (gk.sum(-1),) + args[7:]
-            _key_backward_kernel[grid](*args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
+            launch(_key_backward_kernel, grid, *args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
         ds = -(ds_q.sum((0, 2)) + ds_k.sum((0, 2))).reshape(C) / s
         return dq, dk, dv, ds, None, None, None
 
@@ -396,6 +405,9 @@ def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1
     reason = triton_unsupported(q.device, q.dtype)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (flatten_attention) cannot run here: {reason}")
+    empty = empty_attention('flatten_attention', (q, k, v, scale))
+    if empty is not None:
+        return empty
     if focusing_factor <= 0:
         raise ValueError(f'focusing_factor must be positive, got {focusing_factor}')
     s = F.softplus(scale.float()).reshape(-1).contiguous()

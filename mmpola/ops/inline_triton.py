@@ -41,9 +41,12 @@ import math
 
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .inline import _check_shapes
-from .triton_support import triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+
+if triton_available() is None:
+    from .triton_support import batch_and_head
 
 __all__ = ['inline_attention_triton']
 
@@ -51,27 +54,51 @@ if triton_available() is None:
     import triton
     import triton.language as tl
 
+    # what the kernels are tuned over on a GPU (triton_support.tunable): rows a block and warps, the
+    # blocks of at most 64 x 64 elements of a head (wider heads: shorter blocks, for shared memory);
+    # the token chunks are multiples of the largest block, whatever the config
+    _TUNED = [triton.Config({'BLOCK': block}, num_warps=warps) for block in (32, 64, 128) for warps in (4, 8)]
+    _TUNED_KEY = ['BD', 'PRECISION']
+
+    def _fitting(configs, named_args, **kwargs):
+        return [config for config in configs if config.kwargs['BLOCK'] * kwargs['BD'] <= 64 * 64]
+
+    @triton.jit
+    def _inline_head(H, D, rows, CHUNK, BD: tl.constexpr):
+        """The program's head (grid axis 0: batch * head), its chunk (grid axis 1), its batch, the head's
+        columns and their mask, and the chunk's rows [lo, hi) of ``rows``."""
+        bh = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b, head = batch_and_head(bh, H)
+        lo = chunk * CHUNK
+        return bh, chunk, b, head * D + tl.arange(0, BD), tl.arange(0, BD) < D, lo, tl.minimum(lo + CHUNK, rows)
+
+    @triton.jit
+    def _load_tile(ptr, b, r, col, mask, sb, sn, sc):
+        """Rows ``r`` and columns ``col`` of batch ``b`` of a (B, N, C) tensor of any strides, in float32."""
+        return tl.load(ptr + b * sb + r[:, None] * sn + col[None, :] * sc, mask=mask, other=0.).to(tl.float32)
+
+    @triton.jit
+    def _store_tile(ptr, value, b, r, col, mask, N, C):
+        """Store rows ``r`` and columns ``col`` of batch ``b`` of a contiguous (B, N, C) tensor."""
+        tl.store(ptr + b * N * C + r[:, None] * C + col[None, :], value.to(ptr.dtype.element_ty), mask=mask)
+
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _inline_kv_kernel(k_ptr, v_ptr, kv_ptr, sums_ptr, n, H, D, CHUNK,
                           skb, skn, skc, svb, svn, svc,
                           BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """Partial k^T v (BD, BD) and sum k, sum v (2, BD) of one chunk of keys of one head."""
-        bh = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        col = (bh % H) * D + tl.arange(0, BD)
-        cmask = tl.arange(0, BD) < D
+        bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, n, CHUNK, BD)
         rows = tl.arange(0, BLOCK)
         acc = tl.zeros((BD, BD), dtype=tl.float32)
         k_sum = tl.zeros((BD,), dtype=tl.float32)
         v_sum = tl.zeros((BD,), dtype=tl.float32)
-        lo = chunk * CHUNK
-        hi = tl.minimum(lo + CHUNK, n)
         for start in range(lo, hi, BLOCK):
             r = start + rows
             mask = (r < hi)[:, None] & cmask[None, :]
-            kt = tl.load(k_ptr + b * skb + r[:, None] * skn + col[None, :] * skc, mask=mask, other=0.).to(tl.float32)
-            vt = tl.load(v_ptr + b * svb + r[:, None] * svn + col[None, :] * svc, mask=mask, other=0.).to(tl.float32)
+            kt = _load_tile(k_ptr, b, r, col, mask, skb, skn, skc)
+            vt = _load_tile(v_ptr, b, r, col, mask, svb, svn, svc)
             acc = tl.dot(tl.trans(kt), vt, acc, input_precision=PRECISION)
             k_sum += tl.sum(kt, axis=0)
             v_sum += tl.sum(vt, axis=0)
@@ -91,54 +118,42 @@ if triton_available() is None:
         m = (a * inv_n - k_mean[:, None] * v_mean[None, :]) * scale
         return m, v_mean
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _inline_out_kernel(q_ptr, kv_ptr, sums_ptr, out_ptr, N, H, D, CHUNK, inv_n, scale,
                            sqb, sqn, sqc,
                            BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """out = mean(v) + q M for one chunk of queries of one head (out: (B, N, C) contiguous)."""
-        bh = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        C = H * D
-        col = (bh % H) * D + tl.arange(0, BD)
-        cmask = tl.arange(0, BD) < D
+        bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, N, CHUNK, BD)
         rows = tl.arange(0, BLOCK)
         m, v_mean = _inline_matrix(kv_ptr, sums_ptr, bh, inv_n, scale, BD)
-        lo = chunk * CHUNK
-        hi = tl.minimum(lo + CHUNK, N)
         for start in range(lo, hi, BLOCK):
             r = start + rows
             mask = (r < hi)[:, None] & cmask[None, :]
-            qt = tl.load(q_ptr + b * sqb + r[:, None] * sqn + col[None, :] * sqc, mask=mask, other=0.).to(tl.float32)
+            qt = _load_tile(q_ptr, b, r, col, mask, sqb, sqn, sqc)
             out = tl.dot(qt, m, input_precision=PRECISION) + v_mean[None, :]
-            tl.store(out_ptr + b * N * C + r[:, None] * C + col[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+            _store_tile(out_ptr, out, b, r, col, mask, N, H * D)
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _inline_bwd_query_kernel(q_ptr, g_ptr, kv_ptr, sums_ptr, dq_ptr, dm_ptr, gsum_ptr,
                                  N, H, D, CHUNK, inv_n, scale,
                                  sqb, sqn, sqc, sgb, sgn, sgc,
                                  BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """dq = g M^T for one chunk of queries of one head, and the chunk's partial q^T g and sum g."""
-        bh = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        C = H * D
-        col = (bh % H) * D + tl.arange(0, BD)
-        cmask = tl.arange(0, BD) < D
+        bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, N, CHUNK, BD)
         rows = tl.arange(0, BLOCK)
         m, _ = _inline_matrix(kv_ptr, sums_ptr, bh, inv_n, scale, BD)
         m_t = tl.trans(m)
         acc = tl.zeros((BD, BD), dtype=tl.float32)
         g_sum = tl.zeros((BD,), dtype=tl.float32)
-        lo = chunk * CHUNK
-        hi = tl.minimum(lo + CHUNK, N)
         for start in range(lo, hi, BLOCK):
             r = start + rows
             mask = (r < hi)[:, None] & cmask[None, :]
-            qt = tl.load(q_ptr + b * sqb + r[:, None] * sqn + col[None, :] * sqc, mask=mask, other=0.).to(tl.float32)
-            gt = tl.load(g_ptr + b * sgb + r[:, None] * sgn + col[None, :] * sgc, mask=mask, other=0.).to(tl.float32)
+            qt = _load_tile(q_ptr, b, r, col, mask, sqb, sqn, sqc)
+            gt = _load_tile(g_ptr, b, r, col, mask, sgb, sgn, sgc)
             dq = tl.dot(gt, m_t, input_precision=PRECISION)
-            tl.store(dq_ptr + b * N * C + r[:, None] * C + col[None, :], dq.to(dq_ptr.dtype.element_ty), mask=mask)
+            _store_tile(dq_ptr, dq, b, r, col, mask, N, H * D)
             acc = tl.dot(tl.trans(qt), gt, acc, input_precision=PRECISION)
             g_sum += tl.sum(gt, axis=0)
         part = bh * tl.num_programs(1) + chunk
@@ -146,18 +161,14 @@ if triton_available() is None:
         tl.store(dm_ptr + part * BD * BD + i[:, None] * BD + i[None, :], acc)
         tl.store(gsum_ptr + part * BD + i, g_sum)
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _inline_bwd_key_kernel(k_ptr, v_ptr, sums_ptr, dm_ptr, gsum_ptr, dk_ptr, dv_ptr,
                                n, H, D, CHUNK, inv_n, scale,
                                skb, skn, skc, svb, svn, svc,
                                BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """dk = v dA^T + d mean(k) / n and dv = k dA + d mean(v) / n for one chunk of keys of one head."""
-        bh = tl.program_id(0)
-        chunk = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        C = H * D
-        col = (bh % H) * D + tl.arange(0, BD)
-        cmask = tl.arange(0, BD) < D
+        bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, n, CHUNK, BD)
         rows = tl.arange(0, BLOCK)
         i = tl.arange(0, BD)
         dm = tl.load(dm_ptr + bh * BD * BD + i[:, None] * BD + i[None, :])
@@ -169,54 +180,53 @@ if triton_available() is None:
         dk_mean = -scale * inv_n * tl.sum(dm * v_mean[None, :], axis=1)
         da = dm * (scale * inv_n)
         da_t = tl.trans(da)
-        lo = chunk * CHUNK
-        hi = tl.minimum(lo + CHUNK, n)
         for start in range(lo, hi, BLOCK):
             r = start + rows
             mask = (r < hi)[:, None] & cmask[None, :]
-            kt = tl.load(k_ptr + b * skb + r[:, None] * skn + col[None, :] * skc, mask=mask, other=0.).to(tl.float32)
-            vt = tl.load(v_ptr + b * svb + r[:, None] * svn + col[None, :] * svc, mask=mask, other=0.).to(tl.float32)
+            kt = _load_tile(k_ptr, b, r, col, mask, skb, skn, skc)
+            vt = _load_tile(v_ptr, b, r, col, mask, svb, svn, svc)
             dk = tl.dot(vt, da_t, input_precision=PRECISION) + dk_mean[None, :]
             dv = tl.dot(kt, da, input_precision=PRECISION) + dv_mean[None, :]
-            offs = b * n * C + r[:, None] * C + col[None, :]
-            tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty), mask=mask)
-            tl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+            _store_tile(dk_ptr, dk, b, r, col, mask, n, H * D)
+            _store_tile(dv_ptr, dv, b, r, col, mask, n, H * D)
 
 
 class _Launch:
-    """Block sizes, chunks and dot precision of one call (same for forward and backward)."""
+    """Head block, chunks, dot precision and default config of one call (same for forward and backward).
+
+    The default config (BLOCK rows, num_warps) runs where no timing chooses (the interpreter,
+    deterministic mode; triton_support.launch); on a GPU the kernels are tuned over ``_TUNED``. The
+    chunks are multiples of the granule, the largest block that can run (a block stops at its chunk's
+    end in any case)."""
 
     def __init__(self, device, B, N, n, num_heads, head_dim):
         self.bd = max(16, triton.next_power_of_2(head_dim))
-        self.block = 64 if self.bd <= 64 else 32
-        self.num_warps = 4 if self.bd <= 64 else 8
-        self.num_stages = None  # Triton's default
-        if device.type == 'cuda':
-            props = torch.cuda.get_device_properties(device)
-            self.programs = 4 * props.multi_processor_count  # enough programs to fill the GPU with a few waves
-            self.precision = 'tf32x3' if props.major >= 8 and self.bd <= 64 else 'ieee'
+        self.default = dict(BLOCK=64 if self.bd <= 64 else 32, num_warps=4 if self.bd <= 64 else 8)
+        target = kernel_target(device)
+        if target.gpu:
+            self.programs = 4 * target.sm_count  # enough programs to fill the GPU with a few waves
+            self.precision = 'tf32x3' if target.capability[0] >= 8 and self.bd <= 64 else 'ieee'
+            self.granule = max(c.kwargs['BLOCK'] for c in _fitting(_TUNED, None, BD=self.bd))
         else:  # the interpreter: few programs (each costs Python), but several chunks once N is large
             self.programs = 4
             self.precision = 'ieee'
+            self.granule = self.default['BLOCK']
         self.split(B, N, n, num_heads)
 
     def split(self, B, N, n, num_heads):
-        """The query and key chunks: (rows per chunk, a multiple of the block; number of chunks)."""
+        """The query and key chunks: (rows per chunk, a multiple of the granule; number of chunks)."""
         chunks = max(1, math.ceil(self.programs / (B * num_heads)))
         self.query = self._split(N, chunks)
         self.key = self._split(n, chunks)
 
     def _split(self, rows, chunks):
-        blocks = triton.cdiv(rows, self.block)
-        per_chunk = triton.cdiv(blocks, min(chunks, blocks)) * self.block
+        units = triton.cdiv(rows, self.granule)
+        per_chunk = triton.cdiv(units, min(chunks, units)) * self.granule
         return per_chunk, triton.cdiv(rows, per_chunk)
 
     def kwargs(self):
-        """The kernels' compile-time arguments."""
-        kwargs = dict(BLOCK=self.block, BD=self.bd, PRECISION=self.precision, num_warps=self.num_warps)
-        if self.num_stages is not None:
-            kwargs['num_stages'] = self.num_stages
-        return kwargs
+        """The kernels' compile-time arguments and default config (triton_support.launch)."""
+        return dict(BD=self.bd, PRECISION=self.precision, default=self.default)
 
 
 def _reduce(partials):
@@ -232,47 +242,47 @@ class _InLineTriton(torch.autograd.Function):
         B, N, C = q.shape
         n = k.shape[1]
         d = C // num_heads
-        launch = _Launch(q.device, B, N, n, num_heads, d)
-        bd, bh = launch.bd, B * num_heads
-        common = launch.kwargs()
-        key_chunk, key_chunks = launch.key
+        plan = _Launch(q.device, B, N, n, num_heads, d)
+        bd, bh = plan.bd, B * num_heads
+        common = plan.kwargs()
+        key_chunk, key_chunks = plan.key
         kv = q.new_empty(bh, key_chunks, bd, bd, dtype=torch.float32)
         sums = q.new_empty(bh, key_chunks, 2, bd, dtype=torch.float32)
-        _inline_kv_kernel[(bh, key_chunks)](k, v, kv, sums, n, num_heads, d, key_chunk, *k.stride(), *v.stride(),
-                                            **common)
+        launch(_inline_kv_kernel, (bh, key_chunks), k, v, kv, sums, n, num_heads, d, key_chunk, *k.stride(),
+               *v.stride(), **common)
         kv, sums = _reduce(kv), _reduce(sums)
         out = q.new_empty(B, N, C)
-        query_chunk, query_chunks = launch.query
-        _inline_out_kernel[(bh, query_chunks)](q, kv, sums, out, N, num_heads, d, query_chunk, 1.0 / n, d ** -0.5,
-                                               *q.stride(), **common)
+        query_chunk, query_chunks = plan.query
+        launch(_inline_out_kernel, (bh, query_chunks), q, kv, sums, out, N, num_heads, d, query_chunk, 1.0 / n,
+               d ** -0.5, *q.stride(), **common)
         ctx.save_for_backward(q, k, v, kv, sums)
         ctx.num_heads = num_heads
-        ctx.launch = launch
+        ctx.plan = plan
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         q, k, v, kv, sums = ctx.saved_tensors
-        num_heads, launch = ctx.num_heads, ctx.launch
+        num_heads, plan = ctx.num_heads, ctx.plan
         B, N, C = q.shape
         n = k.shape[1]
         d = C // num_heads
-        bd, bh = launch.bd, B * num_heads
-        common = launch.kwargs()
+        bd, bh = plan.bd, B * num_heads
+        common = plan.kwargs()
         inv_n, scale = 1.0 / n, d ** -0.5
-        query_chunk, query_chunks = launch.query
+        query_chunk, query_chunks = plan.query
         grad_q = torch.empty(B, N, C, dtype=q.dtype, device=q.device)
         dm = q.new_empty(bh, query_chunks, bd, bd, dtype=torch.float32)
         g_sum = q.new_empty(bh, query_chunks, bd, dtype=torch.float32)
-        _inline_bwd_query_kernel[(bh, query_chunks)](q, g, kv, sums, grad_q, dm, g_sum, N, num_heads, d, query_chunk,
-                                                     inv_n, scale, *q.stride(), *g.stride(), **common)
+        launch(_inline_bwd_query_kernel, (bh, query_chunks), q, g, kv, sums, grad_q, dm, g_sum, N, num_heads, d,
+               query_chunk, inv_n, scale, *q.stride(), *g.stride(), **common)
         dm, g_sum = _reduce(dm), _reduce(g_sum)
-        key_chunk, key_chunks = launch.key
+        key_chunk, key_chunks = plan.key
         grad_k = torch.empty(B, n, C, dtype=k.dtype, device=k.device)
         grad_v = torch.empty(B, n, C, dtype=v.dtype, device=v.device)
-        _inline_bwd_key_kernel[(bh, key_chunks)](k, v, sums, dm, g_sum, grad_k, grad_v, n, num_heads, d, key_chunk,
-                                                 inv_n, scale, *k.stride(), *v.stride(), **common)
+        launch(_inline_bwd_key_kernel, (bh, key_chunks), k, v, sums, dm, g_sum, grad_k, grad_v, n, num_heads, d,
+               key_chunk, inv_n, scale, *k.stride(), *v.stride(), **common)
         return grad_q, grad_k, grad_v, None
 
 
@@ -284,6 +294,9 @@ def inline_attention_triton(q, k, v, num_heads):
     reason = triton_unsupported(q.device, q.dtype)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (inline_attention) cannot run here: {reason}")
+    empty = empty_attention('inline_attention', (q, k, v))
+    if empty is not None:
+        return empty
     if not (q.device == k.device == v.device):
         raise ValueError(f'inline_attention expects q, k and v on one device, got {q.device}, {k.device}, {v.device}')
     return _InLineTriton.apply(q, k, v, num_heads)

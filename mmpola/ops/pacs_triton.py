@@ -14,7 +14,8 @@ the fast path assumes). The value halves (v[..., :j] for the same-sign flow, v[.
 opposite-sign flow) are two more j-wide tiles, and the opposite-sign flow is the same-sign one with q's
 sign flipped and its own temperatures: one kernel serves both flows (a grid axis).
 
-Passes (B x h heads, token blocks of BLOCK_N, chunks of several blocks):
+Passes (B x h heads, token blocks of BLOCK_N, chunks of several blocks; BLOCK_N and the warps are tuned
+on the GPU, see ``_config``):
 
 * forward, keys (grid flow x B*h x chunks): k' = exp(a(k)) - 1 and its rotation recomputed per
   block; each program writes its chunk's partial rotated key-value summaries (4 groups x (j, j) for
@@ -34,16 +35,31 @@ no (B, h, N, 2d) feature map is stored. ``exp(x) - 1`` is evaluated with a serie
 """
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .pacs import _check_shapes
 from .pola import _sum_to_shape
-from .triton_support import triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+
+if triton_available() is None:
+    from .triton_support import batch_and_head
 
 __all__ = ['pacs_attention_triton']
 
 if triton_available() is None:
     import triton
     import triton.language as tl
+
+    # what the kernels are tuned over on a GPU (triton_support.tunable): tokens a block and warps; at head
+    # dim 128 (BLOCK_J = 64) 16 tokens in one stage, what fits the backward's tiles in an A100's shared
+    # memory (32 tokens in three stages take 242 KiB there). The token chunks of the reductions are
+    # multiples of the largest block, whatever the config
+    _TUNED = [triton.Config({'BLOCK_N': block}, num_warps=warps) for block in (16, 32, 64) for warps in (4, 8)]
+    _TUNED += [triton.Config({'BLOCK_N': 16}, num_warps=warps, num_stages=1) for warps in (4, 8)]
+    _TUNED_KEY = ['BLOCK_J', 'PRECISION']
+
+    def _fitting(configs, named_args, **kwargs):
+        """The configs of a head dim: one stage at BLOCK_J = 64, Triton's default stages below."""
+        return [config for config in configs if (config.num_stages == 1) == (kwargs['BLOCK_J'] >= 64)]
 
     @triton.jit
     def _expm1_pos(x):
@@ -53,11 +69,44 @@ if triton_available() is None:
         return tl.where(x < 0.25, series, tl.exp(x) - 1.0)
 
     @triton.jit
-    def _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, offset):
-        """sin, cos of the rotary pairs ``offset + lanes`` of the token rows (halved tables (N, d))."""
-        ptr = rows[:, None] * s_tn + (offset + lanes)[None, :]
+    def _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J):
+        """sin, cos of the rotary pairs of the token rows (halved tables (N, d)): those of the relu(x) groups
+        (pairs ``lanes``), then those of the relu(-x) groups (pairs ``J + lanes``)."""
+        ptr = rows[:, None] * s_tn + lanes[None, :]
         return (tl.load(sin_ptr + ptr, mask=mask, other=0.0).to(tl.float32),
-                tl.load(cos_ptr + ptr, mask=mask, other=0.0).to(tl.float32))
+                tl.load(cos_ptr + ptr, mask=mask, other=0.0).to(tl.float32),
+                tl.load(sin_ptr + ptr + J, mask=mask, other=0.0).to(tl.float32),
+                tl.load(cos_ptr + ptr + J, mask=mask, other=0.0).to(tl.float32))
+
+    @triton.jit
+    def _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n):
+        """The four groups of a feature map rotated pair-wise (even, odd lanes of one angle)."""
+        return (f_pe * cos_p - f_po * sin_p, f_po * cos_p + f_pe * sin_p,
+                f_ne * cos_n - f_no * sin_n, f_no * cos_n + f_ne * sin_n)
+
+    @triton.jit
+    def _dot4(a_pe, a_po, a_ne, a_no, b_pe, b_po, b_ne, b_no, PRECISION: tl.constexpr):
+        """Sum over the four groups of a_g @ b_g (accumulated in that order)."""
+        acc = tl.dot(a_pe, b_pe, input_precision=PRECISION)
+        acc = tl.dot(a_po, b_po, acc, input_precision=PRECISION)
+        acc = tl.dot(a_ne, b_ne, acc, input_precision=PRECISION)
+        return tl.dot(a_no, b_no, acc, input_precision=PRECISION)
+
+    @triton.jit
+    def _head(H, J, AXIS: tl.constexpr, BLOCK_J: tl.constexpr):
+        """The program's head (grid axis AXIS: batch * head), its batch and head, and the pair lanes with
+        their mask."""
+        bh = tl.program_id(AXIS)
+        b, head = batch_and_head(bh, H)
+        lanes = tl.arange(0, BLOCK_J)
+        return bh, b, head, lanes, lanes < J
+
+    @triton.jit
+    def _means(mean_ptr, bh, lanes, BLOCK_J: tl.constexpr):
+        """The four groups of mean(k') of head ``bh``, as (1, BLOCK_J) rows."""
+        mean = mean_ptr + bh * 4 * BLOCK_J + lanes
+        return (tl.load(mean)[None, :], tl.load(mean + BLOCK_J)[None, :], tl.load(mean + 2 * BLOCK_J)[None, :],
+                tl.load(mean + 3 * BLOCK_J)[None, :])
 
     @triton.jit
     def _load_pairs(base, rows, lanes, mask, s_n, s_d):
@@ -93,21 +142,18 @@ if triton_available() is None:
         """A (BLOCK_J, BLOCK_J) float32 summary tile stored row-major."""
         return tl.load(ptr + lanes[:, None] * BLOCK_J + lanes[None, :])
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _pacs_fwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr,
-                              H, N, J, blocks_per_chunk,
+                              H, N, J, tokens_per_chunk,
                               skb, skh, skn, skd, svb, svh, svn, svd, s_tn,
                               BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
         chunk = tl.program_id(2)
         chunks = tl.num_programs(2)
-        b = (bh // H).to(tl.int64)
-        head = (bh % H).to(tl.int64)
         k_base = k_ptr + b * skb + head * skh
         v_base = v_ptr + b * svb + head * svh + flow * J * svd
-        lanes = tl.arange(0, BLOCK_J)
-        lane_mask = lanes < J
         kv_pe = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         kv_po = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         kv_ne = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
@@ -116,18 +162,20 @@ if triton_available() is None:
         sum_po = tl.zeros((BLOCK_J,), tl.float32)
         sum_ne = tl.zeros((BLOCK_J,), tl.float32)
         sum_no = tl.zeros((BLOCK_J,), tl.float32)
-        for blk in range(0, blocks_per_chunk):
-            rows = (chunk * blocks_per_chunk + blk) * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = (rows < N)[:, None] & lane_mask[None, :]
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, N)  # a chunk's tail block stops at its end, whatever BLOCK_N
+        for start in range(lo, hi, BLOCK_N):
+            rows = start + tl.arange(0, BLOCK_N)
+            mask = (rows < hi)[:, None] & lane_mask[None, :]
             k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_base, rows, lanes, mask, skn, skd)
             v = tl.load(v_base + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd, mask=mask,
                         other=0.0).to(tl.float32)
-            sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
-            sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
-            kv_pe = tl.dot(tl.trans(f_pe * cos_p - f_po * sin_p), v, kv_pe, input_precision=PRECISION)
-            kv_po = tl.dot(tl.trans(f_po * cos_p + f_pe * sin_p), v, kv_po, input_precision=PRECISION)
-            kv_ne = tl.dot(tl.trans(f_ne * cos_n - f_no * sin_n), v, kv_ne, input_precision=PRECISION)
-            kv_no = tl.dot(tl.trans(f_no * cos_n + f_ne * sin_n), v, kv_no, input_precision=PRECISION)
+            sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+            r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
+            kv_pe = tl.dot(tl.trans(r_pe), v, kv_pe, input_precision=PRECISION)
+            kv_po = tl.dot(tl.trans(r_po), v, kv_po, input_precision=PRECISION)
+            kv_ne = tl.dot(tl.trans(r_ne), v, kv_ne, input_precision=PRECISION)
+            kv_no = tl.dot(tl.trans(r_no), v, kv_no, input_precision=PRECISION)
             sum_pe += tl.sum(f_pe, axis=0)
             sum_po += tl.sum(f_po, axis=0)
             sum_ne += tl.sum(f_ne, axis=0)
@@ -147,64 +195,51 @@ if triton_available() is None:
         tl.store(out + 2 * BLOCK_J, sum_ne, mask=first)
         tl.store(out + 3 * BLOCK_J, sum_no, mask=first)
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _pacs_fwd_queries_kernel(q_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, out_ptr, eps,
                                  H, N, J,
                                  sqb, sqh, sqn, sqd, s_tn,
                                  BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
         rows = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-        b = (bh // H).to(tl.int64)
-        head = (bh % H).to(tl.int64)
-        lanes = tl.arange(0, BLOCK_J)
-        lane_mask = lanes < J
         mask = (rows < N)[:, None] & lane_mask[None, :]
         sign = 1.0 - 2.0 * flow  # the opposite-sign flow is the same-sign one of -q
         q_e, q_o = _load_pairs(q_ptr + b * sqb + head * sqh, rows, lanes, mask, sqn, sqd)
         t_base = t_ptr + (flow * H + head) * 4 * J
         _, _, _, _, _, _, _, _, f_pe, f_po, f_ne, f_no = _spiky(q_e * sign, q_o * sign, t_base, lanes, lane_mask,
                                                                 2 * J)
-        mean = mean_ptr + bh * 4 * BLOCK_J + lanes
-        z = tl.sum(f_pe * tl.load(mean)[None, :] + f_po * tl.load(mean + BLOCK_J)[None, :]
-                   + f_ne * tl.load(mean + 2 * BLOCK_J)[None, :] + f_no * tl.load(mean + 3 * BLOCK_J)[None, :], axis=1)
-        sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
-        sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+        m_pe, m_po, m_ne, m_no = _means(mean_ptr, bh, lanes, BLOCK_J)
+        z = tl.sum(f_pe * m_pe + f_po * m_po + f_ne * m_ne + f_no * m_no, axis=1)
+        sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+        r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
         size = BLOCK_J * BLOCK_J
         kv = kv_ptr + (bh * 8 + flow) * size
-        u = tl.dot(f_pe * cos_p - f_po * sin_p, _tile(kv, lanes, BLOCK_J), input_precision=PRECISION)
-        u = tl.dot(f_po * cos_p + f_pe * sin_p, _tile(kv + 2 * size, lanes, BLOCK_J), u, input_precision=PRECISION)
-        u = tl.dot(f_ne * cos_n - f_no * sin_n, _tile(kv + 4 * size, lanes, BLOCK_J), u, input_precision=PRECISION)
-        u = tl.dot(f_no * cos_n + f_ne * sin_n, _tile(kv + 6 * size, lanes, BLOCK_J), u, input_precision=PRECISION)
+        u = _dot4(r_pe, r_po, r_ne, r_no, _tile(kv, lanes, BLOCK_J), _tile(kv + 2 * size, lanes, BLOCK_J),
+                  _tile(kv + 4 * size, lanes, BLOCK_J), _tile(kv + 6 * size, lanes, BLOCK_J), PRECISION)
         out = u * (1.0 / (z + eps))[:, None]
         ptr = out_ptr + bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J + flow * J + lanes[None, :]
         tl.store(ptr, out.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _pacs_bwd_queries_kernel(q_ptr, g_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, eps,
                                  gq_ptr, gkv_ptr, gmean_ptr, gt_ptr,
-                                 H, N, J, blocks_per_chunk,
+                                 H, N, J, tokens_per_chunk,
                                  sqb, sqh, sqn, sqd, sgb, sgh, sgn, sgd, s_tn,
                                  BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
         chunk = tl.program_id(2)
         chunks = tl.num_programs(2)
-        b = (bh // H).to(tl.int64)
-        head = (bh % H).to(tl.int64)
-        lanes = tl.arange(0, BLOCK_J)
-        lane_mask = lanes < J
         sign = 1.0 - 2.0 * flow
         q_base = q_ptr + b * sqb + head * sqh
         g_base = g_ptr + b * sgb + head * sgh + flow * J * sgd
         t_base = t_ptr + (flow * H + head) * 4 * J
         size = BLOCK_J * BLOCK_J
         kv = kv_ptr + (bh * 8 + flow) * size
-        mean = mean_ptr + bh * 4 * BLOCK_J + lanes
-        m_pe = tl.load(mean)[None, :]
-        m_po = tl.load(mean + BLOCK_J)[None, :]
-        m_ne = tl.load(mean + 2 * BLOCK_J)[None, :]
-        m_no = tl.load(mean + 3 * BLOCK_J)[None, :]
+        m_pe, m_po, m_ne, m_no = _means(mean_ptr, bh, lanes, BLOCK_J)
         gkv_pe = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         gkv_po = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         gkv_ne = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
@@ -217,29 +252,24 @@ if triton_available() is None:
         gt_po = tl.zeros((BLOCK_J,), tl.float32)
         gt_ne = tl.zeros((BLOCK_J,), tl.float32)
         gt_no = tl.zeros((BLOCK_J,), tl.float32)
-        for blk in range(0, blocks_per_chunk):
-            rows = (chunk * blocks_per_chunk + blk) * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = (rows < N)[:, None] & lane_mask[None, :]
+        lo = chunk * tokens_per_chunk
+        hi = tl.minimum(lo + tokens_per_chunk, N)  # a chunk's tail block stops at its end, whatever BLOCK_N
+        for start in range(lo, hi, BLOCK_N):
+            rows = start + tl.arange(0, BLOCK_N)
+            mask = (rows < hi)[:, None] & lane_mask[None, :]
             q_e, q_o = _load_pairs(q_base, rows, lanes, mask, sqn, sqd)
             q_e = q_e * sign
             q_o = q_o * sign
             a_pe, a_po, a_ne, a_no, t_pe, t_po, t_ne, t_no, f_pe, f_po, f_ne, f_no = _spiky(
                 q_e, q_o, t_base, lanes, lane_mask, 2 * J)
-            sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
-            sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
-            r_pe = f_pe * cos_p - f_po * sin_p
-            r_po = f_po * cos_p + f_pe * sin_p
-            r_ne = f_ne * cos_n - f_no * sin_n
-            r_no = f_no * cos_n + f_ne * sin_n
+            sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+            r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
             kv_pe = _tile(kv, lanes, BLOCK_J)
             kv_po = _tile(kv + 2 * size, lanes, BLOCK_J)
             kv_ne = _tile(kv + 4 * size, lanes, BLOCK_J)
             kv_no = _tile(kv + 6 * size, lanes, BLOCK_J)
             rz = 1.0 / (tl.sum(f_pe * m_pe + f_po * m_po + f_ne * m_ne + f_no * m_no, axis=1) + eps)
-            u = tl.dot(r_pe, kv_pe, input_precision=PRECISION)
-            u = tl.dot(r_po, kv_po, u, input_precision=PRECISION)
-            u = tl.dot(r_ne, kv_ne, u, input_precision=PRECISION)
-            u = tl.dot(r_no, kv_no, u, input_precision=PRECISION)
+            u = _dot4(r_pe, r_po, r_ne, r_no, kv_pe, kv_po, kv_ne, kv_no, PRECISION)
             g = tl.load(g_base + rows[:, None].to(tl.int64) * sgn + lanes[None, :] * sgd, mask=mask,
                         other=0.0).to(tl.float32)
             # out = u / (z + eps): du = g / (z + eps), dz = -(g . u) / (z + eps)^2
@@ -292,28 +322,21 @@ if triton_available() is None:
         tl.store(gt_ptr + offset + 2 * BLOCK_J, gt_ne)
         tl.store(gt_ptr + offset + 3 * BLOCK_J, gt_no)
 
+    @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, gkv_ptr, gmean_ptr, gk_ptr, gv_ptr,
                               H, N, J,
                               skb, skh, skn, skd, svb, svh, svn, svd, s_tn,
                               BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
-        bh = tl.program_id(0)
+        bh, b, head, lanes, lane_mask = _head(H, J, 0, BLOCK_J)
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        b = (bh // H).to(tl.int64)
-        head = (bh % H).to(tl.int64)
-        lanes = tl.arange(0, BLOCK_J)
-        lane_mask = lanes < J
         mask = (rows < N)[:, None] & lane_mask[None, :]
         k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_ptr + b * skb + head * skh, rows, lanes, mask, skn, skd)
         v_ptrs = v_ptr + b * svb + head * svh + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd
         v_same = tl.load(v_ptrs, mask=mask, other=0.0).to(tl.float32)
         v_opp = tl.load(v_ptrs + J * svd, mask=mask, other=0.0).to(tl.float32)
-        sin_p, cos_p = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, 0)
-        sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
-        r_pe = f_pe * cos_p - f_po * sin_p
-        r_po = f_po * cos_p + f_pe * sin_p
-        r_ne = f_ne * cos_n - f_no * sin_n
-        r_no = f_no * cos_n + f_ne * sin_n
+        sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+        r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
         size = BLOCK_J * BLOCK_J
         gkv = gkv_ptr + bh * 8 * size  # (4 groups, 2 flows) tiles, already divided by N
         gkv_pe0 = _tile(gkv, lanes, BLOCK_J)
@@ -324,14 +347,8 @@ if triton_available() is None:
         gkv_ne1 = _tile(gkv + 5 * size, lanes, BLOCK_J)
         gkv_no0 = _tile(gkv + 6 * size, lanes, BLOCK_J)
         gkv_no1 = _tile(gkv + 7 * size, lanes, BLOCK_J)
-        gv_same = tl.dot(r_pe, gkv_pe0, input_precision=PRECISION)
-        gv_same = tl.dot(r_po, gkv_po0, gv_same, input_precision=PRECISION)
-        gv_same = tl.dot(r_ne, gkv_ne0, gv_same, input_precision=PRECISION)
-        gv_same = tl.dot(r_no, gkv_no0, gv_same, input_precision=PRECISION)
-        gv_opp = tl.dot(r_pe, gkv_pe1, input_precision=PRECISION)
-        gv_opp = tl.dot(r_po, gkv_po1, gv_opp, input_precision=PRECISION)
-        gv_opp = tl.dot(r_ne, gkv_ne1, gv_opp, input_precision=PRECISION)
-        gv_opp = tl.dot(r_no, gkv_no1, gv_opp, input_precision=PRECISION)
+        gv_same = _dot4(r_pe, r_po, r_ne, r_no, gkv_pe0, gkv_po0, gkv_ne0, gkv_no0, PRECISION)
+        gv_opp = _dot4(r_pe, r_po, r_ne, r_no, gkv_pe1, gkv_po1, gkv_ne1, gkv_no1, PRECISION)
         gr_pe = tl.dot(v_same, tl.trans(gkv_pe0), input_precision=PRECISION)
         gr_pe = tl.dot(v_opp, tl.trans(gkv_pe1), gr_pe, input_precision=PRECISION)
         gr_po = tl.dot(v_same, tl.trans(gkv_po0), input_precision=PRECISION)
@@ -358,24 +375,30 @@ if triton_available() is None:
 
 
 def _config(d, device):
-    """(BLOCK_N, BLOCK_J, num_warps, dot precision) for head dim d."""
+    """(BLOCK_J, dot precision, the default config, the token granule of the chunks) for head dim d.
+
+    The default config (BLOCK_N, num_warps) runs where no timing chooses (the interpreter,
+    deterministic mode; triton_support.launch); on a GPU the kernels are tuned over ``_TUNED``. The
+    chunks of the token reductions are multiples of the granule, the largest block that can run."""
     block_j = max(16, triton.next_power_of_2(d // 2))
-    if device.type != 'cuda':  # the interpreter: small blocks exercise the masked tails and the chunks
-        return 16, block_j, 4, 'ieee'
+    if not kernel_target(device).gpu:  # the interpreter: small blocks exercise the masked tails and the chunks
+        return block_j, 'ieee', dict(BLOCK_N=16, num_warps=4), 16
     # fp32 products in full precision (the test's 1e-5); 32 tokens a block keeps the backward's tiles in
-    # registers (64 spills at head dim 64)
-    return 32, block_j, (4 if block_j <= 32 else 8), 'ieee'
+    # registers (64 spills at head dim 64); at head dim 128, 16 tokens in one stage (shared memory)
+    default = dict(BLOCK_N=32, num_warps=4) if block_j <= 32 else dict(BLOCK_N=16, num_warps=8, num_stages=1)
+    granule = max(config.kwargs['BLOCK_N'] for config in _fitting(_TUNED, None, BLOCK_J=block_j))
+    return block_j, 'ieee', default, granule
 
 
-def _chunks(heads, blocks, device):
-    """(number of chunks, blocks per chunk) of a token reduction: enough programs to fill the GPU."""
-    if device.type == 'cuda':
-        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 2
-    chunks = max(1, min(blocks, triton.cdiv(target, heads)))
-    per_chunk = triton.cdiv(blocks, chunks)
-    return triton.cdiv(blocks, per_chunk), per_chunk
+def _chunks(heads, tokens, granule, device):
+    """(number of chunks, tokens per chunk, a multiple of ``granule``) of a token reduction: enough
+    programs to fill the GPU."""
+    target = kernel_target(device)
+    target = 2 * target.sm_count if target.gpu else 2
+    units = triton.cdiv(tokens, granule)
+    chunks = max(1, min(units, triton.cdiv(target, heads)))
+    per_chunk = triton.cdiv(units, chunks)
+    return triton.cdiv(units, per_chunk), per_chunk * granule
 
 
 def _temperatures(s_same, s_opp, heads, d):
@@ -397,24 +420,24 @@ class _PaCSTriton(torch.autograd.Function):
         j = d // 2
         bh = batch * heads
         dev = q.device
-        block_n, block_j, warps, precision = _config(d, dev)
+        block_j, precision, default, granule = _config(d, dev)
+        meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
         t = _temperatures(s_same, s_opp, heads, d)
         # one angle per rotary pair: the even channels of the tables, (N, d)
         sin_h = sin[:, ::2].float().contiguous()
         cos_h = cos[:, ::2].float().contiguous()
-        blocks = triton.cdiv(n, block_n)
-        chunks, per_chunk = _chunks(bh, blocks, dev)
+        chunks, per_chunk = _chunks(bh, n, granule, dev)
         kv = torch.empty(bh, chunks, 4, 2, block_j, block_j, device=dev, dtype=torch.float32)
         mean = torch.empty(bh, chunks, 4, block_j, device=dev, dtype=torch.float32)
-        _pacs_fwd_keys_kernel[(2, bh, chunks)](
-            k, v, sin_h, cos_h, kv, mean, heads, n, j, per_chunk, *k.stride(), *v.stride(), sin_h.stride(0),
-            BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        launch(
+            _pacs_fwd_keys_kernel, (2, bh, chunks), k, v, sin_h, cos_h, kv, mean, heads, n, j, per_chunk,
+            *k.stride(), *v.stride(), sin_h.stride(0), **meta)
         kv = kv.sum(1).div_(n)
         mean = mean.sum(1).div_(n)
         out = torch.empty(q.shape, device=dev, dtype=q.dtype)
-        _pacs_fwd_queries_kernel[(2, bh, blocks)](
-            q, t, sin_h, cos_h, kv, mean, out, eps, heads, n, j, *q.stride(), sin_h.stride(0),
-            BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        launch(
+            _pacs_fwd_queries_kernel, lambda meta: (2, bh, triton.cdiv(n, meta['BLOCK_N'])), q, t, sin_h, cos_h, kv,
+            mean, out, eps, heads, n, j, *q.stride(), sin_h.stride(0), **meta)
         ctx.save_for_backward(q, k, v, t, sin_h, cos_h, kv, mean)
         ctx.eps = eps
         ctx.logit_shapes = (s_same.shape, s_opp.shape)
@@ -429,26 +452,25 @@ class _PaCSTriton(torch.autograd.Function):
         j = d // 2
         bh = batch * heads
         dev = q.device
-        block_n, block_j, warps, precision = _config(d, dev)
-        blocks = triton.cdiv(n, block_n)
-        chunks, per_chunk = _chunks(bh, blocks, dev)
+        block_j, precision, default, granule = _config(d, dev)
+        meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
+        chunks, per_chunk = _chunks(bh, n, granule, dev)
         f32 = dict(device=dev, dtype=torch.float32)
         grad_q = torch.empty(2, batch, heads, n, d, **f32)
         gkv = torch.empty(bh, chunks, 4, 2, block_j, block_j, **f32)
         gmean = torch.empty(bh, chunks, 2, 4, block_j, **f32)
         gt = torch.empty(bh, chunks, 2, 4, block_j, **f32)
-        _pacs_bwd_queries_kernel[(2, bh, chunks)](
-            q, grad_out, t, sin_h, cos_h, kv, mean, ctx.eps, grad_q, gkv, gmean, gt, heads, n, j, per_chunk,
-            *q.stride(), *grad_out.stride(), sin_h.stride(0),
-            BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        launch(
+            _pacs_bwd_queries_kernel, (2, bh, chunks), q, grad_out, t, sin_h, cos_h, kv, mean, ctx.eps, grad_q, gkv,
+            gmean, gt, heads, n, j, per_chunk, *q.stride(), *grad_out.stride(), sin_h.stride(0), **meta)
         grad_q = grad_q[0].add_(grad_q[1]).to(q.dtype)
         gkv = gkv.sum(1).div_(n)
         gmean = gmean.sum((1, 2)).div_(n)
         grad_k = torch.empty(k.shape, device=dev, dtype=k.dtype)
         grad_v = torch.empty(v.shape, device=dev, dtype=v.dtype)
-        _pacs_bwd_keys_kernel[(bh, blocks)](
-            k, v, sin_h, cos_h, gkv, gmean, grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(),
-            sin_h.stride(0), BLOCK_N=block_n, BLOCK_J=block_j, PRECISION=precision, num_warps=warps)
+        launch(
+            _pacs_bwd_keys_kernel, lambda meta: (bh, triton.cdiv(n, meta['BLOCK_N'])), k, v, sin_h, cos_h, gkv, gmean,
+            grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), sin_h.stride(0), **meta)
         # temperatures: groups (s, p, lane i) -> channel s * d + 2 i + p; then through the sigmoid
         gt = gt.view(batch, heads, chunks, 2, 2, 2, block_j).sum((0, 2))[..., :j]  # (h, flow, s, p, i)
         gt = gt.permute(1, 0, 2, 4, 3).reshape(2, heads, 2 * d)
@@ -470,6 +492,9 @@ def pacs_attention_triton(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
     reason = triton_unsupported(q.device, q.dtype)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (pacs_attention) cannot run here: {reason}")
+    empty = empty_attention('pacs_attention', (q, k, v, s_same, s_opp))
+    if empty is not None:
+        return empty
     return _PaCSTriton.apply(q, k, v, s_same, s_opp, sin, cos, eps)
 
 

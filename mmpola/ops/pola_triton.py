@@ -40,23 +40,45 @@ Inputs: float32, float16 or bfloat16 (float64 under the interpreter, computed in
 (views of a projection need no copy); computed in float32 (float64), output in q's dtype. The d x d
 products run on tensor cores: three TF32 products each (about fp32 accuracy) for float32 inputs, one
 TF32 product for float16 / bfloat16 inputs (whose own rounding is coarser); float32 at d = 128 in IEEE
-fp32. Head dims of any even
-size (blocks padded to a power of two >= 16, masked).
+fp32. Head dims of any even size (blocks padded to a power of two >= 16, masked).
+
+On a GPU each kernel is tuned (triton_support.tunable) over its token block and warps, among the blocks
+no longer than :func:`_launch_config`'s (what fits an A100's shared memory); the chunks are multiples of
+that block and a block stops at its chunk's end, so the partial sums do not depend on the config.
 """
 import math
 
 import torch
 import torch.nn.functional as F
 
-from .dispatch import AttnImplUnavailable, attention_op
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .pola import _check_shapes
-from .triton_support import triton_available, triton_unsupported
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+
+if triton_available() is None:
+    from .triton_support import batch_and_head
 
 __all__ = ['pola_attention_triton']
 
 if triton_available() is None:
     import triton
     import triton.language as tl
+
+    def _tuned(block_name):
+        """What a kernel is tuned over on a GPU (triton_support.tunable): tokens a block and warps, one stage
+        (no prefetch buffers in shared memory: the d x d operands take most of it)."""
+        return [triton.Config({block_name: block}, num_warps=warps, num_stages=1) for block in (16, 32, 64)
+                for warps in (4, 8)]
+
+    def _fitting(direction):
+        """The configs of blocks no longer than :func:`_launch_config`'s for the head dim block (``direction``
+        1: forward kernels, 2: backward kernels): what fits the shared memory of an A100."""
+        def prune(configs, named_args, **kwargs):
+            limit = _launch_config(kwargs['BD'])[direction][0]
+            return [config for config in configs if next(iter(config.kwargs.values())) <= limit]
+        return prune
+
+    _TUNED_KEY = ['BD', 'PREC']
 
     @triton.jit
     def _features(t, s, p):
@@ -87,28 +109,45 @@ if triton_available() is None:
                  value.to(base.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _head(s_ptr, p_ptr, H, d, BD: tl.constexpr, ACC: tl.constexpr):
+        """The program's head (grid axis 0: batch * head), its batch and head index, the head dim lanes and
+        the head's s and p (1 on the padded lanes)."""
+        bh = tl.program_id(0)
+        b, h = batch_and_head(bh, H)
+        offs_d = tl.arange(0, BD)
+        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
+        return bh, b, h, offs_d, s, p
+
+    @triton.jit
+    def _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, same, eps, PREC: tl.constexpr):
+        """num = x+ @ W+ + x- @ W- and the reciprocal normalisers of a block of queries: same-sign,
+        opposite-sign, and per output column (``same``: the same-sign columns)."""
+        num = _mm(qm, w_neg, _mm(qp, w_pos, tl.zeros(qp.shape, dtype=qp.dtype), PREC), PREC)
+        z_same = 1.0 / (tl.sum(qp * m_pos[None, :] + qm * m_neg[None, :], axis=1) + eps)
+        z_opp = 1.0 / (tl.sum(qm * m_pos[None, :] + qp * m_neg[None, :], axis=1) + eps)
+        return num, z_same, z_opp, tl.where(same, z_same[:, None], z_opp[:, None])
+
+    @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(1))
+    @triton.jit
     def _pola_fwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, part_ptr, H, n, d, chunk,
                        sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                        BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per key chunk: x+^T v, x-^T v (BD x BD each) and the token sums of x+, x- (fp32 partials)."""
-        bh = tl.program_id(0)
+        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        offs_d = tl.arange(0, BD)
-        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         k_base = k_ptr + b * sk_b + h * sk_h
         v_base = v_ptr + b * sv_b + h * sv_h
         kv_pos = tl.zeros((BD, BD), dtype=ACC)
         kv_neg = tl.zeros((BD, BD), dtype=ACC)
         sum_pos = tl.zeros((BD, ), dtype=ACC)
         sum_neg = tl.zeros((BD, ), dtype=ACC)
-        for start in range(c * chunk, c * chunk + chunk, BLOCK_N):
+        hi = tl.minimum(c * chunk + chunk, n)  # a chunk's tail block stops at its end, whatever BLOCK_N
+        for start in range(c * chunk, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            kp, km, _ = _features(_load_rows(k_base, offs_n, offs_d, n, d, sk_n, sk_d, ACC), s, p)
-            vt = _load_rows(v_base, offs_n, offs_d, n, d, sv_n, sv_d, ACC)
+            kp, km, _ = _features(_load_rows(k_base, offs_n, offs_d, hi, d, sk_n, sk_d, ACC), s, p)
+            vt = _load_rows(v_base, offs_n, offs_d, hi, d, sv_n, sv_d, ACC)
             kv_pos = _mm(tl.trans(kp), vt, kv_pos, PREC)
             kv_neg = _mm(tl.trans(km), vt, kv_neg, PREC)
             sum_pos += tl.sum(kp, axis=0)
@@ -139,39 +178,28 @@ if triton_available() is None:
         m_neg = tl.load(ptr + 2 * BD * BD + BD + offs_d).to(ACC) * scale
         return tl.where(same, kv_pos, kv_neg), tl.where(same, kv_neg, kv_pos), m_pos, m_neg
 
+    @tunable(_tuned('BLOCK_M'), _TUNED_KEY, _fitting(1))
     @triton.jit
     def _pola_fwd_queries(q_ptr, s_ptr, p_ptr, sum_ptr, o_ptr, H, N, d, half, inv_n, eps,
                           sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
                           BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per query block: both numerators (x+ @ W+ + x- @ W-), both normalisers, the output."""
-        bh = tl.program_id(0)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        offs_d = tl.arange(0, BD)
+        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
         qp, qm, _ = _features(_load_rows(q_ptr + b * sq_b + h * sq_h, offs_m, offs_d, N, d, sq_n, sq_d, ACC), s, p)
-        num = _mm(qm, w_neg, _mm(qp, w_pos, tl.zeros((BLOCK_M, BD), dtype=ACC), PREC), PREC)
-        z_same = 1.0 / (tl.sum(qp * m_pos[None, :] + qm * m_neg[None, :], axis=1) + eps)
-        z_opp = 1.0 / (tl.sum(qm * m_pos[None, :] + qp * m_neg[None, :], axis=1) + eps)
-        z = tl.where(offs_d[None, :] < half, z_same[:, None], z_opp[:, None])
+        num, _, _, z = _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, offs_d[None, :] < half, eps, PREC)
         _store_rows(o_ptr + b * so_b + h * so_h, num * z, offs_m, offs_d, N, d, so_n, so_d)
 
+    @tunable(_tuned('BLOCK_M'), _TUNED_KEY, _fitting(2))
     @triton.jit
     def _pola_bwd_queries(q_ptr, g_ptr, s_ptr, p_ptr, sum_ptr, dq_ptr, part_ptr, H, N, d, half, inv_n, eps, chunk,
                           sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
                           BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per query chunk: dL/dq; a record of partial dL/dW+-, dL/dm+- and of sum(gm), sum(gm * log2|x|)."""
-        bh = tl.program_id(0)
+        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        offs_d = tl.arange(0, BD)
-        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
         same = offs_d[None, :] < half
         q_base = q_ptr + b * sq_b + h * sq_h
@@ -183,15 +211,13 @@ if triton_available() is None:
         dm_neg = tl.zeros((BD, ), dtype=ACC)
         gm_sum = tl.zeros((BD, ), dtype=ACC)
         gm_log = tl.zeros((BD, ), dtype=ACC)
-        for start in range(c * chunk, c * chunk + chunk, BLOCK_M):
+        hi = tl.minimum(c * chunk + chunk, N)  # a chunk's tail block stops at its end, whatever BLOCK_M
+        for start in range(c * chunk, hi, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
-            qt = _load_rows(q_base, offs_m, offs_d, N, d, sq_n, sq_d, ACC)
-            g = _load_rows(g_base, offs_m, offs_d, N, d, sg_n, sg_d, ACC)
+            qt = _load_rows(q_base, offs_m, offs_d, hi, d, sq_n, sq_d, ACC)
+            g = _load_rows(g_base, offs_m, offs_d, hi, d, sg_n, sg_d, ACC)
             qp, qm, lx = _features(qt, s, p)
-            num = _mm(qm, w_neg, _mm(qp, w_pos, tl.zeros((BLOCK_M, BD), dtype=ACC), PREC), PREC)
-            z_same = 1.0 / (tl.sum(qp * m_pos[None, :] + qm * m_neg[None, :], axis=1) + eps)
-            z_opp = 1.0 / (tl.sum(qm * m_pos[None, :] + qp * m_neg[None, :], axis=1) + eps)
-            z = tl.where(same, z_same[:, None], z_opp[:, None])
+            num, z_same, z_opp, z = _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, same, eps, PREC)
             gn = g * z  # dL/dnum
             gout = gn * num  # g * out
             # dL/d(normaliser) = -z * sum over the branch's columns of g * out
@@ -207,12 +233,13 @@ if triton_available() is None:
             gm_sum += tl.sum(gm, axis=0)
             gm_log += tl.sum(gm * lx, axis=0)
             dq = p[None, :] * gm / tl.where(qt == 0, 1.0, qt)  # gm = 0 where t = 0
-            _store_rows(dq_base, dq, offs_m, offs_d, N, d, sdq_n, sdq_d)
+            _store_rows(dq_base, dq, offs_m, offs_d, hi, d, sdq_n, sdq_d)
         record = part_ptr + (bh * num_chunks + c) * (2 * BD * BD + 4 * BD)
         _store_summary(record, dw_pos, dw_neg, dm_pos, dm_neg, BD)
         tl.store(record + 2 * BD * BD + 2 * BD + offs_d, gm_sum)
         tl.store(record + 2 * BD * BD + 3 * BD + offs_d, gm_log)
 
+    @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(2))
     @triton.jit
     def _pola_bwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, dsum_ptr, dk_ptr, dv_ptr, part_ptr,
                        H, n, d, half, inv_n, chunk,
@@ -220,14 +247,9 @@ if triton_available() is None:
                        sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
                        BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per key chunk: dL/dk, dL/dv from dL/dKV+- and dL/dm+-; partial sum(gm), sum(gm * log2|x|)."""
-        bh = tl.program_id(0)
+        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        offs_d = tl.arange(0, BD)
-        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
         # dL/dW+- -> dL/dKV+- (the same column swap as W), with the 1/n of the key mean and of KV
         dkv_pos, dkv_neg, dm_pos, dm_neg = _load_summaries(dsum_ptr + bh * (2 * BD * BD + 4 * BD), half, inv_n, BD,
                                                            ACC)
@@ -237,21 +259,22 @@ if triton_available() is None:
         dv_base = dv_ptr + b * sdv_b + h * sdv_h
         gm_sum = tl.zeros((BD, ), dtype=ACC)
         gm_log = tl.zeros((BD, ), dtype=ACC)
-        for start in range(c * chunk, c * chunk + chunk, BLOCK_N):
+        hi = tl.minimum(c * chunk + chunk, n)
+        for start in range(c * chunk, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            kt = _load_rows(k_base, offs_n, offs_d, n, d, sk_n, sk_d, ACC)
-            vt = _load_rows(v_base, offs_n, offs_d, n, d, sv_n, sv_d, ACC)
+            kt = _load_rows(k_base, offs_n, offs_d, hi, d, sk_n, sk_d, ACC)
+            vt = _load_rows(v_base, offs_n, offs_d, hi, d, sv_n, sv_d, ACC)
             kp, km, lx = _features(kt, s, p)
             zero = tl.zeros((BLOCK_N, BD), dtype=ACC)
             dkp = _mm(vt, tl.trans(dkv_pos), zero + dm_pos[None, :], PREC)
             dkm = _mm(vt, tl.trans(dkv_neg), zero + dm_neg[None, :], PREC)
             dv = _mm(km, dkv_neg, _mm(kp, dkv_pos, zero, PREC), PREC)
-            _store_rows(dv_base, dv, offs_n, offs_d, n, d, sdv_n, sdv_d)
+            _store_rows(dv_base, dv, offs_n, offs_d, hi, d, sdv_n, sdv_d)
             gm = dkp * kp + dkm * km  # zero on padded rows (kp = km = 0 there)
             gm_sum += tl.sum(gm, axis=0)
             gm_log += tl.sum(gm * lx, axis=0)
             dk = p[None, :] * gm / tl.where(kt == 0, 1.0, kt)
-            _store_rows(dk_base, dk, offs_n, offs_d, n, d, sdk_n, sdk_d)
+            _store_rows(dk_base, dk, offs_n, offs_d, hi, d, sdk_n, sdk_d)
         record = part_ptr + (bh * num_chunks + c) * 2 * BD
         tl.store(record + offs_d, gm_sum)
         tl.store(record + BD + offs_d, gm_log)
@@ -260,10 +283,8 @@ if triton_available() is None:
 # the dtype of the kernels' partial sums per accumulator dtype
 _WORK = {tl.float32: torch.float32, tl.float64: torch.float64} if triton_available() is None else {}
 
-# Programs per streaming multiprocessor that the token-chunked kernels aim for; a CPU (the
-# interpreter) counts as this many "multiprocessors".
+# Programs per streaming multiprocessor that the token-chunked kernels aim for
 _PROGRAMS_PER_SM = 4
-_CPU_SMS = 2
 
 
 def _launch_config(d):
@@ -289,17 +310,11 @@ def _dot_precision(dtype, bd):
     return 'tf32x3' if dtype == torch.float32 else 'tf32'
 
 
-def _num_sms(device):
-    if device.type != 'cuda':
-        return _CPU_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _chunking(tokens, heads, block, device):
     """(tokens per chunk, number of chunks) splitting ``tokens`` so that heads x chunks programs fill
     the device; a chunk is a multiple of ``block`` tokens."""
     blocks = triton.cdiv(tokens, block)
-    want = max(1, triton.cdiv(_PROGRAMS_PER_SM * _num_sms(device), heads))
+    want = max(1, triton.cdiv(_PROGRAMS_PER_SM * kernel_target(device).sm_count, heads))
     chunk = triton.cdiv(blocks, min(blocks, want)) * block
     return chunk, triton.cdiv(tokens, chunk)
 
@@ -315,18 +330,19 @@ class _PolaTriton(torch.autograd.Function):
         bd, (block, warps), backward = _launch_config(d)
         wide = torch.float64 in (q.dtype, k.dtype, v.dtype)
         acc = tl.float64 if wide else tl.float32
-        # one stage: no prefetch buffers in shared memory (the d x d operands take most of it)
-        options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd), num_stages=1)
+        options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
+        # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
+        config = dict(num_warps=warps, num_stages=1)
         chunk, chunks = _chunking(n, bh, block, q.device)
         # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
         parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
-        _pola_fwd_keys[(bh, chunks)](k, v, s, p, parts, H, n, d, chunk, *k.stride(), *v.stride(),
-                                     BLOCK_N=block, num_warps=warps, **options)
+        launch(_pola_fwd_keys, (bh, chunks), k, v, s, p, parts, H, n, d, chunk, *k.stride(), *v.stride(),
+               default=dict(BLOCK_N=block, **config), **options)
         sums = parts.sum(1)
         out = torch.empty(B, H, N, d, device=q.device, dtype=q.dtype)
-        _pola_fwd_queries[(bh, triton.cdiv(N, block))](
-            q, s, p, sums, out, H, N, d, d // 2, 1.0 / n, eps, *q.stride(), *out.stride(),
-            BLOCK_M=block, num_warps=warps, **options)
+        launch(
+            _pola_fwd_queries, lambda meta: (bh, triton.cdiv(N, meta['BLOCK_M'])), q, s, p, sums, out, H, N, d,
+            d // 2, 1.0 / n, eps, *q.stride(), *out.stride(), default=dict(BLOCK_M=block, **config), **options)
         ctx.save_for_backward(q, k, v, s, p, sums)
         ctx.config = (eps, backward, options)
         return out
@@ -343,15 +359,17 @@ class _PolaTriton(torch.autograd.Function):
         chunk, chunks = _chunking(N, bh, block, q.device)
         # per query chunk: dL/dW+, dL/dW- (bd x bd), dL/dm+, dL/dm-, sum(gm), sum(gm * log2|x|) (bd each)
         parts = sums.new_empty(bh, chunks, 2 * bd * bd + 4 * bd)
-        _pola_bwd_queries[(bh, chunks)](
-            q, grad_out, s, p, sums, dq, parts, H, N, d, d // 2, 1.0 / n, eps, chunk,
-            *q.stride(), *grad_out.stride(), *dq.stride(), BLOCK_M=block, num_warps=warps, **options)
+        launch(
+            _pola_bwd_queries, (bh, chunks), q, grad_out, s, p, sums, dq, parts, H, N, d, d // 2, 1.0 / n, eps, chunk,
+            *q.stride(), *grad_out.stride(), *dq.stride(), default=dict(BLOCK_M=block, num_warps=warps, num_stages=1),
+            **options)
         query_sums = parts.sum(1)
         chunk, chunks = _chunking(n, bh, block, q.device)
         parts = sums.new_empty(bh, chunks, 2 * bd)  # per key chunk: sum(gm), sum(gm * log2|x|)
-        _pola_bwd_keys[(bh, chunks)](
-            k, v, s, p, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n, chunk,
-            *k.stride(), *v.stride(), *dk.stride(), *dv.stride(), BLOCK_N=block, num_warps=warps, **options)
+        launch(
+            _pola_bwd_keys, (bh, chunks), k, v, s, p, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n, chunk,
+            *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
+            default=dict(BLOCK_N=block, num_warps=warps, num_stages=1), **options)
         # over all query and key tokens: sum(gm) (-> dL/ds = -p sum(gm) / s) and sum(gm * log2|x|) (-> dL/dp)
         gm = (query_sums[:, 2 * bd * bd + 2 * bd:] + parts.sum(1)).view(bh, 2, bd)[..., :d]
         grad_s = gm[:, 0].mul(p).div_(s).neg_()
@@ -382,6 +400,9 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     reason = triton_unsupported(q.device, q.dtype)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (pola_attention) cannot run here: {reason}")
+    empty = empty_attention('pola_attention', (q, k, v, power, scale))
+    if empty is not None:
+        return empty
     lead, (N, d), n = q.shape[:-2], q.shape[-2:], k.shape[-2]
     if q.dim() != 4:
         q, k, v = q.reshape(-1, 1, N, d), k.reshape(-1, 1, n, d), v.reshape(-1, 1, n, d)

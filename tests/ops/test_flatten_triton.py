@@ -134,3 +134,22 @@ def test_triton_on_cpu_tensors_without_the_interpreter_is_one_clear_error(monkey
         flatten_attention(*inputs, 1, impl='triton')
     with pytest.raises(AttnImplUnavailable, match='cannot run here'):
         flatten_attention_triton(*inputs, 1)
+
+
+@pytest.mark.skipif(DEVICE == 'cuda', reason='the interpreter runs one config unless told; on a GPU Triton tunes')
+@pytest.mark.parametrize('index', range(6))
+def test_every_tuned_config_matches_the_reference(index):
+    """Each config the GPU kernels are tuned over (token block, warps), forced in turn, with two heads and
+    with one (its fused backward); at head dim 128 the chunks of 32 tokens are shorter than a 64 block,
+    which stops at its chunk's end: the result agrees with the reference."""
+    from mmpola.ops.flatten_triton import _TUNED
+    from mmpola.ops.triton_support import fixed_config
+    assert len(_TUNED) == 6
+    for case in [(1, (9, 10), (5, 5), 2, 16), (1, (9, 10), (9, 10), 1, 128)]:
+        inputs, grad_out = make_inputs(*case)
+        with fixed_config(index):
+            actual = forward_backward(flatten_attention_triton, inputs, grad_out, case[3])
+        truth = forward_backward(flatten_attention_reference, inputs, grad_out, case[3], dtype=torch.float64,
+                                 device='cpu')
+        for name, a, t in zip(NAMES, actual, truth):
+            assert scaled_error(a, t) <= 1e-5, (case, name)

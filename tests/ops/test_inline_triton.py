@@ -107,3 +107,18 @@ def test_cpu_tensors_without_the_interpreter_are_a_clear_error(monkeypatch):
         inline_attention(q, q, q, 2, impl='triton')
     with pytest.raises(AttnImplUnavailable, match=r"run on CUDA tensors"):
         inline_attention_triton(q, q, q, 2)
+
+
+@pytest.mark.skipif(DEVICE == 'cuda', reason='the interpreter runs one config unless told; on a GPU Triton tunes')
+@pytest.mark.parametrize('index', range(6))
+def test_every_tuned_config_matches_the_reference(index):
+    """Each config the GPU kernels are tuned over (rows a block, warps), forced in turn: the chunks do not
+    depend on the config (a block stops at its chunk's end), the result agrees with the reference."""
+    from mmpola.ops.inline_triton import _TUNED
+    from mmpola.ops.triton_support import fixed_config
+    assert len(_TUNED) == 6
+    q, k, v, g = make_inputs(1, 100, 100, 32)  # two heads of 16: two chunks of 64 rows, the second cut at 100
+    with fixed_config(index):
+        actual = forward_backward(inline_attention_triton, [q, k, v], g, 2)
+    expected = forward_backward(inline_attention_reference, [q.double(), k.double(), v.double()], g.double(), 2)
+    assert_matches(actual, expected, 1e-5, f'config {index}')

@@ -145,3 +145,16 @@ def test_logits_of_another_shape_are_a_clear_error():
     q, k, v, s_same, s_opp = inputs
     with pytest.raises(ValueError, match=r"broadcastable to \(1, h, 1, 2d\).*impl='fast'"):
         pacs_attention_triton(q, k, v, s_same.expand(2, -1, -1, -1), s_opp, *tables)
+
+
+@pytest.mark.skipif(DEVICE == 'cuda', reason='the interpreter runs one config unless told; on a GPU Triton tunes')
+@pytest.mark.parametrize('index', range(8))
+def test_every_tuned_config_matches_the_reference(index):
+    """Each config the GPU kernels are tuned over (token block, warps), forced in turn: the chunks do not
+    depend on the config (a block stops at its chunk's end), the result agrees with the reference."""
+    from mmpola.ops.pacs_triton import _TUNED
+    from mmpola.ops.triton_support import fixed_config
+    assert len(_TUNED) == 8
+    with fixed_config(index):
+        # 90 tokens in two chunks of 48 (the interpreter's granule is 16): not a multiple of 32 or 64
+        assert_close_to_fp64_reference(*make_inputs(1, 1, 9, 10, 16))

@@ -60,3 +60,14 @@ def test_runnable_implementations_skip_those_for_another_device_with_the_reason(
     impls, skipped = BENCH.runnable_impls('pola', ['reference', 'fast', 'triton'], torch.device('cpu'), torch.float32)
     assert impls == ['reference', 'fast']
     assert len(skipped) == 1 and skipped[0].startswith('pola triton: the Triton kernels run on CUDA tensors')
+
+
+def test_layers_times_the_value_conv_in_both_layouts(capsys):
+    conv, v = BENCH.value_conv_inputs('pvt-s1@224', torch.device('cpu'), torch.float32, 'channels_last', 0)
+    _, dense = BENCH.value_conv_inputs('pvt-s1@224', torch.device('cpu'), torch.float32, 'contiguous', 0)
+    assert v.shape == (2, 64, 56, 56) and v.is_contiguous(memory_format=torch.channels_last)
+    assert dense.is_contiguous() and torch.equal(v, dense)
+    assert conv.groups == 64 and conv.kernel_size == (5, 5)
+    BENCH.main(['layers', '--cases', 'pvt-s1@224', '--dtypes', 'float32', '--repeat', '1', '--no-memory'])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| dwconv 5x5 |')]
+    assert [row.split('|')[5].strip() for row in rows] == ['channels_last', 'contiguous']

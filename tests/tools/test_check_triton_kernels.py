@@ -1,0 +1,66 @@
+"""tools/check_triton_kernels.py compiles the ops' Triton kernels for a GPU without one, with the launch
+options the ops' own launch code picks for that GPU (recorded by mmpola.ops.triton_support.dry_run)."""
+import math
+
+import pytest
+import torch
+
+from mmpola.ops import OPS
+from mmpola.ops.triton_support import KernelTarget, dry_run
+from tests.fixtures.paths import PYTHON
+from tests.fixtures.runs import run_tool
+
+H100 = KernelTarget(True, (9, 0), 132)
+
+
+def _record(op_name, target, dtype=torch.bfloat16, head_dim=64, hw=(5, 7)):
+    op = OPS[op_name]
+    tensors, options = op.example_inputs(1, 2, hw, head_dim, torch.Generator().manual_seed(0))
+    tensors = [(t.to(dtype) if i < 3 else t).requires_grad_() for i, t in enumerate(tensors)]
+    with dry_run(target) as launches:
+        out = op.impls['triton'](*tensors, *options)
+        out.backward(torch.zeros_like(out))
+    return out, launches
+
+
+@pytest.mark.parametrize('op_name', ['pola', 'flatten', 'inline', 'pacs'])
+def test_a_dry_run_records_the_launches_for_the_named_gpu(op_name):
+    out, launches = _record(op_name, H100)
+    assert out.dtype == torch.bfloat16 and launches, op_name
+    # forward and backward kernels, each launched with its grid, tensors and compile-time options
+    names = {launch.kernel.fn.__name__ if hasattr(launch.kernel, 'configs') else launch.kernel.__name__
+             for launch in launches}
+    assert len(names) >= 4, names
+    assert all(any(isinstance(a, torch.Tensor) for a in launch.args) for launch in launches)
+    # the GPU's multiprocessors set the chunking of 1600 tokens: 132 SMs ask for more chunks than 1 SM
+    _, many = _record(op_name, H100, hw=(40, 40))
+    _, few = _record(op_name, KernelTarget(True, (9, 0), 1), hw=(40, 40))
+    assert sum(_programs(launch) for launch in many) > sum(_programs(launch) for launch in few)
+
+
+def _programs(launch):
+    grid = launch.grid
+    if callable(grid):  # a grid of token blocks of a tuned kernel: that of its first config
+        grid = grid({**launch.kwargs, **launch.kernel.configs[0].all_kwargs()})
+    return math.prod(grid)
+
+
+def test_tuned_kernels_are_recorded_with_every_config_and_grids_of_chunks_that_do_not_depend_on_them():
+    from triton.runtime.autotuner import Autotuner
+    _, launches = _record('pacs', H100)
+    tuned = [launch for launch in launches if isinstance(launch.kernel, Autotuner)]
+    assert tuned and all(len(launch.kernel.configs) == 8 for launch in tuned)
+    # the token reductions' grids (their partial sums) are fixed tuples; only grids of token blocks vary
+    chunked = [launch for launch in tuned if not callable(launch.grid)]
+    assert len(chunked) == 2 and all(isinstance(launch.grid, tuple) for launch in chunked)
+
+
+def test_the_tool_compiles_a_kernel_for_sm_90(tmp_path):
+    log = run_tool([PYTHON, 'tools/check_triton_kernels.py', '--ops', 'flatten', '--targets', 'sm_90', '--head-dims',
+                    '16', '--dtypes', 'bfloat16', '--kernels', '_token_stats_kernel'],
+                   env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
+    rows = [line for line in log.splitlines() if line.startswith('| flatten | _token_stats_kernel | sm_90')]
+    assert rows and all(row.rstrip(' |').endswith('ok') for row in rows), log
+    shared_kib = float(rows[0].split('|')[7])
+    assert 0 < shared_kib < 227, rows[0]
+    assert '0 failed' in log

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Compile every Triton kernel of the attention ops for NVIDIA GPUs ahead of time, without a GPU.
+
+    python tools/check_triton_kernels.py                       # every op, head dim, dtype, sm_80 and sm_90
+    python tools/check_triton_kernels.py --ops pola flatten --targets sm_90 --head-dims 64 128
+    python tools/check_triton_kernels.py --ops inline --kernels _inline_kv_kernel --dtypes bfloat16
+
+The kernels and their launch options come from the ops' own launch code: each op's ``'triton'``
+implementation runs forward and backward on CPU tensors (the op's example inputs, q, k, v cast to the
+dtype) inside :func:`mmpola.ops.triton_support.dry_run`, which makes the launch code choose its blocks,
+warps, precisions and chunks as on the target GPU and records the launches instead of making them.
+Each recorded launch (with every config of an autotuned kernel) is bound to its arguments as Triton
+binds a launch (types, integer and alignment specialisations) and compiled by ``triton.compile``
+for the target (ptxas ships with Triton's NVIDIA backend); identical compilations are done once.
+
+Token grids: one head of many tokens (several token blocks per chunk) and two heads in a batch of two
+of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
+A kernel is compiled once per set of compile-time options and argument types.
+
+Prints one Markdown row per compiled kernel: dynamic shared memory, registers per thread, spilled
+bytes (local memory), warps and stages; exits with status 1 when a kernel does not compile or needs
+more shared memory than the target gives a block (sm_80: 163 KiB, sm_90: 227 KiB). Spills are
+reported, not failed. Compiled kernels land in Triton's cache (TRITON_CACHE_DIR), so a second run of
+unchanged kernels takes seconds.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import _mmpola_tools  # noqa: F401  (first: environment defaults before torch, repo on sys.path)
+
+# the kernels must be compiled, not interpreted: decided when Triton and the ops are imported
+os.environ['TRITON_INTERPRET'] = '0'
+
+import torch  # noqa: E402
+
+DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
+HEAD_DIMS = (16, 32, 64, 128)
+# (batch, heads, grid): many tokens in one head; a few tokens in two heads of a batch of two
+SHAPES = ((1, 1, (40, 40)), (2, 2, (7, 7)))
+
+
+class GPU:
+    """A compile target: Triton's name of it, the shared memory a block may use, and what the ops'
+    launch code is told of it."""
+
+    def __init__(self, name, arch, warp_size, shared_kib, sm_count):
+        self.name, self.arch, self.warp_size = name, arch, warp_size
+        self.shared_limit = shared_kib * 1024
+        self.sm_count = sm_count
+
+    def triton_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget('cuda', self.arch, self.warp_size)
+
+    def kernel_target(self):
+        from mmpola.ops.triton_support import KernelTarget
+        return KernelTarget(True, divmod(self.arch, 10), self.sm_count)
+
+
+# A100 (sm_80): 163 KiB of shared memory per block, 108 SMs; H100 (sm_90): 227 KiB, 132 SMs
+GPUS = {'sm_80': GPU('sm_80', 80, 32, 163, 108), 'sm_90': GPU('sm_90', 90, 64, 227, 132)}
+
+
+def parse_args(argv=None):
+    from mmpola.ops import OPS
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    triton_ops = [name for name, op in OPS.items() if 'triton' in op.impls]
+    parser.add_argument('--ops', nargs='+', choices=triton_ops, default=triton_ops)
+    parser.add_argument('--targets', nargs='+', choices=sorted(GPUS), default=sorted(GPUS))
+    parser.add_argument('--head-dims', nargs='+', type=int, default=list(HEAD_DIMS))
+    parser.add_argument('--dtypes', nargs='+', choices=sorted(DTYPES), default=['float32', 'float16', 'bfloat16'])
+    parser.add_argument('--kernels', nargs='+', default=None, help='compile only the kernels of these names')
+    parser.add_argument('--jobs', type=int, default=1, help='compile in this many processes')
+    return parser.parse_args(argv)
+
+
+def record_launches(op_name, gpu, head_dim, dtype):
+    """The kernel launches of one forward and backward of ``op_name``'s 'triton' implementation on
+    ``gpu``, at every grid of SHAPES."""
+    from mmpola.ops import OPS
+    from mmpola.ops.triton_support import dry_run
+    op = OPS[op_name]
+    launches = []
+    for batch, heads, hw in SHAPES:
+        tensors, options = op.example_inputs(batch, heads, hw, head_dim, torch.Generator().manual_seed(0))
+        tensors = [(t.to(dtype) if i < 3 else t).requires_grad_() for i, t in enumerate(tensors)]
+        with dry_run(gpu.kernel_target()) as recorded:
+            out = op.impls['triton'](*tensors, *options)
+            out.backward(torch.zeros_like(out))
+        launches += recorded
+    return launches
+
+
+def compilations(launch):
+    """(jit function, launch options) of each kernel a launch can compile: one, or one per config of an
+    autotuned kernel."""
+    from triton.runtime.autotuner import Autotuner
+    kernel = launch.kernel
+    if isinstance(kernel, Autotuner):  # the configs Triton times for this launch (after its pruning)
+        configs = kernel.configs
+        if kernel.early_config_prune is not None:
+            configs = kernel.early_config_prune(configs, dict(zip(kernel.arg_names, launch.args)), **launch.kwargs)
+        return [(kernel.fn, {**launch.kwargs, **config.all_kwargs()}) for config in configs]
+    return [(kernel, dict(launch.kwargs))]
+
+
+def bind(fn, args, kwargs, target):
+    """(signature, constexprs, attrs, options) of ``fn(*args, **kwargs)`` for ``target``, as a launch
+    binds them (Triton's own binder)."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return signature, constexprs, attrs, options
+
+
+def resource_usage(cubin, name):
+    """(registers per thread, local memory bytes: spills and stack) of a compiled kernel."""
+    from triton import knobs
+    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([knobs.nvidia.cuobjdump.path, '--dump-resource-usage', f.name], capture_output=True,
+                              text=True, check=True).stdout
+    fields = {}
+    for line in text.splitlines():
+        if 'REG:' in line:
+            fields = dict(item.split(':', 1) for item in line.split() if ':' in item)
+    return int(fields.get('REG', -1)), int(fields.get('LOCAL', 0)) + int(fields.get('STACK', 0))
+
+
+def config_text(constexprs, fn, options):
+    params = fn.params
+    shown = {params[path[0]].name: value for path, value in constexprs.items()
+             if len(path) == 1 and params[path[0]].is_constexpr and params[path[0]].name != 'ACC'}
+    text = ' '.join(f'{k}={v}' for k, v in sorted(shown.items()) if not isinstance(v, bool) or v)
+    return f'{text} warps={options.num_warps} stages={options.num_stages}'
+
+
+def check_item(item):
+    """The rows of one (target, op, dtype, head dim): every kernel its launches compile, once per set of
+    compile-time options (the integer specialisations of the token grids are left to the first grid)."""
+    import triton
+    from triton.compiler import ASTSource
+    gpu_name, op_name, dtype_name, head_dim, kernels = item
+    gpu = GPUS[gpu_name]
+    target = gpu.triton_target()
+    rows, seen = [], set()
+    for launch in record_launches(op_name, gpu, head_dim, DTYPES[dtype_name]):
+        for fn, kwargs in compilations(launch):
+            name = fn.__name__
+            if kernels and name not in kernels:
+                continue
+            signature, constexprs, attrs, options = bind(fn, launch.args, kwargs, target)
+            config = config_text(constexprs, fn, options)
+            key = (name, str({k: v for k, v in signature.items() if v.startswith('*')}), config)
+            if key in seen:
+                continue
+            seen.add(key)
+            row = dict(op=op_name, kernel=name, target=gpu_name, dtype=dtype_name, d=head_dim, config=config)
+            try:
+                compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
+                                          options=options.__dict__)
+            except Exception as err:  # a kernel that does not compile is the finding
+                message = str(err).strip().splitlines()
+                row.update(shared='-', regs='-', spill='-', failed=True,
+                           status=f'FAILED: {type(err).__name__}: {message[0] if message else ""}'[:200])
+                rows.append(row)
+                continue
+            shared = compiled.metadata.shared
+            regs, spill = resource_usage(compiled.asm['cubin'], name)
+            failed = shared > gpu.shared_limit
+            status = 'ok (spills)' if spill else 'ok'
+            if failed:
+                status = f'FAILED: {shared / 1024:.0f} KiB of shared memory > {gpu.shared_limit // 1024} KiB'
+            row.update(shared=f'{shared / 1024:.1f}', regs=regs, spill=spill, status=status, failed=failed)
+            rows.append(row)
+    return rows
+
+
+def check(args):
+    """Compile every item (in ``args.jobs`` processes); print the rows; (rows, number of failures)."""
+    import itertools
+
+    import triton
+    items = [(*item, tuple(args.kernels or ())) for item in itertools.product(args.targets, args.ops, args.dtypes,
+                                                                              args.head_dims)]
+    start = time.time()
+    if args.jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context('fork'))
+        results = pool.map(check_item, items)
+    else:
+        pool, results = None, map(check_item, items)
+    rows = []
+    for item_rows in results:
+        for row in item_rows:
+            print_row(row)
+        rows += item_rows
+    if pool is not None:
+        pool.shutdown()
+    failures = sum(row['failed'] for row in rows)
+    print(f'\n{len(rows)} kernels compiled for {", ".join(args.targets)} in {time.time() - start:.0f} s '
+          f'(triton {triton.__version__}); {failures} failed')
+    return rows, failures
+
+
+HEADER = ('op', 'kernel', 'target', 'dtype', 'd', 'config', 'shared KiB', 'regs', 'spill B', 'status')
+
+
+def print_row(row, _printed=[]):
+    if not _printed:
+        print('| ' + ' | '.join(HEADER) + ' |')
+        print('|' + '---|' * len(HEADER))
+        _printed.append(True)
+    keys = ('op', 'kernel', 'target', 'dtype', 'd', 'config', 'shared', 'regs', 'spill', 'status')
+    print('| ' + ' | '.join(str(row[k]) for k in keys) + ' |', flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from mmpola.ops.triton_support import triton_available
+    reason = triton_available()
+    if reason is not None:
+        sys.exit(f'error: {reason}')
+    _, failures = check(args)
+    return 1 if failures else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
