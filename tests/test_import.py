@@ -140,3 +140,23 @@ def test_no_import_cycle_in_the_runtime_package():
     inward = [(name, target, line) for name in nodes for target, line, _ in graph[name]
               if name.startswith(target + '.') and target.startswith('mmpola')]
     assert inward == []
+
+
+_WITHOUT_MMCV = r'''
+import sys
+sys.modules['mmcv'] = None  # `import mmcv` raises ImportError, as where mmcv is not installed
+import torch, timm
+import mmpola
+model = timm.create_model('pola_pvt_tiny', num_classes=3).eval()
+with torch.no_grad():
+    print(tuple(model(torch.randn(1, 3, 64, 64)).shape), 'mmcv' in sys.modules and sys.modules['mmcv'] is not None)
+'''
+
+
+def test_backbones_and_timm_entries_need_no_mmcv():
+    """mmcv is not a dependency of the package (mmdet and mmseg need it): importing mmpola and using a timm
+    entry work without it; what needs mmcv (detection, the checked image loading) imports it when built."""
+    proc = subprocess.run([sys.executable, '-c', _WITHOUT_MMCV], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ['(1,', '3)', 'False']

@@ -9,7 +9,7 @@ end of data segment``) without naming the file, and the image is trained on. Nei
 
 Finding such a file up front means decoding every image before the run (hours at COCO or ImageNet
 scale); the pre-flight checks read only each file's ends (:mod:`mmpola.runtime.preflight.files`).
-Here the decode that happens anyway is watched instead: :class:`LoadCheckedImage` is mmcv's
+Here the decode that happens anyway is watched instead: ``LoadCheckedImage`` (:mod:`.checked_loading`) is mmcv's
 ``LoadImageFromFile`` whose decoding runs with the process's standard error (file descriptor 2, where
 libjpeg writes) sent to a temporary file; a libjpeg message that says the data are corrupt stops the
 pipeline with :class:`DamagedImageError` naming the file and the fix (or, with mmcv's
@@ -23,13 +23,10 @@ import sys
 import tempfile
 import threading
 
-from mmcv.transforms import LoadImageFromFile
-from mmengine.logging import print_log
-
 from mmpola.errors import MMPolaUserError
 from mmpola.registry import TRANSFORMS
 
-__all__ = ['DamagedImageError', 'UnreadableImageError', 'LoadCheckedImage', 'corrupt_jpeg_messages',
+__all__ = ['DamagedImageError', 'UnreadableImageError', 'build_load_checked_image', 'corrupt_jpeg_messages',
            'decoder_messages', 'unreadable_image']
 
 # libjpeg's warnings that mean pixels were lost (jerror.h: JWRN_EXTRANEOUS_DATA, JWRN_HIT_MARKER,
@@ -106,30 +103,10 @@ def unreadable_image(path, error):
         'again), make it readable by this user, or remove it from the dataset')
 
 
-@TRANSFORMS.register_module()
-class LoadCheckedImage(LoadImageFromFile):
-    """mmcv's ``LoadImageFromFile`` (same arguments and results) that refuses a JPEG whose data are
-    damaged instead of loading it with gray or noise where the data were lost (see the module doc).
-
-    With mmcv's ``ignore_empty=True`` such an image (as an unreadable one) is left out with a warning
-    naming it, and mmengine's dataset takes another in its place (in training; a test dataset stops).
-    The check needs the ``cv2`` decoder (``imdecode_backend``, mmcv's default): Pillow drops libjpeg's
-    warnings, so with ``imdecode_backend='pillow'`` a damaged body is not seen.
-    """
-
-    def transform(self, results):
-        with decoder_messages() as lines:
-            loaded = super().transform(results)
-        corrupt = corrupt_jpeg_messages(lines)
-        if not corrupt:
-            return loaded
-        path = results.get('img_path')
-        what = f'image {path}: the file is damaged: its JPEG data are corrupt (libjpeg: {"; ".join(corrupt)})'
-        if self.ignore_empty:
-            print_log(f'[mmpola] {what}; left out (ignore_empty=True)', logger='current', level=30)
-            return None
-        raise DamagedImageError(
-            f'{what}, so it decodes with the lost part filled with gray or noise, which the model would learn '
-            'from or be scored on. Fix: replace the file with the original (download or copy it again), or '
-            "remove it from the dataset (its entry in the annotation file); to leave damaged images out instead: "
-            'ignore_empty=True in this LoadCheckedImage step')
+@TRANSFORMS.register_module(name='LoadCheckedImage')
+def build_load_checked_image(**kwargs):
+    """:class:`mmpola.datasets.checked_loading.LoadCheckedImage` ``(**kwargs)``: registered as a builder that
+    imports mmcv when a pipeline builds it, so ``import mmpola`` does not need mmcv (the backbones and
+    timm entries do not)."""
+    from .checked_loading import LoadCheckedImage
+    return LoadCheckedImage(**kwargs)
