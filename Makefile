@@ -3,7 +3,7 @@
 #   make test   - the whole test suite
 #   make lint   - ruff (pyflakes, pycodestyle, isort rules; ruff.toml)
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
-#   make bench-gpu - the GPU tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
+#   make -k bench-gpu - the GPU tests and tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
 #   make docs-check - the params / GMACs figures of the docs counted again (tools/docs_figures.py) and compared
 #   make check-kernels - every Triton kernel compiled for sm_80 and sm_90 (no GPU needed): shared memory,
 #                   registers, spills; fails on a kernel that does not compile or fit
@@ -12,7 +12,8 @@
 PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
-.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu docs-check docs-figures check-kernels
+.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu test-gpu bench-gpu-ops bench-gpu-train \
+	docs-check docs-figures check-kernels
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)
@@ -56,15 +57,24 @@ bench: setup
 	$(PY) tools/benchmark.py scaling
 	$(PY) tools/benchmark.py amp
 
-# One CUDA GPU, in the environment at hand (no set-up; the train rows need mmcv built with CUDA ops):
-#   make bench-gpu PY=python3
+# One CUDA GPU, in the environment at hand (no set-up):
+#   make -k bench-gpu PY=python3
+# = test-gpu (the ops' tests, Triton kernels compiled and run on the GPU), bench-gpu-ops (ops, layers and
+# backbones: torch, timm and mmengine only) and bench-gpu-train (detectors: needs mmdet and mmcv built
+# with CUDA ops). -k: every part runs even when one fails. The parts that need no mmcv can run while mmcv
+# builds: make -k test-gpu bench-gpu-ops PY=python3, then make bench-gpu-train PY=python3.
 GPU_CASES = pvt-s1@800x1344 swin-s1@800x1344 pvt-s2@800x1344 swin-s2@800x1344
 GPU_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2 \
 	flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2
 GPU_TRAIN = configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py \
 	configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py \
 	mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py
-bench-gpu:
+bench-gpu: test-gpu bench-gpu-ops bench-gpu-train
+
+test-gpu:
+	$(PY) -m pytest -q -p no:cacheprovider tests/ops
+
+bench-gpu-ops:
 	$(PY) tools/benchmark.py attention --device cuda --cases $(GPU_CASES)
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --dtype bfloat16
 	$(PY) tools/benchmark.py layers --device cuda --cases $(GPU_CASES)
@@ -76,5 +86,7 @@ bench-gpu:
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
+
+bench-gpu-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--profile work_dirs/benchmark_profile
