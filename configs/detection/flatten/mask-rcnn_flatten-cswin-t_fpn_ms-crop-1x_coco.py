@@ -9,40 +9,17 @@
 #
 # Backbone weights: the official FLatten-CSWin-T ImageNet weights, downloaded from its release
 # (mmpola/checkpoint/sources.py); offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH.
-_base_ = [
-    'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
-    '../../_base_/models/flatten_cswin_tiny.py',
-    '../_base_/coco_tta_ms.py',
-    '../../_base_/runtime.py',
-]
-# mmpola's atomic checkpoint saves (configs/_base_/runtime.py says why this is set here)
-default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook'))
-# test images in the form the model takes (3 channels, 0..255), also the arrays given to DetInferencer:
-# mmpola's CheckImage right after loading (mmpola/datasets/transforms.py)
-test_pipeline = [_base_.test_pipeline[0], dict(type='CheckImage'), *_base_.test_pipeline[1:]]
-val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
-test_dataloader = val_dataloader
-
-_base_.pop('pretrained')  # mmdet's Swin checkpoint URL: not this model's weights
+_base_ = ['../_base_/mask-rcnn_fpn_ms-crop-3x.py', '../../_base_/models/flatten_cswin_tiny.py']
 
 # the shared FLatten-CSWin-T backbone moves into the model (pop: the dumped config holds it once)
 model = dict(
     backbone=dict(_base_.pop('backbone'), _delete_=True, drop_path_rate=0.1),
     neck=dict(in_channels=_base_.pop('backbone_out_channels')))
 
+# Swin's 1x schedule instead of the base's 3x
 max_epochs = 12
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
     dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11], gamma=0.1),
 ]
-
-# 8 GPUs x 2 images; --auto-scale-lr rescales the lr for another total batch size.
-# training images loaded by mmpola's LoadCheckedImage: mmcv's LoadImageFromFile that refuses a JPEG whose
-# body is damaged, naming the file (mmpola/datasets/decoding.py)
-train_pipeline = [dict(_base_.train_pipeline[0], type='LoadCheckedImage'), *_base_.train_pipeline[1:]]
-train_dataloader = dict(batch_size=2, dataset=dict(pipeline=train_pipeline))
-auto_scale_lr = dict(enable=False, base_batch_size=16)
-
-# `--tta`: flips at three scales
-# (_base_/coco_tta_ms.py)
