@@ -1,7 +1,7 @@
 """The loading step that refuses JPEGs with a damaged body (:mod:`mmpola.datasets.decoding` says how).
 
 Registered in the transform registry as ``LoadCheckedImage`` through
-:func:`mmpola.datasets.decoding.build_load_checked_image`, which imports this module (and mmcv) when a
+:func:`mmpola.datasets.build_load_checked_image`, which imports this module (and mmcv) when a
 pipeline builds the step.
 """
 from mmcv.transforms import LoadImageFromFile

@@ -24,9 +24,8 @@ import tempfile
 import threading
 
 from mmpola.errors import MMPolaUserError
-from mmpola.registry import TRANSFORMS
 
-__all__ = ['DamagedImageError', 'UnreadableImageError', 'build_load_checked_image', 'corrupt_jpeg_messages',
+__all__ = ['DamagedImageError', 'UnreadableImageError', 'corrupt_jpeg_messages',
            'decoder_messages', 'unreadable_image']
 
 # libjpeg's warnings that mean pixels were lost (jerror.h: JWRN_EXTRANEOUS_DATA, JWRN_HIT_MARKER,
@@ -101,12 +100,3 @@ def unreadable_image(path, error):
     return UnreadableImageError(
         f'image {path} cannot be loaded ({why}). Fix: replace it with the original file (download or copy it '
         'again), make it readable by this user, or remove it from the dataset')
-
-
-@TRANSFORMS.register_module(name='LoadCheckedImage')
-def build_load_checked_image(**kwargs):
-    """:class:`mmpola.datasets.checked_loading.LoadCheckedImage` ``(**kwargs)``: registered as a builder that
-    imports mmcv when a pipeline builds it, so ``import mmpola`` does not need mmcv (the backbones and
-    timm entries do not)."""
-    from .checked_loading import LoadCheckedImage
-    return LoadCheckedImage(**kwargs)
