@@ -27,14 +27,18 @@ demo-seg: setup
 demo-cls: setup
 	$(PY) tools/demo_classification.py
 
+# The suite runs in TEST_JOBS worker processes (pytest-xdist), one test file per worker at a time, so a
+# file's module fixtures are made once; TEST_JOBS=0 runs it in this process.
+TEST_JOBS ?= 2
 test: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile tests
 
 # Results must not depend on the CPU: the golden comparisons hold within their stated tolerances
 # with other CPU kernels (no AVX2/AVX-512 code paths) and one thread as well.
 PORTABLE_TESTS = tests/ops tests/models tests/checkpoint
 test-portable: setup
-	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(PORTABLE_TESTS)
+	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile \
+		$(PORTABLE_TESTS)
 
 lint: setup
 	$(PY) -m ruff check .

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Create (or refresh) mmpola's environment: one idempotent step, pins in requirements/pins.txt (what
-mmpola runs and builds with) and requirements/dev.txt (pytest, ruff, uv).
+mmpola runs and builds with) and requirements/dev.txt (pytest, pytest-xdist, ruff, uv).
 
     tools/setup_env.py                  # .venv in the repo (the README's commands call this)
     tools/setup_env.py --python PY      # install into an existing env, keep its torch build
@@ -622,7 +622,7 @@ def setup(args):
     build_reqs = [spec(pins, n) for n in ('setuptools', 'wheel', 'ninja', 'numpy', 'opencv-python')]
     stack = [spec(pins, n) for n in (
         'mmengine', 'mmdet', 'mmsegmentation', 'ftfy', 'regex', 'timm', 'pycocotools',
-        'numpy', 'opencv-python', 'setuptools', 'pytest', 'ruff')]
+        'numpy', 'opencv-python', 'setuptools', 'pytest', 'pytest-xdist', 'execnet', 'ruff')]
 
     # 1. torch + torchvision: a matching pair from one source
     if args.python:
