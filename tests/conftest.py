@@ -16,6 +16,11 @@ import torch  # noqa: E402
 # tests check mixed precision with CPU bf16 autocast only.
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
+else:
+    # On a GPU each tunable kernel would compile and time all its configs at every new head dim and dtype
+    # (hundreds of compilations over tests/ops); the suite runs the launch code's default configs, the
+    # tests of every config force each one, and tests/ops/test_triton_support.py tunes.
+    os.environ.setdefault('MMPOLA_TRITON_AUTOTUNE', '0')
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DATA = osp.join(REPO_ROOT, 'tests', 'data')

@@ -24,7 +24,10 @@ An implementation knows where it runs: ``supports(device, dtype)`` returns None 
 tensors of that device and dtype, else one line saying why not and what to use instead. Asking for
 an implementation on tensors it does not support raises :class:`AttnImplUnavailable` with that line;
 ``'auto'`` takes, per device type, the first implementation registered as ``preferred_on`` it that
-supports the tensors, else the op's default. An implementation registered with ``fp32_inside=True``
+supports the tensors, else the op's default. What only the call shows (the Triton kernels on a GPU
+with little shared memory at a wide head dim) the implementation checks on entry, before any work,
+raising :class:`AttnImplUnavailable`; under ``'auto'`` the call then runs the op's default, and the
+reason is given once as a warning. An implementation registered with ``fp32_inside=True``
 computes in float32 whatever its inputs' dtype (it loads and casts inside its kernels), so the fp32
 island hands it the tensors as they are instead of casting them first.
 
@@ -33,6 +36,8 @@ tokens, batch or heads) give an empty output and zero gradients, whatever the im
 (:func:`empty_attention`); keys without tokens under queries that have some are one clear error:
 the mean over an empty key set is undefined.
 """
+import warnings
+
 import torch
 
 from mmpola.errors import MMPolaUserError
@@ -228,7 +233,8 @@ def run_attention_op(op, impl, fp32, tensors, *options):
     With ``fp32`` the tensors go in as float32 with autocast disabled and the result comes back in
     the first tensor's dtype (an implementation registered ``fp32_inside`` gets them uncast and
     computes in float32 itself); ``options`` (Python numbers) pass unchanged. ``'auto'`` is chosen
-    for the first tensor's device and the dtype the implementation computes in.
+    for the first tensor's device and the dtype the implementation computes in; when the chosen one
+    turns the call down on entry (:class:`AttnImplUnavailable`), the op's default runs it.
     """
     attention = attention_op(op)
     first = tensors[0]
@@ -236,6 +242,27 @@ def run_attention_op(op, impl, fp32, tensors, *options):
     empty = empty_attention(attention.function, tensors)
     if empty is not None:
         return empty
+    if impl != AUTO or name == attention.default:
+        return _run(attention, name, fp32, tensors, options)
+    try:
+        return _run(attention, name, fp32, tensors, options)
+    except AttnImplUnavailable as declined:
+        _warn_once(f"{attention.function}: attn_impl='auto' runs {attention.default!r} instead of {name!r} for "
+                   f'these inputs: {declined}')
+        return _run(attention, attention.default, fp32, tensors, options)
+
+
+_WARNED = set()
+
+
+def _warn_once(message):
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def _run(attention, name, fp32, tensors, options):
+    first = tensors[0]
     fn = attention.impls[name]
     if not fp32:
         return fn(*tensors, *options)

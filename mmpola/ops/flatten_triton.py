@@ -402,7 +402,7 @@ def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1
     """Same function as :func:`mmpola.ops.flatten.flatten_attention_reference`, in Triton kernels
     (module docstring); float32 inside whatever the inputs' dtype, output in q's dtype."""
     _check_shapes(q, k, v, scale, num_heads)
-    reason = triton_unsupported(q.device, q.dtype)
+    reason = triton_unsupported(q.device, q.dtype, head_dim=q.shape[-1] // num_heads)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (flatten_attention) cannot run here: {reason}")
     empty = empty_attention('flatten_attention', (q, k, v, scale))

@@ -291,7 +291,7 @@ def inline_attention_triton(q, k, v, num_heads):
     backward), computed in float32 whatever the inputs' dtype; the output has q's dtype, each gradient its
     input's dtype."""
     _check_shapes(q, k, v, num_heads)
-    reason = triton_unsupported(q.device, q.dtype)
+    reason = triton_unsupported(q.device, q.dtype, head_dim=q.shape[-1] // num_heads)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (inline_attention) cannot run here: {reason}")
     empty = empty_attention('inline_attention', (q, k, v))

@@ -496,7 +496,7 @@ def pacs_attention_triton(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
     bfloat16 (any strides), computed in float32 and returned in q's dtype.
     """
     _check_shapes(q, k, v, sin, cos)
-    reason = triton_unsupported(q.device, q.dtype)
+    reason = triton_unsupported(q.device, q.dtype, head_dim=q.shape[-1])
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (pacs_attention) cannot run here: {reason}")
     empty = empty_attention('pacs_attention', (q, k, v, s_same, s_opp))

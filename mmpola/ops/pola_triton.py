@@ -292,7 +292,8 @@ def _launch_config(d):
     kernels) for head dim d. The backward kernels keep four d x d tiles live besides their token tiles,
     hence their shorter token blocks. With :func:`_dot_precision` and one stage, no kernel needs more than
     160 KiB of shared memory (H100 / H200: 227 KiB, A100: 163 KiB); GPUs with less (99 KiB: sm_86, sm_89)
-    run float16 / bfloat16 inputs up to d = 64 and float32 up to d = 32."""
+    run float16 / bfloat16 inputs up to d = 64 and float32 up to d = 32 (triton_support.SMALL_SHARED_MEMORY
+    turns the rest down there)."""
     bd = max(16, triton.next_power_of_2(d))
     if bd <= 32:
         return bd, (64, 4), (32, 8)
@@ -397,7 +398,7 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
         raise ValueError(f'pola_attention_triton takes q, k and v with the same leading (batch, head) dims; got '
                          f'q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
-    reason = triton_unsupported(q.device, q.dtype)
+    reason = triton_unsupported(q.device, q.dtype, head_dim=q.shape[-1])
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (pola_attention) cannot run here: {reason}")
     empty = empty_attention('pola_attention', (q, k, v, power, scale))

@@ -13,13 +13,20 @@ that GPU without one.
 A kernel whose blocks are worth tuning (:func:`tunable`) is a ``triton.autotune`` over a few configs,
 keyed on its compile-time head dim block and the arguments' dtypes, never on the token count (it
 changes at every detection iteration). :func:`launch` with ``default=`` runs it: on a GPU Triton picks
-the fastest config at the first launch of a key; under the interpreter, in torch's deterministic mode
-(``torch.use_deterministic_algorithms(True)``) and inside :func:`fixed_config` it runs one given config
-(the launch code's ``default``, or the named one) without timing. The launch code makes the grids and
+the fastest config at the first launch of a key (it compiles and times each config once per process;
+compiled kernels stay in Triton's disk cache for later processes); under the interpreter, in torch's
+deterministic mode (``torch.use_deterministic_algorithms(True)``), with ``MMPOLA_TRITON_AUTOTUNE=0`` and
+inside :func:`fixed_config` it runs one given config (the launch code's ``default``, or the named one)
+without timing. The launch code makes the grids and
 the partial-sum buffers independent of the config (token chunks are multiples of every config's
 block; a grid of token blocks is a function of the config's block), so a config changes the order of
 the float32 additions inside a chunk, never the chunks: results of two configs agree to rounding, and
 two runs that pick the same config agree exactly.
+
+The launch configs are made for an A100's shared memory (:data:`FULL_SHARED_MEMORY`). On GPUs that give
+a block less, :func:`triton_unsupported` turns down the head dims and dtypes whose kernels do not fit
+(:data:`SMALL_SHARED_MEMORY`), so ``attn_impl='auto'`` runs the fast path there; the configs that do
+not fit are skipped by the tuning (Triton times them as failed) and by :func:`launch`'s default.
 """
 import contextlib
 import functools
@@ -30,7 +37,8 @@ from typing import NamedTuple
 import torch
 
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
-           'kernel_target', 'launch', 'dry_run', 'Launch', 'tunable', 'fixed_config']
+           'kernel_target', 'launch', 'dry_run', 'Launch', 'tunable', 'fixed_config', 'autotuning',
+           'FULL_SHARED_MEMORY', 'shared_memory_unsupported']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -57,25 +65,28 @@ def triton_available():
 @functools.lru_cache(maxsize=None)
 def _cuda_unsupported(index):
     major, minor = torch.cuda.get_device_capability(index)
-    if major < 7 or (major, minor) < (7, 5):
-        return (f'the Triton kernels need a GPU of compute capability 7.5 or newer, this one is {major}.{minor}; '
+    if major < 8:  # the kernels' products are TF32 tensor-core products (Ampere on); compiled for sm_80 and later
+        return (f'the Triton kernels need a GPU of compute capability 8.0 or newer, this one is {major}.{minor}; '
                 "use attn_impl='fast'")
     return None
 
 
-def triton_unsupported(device, dtype=None):
-    """None when the Triton kernels run on tensors of ``device`` and ``dtype``, else why not (one line).
+def triton_unsupported(device, dtype=None, head_dim=None):
+    """None when the Triton kernels run on tensors of ``device`` and ``dtype`` (with heads of ``head_dim``
+    channels, when given), else why not (one line).
 
-    CUDA tensors of float32 / float16 / bfloat16 on a GPU of compute capability >= 7.5 (bfloat16:
-    >= 8.0); CPU tensors only under ``TRITON_INTERPRET=1`` (float64 too, for tests).
+    CUDA tensors of float32 / float16 / bfloat16 on a GPU of compute capability >= 8.0 whose shared
+    memory holds the kernels at that head dim (:func:`shared_memory_unsupported`);
+    CPU tensors only under ``TRITON_INTERPRET=1`` (float64 too, for tests).
     """
     device = torch.device(device)
     reason = triton_available()
     if reason is not None:
         return reason
     if _DRY_RUNS and device.type == 'cpu':
-        ok = dtype is None or dtype in KERNEL_DTYPES
-        return None if ok else f'the Triton kernels take float32, float16 or bfloat16 tensors, got {dtype}'
+        if dtype is not None and dtype not in KERNEL_DTYPES:
+            return f'the Triton kernels take float32, float16 or bfloat16 tensors, got {dtype}'
+        return shared_memory_unsupported(_DRY_RUNS[-1].target, head_dim, dtype)
     if device.type == 'cpu':
         if not interpreting():
             return ("the Triton kernels run on CUDA tensors, these are on the CPU; use attn_impl='auto' or "
@@ -89,9 +100,43 @@ def triton_unsupported(device, dtype=None):
         return f"the Triton kernels take float32, float16 or bfloat16 CUDA tensors, got {dtype}; use attn_impl='fast'"
     index = device.index if device.index is not None else torch.cuda.current_device()
     reason = _cuda_unsupported(index)
-    if reason is None and dtype == torch.bfloat16 and torch.cuda.get_device_capability(index)[0] < 8:
-        reason = "bfloat16 Triton kernels need a GPU of compute capability 8.0 or newer; use attn_impl='fast'"
+    if reason is None and not interpreting():
+        reason = shared_memory_unsupported(_cuda_target(index), head_dim, dtype)
     return reason
+
+
+# The shared memory a block may use that the kernels' launch configs are made for: an A100's 163 KiB
+# (H100 / H200: 227 KiB). ``make check-kernels`` holds every config of every kernel to it on sm_80 and sm_90.
+FULL_SHARED_MEMORY = 163 * 1024
+
+# GPUs that give a block less (A10, A40, RTX 30xx / 40xx / 50xx, L4, L40: 99 KiB): per amount of shared
+# memory, the widest head dim (its power-of-two block) at which every kernel of every op has a config that
+# fits, for float16 / bfloat16 inputs and for float32 inputs (whose three-TF32 products keep split operands
+# in shared memory). ``make check-kernels`` compiles the kernels for such GPUs (sm_86, sm_89) and fails
+# where this table admits a kernel that does not fit.
+SMALL_SHARED_MEMORY = ((99 * 1024, {'half': 64, 'float32': 32}), )
+
+
+def _dtype_name(dtype):
+    return str(dtype).replace('torch.', '')
+
+
+def shared_memory_unsupported(target, head_dim, dtype=None):
+    """None when the kernels at head dim ``head_dim`` on ``dtype`` inputs fit the shared memory of
+    :class:`KernelTarget` ``target`` (always under the interpreter, on GPUs with
+    :data:`FULL_SHARED_MEMORY` or more, and when ``head_dim`` is None), else why not (one line)."""
+    if head_dim is None or not target.gpu or not target.shared_memory or target.shared_memory >= FULL_SHARED_MEMORY:
+        return None
+    block = max(16, 1 << (int(head_dim) - 1).bit_length())
+    kind = 'float32' if dtype in (None, torch.float32) else 'half'
+    widest = next((limits[kind] for memory, limits in SMALL_SHARED_MEMORY if target.shared_memory >= memory), 0)
+    if block <= widest:
+        return None
+    runs = (f'they run float32 inputs up to head dim {widest} there' if kind == 'float32' else
+            f'they run float16 / bfloat16 inputs up to head dim {widest} there') if widest else 'they do not run there'
+    return (f'this GPU gives a block {target.shared_memory // 1024} KiB of shared memory, too little for the Triton '
+            f'kernels at head dim {head_dim} on {_dtype_name(dtype or torch.float32)} inputs ({runs}); '
+            "use attn_impl='fast'")
 
 
 class KernelTarget(NamedTuple):
@@ -99,6 +144,7 @@ class KernelTarget(NamedTuple):
     gpu: bool  # False: Triton's CPU interpreter
     capability: tuple  # (major, minor) compute capability of the GPU; (0, 0) in the interpreter
     sm_count: int  # streaming multiprocessors of the GPU; the interpreter counts as 2
+    shared_memory: int = 0  # bytes of shared memory a block may use (opt-in); 0: no limit (the interpreter)
 
 
 INTERPRETER = KernelTarget(False, (0, 0), 2)
@@ -107,7 +153,11 @@ INTERPRETER = KernelTarget(False, (0, 0), 2)
 @functools.lru_cache(maxsize=None)
 def _cuda_target(index):
     props = torch.cuda.get_device_properties(index)
-    return KernelTarget(True, (props.major, props.minor), props.multi_processor_count)
+    shared = getattr(props, 'shared_memory_per_block_optin', 0)
+    if not shared:  # torch builds without the property: Triton's driver knows it
+        from triton.runtime import driver
+        shared = driver.active.utils.get_device_properties(index)['max_shared_mem']
+    return KernelTarget(True, (props.major, props.minor), props.multi_processor_count, int(shared))
 
 
 def kernel_target(device):
@@ -159,7 +209,8 @@ _FIXED = []
 
 @contextlib.contextmanager
 def fixed_config(index):
-    """Inside, every tunable kernel runs its config number ``index`` (tests of each config)."""
+    """Inside, every tunable kernel runs its config number ``index`` (tests of each config); on a GPU a
+    launch whose pruning leaves that config out runs its default."""
     _FIXED.append(index)
     try:
         yield
@@ -167,25 +218,63 @@ def fixed_config(index):
         _FIXED.pop()
 
 
+def autotuning():
+    """False where a tunable kernel runs its launch code's default config without timing others: under
+    the interpreter, in torch's deterministic mode and with ``MMPOLA_TRITON_AUTOTUNE=0``."""
+    if interpreting() or torch.are_deterministic_algorithms_enabled():
+        return False
+    return os.environ.get('MMPOLA_TRITON_AUTOTUNE', '1').strip().lower() not in ('0', 'false', 'no', 'off')
+
+
 def launch(kernel, grid, *args, default=None, **kwargs):
     """``kernel[grid](*args, **kwargs)``; inside :func:`dry_run` the launch is recorded instead.
 
     A :func:`tunable` kernel takes ``default``, the config (compile-time arguments and ``num_warps``)
-    that runs where no timing may choose: under the interpreter and in torch's deterministic mode;
-    :func:`fixed_config` picks one of its configs instead. ``grid`` may be a function of the config's
-    compile-time arguments (``lambda meta: (heads, triton.cdiv(tokens, meta['BLOCK_N']))``).
+    that runs where no timing may choose (:func:`autotuning`); :func:`fixed_config` picks one of its
+    configs instead. When the default needs more shared memory than the GPU gives a block, the first of
+    the kernel's configs that fits runs instead (the launch fails before any work, and every config
+    gives the same chunks). ``grid`` may be a function of the config's compile-time arguments
+    (``lambda meta: (heads, triton.cdiv(tokens, meta['BLOCK_N']))``).
     """
     if _DRY_RUNS:
         _DRY_RUNS[-1].launches.append(Launch(kernel, grid, args, kwargs))
         return
     if default is not None:
         if _FIXED:
-            kwargs = {**kwargs, **kernel.configs[_FIXED[-1]].all_kwargs()}
+            config = kernel.configs[_FIXED[-1]]
+            if not interpreting() and not any(config is kept for kept in _pruned(kernel, args, kwargs)):
+                config = None  # on a GPU, not one this launch is tuned over (may not fit its shared memory)
+            kwargs = {**kwargs, **(default if config is None else config.all_kwargs())}
             kernel = kernel.fn
-        elif interpreting() or torch.are_deterministic_algorithms_enabled():
-            kwargs = {**kwargs, **default}
-            kernel = kernel.fn
+        elif not autotuning():
+            _launch_first_fitting(kernel, grid, args, kwargs, default)
+            return
     kernel[grid](*args, **kwargs)
+
+
+def _pruned(tuner, args, kwargs):
+    """The configs of autotuner ``tuner`` that it times for a launch (after its pruning)."""
+    if tuner.early_config_prune is None:
+        return tuner.configs
+    return tuner.early_config_prune(tuner.configs, dict(zip(tuner.arg_names, args)), **kwargs)
+
+
+def _launch_first_fitting(tuner, grid, args, kwargs, default):
+    """The default config of autotuner ``tuner``, else the first of its (pruned) configs that fits the
+    GPU's shared memory."""
+    from triton.runtime.errors import OutOfResources
+    try:
+        tuner.fn[grid](*args, **kwargs, **default)
+        return
+    except OutOfResources as err:
+        failed = err
+    for config in _pruned(tuner, args, kwargs):
+        try:
+            tuner.fn[grid](*args, **kwargs, **config.all_kwargs())
+            return
+        except OutOfResources:
+            continue
+    raise failed
 
 
 @contextlib.contextmanager

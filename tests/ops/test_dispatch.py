@@ -144,3 +144,30 @@ def test_an_implementation_on_tensors_it_cannot_run_on_fails_with_one_line(devic
         pola_attention(*(t.double() for t in tensors), *options, impl='cpu_only', fp32=False)
     assert '\n' not in str(info.value)
     assert not device_bound_impl
+
+
+def test_auto_runs_the_default_when_the_preferred_one_turns_the_call_down():
+    """What only the call shows (the Triton kernels' shared memory at a wide head dim) is checked on
+    entry: under 'auto' the default runs instead, with the reason as one warning; named, it fails."""
+    calls = []
+
+    def picky(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+        calls.append(q.shape[-1])
+        if q.shape[-1] > 8:
+            raise AttnImplUnavailable('this device holds heads of at most 8 channels')
+        return pola_attention_reference(q, k, v, power, scale, alpha, eps)
+
+    with op_tables_restored('pola'):
+        register_attention_impl('pola', 'picky', picky, preferred_on=('cpu',))
+        op = OPS['pola']
+        narrow, options = op.example_inputs(generator=torch.Generator().manual_seed(0), **GRID)
+        torch.testing.assert_close(pola_attention(*narrow, *options), pola_attention_reference(*narrow, *options),
+                                   rtol=0, atol=0)
+        wide, options = op.example_inputs(generator=torch.Generator().manual_seed(0), **{**GRID, 'head_dim': 16})
+        with pytest.warns(UserWarning, match=r"pola_attention: attn_impl='auto' runs 'fast' instead of 'picky' .*"
+                          'at most 8 channels'):
+            out = pola_attention(*wide, *options)
+        torch.testing.assert_close(out, pola_attention_reference(*wide, *options), rtol=1e-5, atol=1e-6)
+        assert calls == [8, 16]
+        with pytest.raises(AttnImplUnavailable, match='at most 8 channels'):
+            pola_attention(*wide, *options, impl='picky')

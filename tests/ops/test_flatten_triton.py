@@ -136,7 +136,6 @@ def test_triton_on_cpu_tensors_without_the_interpreter_is_one_clear_error(monkey
         flatten_attention_triton(*inputs, 1)
 
 
-@pytest.mark.skipif(DEVICE == 'cuda', reason='the interpreter runs one config unless told; on a GPU Triton tunes')
 @pytest.mark.parametrize('index', range(6))
 def test_every_tuned_config_matches_the_reference(index):
     """Each config the GPU kernels are tuned over (token block, warps), forced in turn, with two heads and

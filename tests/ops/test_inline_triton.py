@@ -109,7 +109,6 @@ def test_cpu_tensors_without_the_interpreter_are_a_clear_error(monkeypatch):
         inline_attention_triton(q, q, q, 2)
 
 
-@pytest.mark.skipif(DEVICE == 'cuda', reason='the interpreter runs one config unless told; on a GPU Triton tunes')
 @pytest.mark.parametrize('index', range(6))
 def test_every_tuned_config_matches_the_reference(index):
     """Each config the GPU kernels are tuned over (rows a block, warps), forced in turn: the chunks do not

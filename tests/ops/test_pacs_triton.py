@@ -147,7 +147,6 @@ def test_logits_of_another_shape_are_a_clear_error():
         pacs_attention_triton(q, k, v, s_same.expand(2, -1, -1, -1), s_opp, *tables)
 
 
-@pytest.mark.skipif(DEVICE == 'cuda', reason='the interpreter runs one config unless told; on a GPU Triton tunes')
 @pytest.mark.parametrize('index', range(8))
 def test_every_tuned_config_matches_the_reference(index):
     """Each config the GPU kernels are tuned over (token block, warps), forced in turn: the chunks do not

@@ -1,0 +1,134 @@
+"""What the Triton implementations share (mmpola.ops.triton_support): which GPUs and inputs they run on
+(shared memory per head dim and dtype), when a tunable kernel is timed, and a default config that does
+not fit the GPU. The kernels themselves are tested per op (test_<op>_triton.py)."""
+import pytest
+import torch
+
+from mmpola.ops import OPS, triton_support
+from mmpola.ops.dispatch import AttnImplUnavailable
+from mmpola.ops.triton_support import KernelTarget, autotuning, dry_run, launch, shared_memory_unsupported
+
+INTERPRETER = triton_support.INTERPRETER
+FULL_SHARED_MEMORY = triton_support.FULL_SHARED_MEMORY
+
+pytestmark = pytest.mark.skipif(triton_support.triton_available() is not None, reason='triton is not installed')
+
+A100 = KernelTarget(True, (8, 0), 108, 163 * 1024)
+H100 = KernelTarget(True, (9, 0), 132, 227 * 1024)
+RTX_4090 = KernelTarget(True, (8, 9), 128, 99 * 1024)
+
+
+@pytest.mark.parametrize('target', [A100, H100, INTERPRETER], ids=['A100', 'H100', 'interpreter'])
+def test_gpus_the_launch_configs_are_made_for_run_every_head_dim_and_dtype(target):
+    assert target.shared_memory == 0 or target.shared_memory >= FULL_SHARED_MEMORY
+    for head_dim in (8, 16, 24, 32, 48, 64, 96, 128):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            assert shared_memory_unsupported(target, head_dim, dtype) is None
+
+
+def test_gpus_with_99_kib_run_what_fits_and_say_why_not_otherwise():
+    fits = [(32, torch.float32), (16, torch.float32), (64, torch.bfloat16), (64, torch.float16), (40, torch.float16)]
+    for head_dim, dtype in fits:
+        assert shared_memory_unsupported(RTX_4090, head_dim, dtype) is None, (head_dim, dtype)
+    assert shared_memory_unsupported(RTX_4090, None, torch.float32) is None  # head dim unknown: no verdict
+    reason = shared_memory_unsupported(RTX_4090, 64, torch.float32)
+    assert reason == ('this GPU gives a block 99 KiB of shared memory, too little for the Triton kernels at head '
+                      'dim 64 on float32 inputs (they run float32 inputs up to head dim 32 there); '
+                      "use attn_impl='fast'")
+    assert '(they run float16 / bfloat16 inputs up to head dim 64 there)' in shared_memory_unsupported(
+        RTX_4090, 128, torch.bfloat16)
+    assert shared_memory_unsupported(RTX_4090, 48, torch.float32) is not None  # a 64-channel block
+
+
+@pytest.mark.parametrize('op_name', sorted(name for name, op in OPS.items() if 'triton' in op.impls))
+def test_every_op_turns_down_what_does_not_fit_before_any_launch(op_name):
+    """On a 99 KiB GPU (dry run: the launch code answers as on that GPU, launches are recorded) every
+    op's Triton implementation declines float32 at head dim 64 on entry, and runs bfloat16 there."""
+    op = OPS[op_name]
+    tensors, options = op.example_inputs(1, 2, (3, 5), 64, torch.Generator().manual_seed(0))
+    with dry_run(RTX_4090) as launches:
+        with pytest.raises(AttnImplUnavailable, match=r"cannot run here: this GPU gives a block 99 KiB .* head dim "
+                           r"64 on float32 inputs"):
+            op.impls['triton'](*tensors, *options)
+        assert not launches
+        low = [t.bfloat16() if i < 3 else t for i, t in enumerate(tensors)]
+        op.impls['triton'](*low, *options)
+        assert launches
+
+
+def test_autotuning_is_off_where_nothing_may_time_and_when_asked(monkeypatch):
+    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    monkeypatch.delenv('MMPOLA_TRITON_AUTOTUNE', raising=False)
+    assert autotuning()
+    for off in ('0', 'false', 'OFF'):
+        monkeypatch.setenv('MMPOLA_TRITON_AUTOTUNE', off)
+        assert not autotuning()
+    monkeypatch.setenv('MMPOLA_TRITON_AUTOTUNE', '1')
+    assert autotuning()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not autotuning()
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    assert not autotuning()
+
+
+class _Kernel:
+    """A jit function's launch interface that fails, as Triton does before launching, for blocks of
+    more than ``fits`` rows (too much shared memory)."""
+
+    def __init__(self, fits):
+        self.fits, self.calls = fits, []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            from triton.runtime.errors import OutOfResources
+            self.calls.append(kwargs['BLOCK'])
+            if kwargs['BLOCK'] > self.fits:
+                raise OutOfResources(kwargs['BLOCK'] * 1024, self.fits * 1024, 'shared memory')
+        return run
+
+
+class _Tuner:
+    """What launch reads of a triton.autotune: the jit function, its configs and their pruning."""
+
+    def __init__(self, fits, prune=None):
+        import triton
+        self.fn = _Kernel(fits)
+        self.configs = [triton.Config({'BLOCK': block}, num_warps=4) for block in (64, 16, 32)]
+        self.early_config_prune = prune
+        self.arg_names = ['x']
+
+
+def test_a_default_config_that_does_not_fit_gives_way_to_the_first_that_does(monkeypatch):
+    monkeypatch.setenv('MMPOLA_TRITON_AUTOTUNE', '0')
+    tuner = _Tuner(fits=32)
+    launch(tuner, (1, ), 'x', default=dict(BLOCK=64, num_warps=8))
+    assert tuner.fn.calls == [64, 64, 16]  # the default, the first config (too big), the second
+    tuner = _Tuner(fits=32, prune=lambda configs, named_args, **kwargs: configs[2:])
+    launch(tuner, (1, ), 'x', default=dict(BLOCK=64, num_warps=8))
+    assert tuner.fn.calls == [64, 32]  # only the configs the kernel's pruning keeps
+    tuner = _Tuner(fits=8)
+    from triton.runtime.errors import OutOfResources
+    with pytest.raises(OutOfResources):
+        launch(tuner, (1, ), 'x', default=dict(BLOCK=64, num_warps=8))
+    assert tuner.fn.calls == [64, 64, 16, 32]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='timing configs needs a GPU')
+def test_tuned_kernels_agree_with_the_default_config(monkeypatch):
+    """On a GPU the suite runs the default configs (tests/conftest.py); here the kernels are tuned."""
+    from mmpola.ops import pola_attention_triton
+    from tests.fixtures.ops import forward_backward, relative_error
+    op = OPS['pola']
+    tensors, options = op.example_inputs(2, 2, (21, 37), 32, torch.Generator().manual_seed(0))
+    tensors = [t.cuda() for t in tensors]
+    grad_out = torch.randn(tensors[0].shape, generator=torch.Generator().manual_seed(1)).cuda()
+    monkeypatch.setenv('MMPOLA_TRITON_AUTOTUNE', '0')
+    fixed = forward_backward(pola_attention_triton, tensors, grad_out, *options)
+    monkeypatch.setenv('MMPOLA_TRITON_AUTOTUNE', '1')
+    tuned = forward_backward(pola_attention_triton, tensors, grad_out, *options)
+    for a, e in zip(tuned, fixed):
+        assert relative_error(a, e) <= 1e-5
