@@ -5,15 +5,15 @@
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
 #   make -k bench-gpu - the GPU tests and tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
 #   make docs-check - the params / GMACs figures of the docs counted again (tools/docs_figures.py) and compared
-#   make check-kernels - every Triton kernel compiled for sm_80 and sm_90 (no GPU needed): shared memory,
-#                   registers, spills; fails on a kernel that does not compile or fit
+#   make check-kernels - every Triton kernel compiled for sm_80, sm_90, sm_86 and sm_89 (no GPU needed): shared
+#                   memory, registers, spills; fails on a kernel that does not compile or fit
 # Use an existing environment (e.g. your CUDA torch build) instead of .venv:
 #   make test PY=/path/to/env/bin/python SETUP_ARGS="--python /path/to/env/bin/python"
 PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
-.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu test-gpu bench-gpu-ops bench-gpu-train \
-	docs-check docs-figures check-kernels
+.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu test-gpu bench-gpu-warm bench-gpu-ops \
+	bench-gpu-train docs-check docs-figures check-kernels
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)
@@ -63,20 +63,47 @@ bench: setup
 
 # One CUDA GPU, in the environment at hand (no set-up):
 #   make -k bench-gpu PY=python3
-# = test-gpu (the ops' tests, Triton kernels compiled and run on the GPU), bench-gpu-ops (ops, layers and
-# backbones: torch, timm and mmengine only) and bench-gpu-train (detectors: needs mmdet and mmcv built
-# with CUDA ops). -k: every part runs even when one fails. The parts that need no mmcv can run while mmcv
-# builds: make -k test-gpu bench-gpu-ops PY=python3, then make bench-gpu-train PY=python3.
+# = test-gpu (the ops' tests, Triton kernels compiled and run on the GPU), bench-gpu-warm (the kernels of the
+# timed rows compiled in parallel), bench-gpu-ops (ops, layers and backbones: torch, timm and mmengine only)
+# and bench-gpu-train (detectors: needs mmdet and mmcv built with CUDA ops). -k: every part runs even when
+# one fails. The parts that need no mmcv can run while mmcv builds:
+# make -k test-gpu bench-gpu-warm bench-gpu-ops PY=python3, then make bench-gpu-train PY=python3.
 GPU_CASES = pvt-s1@800x1344 swin-s1@800x1344 pvt-s2@800x1344 swin-s2@800x1344
 GPU_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2 \
 	flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2
 GPU_TRAIN = configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py \
 	configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py \
 	mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py
-bench-gpu: test-gpu bench-gpu-ops bench-gpu-train
+# Where the Triton kernels run: compiled (and tuned) at their first use in each process
+GPU_TRITON_BACKBONES = pola-pvt-t pola-swin-t flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2
+bench-gpu: test-gpu bench-gpu-warm bench-gpu-ops bench-gpu-train
 
+# Triton compiles a kernel's configs one after another at its first use (a few dozen per op, head dim and
+# dtype); bench-gpu-warm makes the kernels of bench-gpu-ops' Triton rows once, one process per case and
+# model at the same time, so that the timed runs find them in Triton's disk cache. Prints nothing.
+bench-gpu-warm:
+	@for case in $(GPU_CASES); do \
+		$(PY) tools/benchmark.py attention --device cuda --cases $$case --impls triton --repeat 1 --no-memory \
+			--no-error >/dev/null 2>&1 & \
+	done; \
+	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --dtype bfloat16 --impls triton \
+		--repeat 1 --no-memory --no-error >/dev/null 2>&1 & \
+	for model in $(GPU_TRITON_BACKBONES); do \
+		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
+			--amp bfloat16 --repeat 1 --no-memory >/dev/null 2>&1 & \
+	done; \
+	for model in pola-pvt-t pola-swin-t; do \
+		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
+			--amp float16 --repeat 1 --no-memory >/dev/null 2>&1 & \
+	done; \
+	wait
+
+# The kernels' tests run their default configs there (tests/conftest.py), in GPU_TEST_JOBS processes
+# (pytest-xdist; 0: one process): each compiles its own kernels, in parallel.
+GPU_TEST_JOBS ?= 4
 test-gpu:
-	$(PY) -m pytest -q -p no:cacheprovider tests/ops
+	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter 0,$(GPU_TEST_JOBS)),,-n $(GPU_TEST_JOBS) --dist loadfile) \
+		tests/ops
 
 bench-gpu-ops:
 	$(PY) tools/benchmark.py attention --device cuda --cases $(GPU_CASES)

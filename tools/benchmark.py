@@ -443,25 +443,37 @@ def bench_attention(args, device):
         impls, cant = runnable_impls(kind, wanted, device, dtype)
         skipped += cant
         for case in args.cases:
-            rows += bench_attention_case(args, device, kind, case, impls)
+            if impls:
+                rows += bench_attention_case(args, device, kind, case, impls, skipped)
     print_attention_table(rows, args.impls)
     for line in skipped:
         print(f'skipped {line}')
 
 
-def bench_attention_case(args, device, kind, case, impls):
+def bench_attention_case(args, device, kind, case, impls, skipped):
+    """The rows of one case; an implementation that turns the case down (its head dim on this GPU) is
+    left out, with its reason added to ``skipped``."""
+    from mmpola.ops.dispatch import AttnImplUnavailable
     rows = []
     batch, heads, (height, width), dim = ATTENTION_CASES[case]
     leaves, options, grad_out = attention_inputs(case, device, args.seed, kind, getattr(torch, args.dtype))
-    times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
     first_call, errors = {}, {}
     for impl in impls:  # warm-up: compiles where the impl compiles
         with core_impl(kind, impl) as impl_arg:
             forward, forward_backward, clear = attention_passes(leaves, options, grad_out, impl_arg, kind)
-            first_call[impl] = time_once(forward_backward, device)
+            try:
+                first_call[impl] = time_once(forward_backward, device)
+            except AttnImplUnavailable as declined:
+                skipped.append(f'{kind} {impl} at {case}: {declined}')
+                clear()
+                continue
             forward()
             clear()
             errors[impl] = attention_error(kind, impl_arg, leaves, options, grad_out) if args.error else None
+    impls = list(first_call)
+    if not impls:
+        return rows
+    times = {impl: {'fwd': [], 'fwd+bwd': []} for impl in impls}
     # small cases are fast and noisy: repeat them until ~1 s per impl (at most 20 times)
     repeat = max(args.repeat, min(20, int(1.0 / max(min(first_call.values()), 1e-3))))
     for _ in range(repeat):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile every Triton kernel of the attention ops for NVIDIA GPUs ahead of time, without a GPU.
 
-    python tools/check_triton_kernels.py                       # every op, head dim, dtype, sm_80 and sm_90
+    python tools/check_triton_kernels.py                       # every op, head dim, dtype and target
     python tools/check_triton_kernels.py --ops pola flatten --targets sm_90 --head-dims 64 128
     python tools/check_triton_kernels.py --ops inline --kernels _inline_kv_kernel --dtypes bfloat16
 
@@ -17,11 +17,17 @@ Token grids: one head of many tokens (several token blocks per chunk) and two he
 of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
 A kernel is compiled once per set of compile-time options and argument types.
 
+Targets: the GPUs the launch configs are made for, sm_80 (A100, 163 KiB of shared memory per block) and
+sm_90 (H100 / H200, 227 KiB), and GPUs that give a block 99 KiB, sm_86 (A10, A40, RTX 30xx) and sm_89
+(L4, L40, RTX 40xx), where the ops turn down the head dims and dtypes whose kernels do not fit
+(mmpola.ops.triton_support.SMALL_SHARED_MEMORY; 'auto' runs the fast path for them).
+
 Prints one Markdown row per compiled kernel: dynamic shared memory, registers per thread, spilled
-bytes (local memory), warps and stages; exits with status 1 when a kernel does not compile or needs
-more shared memory than the target gives a block (sm_80: 163 KiB, sm_90: 227 KiB). Spills are
-reported, not failed. Compiled kernels land in Triton's cache (TRITON_CACHE_DIR), so a second run of
-unchanged kernels takes seconds.
+bytes (local memory), warps and stages, and one row per (op, dtype, head dim) an op turns down on a
+target. Exits with status 1 when a kernel does not compile, when a config needs more shared memory than
+sm_80 / sm_90 give a block, or when no config of a launch fits a 99 KiB target (the tuning skips the
+configs that do not fit, so one that fits is enough there). Spills are reported, not failed. Compiled
+kernels land in Triton's cache (TRITON_CACHE_DIR), so a second run of unchanged kernels takes seconds.
 """
 import argparse
 import os
@@ -52,17 +58,25 @@ class GPU:
         self.shared_limit = shared_kib * 1024
         self.sm_count = sm_count
 
+    @property
+    def full(self):
+        """A GPU the launch configs are made for: every config of every kernel must fit it."""
+        from mmpola.ops.triton_support import FULL_SHARED_MEMORY
+        return self.shared_limit >= FULL_SHARED_MEMORY
+
     def triton_target(self):
         from triton.backends.compiler import GPUTarget
         return GPUTarget('cuda', self.arch, self.warp_size)
 
     def kernel_target(self):
         from mmpola.ops.triton_support import KernelTarget
-        return KernelTarget(True, divmod(self.arch, 10), self.sm_count)
+        return KernelTarget(True, divmod(self.arch, 10), self.sm_count, self.shared_limit)
 
 
-# A100 (sm_80): 163 KiB of shared memory per block, 108 SMs; H100 (sm_90): 227 KiB, 132 SMs
-GPUS = {'sm_80': GPU('sm_80', 80, 32, 163, 108), 'sm_90': GPU('sm_90', 90, 64, 227, 132)}
+# A100 (sm_80): 163 KiB of shared memory per block, 108 SMs; H100 (sm_90): 227 KiB, 132 SMs; RTX 3090
+# (sm_86; A10, A40 alike): 99 KiB, 82 SMs; RTX 4090 (sm_89; L4, L40 alike): 99 KiB, 128 SMs
+GPUS = {'sm_80': GPU('sm_80', 80, 32, 163, 108), 'sm_90': GPU('sm_90', 90, 32, 227, 132),
+        'sm_86': GPU('sm_86', 86, 32, 99, 82), 'sm_89': GPU('sm_89', 89, 32, 99, 128)}
 
 
 def parse_args(argv=None):
@@ -70,7 +84,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     triton_ops = [name for name, op in OPS.items() if 'triton' in op.impls]
     parser.add_argument('--ops', nargs='+', choices=triton_ops, default=triton_ops)
-    parser.add_argument('--targets', nargs='+', choices=sorted(GPUS), default=sorted(GPUS))
+    parser.add_argument('--targets', nargs='+', choices=sorted(GPUS) + ['native'], default=sorted(GPUS),
+                        help="GPUs to compile for; 'native': this machine's first CUDA GPU (its compute capability, "
+                        'shared memory and multiprocessors)')
     parser.add_argument('--head-dims', nargs='+', type=int, default=list(HEAD_DIMS))
     parser.add_argument('--dtypes', nargs='+', choices=sorted(DTYPES), default=['float32', 'float16', 'bfloat16'])
     parser.add_argument('--kernels', nargs='+', default=None, help='compile only the kernels of these names')
@@ -78,10 +94,22 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def native_gpu():
+    """The :class:`GPU` of this machine's first CUDA device (``--targets native``)."""
+    if not torch.cuda.is_available():
+        sys.exit("error: --targets native needs a CUDA GPU on this machine; name targets instead (e.g. sm_90)")
+    props = torch.cuda.get_device_properties(0)
+    name = f'sm_{props.major}{props.minor}'
+    return GPU(name, props.major * 10 + props.minor, 32, props.shared_memory_per_block_optin // 1024,
+               props.multi_processor_count)
+
+
 def record_launches(op_name, gpu, head_dim, dtype):
     """The kernel launches of one forward and backward of ``op_name``'s 'triton' implementation on
-    ``gpu``, at every grid of SHAPES."""
+    ``gpu``, at every grid of SHAPES; a string instead when the op turns those inputs down on that GPU
+    (its reason: the kernels do not fit its shared memory at that head dim and dtype)."""
     from mmpola.ops import OPS
+    from mmpola.ops.dispatch import AttnImplUnavailable
     from mmpola.ops.triton_support import dry_run
     op = OPS[op_name]
     launches = []
@@ -89,7 +117,10 @@ def record_launches(op_name, gpu, head_dim, dtype):
         tensors, options = op.example_inputs(batch, heads, hw, head_dim, torch.Generator().manual_seed(0))
         tensors = [(t.to(dtype) if i < 3 else t).requires_grad_() for i, t in enumerate(tensors)]
         with dry_run(gpu.kernel_target()) as recorded:
-            out = op.impls['triton'](*tensors, *options)
+            try:
+                out = op.impls['triton'](*tensors, *options)
+            except AttnImplUnavailable as declined:
+                return str(declined)
             out.backward(torch.zeros_like(out))
         launches += recorded
     return launches
@@ -145,14 +176,23 @@ def config_text(constexprs, fn, options):
 
 def check_item(item):
     """The rows of one (target, op, dtype, head dim): every kernel its launches compile, once per set of
-    compile-time options (the integer specialisations of the token grids are left to the first grid)."""
+    compile-time options (the integer specialisations of the token grids are left to the first grid).
+
+    A config that needs more shared memory than the target gives a block fails on the GPUs the launch
+    configs are made for (``GPU.full``); on the others the tuning skips it, and the launch fails only
+    when none of its configs fits. Inputs the op turns down on the target give one row saying so."""
     import triton
     from triton.compiler import ASTSource
     gpu_name, op_name, dtype_name, head_dim, kernels = item
     gpu = GPUS[gpu_name]
     target = gpu.triton_target()
-    rows, seen = [], set()
-    for launch in record_launches(op_name, gpu, head_dim, DTYPES[dtype_name]):
+    launches = record_launches(op_name, gpu, head_dim, DTYPES[dtype_name])
+    if isinstance(launches, str):
+        return [dict(op=op_name, kernel='-', target=gpu_name, dtype=dtype_name, d=head_dim, config='-', shared='-',
+                     regs='-', spill='-', failed=False, declined=True, status=f'not run: {launches}'[:200])]
+    rows, seen = [], {}
+    for launch in launches:
+        launch_rows = []
         for fn, kwargs in compilations(launch):
             name = fn.__name__
             if kernels and name not in kernels:
@@ -161,9 +201,13 @@ def check_item(item):
             config = config_text(constexprs, fn, options)
             key = (name, str({k: v for k, v in signature.items() if v.startswith('*')}), config)
             if key in seen:
+                launch_rows.append(seen[key])
                 continue
-            seen.add(key)
-            row = dict(op=op_name, kernel=name, target=gpu_name, dtype=dtype_name, d=head_dim, config=config)
+            row = dict(op=op_name, kernel=name, target=gpu_name, dtype=dtype_name, d=head_dim, config=config,
+                       over=False)
+            seen[key] = row
+            launch_rows.append(row)
+            rows.append(row)
             try:
                 compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                                           options=options.__dict__)
@@ -171,16 +215,22 @@ def check_item(item):
                 message = str(err).strip().splitlines()
                 row.update(shared='-', regs='-', spill='-', failed=True,
                            status=f'FAILED: {type(err).__name__}: {message[0] if message else ""}'[:200])
-                rows.append(row)
                 continue
             shared = compiled.metadata.shared
             regs, spill = resource_usage(compiled.asm['cubin'], name)
-            failed = shared > gpu.shared_limit
-            status = 'ok (spills)' if spill else 'ok'
-            if failed:
-                status = f'FAILED: {shared / 1024:.0f} KiB of shared memory > {gpu.shared_limit // 1024} KiB'
-            row.update(shared=f'{shared / 1024:.1f}', regs=regs, spill=spill, status=status, failed=failed)
-            rows.append(row)
+            row.update(shared=f'{shared / 1024:.1f}', regs=regs, spill=spill, failed=False,
+                       status='ok (spills)' if spill else 'ok')
+            if shared > gpu.shared_limit:
+                row.update(over=True, failed=gpu.full,
+                           status=f'{shared / 1024:.0f} KiB of shared memory > {gpu.shared_limit // 1024} KiB')
+        if launch_rows and all(row['over'] for row in launch_rows):  # no config of this launch fits
+            for row in launch_rows:
+                row['failed'] = True
+    for row in rows:
+        if row['failed'] and not row['status'].startswith('FAILED'):
+            row['status'] = f'FAILED: {row["status"]}'
+        elif row['over']:
+            row['status'] += ': skipped by the tuning'
     return rows
 
 
@@ -207,8 +257,11 @@ def check(args):
     if pool is not None:
         pool.shutdown()
     failures = sum(row['failed'] for row in rows)
-    print(f'\n{len(rows)} kernels compiled for {", ".join(args.targets)} in {time.time() - start:.0f} s '
-          f'(triton {triton.__version__}); {failures} failed')
+    declined = sum(row.get('declined', False) for row in rows)
+    compiled = len(rows) - declined
+    print(f'\n{compiled} kernels compiled for {", ".join(args.targets)} in {time.time() - start:.0f} s '
+          f'(triton {triton.__version__}); {failures} failed; {declined} (op, dtype, head dim) not run on a '
+          'target whose shared memory is too small for them')
     return rows, failures
 
 
@@ -226,6 +279,11 @@ def print_row(row, _printed=[]):
 
 def main(argv=None):
     args = parse_args(argv)
+    if 'native' in args.targets:
+        gpu = native_gpu()
+        GPUS['native'] = gpu
+        print(f'native: {torch.cuda.get_device_name(0)}, {gpu.name}, {gpu.shared_limit // 1024} KiB of shared memory '
+              f'per block, {gpu.sm_count} multiprocessors')
     from mmpola.ops.triton_support import triton_available
     reason = triton_available()
     if reason is not None:

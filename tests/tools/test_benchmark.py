@@ -71,3 +71,24 @@ def test_layers_times_the_value_conv_in_both_layouts(capsys):
     BENCH.main(['layers', '--cases', 'pvt-s1@224', '--dtypes', 'float32', '--repeat', '1', '--no-memory'])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| dwconv 5x5 |')]
     assert [row.split('|')[5].strip() for row in rows] == ['channels_last', 'contiguous']
+
+
+def test_an_implementation_that_turns_a_case_down_is_left_out_with_its_reason(capsys):
+    """What an implementation checks only on the call (the Triton kernels' head dim against a GPU's shared
+    memory) leaves its row out of that case, with the reason; the other rows are timed; no implementation
+    left: no rows, no error."""
+    from mmpola.ops.dispatch import AttnImplUnavailable
+
+    def declining(q, *args, **kwargs):
+        raise AttnImplUnavailable('heads of 64 channels do not fit this GPU')
+
+    with op_tables_restored('pola'):
+        register_attention_impl('pola', 'declining', declining)
+        BENCH.main(['attention', '--kinds', 'pola', '--cases', 'pvt-s1@224', '--impls', 'fast', 'declining',
+                    '--repeat', '1', '--no-memory', '--no-error'])
+        out = capsys.readouterr().out
+        assert [row.split('|')[5].strip() for row in out.splitlines() if row.startswith('| pola |')] == ['fast']
+        assert 'skipped pola declining at pvt-s1@224: heads of 64 channels do not fit this GPU' in out
+        BENCH.main(['attention', '--kinds', 'pola', '--cases', 'pvt-s1@224', '--impls', 'declining', '--repeat', '1',
+                    '--no-memory', '--no-error'])
+        assert 'skipped pola declining at pvt-s1@224' in capsys.readouterr().out

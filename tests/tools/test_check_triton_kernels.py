@@ -10,7 +10,7 @@ from mmpola.ops.triton_support import KernelTarget, dry_run
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import run_tool
 
-H100 = KernelTarget(True, (9, 0), 132)
+H100 = KernelTarget(True, (9, 0), 132, 227 * 1024)
 
 
 def _record(op_name, target, dtype=torch.bfloat16, head_dim=64, hw=(5, 7)):
@@ -64,3 +64,36 @@ def test_the_tool_compiles_a_kernel_for_sm_90(tmp_path):
     shared_kib = float(rows[0].split('|')[7])
     assert 0 < shared_kib < 227, rows[0]
     assert '0 failed' in log
+
+
+def test_the_tool_says_which_inputs_an_op_turns_down_on_a_99_kib_gpu(tmp_path):
+    """On sm_86 / sm_89 the ops decline float32 at head dim 64 (their kernels do not fit 99 KiB) before
+    any launch: one row saying so, nothing compiled, nothing failed."""
+    log = run_tool([PYTHON, 'tools/check_triton_kernels.py', '--ops', 'pola', '--targets', 'sm_86', 'sm_89',
+                    '--head-dims', '64', '--dtypes', 'float32'],
+                   env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
+    for target in ('sm_86', 'sm_89'):
+        assert (f"| pola | - | {target} | float32 | 64 | - | - | - | - | not run: attn_impl='triton' (pola_attention) "
+                'cannot run here: this GPU gives a block 99 KiB of shared memory') in log, log
+    assert '0 kernels compiled for sm_86, sm_89' in log and '0 failed; 2 (op, dtype, head dim) not run' in log
+
+
+# A GPU that gives a block no shared memory at all: no config of any launch fits it (in a subprocess: the
+# kernels must be compiled, not interpreted, which is decided when Triton is imported)
+NO_SHARED_MEMORY = """
+import sys
+sys.argv = ['check_triton_kernels.py']
+sys.path.insert(0, 'tools')
+import check_triton_kernels as tool
+tool.GPUS['tiny'] = tool.GPU('tiny', 86, 32, 0, 8)
+for row in tool.check_item(('tiny', 'flatten', 'float32', 16, ('_token_stats_kernel', '_key_reduce_kernel'))):
+    print('ROW', row['kernel'], row['failed'], row['status'])
+"""
+
+
+def test_a_launch_none_of_whose_configs_fits_fails(tmp_path):
+    log = run_tool([PYTHON, '-c', NO_SHARED_MEMORY], env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
+    rows = [line.split(' ', 3)[1:] for line in log.splitlines() if line.startswith('ROW ')]
+    assert rows and {kernel for kernel, _, _ in rows} == {'_token_stats_kernel', '_key_reduce_kernel'}, log
+    assert all(failed == 'True' and status.startswith('FAILED: ') and 'KiB of shared memory > 0 KiB' in status
+               for _, failed, status in rows), log
