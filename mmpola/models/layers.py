@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
 __all__ = ['DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache', 'SizeCache',
-           'depthwise_conv', 'resize_grid_embedding', 'to_2tuple_int', 'trunc_normal_init']
+           'depthwise_conv', 'map_as_tokens', 'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map',
+           'trunc_normal_init']
 
 
 def to_2tuple_int(value, name):
@@ -41,10 +42,21 @@ def trunc_normal_init(module, layers=(nn.Linear,), std=.02):
         nn.init.constant_(module.weight, 1.0)
 
 
+def tokens_as_map(tokens, hw):
+    """(B, H*W, C) row-major tokens -> their (B, C, H, W) map as a channels-last view: no copy for
+    contiguous tokens, and a convolution of it returns a channels-last map (:func:`map_as_tokens`)."""
+    return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, hw[0], hw[1])  # hw indexed: torch.fx traces it
+
+
+def map_as_tokens(x):
+    """(B, C, H, W) map -> (B, H*W, C) row-major tokens: a view, contiguous for a channels-last map."""
+    return x.flatten(2).transpose(1, 2)
+
+
 def depthwise_conv(channels, kernel_size):
     """``nn.Conv2d(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)`` whose
     weight is stored channels-last, for the depthwise convolutions that run on channels-last views
-    (the attention's value term, PolaFormer++'s FFN).
+    (the attention's value term, PolaFormer++'s FFN, PVTv2's MLP).
 
     From a channels-last input the convolution returns the weight gradient in channels-last strides,
     ``(k*k, 1, k, 1)`` for the (C, 1, k, k) weight. A weight stored contiguously, ``(k*k, k*k, k, 1)``

@@ -9,14 +9,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mmpola.models import FLattenSwin, InLinePVT, PolaPP, PolaPVT, PolaSwin
+from mmpola.models import FLattenPVTv2, FLattenSwin, InLinePVT, PolaPP, PolaPVT, PolaSwin, PVTv2Backbone
 from tests.fixtures.backbones import TINY_PVT
 
 TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 1, 2], num_heads=[1, 2, 4, 8])
 TINY_POLAPP = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratios=[2] * 4,
                    layer_scale_init_values=[1.0] * 4)
 MODELS = {'PolaPVT': (PolaPVT, TINY_PVT), 'InLinePVT': (InLinePVT, TINY_PVT), 'PolaSwin': (PolaSwin, TINY_SWIN),
-          'FLattenSwin': (FLattenSwin, TINY_SWIN), 'PolaPP': (PolaPP, TINY_POLAPP)}
+          'FLattenSwin': (FLattenSwin, TINY_SWIN), 'PolaPP': (PolaPP, TINY_POLAPP),
+          'FLattenPVTv2': (FLattenPVTv2, TINY_PVT), 'PVTv2-softmax': (PVTv2Backbone, dict(TINY_PVT, attn_type='SSSS'))}
 
 
 def _backward(model, x):
@@ -27,7 +28,9 @@ def _backward(model, x):
 def test_gradients_have_the_parameters_strides(name):
     cls, arch = MODELS[name]
     torch.manual_seed(0)
-    model = cls(arch=arch).train()
+    arch = dict(arch)
+    extra = {'attn_type': arch.pop('attn_type')} if 'attn_type' in arch else {}
+    model = cls(arch=arch, **extra).train()
     _backward(model, torch.randn(2, 3, 64, 96))
     mismatched = {n: (tuple(p.stride()), tuple(p.grad.stride())) for n, p in model.named_parameters()
                   if p.grad is not None and p.grad.stride() != p.stride()}

@@ -3,6 +3,8 @@ official names (``qkvg``, ``qg``, ``q``, ``kv``, ``qkv``), the checks of their a
 reduction of the keys and values (``sr``, ``norm``), so official checkpoints load by filtering keys."""
 import torch.nn as nn
 
+from ..layers import map_as_tokens, tokens_as_map
+
 __all__ = ['QKV_LAYOUTS', 'QKVProjections', 'check_attention_args', 'reduced_grid', 'spatial_reduction']
 
 
@@ -90,7 +92,5 @@ def spatial_reduction(x, hw, sr, norm):
     """
     if sr is None:
         return x, tuple(hw)
-    B, N, C = x.shape
-    x = sr(x.permute(0, 2, 1).reshape(B, C, *hw))
-    kv_hw = tuple(x.shape[-2:])
-    return norm(x.reshape(B, C, -1).permute(0, 2, 1)), kv_hw
+    x = sr(tokens_as_map(x, hw))
+    return norm(map_as_tokens(x)), tuple(x.shape[-2:])

@@ -25,7 +25,7 @@ from timm.layers import register_notrace_module
 
 from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import PreNormBlock, trunc_normal_init
+from ..layers import PreNormBlock, depthwise_conv, map_as_tokens, tokens_as_map, trunc_normal_init
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_stage_settings
 
@@ -52,14 +52,16 @@ class OverlapPatchEmbed(nn.Module):
 
 
 class DWConv(nn.Module):
-    """The MLP's 3x3 depthwise conv on the token map (``dwconv.dwconv``, the official nesting)."""
+    """The MLP's 3x3 depthwise conv on the token map (``dwconv.dwconv``, the official nesting). It runs on
+    the tokens' channels-last view and returns contiguous tokens: no copy on either side, so the GELU and
+    ``fc2`` after it (and their backward) see contiguous tensors."""
 
     def __init__(self, dim):
         super().__init__()
-        self.dwconv = nn.Conv2d(dim, dim, 3, 1, 1, bias=True, groups=dim)
+        self.dwconv = depthwise_conv(dim, 3)
 
     def forward(self, x, hw):
-        return self.dwconv(tokens_to_nchw(x, hw)).flatten(2).transpose(1, 2)
+        return map_as_tokens(self.dwconv(tokens_as_map(x, hw)))
 
 
 class ConvMlp(nn.Module):

@@ -28,3 +28,20 @@ def test_softmax_layouts_are_timm_pvt_v2_and_deit():
     with torch.no_grad():
         assert torch.allclose(ours(x), theirs(x), atol=1e-5)
 
+
+
+def test_the_mlp_depthwise_conv_runs_on_the_tokens_channels_last_view():
+    """No copy on either side of the MLP's conv: contiguous tokens in, contiguous tokens out (GELU, fc2 and
+    their backward then see contiguous tensors), the same values as the conv of the contiguous map."""
+    import torch.nn.functional as F
+
+    from mmpola.models.backbones.pvt_v2 import ConvMlp
+    torch.manual_seed(0)
+    mlp = ConvMlp(8, 32)
+    x = torch.randn(2, 5 * 7, 32)
+    out = mlp.dwconv(x, (5, 7))
+    assert out.shape == x.shape and out.is_contiguous()
+    conv = mlp.dwconv.dwconv
+    dense = x.reshape(2, 5, 7, 32).permute(0, 3, 1, 2).contiguous()
+    expected = F.conv2d(dense, conv.weight.contiguous(), conv.bias, padding=1, groups=32).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
