@@ -700,12 +700,14 @@ def bench_scaling(args, device):
 
 
 SYNC_OPS = ('_local_scalar_dense', 'item', 'is_nonzero', 'nonzero')
+# operators that only allocate (no kernel on a GPU)
+ALLOC_OPS = ('empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided')
 
 
 def count_dispatched_ops(fn):
     """Run ``fn`` and count the aten operators it dispatches: ``(all, kernels, syncs)``, where kernels
-    are the operators that are not views (each launches work on a GPU) and syncs those that make the
-    host wait for the device there (SYNC_OPS)."""
+    are the operators that are neither views nor bare allocations (ALLOC_OPS; each of the others launches
+    work on a GPU) and syncs those that make the host wait for the device there (SYNC_OPS)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Counter(TorchDispatchMode):
@@ -713,13 +715,25 @@ def count_dispatched_ops(fn):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.total += 1
-            self.kernels += not func.is_view
-            self.syncs += func.__name__.split('.')[0] in SYNC_OPS
+            name = func.__name__.split('.')[0]
+            self.kernels += not func.is_view and name not in ALLOC_OPS
+            self.syncs += name in SYNC_OPS
             return func(*args, **(kwargs or {}))
 
     with Counter() as counter:
         fn()
     return counter.total, counter.kernels, counter.syncs
+
+
+def _launches_recorded(attn_impl, device):
+    """A context yielding the list of the Triton kernels launched inside: on the CPU with ``--attn-impl
+    triton``, a dry run for an H100 (mmpola.ops.triton_support.dry_run: the launch code runs as there and
+    records each launch instead of running it, so the aten operators counted are those around the kernels,
+    not the interpreter's); elsewhere an empty list (launches on a GPU are not counted apart)."""
+    if attn_impl != 'triton' or device.type != 'cpu':
+        return contextlib.nullcontext([])
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+    return dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024))
 
 
 def bench_ops(args, device):
@@ -729,12 +743,13 @@ def bench_ops(args, device):
     height, width = parse_size(args.size)
     print('\n| model | input | batch | fwd ops | fwd kernels | bwd ops | bwd kernels | syncs |')
     print('|---|---|---:|---:|---:|---:|---:|---:|')
+    attn_impl = None if args.attn_impl == 'default' else args.attn_impl
     for name in args.models:
-        model = build_named_backbone(name, None if args.attn_impl == 'default' else args.attn_impl).to(device)
+        model = build_named_backbone(name, attn_impl).to(device)
         model.train()
         image = torch.randn(args.batch, 3, height, width, device=device)
         model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
-        with torch.no_grad():
+        with torch.no_grad(), _launches_recorded(attn_impl, device):
             model(image)  # warm-up outside the count (caches of the map size)
         model.train()
         outs = []
@@ -743,17 +758,24 @@ def bench_ops(args, device):
             result = model(image)
             outs.append(result if isinstance(result, (list, tuple)) else [result])
 
-        fwd = count_dispatched_ops(forward)
+        with _launches_recorded(attn_impl, device) as launches:
+            fwd = count_dispatched_ops(forward)
+        fwd_launches = len(launches)
         loss = sum(o.float().mean() for o in outs[0])
-        bwd = count_dispatched_ops(loss.backward)
-        print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]} | {bwd[0]} | {bwd[1]} | '
-              f'{fwd[2] + bwd[2]} |')
+        with _launches_recorded(attn_impl, device) as launches:
+            bwd = count_dispatched_ops(loss.backward)
+        triton = (f' (+{fwd_launches} Triton)', f' (+{len(launches)} Triton)') if attn_impl == 'triton' else ('', '')
+        print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]}{triton[0]} | {bwd[0]} | '
+              f'{bwd[1]}{triton[1]} | {fwd[2] + bwd[2]} |')
         model = image = outs = loss = None
         gc.collect()
     print('\nCounted at the dispatcher (every aten operator, nested ones included) in train mode; kernels: '
-          'operators that are not views; bwd: the backward of the sum of the outputs\' means (from that sum '
-          'on); syncs: operators that read a device value on the host (' + ', '.join(SYNC_OPS) + '). Eager '
-          f'(no torch.compile). Attention implementation: {args.attn_impl}.')
+          'operators that are neither views nor bare allocations (' + ', '.join(ALLOC_OPS) + '); bwd: the '
+          'backward of the sum of the outputs\' means (from that sum on); syncs: operators that read a device '
+          'value on the host (' + ', '.join(SYNC_OPS) + '). Eager '
+          f'(no torch.compile). Attention implementation: {args.attn_impl}' + (
+              '; on the CPU the Triton kernels are launched as on an H100 and counted apart (+N Triton), '
+              'not run' if attn_impl == 'triton' and device.type == 'cpu' else '') + '.')
 
 
 def _finite_report(model, image, dtype, device):

@@ -92,3 +92,15 @@ def test_an_implementation_that_turns_a_case_down_is_left_out_with_its_reason(ca
         BENCH.main(['attention', '--kinds', 'pola', '--cases', 'pvt-s1@224', '--impls', 'declining', '--repeat', '1',
                     '--no-memory', '--no-error'])
         assert 'skipped pola declining at pvt-s1@224' in capsys.readouterr().out
+
+
+def test_operator_count_of_the_triton_path_counts_the_launches_apart(capsys):
+    """On the CPU, --attn-impl triton runs the launch code as on an H100 and counts its kernels apart
+    (recorded, not run: no interpreter operators in the count)."""
+    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton'])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('| pola-pvt-t |'))
+    cells = [cell.strip() for cell in row.strip('|').split('|')]
+    assert cells[4].endswith('(+16 Triton)') and cells[6].endswith('(+16 Triton)'), row  # 8 layers, 2 + 2 each
+    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96'])
+    fast = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('| pola-pvt-t |'))
+    assert int(cells[4].split()[0]) < int(fast.split('|')[5])  # the fast path's feature maps are gone
