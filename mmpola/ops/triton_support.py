@@ -264,13 +264,13 @@ def _launch_first_fitting(tuner, grid, args, kwargs, default):
     GPU's shared memory."""
     from triton.runtime.errors import OutOfResources
     try:
-        tuner.fn[grid](*args, **kwargs, **default)
+        tuner.fn[grid](*args, **{**kwargs, **default})
         return
     except OutOfResources as err:
         failed = err
     for config in _pruned(tuner, args, kwargs):
         try:
-            tuner.fn[grid](*args, **kwargs, **config.all_kwargs())
+            tuner.fn[grid](*args, **{**kwargs, **config.all_kwargs()})
             return
         except OutOfResources:
             continue
