@@ -17,11 +17,10 @@ the fastest config at the first launch of a key (it compiles and times each conf
 compiled kernels stay in Triton's disk cache for later processes); under the interpreter, in torch's
 deterministic mode (``torch.use_deterministic_algorithms(True)``), with ``MMPOLA_TRITON_AUTOTUNE=0`` and
 inside :func:`fixed_config` it runs one given config (the launch code's ``default``, or the named one)
-without timing. The launch code makes the grids and
-the partial-sum buffers independent of the config (token chunks are multiples of every config's
-block; a grid of token blocks is a function of the config's block), so a config changes the order of
-the float32 additions inside a chunk, never the chunks: results of two configs agree to rounding, and
-two runs that pick the same config agree exactly.
+without timing. The launch code makes the grids and the partial-sum buffers independent of the config
+(token chunks are multiples of every config's block; a grid of token blocks is a function of the
+config's block), so a config changes the order of the float32 additions inside a chunk, never the
+chunks: results of two configs agree to rounding, and two runs that pick the same config agree exactly.
 
 The launch configs are made for an A100's shared memory (:data:`FULL_SHARED_MEMORY`). On GPUs that give
 a block less, :func:`triton_unsupported` turns down the head dims and dtypes whose kernels do not fit
