@@ -130,12 +130,12 @@ def compilations(launch):
     """(jit function, launch options) of each kernel a launch can compile: one, or one per config of an
     autotuned kernel."""
     from triton.runtime.autotuner import Autotuner
+
+    from mmpola.ops.triton_support import tuned_configs
     kernel = launch.kernel
     if isinstance(kernel, Autotuner):  # the configs Triton times for this launch (after its pruning)
-        configs = kernel.configs
-        if kernel.early_config_prune is not None:
-            configs = kernel.early_config_prune(configs, dict(zip(kernel.arg_names, launch.args)), **launch.kwargs)
-        return [(kernel.fn, {**launch.kwargs, **config.all_kwargs()}) for config in configs]
+        return [(kernel.fn, {**launch.kwargs, **config.all_kwargs()})
+                for config in tuned_configs(kernel, launch.args, launch.kwargs)]
     return [(kernel, dict(launch.kwargs))]
 
 

@@ -242,11 +242,11 @@ def run_attention_op(op, impl, fp32, tensors, *options):
     empty = empty_attention(attention.function, tensors)
     if empty is not None:
         return empty
-    if impl != AUTO or name == attention.default:
-        return _run(attention, name, fp32, tensors, options)
     try:
         return _run(attention, name, fp32, tensors, options)
     except AttnImplUnavailable as declined:
+        if impl != AUTO or name == attention.default:
+            raise
         _warn_once(f"{attention.function}: attn_impl='auto' runs {attention.default!r} instead of {name!r} for "
                    f'these inputs: {declined}')
         return _run(attention, attention.default, fp32, tensors, options)

@@ -37,7 +37,7 @@ import torch
 
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
            'kernel_target', 'launch', 'dry_run', 'Launch', 'tunable', 'fixed_config', 'autotuning',
-           'FULL_SHARED_MEMORY', 'shared_memory_unsupported']
+           'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -241,7 +241,7 @@ def launch(kernel, grid, *args, default=None, **kwargs):
     if default is not None:
         if _FIXED:
             config = kernel.configs[_FIXED[-1]]
-            if not interpreting() and not any(config is kept for kept in _pruned(kernel, args, kwargs)):
+            if not interpreting() and not any(config is kept for kept in tuned_configs(kernel, args, kwargs)):
                 config = None  # on a GPU, not one this launch is tuned over (may not fit its shared memory)
             kwargs = {**kwargs, **(default if config is None else config.all_kwargs())}
             kernel = kernel.fn
@@ -251,8 +251,9 @@ def launch(kernel, grid, *args, default=None, **kwargs):
     kernel[grid](*args, **kwargs)
 
 
-def _pruned(tuner, args, kwargs):
-    """The configs of autotuner ``tuner`` that it times for a launch (after its pruning)."""
+def tuned_configs(tuner, args, kwargs):
+    """The configs of autotuner ``tuner`` that it times for a launch with ``args`` and ``kwargs`` (after
+    its pruning)."""
     if tuner.early_config_prune is None:
         return tuner.configs
     return tuner.early_config_prune(tuner.configs, dict(zip(tuner.arg_names, args)), **kwargs)
@@ -267,7 +268,7 @@ def _launch_first_fitting(tuner, grid, args, kwargs, default):
         return
     except OutOfResources as err:
         failed = err
-    for config in _pruned(tuner, args, kwargs):
+    for config in tuned_configs(tuner, args, kwargs):
         try:
             tuner.fn[grid](*args, **{**kwargs, **config.all_kwargs()})
             return
