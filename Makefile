@@ -95,7 +95,11 @@ bench-gpu-warm:
 	for model in pola-pvt-t pola-swin-t; do \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
 			--amp float16 --repeat 1 --no-memory >/dev/null 2>&1 & \
+		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
+			--amp float16 --repeat 1 --no-memory --dwconv-impl triton >/dev/null 2>&1 & \
 	done; \
+	$(PY) tools/benchmark.py layers --device cuda --cases pvt-s1@800x1344 swin-s1@800x1344 --impls triton \
+		--repeat 1 --new-shapes 0 --no-memory >/dev/null 2>&1 & \
 	wait
 
 # The kernels' tests run their default configs there (tests/conftest.py), in GPU_TEST_JOBS processes
@@ -114,10 +118,14 @@ bench-gpu-ops:
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10 --attn-impl fast
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
-		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10
+		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t softmax-pvtv2-b2 \
+		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5 --dwconv-impl triton
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
 
 bench-gpu-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--profile work_dirs/benchmark_profile
+	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
+		--warmup 20 --dwconv-impl triton

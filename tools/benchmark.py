@@ -14,7 +14,8 @@
                                                         # of every full-size backbone at 800x1216
     python tools/benchmark.py layers --device cuda --cases pvt-s1@800x1344 swin-s1@800x1344
                                                         # the value path's depthwise 5x5 conv alone, fwd and
-                                                        # bwd, channels-last vs contiguous, fp32/bf16/fp16
+                                                        # bwd, library (channels-last, contiguous) vs Triton,
+                                                        # fp32/bf16/fp16, and at shapes not seen before
     python tools/benchmark.py train CONFIG [CONFIG ...] --iters 20 --warmup 5 --device cuda [--amp]
         [--batch-size B] [--data-root DIR] [--img-scale W H] [--hooks mmpola|library|config] [--profile DIR]
                                                         # training throughput of whole configs, e.g.
@@ -226,7 +227,7 @@ def cpu_name():
 
 
 def environment_lines(args, device):
-    from mmpola.ops import pola
+    from mmpola.ops import depthwise_conv_impl, pola
     lines = [f'torch {torch.__version__}, python {platform.python_version()}, {platform.system()}']
     if device.type == 'cuda':
         lines.append(f'device: {torch.cuda.get_device_name(device)}')
@@ -242,6 +243,8 @@ def environment_lines(args, device):
         lines.append(f'threads: {torch.get_num_threads()}, dtype: {dtype}, seed: {args.seed}, '
                      f'repeat: >= {args.repeat} after 1 warm-up')
     lines.append(f'torch.compile for the fast path: {pola.compile_status()[1]}')
+    lines.append(f"mmpola's depthwise convolutions: {depthwise_conv_impl()} (MMPOLA_DEPTHWISE_CONV; 'auto': the "
+                 'library convolution)')
     if device.type == 'cpu':
         lines.append(f'glibc malloc tuning (mmpola.runtime.allocator): {getattr(args, "malloc_state", "n/a")}')
     if args.command == 'train':
@@ -606,6 +609,8 @@ def matmul_gflops(device, size=2048, repeat=3):
 
 def bench_backbone(args, device):
     from get_flops import count_flops, count_parameters
+
+    from mmpola.ops import depthwise_conv_impl
     gemm = matmul_gflops(device)
     print(f'\nmeasured fp32 matmul (2048^3): {gemm:.1f} GFLOP/s')
     attn_impl = None if args.attn_impl == 'default' else args.attn_impl
@@ -632,6 +637,9 @@ def bench_backbone(args, device):
                 repeat = max(args.repeat, min(10, int(2.0 / max(first, 1e-3))))
                 seconds = min(time_once(forward, device) for _ in range(repeat))
                 flops = (3 if args.backward else 1) * count_flops(model, image, depth=1)[0]
+                fresh = [time_once(backbone_pass(model, torch.randn(args.batch, 3, h, w, device=device), args.backward,
+                                                 args.amp), device)
+                         for _, h, w in new_shapes(args.batch, height, width, args.new_sizes, step=32)]
             except (RuntimeError, AssertionError, ValueError) as err:  # e.g. out of memory
                 rows.append(dict(model=name, size=f'{height}x{width}', error=str(err).splitlines()[0][:100]))
                 continue
@@ -647,28 +655,35 @@ def bench_backbone(args, device):
                     run_peak_subprocess(spec, torch.get_num_threads())
             rows.append(dict(model=name, size=f'{height}x{width}', params=params, gmacs=flops / 2e9,
                              ms=1e3 * seconds, runs=repeat, ms_per_mpx=1e3 * rate, scaling=rate / base_rate,
-                             gflops=flops / seconds / 1e9, memory=memory))
+                             gflops=flops / seconds / 1e9, memory=memory,
+                             fresh=1e3 * median(fresh) if fresh else None))
         model = None  # free it before the next backbone
         gc.collect()
     pass_name = 'fwd+bwd' if args.backward else 'fwd'
+    fresh_head, fresh_rule = (f' {pass_name} ms, new sizes |', '---:|') if args.new_sizes else ('', '')
     print(f'\n| model | input | params M | GMACs | {pass_name} ms | runs | ms / Mpx | time/px vs first size | '
-          'peak MiB | GFLOP/s | % of matmul |')
-    print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+          f'peak MiB | GFLOP/s | % of matmul |{fresh_head}')
+    print(f'|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|{fresh_rule}')
     for r in rows:
         if 'error' in r:
             print(f"| {r['model']} | {r['size']} | failed: {r['error']} ||||||||| ")
             continue
         peak = r['memory'].get('fwd')
         peak = f'{peak:.0f}' if peak is not None else r['memory'].get('error', '-')
+        fresh = f" {r['fresh']:.1f} |" if args.new_sizes else ''
         print(f"| {r['model']} | {r['size']} | {r['params'] / 1e6:.2f} | {r['gmacs']:.2f} | {r['ms']:.1f} | "
               f"{r['runs']} | {r['ms_per_mpx']:.1f} | {r['scaling']:.2f} | {peak} | {r['gflops']:.1f} | "
-              f"{100 * r['gflops'] / gemm:.0f}% |")
+              f"{100 * r['gflops'] / gemm:.0f}% |{fresh}")
     mode = ('fwd+bwd: train mode, backward of the sum of the outputs\' means' if args.backward
             else 'fwd: no_grad, eval mode')
     print(f'\n{mode}; batch {args.batch}; autocast: {args.amp or "off (float32)"}; min over the runs. GMACs: '
           'torch.utils.flop_counter of one forward of the batch (matmul/linear/conv/sdpa; 1 MAC = 2 FLOPs; '
           'fwd+bwd counts 3x). time/px vs first size: 1.00 = time grows linearly with pixels. % of matmul: '
-          f'achieved FLOP rate / measured fp32 GEMM rate. Attention implementation: {args.attn_impl}.')
+          f'achieved FLOP rate / measured fp32 GEMM rate. Attention implementation: {args.attn_impl}; depthwise '
+          f'convolutions: {depthwise_conv_impl()} (MMPOLA_DEPTHWISE_CONV).' +
+          (f' New sizes: the median of one pass at each of {args.new_sizes} input sizes not seen before (H and W '
+           'smaller by multiples of 32), as a detector\'s changing image sizes bring them: per-shape setup work '
+           'shows as the difference to the fixed-size time.' if args.new_sizes else ''))
     for line in skipped:
         print(f'skipped {line}')
 
@@ -840,82 +855,125 @@ def bench_amp(args, device):
 # --------------------------------------------------------------------------------------------------
 
 
-def value_conv_inputs(case, device, dtype, layout, seed):
-    """The depthwise conv of the attentions' value path (mmpola.models.attention.common.depthwise_value_heads:
+def value_conv_inputs(case, device, dtype, layout, seed, shape=None):
+    """The depthwise conv of the attentions' value path (mmpola.models.attention.grid_terms.depthwise_value_heads:
     Pola, FLatten; made by mmpola.models.layers.depthwise_conv) for attention case ``case``, and its input
     (B * h, d, H, W) in ``dtype``: the channels-last view of the heads' values that the attention passes
-    (``layout='channels_last'``), or that view made contiguous (``'contiguous'``)."""
+    (``layout='channels_last'``), or that view made contiguous (``'contiguous'``); ``shape``: (B * h, H, W)
+    instead of the case's."""
     from mmpola.models.layers import depthwise_conv
     batch, heads, (height, width), dim = ATTENTION_CASES[case]
+    images, height, width = shape or (batch * heads, height, width)
     g = torch.Generator().manual_seed(seed)
     conv = depthwise_conv(dim, 5)
     conv = conv.to(device=device, dtype=dtype)
-    v = torch.randn(batch * heads, height, width, dim, generator=g).to(device, dtype).permute(0, 3, 1, 2)
+    v = torch.randn(images, height, width, dim, generator=g).to(device, dtype).permute(0, 3, 1, 2)
     if layout == 'contiguous':
         v = v.contiguous()
     return conv, v.requires_grad_()
 
 
-LAYER_LAYOUTS = ('channels_last', 'contiguous')
+def new_shapes(images, height, width, count, step=4):
+    """``count`` shapes (images, H, W) near the given one and unlike it and each other, as a detector's
+    batches bring them: other sizes (H and W smaller by multiples of ``step``), or, for maps of at most 64
+    pixels (windows, whose number changes with the image size), other numbers of images."""
+    if height * width <= 64:
+        return [(images + i, height, width) for i in range(1, count + 1)]
+    steps = [(a, b) for a in range(count + 1) for b in range(count + 1) if a or b][:count]
+    return [(images, max(step, height - step * a), max(step, width - step * b)) for a, b in steps]
+
+
+# (implementation of mmpola.ops.depthwise_conv2d, input layout) rows of 'layers'
+LAYER_VARIANTS = (('torch', 'channels_last'), ('torch', 'contiguous'), ('triton', 'channels_last'))
+
+
+def layer_passes(conv, v, grad, impl):
+    """fwd, fwd + weight gradient, fwd + input gradient, fwd + both of ``conv`` on ``v`` by ``impl``."""
+    from mmpola.ops import depthwise_conv2d
+
+    def run():
+        return depthwise_conv2d(v, conv.weight, conv.bias, impl)
+
+    def forward():
+        with torch.no_grad():
+            run()
+
+    return dict(fwd=forward, wgrad=lambda: torch.autograd.grad(run(), [conv.weight], grad),
+                dgrad=lambda: torch.autograd.grad(run(), [v], grad),
+                bwd=lambda: torch.autograd.grad(run(), [conv.weight, conv.bias, v], grad))
+
+
+def layer_grad(v, layout, seed, device, dtype):
+    grad = torch.randn(v.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device, dtype)
+    return grad.to(memory_format=torch.channels_last) if layout == 'channels_last' else grad
 
 
 def bench_layers(args, device):
     """fwd, fwd + weight gradient, fwd + input gradient and fwd + both of the value path's depthwise 5x5
-    conv, per case, dtype and input layout (interleaved within each repetition)."""
+    conv, per case, dtype, implementation and input layout (interleaved within each repetition); then
+    fwd + both at ``--new-shapes`` shapes the implementation has not seen, one call each."""
+    from mmpola.ops.triton_support import triton_unsupported
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     print(f'- cudnn.benchmark: {torch.backends.cudnn.benchmark}' if device.type == 'cuda' else '- (no cuDNN)')
-    print('\n| layer | case | input (N,C,H,W) | dtype | input layout | fwd ms | fwd+wgrad ms | fwd+dgrad ms | '
-          'fwd+bwd ms | runs |')
-    print('|---|---|---|---|---|---:|---:|---:|---:|---:|')
+    print('\n| layer | case | input (N,C,H,W) | dtype | impl | input layout | fwd ms | fwd+wgrad ms | fwd+dgrad ms | '
+          'fwd+bwd ms | runs | fwd+bwd ms, new shapes |')
+    print('|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|')
+    skipped = set()
     for case in args.cases:
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
             runs = {}
-            for layout in LAYER_LAYOUTS:
+            for impl, layout in LAYER_VARIANTS:
+                reason = triton_unsupported(device, dtype) if impl == 'triton' else None
+                if impl not in args.impls or reason is not None:
+                    if reason is not None:
+                        skipped.add(f'{impl}: {reason}')
+                    continue
                 conv, v = value_conv_inputs(case, device, dtype, layout, args.seed)
-                grad = torch.randn(v.shape, generator=torch.Generator().manual_seed(args.seed + 1)).to(device, dtype)
-                grad = grad.to(memory_format=torch.channels_last) if layout == 'channels_last' else grad
-
-                def forward(conv=conv, v=v):
-                    with torch.no_grad():
-                        conv(v)
-
-                def weight_grad(conv=conv, v=v, grad=grad):
-                    torch.autograd.grad(conv(v), [conv.weight], grad)
-
-                def input_grad(conv=conv, v=v, grad=grad):
-                    torch.autograd.grad(conv(v), [v], grad)
-
-                def both(conv=conv, v=v, grad=grad):
-                    torch.autograd.grad(conv(v), [conv.weight, conv.bias, v], grad)
-
-                passes = dict(fwd=forward, wgrad=weight_grad, dgrad=input_grad, bwd=both)
-                for fn in passes.values():  # warm-up (cuDNN picks its kernels)
+                passes = layer_passes(conv, v, layer_grad(v, layout, args.seed, device, dtype), impl)
+                for fn in passes.values():  # warm-up (cuDNN picks its kernels, Triton compiles and tunes)
                     fn()
-                runs[layout] = (v.shape, passes, {name: [] for name in passes})
+                runs[impl, layout] = (v.shape, passes, {name: [] for name in passes})
             for _ in range(args.repeat):
-                for layout in LAYER_LAYOUTS:
-                    _, passes, times = runs[layout]
+                for _, passes, times in runs.values():
                     for name, fn in passes.items():
                         times[name].append(time_once(fn, device))
-            for layout in LAYER_LAYOUTS:
-                shape, _, times = runs[layout]
+            for (impl, layout), (shape, _, times) in runs.items():
                 ms = {name: 1e3 * min(values) for name, values in times.items()}
-                print(f"| dwconv 5x5 | {case} | {','.join(map(str, shape))} | {dtype_name} | {layout} | "
-                      f"{ms['fwd']:.2f} | {ms['wgrad']:.2f} | {ms['dgrad']:.2f} | {ms['bwd']:.2f} | {args.repeat} |")
+                fresh = []
+                for images, height, width in new_shapes(shape[0], shape[2], shape[3], args.new_shapes):
+                    conv, v = value_conv_inputs(case, device, dtype, layout, args.seed, (images, height, width))
+                    both = layer_passes(conv, v, layer_grad(v, layout, args.seed, device, dtype), impl)['bwd']
+                    fresh.append(1e3 * time_once(both, device))
+                fresh = f'{median(fresh):.2f}' if fresh else '-'
+                print(f"| dwconv 5x5 | {case} | {','.join(map(str, shape))} | {dtype_name} | {impl} | {layout} | "
+                      f"{ms['fwd']:.2f} | {ms['wgrad']:.2f} | {ms['dgrad']:.2f} | {ms['bwd']:.2f} | {args.repeat} | "
+                      f'{fresh} |')
             runs = None
             gc.collect()
     print('\nThe depthwise conv (d channels, 5x5, groups=d) of the Pola / FLatten value path on the heads\' '
-          'values (B * h, d, H, W) of the case: channels_last is the view the attention passes it, contiguous '
+          'values (B * h, d, H, W) of the case, by mmpola.ops.depthwise_conv2d: impl torch = F.conv2d (cuDNN on '
+          'CUDA), triton = mmpola\'s Triton kernels; channels_last is the view the attention passes, contiguous '
           'the same values copied to NCHW. Its weight is stored channels-last (mmpola.models.layers.depthwise_conv). '
           'The input, the weight and the output gradient are in the row\'s dtype (as under autocast). Times: '
-          'min over the runs (layouts interleaved) of the forward under no_grad, and of the forward with the '
-          'weight gradient, with the input gradient, and with both (and the bias\'s).')
+          'min over the runs (rows interleaved) of the forward under no_grad, and of the forward with the '
+          'weight gradient, with the input gradient, and with both (and the bias\'s). New shapes: the median '
+          f'fwd+bwd of one call at each of {args.new_shapes} shapes not seen before (other map sizes; other numbers '
+          'of windows for window-sized maps), as a detector\'s changing image sizes bring them: what a new shape '
+          'costs beyond the compute (an implementation\'s per-shape setup) shows as the difference to fwd+bwd.')
+    for line in sorted(skipped):
+        print(f'skipped {line}')
 
 
 # --------------------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------------------
+
+
+def depthwise_option(parser):
+    parser.add_argument('--dwconv-impl', default=None, choices=['auto', 'torch', 'triton'],
+                        help="implementation of mmpola's depthwise convolutions (sets MMPOLA_DEPTHWISE_CONV; default: "
+                        "the environment's, 'auto' when unset)")
 
 
 def parse_args(argv=None):
@@ -958,6 +1016,9 @@ def parse_args(argv=None):
     backbone.add_argument('--batch', type=int, default=1)
     backbone.add_argument('--backward', action='store_true', help='time forward + backward in train mode')
     backbone.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype')
+    backbone.add_argument('--new-sizes', type=int, default=0,
+                          help='also time one pass at each of this many input sizes not seen before (a column)')
+    depthwise_option(backbone)
 
     scaling = sub.add_parser('scaling', help='growth of backbone forward time with pixel count')
     common(scaling)
@@ -972,6 +1033,7 @@ def parse_args(argv=None):
     ops.add_argument('--size', default='256x384', help='S or HxW')
     ops.add_argument('--batch', type=int, default=2)
     ops.add_argument('--attn-impl', default='default', help="as for 'backbone'")
+    depthwise_option(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 
     amp = sub.add_parser('amp', help='autocast forward+backward of every full-size backbone: finite?')
@@ -983,12 +1045,15 @@ def parse_args(argv=None):
     amp.add_argument('--repeat', type=int, default=1)
 
     layers = sub.add_parser('layers', help="single layers of the attentions: the value path's depthwise 5x5 "
-                            'conv, fwd and bwd, channels-last vs contiguous input')
+                            'conv, fwd and bwd, library vs Triton, channels-last vs contiguous input, new shapes')
     common(layers)
     layers.add_argument('--cases', nargs='+', default=['pvt-s1@224', 'swin-s1@224'], choices=list(ATTENTION_CASES),
                         help='attention cases: their batch x heads, head dim and token grid')
     layers.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16', 'float16'],
                         choices=['float32', 'bfloat16', 'float16'])
+    layers.add_argument('--impls', nargs='+', default=['torch', 'triton'], choices=['torch', 'triton'],
+                        help="implementations of mmpola.ops.depthwise_conv2d (triton: where its kernels run)")
+    layers.add_argument('--new-shapes', type=int, default=5, help='shapes not seen before, one fwd+bwd each')
     layers.add_argument('--cudnn-benchmark', action='store_true', help='torch.backends.cudnn.benchmark = True '
                         "(default False, as mmengine's env_cfg)")
     layers.add_argument('--repeat', type=int, default=5)
@@ -1015,6 +1080,7 @@ def parse_args(argv=None):
     train.add_argument('--attn-impl', default=None,
                        help="implementation of the attention ops in mmpola's backbones ('auto', 'fast', 'triton', "
                        "'reference'; default: the config's, i.e. 'auto'); other libraries' backbones are unchanged")
+    depthwise_option(train)
     train.add_argument('--profile', metavar='DIR', default=None,
                        help='after the timed iterations, profile one more and write DIR/<config>_trace.json '
                        '(chrome trace) and DIR/<config>_profile.md / .json (summary)')
@@ -1032,6 +1098,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if getattr(args, 'dwconv_impl', None):  # read by the models' depthwise convolutions (and the _peak children)
+        os.environ['MMPOLA_DEPTHWISE_CONV'] = args.dwconv_impl
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.command == '_peak':

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Compile every Triton kernel of the attention ops for NVIDIA GPUs ahead of time, without a GPU.
+"""Compile every Triton kernel of the attention ops (and of the depthwise convolution) for NVIDIA GPUs ahead of
+time, without a GPU.
 
     python tools/check_triton_kernels.py                       # every op, head dim, dtype and target
     python tools/check_triton_kernels.py --ops pola flatten --targets sm_90 --head-dims 64 128
@@ -12,6 +13,9 @@ warps, precisions and chunks as on the target GPU and records the launches inste
 Each recorded launch (with every config of an autotuned kernel) is bound to its arguments as Triton
 binds a launch (types, integer and alignment specialisations) and compiled by ``triton.compile``
 for the target (ptxas ships with Triton's NVIDIA backend); identical compilations are done once.
+
+The depthwise convolution (``--ops depthwise``) runs its forward and backward the same way, on channels-last
+maps of the grids below with as many channels as the head dim, at kernel sizes 3 and 5.
 
 Token grids: one head of many tokens (several token blocks per chunk) and two heads in a batch of two
 of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
@@ -45,6 +49,10 @@ import torch  # noqa: E402
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 HEAD_DIMS = (16, 32, 64, 128)
+# the depthwise convolution of the token maps (mmpola.ops.depthwise_conv2d), checked like an op: its
+# channels are the head dims' column, at the kernel sizes of mmpola's models
+DEPTHWISE = 'depthwise'
+DEPTHWISE_KERNELS = (3, 5)
 # (batch, heads, grid): many tokens in one head; a few tokens in two heads of a batch of two
 SHAPES = ((1, 1, (40, 40)), (2, 2, (7, 7)))
 
@@ -82,7 +90,7 @@ GPUS = {'sm_80': GPU('sm_80', 80, 32, 163, 108), 'sm_90': GPU('sm_90', 90, 32, 2
 def parse_args(argv=None):
     from mmpola.ops import OPS
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    triton_ops = [name for name, op in OPS.items() if 'triton' in op.impls]
+    triton_ops = [name for name, op in OPS.items() if 'triton' in op.impls] + [DEPTHWISE]
     parser.add_argument('--ops', nargs='+', choices=triton_ops, default=triton_ops)
     parser.add_argument('--targets', nargs='+', choices=sorted(GPUS) + ['native'], default=sorted(GPUS),
                         help="GPUs to compile for; 'native': this machine's first CUDA GPU (its compute capability, "
@@ -111,6 +119,8 @@ def record_launches(op_name, gpu, head_dim, dtype):
     from mmpola.ops import OPS
     from mmpola.ops.dispatch import AttnImplUnavailable
     from mmpola.ops.triton_support import dry_run
+    if op_name == DEPTHWISE:
+        return record_depthwise_launches(gpu, head_dim, dtype)
     op = OPS[op_name]
     launches = []
     for batch, heads, hw in SHAPES:
@@ -123,6 +133,24 @@ def record_launches(op_name, gpu, head_dim, dtype):
                 return str(declined)
             out.backward(torch.zeros_like(out))
         launches += recorded
+    return launches
+
+
+def record_depthwise_launches(gpu, channels, dtype):
+    """The kernel launches of one forward and backward of the Triton depthwise convolution on ``gpu``, with
+    ``channels`` channels, at each kernel size of DEPTHWISE_KERNELS and every grid of SHAPES."""
+    from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
+    from mmpola.ops.triton_support import dry_run
+    launches = []
+    for batch, heads, (height, width) in SHAPES:
+        for k in DEPTHWISE_KERNELS:
+            x = torch.zeros(batch * heads, height, width, channels, dtype=dtype).permute(0, 3, 1, 2).requires_grad_()
+            weight = torch.zeros(channels, 1, k, k, dtype=dtype).requires_grad_()
+            bias = torch.zeros(channels, dtype=dtype).requires_grad_()
+            with dry_run(gpu.kernel_target()) as recorded:
+                out = depthwise_conv2d_triton(x, weight, bias)
+                out.backward(torch.zeros_like(out))
+            launches += recorded
     return launches
 
 

@@ -11,8 +11,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
-__all__ = ['DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache', 'SizeCache',
-           'depthwise_conv', 'map_as_tokens', 'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map',
+from mmpola.ops import depthwise_conv2d, depthwise_conv_impl
+
+__all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache',
+           'SizeCache', 'depthwise_conv', 'map_as_tokens', 'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map',
            'trunc_normal_init']
 
 
@@ -53,10 +55,23 @@ def map_as_tokens(x):
     return x.flatten(2).transpose(1, 2)
 
 
+@register_notrace_module  # torch.fx leaf, as nn.Conv2d
+class DepthwiseConv2d(nn.Conv2d):
+    """``nn.Conv2d(channels, channels, k, padding=k // 2, groups=channels)`` (same parameters and
+    checkpoint keys) whose forward runs :func:`mmpola.ops.depthwise_conv2d` with the implementation that
+    ``MMPOLA_DEPTHWISE_CONV`` names: ``'auto'`` (unset) and ``'torch'`` run the library convolution,
+    ``'triton'`` the Triton kernels (CUDA)."""
+
+    def forward(self, x):
+        if depthwise_conv_impl() == 'triton':
+            return depthwise_conv2d(x, self.weight, self.bias, 'triton')
+        return super().forward(x)
+
+
 def depthwise_conv(channels, kernel_size):
-    """``nn.Conv2d(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)`` whose
-    weight is stored channels-last, for the depthwise convolutions that run on channels-last views
-    (the attention's value term, PolaFormer++'s FFN, PVTv2's MLP).
+    """A :class:`DepthwiseConv2d` of ``channels`` and an odd ``kernel_size`` whose weight is stored
+    channels-last, for the depthwise convolutions that run on channels-last views (the attention's value
+    term, PolaFormer++'s FFN and LePE, PVTv2's MLP).
 
     From a channels-last input the convolution returns the weight gradient in channels-last strides,
     ``(k*k, 1, k, 1)`` for the (C, 1, k, k) weight. A weight stored contiguously, ``(k*k, k*k, k, 1)``
@@ -65,7 +80,7 @@ def depthwise_conv(channels, kernel_size):
     take the parameter's strides. Stored channels-last, the gradient matches the parameter: the same
     numbers and speed (a contiguous input instead would make the CPU convolution several times slower).
     """
-    conv = nn.Conv2d(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
+    conv = DepthwiseConv2d(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
     conv.weight = nn.Parameter(conv.weight.detach().to(memory_format=torch.channels_last))
     return conv
 

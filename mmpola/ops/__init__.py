@@ -8,7 +8,11 @@ op          public function               layout
 ``inline``  :func:`inline_attention`      heads merged: q (B, N, C), k, v (B, n, C)
 ``pacs``    :func:`pacs_attention`        per head: q, k, v (B, h, N, d) plus (N, 2d) RoPE tables
 =========== ============================= ==========================================================
+
+Beside them, :func:`depthwise_conv2d` (mmpola/ops/depthwise.py): the depthwise convolution of the token
+maps, by the library or by Triton kernels.
 """
+from .depthwise import DEPTHWISE_IMPLS, depthwise_conv2d, depthwise_conv_impl
 from .dispatch import OPS, attention_impls, attention_op, check_attn_impl, register_attention_impl
 from .flatten import flatten_attention, flatten_attention_fast, flatten_attention_reference, focused_feature_map
 from .flatten_triton import flatten_attention_triton
@@ -34,5 +38,5 @@ __all__ = [
     'focused_feature_map',
     'inline_attention', 'inline_attention_reference', 'inline_attention_fast', 'inline_attention_triton',
     'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
-    'rope_tables', 'rope_rotate'
+    'rope_tables', 'rope_rotate', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl'
 ]

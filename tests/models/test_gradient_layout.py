@@ -1,7 +1,9 @@
 """Every parameter's gradient has the parameter's own strides, the layout DDP's gradient buckets take
 (otherwise DDP warns "Grad strides do not match bucket view strides" and copies the gradient on
 every backward): the depthwise convolutions that run on channels-last views keep their weight
-channels-last (mmpola.models.layers.depthwise_conv)."""
+channels-last (mmpola.models.layers.depthwise_conv), on the library convolution and on the Triton kernels
+(MMPOLA_DEPTHWISE_CONV=triton, through Triton's interpreter without a GPU), which give the same outputs and
+gradients."""
 import socket
 import warnings
 
@@ -11,6 +13,7 @@ import torch.distributed as dist
 
 from mmpola.models import FLattenPVTv2, FLattenSwin, InLinePVT, PolaPP, PolaPVT, PolaSwin, PVTv2Backbone
 from tests.fixtures.backbones import TINY_PVT
+from tests.fixtures.ops import relative_error
 
 TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 1, 2], num_heads=[1, 2, 4, 8])
 TINY_POLAPP = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratios=[2] * 4,
@@ -55,3 +58,37 @@ def test_ddp_does_not_warn_about_gradient_strides():
         assert not [w for w in caught if 'strides do not match' in str(w.message)]
     finally:
         dist.destroy_process_group()
+
+
+FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax']
+
+
+def _run(cls, arch, extra):
+    torch.manual_seed(0)
+    model = cls(arch=arch, **extra).train()
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1))
+    outs = model(x)
+    g = torch.Generator().manual_seed(2)  # a random projection: the outputs' normalised squares are constant
+    sum((o * torch.randn(o.shape, generator=g)).mean() for o in outs).backward()
+    return [o.detach() for o in outs], {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, model
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_triton_depthwise_conv_in_the_models(name, monkeypatch):
+    cls, arch = MODELS[name]
+    arch = dict(arch)
+    extra = {'attn_type': arch.pop('attn_type')} if 'attn_type' in arch else {}
+    monkeypatch.delenv('MMPOLA_DEPTHWISE_CONV', raising=False)
+    outs, grads, _ = _run(cls, arch, extra)
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'triton')
+    triton_outs, triton_grads, model = _run(cls, arch, extra)
+    for a, e in zip(triton_outs, outs):
+        assert relative_error(a, e) <= 1e-5
+    assert set(triton_grads) == set(grads)
+    # relative to each gradient's largest value, or to a hundredth of the model's largest gradient for the
+    # gradients that are zero up to rounding (the biases of convolutions followed by a normalisation)
+    floor = 1e-2 * max(g.abs().max().item() for g in grads.values())
+    errors = {n: (triton_grads[n] - g).abs().max().item() / max(g.abs().max().item(), floor) for n, g in grads.items()}
+    assert max(errors.values()) <= 1e-4, max(errors.items(), key=lambda item: item[1])
+    params = dict(model.named_parameters())
+    assert {n for n, g in triton_grads.items() if g.stride() != params[n].stride()} == set()

@@ -62,15 +62,40 @@ def test_runnable_implementations_skip_those_for_another_device_with_the_reason(
     assert len(skipped) == 1 and skipped[0].startswith('pola triton: the Triton kernels run on CUDA tensors')
 
 
-def test_layers_times_the_value_conv_in_both_layouts(capsys):
+def test_layers_times_the_value_conv_in_both_layouts_and_implementations(capsys, monkeypatch):
     conv, v = BENCH.value_conv_inputs('pvt-s1@224', torch.device('cpu'), torch.float32, 'channels_last', 0)
     _, dense = BENCH.value_conv_inputs('pvt-s1@224', torch.device('cpu'), torch.float32, 'contiguous', 0)
     assert v.shape == (2, 64, 56, 56) and v.is_contiguous(memory_format=torch.channels_last)
     assert dense.is_contiguous() and torch.equal(v, dense)
     assert conv.groups == 64 and conv.kernel_size == (5, 5)
-    BENCH.main(['layers', '--cases', 'pvt-s1@224', '--dtypes', 'float32', '--repeat', '1', '--no-memory'])
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| dwconv 5x5 |')]
-    assert [row.split('|')[5].strip() for row in rows] == ['channels_last', 'contiguous']
+    # a small case: the Triton rows run through the interpreter here
+    monkeypatch.setitem(BENCH.ATTENTION_CASES, 'tiny', (1, 1, (9, 11), 32))
+    common = ['layers', '--cases', 'tiny', '--dtypes', 'float32', '--repeat', '1', '--no-memory']
+    BENCH.main(common + ['--new-shapes', '2'])
+    rows = [line.split('|') for line in capsys.readouterr().out.splitlines() if line.startswith('| dwconv 5x5 |')]
+    assert [(row[5].strip(), row[6].strip()) for row in rows] == list(BENCH.LAYER_VARIANTS)
+    assert all(float(row[-2]) > 0 for row in rows)  # the new shapes' column
+    monkeypatch.setenv('TRITON_INTERPRET', '0')  # where the kernels cannot run: their rows are left out, with why
+    BENCH.main(common + ['--new-shapes', '0'])
+    out = capsys.readouterr().out
+    assert [line.split('|')[5].strip() for line in out.splitlines() if line.startswith('| dwconv 5x5 |')] == \
+        ['torch', 'torch']
+    assert 'skipped triton: the Triton kernels run on CUDA tensors' in out
+
+
+def test_new_shapes_differ_from_the_timed_one_and_each_other():
+    shapes = BENCH.new_shapes(2, 200, 336, 5)
+    assert len(set(shapes)) == 5 and (2, 200, 336) not in shapes and all(s[0] == 2 for s in shapes)
+    assert BENCH.new_shapes(12, 7, 7, 3) == [(13, 7, 7), (14, 7, 7), (15, 7, 7)]  # windows: their number changes
+    assert all(h % 32 == 0 and w % 32 == 0 for _, h, w in BENCH.new_shapes(1, 800, 1344, 5, step=32))
+
+
+def test_depthwise_option_sets_the_environment(monkeypatch):
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
+    args = BENCH.parse_args(['backbone', '--dwconv-impl', 'triton', '--new-sizes', '3'])
+    assert args.dwconv_impl == 'triton' and args.new_sizes == 3
+    assert BENCH.parse_args(['train', 'x.py', '--dwconv-impl', 'torch']).dwconv_impl == 'torch'
+    assert BENCH.parse_args(['ops']).dwconv_impl is None
 
 
 def test_an_implementation_that_turns_a_case_down_is_left_out_with_its_reason(capsys):
@@ -104,3 +129,15 @@ def test_operator_count_of_the_triton_path_counts_the_launches_apart(capsys):
     BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96'])
     fast = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('| pola-pvt-t |'))
     assert int(cells[4].split()[0]) < int(fast.split('|')[5])  # the fast path's feature maps are gone
+
+
+def test_operator_count_with_the_triton_depthwise_conv(capsys, monkeypatch):
+    """--dwconv-impl triton (MMPOLA_DEPTHWISE_CONV) runs the value term's conv through its kernels: one more
+    launch per layer forward (the conv), two backward (input and weight gradients)."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
+    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl', 'triton'])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith('| pola-pvt-t |'))
+    cells = [cell.strip() for cell in row.strip('|').split('|')]
+    assert cells[4].endswith('(+24 Triton)') and cells[6].endswith('(+32 Triton)'), row
+    assert "mmpola's depthwise convolutions: triton (MMPOLA_DEPTHWISE_CONV" in out

@@ -1,0 +1,61 @@
+"""Depthwise convolution of the token maps: one public function with a choice of implementation.
+
+:func:`depthwise_conv2d` computes ``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` for an odd
+k x k kernel at stride 1 (the value term of Pola / FLatten attention, PolaFormer++'s LePE and FFN
+conv, PVTv2's MLP conv; :class:`mmpola.models.layers.DepthwiseConv2d` calls it). Its implementations:
+
+* ``'torch'``: ``F.conv2d`` (cuDNN on CUDA), what ``'auto'`` runs;
+* ``'triton'``: the Triton kernels of mmpola/ops/depthwise_triton.py, forward and backward, on CUDA
+  (and under ``TRITON_INTERPRET=1`` on the CPU, for tests). Their launch work does not depend on the
+  map size, which changes at every iteration of a detector's training, whereas a library convolution
+  may set up its kernels per new input shape; docs/benchmarks.md has the commands that compare them.
+
+The implementation is chosen per call by ``impl``; :class:`~mmpola.models.layers.DepthwiseConv2d`
+passes the value of the environment variable ``MMPOLA_DEPTHWISE_CONV`` (``'auto'`` when unset), so a
+training run or a benchmark switches every depthwise conv of a model at once.
+"""
+import os
+
+import torch.nn.functional as F
+
+from .dispatch import AttnImplUnavailable
+
+__all__ = ['DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl']
+
+DEPTHWISE_IMPLS = ('auto', 'torch', 'triton')
+ENV = 'MMPOLA_DEPTHWISE_CONV'
+
+
+def depthwise_conv_impl():
+    """The implementation asked for by ``MMPOLA_DEPTHWISE_CONV`` (``'auto'`` when unset); an unknown name
+    is one clear error."""
+    impl = os.environ.get(ENV, 'auto').strip().lower() or 'auto'
+    if impl not in DEPTHWISE_IMPLS:
+        raise AttnImplUnavailable(f'{ENV}={impl!r} is not an implementation of the depthwise convolution; '
+                                  f'use one of {", ".join(DEPTHWISE_IMPLS)} (or unset it)')
+    return impl
+
+
+def _check(x, weight):
+    if x.dim() != 4 or weight.dim() != 4 or weight.shape[1] != 1 or weight.shape[0] != x.shape[1]:
+        raise ValueError(f'depthwise_conv2d expects x (B, C, H, W) and weight (C, 1, k, k), got {tuple(x.shape)} '
+                         f'and {tuple(weight.shape)}')
+    k = weight.shape[-1]
+    if weight.shape[-2] != k or k % 2 == 0:
+        raise ValueError(f'depthwise_conv2d expects an odd square kernel, got {tuple(weight.shape[-2:])}')
+
+
+def depthwise_conv2d(x, weight, bias=None, impl='auto'):
+    """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)``: x (B, C, H, W), weight (C, 1, k, k), k odd.
+
+    ``impl``: ``'auto'`` (``'torch'``), ``'torch'`` or ``'triton'`` (CUDA tensors; a clear error where
+    the kernels cannot run). Under autocast the Triton path takes the autocast dtype, as the convolution
+    does. The output of a channels-last input is channels-last in both implementations.
+    """
+    if impl not in DEPTHWISE_IMPLS:
+        raise ValueError(f'impl must be one of {", ".join(DEPTHWISE_IMPLS)}, got {impl!r}')
+    if impl == 'triton':
+        from .depthwise_triton import depthwise_conv2d_triton
+        _check(x, weight)
+        return depthwise_conv2d_triton(x, weight, bias)
+    return F.conv2d(x, weight, bias, padding=weight.shape[-1] // 2, groups=weight.shape[0])

@@ -1,0 +1,204 @@
+"""Depthwise convolution in Triton kernels, forward and backward (``impl='triton'`` of
+:func:`mmpola.ops.depthwise.depthwise_conv2d`).
+
+``out = F.conv2d(x, w, b, padding=k // 2, groups=C)`` for x (B, C, H, W), w (C, 1, k, k), k odd, stride 1.
+Two kernels, each program working on a tile of BLOCK_H x BLOCK_W pixels of one image and BLOCK_C
+channels (the channels are the contiguous axis of a channels-last map, so each load of a tap reads
+whole rows of channels):
+
+1. ``_dw_conv_kernel``: for each of the k * k taps, the shifted tile (zeros outside the image) times
+   the tap's weights, accumulated in float32, plus the bias; written channels-last in x's dtype. The
+   input gradient is the same kernel on the output gradient with the kernel flipped (``FLIP``): for an
+   odd kernel with ``k // 2`` padding, the transposed convolution is the convolution by the flipped
+   kernel.
+2. ``_dw_weight_grad_kernel``: a fixed number of programs (a few per multiprocessor, independent of
+   the map size) each loops over a share of the tiles and sums, per channel, ``g * shifted x`` for each
+   tap and ``g`` for the bias, into one float32 record (taps + 1, C) per program; one torch ``.sum``
+   over the programs (deterministic, no atomics) gives the weight and bias gradients.
+
+The grids and the loops take the map size as data and the kernels do not specialise on it: they are
+compiled once per dtype, kernel size and channel bucket (up to 32 channels, or more), so a new input
+size launches the compiled kernels as they are. On a GPU each kernel is tuned (triton_support.tunable)
+over its tile, channel block and warps, keyed on the kernel size and the channel bucket. Inputs of any
+strides (channels-last views are read in place); float32, float16 or bfloat16, accumulated in float32
+(float64 under the interpreter, for tests, accumulated in float32 too).
+"""
+import torch
+
+from .dispatch import AttnImplUnavailable
+from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+
+__all__ = ['depthwise_conv2d_triton']
+
+if triton_available() is None:
+    import triton
+    import triton.language as tl
+
+    # tiles of 32 or 64 pixels and 32 or 64 channels, 16 elements of a tile per thread (the taps' loads
+    # in flight need registers of their own); channel blocks no wider than the channels' bucket (CB)
+    _TUNED = [triton.Config({'BLOCK_H': bh, 'BLOCK_W': bw, 'BLOCK_C': bc}, num_warps=bh * bw * bc // 512)
+              for bh, bw in ((8, 8), (4, 16), (4, 8)) for bc in (32, 64)]
+
+    def _fitting(configs, named_args, **kwargs):
+        return [config for config in configs if config.kwargs['BLOCK_C'] <= kwargs['CB']]
+
+    @triton.jit
+    def _tile(tile, H, W, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
+        """Image (int64), pixel rows and columns of the flat tile index ``tile`` (row-major tiles per image)."""
+        tiles_w = tl.cdiv(W, BLOCK_W)
+        tiles_hw = tl.cdiv(H, BLOCK_H) * tiles_w
+        b = (tile // tiles_hw).to(tl.int64)
+        t = tile % tiles_hw
+        i = tl.arange(0, BLOCK_H * BLOCK_W)
+        return b, (t // tiles_w) * BLOCK_H + i // BLOCK_W, (t % tiles_w) * BLOCK_W + i % BLOCK_W
+
+    @triton.jit
+    def _shifted(base, y, x, dy, dx, H, W, cmask, sh, sw):
+        """The tile's pixels shifted by (dy, dx), all channels of the block, in float32 (zeros outside)."""
+        yy = y + dy
+        xx = x + dx
+        ok = (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+        return tl.load(base + yy[:, None] * sh + xx[:, None] * sw, mask=ok[:, None] & cmask[None, :],
+                       other=0.).to(tl.float32)
+
+    @tunable(_TUNED, ['CB', 'K', 'FLIP'], _fitting)
+    @triton.jit(do_not_specialize=['H', 'W'])
+    def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, C, H, W, sxb, sxc, sxh, sxw, swc, swy, swx,
+                        K: tl.constexpr, CB: tl.constexpr, FLIP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+        """One tile of the output (channels-last, contiguous) of the depthwise convolution."""
+        b, y, x = _tile(tl.program_id(0), H, W, BLOCK_H, BLOCK_W)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cmask = c < C
+        base = x_ptr + b * sxb + c[None, :] * sxc
+        acc = tl.zeros((BLOCK_H * BLOCK_W, BLOCK_C), dtype=tl.float32)
+        for ky in range(K):  # a loop over the rows of taps, unrolled along each row (registers for K loads)
+            for kx in tl.static_range(K):
+                if FLIP:
+                    tap = w_ptr + c * swc + (K - 1 - ky) * swy + (K - 1 - kx) * swx
+                else:
+                    tap = w_ptr + c * swc + ky * swy + kx * swx
+                weight = tl.load(tap, mask=cmask, other=0.).to(tl.float32)
+                acc += _shifted(base, y, x, ky - K // 2, kx - K // 2, H, W, cmask, sxh, sxw) * weight[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + c, mask=cmask, other=0.).to(tl.float32)[None, :]
+        inside = (y < H) & (x < W)
+        out = out_ptr + ((b * H + y[:, None]) * W + x[:, None]) * C + c[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside[:, None] & cmask[None, :])
+
+    @tunable(_TUNED, ['CB', 'K'], _fitting)
+    @triton.jit(do_not_specialize=['B', 'H', 'W'])
+    def _dw_weight_grad_kernel(x_ptr, g_ptr, part_ptr, B, C, H, W, sxb, sxc, sxh, sxw, sgb, sgc, sgh, sgw,
+                               K: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
+                               BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+        """This program's share of the weight gradient (taps 0 .. K*K-1) and bias gradient (row K*K),
+        per channel of the block, as one float32 record (TAPS, C)."""
+        prog = tl.program_id(0)
+        programs = tl.num_programs(0)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cmask = c < C
+        tap = tl.arange(0, TAPS)
+        acc = tl.zeros((TAPS, BLOCK_C), dtype=tl.float32)
+        tiles = B * tl.cdiv(H, BLOCK_H) * tl.cdiv(W, BLOCK_W)
+        for tile in range(prog, tiles, programs):
+            b, y, x = _tile(tile, H, W, BLOCK_H, BLOCK_W)
+            inside = (y < H) & (x < W)
+            g = tl.load(g_ptr + b * sgb + c[None, :] * sgc + y[:, None] * sgh + x[:, None] * sgw,
+                        mask=inside[:, None] & cmask[None, :], other=0.).to(tl.float32)
+            acc += tl.where(tap[:, None] == K * K, tl.sum(g, axis=0)[None, :], 0.)
+            base = x_ptr + b * sxb + c[None, :] * sxc
+            for ky in range(K):
+                for kx in tl.static_range(K):
+                    shifted = _shifted(base, y, x, ky - K // 2, kx - K // 2, H, W, cmask, sxh, sxw)
+                    acc += tl.where(tap[:, None] == ky * K + kx, tl.sum(g * shifted, axis=0)[None, :], 0.)
+        rows = tap[:, None] < K * K + 1
+        tl.store(part_ptr + (prog * TAPS + tap[:, None]) * C + c[None, :], acc, mask=rows & cmask[None, :])
+
+
+def _channel_bucket(channels):
+    """The tuning key of a channel count: 32 up to 32 channels, else 64 (the widest channel block)."""
+    return 32 if channels <= 32 else 64
+
+
+def _options(channels, k):
+    """The kernels' compile-time arguments and default config (triton_support.launch)."""
+    bucket = _channel_bucket(channels)
+    return dict(K=k, CB=bucket, default=dict(BLOCK_H=8, BLOCK_W=8, BLOCK_C=bucket, num_warps=bucket // 8))
+
+
+def _conv_grid(B, H, W, C):
+    return lambda meta: (B * triton.cdiv(H, meta['BLOCK_H']) * triton.cdiv(W, meta['BLOCK_W']),
+                         triton.cdiv(C, meta['BLOCK_C']))
+
+
+def _convolve(x, weight, bias, flip):
+    """The kernel's output (B, C, H, W), channels-last, in x's dtype."""
+    B, C, H, W = x.shape
+    k = weight.shape[-1]
+    out = torch.empty(B, H, W, C, dtype=x.dtype, device=x.device).permute(0, 3, 1, 2)
+    launch(_dw_conv_kernel, _conv_grid(B, H, W, C), x, weight, bias if bias is not None else weight, out, C, H, W,
+           *x.stride(), weight.stride(0), weight.stride(2), weight.stride(3), FLIP=flip, HAS_BIAS=bias is not None,
+           **_options(C, k))
+    return out
+
+
+def _weight_grad_programs(B, H, W, device):
+    """Programs of the weight-gradient kernel: a few per multiprocessor (a few in the interpreter), at most
+    one per 64 pixels; a function of the map size only, whatever the config."""
+    target = kernel_target(device)
+    programs = 4 * target.sm_count if target.gpu else 3
+    return max(1, min(programs, triton.cdiv(B * H * W, 64)))
+
+
+class _DepthwiseTriton(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _convolve(x, weight, bias, flip=False)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        B, C, H, W = x.shape
+        k = weight.shape[-1]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _convolve(g, weight, None, flip=True)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            taps = triton.next_power_of_2(k * k + 1)
+            programs = _weight_grad_programs(B, H, W, x.device)
+            part = torch.empty(programs, taps, C, dtype=torch.float32, device=x.device)
+            launch(_dw_weight_grad_kernel, lambda meta: (programs, triton.cdiv(C, meta['BLOCK_C'])), x, g, part, B, C,
+                   H, W, *x.stride(), *g.stride(), TAPS=taps, **_options(C, k))
+            total = part[0] if programs == 1 else part.sum(0)
+            if ctx.needs_input_grad[1]:
+                grad_w = torch.empty_like(weight)  # the weight's strides (channels-last for mmpola's convs)
+                grad_w.copy_(total[:k * k].t().reshape(C, 1, k, k))
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                grad_b = total[k * k].to(weight.dtype)
+        return grad_x, grad_w, grad_b
+
+
+def depthwise_conv2d_triton(x, weight, bias=None):
+    """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` (weight (C, 1, k, k), k odd) in Triton kernels,
+    forward and backward; output channels-last in x's dtype (under autocast: the autocast dtype, as the
+    convolution)."""
+    reason = triton_unsupported(x.device, x.dtype)
+    if reason is not None:
+        reason = reason.split('; use ')[0]  # the alternative here is the library's convolution
+        raise AttnImplUnavailable(f'the Triton depthwise convolution cannot run here: {reason}; use '
+                                  "impl='torch' (MMPOLA_DEPTHWISE_CONV=torch)")
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    if not (x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)):
+        raise TypeError(f'depthwise_conv2d expects x, weight and bias of one dtype, got {x.dtype}, {weight.dtype}'
+                        f'{", " + str(bias.dtype) if bias is not None else ""}')
+    if x.numel() == 0:
+        return torch.nn.functional.conv2d(x, weight, bias, padding=weight.shape[-1] // 2, groups=weight.shape[0])
+    return _DepthwiseTriton.apply(x, weight, bias)

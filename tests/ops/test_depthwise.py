@@ -1,0 +1,175 @@
+"""The depthwise convolution of the token maps (mmpola.ops.depthwise_conv2d): the Triton kernels against
+the library convolution in float64 (output, input, weight and bias gradients), odd map sizes, kernel
+sizes, layouts, half precision, autocast, every tuned config, and the module and environment switch.
+Without a GPU the kernels run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmpola.models.layers import DepthwiseConv2d, depthwise_conv
+from mmpola.ops import depthwise_conv2d, depthwise_conv_impl
+from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
+from mmpola.ops.dispatch import AttnImplUnavailable
+from tests.fixtures.ops import forward_backward, relative_error
+
+DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+def make_inputs(B, C, H, W, k, dtype=torch.float32, channels_last=True, seed=0):
+    """x (B, C, H, W) (a channels-last view, as the models pass it, or contiguous), weight, bias, dL/dout."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, H, W, C, generator=g).permute(0, 3, 1, 2)
+    x = x if channels_last else x.contiguous()
+    weight = torch.randn(C, 1, k, k, generator=g).to(memory_format=torch.channels_last)
+    bias = torch.randn(C, generator=g)
+    grad = torch.randn(B, H, W, C, generator=g).permute(0, 3, 1, 2)
+    return [t.to(device=DEVICE, dtype=dtype) for t in (x, weight, bias, grad)]
+
+
+def library(x, weight, bias=None):
+    return F.conv2d(x, weight, bias, padding=weight.shape[-1] // 2, groups=weight.shape[0])
+
+
+def assert_matches(actual, expected, tol, what=''):
+    for name, a, e in zip(('out', 'dx', 'dweight', 'dbias'), actual, expected):
+        assert a.shape == e.shape, name
+        err = relative_error(a, e)
+        assert err <= tol, f'{what} {name}: relative error {err:.2e} > {tol}'
+
+
+# (B, C, H, W, k, channels_last): maps smaller and larger than a tile, channels not a multiple of the
+# channel block, kernels 3 / 5 / 7, Swin's 7 x 7 windows, contiguous inputs
+CASES = [(2, 40, 9, 13, 5, True), (3, 64, 7, 7, 5, True), (1, 24, 5, 6, 7, True), (2, 96, 17, 11, 3, True),
+         (1, 32, 1, 1, 5, True), (2, 16, 12, 20, 3, False), (1, 70, 3, 19, 5, False)]
+
+
+@pytest.mark.parametrize('case', CASES, ids=lambda c: 'B{}-C{}-{}x{}-k{}-{}'.format(*c[:5], 'cl' if c[5] else 'nchw'))
+def test_triton_matches_the_library_convolution(case):
+    """fp32 kernels within 1e-5 (relative to the largest value) of the float64 convolution: output and
+    the gradients of x, weight and bias."""
+    B, C, H, W, k, channels_last = case
+    x, weight, bias, g = make_inputs(B, C, H, W, k, channels_last=channels_last)
+    actual = forward_backward(depthwise_conv2d_triton, [x, weight, bias], g)
+    expected = forward_backward(library, [x.double(), weight.double(), bias.double()], g.double())
+    assert all(a.dtype == torch.float32 for a in actual)
+    assert_matches(actual, expected, 1e-5, str(case))
+    assert actual[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_without_bias_and_with_frozen_inputs():
+    x, weight, _, g = make_inputs(2, 32, 9, 10, 5)
+    actual = forward_backward(depthwise_conv2d_triton, [x, weight], g)
+    expected = forward_backward(library, [x.double(), weight.double()], g.double())
+    assert_matches(actual, expected, 1e-5)
+    leaf = weight.clone().requires_grad_()  # x needs no gradient: only the weight's is computed
+    depthwise_conv2d_triton(x, leaf).backward(g)
+    assert relative_error(leaf.grad, expected[2]) <= 1e-5
+
+
+def test_weight_gradient_has_the_weights_strides():
+    """The weight gradient comes back in the parameter's strides (channels-last for mmpola's convs), so
+    DDP's buckets take it without a copy."""
+    x, weight, bias, g = make_inputs(2, 32, 9, 10, 5)
+    weight = weight.to(memory_format=torch.channels_last).requires_grad_()
+    depthwise_conv2d_triton(x, weight, bias).backward(g)
+    assert weight.grad.stride() == weight.stride()
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float16, 1e-2), (torch.bfloat16, 3e-2)])
+def test_half_precision_inputs(dtype, tol):
+    """fp16 / bf16 tensors are accumulated in float32; output and gradients in the inputs' dtype."""
+    x, weight, bias, g = make_inputs(2, 48, 11, 9, 5, dtype=dtype)
+    actual = forward_backward(depthwise_conv2d_triton, [x, weight, bias], g)
+    assert all(a.dtype == dtype for a in actual)
+    expected = forward_backward(library, [x.double(), weight.double(), bias.double()], g.double())
+    assert_matches(actual, expected, tol, str(dtype))
+
+
+def test_autocast_computes_in_the_autocast_dtype():
+    """Under autocast the kernels take the autocast dtype, as the convolution does; the parameters'
+    gradients come back in their own dtype."""
+    x, weight, bias, g = make_inputs(1, 32, 7, 9, 5)
+    dtype = torch.bfloat16
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    with torch.autocast(DEVICE, dtype=dtype):
+        out = depthwise_conv2d_triton(*leaves)
+        expected = library(x, weight, bias)
+    assert out.dtype == expected.dtype == dtype
+    assert relative_error(out, expected) <= 3e-2
+    out.backward(g.to(dtype))
+    assert [t.grad.dtype for t in leaves] == [torch.float32] * 3
+
+
+def test_deterministic():
+    x, weight, bias, g = make_inputs(1, 64, 17, 19, 5)
+    first = forward_backward(depthwise_conv2d_triton, [x, weight, bias], g)
+    second = forward_backward(depthwise_conv2d_triton, [x, weight, bias], g)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize('index', range(6))
+def test_every_tuned_config_matches_the_library(index):
+    """Each config the GPU kernels are tuned over (tile, channel block), forced in turn."""
+    from mmpola.ops.depthwise_triton import _TUNED
+    from mmpola.ops.triton_support import fixed_config
+    assert len(_TUNED) == 6
+    x, weight, bias, g = make_inputs(1, 80, 9, 17, 5)  # 80 channels: a partial second block of 64
+    with fixed_config(index):
+        actual = forward_backward(depthwise_conv2d_triton, [x, weight, bias], g)
+    expected = forward_backward(library, [x.double(), weight.double(), bias.double()], g.double())
+    assert_matches(actual, expected, 1e-5, f'config {index}')
+
+
+def test_empty_batch():
+    x, weight, bias, _ = make_inputs(1, 16, 5, 5, 3)
+    out = depthwise_conv2d_triton(x[:0], weight, bias)
+    assert out.shape == (0, 16, 5, 5)
+
+
+def test_public_function_and_its_choices():
+    x, weight, bias, _ = make_inputs(1, 16, 5, 6, 3)
+    torch.testing.assert_close(depthwise_conv2d(x, weight, bias), library(x, weight, bias))
+    torch.testing.assert_close(depthwise_conv2d(x, weight, bias, impl='triton'), library(x, weight, bias),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="impl must be one of auto, torch, triton, got 'cudnn'"):
+        depthwise_conv2d(x, weight, bias, impl='cudnn')
+    with pytest.raises(ValueError, match='odd square kernel'):
+        depthwise_conv2d(x, torch.randn(16, 1, 4, 4), None, impl='triton')
+    with pytest.raises(ValueError, match=r'x \(B, C, H, W\) and weight \(C, 1, k, k\)'):
+        depthwise_conv2d(x, torch.randn(8, 1, 3, 3), None, impl='triton')
+
+
+def test_cpu_tensors_without_the_interpreter_are_a_clear_error(monkeypatch):
+    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    x = torch.randn(1, 16, 5, 5)
+    with pytest.raises(AttnImplUnavailable, match=r"cannot run here: .*CUDA tensors.*impl='torch' "
+                       r'\(MMPOLA_DEPTHWISE_CONV=torch\)'):
+        depthwise_conv2d(x, torch.randn(16, 1, 3, 3), None, impl='triton')
+
+
+def test_environment_switch(monkeypatch):
+    monkeypatch.delenv('MMPOLA_DEPTHWISE_CONV', raising=False)
+    assert depthwise_conv_impl() == 'auto'
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', ' Triton ')
+    assert depthwise_conv_impl() == 'triton'
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'cudnn')
+    with pytest.raises(AttnImplUnavailable, match=r"MMPOLA_DEPTHWISE_CONV='cudnn' is not an implementation.*"
+                       'use one of auto, torch, triton'):
+        depthwise_conv_impl()
+
+
+def test_module_runs_the_implementation_the_environment_names(monkeypatch):
+    """mmpola's depthwise convs are nn.Conv2d with the same parameters and keys; MMPOLA_DEPTHWISE_CONV=triton
+    runs them through the kernels, with the same output and gradients."""
+    conv = depthwise_conv(48, 5).to(DEVICE)
+    assert isinstance(conv, DepthwiseConv2d) and isinstance(conv, nn.Conv2d)
+    assert list(conv.state_dict()) == ['weight', 'bias']
+    x, _, _, g = make_inputs(2, 48, 9, 11, 5)
+    monkeypatch.delenv('MMPOLA_DEPTHWISE_CONV', raising=False)
+    library_run = forward_backward(conv, [x], g) + [conv.weight.grad.clone(), conv.bias.grad.clone()]
+    conv.zero_grad()
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'triton')
+    triton_run = forward_backward(conv, [x], g) + [conv.weight.grad.clone(), conv.bias.grad.clone()]
+    for a, e in zip(triton_run, library_run):
+        assert relative_error(a, e) <= 1e-5
