@@ -665,6 +665,20 @@ def _median(values):
     return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
 
 
+# last-half / first-half median s/iter below which the timed iterations were still getting faster
+STILL_FALLING = 0.9
+
+
+def steadiness(times):
+    """Median s/iter of the second half of the timed iterations over that of the first half (None for fewer
+    than 4): about 1 in a steady state, below 1 while iterations still get faster (compilation, tuning,
+    caches of new shapes filling up)."""
+    if len(times) < 4:
+        return None
+    half = len(times) // 2
+    return _median(times[-half:]) / _median(times[:half])
+
+
 def bench_config(spec, args, device):
     """Build, run and time one config; returns its table row (a dict)."""
     from mmpola.runtime import cli
@@ -689,6 +703,7 @@ def bench_config(spec, args, device):
                    peak=clock.peak_mib, peak_reset=clock.peak_reset, hooks=hooks, data_info=info['data'],
                    notes=info['notes'])
         row['images_per_s'] = batch / row['median']
+        row['trend'] = steadiness(clock.iter_times)
         if profiler is not None:
             title = f"{row['config']} ({row['device']}, amp {row['amp']}, batch {batch})"
             row['profile'] = write_profile(profiler, clock, device, spec, args.profile, title)
@@ -734,15 +749,22 @@ def bench_train(args, device):
           f'around each; resize scale: {scale}; no validation, no checkpoints; hooks (--hooks {args.hooks}): '
           f'{hook_text}.')
     print('\n| config | device | amp | batch | s/iter median | s/iter min | images/s | data s/iter (median) | '
-          'peak MiB |')
-    print('|---|---|---|---:|---:|---:|---:|---:|---:|')
+          'peak MiB | 2nd half / 1st half |')
+    print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|')
     for r in rows:
         peak = f"{r['peak']:.0f}" if r['peak'] is not None else '-'
+        trend = f"{r['trend']:.2f}" if r['trend'] is not None else '-'
         print(f"| {r['config']} | {r['device']} | {r['amp']} | {r['batch']} | {r['median']:.3f} | {r['min']:.3f} | "
-              f"{r['images_per_s']:.2f} | {r['data']:.3f} | {peak} |")
+              f"{r['images_per_s']:.2f} | {r['data']:.3f} | {peak} | {trend} |")
     print(f"\ns/iter: from the end of one iteration to the end of the next (its batch's loading, every hook, "
           f"forward, backward, optimizer step). images/s: batch / median s/iter. data: from the end of the "
-          f"previous iteration to the first hook of this one. peak: {MEMORY_TEXT[device.type]}.")
+          f"previous iteration to the first hook of this one. peak: {MEMORY_TEXT[device.type]}. 2nd half / 1st "
+          f"half: median s/iter of the last half of the timed iterations over that of the first half (1.00: "
+          f"steady; below {STILL_FALLING}: still getting faster).")
+    for r in rows:
+        if r['trend'] is not None and r['trend'] < STILL_FALLING:
+            print(f"- {r['config']}: still getting faster over the timed iterations (2nd half / 1st half "
+                  f"{r['trend']:.2f}): not yet a steady state; raise --warmup (and --iters)")
     for r in rows:
         print(f"- {r['config']}: data: {r['data_info']}; hooks: {', '.join(r['hooks'])}"
               + ('' if r['peak_reset'] else '; peak memory over the whole process (no reset)'))

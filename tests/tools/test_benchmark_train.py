@@ -36,6 +36,7 @@ def test_train_prints_the_table_and_writes_the_profile(tmp_path):
     median, fastest, images_per_s, data, peak = (float(c) for c in cells[4:9])
     assert 0 < fastest <= median and images_per_s == pytest.approx(1 / median, rel=0.02)
     assert 0 <= data < median and peak > 0
+    assert cells[9] == '-'  # too few timed iterations to tell a trend
     assert 'hooks: RuntimeInfoHook, RandomStateHook, NonFiniteLossHook' in log and 'CheckpointHook' not in log
 
     stem = 'retinanet_pola-pvt-t_fpn_1x_coco'
@@ -164,3 +165,11 @@ def test_profile_summary_of_a_cuda_iteration():
                                          percent=pytest.approx(100 * 90 / 95))
     text = TRAIN.render_profile(summary, 'made-up')
     assert '- kernels launched: 2' in text and '| optim_wrapper.backward | 1 | 0.2 | 0.1 | 63.2 |' in text
+
+
+def test_steadiness_tells_a_falling_run_from_a_steady_one():
+    steady = TRAIN.steadiness([1.0, 1.1, 0.9, 1.0, 1.05, 0.95])
+    assert steady == pytest.approx(1.0, abs=0.06)
+    falling = TRAIN.steadiness([3.0, 2.5, 2.0, 1.2, 1.0, 1.0])
+    assert falling < TRAIN.STILL_FALLING
+    assert TRAIN.steadiness([1.0, 1.0, 1.0]) is None
