@@ -48,10 +48,12 @@ def count_parameters(model):
 @contextmanager
 def _counting_mode(model):
     """The reference attention path (official op order, no fused autograd functions whose inner matmuls the
-    tracer cannot see), no torch.compile of the Pola core, no fused ``nn.MultiheadAttention`` fast path."""
+    tracer cannot see), no torch.compile of the Pola core, the library convolution for the depthwise convs
+    (not Triton kernels, which the tracer cannot see either), no fused ``nn.MultiheadAttention`` fast path."""
     impls = [(m, m.attn_impl) for m in model.modules() if hasattr(m, 'attn_impl')]
-    previous_env = os.environ.get('MMPOLA_NO_COMPILE')
-    os.environ['MMPOLA_NO_COMPILE'] = '1'
+    counting_env = {'MMPOLA_NO_COMPILE': '1', 'MMPOLA_DEPTHWISE_CONV': 'torch'}
+    previous_env = {name: os.environ.get(name) for name in counting_env}
+    os.environ.update(counting_env)
     mha = getattr(torch.backends, 'mha', None)
     previous_fastpath = mha.get_fastpath_enabled() if mha is not None else None
     try:
@@ -65,10 +67,11 @@ def _counting_mode(model):
             module.attn_impl = impl
         if mha is not None:
             mha.set_fastpath_enabled(previous_fastpath)
-        if previous_env is None:
-            os.environ.pop('MMPOLA_NO_COMPILE', None)
-        else:
-            os.environ['MMPOLA_NO_COMPILE'] = previous_env
+        for name, value in previous_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def sdpa_flop_jit(inputs, outputs):
