@@ -2,7 +2,8 @@
 
 :func:`depthwise_conv2d` computes ``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` for an odd
 k x k kernel at stride 1 (the value term of Pola / FLatten attention, PolaFormer++'s LePE and FFN
-conv, PVTv2's MLP conv; :class:`mmpola.models.layers.DepthwiseConv2d` calls it). Its implementations:
+conv, PVTv2's MLP conv; :class:`mmpola.models.layers.DepthwiseConv2d` calls it; InLine's local residual
+with kernels of its own per image, ``per_sample=True``). Its implementations:
 
 * ``'torch'``: ``F.conv2d`` (cuDNN on CUDA), what ``'auto'`` runs;
 * ``'triton'``: the Triton kernels of mmpola/ops/depthwise_triton.py, forward and backward, on CUDA
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from .dispatch import AttnImplUnavailable
 
-__all__ = ['DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl']
+__all__ = ['DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl', 'library_conv']
 
 DEPTHWISE_IMPLS = ('auto', 'torch', 'triton')
 ENV = 'MMPOLA_DEPTHWISE_CONV'
@@ -36,26 +37,46 @@ def depthwise_conv_impl():
     return impl
 
 
-def _check(x, weight):
-    if x.dim() != 4 or weight.dim() != 4 or weight.shape[1] != 1 or weight.shape[0] != x.shape[1]:
-        raise ValueError(f'depthwise_conv2d expects x (B, C, H, W) and weight (C, 1, k, k), got {tuple(x.shape)} '
-                         f'and {tuple(weight.shape)}')
+def _check(x, weight, bias, per_sample):
+    B, C = x.shape[:2] if x.dim() == 4 else (None, None)
+    expected = (B, C) if per_sample else (C, 1)
+    if x.dim() != 4 or weight.dim() != 4 or tuple(weight.shape[:2]) != expected:
+        layout = '(B, C, k, k), one kernel per image and channel' if per_sample else '(C, 1, k, k)'
+        raise ValueError(f'depthwise_conv2d expects x (B, C, H, W) and weight {layout}, got {tuple(x.shape)} and '
+                         f'{tuple(weight.shape)}')
     k = weight.shape[-1]
     if weight.shape[-2] != k or k % 2 == 0:
         raise ValueError(f'depthwise_conv2d expects an odd square kernel, got {tuple(weight.shape[-2:])}')
+    if bias is not None and tuple(bias.shape) != ((B, C) if per_sample else (C, )):
+        raise ValueError(f'depthwise_conv2d expects a bias of shape {(B, C) if per_sample else (C, )}, got '
+                         f'{tuple(bias.shape)}')
 
 
-def depthwise_conv2d(x, weight, bias=None, impl='auto'):
+def library_conv(x, weight, bias=None, per_sample=False):
+    """The library convolution of :func:`depthwise_conv2d` (``'torch'``): per-image kernels as one grouped
+    convolution of the images' channels side by side."""
+    k = weight.shape[-1]
+    if not per_sample:
+        return F.conv2d(x, weight, bias, padding=k // 2, groups=weight.shape[0])
+    B, C, H, W = x.shape
+    out = F.conv2d(x.reshape(1, B * C, H, W), weight.reshape(B * C, 1, k, k),
+                   None if bias is None else bias.reshape(B * C), padding=k // 2, groups=B * C)
+    return out.reshape(B, C, H, W)
+
+
+def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False):
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)``: x (B, C, H, W), weight (C, 1, k, k), k odd.
 
-    ``impl``: ``'auto'`` (``'torch'``), ``'torch'`` or ``'triton'`` (CUDA tensors; a clear error where
-    the kernels cannot run). Under autocast the Triton path takes the autocast dtype, as the convolution
-    does. The output of a channels-last input is channels-last in both implementations.
+    ``per_sample``: each image its own kernels, weight (B, C, k, k) and bias None or (B, C) (InLine's
+    local residual, whose kernels are predicted per image). ``impl``: ``'auto'`` (``'torch'``),
+    ``'torch'`` or ``'triton'`` (CUDA tensors; a clear error where the kernels cannot run). Under autocast
+    the Triton path takes the autocast dtype, as the convolution does. The Triton path returns a
+    channels-last output (the library's is channels-last for a channels-last input with shared kernels).
     """
     if impl not in DEPTHWISE_IMPLS:
         raise ValueError(f'impl must be one of {", ".join(DEPTHWISE_IMPLS)}, got {impl!r}')
     if impl == 'triton':
         from .depthwise_triton import depthwise_conv2d_triton
-        _check(x, weight)
-        return depthwise_conv2d_triton(x, weight, bias)
-    return F.conv2d(x, weight, bias, padding=weight.shape[-1] // 2, groups=weight.shape[0])
+        _check(x, weight, bias, per_sample)
+        return depthwise_conv2d_triton(x, weight, bias, per_sample)
+    return library_conv(x, weight, bias, per_sample)

@@ -1,7 +1,8 @@
 """Depthwise convolution in Triton kernels, forward and backward (``impl='triton'`` of
 :func:`mmpola.ops.depthwise.depthwise_conv2d`).
 
-``out = F.conv2d(x, w, b, padding=k // 2, groups=C)`` for x (B, C, H, W), w (C, 1, k, k), k odd, stride 1.
+``out = F.conv2d(x, w, b, padding=k // 2, groups=C)`` for x (B, C, H, W), w (C, 1, k, k), k odd, stride 1,
+or with kernels of their own per image (``per_sample``: w (B, C, k, k), bias (B, C)).
 Two kernels, each program working on a tile of BLOCK_H x BLOCK_W pixels of one image and BLOCK_C
 channels (the channels are the contiguous axis of a channels-last map, so each load of a tap reads
 whole rows of channels):
@@ -14,7 +15,8 @@ whole rows of channels):
 2. ``_dw_weight_grad_kernel``: a fixed number of programs (a few per multiprocessor, independent of
    the map size) each loops over a share of the tiles and sums, per channel, ``g * shifted x`` for each
    tap and ``g`` for the bias, into one float32 record (taps + 1, C) per program; one torch ``.sum``
-   over the programs (deterministic, no atomics) gives the weight and bias gradients.
+   over the programs (deterministic, no atomics) gives the weight and bias gradients. Per-image kernels
+   get programs of their own per image (a third grid axis), whose records sum to each image's gradients.
 
 The grids and the loops take the map size as data and the kernels do not specialise on it: they are
 compiled once per dtype, kernel size and channel bucket (up to 32 channels, or more), so a new input
@@ -25,6 +27,7 @@ strides (channels-last views are read in place); float32, float16 or bfloat16, a
 """
 import torch
 
+from .depthwise import library_conv
 from .dispatch import AttnImplUnavailable
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
 
@@ -63,14 +66,16 @@ if triton_available() is None:
 
     @tunable(_TUNED, ['CB', 'K', 'FLIP'], _fitting)
     @triton.jit(do_not_specialize=['H', 'W'])
-    def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, C, H, W, sxb, sxc, sxh, sxw, swc, swy, swx,
+    def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, C, H, W, sxb, sxc, sxh, sxw, swb, swc, swy, swx, sbb,
                         K: tl.constexpr, CB: tl.constexpr, FLIP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
-        """One tile of the output (channels-last, contiguous) of the depthwise convolution."""
+        """One tile of the output (channels-last, contiguous) of the depthwise convolution (weights and bias
+        of image b at ``w_ptr + b * swb``, ``bias_ptr + b * sbb``: 0 for those shared by the images)."""
         b, y, x = _tile(tl.program_id(0), H, W, BLOCK_H, BLOCK_W)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = c < C
         base = x_ptr + b * sxb + c[None, :] * sxc
+        w_ptr += b * swb
         acc = tl.zeros((BLOCK_H * BLOCK_W, BLOCK_C), dtype=tl.float32)
         for ky in range(K):  # a loop over the rows of taps, unrolled along each row (registers for K loads)
             for kx in tl.static_range(K):
@@ -81,26 +86,34 @@ if triton_available() is None:
                 weight = tl.load(tap, mask=cmask, other=0.).to(tl.float32)
                 acc += _shifted(base, y, x, ky - K // 2, kx - K // 2, H, W, cmask, sxh, sxw) * weight[None, :]
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + c, mask=cmask, other=0.).to(tl.float32)[None, :]
+            acc += tl.load(bias_ptr + b * sbb + c, mask=cmask, other=0.).to(tl.float32)[None, :]
         inside = (y < H) & (x < W)
         out = out_ptr + ((b * H + y[:, None]) * W + x[:, None]) * C + c[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside[:, None] & cmask[None, :])
 
-    @tunable(_TUNED, ['CB', 'K'], _fitting)
+    @tunable(_TUNED, ['CB', 'K', 'PER_SAMPLE'], _fitting)
     @triton.jit(do_not_specialize=['B', 'H', 'W'])
     def _dw_weight_grad_kernel(x_ptr, g_ptr, part_ptr, B, C, H, W, sxb, sxc, sxh, sxw, sgb, sgc, sgh, sgw,
-                               K: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr,
+                               K: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr, PER_SAMPLE: tl.constexpr,
                                BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
         """This program's share of the weight gradient (taps 0 .. K*K-1) and bias gradient (row K*K),
-        per channel of the block, as one float32 record (TAPS, C)."""
+        per channel of the block, as one float32 record (TAPS, C): over the tiles of every image, or with
+        ``PER_SAMPLE`` over those of image ``program_id(2)`` only (weights of their own per image)."""
         prog = tl.program_id(0)
         programs = tl.num_programs(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = c < C
         tap = tl.arange(0, TAPS)
         acc = tl.zeros((TAPS, BLOCK_C), dtype=tl.float32)
-        tiles = B * tl.cdiv(H, BLOCK_H) * tl.cdiv(W, BLOCK_W)
-        for tile in range(prog, tiles, programs):
+        tiles_hw = tl.cdiv(H, BLOCK_H) * tl.cdiv(W, BLOCK_W)
+        if PER_SAMPLE:
+            first = tl.program_id(2) * tiles_hw
+            last = first + tiles_hw
+            prog += tl.program_id(2) * programs  # the record of this image's program
+        else:
+            first = 0
+            last = B * tiles_hw
+        for tile in range(first + tl.program_id(0), last, programs):
             b, y, x = _tile(tile, H, W, BLOCK_H, BLOCK_W)
             inside = (y < H) & (x < W)
             g = tl.load(g_ptr + b * sgb + c[None, :] * sgc + y[:, None] * sgh + x[:, None] * sgw,
@@ -131,61 +144,76 @@ def _conv_grid(B, H, W, C):
                          triton.cdiv(C, meta['BLOCK_C']))
 
 
-def _convolve(x, weight, bias, flip):
+def _weight_strides(weight, per_sample):
+    """(per image, channel, row, column) strides of the weights: (C, 1, k, k) shared by the images (0 per
+    image), or (B, C, k, k) per image."""
+    if per_sample:
+        return weight.stride()
+    return 0, weight.stride(0), weight.stride(2), weight.stride(3)
+
+
+def _convolve(x, weight, bias, flip, per_sample):
     """The kernel's output (B, C, H, W), channels-last, in x's dtype."""
     B, C, H, W = x.shape
     k = weight.shape[-1]
     out = torch.empty(B, H, W, C, dtype=x.dtype, device=x.device).permute(0, 3, 1, 2)
-    launch(_dw_conv_kernel, _conv_grid(B, H, W, C), x, weight, bias if bias is not None else weight, out, C, H, W,
-           *x.stride(), weight.stride(0), weight.stride(2), weight.stride(3), FLIP=flip, HAS_BIAS=bias is not None,
-           **_options(C, k))
+    bias = weight if bias is None else bias.contiguous()  # read as (C,) or (B, C) rows; a dummy without one
+    launch(_dw_conv_kernel, _conv_grid(B, H, W, C), x, weight, bias, out, C, H, W,
+           *x.stride(), *_weight_strides(weight, per_sample), C if per_sample else 0, FLIP=flip,
+           HAS_BIAS=bias is not weight, **_options(C, k))
     return out
 
 
-def _weight_grad_programs(B, H, W, device):
-    """Programs of the weight-gradient kernel: a few per multiprocessor (a few in the interpreter), at most
-    one per 64 pixels; a function of the map size only, whatever the config."""
+def _weight_grad_programs(B, H, W, device, per_sample):
+    """Programs of the weight-gradient kernel (per image with ``per_sample``): a few per multiprocessor in
+    all (a few in the interpreter), at most one per 64 pixels; a function of the map size only, whatever
+    the config."""
     target = kernel_target(device)
     programs = 4 * target.sm_count if target.gpu else 3
+    if per_sample:
+        return max(1, min(triton.cdiv(programs, B), triton.cdiv(H * W, 64)))
     return max(1, min(programs, triton.cdiv(B * H * W, 64)))
 
 
 class _DepthwiseTriton(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, per_sample):
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return _convolve(x, weight, bias, flip=False)
+        ctx.has_bias, ctx.per_sample = bias is not None, per_sample
+        return _convolve(x, weight, bias, False, per_sample)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
+        per_sample = ctx.per_sample
         B, C, H, W = x.shape
         k = weight.shape[-1]
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _convolve(g, weight, None, flip=True)
+            grad_x = _convolve(g, weight, None, True, per_sample)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             taps = triton.next_power_of_2(k * k + 1)
-            programs = _weight_grad_programs(B, H, W, x.device)
-            part = torch.empty(programs, taps, C, dtype=torch.float32, device=x.device)
-            launch(_dw_weight_grad_kernel, lambda meta: (programs, triton.cdiv(C, meta['BLOCK_C'])), x, g, part, B, C,
-                   H, W, *x.stride(), *g.stride(), TAPS=taps, **_options(C, k))
-            total = part[0] if programs == 1 else part.sum(0)
+            programs = _weight_grad_programs(B, H, W, x.device, per_sample)
+            images = B if per_sample else 1
+            part = torch.empty(images, programs, taps, C, dtype=torch.float32, device=x.device)
+            launch(_dw_weight_grad_kernel, lambda meta: (programs, triton.cdiv(C, meta['BLOCK_C']), images), x, g,
+                   part, B, C, H, W, *x.stride(), *g.stride(), TAPS=taps, PER_SAMPLE=per_sample, **_options(C, k))
+            total = part[:, 0] if programs == 1 else part.sum(1)  # (images, taps, C)
             if ctx.needs_input_grad[1]:
                 grad_w = torch.empty_like(weight)  # the weight's strides (channels-last for mmpola's convs)
-                grad_w.copy_(total[:k * k].t().reshape(C, 1, k, k))
+                taps_first = total[:, :k * k].transpose(1, 2)  # (images, C, k * k)
+                grad_w.copy_(taps_first.reshape(weight.shape))
             if ctx.has_bias and ctx.needs_input_grad[2]:
-                grad_b = total[k * k].to(weight.dtype)
-        return grad_x, grad_w, grad_b
+                grad_b = (total[:, k * k] if per_sample else total[0, k * k]).to(weight.dtype)
+        return grad_x, grad_w, grad_b, None
 
 
-def depthwise_conv2d_triton(x, weight, bias=None):
+def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False):
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` (weight (C, 1, k, k), k odd) in Triton kernels,
     forward and backward; output channels-last in x's dtype (under autocast: the autocast dtype, as the
-    convolution)."""
+    convolution). ``per_sample``: weight (B, C, k, k), bias None or (B, C): each image its own kernels."""
     reason = triton_unsupported(x.device, x.dtype)
     if reason is not None:
         reason = reason.split('; use ')[0]  # the alternative here is the library's convolution
@@ -200,5 +228,5 @@ def depthwise_conv2d_triton(x, weight, bias=None):
         raise TypeError(f'depthwise_conv2d expects x, weight and bias of one dtype, got {x.dtype}, {weight.dtype}'
                         f'{", " + str(bias.dtype) if bias is not None else ""}')
     if x.numel() == 0:
-        return torch.nn.functional.conv2d(x, weight, bias, padding=weight.shape[-1] // 2, groups=weight.shape[0])
-    return _DepthwiseTriton.apply(x, weight, bias)
+        return library_conv(x, weight, bias, per_sample)
+    return _DepthwiseTriton.apply(x, weight, bias, per_sample)

@@ -60,7 +60,7 @@ def test_ddp_does_not_warn_about_gradient_strides():
         dist.destroy_process_group()
 
 
-FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax']
+FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax', 'InLinePVT']  # InLine: kernels per image
 
 
 def _run(cls, arch, extra):

@@ -173,3 +173,41 @@ def test_module_runs_the_implementation_the_environment_names(monkeypatch):
     triton_run = forward_backward(conv, [x], g) + [conv.weight.grad.clone(), conv.bias.grad.clone()]
     for a, e in zip(triton_run, library_run):
         assert relative_error(a, e) <= 1e-5
+
+
+def per_sample_library(x, weight, bias=None):
+    return torch.cat([library(x[i:i + 1], weight[i].unsqueeze(1), None if bias is None else bias[i])
+                      for i in range(x.shape[0])])
+
+
+@pytest.mark.parametrize('case', [(3, 40, 9, 13, 3, True), (2, 24, 7, 7, 5, False), (1, 32, 11, 6, 3, True)],
+                         ids=lambda c: 'B{}-C{}-{}x{}-k{}-{}'.format(*c[:5], 'cl' if c[5] else 'nchw'))
+def test_kernels_of_their_own_per_image(case):
+    """per_sample=True (InLine's predicted kernels): weight (B, C, k, k) and bias (B, C), against one
+    convolution per image in float64, output and every gradient."""
+    B, C, H, W, k, channels_last = case
+    x, _, _, g = make_inputs(B, C, H, W, k, channels_last=channels_last)
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(B, C, k, k, generator=gen).to(DEVICE)
+    bias = torch.randn(B, C, generator=gen).to(DEVICE)
+    actual = forward_backward(depthwise_conv2d_triton, [x, weight, bias], g, per_sample=True)
+    expected = forward_backward(per_sample_library, [x.double(), weight.double(), bias.double()], g.double())
+    assert_matches(actual, expected, 1e-5, str(case))
+    library_run = forward_backward(depthwise_conv2d, [x.double(), weight.double(), bias.double()], g.double(),
+                                   per_sample=True)  # the library path: one grouped convolution
+    assert_matches(library_run, expected, 1e-12, 'library')
+    with pytest.raises(ValueError, match=r'weight \(B, C, k, k\), one kernel per image and channel'):
+        depthwise_conv2d(x, weight[:, :1], None, impl='triton', per_sample=True)
+    with pytest.raises(ValueError, match=r'a bias of shape \(%d, %d\)' % (B, C)):
+        depthwise_conv2d(x, weight, bias[0], impl='triton', per_sample=True)
+
+
+@pytest.mark.parametrize('index', range(6))
+def test_every_tuned_config_with_kernels_per_image(index):
+    from mmpola.ops.triton_support import fixed_config
+    x, _, _, g = make_inputs(2, 80, 9, 13, 3)
+    weight = torch.randn(2, 80, 3, 3, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    with fixed_config(index):
+        actual = forward_backward(depthwise_conv2d_triton, [x, weight], g, per_sample=True)
+    expected = forward_backward(per_sample_library, [x.double(), weight.double()], g.double())
+    assert_matches(actual, expected, 1e-5, f'config {index}')

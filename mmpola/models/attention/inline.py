@@ -1,9 +1,8 @@
 """Injective linear attention (InLine, NeurIPS 2024): kind ``'inline'``, letter ``'I'``."""
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.layers import register_notrace_module
 
-from mmpola.ops import check_attn_impl, inline_attention
+from mmpola.ops import check_attn_impl, depthwise_conv2d, depthwise_conv_impl, inline_attention
 from mmpola.registry import ATTENTIONS
 
 from .grid_terms import add_to_patches
@@ -82,11 +81,12 @@ class InLineAttention(QKVProjections, nn.Module):
         B, N, C = q.shape
         if x_mean is None:
             x_mean = x.mean(dim=1)
-        kernels = self.residual(x_mean.unsqueeze(-1)).reshape(B * C, 1, 3, 3)
+        kernels = self.residual(x_mean.unsqueeze(-1)).reshape(B, C, 3, 3)
         out = inline_attention(q, k, v, self.num_heads, fp32=self.fp32_attn, impl=self.attn_impl)
-        v = v[:, P:].reshape(B, H, W, C).permute(0, 3, 1, 2).reshape(1, B * C, H, W)
-        local = F.conv2d(v, kernels.to(v.dtype), None, padding=1, groups=B * C)
-        out = add_to_patches(out, local.reshape(B, C, H * W).permute(0, 2, 1), P)
+        v = v[:, P:].reshape(B, H, W, C).permute(0, 3, 1, 2)
+        # the kernels of each image on its own channels (MMPOLA_DEPTHWISE_CONV picks the implementation)
+        local = depthwise_conv2d(v, kernels.to(v.dtype), None, depthwise_conv_impl(), per_sample=True)
+        out = add_to_patches(out, local.flatten(2).transpose(1, 2), P)
         return self._project_output(out)
 
     def extra_repr(self):
