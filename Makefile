@@ -95,8 +95,6 @@ bench-gpu-warm:
 	for model in pola-pvt-t pola-swin-t; do \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
 			--amp float16 --repeat 1 --no-memory >/dev/null 2>&1 & \
-		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
-			--amp float16 --repeat 1 --no-memory --dwconv-impl triton >/dev/null 2>&1 & \
 	done; \
 	$(PY) tools/benchmark.py layers --device cuda --cases pvt-s1@800x1344 swin-s1@800x1344 --impls triton \
 		--repeat 1 --new-shapes 0 --no-memory >/dev/null 2>&1 & \
@@ -120,7 +118,7 @@ bench-gpu-ops:
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t softmax-pvtv2-b2 \
-		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5 --dwconv-impl triton
+		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5 --dwconv-impl torch
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
 
@@ -128,4 +126,4 @@ bench-gpu-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--profile work_dirs/benchmark_profile
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
-		--warmup 20 --dwconv-impl triton
+		--warmup 20 --dwconv-impl torch

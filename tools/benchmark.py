@@ -243,8 +243,8 @@ def environment_lines(args, device):
         lines.append(f'threads: {torch.get_num_threads()}, dtype: {dtype}, seed: {args.seed}, '
                      f'repeat: >= {args.repeat} after 1 warm-up')
     lines.append(f'torch.compile for the fast path: {pola.compile_status()[1]}')
-    lines.append(f"mmpola's depthwise convolutions: {depthwise_conv_impl()} (MMPOLA_DEPTHWISE_CONV; 'auto': the "
-                 'library convolution)')
+    lines.append(f"mmpola's depthwise convolutions: {depthwise_conv_impl()} (MMPOLA_DEPTHWISE_CONV; 'auto': Triton "
+                 'kernels on CUDA, the library convolution elsewhere)')
     if device.type == 'cpu':
         lines.append(f'glibc malloc tuning (mmpola.runtime.allocator): {getattr(args, "malloc_state", "n/a")}')
     if args.command == 'train':

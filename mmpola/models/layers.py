@@ -59,13 +59,14 @@ def map_as_tokens(x):
 class DepthwiseConv2d(nn.Conv2d):
     """``nn.Conv2d(channels, channels, k, padding=k // 2, groups=channels)`` (same parameters and
     checkpoint keys) whose forward runs :func:`mmpola.ops.depthwise_conv2d` with the implementation that
-    ``MMPOLA_DEPTHWISE_CONV`` names: ``'auto'`` (unset) and ``'torch'`` run the library convolution,
-    ``'triton'`` the Triton kernels (CUDA)."""
+    ``MMPOLA_DEPTHWISE_CONV`` names: ``'auto'`` (unset: the Triton kernels on a GPU, the library
+    convolution elsewhere), ``'torch'`` (the library convolution) or ``'triton'``."""
 
     def forward(self, x):
-        if depthwise_conv_impl() == 'triton':
-            return depthwise_conv2d(x, self.weight, self.bias, 'triton')
-        return super().forward(x)
+        impl = depthwise_conv_impl()
+        if impl == 'torch' or not isinstance(x, torch.Tensor):  # torch.fx proxies: the library convolution
+            return super().forward(x)
+        return depthwise_conv2d(x, self.weight, self.bias, impl)
 
 
 def depthwise_conv(channels, kernel_size):

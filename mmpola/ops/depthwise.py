@@ -5,11 +5,15 @@ k x k kernel at stride 1 (the value term of Pola / FLatten attention, PolaFormer
 conv, PVTv2's MLP conv; :class:`mmpola.models.layers.DepthwiseConv2d` calls it; InLine's local residual
 with kernels of its own per image, ``per_sample=True``). Its implementations:
 
-* ``'torch'``: ``F.conv2d`` (cuDNN on CUDA), what ``'auto'`` runs;
+* ``'torch'``: ``F.conv2d`` (cuDNN on CUDA);
 * ``'triton'``: the Triton kernels of mmpola/ops/depthwise_triton.py, forward and backward, on CUDA
-  (and under ``TRITON_INTERPRET=1`` on the CPU, for tests). Their launch work does not depend on the
-  map size, which changes at every iteration of a detector's training, whereas a library convolution
-  may set up its kernels per new input shape; docs/benchmarks.md has the commands that compare them.
+  (and under ``TRITON_INTERPRET=1`` on the CPU, for tests). They are compiled once per dtype, kernel
+  size and channel bucket, and the map size is data to them, whereas the library convolution builds an
+  execution plan for each new input shape (cuDNN's depthwise plans may compile kernels at run time):
+  a detector's image size changes at every training iteration;
+* ``'auto'``: the Triton kernels on CUDA tensors where they run (compute capability 8.0 or newer; not
+  while torch.compile, torch.jit.trace or an ONNX export records the model), else the library
+  convolution. docs/benchmarks.md has the commands that compare the two at fixed and at new shapes.
 
 The implementation is chosen per call by ``impl``; :class:`~mmpola.models.layers.DepthwiseConv2d`
 passes the value of the environment variable ``MMPOLA_DEPTHWISE_CONV`` (``'auto'`` when unset), so a
@@ -17,11 +21,13 @@ training run or a benchmark switches every depthwise conv of a model at once.
 """
 import os
 
+import torch
 import torch.nn.functional as F
 
 from .dispatch import AttnImplUnavailable
+from .triton_support import KERNEL_DTYPES, dry_running, triton_unsupported
 
-__all__ = ['DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl', 'library_conv']
+__all__ = ['DEPTHWISE_IMPLS', 'auto_impl', 'depthwise_conv2d', 'depthwise_conv_impl', 'library_conv']
 
 DEPTHWISE_IMPLS = ('auto', 'torch', 'triton')
 ENV = 'MMPOLA_DEPTHWISE_CONV'
@@ -52,6 +58,17 @@ def _check(x, weight, bias, per_sample):
                          f'{tuple(bias.shape)}')
 
 
+def auto_impl(x):
+    """What ``'auto'`` runs on ``x``: ``'triton'`` for CUDA tensors of float32 / float16 / bfloat16 where the
+    kernels run (inside :func:`~mmpola.ops.triton_support.dry_run`: as on its GPU), unless a tracer records
+    the call; else ``'torch'``."""
+    if not (x.is_cuda or dry_running()) or x.dtype not in KERNEL_DTYPES:
+        return 'torch'
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return 'torch'
+    return 'triton' if triton_unsupported(x.device, x.dtype) is None else 'torch'
+
+
 def library_conv(x, weight, bias=None, per_sample=False):
     """The library convolution of :func:`depthwise_conv2d` (``'torch'``): per-image kernels as one grouped
     convolution of the images' channels side by side."""
@@ -68,13 +85,16 @@ def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False):
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)``: x (B, C, H, W), weight (C, 1, k, k), k odd.
 
     ``per_sample``: each image its own kernels, weight (B, C, k, k) and bias None or (B, C) (InLine's
-    local residual, whose kernels are predicted per image). ``impl``: ``'auto'`` (``'torch'``),
-    ``'torch'`` or ``'triton'`` (CUDA tensors; a clear error where the kernels cannot run). Under autocast
+    local residual, whose kernels are predicted per image). ``impl``: ``'auto'`` (:func:`auto_impl`: the
+    Triton kernels on a GPU, else the library), ``'torch'`` or ``'triton'`` (CUDA tensors; a clear error
+    where the kernels cannot run). Under autocast
     the Triton path takes the autocast dtype, as the convolution does. The Triton path returns a
     channels-last output (the library's is channels-last for a channels-last input with shared kernels).
     """
     if impl not in DEPTHWISE_IMPLS:
         raise ValueError(f'impl must be one of {", ".join(DEPTHWISE_IMPLS)}, got {impl!r}')
+    if impl == 'auto':
+        impl = auto_impl(x)
     if impl == 'triton':
         from .depthwise_triton import depthwise_conv2d_triton
         _check(x, weight, bias, per_sample)

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
-           'kernel_target', 'launch', 'dry_run', 'Launch', 'tunable', 'fixed_config', 'autotuning',
+           'kernel_target', 'launch', 'dry_run', 'dry_running', 'Launch', 'tunable', 'fixed_config', 'autotuning',
            'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
@@ -275,6 +275,11 @@ def _launch_first_fitting(tuner, grid, args, kwargs, default):
         except OutOfResources:
             continue
     raise failed
+
+
+def dry_running():
+    """True inside :func:`dry_run` (the ops make their choices as on its GPU)."""
+    return bool(_DRY_RUNS)
 
 
 @contextlib.contextmanager

@@ -211,3 +211,30 @@ def test_every_tuned_config_with_kernels_per_image(index):
         actual = forward_backward(depthwise_conv2d_triton, [x, weight], g, per_sample=True)
     expected = forward_backward(per_sample_library, [x.double(), weight.double()], g.double())
     assert_matches(actual, expected, 1e-5, f'config {index}')
+
+
+def test_auto_runs_the_kernels_on_a_gpu_and_the_library_elsewhere(monkeypatch):
+    """'auto': the Triton kernels for CUDA tensors (and inside a dry run, as on its GPU), the library
+    convolution on the CPU (also under the interpreter), for float64, and while a tracer records."""
+    from mmpola.ops.depthwise import auto_impl
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+    x = torch.randn(1, 16, 5, 5)
+    assert auto_impl(x) == 'torch'
+    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)):
+        assert auto_impl(x) == 'triton'
+        assert auto_impl(x.half()) == 'triton'
+        assert auto_impl(x.double()) == 'torch'
+        monkeypatch.setattr(torch.jit, 'is_tracing', lambda: True)
+        assert auto_impl(x) == 'torch'
+    if torch.cuda.is_available():
+        monkeypatch.undo()
+        expected = 'triton' if torch.cuda.get_device_capability()[0] >= 8 else 'torch'
+        assert auto_impl(x.cuda()) == expected
+
+
+def test_module_under_auto_on_the_cpu_is_the_library_convolution(monkeypatch):
+    """With MMPOLA_DEPTHWISE_CONV unset, mmpola's depthwise convs on the CPU give nn.Conv2d's results exactly."""
+    monkeypatch.delenv('MMPOLA_DEPTHWISE_CONV', raising=False)
+    conv = depthwise_conv(24, 5)
+    x = torch.randn(2, 9, 7, 24).permute(0, 3, 1, 2)
+    assert torch.equal(conv(x), nn.Conv2d.forward(conv, x))

@@ -1,5 +1,6 @@
 """tools/benchmark.py takes its cases from the package's registries and tables: a registered
 implementation, op or preset appears without editing the tool (no timing is asserted)."""
+import pytest
 import torch
 
 from mmpola.models.backbones import PRESETS
@@ -119,10 +120,12 @@ def test_an_implementation_that_turns_a_case_down_is_left_out_with_its_reason(ca
         assert 'skipped pola declining at pvt-s1@224' in capsys.readouterr().out
 
 
-def test_operator_count_of_the_triton_path_counts_the_launches_apart(capsys):
+def test_operator_count_of_the_triton_path_counts_the_launches_apart(capsys, monkeypatch):
     """On the CPU, --attn-impl triton runs the launch code as on an H100 and counts its kernels apart
-    (recorded, not run: no interpreter operators in the count)."""
-    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton'])
+    (recorded, not run: no interpreter operators in the count); the depthwise convs here on the library
+    convolution (their Triton kernels: the next test)."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
+    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl', 'torch'])
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('| pola-pvt-t |'))
     cells = [cell.strip() for cell in row.strip('|').split('|')]
     assert cells[4].endswith('(+16 Triton)') and cells[6].endswith('(+16 Triton)'), row  # 8 layers, 2 + 2 each
@@ -131,13 +134,15 @@ def test_operator_count_of_the_triton_path_counts_the_launches_apart(capsys):
     assert int(cells[4].split()[0]) < int(fast.split('|')[5])  # the fast path's feature maps are gone
 
 
-def test_operator_count_with_the_triton_depthwise_conv(capsys, monkeypatch):
-    """--dwconv-impl triton (MMPOLA_DEPTHWISE_CONV) runs the value term's conv through its kernels: one more
-    launch per layer forward (the conv), two backward (input and weight gradients)."""
+@pytest.mark.parametrize('dwconv_impl', ['auto', 'triton'])
+def test_operator_count_with_the_triton_depthwise_conv(capsys, monkeypatch, dwconv_impl):
+    """As on a GPU by default ('auto'), or asked for, the value term's conv runs through its Triton kernels:
+    one more launch per layer forward (the conv), two backward (input and weight gradients)."""
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
-    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl', 'triton'])
+    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl',
+                dwconv_impl])
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith('| pola-pvt-t |'))
     cells = [cell.strip() for cell in row.strip('|').split('|')]
     assert cells[4].endswith('(+24 Triton)') and cells[6].endswith('(+32 Triton)'), row
-    assert "mmpola's depthwise convolutions: triton (MMPOLA_DEPTHWISE_CONV" in out
+    assert f"mmpola's depthwise convolutions: {dwconv_impl} (MMPOLA_DEPTHWISE_CONV" in out
