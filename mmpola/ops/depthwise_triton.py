@@ -164,12 +164,13 @@ def _convolve(x, weight, bias, flip, per_sample):
     return out
 
 
-def _weight_grad_programs(B, H, W, device, per_sample):
-    """Programs of the weight-gradient kernel (per image with ``per_sample``): a few per multiprocessor in
-    all (a few in the interpreter), at most one per 64 pixels; a function of the map size only, whatever
-    the config."""
+def _weight_grad_programs(B, C, H, W, device, per_sample):
+    """Programs of the weight-gradient kernel per channel block (and per image with ``per_sample``): a few
+    per multiprocessor in all, counting the blocks of the widest config (a few in the interpreter), at most
+    one per 64 pixels; a function of the sizes only, whatever the config (the records of the partial sums
+    do not depend on it)."""
     target = kernel_target(device)
-    programs = 4 * target.sm_count if target.gpu else 3
+    programs = triton.cdiv(4 * target.sm_count, triton.cdiv(C, 64)) if target.gpu else 3
     if per_sample:
         return max(1, min(triton.cdiv(programs, B), triton.cdiv(H * W, 64)))
     return max(1, min(programs, triton.cdiv(B * H * W, 64)))
@@ -195,7 +196,7 @@ class _DepthwiseTriton(torch.autograd.Function):
             grad_x = _convolve(g, weight, None, True, per_sample)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             taps = triton.next_power_of_2(k * k + 1)
-            programs = _weight_grad_programs(B, H, W, x.device, per_sample)
+            programs = _weight_grad_programs(B, C, H, W, x.device, per_sample)
             images = B if per_sample else 1
             part = torch.empty(images, programs, taps, C, dtype=torch.float32, device=x.device)
             launch(_dw_weight_grad_kernel, lambda meta: (programs, triton.cdiv(C, meta['BLOCK_C']), images), x, g,
