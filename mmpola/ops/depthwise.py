@@ -24,6 +24,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .depthwise_triton import depthwise_conv2d_triton
 from .dispatch import AttnImplUnavailable
 from .triton_support import KERNEL_DTYPES, dry_running, triton_unsupported
 
@@ -96,7 +97,7 @@ def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False):
     if impl == 'auto':
         impl = auto_impl(x)
     if impl == 'triton':
-        from .depthwise_triton import depthwise_conv2d_triton
         _check(x, weight, bias, per_sample)
-        return depthwise_conv2d_triton(x, weight, bias, per_sample)
+        if x.numel():  # an empty input has nothing to launch: the library convolution gives its empty output
+            return depthwise_conv2d_triton(x, weight, bias, per_sample)
     return library_conv(x, weight, bias, per_sample)

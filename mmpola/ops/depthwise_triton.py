@@ -27,7 +27,6 @@ strides (channels-last views are read in place); float32, float16 or bfloat16, a
 """
 import torch
 
-from .depthwise import library_conv
 from .dispatch import AttnImplUnavailable
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
 
@@ -229,5 +228,6 @@ def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False):
         raise TypeError(f'depthwise_conv2d expects x, weight and bias of one dtype, got {x.dtype}, {weight.dtype}'
                         f'{", " + str(bias.dtype) if bias is not None else ""}')
     if x.numel() == 0:
-        return library_conv(x, weight, bias, per_sample)
+        raise ValueError(f'depthwise_conv2d_triton takes inputs with elements, got {tuple(x.shape)} '
+                         '(mmpola.ops.depthwise_conv2d runs empty inputs on the library convolution)')
     return _DepthwiseTriton.apply(x, weight, bias, per_sample)

@@ -122,9 +122,15 @@ def test_every_tuned_config_matches_the_library(index):
 
 
 def test_empty_batch():
+    """An input without elements runs on the library convolution (nothing to launch), gradients included."""
     x, weight, bias, _ = make_inputs(1, 16, 5, 5, 3)
-    out = depthwise_conv2d_triton(x[:0], weight, bias)
+    leaf = weight.clone().requires_grad_()
+    out = depthwise_conv2d(x[:0], leaf, bias, impl='triton')
     assert out.shape == (0, 16, 5, 5)
+    out.sum().backward()
+    assert torch.equal(leaf.grad, torch.zeros_like(leaf))
+    with pytest.raises(ValueError, match='takes inputs with elements'):
+        depthwise_conv2d_triton(x[:0], weight, bias)
 
 
 def test_public_function_and_its_choices():
