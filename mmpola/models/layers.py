@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
 from mmpola.ops import depthwise_conv2d, depthwise_conv_impl
+from mmpola.ops.dispatch import recording
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache',
            'SizeCache', 'depthwise_conv', 'map_as_tokens', 'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map',
@@ -169,7 +170,7 @@ class SizeCache:
 
     def get(self, key, make):
         """The tensor of ``key``: ``make()`` the first time (and after it fell out)."""
-        if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        if recording():
             return make()
         key = (key, torch.is_inference_mode_enabled())
         value = self.entries.get(key)

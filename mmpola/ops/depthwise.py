@@ -21,11 +21,10 @@ training run or a benchmark switches every depthwise conv of a model at once.
 """
 import os
 
-import torch
 import torch.nn.functional as F
 
 from .depthwise_triton import depthwise_conv2d_triton
-from .dispatch import AttnImplUnavailable
+from .dispatch import AttnImplUnavailable, recording
 from .triton_support import KERNEL_DTYPES, dry_running, triton_unsupported
 
 __all__ = ['DEPTHWISE_IMPLS', 'auto_impl', 'depthwise_conv2d', 'depthwise_conv_impl', 'library_conv']
@@ -65,7 +64,7 @@ def auto_impl(x):
     the call; else ``'torch'``."""
     if not (x.is_cuda or dry_running()) or x.dtype not in KERNEL_DTYPES:
         return 'torch'
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+    if recording():
         return 'torch'
     return 'triton' if triton_unsupported(x.device, x.dtype) is None else 'torch'
 

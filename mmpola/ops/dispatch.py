@@ -24,7 +24,8 @@ An implementation knows where it runs: ``supports(device, dtype)`` returns None 
 tensors of that device and dtype, else one line saying why not and what to use instead. Asking for
 an implementation on tensors it does not support raises :class:`AttnImplUnavailable` with that line;
 ``'auto'`` takes, per device type, the first implementation registered as ``preferred_on`` it that
-supports the tensors, else the op's default. What only the call shows (the Triton kernels on a GPU
+supports the tensors, else the op's default (also while torch.compile, torch.jit.trace or an ONNX export
+records the model: :func:`recording`). What only the call shows (the Triton kernels on a GPU
 with little shared memory at a wide head dim) the implementation checks on entry, before any work,
 raising :class:`AttnImplUnavailable`; under ``'auto'`` the call then runs the op's default, and the
 reason is given once as a warning. An implementation registered with ``fp32_inside=True``
@@ -43,9 +44,16 @@ import torch
 from mmpola.errors import MMPolaUserError
 
 __all__ = ['AUTO', 'AttentionOp', 'AttnImplUnavailable', 'OPS', 'attention_op', 'register_attention_impl',
-           'attention_impls', 'check_attn_impl', 'run_attention_op', 'empty_attention']
+           'attention_impls', 'check_attn_impl', 'run_attention_op', 'empty_attention', 'recording']
 
 AUTO = 'auto'  # the best implementation for the tensors' device ('triton' on CUDA, else 'fast')
+
+
+def recording():
+    """True while torch.compile, torch.jit.trace or an ONNX export records the model: they take the ops'
+    PyTorch bodies into their graphs, so ``'auto'`` runs the default implementation then (never a Triton
+    launch, which they cannot record or export) and caches keep nothing."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 class AttnImplUnavailable(MMPolaUserError, ValueError):
@@ -128,11 +136,12 @@ class AttentionOp:
         """The name of the implementation that ``impl`` runs on tensors of ``device`` and ``dtype``.
 
         ``'auto'``: the first ``preferred_on`` implementation of the device type that supports them,
-        else the default (without a device: the default). A named implementation that does not support
-        them raises :class:`AttnImplUnavailable` with its reason.
+        else the default (the default also without a device, and while a tracer records: :func:`recording`).
+        A named implementation that does not support them raises :class:`AttnImplUnavailable` with its
+        reason.
         """
         if impl == AUTO:
-            if device is None:
+            if device is None or recording():
                 return self.default
             device = torch.device(device)
             key = (device.type, dtype)

@@ -39,7 +39,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .dispatch import attention_op, run_attention_op
+from .dispatch import attention_op, recording, run_attention_op
 
 __all__ = [
     'pola_attention', 'pola_attention_reference', 'pola_attention_fast', 'polarity_feature_map',
@@ -240,12 +240,6 @@ def _disable_compile(reason):
               f'eager fast path (same results, somewhat slower). Set {_NO_COMPILE_ENV}=1 to silence.')
 
 
-def _traced():
-    """True while torch.compile / torch.jit.trace / ONNX export records the op: they get the
-    functional bodies (no out= writes) and fuse or export them themselves."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-
-
 def _want_compile(t):
     return (t.numel() >= COMPILE_MIN_NUMEL and (COMPILE_DEVICES is None or t.device.type in COMPILE_DEVICES)
             and _compile_unavailable_reason() is None)
@@ -295,7 +289,7 @@ class _PolarityFeatureMap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t, s, p, with_mean):
-        if _traced():
+        if recording():
             out = _feature_map_forward_fusable(t, s, p, with_mean)
         else:
             out = None
@@ -311,7 +305,7 @@ class _PolarityFeatureMap(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y, grad_mean=None):
         t, s, p, y = ctx.saved_tensors
-        if _traced():
+        if recording():
             grads = _feature_map_backward_fusable(grad_y, t, s, p, y, grad_mean)
         else:
             grads = None

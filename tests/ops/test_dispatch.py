@@ -171,3 +171,16 @@ def test_auto_runs_the_default_when_the_preferred_one_turns_the_call_down():
         assert calls == [8, 16]
         with pytest.raises(AttnImplUnavailable, match='at most 8 channels'):
             pola_attention(*wide, *options, impl='picky')
+
+
+def test_auto_runs_the_default_while_a_tracer_records(monkeypatch):
+    """While torch.compile, torch.jit.trace or an ONNX export records the model, 'auto' is the op's default
+    (the PyTorch bodies they can record and export), on any device, and nothing of it is cached."""
+    from mmpola.ops.dispatch import recording
+    assert not recording()
+    monkeypatch.setattr(torch.jit, 'is_tracing', lambda: True)
+    assert recording()
+    for op in OPS.values():
+        assert op.choose('auto', torch.device('cuda'), torch.float32) == op.default
+    monkeypatch.undo()
+    assert OPS['pola'].choose('auto', torch.device('cpu'), torch.float32) == 'fast'
