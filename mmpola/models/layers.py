@@ -58,10 +58,17 @@ def map_as_tokens(x):
 
 @register_notrace_module  # torch.fx leaf, as nn.Conv2d
 class DepthwiseConv2d(nn.Conv2d):
-    """``nn.Conv2d(channels, channels, k, padding=k // 2, groups=channels)`` (same parameters and
-    checkpoint keys) whose forward runs :func:`mmpola.ops.depthwise_conv2d` with the implementation that
-    ``MMPOLA_DEPTHWISE_CONV`` names: ``'auto'`` (unset: the Triton kernels on a GPU, the library
-    convolution elsewhere), ``'torch'`` (the library convolution) or ``'triton'``."""
+    """``nn.Conv2d(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)`` for an odd
+    ``kernel_size`` (same parameters and checkpoint keys) whose forward runs
+    :func:`mmpola.ops.depthwise_conv2d` with the implementation that ``MMPOLA_DEPTHWISE_CONV`` names:
+    ``'auto'`` (unset: the Triton kernels on a GPU, the library convolution elsewhere), ``'torch'`` (the
+    library convolution) or ``'triton'``."""
+
+    def __init__(self, channels, kernel_size, bias=True):
+        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f'DepthwiseConv2d takes an odd kernel size (same padding at stride 1), got '
+                             f'{kernel_size!r}')
+        super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels, bias=bias)
 
     def forward(self, x):
         impl = depthwise_conv_impl()
@@ -82,7 +89,7 @@ def depthwise_conv(channels, kernel_size):
     take the parameter's strides. Stored channels-last, the gradient matches the parameter: the same
     numbers and speed (a contiguous input instead would make the CPU convolution several times slower).
     """
-    conv = DepthwiseConv2d(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
+    conv = DepthwiseConv2d(channels, kernel_size)
     conv.weight = nn.Parameter(conv.weight.detach().to(memory_format=torch.channels_last))
     return conv
 

@@ -87,9 +87,9 @@ def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False):
     ``per_sample``: each image its own kernels, weight (B, C, k, k) and bias None or (B, C) (InLine's
     local residual, whose kernels are predicted per image). ``impl``: ``'auto'`` (:func:`auto_impl`: the
     Triton kernels on a GPU, else the library), ``'torch'`` or ``'triton'`` (CUDA tensors; a clear error
-    where the kernels cannot run). Under autocast
-    the Triton path takes the autocast dtype, as the convolution does. The Triton path returns a
-    channels-last output (the library's is channels-last for a channels-last input with shared kernels).
+    where the kernels cannot run). Under autocast the Triton path takes the autocast dtype, as the
+    convolution does. The Triton path returns a channels-last output (the library's is channels-last for
+    a channels-last input with shared kernels).
     """
     if impl not in DEPTHWISE_IMPLS:
         raise ValueError(f'impl must be one of {", ".join(DEPTHWISE_IMPLS)}, got {impl!r}')

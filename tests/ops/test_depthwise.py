@@ -244,3 +244,9 @@ def test_module_under_auto_on_the_cpu_is_the_library_convolution(monkeypatch):
     conv = depthwise_conv(24, 5)
     x = torch.randn(2, 9, 7, 24).permute(0, 3, 1, 2)
     assert torch.equal(conv(x), nn.Conv2d.forward(conv, x))
+
+
+def test_module_takes_odd_kernel_sizes_only():
+    assert DepthwiseConv2d(8, 3).padding == (1, 1) and DepthwiseConv2d(8, 5, bias=False).bias is None
+    with pytest.raises(ValueError, match='odd kernel size'):
+        DepthwiseConv2d(8, 4)
