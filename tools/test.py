@@ -86,7 +86,10 @@ def main(argv=None):
     with cli.exit_on_user_error():
         runner = build_runner(args)
     with cli.exit_on_user_error(runner.logger):  # e.g. a refused checkpoint (it would run code)
-        return runner.test()
+        metrics = runner.test()
+    del runner  # released while the process group still exists (launch.end_distributed)
+    launch.end_distributed()
+    return metrics
 
 
 if __name__ == '__main__':

@@ -17,7 +17,6 @@ and data (--skip-data-check), the work dir's lock (--no-work-dir-lock) and the C
 (MMPOLA_MALLOC_TUNING=0). Everything that happens during the run comes from the config.
 """
 import argparse
-import gc
 import os.path as osp
 import sys
 
@@ -121,14 +120,8 @@ def main(argv=None):
     with cli.exit_on_user_error(runner.logger):  # e.g. a NaN loss: the message says it all
         with stopped_cleanly(runner):  # a second Ctrl-C, or what follows a stop signal: one line, no traceback
             runner.train()
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():  # an orderly end: gloo can abort at exit otherwise
-        # the Runner (its DDP model, data loaders and their workers) released while the process group
-        # still exists, not during the interpreter's shutdown
-        del runner
-        gc.collect()
-        dist.barrier()
-        dist.destroy_process_group()
+    del runner  # released while the process group still exists (launch.end_distributed)
+    launch.end_distributed()
 
 
 if __name__ == '__main__':

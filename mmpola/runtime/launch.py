@@ -20,8 +20,8 @@ import torch
 from mmpola.errors import MMPolaUserError, UserError
 
 __all__ = ['replace_sync_bn', 'adapt_cfg_to_machine', 'setup_amp', 'init_distributed', 'check_device',
-           'check_launch', 'check_slurm_environment', 'cuda_problem', 'probe_cuda', 'run_on_rank0_and_share',
-           'DEVICE_ENV']
+           'check_launch', 'check_slurm_environment', 'cuda_problem', 'end_distributed', 'probe_cuda',
+           'run_on_rank0_and_share', 'DEVICE_ENV']
 
 DEVICE_ENV = 'MMPOLA_DEVICE'
 
@@ -350,6 +350,21 @@ def _check_local_rank(launcher, facts, environ):
 
 # --------------------------------------------------------------------------------------------
 # one check, one verdict for every rank
+
+def end_distributed():
+    """Leave the process group in order at the end of a distributed run (every rank waits for the
+    others, then destroys it); nothing without one. Call it after dropping the Runner, so that its DDP
+    model, data loaders and their workers are released while the group still exists: left to the
+    interpreter's shutdown, gloo can abort the process (SIGABRT, "terminate called without an active
+    exception") after the run's work is done, and the launcher reports the run as failed."""
+    import gc
+
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+
 
 def run_on_rank0_and_share(fn, *args, **kwargs):
     """Run ``fn`` on rank 0 only; every rank returns its result or raises its error.

@@ -355,3 +355,13 @@ def test_slurm_launcher_outside_slurm_is_one_line(tmp_path, capsys, monkeypatch)
                                         r'Fix: set MASTER_ADDR'):
         launch.check_slurm_environment(env)
     launch.check_slurm_environment(dict(env, MASTER_ADDR='node1'))
+
+
+def test_end_distributed_leaves_the_group_and_is_a_no_op_without_one():
+    """tools/train.py and tools/test.py end a distributed run by leaving the process group in order
+    (gloo can abort a process that leaves it to the interpreter's shutdown)."""
+    import torch.distributed as dist
+    launch.end_distributed()  # no group: nothing happens
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)
+    launch.end_distributed()
+    assert not dist.is_initialized()
