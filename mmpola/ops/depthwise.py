@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .depthwise_triton import depthwise_conv2d_triton
 from .dispatch import AttnImplUnavailable, recording
-from .triton_support import KERNEL_DTYPES, dry_running, triton_unsupported
+from .triton_support import dry_running, triton_unsupported
 
 __all__ = ['DEPTHWISE_IMPLS', 'auto_impl', 'depthwise_conv2d', 'depthwise_conv_impl', 'library_conv']
 
@@ -62,11 +62,9 @@ def auto_impl(x):
     """What ``'auto'`` runs on ``x``: ``'triton'`` for CUDA tensors of float32 / float16 / bfloat16 where the
     kernels run (inside :func:`~mmpola.ops.triton_support.dry_run`: as on its GPU), unless a tracer records
     the call; else ``'torch'``."""
-    if not (x.is_cuda or dry_running()) or x.dtype not in KERNEL_DTYPES:
+    if not (x.is_cuda or dry_running()) or recording():
         return 'torch'
-    if recording():
-        return 'torch'
-    return 'triton' if triton_unsupported(x.device, x.dtype) is None else 'torch'
+    return 'triton' if triton_unsupported(x.device, x.dtype) is None else 'torch'  # it checks the dtype too
 
 
 def library_conv(x, weight, bias=None, per_sample=False):
