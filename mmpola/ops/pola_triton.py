@@ -25,16 +25,17 @@ Backward, two kernels:
 
 1. query pass, grid (B*h, query chunks): recomputes the query features, numerators and normalisers;
    writes dL/dq; per chunk one record of the partial sums of dL/dW+ = x+^T (g z), dL/dW- and dL/dm+-
-   (the normalisers' gradients) and of the feature-map terms for dL/ds and dL/dp;
+   (the normalisers' gradients) and the query tokens' part of dL/dscale and dL/dpower;
 2. key pass, grid (B*h, key chunks), after a torch ``.sum`` over the query chunks: recomputes the key
    features; dL/dKV+- are dL/dW+- with W's column swap undone; writes dL/dk and dL/dv; per chunk the
-   partial sums for dL/ds and dL/dp.
+   key tokens' part of dL/dscale and dL/dpower.
 
 The feature-map backward is that of :func:`~mmpola.ops.pola._feature_map_backward`: with
 gm = g+ * x+ + g- * x- (disjoint supports), dL/dt = p * gm / t (0 at t = 0), dL/ds = -p * sum(gm) / s,
-dL/dp = sum(gm * ln|x|) (0 where x = 0: no NaN). s = softplus(scale), p = 1 + alpha * sigmoid(power)
-and their broadcast over (B, h, 1, d) are torch ops on the small parameter tensors, so autograd sums
-their gradients back to the parameters' shapes.
+dL/dp = sum(gm * ln|x|) (0 where x = 0: no NaN). Every kernel reads the raw parameters and computes
+s = softplus(scale) and p = 1 + alpha * sigmoid(power) itself, and the backward kernels multiply their
+partial sums by ds/dscale and dp/dpower: no torch op runs on the parameters but the sum of their
+gradients over the batch (autograd's, from their broadcast views).
 
 Inputs: float32, float16 or bfloat16 (float64 under the interpreter, computed in float64), any strides
 (views of a projection need no copy); computed in float32 (float64), output in q's dtype. The d x d
@@ -46,10 +47,7 @@ On a GPU each kernel is tuned (triton_support.tunable) over its token block and 
 no longer than :func:`_launch_config`'s (what fits an A100's shared memory); the chunks are multiples of
 that block and a block stops at its chunk's end, so the partial sums do not depend on the config.
 """
-import math
-
 import torch
-import torch.nn.functional as F
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .pola import _check_shapes
@@ -109,15 +107,42 @@ if triton_available() is None:
                  value.to(base.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _head(s_ptr, p_ptr, H, d, BD: tl.constexpr, ACC: tl.constexpr):
-        """The program's head (grid axis 0: batch * head), its batch and head index, the head dim lanes and
-        the head's s and p (1 on the padded lanes)."""
+    def _sigmoid_parts(x):
+        """(sigmoid(x), sigmoid(x) * (1 - sigmoid(x))) without overflow: from e = exp(-|x|)."""
+        e = tl.exp(-tl.abs(x))
+        inv = 1.0 / (1.0 + e)
+        return tl.where(x >= 0, inv, e * inv), e * inv * inv
+
+    @triton.jit
+    def _softplus(x):
+        """log(1 + e^x) = max(x, 0) + log1p(e^-|x|), log1p by Goldberg's rule (a few ulp for every x)."""
+        u = tl.exp(-tl.abs(x))
+        w = 1.0 + u
+        return tl.maximum(x, 0.0) + tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0)))
+
+    @triton.jit
+    def _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d, alpha, BD: tl.constexpr,
+              ACC: tl.constexpr):
+        """The program's head (grid axis 0: batch * head), its batch and head index, the head dim lanes, the
+        head's raw parameters (0 on the padded lanes, read through their strides: broadcast views need
+        no copy) and s = softplus(scale), p = 1 + alpha * sigmoid(power)."""
         bh = tl.program_id(0)
         b, h = batch_and_head(bh, H)
         offs_d = tl.arange(0, BD)
-        s = tl.load(s_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        p = tl.load(p_ptr + bh * d + offs_d, mask=offs_d < d, other=1.0).to(ACC)
-        return bh, b, h, offs_d, s, p
+        raw_s = tl.load(scale_ptr + b * ss_b + h * ss_h + offs_d * ss_d, mask=offs_d < d, other=0.0).to(ACC)
+        raw_p = tl.load(power_ptr + b * sp_b + h * sp_h + offs_d * sp_d, mask=offs_d < d, other=0.0).to(ACC)
+        s = _softplus(raw_s)
+        p = 1.0 + alpha * _sigmoid_parts(raw_p)[0]
+        return bh, b, h, offs_d, raw_s, raw_p, s, p
+
+    @triton.jit
+    def _store_parameter_gradients(ptr, gm_sum, gm_log, raw_s, raw_p, s, p, alpha, BD: tl.constexpr):
+        """A record's two last BD vectors: the partial gradients of the raw scale and power, from sum(gm) and
+        sum(gm * log2|x|): dL/ds = -p sum(gm) / s times ds/dscale = sigmoid(scale); dL/dp = ln 2 sum(gm *
+        log2|x|) times dp/dpower = alpha sigmoid(power) (1 - sigmoid(power))."""
+        offs_d = tl.arange(0, BD)
+        tl.store(ptr + offs_d, -p * gm_sum / s * _sigmoid_parts(raw_s)[0])
+        tl.store(ptr + BD + offs_d, gm_log * (0.6931471805599453 * alpha) * _sigmoid_parts(raw_p)[1])
 
     @triton.jit
     def _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, same, eps, PREC: tl.constexpr):
@@ -130,11 +155,12 @@ if triton_available() is None:
 
     @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(1))
     @triton.jit
-    def _pola_fwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, part_ptr, H, n, d, chunk,
-                       sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+    def _pola_fwd_keys(k_ptr, v_ptr, scale_ptr, power_ptr, part_ptr, H, n, d, chunk, alpha,
+                       sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                        BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per key chunk: x+^T v, x-^T v (BD x BD each) and the token sums of x+, x- (fp32 partials)."""
-        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
+        bh, b, h, offs_d, _, _, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d, alpha,
+                                             BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
         k_base = k_ptr + b * sk_b + h * sk_h
@@ -180,11 +206,12 @@ if triton_available() is None:
 
     @tunable(_tuned('BLOCK_M'), _TUNED_KEY, _fitting(1))
     @triton.jit
-    def _pola_fwd_queries(q_ptr, s_ptr, p_ptr, sum_ptr, o_ptr, H, N, d, half, inv_n, eps,
-                          sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d,
+    def _pola_fwd_queries(q_ptr, scale_ptr, power_ptr, sum_ptr, o_ptr, H, N, d, half, inv_n, eps, alpha,
+                          sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                           BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per query block: both numerators (x+ @ W+ + x- @ W-), both normalisers, the output."""
-        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
+        bh, b, h, offs_d, _, _, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d, alpha,
+                                             BD, ACC)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
         qp, qm, _ = _features(_load_rows(q_ptr + b * sq_b + h * sq_h, offs_m, offs_d, N, d, sq_n, sq_d, ACC), s, p)
@@ -193,11 +220,13 @@ if triton_available() is None:
 
     @tunable(_tuned('BLOCK_M'), _TUNED_KEY, _fitting(2))
     @triton.jit
-    def _pola_bwd_queries(q_ptr, g_ptr, s_ptr, p_ptr, sum_ptr, dq_ptr, part_ptr, H, N, d, half, inv_n, eps, chunk,
-                          sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
+    def _pola_bwd_queries(q_ptr, g_ptr, scale_ptr, power_ptr, sum_ptr, dq_ptr, part_ptr, H, N, d, half, inv_n, eps,
+                          chunk, alpha, sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
+                          ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                           BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
-        """Per query chunk: dL/dq; a record of partial dL/dW+-, dL/dm+- and of sum(gm), sum(gm * log2|x|)."""
-        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
+        """Per query chunk: dL/dq; a record of partial dL/dW+-, dL/dm+- and dL/dscale, dL/dpower."""
+        bh, b, h, offs_d, raw_s, raw_p, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
+                                                     alpha, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
         w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
@@ -236,18 +265,18 @@ if triton_available() is None:
             _store_rows(dq_base, dq, offs_m, offs_d, hi, d, sdq_n, sdq_d)
         record = part_ptr + (bh * num_chunks + c) * (2 * BD * BD + 4 * BD)
         _store_summary(record, dw_pos, dw_neg, dm_pos, dm_neg, BD)
-        tl.store(record + 2 * BD * BD + 2 * BD + offs_d, gm_sum)
-        tl.store(record + 2 * BD * BD + 3 * BD + offs_d, gm_log)
+        _store_parameter_gradients(record + 2 * BD * BD + 2 * BD, gm_sum, gm_log, raw_s, raw_p, s, p, alpha, BD)
 
     @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(2))
     @triton.jit
-    def _pola_bwd_keys(k_ptr, v_ptr, s_ptr, p_ptr, dsum_ptr, dk_ptr, dv_ptr, part_ptr,
-                       H, n, d, half, inv_n, chunk,
+    def _pola_bwd_keys(k_ptr, v_ptr, scale_ptr, power_ptr, dsum_ptr, dk_ptr, dv_ptr, part_ptr,
+                       H, n, d, half, inv_n, chunk, alpha,
                        sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
-                       sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
+                       sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                        BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
-        """Per key chunk: dL/dk, dL/dv from dL/dKV+- and dL/dm+-; partial sum(gm), sum(gm * log2|x|)."""
-        bh, b, h, offs_d, s, p = _head(s_ptr, p_ptr, H, d, BD, ACC)
+        """Per key chunk: dL/dk, dL/dv from dL/dKV+- and dL/dm+-; partial dL/dscale, dL/dpower."""
+        bh, b, h, offs_d, raw_s, raw_p, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
+                                                     alpha, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
         # dL/dW+- -> dL/dKV+- (the same column swap as W), with the 1/n of the key mean and of KV
@@ -275,9 +304,8 @@ if triton_available() is None:
             gm_log += tl.sum(gm * lx, axis=0)
             dk = p[None, :] * gm / tl.where(kt == 0, 1.0, kt)
             _store_rows(dk_base, dk, offs_n, offs_d, hi, d, sdk_n, sdk_d)
-        record = part_ptr + (bh * num_chunks + c) * 2 * BD
-        tl.store(record + offs_d, gm_sum)
-        tl.store(record + BD + offs_d, gm_log)
+        _store_parameter_gradients(part_ptr + (bh * num_chunks + c) * 2 * BD, gm_sum, gm_log, raw_s, raw_p, s, p,
+                                   alpha, BD)
 
 
 # the dtype of the kernels' partial sums per accumulator dtype
@@ -321,10 +349,13 @@ def _chunking(tokens, heads, block, device):
 
 
 class _PolaTriton(torch.autograd.Function):
-    """The kernels' autograd: q, k, v (B, h, N|n, d) of any strides, s and p (B*h, d) contiguous."""
+    """The kernels' autograd: q, k, v (B, h, N|n, d) of any strides; the raw scale and power as (B, h, 1, d)
+    views of any strides (broadcast views of the parameters: autograd sums their gradients back to the
+    parameters' shapes); the kernels apply softplus and 1 + alpha * sigmoid themselves, and their
+    backward writes the gradients of the raw parameters."""
 
     @staticmethod
-    def forward(ctx, q, k, v, s, p, eps):
+    def forward(ctx, q, k, v, scale, power, alpha, eps):
         B, H, N, d = q.shape
         n = k.shape[2]
         bh = B * H
@@ -334,59 +365,65 @@ class _PolaTriton(torch.autograd.Function):
         options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
         # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
         config = dict(num_warps=warps, num_stages=1)
+        params = (*_head_strides(scale), *_head_strides(power))
         chunk, chunks = _chunking(n, bh, block, q.device)
         # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
         parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
-        launch(_pola_fwd_keys, (bh, chunks), k, v, s, p, parts, H, n, d, chunk, *k.stride(), *v.stride(),
-               default=dict(BLOCK_N=block, **config), **options)
+        launch(_pola_fwd_keys, (bh, chunks), k, v, scale, power, parts, H, n, d, chunk, alpha, *k.stride(),
+               *v.stride(), *params, default=dict(BLOCK_N=block, **config), **options)
         sums = parts.sum(1)
         out = torch.empty(B, H, N, d, device=q.device, dtype=q.dtype)
         launch(
-            _pola_fwd_queries, lambda meta: (bh, triton.cdiv(N, meta['BLOCK_M'])), q, s, p, sums, out, H, N, d,
-            d // 2, 1.0 / n, eps, *q.stride(), *out.stride(), default=dict(BLOCK_M=block, **config), **options)
-        ctx.save_for_backward(q, k, v, s, p, sums)
-        ctx.config = (eps, backward, options)
+            _pola_fwd_queries, lambda meta: (bh, triton.cdiv(N, meta['BLOCK_M'])), q, scale, power, sums, out, H, N,
+            d, d // 2, 1.0 / n, eps, alpha, *q.stride(), *out.stride(), *params,
+            default=dict(BLOCK_M=block, **config), **options)
+        ctx.save_for_backward(q, k, v, scale, power, sums)
+        ctx.config = (alpha, eps, backward, options)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, s, p, sums = ctx.saved_tensors
-        eps, (block, warps), options = ctx.config
+        q, k, v, scale, power, sums = ctx.saved_tensors
+        alpha, eps, (block, warps), options = ctx.config
         B, H, N, d = q.shape
         n = k.shape[2]
         bh, bd = B * H, options['BD']
+        params = (*_head_strides(scale), *_head_strides(power))
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         chunk, chunks = _chunking(N, bh, block, q.device)
-        # per query chunk: dL/dW+, dL/dW- (bd x bd), dL/dm+, dL/dm-, sum(gm), sum(gm * log2|x|) (bd each)
+        # per query chunk: dL/dW+, dL/dW- (bd x bd), dL/dm+, dL/dm-, dL/dscale, dL/dpower (bd each)
         parts = sums.new_empty(bh, chunks, 2 * bd * bd + 4 * bd)
         launch(
-            _pola_bwd_queries, (bh, chunks), q, grad_out, s, p, sums, dq, parts, H, N, d, d // 2, 1.0 / n, eps, chunk,
-            *q.stride(), *grad_out.stride(), *dq.stride(), default=dict(BLOCK_M=block, num_warps=warps, num_stages=1),
-            **options)
+            _pola_bwd_queries, (bh, chunks), q, grad_out, scale, power, sums, dq, parts, H, N, d, d // 2, 1.0 / n,
+            eps, chunk, alpha, *q.stride(), *grad_out.stride(), *dq.stride(), *params,
+            default=dict(BLOCK_M=block, num_warps=warps, num_stages=1), **options)
         query_sums = parts.sum(1)
         chunk, chunks = _chunking(n, bh, block, q.device)
-        parts = sums.new_empty(bh, chunks, 2 * bd)  # per key chunk: sum(gm), sum(gm * log2|x|)
+        parts = sums.new_empty(bh, chunks, 2 * bd)  # per key chunk: dL/dscale, dL/dpower
         launch(
-            _pola_bwd_keys, (bh, chunks), k, v, s, p, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n, chunk,
-            *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
+            _pola_bwd_keys, (bh, chunks), k, v, scale, power, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n,
+            chunk, alpha, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(), *params,
             default=dict(BLOCK_N=block, num_warps=warps, num_stages=1), **options)
-        # over all query and key tokens: sum(gm) (-> dL/ds = -p sum(gm) / s) and sum(gm * log2|x|) (-> dL/dp)
-        gm = (query_sums[:, 2 * bd * bd + 2 * bd:] + parts.sum(1)).view(bh, 2, bd)[..., :d]
-        grad_s = gm[:, 0].mul(p).div_(s).neg_()
-        grad_p = gm[:, 1].mul(math.log(2.0))
-        return dq, dk, dv, grad_s, grad_p, None
+        # the raw parameters' gradients: the query tokens' part plus the key tokens'
+        grads = (query_sums[:, 2 * bd * bd + 2 * bd:] + parts.sum(1)).view(B, H, 2, bd)[..., :d]
+        return dq, dk, dv, grads[:, :, 0, None], grads[:, :, 1, None], None, None
+
+
+def _head_strides(param):
+    """The strides of a (B, h, 1, d) parameter view along the batch, the heads and the head dim."""
+    return param.stride(0), param.stride(1), param.stride(3)
 
 
 def _per_head(param, lead, d, name):
-    """A parameter broadcast to (*lead, 1, d), as a contiguous (prod(lead), d) tensor (autograd sums its
-    gradient back to the parameter's shape)."""
+    """A parameter as a (B, h, 1, d) view (the batch of q's leading dims when they are not (B, h)): its
+    broadcast to (*lead, 1, d), no copy for the models' (B, h) leading dims."""
     try:
         full = torch.broadcast_to(param, (*lead, 1, d))
     except RuntimeError:
         raise ValueError(f"pola_attention_triton takes {name} constant along the tokens, broadcastable to "
                          f"{(*lead, 1, d)}; got shape {tuple(param.shape)} (use impl='fast')") from None
-    return full.reshape(-1, d).contiguous()
+    return full if len(lead) == 2 else full.reshape(-1, 1, 1, d)
 
 
 def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
@@ -408,9 +445,9 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     if q.dim() != 4:
         q, k, v = q.reshape(-1, 1, N, d), k.reshape(-1, 1, n, d), v.reshape(-1, 1, n, d)
     compute = torch.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype) else torch.float32
-    s = _per_head(F.softplus(scale.to(compute)), lead, d, 'scale')
-    p = _per_head(1 + alpha * torch.sigmoid(power.to(compute)), lead, d, 'power')
-    return _PolaTriton.apply(q, k, v, s, p, float(eps)).reshape(*lead, N, d)
+    scale = _per_head(scale.to(compute), lead, d, 'scale')
+    power = _per_head(power.to(compute), lead, d, 'power')
+    return _PolaTriton.apply(q, k, v, scale, power, float(alpha), float(eps)).reshape(*lead, N, d)
 
 
 attention_op('pola').register('triton', pola_attention_triton, supports=triton_unsupported, preferred_on=('cuda', ),

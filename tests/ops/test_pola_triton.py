@@ -86,6 +86,20 @@ def test_broadcast_parameters_get_gradients_of_their_shape(shapes):
     assert_matches(actual, float64_reference(inputs, grad_out), 1e-5)
 
 
+def test_extreme_parameters_match_the_reference():
+    """The kernels compute s = softplus(scale) and p = 1 + alpha * sigmoid(power) and their derivatives
+    themselves: far from 0 (softplus near 0 and near the identity, sigmoid saturated) they agree with
+    torch's in float64 as near it."""
+    (q, k, v, _, _), grad_out = make_inputs(2, 2, 30, 12, 16)
+    # channels of a tiny s get p near 1 (x = t / s is large: x^5 would pass float32's range)
+    order = torch.randperm(32, generator=torch.Generator().manual_seed(2))
+    scale = torch.linspace(-10, 10, 32)[order].reshape(1, 2, 1, 16)
+    power = torch.linspace(-20, 20, 32)[order].reshape(1, 2, 1, 16)
+    inputs = [q, k, v, power.to(DEVICE), scale.to(DEVICE)]
+    assert_matches(forward_backward(pola_attention_triton, inputs, grad_out), float64_reference(inputs, grad_out),
+                   1e-5)
+
+
 def test_parameters_varying_along_tokens_are_a_clear_error():
     (q, k, v, power, scale), _ = make_inputs(1, 1, 6, 6, 8)
     with pytest.raises(ValueError, match=r"constant along the tokens.*impl='fast'"):
