@@ -5,6 +5,7 @@ time, without a GPU.
     python tools/check_triton_kernels.py                       # every op, head dim, dtype and target
     python tools/check_triton_kernels.py --ops pola flatten --targets sm_90 --head-dims 64 128
     python tools/check_triton_kernels.py --ops inline --kernels _inline_kv_kernel --dtypes bfloat16
+    python tools/check_triton_kernels.py --front-end             # Triton's front end only: seconds
 
 The kernels and their launch options come from the ops' own launch code: each op's ``'triton'``
 implementation runs forward and backward on CPU tensors (the op's example inputs, q, k, v cast to the
@@ -33,6 +34,12 @@ target. Exits with status 1 when a kernel does not compile, when a config needs 
 sm_80 / sm_90 give a block, or when no config of a launch fits a 99 KiB target (the tuning skips the
 configs that do not fit, so one that fits is enough there). Spills are reported, not failed. Compiled
 kernels land in Triton's cache (TRITON_CACHE_DIR), so a second run of unchanged kernels takes seconds.
+
+``--front-end`` stops after Triton's front end, which turns each kernel's Python into Triton IR for the
+target: it checks what the interpreter lets pass (the types and shapes of every value, a variable that
+changes type inside a loop, the compile-time branches each launch takes) of every kernel, with the first
+of its tuned configs, in seconds; neither register use nor shared memory (rows say 'parsed'). The test
+suite runs it.
 """
 import argparse
 import os
@@ -100,6 +107,8 @@ def parse_args(argv=None):
     parser.add_argument('--dtypes', nargs='+', choices=sorted(DTYPES), default=['float32', 'float16', 'bfloat16'])
     parser.add_argument('--kernels', nargs='+', default=None, help='compile only the kernels of these names')
     parser.add_argument('--jobs', type=int, default=1, help='compile in this many processes')
+    parser.add_argument('--front-end', action='store_true',
+                        help="only Triton's front end (Python to Triton IR): type and shape checks, seconds")
     return parser.parse_args(argv)
 
 
@@ -183,6 +192,20 @@ def bind(fn, args, kwargs, target):
     return signature, constexprs, attrs, options
 
 
+def front_end(fn, signature, constexprs, attrs, options, target):
+    """Triton's front end alone: the kernel as Triton IR for ``target`` (raises what it finds)."""
+    from triton._C.libtriton import ir
+    from triton.compiler import ASTSource, make_backend
+    backend = make_backend(target)
+    options = backend.parse_options(options.__dict__)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    source = ASTSource(fn, signature, constexprs, attrs)
+    return source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+                          context)
+
+
 def resource_usage(cubin, name):
     """(registers per thread, local memory bytes: spills and stack) of a compiled kernel."""
     from triton import knobs
@@ -215,7 +238,7 @@ def check_item(item):
     when none of its configs fits. Inputs the op turns down on the target give one row saying so."""
     import triton
     from triton.compiler import ASTSource
-    gpu_name, op_name, dtype_name, head_dim, kernels = item
+    gpu_name, op_name, dtype_name, head_dim, kernels, front_end_only = item
     gpu = GPUS[gpu_name]
     target = gpu.triton_target()
     launches = record_launches(op_name, gpu, head_dim, DTYPES[dtype_name])
@@ -225,7 +248,7 @@ def check_item(item):
     rows, seen = [], {}
     for launch in launches:
         launch_rows = []
-        for fn, kwargs in compilations(launch):
+        for fn, kwargs in compilations(launch)[:1 if front_end_only else None]:  # the front end: one config
             name = fn.__name__
             if kernels and name not in kernels:
                 continue
@@ -241,12 +264,16 @@ def check_item(item):
             launch_rows.append(row)
             rows.append(row)
             try:
+                if front_end_only:
+                    front_end(fn, signature, constexprs, attrs, options, target)
+                    row.update(shared='-', regs='-', spill='-', failed=False, status='parsed')
+                    continue
                 compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                                           options=options.__dict__)
             except Exception as err:  # a kernel that does not compile is the finding
-                message = str(err).strip().splitlines()
+                message = [line for line in str(err).strip().splitlines() if line.strip()]
                 row.update(shared='-', regs='-', spill='-', failed=True,
-                           status=f'FAILED: {type(err).__name__}: {message[0] if message else ""}'[:200])
+                           status=f'FAILED: {type(err).__name__}: {message[-1] if message else ""}'[:300])
                 continue
             shared = compiled.metadata.shared
             regs, spill = resource_usage(compiled.asm['cubin'], name)
@@ -271,8 +298,8 @@ def check(args):
     import itertools
 
     import triton
-    items = [(*item, tuple(args.kernels or ())) for item in itertools.product(args.targets, args.ops, args.dtypes,
-                                                                              args.head_dims)]
+    items = [(*item, tuple(args.kernels or ()), args.front_end)
+             for item in itertools.product(args.targets, args.ops, args.dtypes, args.head_dims)]
     start = time.time()
     if args.jobs > 1:
         import multiprocessing
@@ -291,7 +318,8 @@ def check(args):
     failures = sum(row['failed'] for row in rows)
     declined = sum(row.get('declined', False) for row in rows)
     compiled = len(rows) - declined
-    print(f'\n{compiled} kernels compiled for {", ".join(args.targets)} in {time.time() - start:.0f} s '
+    done = 'parsed' if args.front_end else 'compiled'
+    print(f'\n{compiled} kernels {done} for {", ".join(args.targets)} in {time.time() - start:.0f} s '
           f'(triton {triton.__version__}); {failures} failed; {declined} (op, dtype, head dim) not run on a '
           'target whose shared memory is too small for them')
     return rows, failures

@@ -159,8 +159,8 @@ if triton_available() is None:
                        sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                        BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per key chunk: x+^T v, x-^T v (BD x BD each) and the token sums of x+, x- (fp32 partials)."""
-        bh, b, h, offs_d, _, _, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d, alpha,
-                                             BD, ACC)
+        bh, b, h, offs_d, raw_s, raw_p, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
+                                                     alpha, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
         k_base = k_ptr + b * sk_b + h * sk_h
@@ -210,8 +210,8 @@ if triton_available() is None:
                           sq_b, sq_h, sq_n, sq_d, so_b, so_h, so_n, so_d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                           BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
         """Per query block: both numerators (x+ @ W+ + x- @ W-), both normalisers, the output."""
-        bh, b, h, offs_d, _, _, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d, alpha,
-                                             BD, ACC)
+        bh, b, h, offs_d, raw_s, raw_p, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
+                                                     alpha, BD, ACC)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         w_pos, w_neg, m_pos, m_neg = _load_summaries(sum_ptr + bh * (2 * BD * BD + 2 * BD), half, inv_n, BD, ACC)
         qp, qm, _ = _features(_load_rows(q_ptr + b * sq_b + h * sq_h, offs_m, offs_d, N, d, sq_n, sq_d, ACC), s, p)

@@ -66,6 +66,20 @@ def test_the_tool_compiles_a_kernel_for_sm_90(tmp_path):
     assert '0 failed' in log
 
 
+def test_every_kernel_passes_tritons_front_end_for_sm_80_and_sm_90(tmp_path):
+    """What the interpreter lets pass and a GPU's compiler refuses (a value whose type changes inside a loop,
+    a compile-time branch of one target) fails here: every kernel of every op, through Triton's front end,
+    with the launch options the ops pick on an A100 and an H100 (the branches by head dim and dtype)."""
+    from mmpola.ops import OPS
+    log = run_tool([PYTHON, 'tools/check_triton_kernels.py', '--front-end', '--targets', 'sm_80', 'sm_90',
+                    '--dtypes', 'bfloat16', 'float32', '--head-dims', '32', '64'],
+                   env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
+    rows = [line.split('|') for line in log.splitlines() if line.startswith('| ') and 'parsed' in line]
+    ops = {row[1].strip() for row in rows}
+    assert ops == {name for name, op in OPS.items() if 'triton' in op.impls} | {'depthwise'}, log[-2000:]
+    assert ' 0 failed' in log and 'FAILED' not in log, log[-3000:]
+
+
 def test_the_tool_says_which_inputs_an_op_turns_down_on_a_99_kib_gpu(tmp_path):
     """On sm_86 / sm_89 the ops decline float32 at head dim 64 (their kernels do not fit 99 KiB) before
     any launch: one row saying so, nothing compiled, nothing failed."""
@@ -86,7 +100,7 @@ sys.argv = ['check_triton_kernels.py']
 sys.path.insert(0, 'tools')
 import check_triton_kernels as tool
 tool.GPUS['tiny'] = tool.GPU('tiny', 86, 32, 0, 8)
-for row in tool.check_item(('tiny', 'flatten', 'float32', 16, ('_token_stats_kernel', '_key_reduce_kernel'))):
+for row in tool.check_item(('tiny', 'flatten', 'float32', 16, ('_token_stats_kernel', '_key_reduce_kernel'), False)):
     print('ROW', row['kernel'], row['failed'], row['status'])
 """
 
