@@ -218,13 +218,17 @@ if triton_available() is None:
         num, _, _, z = _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, offs_d[None, :] < half, eps, PREC)
         _store_rows(o_ptr + b * so_b + h * so_h, num * z, offs_m, offs_d, N, d, so_n, so_d)
 
-    @tunable(_tuned('BLOCK_M'), _TUNED_KEY, _fitting(2))
+    @tunable(_tuned('BLOCK_M'), _TUNED_KEY + ['JOIN'], _fitting(2))
     @triton.jit
     def _pola_bwd_queries(q_ptr, g_ptr, scale_ptr, power_ptr, sum_ptr, dq_ptr, part_ptr, H, N, d, half, inv_n, eps,
                           chunk, alpha, sq_b, sq_h, sq_n, sq_d, sg_b, sg_h, sg_n, sg_d, sdq_b, sdq_h, sdq_n, sdq_d,
                           ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
-                          BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
-        """Per query chunk: dL/dq; a record of partial dL/dW+-, dL/dm+- and dL/dscale, dL/dpower."""
+                          BLOCK_M: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                          JOIN: tl.constexpr):
+        """Per query chunk: dL/dq; a record of partial dL/dW+-, dL/dm+- and dL/dscale, dL/dpower.
+
+        JOIN (:func:`_join_weight_grads`): dL/dW+ and dL/dW- as one product, g^T [x+ x-] (BD x 2 BD, the two
+        feature maps' columns interleaved), instead of two square ones x+^T g, x-^T g."""
         bh, b, h, offs_d, raw_s, raw_p, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                                                      alpha, BD, ACC)
         c = tl.program_id(1)
@@ -234,8 +238,11 @@ if triton_available() is None:
         q_base = q_ptr + b * sq_b + h * sq_h
         g_base = g_ptr + b * sg_b + h * sg_h
         dq_base = dq_ptr + b * sdq_b + h * sdq_h
-        dw_pos = tl.zeros((BD, BD), dtype=ACC)
-        dw_neg = tl.zeros((BD, BD), dtype=ACC)
+        if JOIN:
+            dw_t = tl.zeros((BD, 2 * BD), dtype=ACC)  # [c, 2j + sign] = dL/dW(sign)[j, c]
+        else:
+            dw_pos = tl.zeros((BD, BD), dtype=ACC)
+            dw_neg = tl.zeros((BD, BD), dtype=ACC)
         dm_pos = tl.zeros((BD, ), dtype=ACC)
         dm_neg = tl.zeros((BD, ), dtype=ACC)
         gm_sum = tl.zeros((BD, ), dtype=ACC)
@@ -254,8 +261,11 @@ if triton_available() is None:
             r_opp = -z_opp * tl.sum(tl.where(same, 0.0, gout), axis=1)
             dqp = _mm(gn, tl.trans(w_pos), r_same[:, None] * m_pos[None, :] + r_opp[:, None] * m_neg[None, :], PREC)
             dqm = _mm(gn, tl.trans(w_neg), r_same[:, None] * m_neg[None, :] + r_opp[:, None] * m_pos[None, :], PREC)
-            dw_pos = _mm(tl.trans(qp), gn, dw_pos, PREC)
-            dw_neg = _mm(tl.trans(qm), gn, dw_neg, PREC)
+            if JOIN:
+                dw_t = _mm(tl.trans(gn), tl.reshape(tl.join(qp, qm), (BLOCK_M, 2 * BD)), dw_t, PREC)
+            else:
+                dw_pos = _mm(tl.trans(qp), gn, dw_pos, PREC)
+                dw_neg = _mm(tl.trans(qm), gn, dw_neg, PREC)
             dm_pos += tl.sum(r_same[:, None] * qp + r_opp[:, None] * qm, axis=0)
             dm_neg += tl.sum(r_same[:, None] * qm + r_opp[:, None] * qp, axis=0)
             gm = dqp * qp + dqm * qm
@@ -264,7 +274,13 @@ if triton_available() is None:
             dq = p[None, :] * gm / tl.where(qt == 0, 1.0, qt)  # gm = 0 where t = 0
             _store_rows(dq_base, dq, offs_m, offs_d, hi, d, sdq_n, sdq_d)
         record = part_ptr + (bh * num_chunks + c) * (2 * BD * BD + 4 * BD)
-        _store_summary(record, dw_pos, dw_neg, dm_pos, dm_neg, BD)
+        if JOIN:
+            cols = tl.arange(0, 2 * BD)
+            tl.store(record + (cols % 2)[None, :] * (BD * BD) + (cols // 2)[None, :] * BD + offs_d[:, None], dw_t)
+            tl.store(record + 2 * BD * BD + offs_d, dm_pos)
+            tl.store(record + 2 * BD * BD + BD + offs_d, dm_neg)
+        else:
+            _store_summary(record, dw_pos, dw_neg, dm_pos, dm_neg, BD)
         _store_parameter_gradients(record + 2 * BD * BD + 2 * BD, gm_sum, gm_log, raw_s, raw_p, s, p, alpha, BD)
 
     @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(2))
@@ -328,6 +344,20 @@ def _launch_config(d):
     if bd <= 64:
         return bd, (64, 8), (16, 8)
     return bd, (32, 8), (16, 8)
+
+
+def _join_weight_grads(bd, device):
+    """Whether the query backward computes dL/dW+ and dL/dW- as one product (its ``JOIN``).
+
+    Triton gives the products of a kernel the warp layout of one of them, and a square product such as
+    x+^T g (BD x BD) lines the warps up along its rows; every token tile then holds all its columns in
+    every warp, more than the registers hold. Joined, the product is BD x 2 BD and the warps split the
+    columns: at head dims up to 32, and up to 64 on GPUs without warpgroup products (compute capability
+    < 9.0), ``make check-kernels`` shows no spills where there were hundreds to thousands of bytes
+    (docs/development.md). On sm_90 at head dims >= 64 the square products are warpgroup products, which
+    leave the other products their column split (the joined one does not compile there for float16 /
+    bfloat16 inputs with Triton 3.7); at head dim 128 the joined accumulator alone is too large."""
+    return bd <= 32 or (bd <= 64 and kernel_target(device).capability < (9, 0))
 
 
 def _dot_precision(dtype, bd):
@@ -397,7 +427,8 @@ class _PolaTriton(torch.autograd.Function):
         launch(
             _pola_bwd_queries, (bh, chunks), q, grad_out, scale, power, sums, dq, parts, H, N, d, d // 2, 1.0 / n,
             eps, chunk, alpha, *q.stride(), *grad_out.stride(), *dq.stride(), *params,
-            default=dict(BLOCK_M=block, num_warps=warps, num_stages=1), **options)
+            JOIN=_join_weight_grads(bd, q.device), default=dict(BLOCK_M=block, num_warps=warps, num_stages=1),
+            **options)
         query_sums = parts.sum(1)
         chunk, chunks = _chunking(n, bh, block, q.device)
         parts = sums.new_empty(bh, chunks, 2 * bd)  # per key chunk: dL/dscale, dL/dpower

@@ -57,6 +57,19 @@ def test_triton_matches_float64_reference(case):
     assert_matches(actual, float64_reference(inputs, grad_out), 1e-5, str(case))
 
 
+@pytest.mark.parametrize('join', [False, True], ids=['square', 'joined'])
+@pytest.mark.parametrize('case', [CASES[1], CASES[4], CASES[7]], ids=['d32', 'd64-chunks', 'd8'])
+def test_both_forms_of_the_weight_gradient_product(case, join, monkeypatch):
+    """The query backward's dL/dW+- as two square products or as one joined product (which one a GPU runs
+    depends on its compute capability and the head dim; the interpreter runs the joined one)."""
+    from mmpola.ops import pola_triton
+    monkeypatch.setattr(pola_triton, '_join_weight_grads', lambda bd, device: join)
+    B, h, (H, W), (Hk, Wk), d = case
+    inputs, grad_out = make_inputs(B, h, H * W, Hk * Wk, d)
+    actual = forward_backward(pola_attention_triton, inputs, grad_out)
+    assert_matches(actual, float64_reference(inputs, grad_out), 1e-5, str(case))
+
+
 def test_zeros_in_queries_and_keys_give_finite_exact_gradients():
     """x = 0 exactly: features 0, gradients 0 there (no 0/0, no 0 * log 0), the rest as the reference."""
     inputs, grad_out = make_inputs(2, 2, 40, 40, 16, zeros=True)
