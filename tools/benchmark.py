@@ -15,7 +15,8 @@
     python tools/benchmark.py layers --device cuda --cases pvt-s1@800x1344 swin-s1@800x1344
                                                         # the value path's depthwise 5x5 conv alone, fwd and
                                                         # bwd, library (channels-last, contiguous) vs Triton,
-                                                        # fp32/bf16/fp16, and at shapes not seen before
+                                                        # fp32/bf16/fp16, and at shapes not seen before; PVT
+                                                        # cases also time the spatial-reduction conv
     python tools/benchmark.py train CONFIG [CONFIG ...] --iters 20 --warmup 5 --device cuda [--amp]
         [--batch-size B] [--data-root DIR] [--img-scale W H] [--hooks mmpola|library|config] [--profile DIR]
                                                         # training throughput of whole configs, e.g.
@@ -68,6 +69,7 @@ are the shapes of PolaPP-B2's stages 1 and 2: C = 64 / 128, head dim 64).
 import argparse
 import contextlib
 import ctypes
+import functools
 import gc
 import json
 import os
@@ -885,33 +887,65 @@ def new_shapes(images, height, width, count, step=4):
 
 # (implementation of mmpola.ops.depthwise_conv2d, input layout) rows of 'layers'
 LAYER_VARIANTS = (('torch', 'channels_last'), ('torch', 'contiguous'), ('triton', 'channels_last'))
+# PVT's spatial reduction of the keys and values (mmpola.models.attention.projections.spatial_reduction: a
+# conv of kernel = stride = its ratio on the channels-last view of the tokens), per PVT stage of the cases
+SR_RATIOS = {'pvt-s1': 8, 'pvt-s2': 4}
+SR_VARIANTS = (('torch', 'channels_last'), ('torch', 'contiguous'))
 
 
-def layer_passes(conv, v, grad, impl):
-    """fwd, fwd + weight gradient, fwd + input gradient, fwd + both of ``conv`` on ``v`` by ``impl``."""
-    from mmpola.ops import depthwise_conv2d
+def sr_conv_inputs(case, device, dtype, layout, seed, shape=None):
+    """PVT's spatial-reduction conv (C channels, kernel = stride = the stage's ratio) for attention case
+    ``case`` and its input (B, C, H, W): the channels-last view of the (B, H*W, C) tokens that the attention
+    passes, or that view made contiguous (mmdet's PVT); ``shape``: (B, H, W) instead of the case's."""
+    batch, heads, (height, width), dim = ATTENTION_CASES[case]
+    ratio = SR_RATIOS[case.split('@')[0]]
+    images, height, width = shape or (batch, height, width)
+    g = torch.Generator().manual_seed(seed)
+    conv = torch.nn.Conv2d(heads * dim, heads * dim, ratio, ratio).to(device=device, dtype=dtype)
+    x = torch.randn(images, height, width, heads * dim, generator=g).to(device, dtype).permute(0, 3, 1, 2)
+    if layout == 'contiguous':
+        x = x.contiguous()
+    return conv, x.requires_grad_()
 
-    def run():
-        return depthwise_conv2d(v, conv.weight, conv.bias, impl)
+
+def layer_passes(run, conv, x, seed):
+    """fwd, fwd + weight gradient, fwd + input gradient, fwd + all gradients of ``run()`` (a conv of ``x``
+    by ``conv``'s parameters), with an output gradient in the output's layout."""
+    with torch.no_grad():
+        out = run()
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(out.device, out.dtype)
+    grad = grad.to(memory_format=torch.channels_last) if out.is_contiguous(memory_format=torch.channels_last) \
+        and not out.is_contiguous() else grad
 
     def forward():
         with torch.no_grad():
             run()
 
     return dict(fwd=forward, wgrad=lambda: torch.autograd.grad(run(), [conv.weight], grad),
-                dgrad=lambda: torch.autograd.grad(run(), [v], grad),
-                bwd=lambda: torch.autograd.grad(run(), [conv.weight, conv.bias, v], grad))
+                dgrad=lambda: torch.autograd.grad(run(), [x], grad),
+                bwd=lambda: torch.autograd.grad(run(), [conv.weight, conv.bias, x], grad))
 
 
-def layer_grad(v, layout, seed, device, dtype):
-    grad = torch.randn(v.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device, dtype)
-    return grad.to(memory_format=torch.channels_last) if layout == 'channels_last' else grad
+def _layer_kinds(case):
+    """(row name, variants, inputs(device, dtype, layout, seed, shape), passes(conv, x, impl, seed)) of each
+    layer 'layers' times for ``case``: the value path's depthwise conv; PVT's spatial reduction where the
+    case is a PVT stage that has one."""
+    from mmpola.ops import depthwise_conv2d
+    kinds = [('dwconv 5x5', LAYER_VARIANTS, functools.partial(value_conv_inputs, case),
+              lambda conv, x, impl, seed: layer_passes(lambda: depthwise_conv2d(x, conv.weight, conv.bias, impl),
+                                                       conv, x, seed))]
+    ratio = SR_RATIOS.get(case.split('@')[0])
+    if ratio:
+        kinds.append((f'sr conv {ratio}x{ratio}/{ratio}', SR_VARIANTS, functools.partial(sr_conv_inputs, case),
+                      lambda conv, x, impl, seed: layer_passes(lambda: conv(x), conv, x, seed)))
+    return kinds
 
 
 def bench_layers(args, device):
-    """fwd, fwd + weight gradient, fwd + input gradient and fwd + both of the value path's depthwise 5x5
-    conv, per case, dtype, implementation and input layout (interleaved within each repetition); then
-    fwd + both at ``--new-shapes`` shapes the implementation has not seen, one call each."""
+    """fwd, fwd + weight gradient, fwd + input gradient and fwd + both of single convolutions of the
+    attentions (the value path's depthwise 5x5 conv; PVT's spatial-reduction conv), per case, dtype,
+    implementation and input layout (interleaved within each repetition); then fwd + both at
+    ``--new-shapes`` shapes the implementation has not seen, one call each."""
     from mmpola.ops.triton_support import triton_unsupported
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     print(f'- cudnn.benchmark: {torch.backends.cudnn.benchmark}' if device.type == 'cuda' else '- (no cuDNN)')
@@ -920,47 +954,50 @@ def bench_layers(args, device):
     print('|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|')
     skipped = set()
     for case in args.cases:
-        for dtype_name in args.dtypes:
-            dtype = getattr(torch, dtype_name)
-            runs = {}
-            for impl, layout in LAYER_VARIANTS:
-                reason = triton_unsupported(device, dtype) if impl == 'triton' else None
-                if impl not in args.impls or reason is not None:
-                    if reason is not None:
-                        skipped.add(f'{impl}: {reason}')
-                    continue
-                conv, v = value_conv_inputs(case, device, dtype, layout, args.seed)
-                passes = layer_passes(conv, v, layer_grad(v, layout, args.seed, device, dtype), impl)
-                for fn in passes.values():  # warm-up (cuDNN picks its kernels, Triton compiles and tunes)
-                    fn()
-                runs[impl, layout] = (v.shape, passes, {name: [] for name in passes})
-            for _ in range(args.repeat):
-                for _, passes, times in runs.values():
-                    for name, fn in passes.items():
-                        times[name].append(time_once(fn, device))
-            for (impl, layout), (shape, _, times) in runs.items():
-                ms = {name: 1e3 * min(values) for name, values in times.items()}
-                fresh = []
-                for images, height, width in new_shapes(shape[0], shape[2], shape[3], args.new_shapes):
-                    conv, v = value_conv_inputs(case, device, dtype, layout, args.seed, (images, height, width))
-                    both = layer_passes(conv, v, layer_grad(v, layout, args.seed, device, dtype), impl)['bwd']
-                    fresh.append(1e3 * time_once(both, device))
-                fresh = f'{median(fresh):.2f}' if fresh else '-'
-                print(f"| dwconv 5x5 | {case} | {','.join(map(str, shape))} | {dtype_name} | {impl} | {layout} | "
-                      f"{ms['fwd']:.2f} | {ms['wgrad']:.2f} | {ms['dgrad']:.2f} | {ms['bwd']:.2f} | {args.repeat} | "
-                      f'{fresh} |')
-            runs = None
-            gc.collect()
-    print('\nThe depthwise conv (d channels, 5x5, groups=d) of the Pola / FLatten value path on the heads\' '
-          'values (B * h, d, H, W) of the case, by mmpola.ops.depthwise_conv2d: impl torch = F.conv2d (cuDNN on '
-          'CUDA), triton = mmpola\'s Triton kernels; channels_last is the view the attention passes, contiguous '
-          'the same values copied to NCHW. Its weight is stored channels-last (mmpola.models.layers.depthwise_conv). '
-          'The input, the weight and the output gradient are in the row\'s dtype (as under autocast). Times: '
-          'min over the runs (rows interleaved) of the forward under no_grad, and of the forward with the '
-          'weight gradient, with the input gradient, and with both (and the bias\'s). New shapes: the median '
-          f'fwd+bwd of one call at each of {args.new_shapes} shapes not seen before (other map sizes; other numbers '
-          'of windows for window-sized maps), as a detector\'s changing image sizes bring them: what a new shape '
-          'costs beyond the compute (an implementation\'s per-shape setup) shows as the difference to fwd+bwd.')
+        for layer, variants, make_inputs, make_passes in _layer_kinds(case):
+            for dtype_name in args.dtypes:
+                dtype = getattr(torch, dtype_name)
+                runs = {}
+                for impl, layout in variants:
+                    reason = triton_unsupported(device, dtype) if impl == 'triton' else None
+                    if impl not in args.impls or reason is not None:
+                        if reason is not None:
+                            skipped.add(f'{impl}: {reason}')
+                        continue
+                    conv, x = make_inputs(device, dtype, layout, args.seed)
+                    passes = make_passes(conv, x, impl, args.seed)
+                    for fn in passes.values():  # warm-up (cuDNN picks its kernels, Triton compiles and tunes)
+                        fn()
+                    runs[impl, layout] = (x.shape, passes, {name: [] for name in passes})
+                for _ in range(args.repeat):
+                    for _, passes, times in runs.values():
+                        for name, fn in passes.items():
+                            times[name].append(time_once(fn, device))
+                for (impl, layout), (shape, _, times) in runs.items():
+                    ms = {name: 1e3 * min(values) for name, values in times.items()}
+                    fresh = []
+                    for images, height, width in new_shapes(shape[0], shape[2], shape[3], args.new_shapes):
+                        conv, x = make_inputs(device, dtype, layout, args.seed, (images, height, width))
+                        fresh.append(1e3 * time_once(make_passes(conv, x, impl, args.seed)['bwd'], device))
+                    fresh = f'{median(fresh):.2f}' if fresh else '-'
+                    print(f"| {layer} | {case} | {','.join(map(str, shape))} | {dtype_name} | {impl} | {layout} | "
+                          f"{ms['fwd']:.2f} | {ms['wgrad']:.2f} | {ms['dgrad']:.2f} | {ms['bwd']:.2f} | "
+                          f'{args.repeat} | {fresh} |')
+                runs = None
+                gc.collect()
+    print('\ndwconv 5x5: the depthwise conv (d channels, 5x5, groups=d) of the Pola / FLatten value path on the '
+          'heads\' values (B * h, d, H, W) of the case, by mmpola.ops.depthwise_conv2d: impl torch = F.conv2d '
+          '(cuDNN on CUDA), triton = mmpola\'s Triton kernels; its weight is stored channels-last '
+          '(mmpola.models.layers.depthwise_conv). sr conv: PVT\'s spatial reduction of the keys and values (C '
+          'channels, kernel = stride = the stage\'s ratio) on the (B, C, H, W) map of the tokens, by nn.Conv2d. '
+          'channels_last is the view the attention passes, contiguous the same values copied to NCHW (what '
+          'mmdet\'s PVT passes its spatial reduction). The input, the weight and the output gradient are in the '
+          'row\'s dtype (as under autocast). Times: min over the runs (rows interleaved) of the forward under '
+          'no_grad, and of the forward with the weight gradient, with the input gradient, and with all gradients. '
+          f'New shapes: the median fwd+bwd of one call at each of {args.new_shapes} shapes not seen before (other '
+          'map sizes; other numbers of windows for window-sized maps), as a detector\'s changing image sizes bring '
+          'them: what a new shape costs beyond the compute (an implementation\'s per-shape setup) shows as the '
+          'difference to fwd+bwd.')
     for line in sorted(skipped):
         print(f'skipped {line}')
 
@@ -1045,7 +1082,8 @@ def parse_args(argv=None):
     amp.add_argument('--repeat', type=int, default=1)
 
     layers = sub.add_parser('layers', help="single layers of the attentions: the value path's depthwise 5x5 "
-                            'conv, fwd and bwd, library vs Triton, channels-last vs contiguous input, new shapes')
+                            "conv (library vs Triton) and PVT's spatial-reduction conv, fwd and bwd, channels-last vs "
+                            'contiguous input, new shapes')
     common(layers)
     layers.add_argument('--cases', nargs='+', default=['pvt-s1@224', 'swin-s1@224'], choices=list(ATTENTION_CASES),
                         help='attention cases: their batch x heads, head dim and token grid')

@@ -84,6 +84,20 @@ def test_layers_times_the_value_conv_in_both_layouts_and_implementations(capsys,
     assert 'skipped triton: the Triton kernels run on CUDA tensors' in out
 
 
+def test_layers_times_the_spatial_reduction_of_pvt_cases_in_both_layouts(capsys, monkeypatch):
+    conv, x = BENCH.sr_conv_inputs('pvt-s1@224', torch.device('cpu'), torch.float32, 'channels_last', 0)
+    _, dense = BENCH.sr_conv_inputs('pvt-s1@224', torch.device('cpu'), torch.float32, 'contiguous', 0)
+    assert x.shape == (2, 64, 56, 56) and x.is_contiguous(memory_format=torch.channels_last)
+    assert dense.is_contiguous() and torch.equal(x, dense)
+    assert conv.kernel_size == (8, 8) and conv.stride == (8, 8)  # PVT stage 1
+    monkeypatch.setitem(BENCH.ATTENTION_CASES, 'pvt-s2@tiny', (1, 2, (16, 24), 16))
+    BENCH.main(['layers', '--cases', 'pvt-s2@tiny', '--dtypes', 'float32', '--repeat', '1', '--no-memory',
+                '--impls', 'torch', '--new-shapes', '2'])
+    rows = [line.split('|') for line in capsys.readouterr().out.splitlines() if line.startswith('| sr conv 4x4/4 |')]
+    assert [(row[5].strip(), row[6].strip()) for row in rows] == list(BENCH.SR_VARIANTS)
+    assert all(row[3].strip() == '1,32,16,24' and float(row[-2]) > 0 for row in rows)
+
+
 def test_new_shapes_differ_from_the_timed_one_and_each_other():
     shapes = BENCH.new_shapes(2, 200, 336, 5)
     assert len(set(shapes)) == 5 and (2, 200, 336) not in shapes and all(s[0] == 2 for s in shapes)
