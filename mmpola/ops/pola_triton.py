@@ -402,7 +402,8 @@ class _PolaTriton(torch.autograd.Function):
         launch(_pola_fwd_keys, (bh, chunks), k, v, scale, power, parts, H, n, d, chunk, alpha, *k.stride(),
                *v.stride(), *params, default=dict(BLOCK_N=block, **config), **options)
         sums = parts.sum(1)
-        out = torch.empty(B, H, N, d, device=q.device, dtype=q.dtype)
+        # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the models merge the heads with a view
+        out = torch.empty(B, N, H, d, device=q.device, dtype=q.dtype).transpose(1, 2)
         launch(
             _pola_fwd_queries, lambda meta: (bh, triton.cdiv(N, meta['BLOCK_M'])), q, scale, power, sums, out, H, N,
             d, d // 2, 1.0 / n, eps, alpha, *q.stride(), *out.stride(), *params,
