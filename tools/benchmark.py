@@ -717,14 +717,15 @@ def bench_scaling(args, device):
 
 
 SYNC_OPS = ('_local_scalar_dense', 'item', 'is_nonzero', 'nonzero')
-# operators that only allocate (no kernel on a GPU)
-ALLOC_OPS = ('empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided')
+# operators that launch no kernel on a GPU though the dispatcher does not flag them as views: bare allocations,
+# and _unsafe_view (a view that autograd does not track as one: reshape's result after a copy, matmul's)
+LAUNCH_FREE_OPS = ('empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', '_unsafe_view')
 
 
 def count_dispatched_ops(fn):
     """Run ``fn`` and count the aten operators it dispatches: ``(all, kernels, syncs)``, where kernels
-    are the operators that are neither views nor bare allocations (ALLOC_OPS; each of the others launches
-    work on a GPU) and syncs those that make the host wait for the device there (SYNC_OPS)."""
+    are the operators that are neither views nor bare allocations (LAUNCH_FREE_OPS; each of the others
+    launches work on a GPU) and syncs those that make the host wait for the device there (SYNC_OPS)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Counter(TorchDispatchMode):
@@ -733,7 +734,7 @@ def count_dispatched_ops(fn):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.total += 1
             name = func.__name__.split('.')[0]
-            self.kernels += not func.is_view and name not in ALLOC_OPS
+            self.kernels += not func.is_view and name not in LAUNCH_FREE_OPS
             self.syncs += name in SYNC_OPS
             return func(*args, **(kwargs or {}))
 
@@ -787,7 +788,7 @@ def bench_ops(args, device):
         model = image = outs = loss = None
         gc.collect()
     print('\nCounted at the dispatcher (every aten operator, nested ones included) in train mode; kernels: '
-          'operators that are neither views nor bare allocations (' + ', '.join(ALLOC_OPS) + '); bwd: the '
+          'operators that are neither views nor launch-free (' + ', '.join(LAUNCH_FREE_OPS) + '); bwd: the '
           'backward of the sum of the outputs\' means (from that sum on); syncs: operators that read a device '
           'value on the host (' + ', '.join(SYNC_OPS) + '). Eager '
           f'(no torch.compile). Attention implementation: {args.attn_impl}' + (

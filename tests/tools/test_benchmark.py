@@ -54,6 +54,9 @@ def test_operator_count_sees_forward_backward_kernels_and_host_reads():
     assert syncs == 1 and kernels < total  # .item() reads the device; view() launches nothing
     out = linear(x).sum()
     assert BENCH.count_dispatched_ops(out.backward)[1] >= 2  # the backward's kernels are counted too
+    # reshape of a non-contiguous tensor: one copy kernel (clone), its _unsafe_view launches nothing
+    t = torch.randn(3, 4).t()
+    assert BENCH.count_dispatched_ops(lambda: t.reshape(-1))[1] == 1
 
 
 def test_runnable_implementations_skip_those_for_another_device_with_the_reason(monkeypatch):
