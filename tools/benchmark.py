@@ -914,9 +914,7 @@ def layer_passes(run, conv, x, seed):
     by ``conv``'s parameters), with an output gradient in the output's layout."""
     with torch.no_grad():
         out = run()
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(out.device, out.dtype)
-    grad = grad.to(memory_format=torch.channels_last) if out.is_contiguous(memory_format=torch.channels_last) \
-        and not out.is_contiguous() else grad
+    grad = torch.empty_like(out).copy_(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)))
 
     def forward():
         with torch.no_grad():

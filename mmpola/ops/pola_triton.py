@@ -140,9 +140,15 @@ if triton_available() is None:
         """A record's two last BD vectors: the partial gradients of the raw scale and power, from sum(gm) and
         sum(gm * log2|x|): dL/ds = -p sum(gm) / s times ds/dscale = sigmoid(scale); dL/dp = ln 2 sum(gm *
         log2|x|) times dp/dpower = alpha sigmoid(power) (1 - sigmoid(power))."""
+        _store_vectors(ptr, -p * gm_sum / s * _sigmoid_parts(raw_s)[0],
+                       gm_log * (0.6931471805599453 * alpha) * _sigmoid_parts(raw_p)[1], BD)
+
+    @triton.jit
+    def _store_vectors(ptr, u, w, BD: tl.constexpr):
+        """Two BD vectors, one after the other."""
         offs_d = tl.arange(0, BD)
-        tl.store(ptr + offs_d, -p * gm_sum / s * _sigmoid_parts(raw_s)[0])
-        tl.store(ptr + BD + offs_d, gm_log * (0.6931471805599453 * alpha) * _sigmoid_parts(raw_p)[1])
+        tl.store(ptr + offs_d, u)
+        tl.store(ptr + BD + offs_d, w)
 
     @triton.jit
     def _numerators(qp, qm, w_pos, w_neg, m_pos, m_neg, same, eps, PREC: tl.constexpr):
@@ -188,8 +194,7 @@ if triton_available() is None:
         square = offs_d[:, None] * BD + offs_d[None, :]
         tl.store(ptr + square, a_pos)
         tl.store(ptr + BD * BD + square, a_neg)
-        tl.store(ptr + 2 * BD * BD + offs_d, u_pos)
-        tl.store(ptr + 2 * BD * BD + BD + offs_d, u_neg)
+        _store_vectors(ptr + 2 * BD * BD, u_pos, u_neg, BD)
 
     @triton.jit
     def _load_summaries(ptr, half, scale, BD: tl.constexpr, ACC: tl.constexpr):
@@ -277,8 +282,7 @@ if triton_available() is None:
         if JOIN:
             cols = tl.arange(0, 2 * BD)
             tl.store(record + (cols % 2)[None, :] * (BD * BD) + (cols // 2)[None, :] * BD + offs_d[:, None], dw_t)
-            tl.store(record + 2 * BD * BD + offs_d, dm_pos)
-            tl.store(record + 2 * BD * BD + BD + offs_d, dm_neg)
+            _store_vectors(record + 2 * BD * BD, dm_pos, dm_neg, BD)
         else:
             _store_summary(record, dw_pos, dw_neg, dm_pos, dm_neg, BD)
         _store_parameter_gradients(record + 2 * BD * BD + 2 * BD, gm_sum, gm_log, raw_s, raw_p, s, p, alpha, BD)
