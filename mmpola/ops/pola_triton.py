@@ -18,8 +18,8 @@ Forward, two kernels:
    applied on load), both numerators (two ``tl.dot``), both normalisers and the division, written in
    the input dtype.
 
-Saved for backward: q, k, v (as given), s, p and the per-head summaries (KV+, KV-, key sums): no
-(B, h, N, 2d) feature map is stored; the backward kernels recompute them.
+Saved for backward: q, k, v (as given), the raw scale and power and the per-head summaries (KV+, KV-,
+key sums): no (B, h, N, 2d) feature map is stored; the backward kernels recompute them.
 
 Backward, two kernels:
 
@@ -28,14 +28,15 @@ Backward, two kernels:
    (the normalisers' gradients) and the query tokens' part of dL/dscale and dL/dpower;
 2. key pass, grid (B*h, key chunks), after a torch ``.sum`` over the query chunks: recomputes the key
    features; dL/dKV+- are dL/dW+- with W's column swap undone; writes dL/dk and dL/dv; per chunk the
-   key tokens' part of dL/dscale and dL/dpower.
+   key tokens' part of dL/dscale and dL/dpower (the first chunk adds the query tokens' part), so that one
+   ``.sum`` over the chunks, and over the batch for parameters the batch shares, gives their gradients.
 
 The feature-map backward is that of :func:`~mmpola.ops.pola._feature_map_backward`: with
 gm = g+ * x+ + g- * x- (disjoint supports), dL/dt = p * gm / t (0 at t = 0), dL/ds = -p * sum(gm) / s,
 dL/dp = sum(gm * ln|x|) (0 where x = 0: no NaN). Every kernel reads the raw parameters and computes
 s = softplus(scale) and p = 1 + alpha * sigmoid(power) itself, and the backward kernels multiply their
-partial sums by ds/dscale and dp/dpower: no torch op runs on the parameters but the sum of their
-gradients over the batch (autograd's, from their broadcast views).
+partial sums by ds/dscale and dp/dpower: no torch op runs on the parameters but that one sum. A
+parameter shared by the batch (the models') is read with batch stride 0.
 
 Inputs: float32, float16 or bfloat16 (float64 under the interpreter, computed in float64), any strides
 (views of a projection need no copy); computed in float32 (float64), output in q's dtype. The d x d
@@ -54,7 +55,7 @@ from .pola import _check_shapes
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
-    from .triton_support import batch_and_head
+    from .triton_support import batch_and_head, sigmoid_parts, softplus
 
 __all__ = ['pola_attention_triton']
 
@@ -107,20 +108,6 @@ if triton_available() is None:
                  value.to(base.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _sigmoid_parts(x):
-        """(sigmoid(x), sigmoid(x) * (1 - sigmoid(x))) without overflow: from e = exp(-|x|)."""
-        e = tl.exp(-tl.abs(x))
-        inv = 1.0 / (1.0 + e)
-        return tl.where(x >= 0, inv, e * inv), e * inv * inv
-
-    @triton.jit
-    def _softplus(x):
-        """log(1 + e^x) = max(x, 0) + log1p(e^-|x|), log1p by Goldberg's rule (a few ulp for every x)."""
-        u = tl.exp(-tl.abs(x))
-        w = 1.0 + u
-        return tl.maximum(x, 0.0) + tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0)))
-
-    @triton.jit
     def _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d, alpha, BD: tl.constexpr,
               ACC: tl.constexpr):
         """The program's head (grid axis 0: batch * head), its batch and head index, the head dim lanes, the
@@ -131,17 +118,17 @@ if triton_available() is None:
         offs_d = tl.arange(0, BD)
         raw_s = tl.load(scale_ptr + b * ss_b + h * ss_h + offs_d * ss_d, mask=offs_d < d, other=0.0).to(ACC)
         raw_p = tl.load(power_ptr + b * sp_b + h * sp_h + offs_d * sp_d, mask=offs_d < d, other=0.0).to(ACC)
-        s = _softplus(raw_s)
-        p = 1.0 + alpha * _sigmoid_parts(raw_p)[0]
+        s = softplus(raw_s)
+        p = 1.0 + alpha * sigmoid_parts(raw_p)[0]
         return bh, b, h, offs_d, raw_s, raw_p, s, p
 
     @triton.jit
-    def _store_parameter_gradients(ptr, gm_sum, gm_log, raw_s, raw_p, s, p, alpha, BD: tl.constexpr):
-        """A record's two last BD vectors: the partial gradients of the raw scale and power, from sum(gm) and
-        sum(gm * log2|x|): dL/ds = -p sum(gm) / s times ds/dscale = sigmoid(scale); dL/dp = ln 2 sum(gm *
-        log2|x|) times dp/dpower = alpha sigmoid(power) (1 - sigmoid(power))."""
-        _store_vectors(ptr, -p * gm_sum / s * _sigmoid_parts(raw_s)[0],
-                       gm_log * (0.6931471805599453 * alpha) * _sigmoid_parts(raw_p)[1], BD)
+    def _parameter_gradients(gm_sum, gm_log, raw_s, raw_p, s, p, alpha):
+        """The partial gradients of the raw scale and power, from sum(gm) and sum(gm * log2|x|): dL/ds =
+        -p sum(gm) / s times ds/dscale = sigmoid(scale); dL/dp = ln 2 sum(gm * log2|x|) times dp/dpower =
+        alpha sigmoid(power) (1 - sigmoid(power))."""
+        return (-p * gm_sum / s * sigmoid_parts(raw_s)[0],
+                gm_log * (0.6931471805599453 * alpha) * sigmoid_parts(raw_p)[1])
 
     @triton.jit
     def _store_vectors(ptr, u, w, BD: tl.constexpr):
@@ -285,7 +272,8 @@ if triton_available() is None:
             _store_vectors(record + 2 * BD * BD, dm_pos, dm_neg, BD)
         else:
             _store_summary(record, dw_pos, dw_neg, dm_pos, dm_neg, BD)
-        _store_parameter_gradients(record + 2 * BD * BD + 2 * BD, gm_sum, gm_log, raw_s, raw_p, s, p, alpha, BD)
+        ds, dp = _parameter_gradients(gm_sum, gm_log, raw_s, raw_p, s, p, alpha)
+        _store_vectors(record + 2 * BD * BD + 2 * BD, ds, dp, BD)
 
     @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(2))
     @triton.jit
@@ -294,7 +282,8 @@ if triton_available() is None:
                        sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
                        sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                        BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
-        """Per key chunk: dL/dk, dL/dv from dL/dKV+- and dL/dm+-; partial dL/dscale, dL/dpower."""
+        """Per key chunk: dL/dk, dL/dv from dL/dKV+- and dL/dm+-; partial dL/dscale, dL/dpower (chunk 0: with
+        the query tokens' part)."""
         bh, b, h, offs_d, raw_s, raw_p, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                                                      alpha, BD, ACC)
         c = tl.program_id(1)
@@ -324,8 +313,14 @@ if triton_available() is None:
             gm_log += tl.sum(gm * lx, axis=0)
             dk = p[None, :] * gm / tl.where(kt == 0, 1.0, kt)
             _store_rows(dk_base, dk, offs_n, offs_d, hi, d, sdk_n, sdk_d)
-        _store_parameter_gradients(part_ptr + (bh * num_chunks + c) * 2 * BD, gm_sum, gm_log, raw_s, raw_p, s, p,
-                                   alpha, BD)
+        ds, dp = _parameter_gradients(gm_sum, gm_log, raw_s, raw_p, s, p, alpha)
+        # chunk 0 adds the query tokens' part (the last two vectors of the query backward's summed record):
+        # one sum of these records over the chunks (and the batch) is then the parameters' gradient
+        queries = dsum_ptr + bh * (2 * BD * BD + 4 * BD) + 2 * BD * BD + 2 * BD
+        first = (offs_d < BD) & (c == 0)
+        ds += tl.load(queries + offs_d, mask=first, other=0.0).to(ACC)
+        dp += tl.load(queries + BD + offs_d, mask=first, other=0.0).to(ACC)
+        _store_vectors(part_ptr + (bh * num_chunks + c) * 2 * BD, ds, dp, BD)
 
 
 # the dtype of the kernels' partial sums per accumulator dtype
@@ -383,10 +378,10 @@ def _chunking(tokens, heads, block, device):
 
 
 class _PolaTriton(torch.autograd.Function):
-    """The kernels' autograd: q, k, v (B, h, N|n, d) of any strides; the raw scale and power as (B, h, 1, d)
-    views of any strides (broadcast views of the parameters: autograd sums their gradients back to the
-    parameters' shapes); the kernels apply softplus and 1 + alpha * sigmoid themselves, and their
-    backward writes the gradients of the raw parameters."""
+    """The kernels' autograd: q, k, v (B, h, N|n, d) of any strides; the raw scale and power as (B', h, 1, d)
+    views of any strides (:func:`_per_head`: B' = 1 for a parameter the batch shares, else B); the kernels
+    apply softplus and 1 + alpha * sigmoid themselves, and their backward writes the gradients of the raw
+    parameters, of those views' shapes."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, power, alpha, eps):
@@ -436,26 +431,46 @@ class _PolaTriton(torch.autograd.Function):
             **options)
         query_sums = parts.sum(1)
         chunk, chunks = _chunking(n, bh, block, q.device)
-        parts = sums.new_empty(bh, chunks, 2 * bd)  # per key chunk: dL/dscale, dL/dpower
+        # per key chunk: dL/dscale, dL/dpower of its tokens (chunk 0: and of every query token)
+        parts = sums.new_empty(bh, chunks, 2 * bd)
         launch(
             _pola_bwd_keys, (bh, chunks), k, v, scale, power, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n,
             chunk, alpha, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(), *params,
             default=dict(BLOCK_N=block, num_warps=warps, num_stages=1), **options)
-        # the raw parameters' gradients: the query tokens' part plus the key tokens'
-        grads = (query_sums[:, 2 * bd * bd + 2 * bd:] + parts.sum(1)).view(B, H, 2, bd)[..., :d]
-        return dq, dk, dv, grads[:, :, 0, None], grads[:, :, 1, None], None, None
+        return (dq, dk, dv, *_summed_parameter_gradients(parts.view(B, H, chunks, 2, bd), scale.shape, power.shape),
+                None, None)
+
+
+def _summed_parameter_gradients(parts, scale_shape, power_shape):
+    """The raw scale's and power's gradients, of their (B', h, 1, d) shapes, from the key backward's records
+    (B, h, chunks, 2, BD): one sum over the chunks, and over the batch too for parameters shared by the
+    batch (B' = 1), laid out so that each gradient is contiguous (autograd accumulates it without a copy)."""
+    B, H, _, _, bd = parts.shape
+    d = scale_shape[-1]
+    by_parameter = parts.permute(3, 0, 1, 2, 4)  # (2, B, h, chunks, BD)
+    shared = scale_shape[0] == 1 and power_shape[0] == 1
+    sums = by_parameter.sum((1, 3) if shared else 3)  # (2, h, BD) or (2, B, h, BD), contiguous
+    grads = []
+    for i, shape in enumerate((scale_shape, power_shape)):
+        grad = sums[i].reshape(1 if shared else B, H, 1, bd)[..., :d]
+        grads.append(grad if grad.shape[0] == shape[0] else grad.sum(0, keepdim=True))
+    return grads
 
 
 def _head_strides(param):
-    """The strides of a (B, h, 1, d) parameter view along the batch, the heads and the head dim."""
-    return param.stride(0), param.stride(1), param.stride(3)
+    """The strides of a (B', h, 1, d) parameter view along the batch (0 when B' = 1: shared by the batch),
+    the heads and the head dim."""
+    return param.stride(0) if param.shape[0] > 1 else 0, param.stride(1), param.stride(3)
 
 
 def _per_head(param, lead, d, name):
-    """A parameter as a (B, h, 1, d) view (the batch of q's leading dims when they are not (B, h)): its
-    broadcast to (*lead, 1, d), no copy for the models' (B, h) leading dims."""
+    """A parameter as a (B', h, 1, d) view, no copy: B' = 1 for a parameter shared by the batch of q's
+    (B, h) leading dims (the models' parameters: the kernels read it with batch stride 0, and the backward
+    sums its gradient over the batch itself); else B' = B, or the batch of q's leading dims when they are
+    not (B, h)."""
+    shared = len(lead) == 2 and (param.dim() < 4 or param.shape[0] == 1)
     try:
-        full = torch.broadcast_to(param, (*lead, 1, d))
+        full = torch.broadcast_to(param, (1, lead[1], 1, d) if shared else (*lead, 1, d))
     except RuntimeError:
         raise ValueError(f"pola_attention_triton takes {name} constant along the tokens, broadcastable to "
                          f"{(*lead, 1, d)}; got shape {tuple(param.shape)} (use impl='fast')") from None

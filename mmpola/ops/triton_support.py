@@ -304,3 +304,17 @@ if triton_available() is None:
         """(batch, head) of the flat index ``bh = batch * H + head`` of a program's head, as int64 (they
         scale offsets into tensors that may pass 2**31 elements)."""
         return (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+
+    @triton.jit
+    def sigmoid_parts(x):
+        """(sigmoid(x), sigmoid(x) * (1 - sigmoid(x))) without overflow: from e = exp(-|x|)."""
+        e = tl.exp(-tl.abs(x))
+        inv = 1.0 / (1.0 + e)
+        return tl.where(x >= 0, inv, e * inv), e * inv * inv
+
+    @triton.jit
+    def softplus(x):
+        """log(1 + e^x) = max(x, 0) + log1p(e^-|x|), log1p by Goldberg's rule (a few ulp for every x)."""
+        u = tl.exp(-tl.abs(x))
+        w = 1.0 + u
+        return tl.maximum(x, 0.0) + tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0)))

@@ -87,8 +87,12 @@ def test_alpha_and_eps_options():
 
 # (power shape, scale shape); a scale shared by channels of one exponent would leave the output invariant
 # (its gradient only the eps term), so every case keeps the exponent or the scale per channel
-@pytest.mark.parametrize('shapes', [((1, 1, 1, 16), (1, 3, 1, 16)), ((1, 3, 1, 1), (1, 1, 1, 16)), ((16, ), (1, ))],
-                         ids=['shared-by-heads', 'per-head-power', 'vector-power-scalar-scale'])
+# (the kernels read a parameter shared by the batch with batch stride 0, and sum its gradient over the batch
+# themselves; a per-sample parameter keeps its batch)
+@pytest.mark.parametrize('shapes', [((1, 1, 1, 16), (1, 3, 1, 16)), ((1, 3, 1, 1), (1, 1, 1, 16)), ((16, ), (1, )),
+                                    ((2, 3, 1, 16), (1, 3, 1, 16)), ((2, 1, 1, 16), (2, 3, 1, 16))],
+                         ids=['shared-by-heads', 'per-head-power', 'vector-power-scalar-scale', 'per-sample-power',
+                              'per-sample-both'])
 def test_broadcast_parameters_get_gradients_of_their_shape(shapes):
     (q, k, v, _, _), grad_out = make_inputs(2, 3, 20, 9, 16)
     g = torch.Generator().manual_seed(1)
