@@ -31,19 +31,19 @@ Backward (g = dL/dout, den = phi(q) . M + eps, gd = g / den, dden = -(g . out) /
 6. key pass, grid (B * h, key chunks): dv = phi(k) dKV / n, and G's per-head part dv . v + phi(k) . dM / n.
 7. key gradient: dL/dphi(k) = (v dKV^T + dM) / n, the feature map's backward to dk and dL/ds.
 
-With one head nothing couples the heads: 4 and 5 (and 6 and 7) run as one kernel. s = softplus(scale)
-and its chain rule stay in torch (a (C,) vector). float64 inputs (tests, through the interpreter)
-are computed in float32 and returned in float64.
+With one head nothing couples the heads: 4 and 5 (and 6 and 7) run as one kernel. The kernels read the
+raw scale and compute s = softplus(scale) themselves; 5 and 7 write their chunks' parts of the raw
+scale's gradient (dL/ds times ds/dscale = sigmoid(scale)) into one buffer, summed once. float64 inputs
+(tests, through the interpreter) are computed in float32 and returned in float64.
 """
 import torch
-import torch.nn.functional as F
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .flatten import _KERNEL_EPS, _check_shapes
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
-    from .triton_support import batch_and_head
+    from .triton_support import batch_and_head, sigmoid_parts, softplus
 
 __all__ = ['flatten_attention_triton']
 
@@ -71,7 +71,13 @@ if triton_available() is None:
         return p
 
     @triton.jit
-    def _token_stats_kernel(x_ptr, s_ptr, stats_ptr, T, C, sxb, sxt, sxc,
+    def _scale(scale_ptr, cols, mask):
+        """The raw scale of channels ``cols`` and s = softplus(scale) (1 on the masked lanes)."""
+        raw = tl.load(scale_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        return raw, tl.where(mask, softplus(raw), 1.0)
+
+    @triton.jit
+    def _token_stats_kernel(x_ptr, scale_ptr, stats_ptr, T, C, sxb, sxt, sxc,
                             FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                             BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
@@ -84,7 +90,7 @@ if triton_available() is None:
             mc = offs_c < C
             m2 = mt[:, None] & mc[None, :]
             x = tl.load(x_ptr + b * sxb + offs_t[:, None] * sxt + offs_c[None, :] * sxc, mask=m2, other=0.0)
-            s = tl.load(s_ptr + offs_c, mask=mc, other=1.0)
+            _, s = _scale(scale_ptr, offs_c, mc)
             a = (tl.maximum(x.to(tl.float32), 0.0) + KERNEL_EPS) / s[None, :]  # > 0, also where masked
             p = tl.where(m2, _power(a, FOCUS, INT_FOCUS), 0.0)
             a = tl.where(m2, a, 0.0)
@@ -97,7 +103,7 @@ if triton_available() is None:
         tl.store(row + 1, 1.0 / sum_a2, mask=mt)
 
     @triton.jit
-    def _features(x_ptr, s_ptr, stats_ptr, b, head, offs_t, T, limit, d, sxb, sxt, sxc,
+    def _features(x_ptr, scale_ptr, stats_ptr, b, head, offs_t, T, limit, d, sxb, sxt, sxc,
                   FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr, BLOCK_D: tl.constexpr):
         """(x, a, phi(x), c, 1 / ||a||**2) of a block of tokens (of T) in one head; 0 where masked (from
         token ``limit`` on)."""
@@ -108,7 +114,7 @@ if triton_available() is None:
         cols = head * d + offs_d
         x = tl.load(x_ptr + b * sxb + offs_t[:, None] * sxt + cols[None, :] * sxc, mask=m2, other=0.0)
         x = x.to(tl.float32)
-        s = tl.load(s_ptr + cols, mask=md, other=1.0)
+        _, s = _scale(scale_ptr, cols, md)
         a = (tl.maximum(x, 0.0) + KERNEL_EPS) / s[None, :]
         row = stats_ptr + (b * T + offs_t) * 2
         c = tl.load(row, mask=mt, other=0.0)
@@ -123,6 +129,12 @@ if triton_available() is None:
         grad_a = FOCUS * (y / a) * (dy - coef * y) + coef * a
         grad_x = tl.where(x > 0, grad_a / s[None, :], 0.0)
         return grad_x, grad_a
+
+    @triton.jit
+    def _store_scale_gradient(ptr, acc_ds, raw_s, s, offs_d, md):
+        """A chunk's part of dL/dscale from acc_ds = sum(dL/da * a) over its tokens: a = (relu(x) + eps) / s
+        gives dL/ds = -acc_ds / s, and ds/dscale = sigmoid(scale)."""
+        tl.store(ptr + offs_d, -acc_ds / s * sigmoid_parts(raw_s)[0], mask=md)
 
     @triton.jit
     def _head(H, d, BLOCK_D: tl.constexpr):
@@ -157,8 +169,8 @@ if triton_available() is None:
 
     @tunable(_TUNED, _FOCUS_KEY, _fitting)
     @triton.jit
-    def _key_reduce_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, kv_part_ptr, m_part_ptr, n, d, H, tokens_per_chunk, inv_n,
-                           skb, skt, skc, svb, svt, svc,
+    def _key_reduce_kernel(k_ptr, v_ptr, scale_ptr, stats_ptr, kv_part_ptr, m_part_ptr, n, d, H, tokens_per_chunk,
+                           inv_n, skb, skt, skc, svb, svt, svc,
                            FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
@@ -168,7 +180,7 @@ if triton_available() is None:
         hi = tl.minimum(lo + tokens_per_chunk, n)  # a chunk's tail tile stops at its end, whatever BLOCK_T
         for start in range(lo, hi, BLOCK_T):
             offs_t, _, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
-            _, _, y, _ = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
+            _, _, y, _ = _features(k_ptr, scale_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
                                    FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             acc_kv = tl.dot(tl.trans(y), vv, acc_kv, input_precision='ieee')
@@ -178,14 +190,14 @@ if triton_available() is None:
 
     @tunable(_TUNED, _FOCUS_KEY, _fitting)
     @triton.jit
-    def _query_kernel(q_ptr, s_ptr, stats_ptr, kv_ptr, m_ptr, out_ptr, N, d, H, eps,
+    def _query_kernel(q_ptr, scale_ptr, stats_ptr, kv_ptr, m_ptr, out_ptr, N, d, H, eps,
                       sqb, sqt, sqc, sob, sot, soc,
                       FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         pid, b, head, block, offs_d, md = _head(H, d, BLOCK_D)
         kv, m = _load_head_summary(kv_ptr, m_ptr, pid, d, offs_d, md)
         offs_t = block * BLOCK_T + tl.arange(0, BLOCK_T)
-        _, _, y, _ = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, N, d, sqb, sqt, sqc,
+        _, _, y, _ = _features(q_ptr, scale_ptr, stats_ptr, b, head, offs_t, N, N, d, sqb, sqt, sqc,
                                FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
         num = tl.dot(y, kv, input_precision='ieee')
         den = tl.sum(y * m[None, :], axis=1) + eps
@@ -196,17 +208,18 @@ if triton_available() is None:
 
     @tunable(_TUNED, _FOCUS_KEY + ['REDUCE', 'WRITE_DX', 'LOCAL_G'], _fitting)
     @triton.jit
-    def _query_backward_kernel(q_ptr, g_ptr, s_ptr, stats_ptr, kv_ptr, m_ptr, dkv_part_ptr, dm_part_ptr,
-                               dden_ptr, dq_ptr, ds_part_ptr, N, d, H, eps, tokens_per_chunk,
+    def _query_backward_kernel(q_ptr, g_ptr, scale_ptr, stats_ptr, kv_ptr, m_ptr, dkv_part_ptr, dm_part_ptr,
+                               dden_ptr, dq_ptr, ds_part_ptr, ds_records, N, d, H, eps, tokens_per_chunk,
                                sqb, sqt, sqc, sgb, sgt, sgc, sdb, sdt, sdc,
                                REDUCE: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
                                FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                                BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         """REDUCE: the partial dKV, dM of the chunk (and dden per token and head unless LOCAL_G);
-        WRITE_DX: dq and the partial dL/ds (G from dden of this head if LOCAL_G, else from dden_ptr)."""
+        WRITE_DX: dq and the chunk's part of dL/dscale (G from dden of this head if LOCAL_G, else from
+        dden_ptr), record ``chunk`` of the head's ``ds_records``."""
         pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
         kv, m = _load_head_summary(kv_ptr, m_ptr, pid, d, offs_d, md)
-        s = tl.load(s_ptr + head * d + offs_d, mask=md, other=1.0)
+        raw_s, s = _scale(scale_ptr, head * d + offs_d, md)
         acc_dkv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         acc_dm = tl.zeros((BLOCK_D,), dtype=tl.float32)
         acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -214,7 +227,7 @@ if triton_available() is None:
         hi = tl.minimum(lo + tokens_per_chunk, N)
         for start in range(lo, hi, BLOCK_T):
             offs_t, mt, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
-            x, a, y, inv_r2 = _features(q_ptr, s_ptr, stats_ptr, b, head, offs_t, N, hi, d, sqb, sqt, sqc,
+            x, a, y, inv_r2 = _features(q_ptr, scale_ptr, stats_ptr, b, head, offs_t, N, hi, d, sqb, sqt, sqc,
                                         FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             g = tl.load(g_ptr + b * sgb + offs_t[:, None] * sgt + cols * sgc, mask=m2, other=0.0).to(tl.float32)
             num = tl.dot(y, kv, input_precision='ieee')
@@ -240,27 +253,28 @@ if triton_available() is None:
         if REDUCE:
             _store_head_summary(dkv_part_ptr, dm_part_ptr, part, acc_dkv, acc_dm, d, offs_d, md)
         if WRITE_DX:
-            tl.store(ds_part_ptr + part * d + offs_d, acc_ds, mask=md)
+            _store_scale_gradient(ds_part_ptr + (pid * ds_records + chunk) * d, acc_ds, raw_s, s, offs_d, md)
 
     @tunable(_TUNED, _FOCUS_KEY + ['WRITE_DV', 'WRITE_DX', 'LOCAL_G'], _fitting)
     @triton.jit
-    def _key_backward_kernel(k_ptr, v_ptr, s_ptr, stats_ptr, dkv_ptr, dm_ptr, gk_ptr, dk_ptr, dv_ptr, ds_part_ptr,
-                             n, d, H, tokens_per_chunk, inv_n,
+    def _key_backward_kernel(k_ptr, v_ptr, scale_ptr, stats_ptr, dkv_ptr, dm_ptr, gk_ptr, dk_ptr, dv_ptr, ds_part_ptr,
+                             ds_records, n, d, H, tokens_per_chunk, inv_n,
                              skb, skt, skc, svb, svt, svc, sdkb, sdkt, sdkc, sdvb, sdvt, sdvc,
                              WRITE_DV: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
                              FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         """WRITE_DV: dv (and this head's part of G per key unless LOCAL_G); WRITE_DX: dk and the
-        partial dL/ds (G of this head if LOCAL_G, else summed over the heads in gk_ptr)."""
+        chunk's part of dL/dscale (G of this head if LOCAL_G, else summed over the heads in gk_ptr), record
+        ``chunk`` of the head's ``ds_records``."""
         pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
         dkv, dm = _load_head_summary(dkv_ptr, dm_ptr, pid, d, offs_d, md)
-        s = tl.load(s_ptr + head * d + offs_d, mask=md, other=1.0)
+        raw_s, s = _scale(scale_ptr, head * d + offs_d, md)
         acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
         lo = chunk * tokens_per_chunk
         hi = tl.minimum(lo + tokens_per_chunk, n)
         for start in range(lo, hi, BLOCK_T):
             offs_t, mt, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
-            x, a, y, inv_r2 = _features(k_ptr, s_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
+            x, a, y, inv_r2 = _features(k_ptr, scale_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
                                         FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
             vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             if WRITE_DV:
@@ -281,7 +295,7 @@ if triton_available() is None:
                          grad_x.to(dk_ptr.dtype.element_ty), mask=m2)
                 acc_ds += tl.sum(tl.where(m2, grad_a * a, 0.0), axis=0)
         if WRITE_DX:
-            tl.store(ds_part_ptr + (pid * tl.num_programs(1) + chunk) * d + offs_d, acc_ds, mask=md)
+            _store_scale_gradient(ds_part_ptr + (pid * ds_records + chunk) * d, acc_ds, raw_s, s, offs_d, md)
 
 
 def _blocks(d):
@@ -312,11 +326,11 @@ def _focus_args(focusing_factor):
     return dict(FOCUS=focus, INT_FOCUS=False, KERNEL_EPS=_KERNEL_EPS)
 
 
-def _token_stats(x, s, focus):
+def _token_stats(x, scale, focus):
     B, T, C = x.shape
     stats = torch.empty((B, T, 2), device=x.device, dtype=torch.float32)
     block_t, block_c = 32, min(128, max(16, triton.next_power_of_2(C)))
-    launch(_token_stats_kernel, (B, triton.cdiv(T, block_t)), x, s, stats, T, C, *x.stride(), **focus,
+    launch(_token_stats_kernel, (B, triton.cdiv(T, block_t)), x, scale, stats, T, C, *x.stride(), **focus,
            BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4)
     return stats
 
@@ -325,31 +339,31 @@ class _FlattenTriton(torch.autograd.Function):
     """Focused linear attention; forward and backward in the Triton kernels of this module."""
 
     @staticmethod
-    def forward(ctx, q, k, v, s, num_heads, focusing_factor, eps):
+    def forward(ctx, q, k, v, scale, num_heads, focusing_factor, eps):
         B, N, C = q.shape
         n, H = k.shape[1], num_heads
         d = C // H
         focus = _focus_args(focusing_factor)
         block_t, block_d, warps = _blocks(d)
         blocks = dict(BLOCK_D=block_d, default=dict(BLOCK_T=block_t, num_warps=warps))
-        stats_q, stats_k = _token_stats(q, s, focus), _token_stats(k, s, focus)
+        stats_q, stats_k = _token_stats(q, scale, focus), _token_stats(k, scale, focus)
         chunks, per = _chunks(n, block_t, B * H, q.device)
         kv_part = torch.empty((B * H, chunks, d, d), device=q.device, dtype=torch.float32)
         m_part = torch.empty((B * H, chunks, d), device=q.device, dtype=torch.float32)
-        launch(_key_reduce_kernel, (B * H, chunks), k, v, s, stats_k, kv_part, m_part, n, d, H, per, 1.0 / n,
+        launch(_key_reduce_kernel, (B * H, chunks), k, v, scale, stats_k, kv_part, m_part, n, d, H, per, 1.0 / n,
                *k.stride(), *v.stride(), **focus, **blocks)
         kv, m = kv_part.sum(1), m_part.sum(1)
         out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
-        launch(_query_kernel, lambda meta: (B * H, triton.cdiv(N, meta['BLOCK_T'])), q, s, stats_q, kv, m, out, N, d,
-               H, eps, *q.stride(), *out.stride(), **focus, **blocks)
-        ctx.save_for_backward(q, k, v, s, stats_q, stats_k, kv, m)
+        launch(_query_kernel, lambda meta: (B * H, triton.cdiv(N, meta['BLOCK_T'])), q, scale, stats_q, kv, m, out, N,
+               d, H, eps, *q.stride(), *out.stride(), **focus, **blocks)
+        ctx.save_for_backward(q, k, v, scale, stats_q, stats_k, kv, m)
         ctx.options = (H, focusing_factor, eps)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, s, stats_q, stats_k, kv, m = ctx.saved_tensors
+        q, k, v, scale, stats_q, stats_k, kv, m = ctx.saved_tensors
         H, focusing_factor, eps = ctx.options
         B, N, C = q.shape
         n, d = k.shape[1], C // H
@@ -363,12 +377,14 @@ class _FlattenTriton(torch.autograd.Function):
         chunks, per = _chunks(N, block_t, B * H, dev)
         dkv_part = torch.empty((B * H, chunks, d, d), device=dev, dtype=f32)
         dm_part = torch.empty((B * H, chunks, d), device=dev, dtype=f32)
-        ds_q = torch.empty((B, H, chunks, d), device=dev, dtype=f32)
+        chunks_k, per_k = _chunks(n, block_t, B * H, dev)
+        # each head's records of dL/dscale: its query chunks', then its key chunks'
+        ds_parts = torch.empty((B, H, chunks + chunks_k, d), device=dev, dtype=f32)
         dden = dq = torch.empty((B, N, C), device=dev, dtype=q.dtype)
         if not one:
             dden = torch.empty((B, N, H), device=dev, dtype=f32)
-        args = (q, g, s, stats_q, kv, m, dkv_part, dm_part, dden, dq, ds_q, N, d, H, eps, per,
-                *q.stride(), *g.stride(), *dq.stride())
+        args = (q, g, scale, stats_q, kv, m, dkv_part, dm_part, dden, dq, ds_parts, chunks + chunks_k, N, d, H, eps,
+                per, *q.stride(), *g.stride(), *dq.stride())
         grid = (B * H, chunks)
         if one:
             launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
@@ -380,22 +396,20 @@ class _FlattenTriton(torch.autograd.Function):
         dkv, dm = dkv_part.sum(1), dm_part.sum(1)
 
         # keys: dv (and G per head), then dk and their part of dL/ds
-        chunks, per = _chunks(n, block_t, B * H, dev)
-        ds_k = torch.empty((B, H, chunks, d), device=dev, dtype=f32)
         dk = torch.empty((B, n, C), device=dev, dtype=k.dtype)
         dv = torch.empty((B, n, C), device=dev, dtype=v.dtype)
         gk = dk if one else torch.empty((B, n, H), device=dev, dtype=f32)
-        args = (k, v, s, stats_k, dkv, dm, gk, dk, dv, ds_k, n, d, H, per, 1.0 / n,
+        args = (k, v, scale, stats_k, dkv, dm, gk, dk, dv, ds_parts[:, :, chunks:], chunks + chunks_k, n, d, H, per_k,
+                1.0 / n,
                 *k.stride(), *v.stride(), *dk.stride(), *dv.stride())
-        grid = (B * H, chunks)
+        grid = (B * H, chunks_k)
         if one:
             launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
         else:
             launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
             args = args[:6] + (gk.sum(-1),) + args[7:]
             launch(_key_backward_kernel, grid, *args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
-        ds = -(ds_q.sum((0, 2)) + ds_k.sum((0, 2))).reshape(C) / s
-        return dq, dk, dv, ds, None, None, None
+        return dq, dk, dv, ds_parts.sum((0, 2)).reshape(C), None, None, None
 
 
 def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6):
@@ -410,8 +424,8 @@ def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1
         return empty
     if focusing_factor <= 0:
         raise ValueError(f'focusing_factor must be positive, got {focusing_factor}')
-    s = F.softplus(scale.float()).reshape(-1).contiguous()
-    return _FlattenTriton.apply(q, k, v, s, num_heads, focusing_factor, float(eps))
+    raw = scale.float().reshape(-1).contiguous()  # the kernels apply softplus
+    return _FlattenTriton.apply(q, k, v, raw, num_heads, focusing_factor, float(eps))
 
 
 attention_op('flatten').register('triton', flatten_attention_triton, supports=triton_unsupported,
