@@ -192,6 +192,21 @@ def bind(fn, args, kwargs, target):
     return signature, constexprs, attrs, options
 
 
+def specialisations(launches, gpu):
+    """{(kernel name, compile-time arguments, argument types): {Triton's specialisation attributes}} of the
+    compilations that ``launches`` need on ``gpu``. Triton compiles a kernel config again for each new set
+    of attributes (which integer and pointer arguments are divisible by 16, or equal to 1), so inputs of
+    new shapes cost compilations only where they add a set."""
+    found = {}
+    target = gpu.triton_target()
+    for launch in launches:
+        for fn, kwargs in compilations(launch):
+            signature, constexprs, attrs, _ = bind(fn, launch.args, kwargs, target)
+            key = (fn.__name__, repr(sorted(constexprs.items(), key=repr)), repr(signature))
+            found.setdefault(key, set()).add(repr(attrs))
+    return found
+
+
 def front_end(fn, signature, constexprs, attrs, options, target):
     """Triton's front end alone: the kernel as Triton IR for ``target`` (raises what it finds)."""
     from triton._C.libtriton import ir

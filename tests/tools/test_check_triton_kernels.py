@@ -113,3 +113,47 @@ def test_a_launch_none_of_whose_configs_fits_fails(tmp_path):
     assert rows and {kernel for kernel, _, _ in rows} == {'_token_stats_kernel', '_key_reduce_kernel'}, log
     assert all(failed == 'True' and status.startswith('FAILED: ') and 'KiB of shared memory > 0 KiB' in status
                for _, failed, status in rows), log
+
+
+# A backbone's forward and backward at detector input sizes (multiples of 32, as mmdet pads them), recorded
+# for an H100 with the depthwise convolutions on their Triton kernels; prints, per size, the compilations
+# (kernel configs x Triton's specialisation attributes) not needed at an earlier size, and the most
+# attribute sets of one kernel config
+SIZES_SCRIPT = """
+import sys
+sys.path.insert(0, 'tools')
+import torch
+import check_triton_kernels as tool
+from benchmark import build_named_backbone
+from mmpola.ops.triton_support import dry_run
+gpu = tool.GPUS['sm_90']
+model = build_named_backbone(sys.argv[1], 'triton').train()
+seen = {}
+for height, width in [(256, 384), (288, 416), (320, 352), (352, 480), (224, 352)]:
+    with dry_run(gpu.kernel_target()) as launches:
+        outs = model(torch.randn(2, 3, height, width))
+        sum(out.float().mean() for out in outs).backward()
+    found = tool.specialisations(launches, gpu)
+    new = sum(len(attrs - seen.get(key, set())) for key, attrs in found.items())
+    for key, attrs in found.items():
+        seen.setdefault(key, set()).update(attrs)
+    print('SIZE', height, width, 'new', new)
+print('KERNELS', sorted({key[0] for key in seen}))
+print('MOST', max(len(attrs) for attrs in seen.values()))
+"""
+
+
+@pytest.mark.parametrize('model', ['pola-pvt-t', 'pola-swin-t', 'flatten-pvt-t'])
+def test_new_detector_input_sizes_compile_no_new_kernel_variants_after_the_first_few(model, tmp_path):
+    """A detector's batches change the input size at every iteration; Triton compiles a kernel config again
+    for each new combination of its arguments' divisibility by 16. The attention and depthwise kernels
+    take that only from token counts (their strides are multiples of the channels): at most two variants
+    of a config, all met in the first sizes, never a compilation per iteration."""
+    log = run_tool([PYTHON, '-c', SIZES_SCRIPT, model],
+                   env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0', MMPOLA_DEPTHWISE_CONV='triton',
+                            MMPOLA_NO_COMPILE='1'))
+    new = [int(line.split()[-1]) for line in log.splitlines() if line.startswith('SIZE ')]
+    kernels = next(line for line in log.splitlines() if line.startswith('KERNELS '))
+    assert len(new) == 5 and new[0] > 0 and new[2:] == [0, 0, 0], log[-3000:]
+    assert '_dw_conv_kernel' in kernels, kernels
+    assert int(log.split('MOST ')[1].split()[0]) <= 2, log[-3000:]
