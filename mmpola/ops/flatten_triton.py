@@ -207,7 +207,7 @@ if triton_available() is None:
                  out.to(out_ptr.dtype.element_ty), mask=m2)
 
     @tunable(_TUNED, _FOCUS_KEY + ['REDUCE', 'WRITE_DX', 'LOCAL_G'], _fitting)
-    @triton.jit(do_not_specialize=['ds_records'])  # a record count: no compilation per value class
+    @triton.jit(do_not_specialize=['ds_records'])  # varies with the input size: one compilation for all
     def _query_backward_kernel(q_ptr, g_ptr, scale_ptr, stats_ptr, kv_ptr, m_ptr, dkv_part_ptr, dm_part_ptr,
                                dden_ptr, dq_ptr, ds_part_ptr, ds_records, N, d, H, eps, tokens_per_chunk,
                                sqb, sqt, sqc, sgb, sgt, sgc, sdb, sdt, sdc,
@@ -256,7 +256,7 @@ if triton_available() is None:
             _store_scale_gradient(ds_part_ptr + (pid * ds_records + chunk) * d, acc_ds, raw_s, s, offs_d, md)
 
     @tunable(_TUNED, _FOCUS_KEY + ['WRITE_DV', 'WRITE_DX', 'LOCAL_G'], _fitting)
-    @triton.jit(do_not_specialize=['ds_records'])  # a record count: no compilation per value class
+    @triton.jit(do_not_specialize=['ds_records'])  # varies with the input size: one compilation for all
     def _key_backward_kernel(k_ptr, v_ptr, scale_ptr, stats_ptr, dkv_ptr, dm_ptr, gk_ptr, dk_ptr, dv_ptr, ds_part_ptr,
                              ds_records, n, d, H, tokens_per_chunk, inv_n,
                              skb, skt, skc, svb, svt, svc, sdkb, sdkt, sdkc, sdvb, sdvt, sdvc,
@@ -400,8 +400,7 @@ class _FlattenTriton(torch.autograd.Function):
         dv = torch.empty((B, n, C), device=dev, dtype=v.dtype)
         gk = dk if one else torch.empty((B, n, H), device=dev, dtype=f32)
         args = (k, v, scale, stats_k, dkv, dm, gk, dk, dv, ds_parts[:, :, chunks:], chunks + chunks_k, n, d, H, per_k,
-                1.0 / n,
-                *k.stride(), *v.stride(), *dk.stride(), *dv.stride())
+                1.0 / n, *k.stride(), *v.stride(), *dk.stride(), *dv.stride())
         grid = (B * H, chunks_k)
         if one:
             launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
