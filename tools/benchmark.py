@@ -754,13 +754,31 @@ def _launches_recorded(attn_impl, device):
     return dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024))
 
 
+def saved_for_backward(fn):
+    """Run ``fn`` and return (its result, the bytes of the distinct storages that autograd saves for
+    backward meanwhile): the activation memory a training step holds from its forward to its backward,
+    whatever the device (the tensors of a dry run included: their storages exist, uninitialised)."""
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages.setdefault(storage.data_ptr(), storage.nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = fn()
+    return result, sum(storages.values())
+
+
 def bench_ops(args, device):
     """Operators dispatched by one training-mode forward and its backward of each backbone (eager: a
-    torch.compile kernel is one opaque call, so the fast path's compilation is off here)."""
+    torch.compile kernel is one opaque call, so the fast path's compilation is off here), and the bytes
+    its forward saves for the backward."""
     os.environ['MMPOLA_NO_COMPILE'] = '1'
     height, width = parse_size(args.size)
-    print('\n| model | input | batch | fwd ops | fwd kernels | bwd ops | bwd kernels | syncs |')
-    print('|---|---|---:|---:|---:|---:|---:|---:|')
+    amp_dtype = getattr(torch, args.amp) if args.amp else None
+    print('\n| model | input | batch | fwd ops | fwd kernels | bwd ops | bwd kernels | syncs | saved MiB |')
+    print('|---|---|---:|---:|---:|---:|---:|---:|---:|')
     attn_impl = None if args.attn_impl == 'default' else args.attn_impl
     for name in args.models:
         model = build_named_backbone(name, attn_impl).to(device)
@@ -776,22 +794,33 @@ def bench_ops(args, device):
             result = model(image)
             outs.append(result if isinstance(result, (list, tuple)) else [result])
 
-        with _launches_recorded(attn_impl, device) as launches:
+        def autocast():
+            return torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None)
+
+        with _launches_recorded(attn_impl, device) as launches, autocast():
             fwd = count_dispatched_ops(forward)
         fwd_launches = len(launches)
         loss = sum(o.float().mean() for o in outs[0])
         with _launches_recorded(attn_impl, device) as launches:
             bwd = count_dispatched_ops(loss.backward)
         triton = (f' (+{fwd_launches} Triton)', f' (+{len(launches)} Triton)') if attn_impl == 'triton' else ('', '')
+        outs = loss = None
+        # a forward of its own: saved-tensor hooks add operators to the backward
+        with _launches_recorded(attn_impl, device), autocast():
+            _, saved = saved_for_backward(lambda: model(image))
         print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]}{triton[0]} | {bwd[0]} | '
-              f'{bwd[1]}{triton[1]} | {fwd[2] + bwd[2]} |')
+              f'{bwd[1]}{triton[1]} | {fwd[2] + bwd[2]} | {saved / 2**20:.1f} |')
         model = image = outs = loss = None
         gc.collect()
     print('\nCounted at the dispatcher (every aten operator, nested ones included) in train mode; kernels: '
           'operators that are neither views nor launch-free (' + ', '.join(LAUNCH_FREE_OPS) + '); bwd: the '
           'backward of the sum of the outputs\' means (from that sum on); syncs: operators that read a device '
-          'value on the host (' + ', '.join(SYNC_OPS) + '). Eager '
-          f'(no torch.compile). Attention implementation: {args.attn_impl}' + (
+          'value on the host (' + ', '.join(SYNC_OPS) + '); saved MiB: the distinct storages autograd saves '
+          'for the backward during the forward (the activation memory a training step holds between them, '
+          'whatever the device; the outputs not counted unless saved). Eager '
+          f'(no torch.compile). Autocast: {args.amp or "off"}' + (
+              " (the CPU's autocast op lists where it runs on the CPU)" if args.amp and device.type == 'cpu' else '')
+          + f'. Attention implementation: {args.attn_impl}' + (
               '; on the CPU the Triton kernels are launched as on an H100 and counted apart (+N Triton), '
               'not run' if attn_impl == 'triton' and device.type == 'cpu' else '') + '.')
 
@@ -1069,6 +1098,7 @@ def parse_args(argv=None):
     ops.add_argument('--size', default='256x384', help='S or HxW')
     ops.add_argument('--batch', type=int, default=2)
     ops.add_argument('--attn-impl', default='default', help="as for 'backbone'")
+    ops.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
     depthwise_option(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 
