@@ -77,7 +77,7 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         P = num_prefix_tokens
         (q, k, v), kv_hw = self._project_inputs(x, hw)
         B, n, C = k.shape
-        k = add_to_patches(k, self.resized_positional_encoding(kv_hw), P)
+        k = self.encode_keys(k, kv_hw, P)
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
                                 impl=self.attn_impl)
         v = v[:, P:].reshape(B, n - P, self.num_heads, C // self.num_heads).transpose(1, 2)

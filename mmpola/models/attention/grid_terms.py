@@ -27,6 +27,18 @@ class KeyPositionalEncoding:
         return self._pe_cache.get(self.positional_encoding, self.pe_grid, kv_hw, 'bilinear',
                                   enabled=not self.training)
 
+    def encode_keys(self, k, kv_hw, num_prefix_tokens=0):
+        """(B, n, C) keys with the positional encoding added to their grid tokens, in the keys' dtype.
+
+        Under autocast the keys come from a projection in half precision and the encoding is a float32
+        parameter: added as they are, type promotion would make the keys float32, twice the bytes the
+        attention core reads and saves for backward, for no more precision than the projection gave
+        them. The resized encoding is cast to the keys' dtype first (no-op in float32 training); its
+        gradient still reaches the parameter in float32.
+        """
+        encoding = self.resized_positional_encoding(kv_hw)
+        return add_to_patches(k, encoding.to(k.dtype), num_prefix_tokens)
+
 
 def upsample_values(v, kv_hw, hw, mode):
     """(B, h, n, d) values of a spatially reduced key grid -> (B, h, N, d) on the query grid.

@@ -105,7 +105,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         B, N, C = q.shape
         heads, head_dim = self.num_heads, C // self.num_heads
         n = k.shape[1]
-        k = add_to_patches(k, self.resized_positional_encoding(kv_hw), P)
+        k = self.encode_keys(k, kv_hw, P)
 
         # per-head views (B, h, N, d) of the projections, not copied: every implementation of the op
         # takes strided tensors (the fp32 island's cast, the feature maps and the products lay out

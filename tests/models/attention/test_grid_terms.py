@@ -32,6 +32,31 @@ def test_key_positional_encoding_is_stored_on_the_pretraining_grid_and_resized()
     assert torch.allclose(module.resized_positional_encoding((8, 3)), expected, atol=1e-6)
 
 
+def test_encoded_keys_keep_their_dtype_and_the_encoding_its_float32_gradient():
+    """Keys of a half-precision projection (autocast) stay half precision when the float32 encoding is
+    added (type promotion would make them float32: twice the bytes the core reads and saves); the
+    encoding's gradient still arrives in float32, the same as with float32 keys."""
+    g = torch.Generator().manual_seed(0)
+    module = _Encoded(4, (2, 3))
+    with torch.no_grad():
+        module.positional_encoding.copy_(torch.randn(1, 6, 4, generator=g))
+    keys = torch.randn(2, 1 + 12, 4, generator=g)  # a prefix token, then a 3 x 4 key grid
+    reference = module.encode_keys(keys, (3, 4), num_prefix_tokens=1)
+    reference.square().sum().backward()
+    expected_grad = module.positional_encoding.grad.clone()
+    module.positional_encoding.grad = None
+
+    half = keys.to(torch.bfloat16)
+    encoded = module.encode_keys(half, (3, 4), num_prefix_tokens=1)
+    assert encoded.dtype == torch.bfloat16
+    assert torch.equal(encoded[:, 0], half[:, 0])  # the prefix token unchanged
+    assert torch.allclose(encoded.float(), reference, rtol=1e-2, atol=1e-2)
+    encoded.float().square().sum().backward()
+    grad = module.positional_encoding.grad
+    # (the sums differ by the keys' bf16 rounding, about 2**-8 relative)
+    assert grad.dtype == torch.float32 and (grad - expected_grad).norm() <= 2e-2 * expected_grad.norm()
+
+
 def test_depthwise_value_term_per_head_and_as_tokens():
     torch.manual_seed(0)
     dwc = nn.Conv2d(2, 2, 3, padding=1, groups=2)
