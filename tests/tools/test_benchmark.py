@@ -151,6 +151,20 @@ def test_operator_count_of_the_triton_path_counts_the_launches_apart(capsys, mon
     assert int(cells[4].split()[0]) < int(fast.split('|')[5])  # the fast path's feature maps are gone
 
 
+def test_operator_count_reports_the_bytes_saved_for_backward_with_and_without_autocast(capsys):
+    """'saved MiB': the distinct storages a training forward saves for its backward; under bf16 autocast the
+    activations are half as wide, and the operator counts stay those of a forward without saved-tensor hooks."""
+    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl', 'torch'])
+    fp32 = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('| pola-pvt-t |'))
+    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl', 'torch',
+                '--amp', 'bfloat16'])
+    out = capsys.readouterr().out
+    bf16 = next(line for line in out.splitlines() if line.startswith('| pola-pvt-t |'))
+    saved = [float(row.strip(' |').split('|')[-1]) for row in (fp32, bf16)]
+    assert 0 < saved[1] < 0.75 * saved[0], (fp32, bf16)
+    assert 'Autocast: bfloat16' in out
+
+
 @pytest.mark.parametrize('dwconv_impl', ['auto', 'triton'])
 def test_operator_count_with_the_triton_depthwise_conv(capsys, monkeypatch, dwconv_impl):
     """As on a GPU by default ('auto'), or asked for, the value term's conv runs through its Triton kernels:
