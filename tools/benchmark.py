@@ -777,6 +777,10 @@ def bench_ops(args, device):
     os.environ['MMPOLA_NO_COMPILE'] = '1'
     height, width = parse_size(args.size)
     amp_dtype = getattr(torch, args.amp) if args.amp else None
+
+    def autocast():
+        return torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None)
+
     print('\n| model | input | batch | fwd ops | fwd kernels | bwd ops | bwd kernels | syncs | saved MiB |')
     print('|---|---|---:|---:|---:|---:|---:|---:|---:|')
     attn_impl = None if args.attn_impl == 'default' else args.attn_impl
@@ -794,9 +798,6 @@ def bench_ops(args, device):
             result = model(image)
             outs.append(result if isinstance(result, (list, tuple)) else [result])
 
-        def autocast():
-            return torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None)
-
         with _launches_recorded(attn_impl, device) as launches, autocast():
             fwd = count_dispatched_ops(forward)
         fwd_launches = len(launches)
@@ -810,7 +811,7 @@ def bench_ops(args, device):
             _, saved = saved_for_backward(lambda: model(image))
         print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]}{triton[0]} | {bwd[0]} | '
               f'{bwd[1]}{triton[1]} | {fwd[2] + bwd[2]} | {saved / 2**20:.1f} |')
-        model = image = outs = loss = None
+        model = image = None
         gc.collect()
     print('\nCounted at the dispatcher (every aten operator, nested ones included) in train mode; kernels: '
           'operators that are neither views nor launch-free (' + ', '.join(LAUNCH_FREE_OPS) + '); bwd: the '
