@@ -317,9 +317,8 @@ if triton_available() is None:
         # chunk 0 adds the query tokens' part (the last two vectors of the query backward's summed record):
         # one sum of these records over the chunks (and the batch) is then the parameters' gradient
         queries = dsum_ptr + bh * (2 * BD * BD + 4 * BD) + 2 * BD * BD + 2 * BD
-        first = (offs_d < BD) & (c == 0)
-        ds += tl.load(queries + offs_d, mask=first, other=0.0).to(ACC)
-        dp += tl.load(queries + BD + offs_d, mask=first, other=0.0).to(ACC)
+        ds += tl.where(c == 0, tl.load(queries + offs_d).to(ACC), 0.0)
+        dp += tl.where(c == 0, tl.load(queries + BD + offs_d).to(ACC), 0.0)
         _store_vectors(part_ptr + (bh * num_chunks + c) * 2 * BD, ds, dp, BD)
 
 
