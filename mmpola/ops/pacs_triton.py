@@ -19,19 +19,23 @@ on the GPU, see ``_config``):
 
 * forward, keys (grid flow x B*h x chunks): k' = exp(a(k)) - 1 and its rotation recomputed per
   block; each program writes its chunk's partial rotated key-value summaries (4 groups x (j, j) for
-  its value half) and key sums; one torch ``.sum`` over chunks gives rope(k')^T v / N and mean(k').
-* forward, queries (grid flow x B*h x token blocks): the flow's feature map of q, its normaliser
-  against mean(k') (unrotated), the rotated map against the summary: that flow's half of the output.
+  its value half) and key sums, divided by N, into one record; one torch ``.sum`` over the chunks gives
+  rope(k')^T v / N and mean(k').
+* forward, queries (grid flow x B*h x token blocks): the flow's temperatures t = sigmoid(s) from the raw
+  logits, its feature map of q, the normaliser against mean(k') (unrotated), the rotated map against the
+  summary: that flow's half of the output.
 * backward, queries (grid flow x B*h x chunks): the query maps recomputed, the gradient of q (through
   numerator, normaliser, exponent and ReLU split) written per flow, and per-chunk partial sums of the
-  gradients of the key-value summary, of mean(k') and of the temperatures.
+  gradients of the key-value summary and of mean(k') (one record, summed over the chunks) and of the raw
+  logits (through the sigmoid, in their channel order; summed over the batch and the chunks).
 * backward, keys (grid B*h x token blocks): k' recomputed; the gradients of v and k from the summed
   gradients of the summary and of mean(k').
 
-Saved for backward: the inputs, the temperatures (2, h, 2d), the halved rotary tables (N, d; one
-angle per pair) and the summaries (rope(k')^T v / N and mean(k'), a few (j, j) tiles per head);
-no (B, h, N, 2d) feature map is stored. ``exp(x) - 1`` is evaluated with a series near 0, where
-``exp`` rounds away the small result. float64 inputs (the interpreter only) are computed in float32.
+The rotary tables are read where they are, (N, 2d) of any strides, at the even channels (one angle per
+pair). Saved for backward: the inputs, the logits' (1, h, 1, 2d) views, the tables and the summaries
+(rope(k')^T v / N and mean(k'), a few (j, j) tiles per head); no (B, h, N, 2d) feature map is stored.
+``exp(x) - 1`` is evaluated with a series near 0, where ``exp`` rounds away the small result. float64 inputs
+(the interpreter only) are computed in float32.
 """
 import torch
 
@@ -41,7 +45,7 @@ from .pola import _sum_to_shape
 from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
-    from .triton_support import batch_and_head
+    from .triton_support import batch_and_head, sigmoid_parts
 
 __all__ = ['pacs_attention_triton']
 
@@ -76,14 +80,15 @@ if triton_available() is None:
         return tl.where(x < 0.25, series, tl.exp(x) - 1.0)
 
     @triton.jit
-    def _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J):
-        """sin, cos of the rotary pairs of the token rows (halved tables (N, d)): those of the relu(x) groups
-        (pairs ``lanes``), then those of the relu(-x) groups (pairs ``J + lanes``)."""
-        ptr = rows[:, None] * s_tn + lanes[None, :]
+    def _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, s_tc, J):
+        """sin, cos of the rotary pairs of the token rows, read from the (N, 2d) tables at the pairs' even
+        channels (one angle per pair): those of the relu(x) groups (channels ``2 lanes``), then those of
+        the relu(-x) groups (channels ``2 (J + lanes)``)."""
+        ptr = rows[:, None] * s_tn + (2 * lanes)[None, :] * s_tc
         return (tl.load(sin_ptr + ptr, mask=mask, other=0.0).to(tl.float32),
                 tl.load(cos_ptr + ptr, mask=mask, other=0.0).to(tl.float32),
-                tl.load(sin_ptr + ptr + J, mask=mask, other=0.0).to(tl.float32),
-                tl.load(cos_ptr + ptr + J, mask=mask, other=0.0).to(tl.float32))
+                tl.load(sin_ptr + ptr + 2 * J * s_tc, mask=mask, other=0.0).to(tl.float32),
+                tl.load(cos_ptr + ptr + 2 * J * s_tc, mask=mask, other=0.0).to(tl.float32))
 
     @triton.jit
     def _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n):
@@ -109,11 +114,28 @@ if triton_available() is None:
         return bh, b, head, lanes, lanes < J
 
     @triton.jit
-    def _means(mean_ptr, bh, lanes, BLOCK_J: tl.constexpr):
-        """The four groups of mean(k') of head ``bh``, as (1, BLOCK_J) rows."""
-        mean = mean_ptr + bh * 4 * BLOCK_J + lanes
+    def _means(mean, lanes, BLOCK_J: tl.constexpr):
+        """The four groups of mean(k') stored from ``mean`` on, as (1, BLOCK_J) rows."""
+        mean += lanes
         return (tl.load(mean)[None, :], tl.load(mean + BLOCK_J)[None, :], tl.load(mean + 2 * BLOCK_J)[None, :],
                 tl.load(mean + 3 * BLOCK_J)[None, :])
+
+    @triton.jit
+    def _temperatures(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, lanes, lane_mask, D):
+        """The flow's temperatures t = sigmoid(s) from its raw logits (``s1`` for the same-sign flow 0,
+        ``s2`` for flow 1; rows of 2d channels per head), and dt/ds = t (1 - t), each as its four groups
+        (s, p) of BLOCK_J lanes: channels ``s * d + 2 lanes + p``."""
+        t_pe, dt_pe = _temperature(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, 2 * lanes, lane_mask)
+        t_po, dt_po = _temperature(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, 2 * lanes + 1, lane_mask)
+        t_ne, dt_ne = _temperature(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, D + 2 * lanes, lane_mask)
+        t_no, dt_no = _temperature(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, D + 2 * lanes + 1, lane_mask)
+        return t_pe, t_po, t_ne, t_no, dt_pe, dt_po, dt_ne, dt_no
+
+    @triton.jit
+    def _temperature(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, channel, mask):
+        s1 = tl.load(s1_ptr + head * s1h + channel * s1c, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(s2_ptr + head * s2h + channel * s2c, mask=mask, other=0.0).to(tl.float32)
+        return sigmoid_parts(tl.where(flow == 0, s1, s2))
 
     @triton.jit
     def _load_pairs(base, rows, lanes, mask, s_n, s_d):
@@ -123,18 +145,14 @@ if triton_available() is None:
                 tl.load(ptr + s_d, mask=mask, other=0.0).to(tl.float32))
 
     @triton.jit
-    def _spiky(x_even, x_odd, t_base, lanes, lane_mask, D):
-        """a(x) = [relu(x) || relu(-x)], the temperatures t (a row of 2d at t_base) and exp(a(x) t) - 1,
-        each as its four groups (s, p)."""
+    def _spiky(x_even, x_odd, t_pe, t_po, t_ne, t_no):
+        """a(x) = [relu(x) || relu(-x)] and exp(a(x) t) - 1 with the temperatures t, each as its four groups
+        (s, p)."""
         a_pe = tl.maximum(x_even, 0.0)
         a_po = tl.maximum(x_odd, 0.0)
         a_ne = tl.maximum(-x_even, 0.0)
         a_no = tl.maximum(-x_odd, 0.0)
-        t_pe = tl.load(t_base + 2 * lanes, mask=lane_mask, other=0.0)[None, :]
-        t_po = tl.load(t_base + 2 * lanes + 1, mask=lane_mask, other=0.0)[None, :]
-        t_ne = tl.load(t_base + D + 2 * lanes, mask=lane_mask, other=0.0)[None, :]
-        t_no = tl.load(t_base + D + 2 * lanes + 1, mask=lane_mask, other=0.0)[None, :]
-        return (a_pe, a_po, a_ne, a_no, t_pe, t_po, t_ne, t_no,
+        return (a_pe, a_po, a_ne, a_no,
                 _expm1_pos(a_pe * t_pe), _expm1_pos(a_po * t_po), _expm1_pos(a_ne * t_ne), _expm1_pos(a_no * t_no))
 
     @triton.jit
@@ -151,9 +169,9 @@ if triton_available() is None:
 
     @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
-    def _pacs_fwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr,
-                              H, N, J, tokens_per_chunk,
-                              skb, skh, skn, skd, svb, svh, svn, svd, s_tn,
+    def _pacs_fwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, parts_ptr,
+                              H, N, J, tokens_per_chunk, inv_n,
+                              skb, skh, skn, skd, svb, svh, svn, svd, s_tn, s_tc,
                               BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
         bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
@@ -177,7 +195,7 @@ if triton_available() is None:
             k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_base, rows, lanes, mask, skn, skd)
             v = tl.load(v_base + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd, mask=mask,
                         other=0.0).to(tl.float32)
-            sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+            sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, s_tc, J)
             r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
             kv_pe = tl.dot(tl.trans(r_pe), v, kv_pe, input_precision=PRECISION)
             kv_po = tl.dot(tl.trans(r_po), v, kv_po, input_precision=PRECISION)
@@ -187,26 +205,28 @@ if triton_available() is None:
             sum_po += tl.sum(f_po, axis=0)
             sum_ne += tl.sum(f_ne, axis=0)
             sum_no += tl.sum(f_no, axis=0)
-        # kv: (B*h, chunks, 4 groups, 2 flows, BLOCK_J, BLOCK_J); mean: (B*h, chunks, 4, BLOCK_J)
+        # this chunk's record (_fwd_record): its parts of rope(k')^T v / N, (4 groups, 2 flows) tiles, and of
+        # mean(k'), 4 rows (written by flow 0)
         tile = lanes[:, None] * BLOCK_J + lanes[None, :]
         size = BLOCK_J * BLOCK_J
-        out = kv_ptr + ((bh * chunks + chunk) * 8 + flow) * size + tile
-        tl.store(out, kv_pe)
-        tl.store(out + 2 * size, kv_po)
-        tl.store(out + 4 * size, kv_ne)
-        tl.store(out + 6 * size, kv_no)
+        record = parts_ptr + (bh * chunks + chunk) * (8 * size + 4 * BLOCK_J)
+        out = record + flow * size + tile
+        tl.store(out, kv_pe * inv_n)
+        tl.store(out + 2 * size, kv_po * inv_n)
+        tl.store(out + 4 * size, kv_ne * inv_n)
+        tl.store(out + 6 * size, kv_no * inv_n)
         first = (lanes < BLOCK_J) & (flow == 0)
-        out = mean_ptr + (bh * chunks + chunk) * 4 * BLOCK_J + lanes
-        tl.store(out, sum_pe, mask=first)
-        tl.store(out + BLOCK_J, sum_po, mask=first)
-        tl.store(out + 2 * BLOCK_J, sum_ne, mask=first)
-        tl.store(out + 3 * BLOCK_J, sum_no, mask=first)
+        out = record + 8 * size + lanes
+        tl.store(out, sum_pe * inv_n, mask=first)
+        tl.store(out + BLOCK_J, sum_po * inv_n, mask=first)
+        tl.store(out + 2 * BLOCK_J, sum_ne * inv_n, mask=first)
+        tl.store(out + 3 * BLOCK_J, sum_no * inv_n, mask=first)
 
     @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
-    def _pacs_fwd_queries_kernel(q_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, out_ptr, eps,
+    def _pacs_fwd_queries_kernel(q_ptr, s1_ptr, s2_ptr, sin_ptr, cos_ptr, sums_ptr, out_ptr, eps,
                                  H, N, J,
-                                 sqb, sqh, sqn, sqd, s_tn,
+                                 sqb, sqh, sqn, sqd, s1h, s1c, s2h, s2c, s_tn, s_tc,
                                  BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
         bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
@@ -214,15 +234,16 @@ if triton_available() is None:
         mask = (rows < N)[:, None] & lane_mask[None, :]
         sign = 1.0 - 2.0 * flow  # the opposite-sign flow is the same-sign one of -q
         q_e, q_o = _load_pairs(q_ptr + b * sqb + head * sqh, rows, lanes, mask, sqn, sqd)
-        t_base = t_ptr + (flow * H + head) * 4 * J
-        _, _, _, _, _, _, _, _, f_pe, f_po, f_ne, f_no = _spiky(q_e * sign, q_o * sign, t_base, lanes, lane_mask,
-                                                                2 * J)
-        m_pe, m_po, m_ne, m_no = _means(mean_ptr, bh, lanes, BLOCK_J)
-        z = tl.sum(f_pe * m_pe + f_po * m_po + f_ne * m_ne + f_no * m_no, axis=1)
-        sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
-        r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
+        t_pe, t_po, t_ne, t_no, _, _, _, _ = _temperatures(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, lanes,
+                                                           lane_mask, 2 * J)
+        _, _, _, _, f_pe, f_po, f_ne, f_no = _spiky(q_e * sign, q_o * sign, t_pe, t_po, t_ne, t_no)
         size = BLOCK_J * BLOCK_J
-        kv = kv_ptr + (bh * 8 + flow) * size
+        record = sums_ptr + bh * (8 * size + 4 * BLOCK_J)
+        m_pe, m_po, m_ne, m_no = _means(record + 8 * size, lanes, BLOCK_J)
+        z = tl.sum(f_pe * m_pe + f_po * m_po + f_ne * m_ne + f_no * m_no, axis=1)
+        sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, s_tc, J)
+        r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
+        kv = record + flow * size
         u = _dot4(r_pe, r_po, r_ne, r_no, _tile(kv, lanes, BLOCK_J), _tile(kv + 2 * size, lanes, BLOCK_J),
                   _tile(kv + 4 * size, lanes, BLOCK_J), _tile(kv + 6 * size, lanes, BLOCK_J), PRECISION)
         out = u * (1.0 / (z + eps))[:, None]
@@ -231,10 +252,10 @@ if triton_available() is None:
 
     @tunable(_TUNED, _TUNED_KEY, _fitting_bwd_queries)
     @triton.jit
-    def _pacs_bwd_queries_kernel(q_ptr, g_ptr, t_ptr, sin_ptr, cos_ptr, kv_ptr, mean_ptr, eps,
-                                 gq_ptr, gkv_ptr, gmean_ptr, gt_ptr,
+    def _pacs_bwd_queries_kernel(q_ptr, g_ptr, s1_ptr, s2_ptr, sin_ptr, cos_ptr, sums_ptr, eps, inv_n,
+                                 gq_ptr, parts_ptr, gs_ptr,
                                  H, N, J, tokens_per_chunk,
-                                 sqb, sqh, sqn, sqd, sgb, sgh, sgn, sgd, s_tn,
+                                 sqb, sqh, sqn, sqd, sgb, sgh, sgn, sgd, s1h, s1c, s2h, s2c, s_tn, s_tc,
                                  BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
         bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
@@ -243,10 +264,12 @@ if triton_available() is None:
         sign = 1.0 - 2.0 * flow
         q_base = q_ptr + b * sqb + head * sqh
         g_base = g_ptr + b * sgb + head * sgh + flow * J * sgd
-        t_base = t_ptr + (flow * H + head) * 4 * J
+        t_pe, t_po, t_ne, t_no, _, _, _, _ = _temperatures(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, lanes,
+                                                           lane_mask, 2 * J)
         size = BLOCK_J * BLOCK_J
-        kv = kv_ptr + (bh * 8 + flow) * size
-        m_pe, m_po, m_ne, m_no = _means(mean_ptr, bh, lanes, BLOCK_J)
+        record = sums_ptr + bh * (8 * size + 4 * BLOCK_J)
+        kv = record + flow * size
+        m_pe, m_po, m_ne, m_no = _means(record + 8 * size, lanes, BLOCK_J)
         gkv_pe = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         gkv_po = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
         gkv_ne = tl.zeros((BLOCK_J, BLOCK_J), tl.float32)
@@ -267,9 +290,8 @@ if triton_available() is None:
             q_e, q_o = _load_pairs(q_base, rows, lanes, mask, sqn, sqd)
             q_e = q_e * sign
             q_o = q_o * sign
-            a_pe, a_po, a_ne, a_no, t_pe, t_po, t_ne, t_no, f_pe, f_po, f_ne, f_no = _spiky(
-                q_e, q_o, t_base, lanes, lane_mask, 2 * J)
-            sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+            a_pe, a_po, a_ne, a_no, f_pe, f_po, f_ne, f_no = _spiky(q_e, q_o, t_pe, t_po, t_ne, t_no)
+            sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, s_tc, J)
             r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
             kv_pe = _tile(kv, lanes, BLOCK_J)
             kv_po = _tile(kv + 2 * size, lanes, BLOCK_J)
@@ -312,40 +334,49 @@ if triton_available() is None:
                 + 2 * lanes[None, :]
             tl.store(ptr, gq_e, mask=mask)
             tl.store(ptr + 1, gq_o, mask=mask)
-        # gkv: (B*h, chunks, 4 groups, 2 flows, BLOCK_J, BLOCK_J); gmean, gt: (B*h, chunks, 2 flows, 4, BLOCK_J)
+        # this chunk's record (_bwd_record): its parts of the gradients of rope(k')^T v / N, (4 groups, 2 flows)
+        # tiles, and of mean(k'), (2 flows, 4 groups) rows, both divided by N
         tile = lanes[:, None] * BLOCK_J + lanes[None, :]
-        out = gkv_ptr + ((bh * chunks + chunk) * 8 + flow) * size + tile
-        tl.store(out, gkv_pe)
-        tl.store(out + 2 * size, gkv_po)
-        tl.store(out + 4 * size, gkv_ne)
-        tl.store(out + 6 * size, gkv_no)
-        offset = ((bh * chunks + chunk) * 2 + flow) * 4 * BLOCK_J + lanes
-        tl.store(gmean_ptr + offset, gm_pe)
-        tl.store(gmean_ptr + offset + BLOCK_J, gm_po)
-        tl.store(gmean_ptr + offset + 2 * BLOCK_J, gm_ne)
-        tl.store(gmean_ptr + offset + 3 * BLOCK_J, gm_no)
-        tl.store(gt_ptr + offset, gt_pe)
-        tl.store(gt_ptr + offset + BLOCK_J, gt_po)
-        tl.store(gt_ptr + offset + 2 * BLOCK_J, gt_ne)
-        tl.store(gt_ptr + offset + 3 * BLOCK_J, gt_no)
+        record = parts_ptr + (bh * chunks + chunk) * (8 * size + 8 * BLOCK_J)
+        out = record + flow * size + tile
+        tl.store(out, gkv_pe * inv_n)
+        tl.store(out + 2 * size, gkv_po * inv_n)
+        tl.store(out + 4 * size, gkv_ne * inv_n)
+        tl.store(out + 6 * size, gkv_no * inv_n)
+        out = record + 8 * size + flow * 4 * BLOCK_J + lanes
+        tl.store(out, gm_pe * inv_n)
+        tl.store(out + BLOCK_J, gm_po * inv_n)
+        tl.store(out + 2 * BLOCK_J, gm_ne * inv_n)
+        tl.store(out + 3 * BLOCK_J, gm_no * inv_n)
+        # the raw logits' gradients (through the sigmoid), in their channel order s * d + 2 i + p:
+        # (2 flows, B*h, chunks, 2d), summed over the batch and the chunks outside
+        _, _, _, _, dt_pe, dt_po, dt_ne, dt_no = _temperatures(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, lanes,
+                                                               lane_mask, 2 * J)
+        out = gs_ptr + ((flow * tl.num_programs(1) + bh) * chunks + chunk) * 4 * J + 2 * lanes
+        tl.store(out, gt_pe * dt_pe, mask=lane_mask)
+        tl.store(out + 1, gt_po * dt_po, mask=lane_mask)
+        tl.store(out + 2 * J, gt_ne * dt_ne, mask=lane_mask)
+        tl.store(out + 2 * J + 1, gt_no * dt_no, mask=lane_mask)
 
     @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
-    def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, gkv_ptr, gmean_ptr, gk_ptr, gv_ptr,
+    def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, sums_ptr, gk_ptr, gv_ptr,
                               H, N, J,
-                              skb, skh, skn, skd, svb, svh, svn, svd, s_tn,
+                              skb, skh, skn, skd, svb, svh, svn, svd, s_tn, s_tc,
                               BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         bh, b, head, lanes, lane_mask = _head(H, J, 0, BLOCK_J)
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows < N)[:, None] & lane_mask[None, :]
+        # gk, gv: contiguous (B, h, N, d) in the inputs' dtypes
+        out = bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J
         k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_ptr + b * skb + head * skh, rows, lanes, mask, skn, skd)
         v_ptrs = v_ptr + b * svb + head * svh + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd
         v_same = tl.load(v_ptrs, mask=mask, other=0.0).to(tl.float32)
         v_opp = tl.load(v_ptrs + J * svd, mask=mask, other=0.0).to(tl.float32)
-        sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, J)
+        sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, s_tc, J)
         r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
         size = BLOCK_J * BLOCK_J
-        gkv = gkv_ptr + bh * 8 * size  # (4 groups, 2 flows) tiles, already divided by N
+        gkv = sums_ptr + bh * (8 * size + 8 * BLOCK_J)  # the chunks' records summed (_bwd_record)
         gkv_pe0 = _tile(gkv, lanes, BLOCK_J)
         gkv_pe1 = _tile(gkv + size, lanes, BLOCK_J)
         gkv_po0 = _tile(gkv + 2 * size, lanes, BLOCK_J)
@@ -364,15 +395,15 @@ if triton_available() is None:
         gr_ne = tl.dot(v_opp, tl.trans(gkv_ne1), gr_ne, input_precision=PRECISION)
         gr_no = tl.dot(v_same, tl.trans(gkv_no0), input_precision=PRECISION)
         gr_no = tl.dot(v_opp, tl.trans(gkv_no1), gr_no, input_precision=PRECISION)
-        gmean = gmean_ptr + bh * 4 * BLOCK_J + lanes  # already divided by N
-        ga_pe = (gr_pe * cos_p + gr_po * sin_p + tl.load(gmean)[None, :]) * (f_pe + 1.0)
-        ga_po = (gr_po * cos_p - gr_pe * sin_p + tl.load(gmean + BLOCK_J)[None, :]) * (f_po + 1.0)
-        ga_ne = (gr_ne * cos_n + gr_no * sin_n + tl.load(gmean + 2 * BLOCK_J)[None, :]) * (f_ne + 1.0)
-        ga_no = (gr_no * cos_n - gr_ne * sin_n + tl.load(gmean + 3 * BLOCK_J)[None, :]) * (f_no + 1.0)
+        # the gradient of mean(k'): both flows' parts
+        gm_pe, gm_po, gm_ne, gm_no = _means(gkv + 8 * size, lanes, BLOCK_J)
+        gm1_pe, gm1_po, gm1_ne, gm1_no = _means(gkv + 8 * size + 4 * BLOCK_J, lanes, BLOCK_J)
+        ga_pe = (gr_pe * cos_p + gr_po * sin_p + (gm_pe + gm1_pe)) * (f_pe + 1.0)
+        ga_po = (gr_po * cos_p - gr_pe * sin_p + (gm_po + gm1_po)) * (f_po + 1.0)
+        ga_ne = (gr_ne * cos_n + gr_no * sin_n + (gm_ne + gm1_ne)) * (f_ne + 1.0)
+        ga_no = (gr_no * cos_n - gr_ne * sin_n + (gm_no + gm1_no)) * (f_no + 1.0)
         gk_e = tl.where(k_e > 0, ga_pe, 0.0) - tl.where(k_e < 0, ga_ne, 0.0)
         gk_o = tl.where(k_o > 0, ga_po, 0.0) - tl.where(k_o < 0, ga_no, 0.0)
-        # gk, gv: contiguous (B, h, N, d) in the inputs' dtypes
-        out = bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J
         ptr = gk_ptr + out + 2 * lanes[None, :]
         tl.store(ptr, gk_e.to(gk_ptr.dtype.element_ty), mask=mask)
         tl.store(ptr + 1, gk_o.to(gk_ptr.dtype.element_ty), mask=mask)
@@ -408,18 +439,39 @@ def _chunks(heads, tokens, granule, device):
     return triton.cdiv(units, per_chunk), per_chunk * granule
 
 
-def _temperatures(s_same, s_opp, heads, d):
-    """sigmoid of both logits, (2, h, 2d) float32, or a clear error for a shape the kernels cannot take."""
+def _logits(s_same, s_opp, heads, d):
+    """Both spikiness logits as (1, h, 1, 2d) views, no copy (the kernels read them through their head and
+    channel strides and apply the sigmoid themselves), or a clear error for a shape the kernels cannot take."""
     try:
-        logits = [torch.broadcast_to(s, (1, heads, 1, 2 * d)) for s in (s_same, s_opp)]
+        return [torch.broadcast_to(s, (1, heads, 1, 2 * d)) for s in (s_same, s_opp)]
     except RuntimeError:
         raise ValueError(f'pacs_attention (triton) takes spikiness logits broadcastable to (1, h, 1, 2d) = '
                          f'(1, {heads}, 1, {2 * d}) (one per head and channel); got s_same {tuple(s_same.shape)}, '
                          f"s_opp {tuple(s_opp.shape)}; use impl='fast' for per-sample logits") from None
-    return torch.sigmoid(torch.stack(logits).float()).reshape(2, heads, 2 * d).contiguous()
+
+
+def _logit_strides(s1, s2):
+    """The head and channel strides of both (1, h, 1, 2d) logit views (0 along a broadcast axis)."""
+    return s1.stride(1), s1.stride(3), s2.stride(1), s2.stride(3)
+
+
+def _fwd_record(block_j):
+    """Floats of a forward chunk record: rope(k')^T v / N as (4 groups, 2 flows) tiles, then mean(k') as 4 rows."""
+    return 8 * block_j * block_j + 4 * block_j
+
+
+def _bwd_record(block_j):
+    """Floats of a backward chunk record: the gradients of the forward record's tiles, then of mean(k') per
+    flow (2 x 4 rows)."""
+    return 8 * block_j * block_j + 8 * block_j
 
 
 class _PaCSTriton(torch.autograd.Function):
+    """The kernels' autograd. The logits reach the kernels as they are (the sigmoid and its derivative are
+    computed there) and the rotary tables too (read at the even channels); each pass's per-chunk partial
+    sums, already divided by N, are summed by one ``.sum`` over the chunks. So the only torch kernels around the
+    four launches are one in the forward (that sum) and three in the backward (that sum, the sum of the logits'
+    gradients over the batch and the chunks, and that of the two flows' parts of q's gradient)."""
 
     @staticmethod
     def forward(ctx, q, k, v, s_same, s_opp, sin, cos, eps):
@@ -429,32 +481,28 @@ class _PaCSTriton(torch.autograd.Function):
         dev = q.device
         block_j, precision, default, granule = _config(d, dev)
         meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
-        t = _temperatures(s_same, s_opp, heads, d)
-        # one angle per rotary pair: the even channels of the tables, (N, d)
-        sin_h = sin[:, ::2].float().contiguous()
-        cos_h = cos[:, ::2].float().contiguous()
+        s1, s2 = _logits(s_same, s_opp, heads, d)
+        if sin.stride() != cos.stride():
+            sin, cos = sin.contiguous(), cos.contiguous()
         chunks, per_chunk = _chunks(bh, n, granule, dev)
-        kv = torch.empty(bh, chunks, 4, 2, block_j, block_j, device=dev, dtype=torch.float32)
-        mean = torch.empty(bh, chunks, 4, block_j, device=dev, dtype=torch.float32)
+        parts = torch.empty(bh, chunks, _fwd_record(block_j), device=dev, dtype=torch.float32)
         launch(
-            _pacs_fwd_keys_kernel, (2, bh, chunks), k, v, sin_h, cos_h, kv, mean, heads, n, j, per_chunk,
-            *k.stride(), *v.stride(), sin_h.stride(0), **meta)
-        kv = kv.sum(1).div_(n)
-        mean = mean.sum(1).div_(n)
+            _pacs_fwd_keys_kernel, (2, bh, chunks), k, v, sin, cos, parts, heads, n, j, per_chunk, 1.0 / n,
+            *k.stride(), *v.stride(), *sin.stride(), **meta)
+        sums = parts.sum(1)
         out = torch.empty(q.shape, device=dev, dtype=q.dtype)
         launch(
-            _pacs_fwd_queries_kernel, lambda meta: (2, bh, triton.cdiv(n, meta['BLOCK_N'])), q, t, sin_h, cos_h, kv,
-            mean, out, eps, heads, n, j, *q.stride(), sin_h.stride(0), **meta)
-        ctx.save_for_backward(q, k, v, t, sin_h, cos_h, kv, mean)
+            _pacs_fwd_queries_kernel, lambda meta: (2, bh, triton.cdiv(n, meta['BLOCK_N'])), q, s1, s2, sin, cos,
+            sums, out, eps, heads, n, j, *q.stride(), *_logit_strides(s1, s2), *sin.stride(), **meta)
+        ctx.save_for_backward(q, k, v, s1, s2, sin, cos, sums)
         ctx.eps = eps
         ctx.logit_shapes = (s_same.shape, s_opp.shape)
-        ctx.logit_dtypes = (s_same.dtype, s_opp.dtype)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, t, sin_h, cos_h, kv, mean = ctx.saved_tensors
+        q, k, v, s1, s2, sin, cos, sums = ctx.saved_tensors
         batch, heads, n, d = q.shape
         j = d // 2
         bh = batch * heads
@@ -463,27 +511,25 @@ class _PaCSTriton(torch.autograd.Function):
         meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
         chunks, per_chunk = _chunks(bh, n, granule, dev)
         f32 = dict(device=dev, dtype=torch.float32)
-        grad_q = torch.empty(2, batch, heads, n, d, **f32)
-        gkv = torch.empty(bh, chunks, 4, 2, block_j, block_j, **f32)
-        gmean = torch.empty(bh, chunks, 2, 4, block_j, **f32)
-        gt = torch.empty(bh, chunks, 2, 4, block_j, **f32)
+        grad_q_parts = torch.empty(2, batch, heads, n, d, **f32)
+        parts = torch.empty(bh, chunks, _bwd_record(block_j), **f32)
+        grad_s = torch.empty(2, batch, heads, chunks, 2 * d, **f32)
         launch(
-            _pacs_bwd_queries_kernel, (2, bh, chunks), q, grad_out, t, sin_h, cos_h, kv, mean, ctx.eps, grad_q, gkv,
-            gmean, gt, heads, n, j, per_chunk, *q.stride(), *grad_out.stride(), sin_h.stride(0), **meta)
-        grad_q = grad_q[0].add_(grad_q[1]).to(q.dtype)
-        gkv = gkv.sum(1).div_(n)
-        gmean = gmean.sum((1, 2)).div_(n)
+            _pacs_bwd_queries_kernel, (2, bh, chunks), q, grad_out, s1, s2, sin, cos, sums, ctx.eps, 1.0 / n,
+            grad_q_parts, parts, grad_s, heads, n, j, per_chunk, *q.stride(), *grad_out.stride(),
+            *_logit_strides(s1, s2), *sin.stride(), **meta)
+        grad_sums = parts.sum(1)
+        # one kernel, in float32, written in q's dtype (the keys' backward could add them too, but at head dims
+        # above 64 its registers spill far more then)
+        grad_q = torch.add(*grad_q_parts, out=torch.empty(q.shape, device=dev, dtype=q.dtype))
         grad_k = torch.empty(k.shape, device=dev, dtype=k.dtype)
         grad_v = torch.empty(v.shape, device=dev, dtype=v.dtype)
         launch(
-            _pacs_bwd_keys_kernel, lambda meta: (bh, triton.cdiv(n, meta['BLOCK_N'])), k, v, sin_h, cos_h, gkv, gmean,
-            grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), sin_h.stride(0), **meta)
-        # temperatures: groups (s, p, lane i) -> channel s * d + 2 i + p; then through the sigmoid
-        gt = gt.view(batch, heads, chunks, 2, 2, 2, block_j).sum((0, 2))[..., :j]  # (h, flow, s, p, i)
-        gt = gt.permute(1, 0, 2, 4, 3).reshape(2, heads, 2 * d)
-        gs = gt.mul_(t * (1 - t))
-        grads_s = [_sum_to_shape(g.view(1, heads, 1, 2 * d), shape).to(dtype)
-                   for g, shape, dtype in zip(gs, ctx.logit_shapes, ctx.logit_dtypes)]
+            _pacs_bwd_keys_kernel, lambda meta: (bh, triton.cdiv(n, meta['BLOCK_N'])), k, v, sin, cos, grad_sums,
+            grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), *sin.stride(), **meta)
+        grad_s = grad_s.sum((1, 3))  # (2, h, 2d), contiguous
+        grads_s = [_sum_to_shape(g.view(1, heads, 1, 2 * d), shape).to(s.dtype)
+                   for g, shape, s in zip(grad_s, ctx.logit_shapes, (s1, s2))]
         return grad_q, grad_k, grad_v, grads_s[0], grads_s[1], None, None, None
 
 

@@ -157,3 +157,51 @@ def test_every_tuned_config_matches_the_reference(index):
     with fixed_config(index):
         # 90 tokens in two chunks of 48 (the interpreter's granule is 16): not a multiple of 32 or 64
         assert_close_to_fp64_reference(*make_inputs(1, 1, 9, 10, 16))
+
+
+def test_tables_and_logits_of_any_strides():
+    """The kernels read the rotary tables at their strides (here column-major) and the logits as they are:
+    one (2d,) row shared by every head, and a strided view per head; the same numbers as the reference."""
+    B, h, H, W, d = 1, 2, 5, 6, 16
+    (q, k, v, s_same, s_opp), (sin, cos), grad_out = make_inputs(B, h, H, W, d)
+    tables = [t.t().contiguous().t() for t in (sin, cos)]
+    assert tables[0].stride() == (1, H * W)
+    wide = torch.zeros(1, h, 1, 4 * d, device=s_opp.device, dtype=s_opp.dtype)
+    wide[..., ::2] = s_opp
+    logits = [s_same[0, 0, 0], wide[..., ::2]]
+    assert logits[0].shape == (2 * d, ) and logits[1].stride(-1) == 2
+    assert_close_to_fp64_reference([q, k, v, *logits], tables, grad_out)
+
+
+def test_only_the_sums_run_around_the_kernels():
+    """Launched as on an H100 (a dry run): besides its Triton kernels (two a pass), the op dispatches one
+    torch kernel in the forward and three in the backward: the sums of the chunks' partial records and of
+    the two flows' parts of q's gradient (in float32, written in q's dtype). The logits' sigmoid and its
+    derivative, the rotary tables' even channels and the divisions by N happen in the kernels."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+
+    class Kernels(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view and func.__name__.split('.')[0] not in ('empty', 'empty_like', 'new_empty'):
+                self.names.append(func.__name__.split('.')[0])
+            return func(*args, **(kwargs or {}))
+
+    inputs, tables, grad_out = make_inputs(2, 2, 8, 8, 32)
+    q, k, v = (t.bfloat16().requires_grad_() for t in inputs[:3])
+    logits = [s.requires_grad_() for s in inputs[3:]]
+    grad_out = grad_out.bfloat16()
+    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+        with Kernels() as forward:
+            out = pacs_attention_triton(q, k, v, *logits, *tables)
+        with Kernels() as backward:
+            grads = torch.autograd.grad(out, [q, k, v, *logits], grad_out)
+    assert forward.names == ['sum'] and backward.names == ['sum', 'add', 'sum'], (forward.names, backward.names)
+    assert len(launches) == 4
+    assert [g.shape for g in grads] == [t.shape for t in (q, k, v, *logits)]
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 3 + [torch.float32] * 2
