@@ -890,20 +890,31 @@ def bench_amp(args, device):
 
 def value_conv_inputs(case, device, dtype, layout, seed, shape=None):
     """The depthwise conv of the attentions' value path (mmpola.models.attention.grid_terms.depthwise_value_heads:
-    Pola, FLatten; made by mmpola.models.layers.depthwise_conv) for attention case ``case``, and its input
-    (B * h, d, H, W) in ``dtype``: the channels-last view of the heads' values that the attention passes
-    (``layout='channels_last'``), or that view made contiguous (``'contiguous'``); ``shape``: (B * h, H, W)
-    instead of the case's."""
+    Pola, FLatten; made by mmpola.models.layers.depthwise_conv) for attention case ``case``, and its input in
+    ``dtype``: the heads' values in the projection's slot, seen in place as (B, h, d, H, W), what the attentions
+    pass (``layout='projection'``: a view of the (B, H*W, 4, h, d) projection, the gradient flowing to it),
+    the same values as one channels-last (B * h, d, H, W) map (``'channels_last'``, what they passed before),
+    or as a contiguous one (``'contiguous'``); ``shape``: (B * h, H, W) instead of the case's."""
     from mmpola.models.layers import depthwise_conv
     batch, heads, (height, width), dim = ATTENTION_CASES[case]
     images, height, width = shape or (batch * heads, height, width)
     g = torch.Generator().manual_seed(seed)
     conv = depthwise_conv(dim, 5)
     conv = conv.to(device=device, dtype=dtype)
+    if layout == 'projection':
+        heads = heads if images % heads == 0 else 1
+        projection = torch.randn(images // heads, height * width, 4, heads, dim, generator=g).to(device, dtype)
+        projection.requires_grad_()
+        return conv, projection[:, :, 2].unflatten(1, (height, width)).permute(0, 3, 4, 1, 2)
     v = torch.randn(images, height, width, dim, generator=g).to(device, dtype).permute(0, 3, 1, 2)
     if layout == 'contiguous':
         v = v.contiguous()
     return conv, v.requires_grad_()
+
+
+def conv_maps(x):
+    """(images, C, H, W) of a conv input (B, C, H, W), or (B, G, C, H, W): B * G maps."""
+    return (x.shape[0] * x.shape[1], *x.shape[2:]) if x.dim() == 5 else tuple(x.shape)
 
 
 def new_shapes(images, height, width, count, step=4):
@@ -917,7 +928,8 @@ def new_shapes(images, height, width, count, step=4):
 
 
 # (implementation of mmpola.ops.depthwise_conv2d, input layout) rows of 'layers'
-LAYER_VARIANTS = (('torch', 'channels_last'), ('torch', 'contiguous'), ('triton', 'channels_last'))
+LAYER_VARIANTS = (('torch', 'projection'), ('torch', 'channels_last'), ('torch', 'contiguous'),
+                  ('triton', 'projection'), ('triton', 'channels_last'))
 # PVT's spatial reduction of the keys and values (mmpola.models.attention.projections.spatial_reduction: a
 # conv of kernel = stride = its ratio on the channels-last view of the tokens), per PVT stage of the cases
 SR_RATIOS = {'pvt-s1': 8, 'pvt-s2': 4}
@@ -997,7 +1009,7 @@ def bench_layers(args, device):
                     passes = make_passes(conv, x, impl, args.seed)
                     for fn in passes.values():  # warm-up (cuDNN picks its kernels, Triton compiles and tunes)
                         fn()
-                    runs[impl, layout] = (x.shape, passes, {name: [] for name in passes})
+                    runs[impl, layout] = (conv_maps(x), passes, {name: [] for name in passes})
                 for _ in range(args.repeat):
                     for _, passes, times in runs.values():
                         for name, fn in passes.items():
@@ -1015,14 +1027,17 @@ def bench_layers(args, device):
                 runs = None
                 gc.collect()
     print('\ndwconv 5x5: the depthwise conv (d channels, 5x5, groups=d) of the Pola / FLatten value path on the '
-          'heads\' values (B * h, d, H, W) of the case, by mmpola.ops.depthwise_conv2d: impl torch = F.conv2d '
-          '(cuDNN on CUDA), triton = mmpola\'s Triton kernels; its weight is stored channels-last '
-          '(mmpola.models.layers.depthwise_conv). sr conv: PVT\'s spatial reduction of the keys and values (C '
-          'channels, kernel = stride = the stage\'s ratio) on the (B, C, H, W) map of the tokens, by nn.Conv2d. '
-          'channels_last is the view the attention passes, contiguous the same values copied to NCHW (what '
-          'mmdet\'s PVT passes its spatial reduction). The input, the weight and the output gradient are in the '
-          'row\'s dtype (as under autocast). Times: min over the runs (rows interleaved) of the forward under '
-          'no_grad, and of the forward with the weight gradient, with the input gradient, and with all gradients. '
+          'heads\' values (B * h maps of d channels) of the case, by mmpola.ops.depthwise_conv2d: impl torch = '
+          'F.conv2d (cuDNN on CUDA), triton = mmpola\'s Triton kernels; its weight is stored channels-last '
+          '(mmpola.models.layers.depthwise_conv); projection: the values seen in place in their projection, as '
+          '(B, h, d, H, W) (what the attentions pass: the Triton kernels read it there, the library convolution '
+          'copies it once), channels_last: one channels-last (B * h, d, H, W) map of them. sr conv: PVT\'s '
+          'spatial reduction of the keys and values (C channels, kernel = stride = the stage\'s ratio) on the '
+          '(B, C, H, W) map of the tokens, by nn.Conv2d: channels_last is the view the attention passes. '
+          'contiguous: the same values copied to NCHW (what mmdet\'s PVT passes its spatial reduction). The '
+          'input, the weight and the output gradient are in the row\'s dtype (as under autocast). Times: min '
+          'over the runs (rows interleaved) of the forward under no_grad, and of the forward with the weight '
+          'gradient, with the input gradient, and with all gradients. '
           f'New shapes: the median fwd+bwd of one call at each of {args.new_shapes} shapes not seen before (other '
           'map sizes; other numbers of windows for window-sized maps), as a detector\'s changing image sizes bring '
           'them: what a new shape costs beyond the compute (an implementation\'s per-shape setup) shows as the '

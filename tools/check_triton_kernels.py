@@ -16,8 +16,9 @@ binds a launch (types, integer and alignment specialisations) and compiled by ``
 for the target (ptxas ships with Triton's NVIDIA backend); identical compilations are done once.
 
 The depthwise convolution (``--ops depthwise``) runs its forward and backward the same way, on channels-last
-maps of the grids below with as many channels as the head dim, at kernel sizes 3 and 5, and at 3 with
-kernels of their own per image (InLine's local residual).
+maps of the grids below with as many channels as the head dim, at kernel sizes 3 and 5, at 3 with
+kernels of their own per image (InLine's local residual), and at 5 on the heads' values seen in place in
+their projection (the Pola and FLatten value term).
 
 Token grids: one head of many tokens (several token blocks per chunk) and two heads in a batch of two
 of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
@@ -148,15 +149,20 @@ def record_launches(op_name, gpu, head_dim, dtype):
 
 def record_depthwise_launches(gpu, channels, dtype):
     """The kernel launches of one forward and backward of the Triton depthwise convolution on ``gpu``, with
-    ``channels`` channels, at each kernel size of DEPTHWISE_KERNELS (and 3 with kernels per image) and every
-    grid of SHAPES."""
+    ``channels`` channels, at each kernel size of DEPTHWISE_KERNELS (and 3 with kernels per image, 5 on the
+    heads' maps in their projection) and every grid of SHAPES."""
     from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
     from mmpola.ops.triton_support import dry_run
     launches = []
     for batch, heads, (height, width) in SHAPES:
         images = batch * heads
-        for k, per_sample in [(k, False) for k in DEPTHWISE_KERNELS] + [(3, True)]:  # InLine's: kernels per image
-            x = torch.zeros(images, height, width, channels, dtype=dtype).permute(0, 3, 1, 2).requires_grad_()
+        variants = [(k, False, False) for k in DEPTHWISE_KERNELS] + [(3, True, False), (5, False, True)]
+        for k, per_sample, in_projection in variants:
+            if in_projection:  # (B, h, C, H, W), a view of the (B, H*W, 4, h, C) projection
+                x = torch.zeros(batch, height * width, 4, heads, channels, dtype=dtype).requires_grad_()
+                x = x[:, :, 2].unflatten(1, (height, width)).permute(0, 3, 4, 1, 2)
+            else:
+                x = torch.zeros(images, height, width, channels, dtype=dtype).permute(0, 3, 1, 2).requires_grad_()
             shape = (images, channels) if per_sample else (channels, 1)
             weight = torch.zeros(*shape, k, k, dtype=dtype).requires_grad_()
             bias = None if per_sample else torch.zeros(channels, dtype=dtype).requires_grad_()

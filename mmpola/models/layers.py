@@ -62,7 +62,8 @@ class DepthwiseConv2d(nn.Conv2d):
     ``kernel_size`` (same parameters and checkpoint keys) whose forward runs
     :func:`mmpola.ops.depthwise_conv2d` with the implementation that ``MMPOLA_DEPTHWISE_CONV`` names:
     ``'auto'`` (unset: the Triton kernels on a GPU, the library convolution elsewhere), ``'torch'`` (the
-    library convolution) or ``'triton'``."""
+    library convolution) or ``'triton'``. Besides (B, C, H, W) maps it takes (B, G, C, H, W): G maps per
+    image, convolved by the same kernels (see there)."""
 
     def __init__(self, channels, kernel_size, bias=True):
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
@@ -72,7 +73,8 @@ class DepthwiseConv2d(nn.Conv2d):
 
     def forward(self, x):
         impl = depthwise_conv_impl()
-        if impl == 'torch' or not isinstance(x, torch.Tensor):  # torch.fx proxies: the library convolution
+        # the library convolution itself for torch.fx proxies and for plain maps under 'torch'
+        if not isinstance(x, torch.Tensor) or (impl == 'torch' and x.dim() == 4):
             return super().forward(x)
         return depthwise_conv2d(x, self.weight, self.bias, impl)
 

@@ -44,11 +44,13 @@ def depthwise_conv_impl():
 
 
 def _check(x, weight, bias, per_sample):
-    B, C = x.shape[:2] if x.dim() == 4 else (None, None)
+    dims = (4, ) if per_sample else (4, 5)
+    B, C = (x.shape[0], x.shape[-3]) if x.dim() in dims else (None, None)
     expected = (B, C) if per_sample else (C, 1)
-    if x.dim() != 4 or weight.dim() != 4 or tuple(weight.shape[:2]) != expected:
+    if x.dim() not in dims or weight.dim() != 4 or tuple(weight.shape[:2]) != expected:
         layout = '(B, C, k, k), one kernel per image and channel' if per_sample else '(C, 1, k, k)'
-        raise ValueError(f'depthwise_conv2d expects x (B, C, H, W) and weight {layout}, got {tuple(x.shape)} and '
+        maps = '(B, C, H, W)' if per_sample else '(B, C, H, W) or (B, G, C, H, W)'
+        raise ValueError(f'depthwise_conv2d expects x {maps} and weight {layout}, got {tuple(x.shape)} and '
                          f'{tuple(weight.shape)}')
     k = weight.shape[-1]
     if weight.shape[-2] != k or k % 2 == 0:
@@ -69,8 +71,13 @@ def auto_impl(x):
 
 def library_conv(x, weight, bias=None, per_sample=False):
     """The library convolution of :func:`depthwise_conv2d` (``'torch'``): per-image kernels as one grouped
-    convolution of the images' channels side by side."""
+    convolution of the images' channels side by side; G maps per image (x (B, G, C, H, W)) as B * G images,
+    copied channels-last when their strides do not merge (the output: channels-last, seen as (B, G, C, H, W))."""
     k = weight.shape[-1]
+    if x.dim() == 5:
+        B, G, C, H, W = x.shape
+        images = x.permute(0, 1, 3, 4, 2).reshape(B * G, H, W, C).permute(0, 3, 1, 2)
+        return library_conv(images, weight, bias).unflatten(0, (B, G))
     if not per_sample:
         return F.conv2d(x, weight, bias, padding=k // 2, groups=weight.shape[0])
     B, C, H, W = x.shape
@@ -81,6 +88,10 @@ def library_conv(x, weight, bias=None, per_sample=False):
 
 def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False):
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)``: x (B, C, H, W), weight (C, 1, k, k), k odd.
+
+    x may also be (B, G, C, H, W): G maps per image, each convolved by the same kernels (the heads of an
+    attention's values, seen in place in their projection: the Triton kernels read the maps through both
+    strides, where the library convolution needs one copy of them as B * G images).
 
     ``per_sample``: each image its own kernels, weight (B, C, k, k) and bias None or (B, C) (InLine's
     local residual, whose kernels are predicted per image). ``impl``: ``'auto'`` (:func:`auto_impl`: the
@@ -93,8 +104,8 @@ def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False):
         raise ValueError(f'impl must be one of {", ".join(DEPTHWISE_IMPLS)}, got {impl!r}')
     if impl == 'auto':
         impl = auto_impl(x)
-    if impl == 'triton':
+    if impl == 'triton' or x.dim() == 5:
         _check(x, weight, bias, per_sample)
-        if x.numel():  # an empty input has nothing to launch: the library convolution gives its empty output
-            return depthwise_conv2d_triton(x, weight, bias, per_sample)
+    if impl == 'triton' and x.numel():  # an empty input has nothing to launch: the library gives its empty output
+        return depthwise_conv2d_triton(x, weight, bias, per_sample)
     return library_conv(x, weight, bias, per_sample)

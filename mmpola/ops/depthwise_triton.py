@@ -2,7 +2,9 @@
 :func:`mmpola.ops.depthwise.depthwise_conv2d`).
 
 ``out = F.conv2d(x, w, b, padding=k // 2, groups=C)`` for x (B, C, H, W), w (C, 1, k, k), k odd, stride 1,
-or with kernels of their own per image (``per_sample``: w (B, C, k, k), bias (B, C)).
+or with kernels of their own per image (``per_sample``: w (B, C, k, k), bias (B, C)); or for x (B, G, C, H, W),
+G maps per image convolved by the same kernels, read through both strides (an attention's per-head values seen
+in place in their projection: a map's offset is its image's plus its head's).
 Two kernels, each program working on a tile of BLOCK_H x BLOCK_W pixels of one image and BLOCK_C
 channels (the channels are the contiguous axis of a channels-last map, so each load of a tap reads
 whole rows of channels):
@@ -55,6 +57,12 @@ if triton_available() is None:
         return b, (t // tiles_w) * BLOCK_H + i // BLOCK_W, (t % tiles_w) * BLOCK_W + i % BLOCK_W
 
     @triton.jit
+    def _image(ptr, b, G, sb, sg):
+        """``ptr`` moved to map ``b`` of B x G maps (G maps per image, the heads of an attention: strides sb
+        per image and sg per map; G = 1 for plain images)."""
+        return ptr + (b // G) * sb + (b % G) * sg
+
+    @triton.jit
     def _shifted(base, y, x, dy, dx, H, W, cmask, sh, sw):
         """The tile's pixels shifted by (dy, dx), all channels of the block, in float32 (zeros outside)."""
         yy = y + dy
@@ -64,16 +72,17 @@ if triton_available() is None:
                        other=0.).to(tl.float32)
 
     @tunable(_TUNED, ['CB', 'K', 'FLIP'], _fitting)
-    @triton.jit(do_not_specialize=['H', 'W'])
-    def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, C, H, W, sxb, sxc, sxh, sxw, swb, swc, swy, swx, sbb,
+    @triton.jit(do_not_specialize=['G', 'H', 'W'])
+    def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, G, C, H, W, sxb, sxg, sxc, sxh, sxw, swb, swc, swy, swx, sbb,
                         K: tl.constexpr, CB: tl.constexpr, FLIP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
-        """One tile of the output (channels-last, contiguous) of the depthwise convolution (weights and bias
-        of image b at ``w_ptr + b * swb``, ``bias_ptr + b * sbb``: 0 for those shared by the images)."""
+        """One tile of map b's output (channels-last, contiguous, maps one after another) of the depthwise
+        convolution (weights and bias of map b at ``w_ptr + b * swb``, ``bias_ptr + b * sbb``: 0 for those
+        shared by the maps)."""
         b, y, x = _tile(tl.program_id(0), H, W, BLOCK_H, BLOCK_W)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = c < C
-        base = x_ptr + b * sxb + c[None, :] * sxc
+        base = _image(x_ptr, b, G, sxb, sxg) + c[None, :] * sxc
         w_ptr += b * swb
         acc = tl.zeros((BLOCK_H * BLOCK_W, BLOCK_C), dtype=tl.float32)
         for ky in range(K):  # a loop over the rows of taps, unrolled along each row (registers for K loads)
@@ -91,13 +100,15 @@ if triton_available() is None:
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside[:, None] & cmask[None, :])
 
     @tunable(_TUNED, ['CB', 'K', 'PER_SAMPLE'], _fitting)
-    @triton.jit(do_not_specialize=['B', 'H', 'W'])
-    def _dw_weight_grad_kernel(x_ptr, g_ptr, part_ptr, B, C, H, W, sxb, sxc, sxh, sxw, sgb, sgc, sgh, sgw,
+    @triton.jit(do_not_specialize=['B', 'G', 'H', 'W'])
+    def _dw_weight_grad_kernel(x_ptr, g_ptr, part_ptr, B, G, C, H, W, sxb, sxg, sxc, sxh, sxw, sgb, sgg, sgc, sgh,
+                               sgw,
                                K: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr, PER_SAMPLE: tl.constexpr,
                                BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
         """This program's share of the weight gradient (taps 0 .. K*K-1) and bias gradient (row K*K),
-        per channel of the block, as one float32 record (TAPS, C): over the tiles of every image, or with
-        ``PER_SAMPLE`` over those of image ``program_id(2)`` only (weights of their own per image)."""
+        per channel of the block, as one float32 record (TAPS, C): over the tiles of every map (B maps, in
+        groups of G), or with ``PER_SAMPLE`` over those of map ``program_id(2)`` only (weights of their own
+        per map)."""
         prog = tl.program_id(0)
         programs = tl.num_programs(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -115,10 +126,10 @@ if triton_available() is None:
         for tile in range(first + tl.program_id(0), last, programs):
             b, y, x = _tile(tile, H, W, BLOCK_H, BLOCK_W)
             inside = (y < H) & (x < W)
-            g = tl.load(g_ptr + b * sgb + c[None, :] * sgc + y[:, None] * sgh + x[:, None] * sgw,
+            g = tl.load(_image(g_ptr, b, G, sgb, sgg) + c[None, :] * sgc + y[:, None] * sgh + x[:, None] * sgw,
                         mask=inside[:, None] & cmask[None, :], other=0.).to(tl.float32)
             acc += tl.where(tap[:, None] == K * K, tl.sum(g, axis=0)[None, :], 0.)
-            base = x_ptr + b * sxb + c[None, :] * sxc
+            base = _image(x_ptr, b, G, sxb, sxg) + c[None, :] * sxc
             for ky in range(K):
                 for kx in tl.static_range(K):
                     shifted = _shifted(base, y, x, ky - K // 2, kx - K // 2, H, W, cmask, sxh, sxw)
@@ -151,14 +162,24 @@ def _weight_strides(weight, per_sample):
     return 0, weight.stride(0), weight.stride(2), weight.stride(3)
 
 
+def _maps(x):
+    """(maps, maps per image G, channels, H, W) and the strides (per image, per map, channel, row, column) of
+    x (B, C, H, W), or of x (B, G, C, H, W): G maps per image convolved by the same kernels."""
+    if x.dim() == 4:
+        B, C, H, W = x.shape
+        return (B, 1, C, H, W), (x.stride(0), 0, *x.stride()[1:])
+    B, G, C, H, W = x.shape
+    return (B * G, G, C, H, W), x.stride()
+
+
 def _convolve(x, weight, bias, flip, per_sample):
-    """The kernel's output (B, C, H, W), channels-last, in x's dtype."""
-    B, C, H, W = x.shape
+    """The kernel's output of x's shape, channels-last per map (the maps one after another), in x's dtype."""
+    (maps, G, C, H, W), strides = _maps(x)
     k = weight.shape[-1]
-    out = torch.empty(B, H, W, C, dtype=x.dtype, device=x.device).permute(0, 3, 1, 2)
+    out = torch.empty(*x.shape[:-3], H, W, C, dtype=x.dtype, device=x.device).movedim(-1, -3)
     bias = weight if bias is None else bias.contiguous()  # read as (C,) or (B, C) rows; a dummy without one
-    launch(_dw_conv_kernel, _conv_grid(B, H, W, C), x, weight, bias, out, C, H, W,
-           *x.stride(), *_weight_strides(weight, per_sample), C if per_sample else 0, FLIP=flip,
+    launch(_dw_conv_kernel, _conv_grid(maps, H, W, C), x, weight, bias, out, G, C, H, W,
+           *strides, *_weight_strides(weight, per_sample), C if per_sample else 0, FLIP=flip,
            HAS_BIAS=bias is not weight, **_options(C, k))
     return out
 
@@ -188,7 +209,7 @@ class _DepthwiseTriton(torch.autograd.Function):
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
         per_sample = ctx.per_sample
-        B, C, H, W = x.shape
+        (B, G, C, H, W), x_strides = _maps(x)
         k = weight.shape[-1]
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
@@ -199,7 +220,8 @@ class _DepthwiseTriton(torch.autograd.Function):
             images = B if per_sample else 1
             part = torch.empty(images, programs, taps, C, dtype=torch.float32, device=x.device)
             launch(_dw_weight_grad_kernel, lambda meta: (programs, triton.cdiv(C, meta['BLOCK_C']), images), x, g,
-                   part, B, C, H, W, *x.stride(), *g.stride(), TAPS=taps, PER_SAMPLE=per_sample, **_options(C, k))
+                   part, B, G, C, H, W, *x_strides, *_maps(g)[1], TAPS=taps, PER_SAMPLE=per_sample,
+                   **_options(C, k))
             total = part[:, 0] if programs == 1 else part.sum(1)  # (images, taps, C)
             if ctx.needs_input_grad[1]:
                 grad_w = torch.empty_like(weight)  # the weight's strides (channels-last for mmpola's convs)

@@ -2,6 +2,8 @@
 the library convolution in float64 (output, input, weight and bias gradients), odd map sizes, kernel
 sizes, layouts, half precision, autocast, every tuned config, and the module and environment switch.
 Without a GPU the kernels run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -142,7 +144,7 @@ def test_public_function_and_its_choices():
         depthwise_conv2d(x, weight, bias, impl='cudnn')
     with pytest.raises(ValueError, match='odd square kernel'):
         depthwise_conv2d(x, torch.randn(16, 1, 4, 4), None, impl='triton')
-    with pytest.raises(ValueError, match=r'x \(B, C, H, W\) and weight \(C, 1, k, k\)'):
+    with pytest.raises(ValueError, match=r'x \(B, C, H, W\) or \(B, G, C, H, W\) and weight \(C, 1, k, k\)'):
         depthwise_conv2d(x, torch.randn(8, 1, 3, 3), None, impl='triton')
 
 
@@ -250,3 +252,60 @@ def test_module_takes_odd_kernel_sizes_only():
     assert DepthwiseConv2d(8, 3).padding == (1, 1) and DepthwiseConv2d(8, 5, bias=False).bias is None
     with pytest.raises(ValueError, match='odd kernel size'):
         DepthwiseConv2d(8, 4)
+
+
+@pytest.mark.parametrize('impl', ['triton', 'torch'])
+def test_maps_per_image_read_in_place(impl):
+    """x (B, G, C, H, W): G maps per image convolved by the same kernels, here the per-head values of an
+    attention seen in place in their projection (B, H*W, 4, G, C), as the Pola and FLatten value terms pass
+    them. Against the library convolution of the B * G maps in float64: the output and the gradients of the
+    projection (in the values' slot only), weight and bias; the Triton kernels read the maps where they are
+    (no copy: counted in a dry run for an H100, since the interpreter copies every argument), the library
+    convolution copies them once, channels-last."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+
+    class Copies(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func.__name__.split('.')[0] in ('clone', 'copy_', '_to_copy', 'contiguous')
+            return func(*args, **(kwargs or {}))
+
+    B, G, C, H, W, k = 2, 3, 20, 7, 9, 5
+    gen = torch.Generator().manual_seed(0)
+    projection = torch.randn(B, H * W, 4, G, C, generator=gen).to(DEVICE)
+    weight = torch.randn(C, 1, k, k, generator=gen).to(DEVICE, memory_format=torch.channels_last)
+    bias = torch.randn(C, generator=gen).to(DEVICE)
+    grad = torch.randn(B, G, C, H, W, generator=gen).to(DEVICE)
+
+    def values(projection):
+        return projection[:, :, 2].unflatten(1, (H, W)).permute(0, 3, 4, 1, 2)  # (B, G, C, H, W), a view
+
+    def run(fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (projection, weight, bias)]
+        out = fn(values(leaves[0]), *leaves[1:])
+        out.backward(grad.to(dtype))
+        return [out.detach()] + [t.grad for t in leaves]
+
+    out, *grads = run(lambda *args: depthwise_conv2d(*args, impl=impl), torch.float32)
+    expected, *expected_grads = run(lambda x, w, b: library(x.flatten(0, 1), w, b).unflatten(0, (B, G)),
+                                    torch.float64)
+    assert out.shape == (B, G, C, H, W)
+    assert_matches([out, *grads], [expected, *expected_grads], 1e-5, impl)
+    assert grads[0][:, :, [0, 1, 3]].abs().max() == 0
+    assert out.permute(0, 1, 3, 4, 2).is_contiguous()  # channels-last per map: the heads' layout as a view
+    counting = dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) if impl == 'triton' else contextlib.nullcontext()
+    with counting, Copies() as copies:
+        depthwise_conv2d(values(projection), weight, bias, impl=impl)
+    assert copies.count == (0 if impl == 'triton' else 1)
+    conv = depthwise_conv(C, k).to(DEVICE)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        conv.bias.copy_(bias)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv('MMPOLA_DEPTHWISE_CONV', impl)
+        assert relative_error(conv(values(projection)), expected) <= 1e-5
+    with pytest.raises(ValueError, match=r'x \(B, C, H, W\) or \(B, G, C, H, W\)'):
+        depthwise_conv2d(values(projection)[:, :, :4], weight, bias, impl=impl)

@@ -72,6 +72,9 @@ def test_layers_times_the_value_conv_in_both_layouts_and_implementations(capsys,
     assert v.shape == (2, 64, 56, 56) and v.is_contiguous(memory_format=torch.channels_last)
     assert dense.is_contiguous() and torch.equal(v, dense)
     assert conv.groups == 64 and conv.kernel_size == (5, 5)
+    _, heads = BENCH.value_conv_inputs('swin-s1@224', torch.device('cpu'), torch.float32, 'projection', 0)
+    assert heads.shape == (2, 3, 32, 56, 56) and heads._base.shape == (2, 56 * 56, 4, 3, 32)
+    assert BENCH.conv_maps(heads) == (6, 32, 56, 56)
     # a small case: the Triton rows run through the interpreter here
     monkeypatch.setitem(BENCH.ATTENTION_CASES, 'tiny', (1, 1, (9, 11), 32))
     common = ['layers', '--cases', 'tiny', '--dtypes', 'float32', '--repeat', '1', '--no-memory']
@@ -83,7 +86,7 @@ def test_layers_times_the_value_conv_in_both_layouts_and_implementations(capsys,
     BENCH.main(common + ['--new-shapes', '0'])
     out = capsys.readouterr().out
     assert [line.split('|')[5].strip() for line in out.splitlines() if line.startswith('| dwconv 5x5 |')] == \
-        ['torch', 'torch']
+        ['torch', 'torch', 'torch']
     assert 'skipped triton: the Triton kernels run on CUDA tensors' in out
 
 

@@ -60,22 +60,24 @@ def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d'):
     """The ``dwc`` term of Pola / FLatten attention per head: a depthwise conv over each head's values.
 
     Args:
-        dwc: Conv2d(d, d, groups=d), shared by the heads.
-        v: (B, h, n, d) values on the key grid ``kv_hw``.
+        dwc: a :class:`~mmpola.models.layers.DepthwiseConv2d` of d channels, shared by the heads.
+        v: (B, h, n, d) values on the key grid ``kv_hw``, of any strides (e.g. a view of the projection).
         hw: (H, W) query grid; values are upsampled to it first when n != H * W.
     Returns:
         (B, h, N, d), the heads' layout of the attention core's output (a view of the conv's
         channels-last output: added to the core's output before the heads are merged, no copy).
 
-    The conv runs on a channels-last view, as in the official code; ``dwc`` is made by
-    :func:`mmpola.models.layers.depthwise_conv` (its weight stored channels-last, see there why).
+    The conv takes the heads' maps as one (B, h, d, H, W) view of v, channels-last as in the official code:
+    the Triton kernels read them in place, the library convolution copies them once as B * h images.
+    ``dwc`` is made by :func:`mmpola.models.layers.depthwise_conv` (its weight stored channels-last, see there
+    why).
     """
     B, heads, n, head_dim = v.shape
     H, W = hw
     if n != H * W:
         v = upsample_values(v, kv_hw, hw, v_upsample)
-    v = v.reshape(B * heads, H, W, head_dim).permute(0, 3, 1, 2)
-    return dwc(v).permute(0, 2, 3, 1).reshape(B, heads, H * W, head_dim)
+    maps = dwc(v.unflatten(2, (H, W)).permute(0, 1, 4, 2, 3))
+    return maps.permute(0, 1, 3, 4, 2).reshape(B, heads, H * W, head_dim)
 
 
 def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d'):

@@ -109,11 +109,15 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
 
         # per-head views (B, h, N, d) of the projections, not copied: every implementation of the op
         # takes strided tensors (the fp32 island's cast, the feature maps and the products lay out
-        # their own outputs; the reference copies to the official contiguous layout). v is made
-        # contiguous once: the depthwise conv runs on a channels-last view of it.
+        # their own outputs; the reference copies to the official contiguous layout), and so does the
+        # depthwise conv of the values (depthwise_value_heads). Except v from the separate layout's
+        # ``kv``: only the op and the conv would keep that projection for the backward, so a copy of
+        # v alone keeps half its bytes (the raw keys are not needed: the op saves the encoded ones)
         q = q.reshape(B, N, heads, head_dim).transpose(1, 2)
         k = k.reshape(B, n, heads, head_dim).transpose(1, 2)
-        v = v.reshape(B, n, heads, head_dim).transpose(1, 2).contiguous()
+        v = v.reshape(B, n, heads, head_dim).transpose(1, 2)
+        if self.qkv_layout == 'separate':
+            v = v.contiguous()
         # scale is per channel (1, 1, C) and divides q and k before the head split in the
         # official code; elementwise, so dividing by its (1, h, 1, d) view gives the same bits.
         scale = self.scale.reshape(1, 1, heads, head_dim).transpose(1, 2)

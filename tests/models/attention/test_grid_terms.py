@@ -1,6 +1,7 @@
 """The linear kinds' terms on the token grid (mmpola.models.attention.grid_terms): the key positional
 encoding resized to the real grid, the depthwise value term (reduced values upsampled first), and terms
 added to the grid tokens only, the prefix tokens unchanged."""
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -13,6 +14,7 @@ from mmpola.models.attention.grid_terms import (
     split_prefix,
     upsample_values,
 )
+from mmpola.models.layers import depthwise_conv
 
 
 class _Encoded(KeyPositionalEncoding, nn.Module):
@@ -57,12 +59,18 @@ def test_encoded_keys_keep_their_dtype_and_the_encoding_its_float32_gradient():
     assert grad.dtype == torch.float32 and (grad - expected_grad).norm() <= 2e-2 * expected_grad.norm()
 
 
-def test_depthwise_value_term_per_head_and_as_tokens():
+@pytest.mark.parametrize('in_projection', [False, True])
+def test_depthwise_value_term_per_head_and_as_tokens(in_projection):
+    """The value term per head, from contiguous values or from their per-head view of a fused projection
+    (B, N, 4, h, d), as the attentions pass them: each head's map convolved by the shared conv."""
     torch.manual_seed(0)
-    dwc = nn.Conv2d(2, 2, 3, padding=1, groups=2)
-    v = torch.randn(1, 3, 4 * 5, 2)  # (B, heads, N, d)
+    dwc = depthwise_conv(2, 3)
+    projection = torch.randn(1, 4 * 5, 4, 3, 2)
+    v = projection[:, :, 2].transpose(1, 2) if in_projection else projection[:, :, 2].transpose(1, 2).contiguous()
+    assert v.shape == (1, 3, 20, 2) and v.is_contiguous() != in_projection  # (B, heads, N, d)
     heads = depthwise_value_heads(dwc, v, (4, 5), (4, 5))
-    expected = dwc(v.reshape(3, 4, 5, 2).permute(0, 3, 1, 2)).permute(0, 2, 3, 1).reshape(1, 3, 20, 2)
+    maps = v.reshape(3, 4, 5, 2).permute(0, 3, 1, 2)
+    expected = nn.Conv2d.forward(dwc, maps).permute(0, 2, 3, 1).reshape(1, 3, 20, 2)
     assert torch.allclose(heads, expected, atol=1e-6)
     tokens = depthwise_value_term(dwc, v, (4, 5), (4, 5))
     assert torch.equal(tokens, heads.transpose(1, 2).reshape(1, 20, 6))
