@@ -121,6 +121,13 @@ if triton_available() is None:
                 tl.load(mean + 3 * BLOCK_J)[None, :])
 
     @triton.jit
+    def _temperature(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, channel, mask):
+        """(sigmoid, its derivative) of the flow's logit at ``channel`` of the head (s1 for flow 0, else s2)."""
+        s1 = tl.load(s1_ptr + head * s1h + channel * s1c, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(s2_ptr + head * s2h + channel * s2c, mask=mask, other=0.0).to(tl.float32)
+        return sigmoid_parts(tl.where(flow == 0, s1, s2))
+
+    @triton.jit
     def _temperatures(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, lanes, lane_mask, D):
         """The flow's temperatures t = sigmoid(s) from its raw logits (``s1`` for the same-sign flow 0,
         ``s2`` for flow 1; rows of 2d channels per head), and dt/ds = t (1 - t), each as its four groups
@@ -132,10 +139,22 @@ if triton_available() is None:
         return t_pe, t_po, t_ne, t_no, dt_pe, dt_po, dt_ne, dt_no
 
     @triton.jit
-    def _temperature(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, channel, mask):
-        s1 = tl.load(s1_ptr + head * s1h + channel * s1c, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(s2_ptr + head * s2h + channel * s2c, mask=mask, other=0.0).to(tl.float32)
-        return sigmoid_parts(tl.where(flow == 0, s1, s2))
+    def _store_record(record, flow, rows_at, t_pe, t_po, t_ne, t_no, r_pe, r_po, r_ne, r_no, scale, row_mask, lanes,
+                      BLOCK_J: tl.constexpr):
+        """A chunk's partial sums, times ``scale``: the flow's four (BLOCK_J, BLOCK_J) tiles, groups in order
+        and the two flows' tiles interleaved (4 groups, 2 flows) from ``record`` on, and four rows (groups in
+        order) from ``rows_at`` on, where ``row_mask``."""
+        size = BLOCK_J * BLOCK_J
+        out = record + flow * size + lanes[:, None] * BLOCK_J + lanes[None, :]
+        tl.store(out, t_pe * scale)
+        tl.store(out + 2 * size, t_po * scale)
+        tl.store(out + 4 * size, t_ne * scale)
+        tl.store(out + 6 * size, t_no * scale)
+        out = rows_at + lanes
+        tl.store(out, r_pe * scale, mask=row_mask)
+        tl.store(out + BLOCK_J, r_po * scale, mask=row_mask)
+        tl.store(out + 2 * BLOCK_J, r_ne * scale, mask=row_mask)
+        tl.store(out + 3 * BLOCK_J, r_no * scale, mask=row_mask)
 
     @triton.jit
     def _load_pairs(base, rows, lanes, mask, s_n, s_d):
@@ -205,22 +224,11 @@ if triton_available() is None:
             sum_po += tl.sum(f_po, axis=0)
             sum_ne += tl.sum(f_ne, axis=0)
             sum_no += tl.sum(f_no, axis=0)
-        # this chunk's record (_fwd_record): its parts of rope(k')^T v / N, (4 groups, 2 flows) tiles, and of
-        # mean(k'), 4 rows (written by flow 0)
-        tile = lanes[:, None] * BLOCK_J + lanes[None, :]
+        # this chunk's record (_fwd_record): its parts of rope(k')^T v / N and of mean(k') (written by flow 0)
         size = BLOCK_J * BLOCK_J
         record = parts_ptr + (bh * chunks + chunk) * (8 * size + 4 * BLOCK_J)
-        out = record + flow * size + tile
-        tl.store(out, kv_pe * inv_n)
-        tl.store(out + 2 * size, kv_po * inv_n)
-        tl.store(out + 4 * size, kv_ne * inv_n)
-        tl.store(out + 6 * size, kv_no * inv_n)
-        first = (lanes < BLOCK_J) & (flow == 0)
-        out = record + 8 * size + lanes
-        tl.store(out, sum_pe * inv_n, mask=first)
-        tl.store(out + BLOCK_J, sum_po * inv_n, mask=first)
-        tl.store(out + 2 * BLOCK_J, sum_ne * inv_n, mask=first)
-        tl.store(out + 3 * BLOCK_J, sum_no * inv_n, mask=first)
+        _store_record(record, flow, record + 8 * size, kv_pe, kv_po, kv_ne, kv_no, sum_pe, sum_po, sum_ne, sum_no,
+                      inv_n, (lanes < BLOCK_J) & (flow == 0), lanes, BLOCK_J)
 
     @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
@@ -334,20 +342,11 @@ if triton_available() is None:
                 + 2 * lanes[None, :]
             tl.store(ptr, gq_e, mask=mask)
             tl.store(ptr + 1, gq_o, mask=mask)
-        # this chunk's record (_bwd_record): its parts of the gradients of rope(k')^T v / N, (4 groups, 2 flows)
-        # tiles, and of mean(k'), (2 flows, 4 groups) rows, both divided by N
-        tile = lanes[:, None] * BLOCK_J + lanes[None, :]
+        # this chunk's record (_bwd_record): its parts of the gradients of rope(k')^T v / N and of mean(k') (the
+        # rows of both flows)
         record = parts_ptr + (bh * chunks + chunk) * (8 * size + 8 * BLOCK_J)
-        out = record + flow * size + tile
-        tl.store(out, gkv_pe * inv_n)
-        tl.store(out + 2 * size, gkv_po * inv_n)
-        tl.store(out + 4 * size, gkv_ne * inv_n)
-        tl.store(out + 6 * size, gkv_no * inv_n)
-        out = record + 8 * size + flow * 4 * BLOCK_J + lanes
-        tl.store(out, gm_pe * inv_n)
-        tl.store(out + BLOCK_J, gm_po * inv_n)
-        tl.store(out + 2 * BLOCK_J, gm_ne * inv_n)
-        tl.store(out + 3 * BLOCK_J, gm_no * inv_n)
+        _store_record(record, flow, record + 8 * size + flow * 4 * BLOCK_J, gkv_pe, gkv_po, gkv_ne, gkv_no, gm_pe,
+                      gm_po, gm_ne, gm_no, inv_n, lanes < BLOCK_J, lanes, BLOCK_J)
         # the raw logits' gradients (through the sigmoid), in their channel order s * d + 2 i + p:
         # (2 flows, B*h, chunks, 2d), summed over the batch and the chunks outside
         _, _, _, _, dt_pe, dt_po, dt_ne, dt_no = _temperatures(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, lanes,
