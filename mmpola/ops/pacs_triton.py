@@ -234,7 +234,7 @@ if triton_available() is None:
     @triton.jit
     def _pacs_fwd_queries_kernel(q_ptr, s1_ptr, s2_ptr, sin_ptr, cos_ptr, sums_ptr, out_ptr, eps,
                                  H, N, J,
-                                 sqb, sqh, sqn, sqd, s1h, s1c, s2h, s2c, s_tn, s_tc,
+                                 sqb, sqh, sqn, sqd, sob, soh, son, sod, s1h, s1c, s2h, s2c, s_tn, s_tc,
                                  BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
         flow = tl.program_id(0)
         bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
@@ -255,7 +255,7 @@ if triton_available() is None:
         u = _dot4(r_pe, r_po, r_ne, r_no, _tile(kv, lanes, BLOCK_J), _tile(kv + 2 * size, lanes, BLOCK_J),
                   _tile(kv + 4 * size, lanes, BLOCK_J), _tile(kv + 6 * size, lanes, BLOCK_J), PRECISION)
         out = u * (1.0 / (z + eps))[:, None]
-        ptr = out_ptr + bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J + flow * J + lanes[None, :]
+        ptr = out_ptr + b * sob + head * soh + rows[:, None].to(tl.int64) * son + (flow * J + lanes[None, :]) * sod
         tl.store(ptr, out.to(out_ptr.dtype.element_ty), mask=mask)
 
     @tunable(_TUNED, _TUNED_KEY, _fitting_bwd_queries)
@@ -489,10 +489,11 @@ class _PaCSTriton(torch.autograd.Function):
             _pacs_fwd_keys_kernel, (2, bh, chunks), k, v, sin, cos, parts, heads, n, j, per_chunk, 1.0 / n,
             *k.stride(), *v.stride(), *sin.stride(), **meta)
         sums = parts.sum(1)
-        out = torch.empty(q.shape, device=dev, dtype=q.dtype)
+        # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the model merges the heads with a view
+        out = torch.empty(batch, n, heads, d, device=dev, dtype=q.dtype).transpose(1, 2)
         launch(
             _pacs_fwd_queries_kernel, lambda meta: (2, bh, triton.cdiv(n, meta['BLOCK_N'])), q, s1, s2, sin, cos,
-            sums, out, eps, heads, n, j, *q.stride(), *_logit_strides(s1, s2), *sin.stride(), **meta)
+            sums, out, eps, heads, n, j, *q.stride(), *out.stride(), *_logit_strides(s1, s2), *sin.stride(), **meta)
         ctx.save_for_backward(q, k, v, s1, s2, sin, cos, sums)
         ctx.eps = eps
         ctx.logit_shapes = (s_same.shape, s_opp.shape)

@@ -203,5 +203,6 @@ def test_only_the_sums_run_around_the_kernels():
             grads = torch.autograd.grad(out, [q, k, v, *logits], grad_out)
     assert forward.names == ['sum'] and backward.names == ['sum', 'add', 'sum'], (forward.names, backward.names)
     assert len(launches) == 4
+    assert out.transpose(1, 2).is_contiguous()  # the tokens' layout: the model merges the heads with a view
     assert [g.shape for g in grads] == [t.shape for t in (q, k, v, *logits)]
     assert [g.dtype for g in grads] == [torch.bfloat16] * 3 + [torch.float32] * 2
