@@ -96,7 +96,7 @@ class SpatialReductionAttention(nn.Module):
             q = self.q(x).reshape(B, N, heads, C // heads).permute(0, 2, 1, 3)
             x_, _ = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
             kv = self.kv(x_).reshape(B, -1, 2, heads, C // heads).permute(2, 0, 3, 1, 4)
-            k, v = kv[0], kv[1]
+            k, v = kv.unbind(0)  # one stack in the backward (indexing: a zero-filled copy each, then a sum)
         x = softmax_attention(q, k, v, self.scale, self.attn_drop).transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))
 

@@ -163,6 +163,27 @@ def test_attention_dropout_is_sdpa_dropout_in_training_only(sdpa_calls):
     assert [c['dropout_p'] for c in sdpa_calls] == [0.5, 0.0, 0.25]
 
 
+def test_keys_and_values_split_once_in_the_backward():
+    """The separate layout's k and v come from one ``kv`` projection: unbound, their gradients join in one
+    stack; indexed, each would be a zero-filled tensor of the projection's size, then summed."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split('.')[0])
+            return func(*args, **(kwargs or {}))
+
+    attn = SpatialReductionAttention(16, 2, sr_ratio=2)
+    out = attn(torch.randn(2, 8 * 8, 16), (8, 8))
+    with Ops() as ops:
+        out.sum().backward()
+    assert 'select_backward' not in ops.names and ops.names.count('stack') == 1
+
+
 def test_a_learned_bias_trains_through_the_explicit_steps_on_the_cpu(sdpa_calls):
     """On the CPU, SDPA with a mask that needs its gradient runs its unfused math path; Swin's training
     forward there takes the explicit steps instead: the same values, the bias gets its gradient, and
