@@ -18,7 +18,15 @@ from .flatten import flatten_attention, flatten_attention_fast, flatten_attentio
 from .flatten_triton import flatten_attention_triton
 from .inline import inline_attention, inline_attention_fast, inline_attention_reference
 from .inline_triton import inline_attention_triton
-from .pacs import pacs_attention, pacs_attention_fast, pacs_attention_reference, rope_angles, rope_rotate, rope_tables
+from .pacs import (
+    pacs_attention,
+    pacs_attention_fast,
+    pacs_attention_reference,
+    rope_angles,
+    rope_rotate,
+    rope_rotate_fast,
+    rope_tables,
+)
 from .pacs_triton import pacs_attention_triton
 from .pola import (
     compile_status,
@@ -38,5 +46,5 @@ __all__ = [
     'focused_feature_map',
     'inline_attention', 'inline_attention_reference', 'inline_attention_fast', 'inline_attention_triton',
     'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
-    'rope_tables', 'rope_rotate', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl'
+    'rope_tables', 'rope_rotate', 'rope_rotate_fast', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl'
 ]

@@ -192,3 +192,36 @@ def test_rope_tables_are_made_on_the_angles_device_and_dtype():
     assert sin.dtype == cos.dtype == torch.float64
     expected = torch.arange(3, dtype=torch.float64)[:, None] * angle[None, :]
     torch.testing.assert_close(sin.view(3, 5, -1)[:, 0, :8], torch.sin(expected), rtol=0, atol=0)
+
+
+def test_rope_rotation_with_its_hand_written_backward():
+    """rope_rotate_fast: rope_rotate's forward bit for bit, and the gradient of x (here a strided view, as
+    the RoPE softmax passes q and k) equal to autograd's through the official ops, without their
+    zero-filled slice gradients; tables that need a gradient go through autograd."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mmpola.ops import rope_rotate_fast
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split('.')[0])
+            return func(*args, **(kwargs or {}))
+
+    sin, cos = (t.double() for t in rope_tables(rope_angles(64, 2), (4, 6)))
+    projection = torch.randn(2, 24, 4, 2, 32, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 2, 24, 32, dtype=torch.float64)
+    x = projection[:, :, 0].transpose(1, 2)  # (B, h, N, d), not contiguous
+    out = rope_rotate_fast(x, sin, cos)
+    assert torch.equal(out, rope_rotate(x, sin, cos))
+    with Ops() as ops:
+        (fast,) = torch.autograd.grad(out, projection, grad)
+    (expected,) = torch.autograd.grad(rope_rotate(x, sin, cos), projection, grad)
+    torch.testing.assert_close(fast, expected, rtol=0, atol=1e-12)
+    assert 'slice_backward' not in ops.names
+    table = sin.clone().requires_grad_()
+    rope_rotate_fast(x, table, cos).sum().backward()
+    assert table.grad is not None

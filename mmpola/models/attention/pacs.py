@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module
 
-from mmpola.ops import check_attn_impl, pacs_attention, rope_angles, rope_rotate, rope_tables
+from mmpola.ops import check_attn_impl, pacs_attention, rope_angles, rope_rotate, rope_rotate_fast, rope_tables
 from mmpola.registry import ATTENTIONS
 
 from ..layers import SizeCache, depthwise_conv
@@ -136,11 +136,11 @@ class RoPESoftmaxAttention(nn.Module):
         lepe = self.lepe(v.reshape(B, H, W, C).permute(0, 3, 1, 2))
         q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         sin, cos = sin.to(q.dtype), cos.to(q.dtype)
-        q = rope_rotate(q, sin, cos)
-        k = rope_rotate(k, sin, cos)
         if self.attn_impl == 'reference':
+            q, k = rope_rotate(q, sin, cos), rope_rotate(k, sin, cos)
             x = torch.softmax(self.scale * q @ k.transpose(-1, -2), dim=-1) @ v
         else:
+            q, k = rope_rotate_fast(q, sin, cos), rope_rotate_fast(k, sin, cos)
             x = F.scaled_dot_product_attention(q, k, v.contiguous(), scale=self.scale)
         x = x.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2) + lepe
         return self.proj(x.reshape(B, C, N).transpose(1, 2) * o)
