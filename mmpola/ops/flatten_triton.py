@@ -13,8 +13,9 @@ Forward:
    pass over all C channels of a block of tokens (two float32 numbers per token: all that couples
    the heads).
 2. key reduction, grid (B * h, key chunks): each program forms phi(k) of its tokens and writes its
-   partial KV = phi(k)^T v / n (d, d) and M = mean(phi(k)) (d); one ``.sum`` over the chunks
-   (deterministic, no atomics). The chunks fill the GPU when B * h is small (PVT stage 1: h = 1).
+   partial KV = phi(k)^T v / n (d, d) and M = mean(phi(k)) (d) as one record; one ``.sum`` over the
+   chunks gives both (deterministic, no atomics; the backward's partial dKV and dM likewise). The
+   chunks fill the GPU when B * h is small (PVT stage 1: h = 1).
 3. query pass, grid (B * h, query blocks): out = phi(q) KV / (phi(q) . M + eps).
 
 Saved for backward: the inputs, the token statistics and the per-head KV and M. The feature maps
@@ -146,17 +147,19 @@ if triton_available() is None:
         return pid, b, head, tl.program_id(1), offs_d, offs_d < d
 
     @triton.jit
-    def _load_head_summary(mat_ptr, vec_ptr, pid, d, offs_d, md):
-        """The (d, d) matrix and the (d,) vector of head ``pid`` (0 on the padded lanes)."""
-        mat = tl.load(mat_ptr + pid * d * d + offs_d[:, None] * d + offs_d[None, :], mask=md[:, None] & md[None, :],
-                      other=0.0)
-        return mat, tl.load(vec_ptr + pid * d + offs_d, mask=md, other=0.0)
+    def _load_head_summary(ptr, pid, d, offs_d, md):
+        """The (d, d) matrix and the (d,) vector of head ``pid``'s record (0 on the padded lanes)."""
+        record = ptr + pid * (d * d + d)
+        mat = tl.load(record + offs_d[:, None] * d + offs_d[None, :], mask=md[:, None] & md[None, :], other=0.0)
+        return mat, tl.load(record + d * d + offs_d, mask=md, other=0.0)
 
     @triton.jit
-    def _store_head_summary(mat_ptr, vec_ptr, part, mat, vec, d, offs_d, md):
-        """Store a (d, d) matrix and a (d,) vector as record ``part`` (the unpadded lanes)."""
-        tl.store(mat_ptr + part * d * d + offs_d[:, None] * d + offs_d[None, :], mat, mask=md[:, None] & md[None, :])
-        tl.store(vec_ptr + part * d + offs_d, vec, mask=md)
+    def _store_head_summary(ptr, part, mat, vec, d, offs_d, md):
+        """Store a (d, d) matrix and then a (d,) vector as record ``part`` of d * d + d floats (the unpadded
+        lanes): the records of a head's chunks follow each other, so one sum over the chunks gives both."""
+        record = ptr + part * (d * d + d)
+        tl.store(record + offs_d[:, None] * d + offs_d[None, :], mat, mask=md[:, None] & md[None, :])
+        tl.store(record + d * d + offs_d, vec, mask=md)
 
     @triton.jit
     def _tile_rows(start, hi, d, head, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -169,7 +172,7 @@ if triton_available() is None:
 
     @tunable(_TUNED, _FOCUS_KEY, _fitting)
     @triton.jit
-    def _key_reduce_kernel(k_ptr, v_ptr, scale_ptr, stats_ptr, kv_part_ptr, m_part_ptr, n, d, H, tokens_per_chunk,
+    def _key_reduce_kernel(k_ptr, v_ptr, scale_ptr, stats_ptr, parts_ptr, n, d, H, tokens_per_chunk,
                            inv_n, skb, skt, skc, svb, svt, svc,
                            FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -185,17 +188,16 @@ if triton_available() is None:
             vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             acc_kv = tl.dot(tl.trans(y), vv, acc_kv, input_precision='ieee')
             acc_m += tl.sum(y, axis=0)
-        _store_head_summary(kv_part_ptr, m_part_ptr, pid * tl.num_programs(1) + chunk, acc_kv * inv_n, acc_m * inv_n,
-                            d, offs_d, md)
+        _store_head_summary(parts_ptr, pid * tl.num_programs(1) + chunk, acc_kv * inv_n, acc_m * inv_n, d, offs_d, md)
 
     @tunable(_TUNED, _FOCUS_KEY, _fitting)
     @triton.jit
-    def _query_kernel(q_ptr, scale_ptr, stats_ptr, kv_ptr, m_ptr, out_ptr, N, d, H, eps,
+    def _query_kernel(q_ptr, scale_ptr, stats_ptr, summary_ptr, out_ptr, N, d, H, eps,
                       sqb, sqt, sqc, sob, sot, soc,
                       FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
         pid, b, head, block, offs_d, md = _head(H, d, BLOCK_D)
-        kv, m = _load_head_summary(kv_ptr, m_ptr, pid, d, offs_d, md)
+        kv, m = _load_head_summary(summary_ptr, pid, d, offs_d, md)
         offs_t = block * BLOCK_T + tl.arange(0, BLOCK_T)
         _, _, y, _ = _features(q_ptr, scale_ptr, stats_ptr, b, head, offs_t, N, N, d, sqb, sqt, sqc,
                                FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
@@ -208,8 +210,8 @@ if triton_available() is None:
 
     @tunable(_TUNED, _FOCUS_KEY + ['REDUCE', 'WRITE_DX', 'LOCAL_G'], _fitting)
     @triton.jit(do_not_specialize=['ds_records'])  # varies with the input size: one compilation for all
-    def _query_backward_kernel(q_ptr, g_ptr, scale_ptr, stats_ptr, kv_ptr, m_ptr, dkv_part_ptr, dm_part_ptr,
-                               dden_ptr, dq_ptr, ds_part_ptr, ds_records, N, d, H, eps, tokens_per_chunk,
+    def _query_backward_kernel(q_ptr, g_ptr, scale_ptr, stats_ptr, summary_ptr, dparts_ptr, dden_ptr, dq_ptr,
+                               ds_part_ptr, ds_records, N, d, H, eps, tokens_per_chunk,
                                sqb, sqt, sqc, sgb, sgt, sgc, sdb, sdt, sdc,
                                REDUCE: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
                                FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
@@ -218,7 +220,7 @@ if triton_available() is None:
         WRITE_DX: dq and the chunk's part of dL/dscale (G from dden of this head if LOCAL_G, else from
         dden_ptr), record ``chunk`` of the head's ``ds_records``."""
         pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
-        kv, m = _load_head_summary(kv_ptr, m_ptr, pid, d, offs_d, md)
+        kv, m = _load_head_summary(summary_ptr, pid, d, offs_d, md)
         raw_s, s = _scale(scale_ptr, head * d + offs_d, md)
         acc_dkv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         acc_dm = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -251,13 +253,13 @@ if triton_available() is None:
                 acc_ds += tl.sum(tl.where(m2, grad_a * a, 0.0), axis=0)
         part = pid * tl.num_programs(1) + chunk
         if REDUCE:
-            _store_head_summary(dkv_part_ptr, dm_part_ptr, part, acc_dkv, acc_dm, d, offs_d, md)
+            _store_head_summary(dparts_ptr, part, acc_dkv, acc_dm, d, offs_d, md)
         if WRITE_DX:
             _store_scale_gradient(ds_part_ptr + (pid * ds_records + chunk) * d, acc_ds, raw_s, s, offs_d, md)
 
     @tunable(_TUNED, _FOCUS_KEY + ['WRITE_DV', 'WRITE_DX', 'LOCAL_G'], _fitting)
     @triton.jit(do_not_specialize=['ds_records'])  # varies with the input size: one compilation for all
-    def _key_backward_kernel(k_ptr, v_ptr, scale_ptr, stats_ptr, dkv_ptr, dm_ptr, gk_ptr, dk_ptr, dv_ptr, ds_part_ptr,
+    def _key_backward_kernel(k_ptr, v_ptr, scale_ptr, stats_ptr, dsummary_ptr, gk_ptr, dk_ptr, dv_ptr, ds_part_ptr,
                              ds_records, n, d, H, tokens_per_chunk, inv_n,
                              skb, skt, skc, svb, svt, svc, sdkb, sdkt, sdkc, sdvb, sdvt, sdvc,
                              WRITE_DV: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
@@ -267,7 +269,7 @@ if triton_available() is None:
         chunk's part of dL/dscale (G of this head if LOCAL_G, else summed over the heads in gk_ptr), record
         ``chunk`` of the head's ``ds_records``."""
         pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
-        dkv, dm = _load_head_summary(dkv_ptr, dm_ptr, pid, d, offs_d, md)
+        dkv, dm = _load_head_summary(dsummary_ptr, pid, d, offs_d, md)
         raw_s, s = _scale(scale_ptr, head * d + offs_d, md)
         acc_ds = tl.zeros((BLOCK_D,), dtype=tl.float32)
         lo = chunk * tokens_per_chunk
@@ -348,22 +350,22 @@ class _FlattenTriton(torch.autograd.Function):
         blocks = dict(BLOCK_D=block_d, default=dict(BLOCK_T=block_t, num_warps=warps))
         stats_q, stats_k = _token_stats(q, scale, focus), _token_stats(k, scale, focus)
         chunks, per = _chunks(n, block_t, B * H, q.device)
-        kv_part = torch.empty((B * H, chunks, d, d), device=q.device, dtype=torch.float32)
-        m_part = torch.empty((B * H, chunks, d), device=q.device, dtype=torch.float32)
-        launch(_key_reduce_kernel, (B * H, chunks), k, v, scale, stats_k, kv_part, m_part, n, d, H, per, 1.0 / n,
+        # per key chunk: KV / n (d x d) and M / n (d) as one record, summed over the chunks once
+        parts = torch.empty((B * H, chunks, d * d + d), device=q.device, dtype=torch.float32)
+        launch(_key_reduce_kernel, (B * H, chunks), k, v, scale, stats_k, parts, n, d, H, per, 1.0 / n,
                *k.stride(), *v.stride(), **focus, **blocks)
-        kv, m = kv_part.sum(1), m_part.sum(1)
+        summary = parts.sum(1)
         out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
-        launch(_query_kernel, lambda meta: (B * H, triton.cdiv(N, meta['BLOCK_T'])), q, scale, stats_q, kv, m, out, N,
-               d, H, eps, *q.stride(), *out.stride(), **focus, **blocks)
-        ctx.save_for_backward(q, k, v, scale, stats_q, stats_k, kv, m)
+        launch(_query_kernel, lambda meta: (B * H, triton.cdiv(N, meta['BLOCK_T'])), q, scale, stats_q, summary, out,
+               N, d, H, eps, *q.stride(), *out.stride(), **focus, **blocks)
+        ctx.save_for_backward(q, k, v, scale, stats_q, stats_k, summary)
         ctx.options = (H, focusing_factor, eps)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, scale, stats_q, stats_k, kv, m = ctx.saved_tensors
+        q, k, v, scale, stats_q, stats_k, summary = ctx.saved_tensors
         H, focusing_factor, eps = ctx.options
         B, N, C = q.shape
         n, d = k.shape[1], C // H
@@ -375,38 +377,37 @@ class _FlattenTriton(torch.autograd.Function):
 
         # queries: dKV, dM (and dden per head), then dq and their part of dL/ds
         chunks, per = _chunks(N, block_t, B * H, dev)
-        dkv_part = torch.empty((B * H, chunks, d, d), device=dev, dtype=f32)
-        dm_part = torch.empty((B * H, chunks, d), device=dev, dtype=f32)
+        dparts = torch.empty((B * H, chunks, d * d + d), device=dev, dtype=f32)
         chunks_k, per_k = _chunks(n, block_t, B * H, dev)
         # each head's records of dL/dscale: its query chunks', then its key chunks'
         ds_parts = torch.empty((B, H, chunks + chunks_k, d), device=dev, dtype=f32)
         dden = dq = torch.empty((B, N, C), device=dev, dtype=q.dtype)
         if not one:
             dden = torch.empty((B, N, H), device=dev, dtype=f32)
-        args = (q, g, scale, stats_q, kv, m, dkv_part, dm_part, dden, dq, ds_parts, chunks + chunks_k, N, d, H, eps,
-                per, *q.stride(), *g.stride(), *dq.stride())
+        args = (q, g, scale, stats_q, summary, dparts, dden, dq, ds_parts, chunks + chunks_k, N, d, H, eps, per,
+                *q.stride(), *g.stride(), *dq.stride())
         grid = (B * H, chunks)
         if one:
             launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
         else:
             launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
             dden_sum = dden.sum(-1)
-            args = args[:8] + (dden_sum,) + args[9:]
+            args = args[:6] + (dden_sum,) + args[7:]
             launch(_query_backward_kernel, grid, *args, REDUCE=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
-        dkv, dm = dkv_part.sum(1), dm_part.sum(1)
+        dsummary = dparts.sum(1)
 
         # keys: dv (and G per head), then dk and their part of dL/ds
         dk = torch.empty((B, n, C), device=dev, dtype=k.dtype)
         dv = torch.empty((B, n, C), device=dev, dtype=v.dtype)
         gk = dk if one else torch.empty((B, n, H), device=dev, dtype=f32)
-        args = (k, v, scale, stats_k, dkv, dm, gk, dk, dv, ds_parts[:, :, chunks:], chunks + chunks_k, n, d, H, per_k,
+        args = (k, v, scale, stats_k, dsummary, gk, dk, dv, ds_parts[:, :, chunks:], chunks + chunks_k, n, d, H, per_k,
                 1.0 / n, *k.stride(), *v.stride(), *dk.stride(), *dv.stride())
         grid = (B * H, chunks_k)
         if one:
             launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
         else:
             launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
-            args = args[:6] + (gk.sum(-1),) + args[7:]
+            args = args[:5] + (gk.sum(-1),) + args[6:]
             launch(_key_backward_kernel, grid, *args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
         return dq, dk, dv, ds_parts.sum((0, 2)).reshape(C), None, None, None
 
