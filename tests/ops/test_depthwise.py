@@ -13,7 +13,7 @@ from mmpola.models.layers import DepthwiseConv2d, depthwise_conv
 from mmpola.ops import depthwise_conv2d, depthwise_conv_impl
 from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import forward_backward, relative_error
+from tests.fixtures.ops import DispatchedOps, forward_backward, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
@@ -262,16 +262,7 @@ def test_maps_per_image_read_in_place(impl):
     projection (in the values' slot only), weight and bias; the Triton kernels read the maps where they are
     (no copy: counted in a dry run for an H100, since the interpreter copies every argument), the library
     convolution copies them once, channels-last."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from mmpola.ops.triton_support import KernelTarget, dry_run
-
-    class Copies(TorchDispatchMode):
-        count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += func.__name__.split('.')[0] in ('clone', 'copy_', '_to_copy', 'contiguous')
-            return func(*args, **(kwargs or {}))
 
     B, G, C, H, W, k = 2, 3, 20, 7, 9, 5
     gen = torch.Generator().manual_seed(0)
@@ -297,9 +288,10 @@ def test_maps_per_image_read_in_place(impl):
     assert grads[0][:, :, [0, 1, 3]].abs().max() == 0
     assert out.permute(0, 1, 3, 4, 2).is_contiguous()  # channels-last per map: the heads' layout as a view
     counting = dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) if impl == 'triton' else contextlib.nullcontext()
-    with counting, Copies() as copies:
+    with counting, DispatchedOps() as ops:
         depthwise_conv2d(values(projection), weight, bias, impl=impl)
-    assert copies.count == (0 if impl == 'triton' else 1)
+    copies = sum(name in ('clone', 'copy_', '_to_copy') for name in ops.names)
+    assert copies == (0 if impl == 'triton' else 1)
     conv = depthwise_conv(C, k).to(DEVICE)
     with torch.no_grad():
         conv.weight.copy_(weight)

@@ -4,7 +4,7 @@ import torch
 
 from mmpola.ops import pacs_attention, pacs_attention_fast, pacs_attention_reference, rope_angles, rope_tables
 from mmpola.ops.pacs import rope_rotate
-from tests.fixtures.ops import max_scaled_error
+from tests.fixtures.ops import DispatchedOps, max_scaled_error
 
 # (B, h, H, W, d): odd grids, one token, batch and heads > 1, the smallest even head dim
 SHAPES = [
@@ -174,19 +174,8 @@ def test_fp32_false_follows_input_dtype():
 def test_rope_tables_are_made_on_the_angles_device_and_dtype():
     """No tensor is made elsewhere and copied over: on a GPU such a copy of a CPU tensor waits for the
     device at every call (every stage of every forward)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split('.')[0])
-            return func(*args, **(kwargs or {}))
-
     angle = rope_angles(32, 2).double()
-    with Ops() as ops:
+    with DispatchedOps() as ops:
         sin, cos = rope_tables(angle, (3, 5))
     assert not {'_to_copy', 'copy_', 'to'} & set(ops.names), ops.names
     assert sin.dtype == cos.dtype == torch.float64
@@ -198,18 +187,7 @@ def test_rope_rotation_with_its_hand_written_backward():
     """rope_rotate_fast: rope_rotate's forward bit for bit, and the gradient of x (here a strided view, as
     the RoPE softmax passes q and k) equal to autograd's through the official ops, without their
     zero-filled slice gradients; tables that need a gradient go through autograd."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from mmpola.ops import rope_rotate_fast
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split('.')[0])
-            return func(*args, **(kwargs or {}))
 
     sin, cos = (t.double() for t in rope_tables(rope_angles(64, 2), (4, 6)))
     projection = torch.randn(2, 24, 4, 2, 32, dtype=torch.float64, requires_grad=True)
@@ -217,7 +195,7 @@ def test_rope_rotation_with_its_hand_written_backward():
     x = projection[:, :, 0].transpose(1, 2)  # (B, h, N, d), not contiguous
     out = rope_rotate_fast(x, sin, cos)
     assert torch.equal(out, rope_rotate(x, sin, cos))
-    with Ops() as ops:
+    with DispatchedOps() as ops:
         (fast,) = torch.autograd.grad(out, projection, grad)
     (expected,) = torch.autograd.grad(rope_rotate(x, sin, cos), projection, grad)
     torch.testing.assert_close(fast, expected, rtol=0, atol=1e-12)

@@ -8,6 +8,7 @@ import torch
 
 from mmpola.ops import OPS, pacs_attention, pacs_attention_reference, pacs_attention_triton, rope_angles, rope_tables
 from mmpola.ops.dispatch import AttnImplUnavailable
+from tests.fixtures.ops import DispatchedOps
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ['out', 'grad_q', 'grad_k', 'grad_v', 'grad_s_same', 'grad_s_opp']
@@ -178,30 +179,18 @@ def test_only_the_sums_run_around_the_kernels():
     torch kernel in the forward and three in the backward: the sums of the chunks' partial records and of
     the two flows' parts of q's gradient (in float32, written in q's dtype). The logits' sigmoid and its
     derivative, the rotary tables' even channels and the divisions by N happen in the kernels."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from mmpola.ops.triton_support import KernelTarget, dry_run
-
-    class Kernels(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view and func.__name__.split('.')[0] not in ('empty', 'empty_like', 'new_empty'):
-                self.names.append(func.__name__.split('.')[0])
-            return func(*args, **(kwargs or {}))
 
     inputs, tables, grad_out = make_inputs(2, 2, 8, 8, 32)
     q, k, v = (t.bfloat16().requires_grad_() for t in inputs[:3])
     logits = [s.requires_grad_() for s in inputs[3:]]
     grad_out = grad_out.bfloat16()
     with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
-        with Kernels() as forward:
+        with DispatchedOps() as forward:
             out = pacs_attention_triton(q, k, v, *logits, *tables)
-        with Kernels() as backward:
+        with DispatchedOps() as backward:
             grads = torch.autograd.grad(out, [q, k, v, *logits], grad_out)
-    assert forward.names == ['sum'] and backward.names == ['sum', 'add', 'sum'], (forward.names, backward.names)
+    assert forward.kernels() == ['sum'] and backward.kernels() == ['sum', 'add', 'sum'], (forward.names, backward.names)
     assert len(launches) == 4
     assert out.transpose(1, 2).is_contiguous()  # the tokens' layout: the model merges the heads with a view
     assert [g.shape for g in grads] == [t.shape for t in (q, k, v, *logits)]

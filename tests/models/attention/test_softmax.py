@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from mmpola.models import SpatialReductionAttention, StripeAttention, WindowAttention
 from mmpola.models.attention import softmax as softmax_module
 from mmpola.models.attention.softmax import shifted_window_mask, window_partition, window_reverse
+from tests.fixtures.ops import DispatchedOps
 
 TOL = {torch.float64: 1e-6, torch.float32: 1e-5}
 
@@ -166,20 +167,9 @@ def test_attention_dropout_is_sdpa_dropout_in_training_only(sdpa_calls):
 def test_keys_and_values_split_once_in_the_backward():
     """The separate layout's k and v come from one ``kv`` projection: unbound, their gradients join in one
     stack; indexed, each would be a zero-filled tensor of the projection's size, then summed."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split('.')[0])
-            return func(*args, **(kwargs or {}))
-
     attn = SpatialReductionAttention(16, 2, sr_ratio=2)
     out = attn(torch.randn(2, 8 * 8, 16), (8, 8))
-    with Ops() as ops:
+    with DispatchedOps() as ops:
         out.sum().backward()
     assert 'select_backward' not in ops.names and ops.names.count('stack') == 1
 
