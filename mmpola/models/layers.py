@@ -72,11 +72,9 @@ class DepthwiseConv2d(nn.Conv2d):
         super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels, bias=bias)
 
     def forward(self, x):
-        impl = depthwise_conv_impl()
-        # the library convolution itself for torch.fx proxies and for plain maps under 'torch'
-        if not isinstance(x, torch.Tensor) or (impl == 'torch' and x.dim() == 4):
+        if not isinstance(x, torch.Tensor):  # torch.fx proxies: the library convolution
             return super().forward(x)
-        return depthwise_conv2d(x, self.weight, self.bias, impl)
+        return depthwise_conv2d(x, self.weight, self.bias, depthwise_conv_impl())
 
 
 def depthwise_conv(channels, kernel_size):
