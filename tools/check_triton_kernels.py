@@ -9,8 +9,9 @@ time, without a GPU.
 
 The kernels and their launch options come from the ops' own launch code: each op's ``'triton'``
 implementation runs forward and backward on CPU tensors (the op's example inputs, q, k, v cast to the
-dtype) inside :func:`mmpola.ops.triton_support.dry_run`, which makes the launch code choose its blocks,
-warps, precisions and chunks as on the target GPU and records the launches instead of making them.
+dtype, with a key bias of that dtype where the implementation takes one, as the models pass it) inside
+:func:`mmpola.ops.triton_support.dry_run`, which makes the launch code choose its blocks, warps,
+precisions and chunks as on the target GPU and records the launches instead of making them.
 Each recorded launch (with every config of an autotuned kernel) is bound to its arguments as Triton
 binds a launch (types, integer and alignment specialisations) and compiled by ``triton.compile``
 for the target (ptxas ships with Triton's NVIDIA backend); identical compilations are done once.
@@ -137,9 +138,12 @@ def record_launches(op_name, gpu, head_dim, dtype):
     for batch, heads, hw in SHAPES:
         tensors, options = op.example_inputs(batch, heads, hw, head_dim, torch.Generator().manual_seed(0))
         tensors = [(t.to(dtype) if i < 3 else t).requires_grad_() for i, t in enumerate(tensors)]
+        # an op that takes a key bias gets one, of the keys' dtype and shared by the batch, as from the models
+        bias = {'key_bias': torch.zeros(1, *tensors[1].shape[1:], dtype=dtype)} if op.records['triton'].key_bias \
+            else {}
         with dry_run(gpu.kernel_target()) as recorded:
             try:
-                out = op.impls['triton'](*tensors, *options)
+                out = op.impls['triton'](*tensors, *options, **bias)
             except AttnImplUnavailable as declined:
                 return str(declined)
             out.backward(torch.zeros_like(out))

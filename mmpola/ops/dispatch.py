@@ -32,6 +32,12 @@ reason is given once as a warning. An implementation registered with ``fp32_insi
 computes in float32 whatever its inputs' dtype (it loads and casts inside its kernels), so the fp32
 island hands it the tensors as they are instead of casting them first.
 
+An op may take a ``key_bias``: a tensor added to the keys (the second tensor) before the attention, such as
+the models' learned positional encoding of the keys, shared by the batch. An implementation registered with
+``key_bias=True`` takes it as a keyword argument and adds it where it reads the keys (the sum is then no
+tensor of its own, neither computed nor kept for the backward); for the others :func:`run_attention_op` adds
+it to the keys first, in the tensors' dtype, as a model would.
+
 Every op's output has the shape of its queries (the first tensor). Queries without elements (no
 tokens, batch or heads) give an empty output and zero gradients, whatever the implementation
 (:func:`empty_attention`); keys without tokens under queries that have some are one clear error:
@@ -64,11 +70,12 @@ class AttnImplUnavailable(MMPolaUserError, ValueError):
 class Implementation:
     """One registered implementation: its function, where it runs, and how the fp32 island treats it."""
 
-    def __init__(self, name, fn, supports=None, fp32_inside=False):
+    def __init__(self, name, fn, supports=None, fp32_inside=False, key_bias=False):
         self.name = name
         self.fn = fn
         self.supports = supports
         self.fp32_inside = fp32_inside
+        self.key_bias = key_bias
 
     def unsupported(self, device, dtype):
         """None if it runs on tensors of ``device`` and ``dtype``, else the reason (one line)."""
@@ -99,7 +106,8 @@ class AttentionOp:
         self.default = None
         self._auto_cache = {}
 
-    def register(self, impl, fn=None, default=False, supports=None, preferred_on=(), fp32_inside=False):
+    def register(self, impl, fn=None, default=False, supports=None, preferred_on=(), fp32_inside=False,
+                 key_bias=False):
         """Register ``fn`` as implementation ``impl`` (usable as a decorator). A name is registered once.
 
         Args:
@@ -110,6 +118,8 @@ class AttentionOp:
                 tensors.
             fp32_inside: it computes in float32 whatever the inputs' dtype (the fp32 island passes the
                 tensors uncast).
+            key_bias: it takes a ``key_bias=`` keyword (a tensor broadcastable to the keys, added to them);
+                for the others the keys come with the bias added.
         """
         if impl == AUTO:
             raise ValueError(f"'{AUTO}' names the default implementation; register under another name")
@@ -118,7 +128,7 @@ class AttentionOp:
             if impl in self.impls:
                 raise KeyError(f'{self.function} already has an implementation {impl!r}')
             self.impls[impl] = fn
-            self.records[impl] = Implementation(impl, fn, supports, fp32_inside)
+            self.records[impl] = Implementation(impl, fn, supports, fp32_inside, key_bias)
             for device_type in preferred_on:
                 self.preferred.setdefault(device_type, []).append(impl)
             if default or self.default is None:
@@ -184,12 +194,13 @@ def attention_op(name, function=None, **kwargs):
     return OPS[name]
 
 
-def register_attention_impl(op, impl, fn=None, default=False, supports=None, preferred_on=(), fp32_inside=False):
+def register_attention_impl(op, impl, fn=None, default=False, supports=None, preferred_on=(), fp32_inside=False,
+                            key_bias=False):
     """Register ``fn`` as implementation ``impl`` of ``op`` (``'pola'``, ``'flatten'``, ``'inline'``,
     ``'pacs'``); usable as a decorator. It takes the arguments of the op's reference; the other
     arguments are those of :meth:`AttentionOp.register`."""
     return attention_op(op).register(impl, fn, default=default, supports=supports, preferred_on=preferred_on,
-                                     fp32_inside=fp32_inside)
+                                     fp32_inside=fp32_inside, key_bias=key_bias)
 
 
 def attention_impls(op=None):
@@ -236,7 +247,7 @@ def empty_attention(function, tensors):
     return None
 
 
-def run_attention_op(op, impl, fp32, tensors, *options):
+def run_attention_op(op, impl, fp32, tensors, *options, key_bias=None):
     """Implementation ``impl`` of ``op`` on ``(*tensors, *options)``.
 
     With ``fp32`` the tensors go in as float32 with autocast disabled and the result comes back in
@@ -244,21 +255,23 @@ def run_attention_op(op, impl, fp32, tensors, *options):
     computes in float32 itself); ``options`` (Python numbers) pass unchanged. ``'auto'`` is chosen
     for the first tensor's device and the dtype the implementation computes in; when the chosen one
     turns the call down on entry (:class:`AttnImplUnavailable`), the op's default runs it.
+    ``key_bias`` (None, or a tensor broadcastable to the keys ``tensors[1]``) is added to the keys:
+    by an implementation registered ``key_bias`` where it reads them, else here, before the fp32 island.
     """
     attention = attention_op(op)
     first = tensors[0]
     name = attention.choose(impl, first.device, torch.float32 if fp32 else first.dtype)
-    empty = empty_attention(attention.function, tensors)
+    empty = empty_attention(attention.function, tensors if key_bias is None else (*tensors, key_bias))
     if empty is not None:
         return empty
     try:
-        return _run(attention, name, fp32, tensors, options)
+        return _run(attention, name, fp32, tensors, options, key_bias)
     except AttnImplUnavailable as declined:
         if impl != AUTO or name == attention.default:
             raise
         _warn_once(f"{attention.function}: attn_impl='auto' runs {attention.default!r} instead of {name!r} for "
                    f'these inputs: {declined}')
-        return _run(attention, attention.default, fp32, tensors, options)
+        return _run(attention, attention.default, fp32, tensors, options, key_bias)
 
 
 _WARNED = set()
@@ -270,15 +283,22 @@ def _warn_once(message):
         warnings.warn(message, stacklevel=3)
 
 
-def _run(attention, name, fp32, tensors, options):
+def _run(attention, name, fp32, tensors, options, key_bias=None):
     first = tensors[0]
-    fn = attention.impls[name]
+    record = attention.records[name]
+    if key_bias is not None and not record.key_bias:
+        # the keys with the bias added, in their dtype (as a model adds an encoding)
+        tensors, key_bias = (first, tensors[1] + key_bias, *tensors[2:]), None
+    biases = () if key_bias is None else (key_bias,)
+
+    def call(tensors, biases):
+        return record.fn(*tensors, *options, **({'key_bias': biases[0]} if biases else {}))
+
     if not fp32:
-        return fn(*tensors, *options)
+        return call(tensors, biases)
     low = (torch.float16, torch.bfloat16, torch.float32)
     with torch.autocast(device_type=first.device.type, enabled=False):
-        if attention.records[name].fp32_inside and all(t.dtype in low for t in tensors):
-            out = fn(*tensors, *options)
-        else:
-            out = fn(*(t.float() for t in tensors), *options)
+        if not (record.fp32_inside and all(t.dtype in low for t in (*tensors, *biases))):
+            tensors, biases = tuple(t.float() for t in tensors), tuple(t.float() for t in biases)
+        out = call(tensors, biases)
     return out.to(first.dtype)

@@ -431,11 +431,14 @@ attention_op('pola', 'pola_attention', example_inputs=_example_inputs, force_com
 attention_op('pola').register('fast', pola_attention_fast, default=True)
 
 
-def pola_attention(q, k, v, power, scale, alpha=4.0, eps=1e-6, fp32=True, impl='auto'):
+def pola_attention(q, k, v, power, scale, alpha=4.0, eps=1e-6, fp32=True, impl='auto', key_bias=None):
     """Pola attention with an fp32 island under autocast.
 
     Args:
         q: (B, h, N, d); k, v: (B, h, n, d); power, scale: raw logits (1, h, 1, d) or broadcastable.
+        key_bias: None, or a tensor broadcastable to k that is added to k first (the models' key
+            positional encoding, (1, h, n, d)); the Triton implementation adds it where its kernels read
+            the keys, so the sum is never a tensor (mmpola.ops.dispatch).
         fp32: compute the core in float32 with autocast disabled (default), then cast back to
             q's dtype. Low-precision matmuls overflow for |q/s| > ~9 at p ~ 5 (docs/design.md, "Numerical
             stability under mixed precision").
@@ -445,4 +448,4 @@ def pola_attention(q, k, v, power, scale, alpha=4.0, eps=1e-6, fp32=True, impl='
     Returns:
         (B, h, N, d) in q's dtype when fp32=True.
     """
-    return run_attention_op('pola', impl, fp32, (q, k, v, power, scale), alpha, eps)
+    return run_attention_op('pola', impl, fp32, (q, k, v, power, scale), alpha, eps, key_bias=key_bias)

@@ -19,7 +19,10 @@ Forward, two kernels:
    the input dtype.
 
 Saved for backward: q, k, v (as given), the raw scale and power and the per-head summaries (KV+, KV-,
-key sums): no (B, h, N, 2d) feature map is stored; the backward kernels recompute them.
+key sums): no (B, h, N, 2d) feature map is stored; the backward kernels recompute them. A key bias (the
+models' key positional encoding) is added where the keys are read, in both directions: k + bias is
+never a tensor, and k's gradient, summed over the batch the bias is shared by, is the bias's (one sum,
+written in the bias's own layout).
 
 Backward, two kernels:
 
@@ -102,6 +105,18 @@ if triton_available() is None:
                        other=0.0).to(ACC)
 
     @triton.jit
+    def _load_keys(k_base, b_base, offs_n, offs_d, n, d, sk_n, sk_d, sb_n, sb_d, BIAS: tl.constexpr,
+                   ACC: tl.constexpr):
+        """Key rows, with the key bias added (``BIAS``) and rounded to the bias's dtype, that of ``k + key_bias``
+        in torch (the launch code casts the bias to it)."""
+        t = _load_rows(k_base, offs_n, offs_d, n, d, sk_n, sk_d, ACC)
+        if BIAS:
+            t += _load_rows(b_base, offs_n, offs_d, n, d, sb_n, sb_d, ACC)
+            if b_base.dtype.element_ty != ACC:  # (rounding to nearest even, as torch; also under the interpreter)
+                t = t.to(b_base.dtype.element_ty, fp_downcast_rounding='rtne').to(ACC)
+        return t
+
+    @triton.jit
     def _store_rows(base, value, offs_n, offs_d, n, d, stride_n, stride_d):
         mask = (offs_n[:, None] < n) & (offs_d[None, :] < d)
         tl.store(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
@@ -148,15 +163,18 @@ if triton_available() is None:
 
     @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(1))
     @triton.jit
-    def _pola_fwd_keys(k_ptr, v_ptr, scale_ptr, power_ptr, part_ptr, H, n, d, chunk, alpha,
-                       sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
-                       BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
+    def _pola_fwd_keys(k_ptr, b_ptr, v_ptr, scale_ptr, power_ptr, part_ptr, H, n, d, chunk, alpha,
+                       sk_b, sk_h, sk_n, sk_d, sb_b, sb_h, sb_n, sb_d, sv_b, sv_h, sv_n, sv_d,
+                       ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
+                       BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                       BIAS: tl.constexpr):
         """Per key chunk: x+^T v, x-^T v (BD x BD each) and the token sums of x+, x- (fp32 partials)."""
         bh, b, h, offs_d, raw_s, raw_p, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
                                                      alpha, BD, ACC)
         c = tl.program_id(1)
         num_chunks = tl.num_programs(1)
         k_base = k_ptr + b * sk_b + h * sk_h
+        b_base = b_ptr + b * sb_b + h * sb_h
         v_base = v_ptr + b * sv_b + h * sv_h
         kv_pos = tl.zeros((BD, BD), dtype=ACC)
         kv_neg = tl.zeros((BD, BD), dtype=ACC)
@@ -165,7 +183,8 @@ if triton_available() is None:
         hi = tl.minimum(c * chunk + chunk, n)  # a chunk's tail block stops at its end, whatever BLOCK_N
         for start in range(c * chunk, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            kp, km, _ = _features(_load_rows(k_base, offs_n, offs_d, hi, d, sk_n, sk_d, ACC), s, p)
+            kt = _load_keys(k_base, b_base, offs_n, offs_d, hi, d, sk_n, sk_d, sb_n, sb_d, BIAS, ACC)
+            kp, km, _ = _features(kt, s, p)
             vt = _load_rows(v_base, offs_n, offs_d, hi, d, sv_n, sv_d, ACC)
             kv_pos = _mm(tl.trans(kp), vt, kv_pos, PREC)
             kv_neg = _mm(tl.trans(km), vt, kv_neg, PREC)
@@ -277,11 +296,12 @@ if triton_available() is None:
 
     @tunable(_tuned('BLOCK_N'), _TUNED_KEY, _fitting(2))
     @triton.jit
-    def _pola_bwd_keys(k_ptr, v_ptr, scale_ptr, power_ptr, dsum_ptr, dk_ptr, dv_ptr, part_ptr,
+    def _pola_bwd_keys(k_ptr, b_ptr, v_ptr, scale_ptr, power_ptr, dsum_ptr, dk_ptr, dv_ptr, part_ptr,
                        H, n, d, half, inv_n, chunk, alpha,
-                       sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+                       sk_b, sk_h, sk_n, sk_d, sb_b, sb_h, sb_n, sb_d, sv_b, sv_h, sv_n, sv_d,
                        sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
-                       BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                       BIAS: tl.constexpr):
         """Per key chunk: dL/dk, dL/dv from dL/dKV+- and dL/dm+-; partial dL/dscale, dL/dpower (chunk 0: with
         the query tokens' part)."""
         bh, b, h, offs_d, raw_s, raw_p, s, p = _head(scale_ptr, power_ptr, H, d, ss_b, ss_h, ss_d, sp_b, sp_h, sp_d,
@@ -292,6 +312,7 @@ if triton_available() is None:
         dkv_pos, dkv_neg, dm_pos, dm_neg = _load_summaries(dsum_ptr + bh * (2 * BD * BD + 4 * BD), half, inv_n, BD,
                                                            ACC)
         k_base = k_ptr + b * sk_b + h * sk_h
+        b_base = b_ptr + b * sb_b + h * sb_h
         v_base = v_ptr + b * sv_b + h * sv_h
         dk_base = dk_ptr + b * sdk_b + h * sdk_h
         dv_base = dv_ptr + b * sdv_b + h * sdv_h
@@ -300,7 +321,7 @@ if triton_available() is None:
         hi = tl.minimum(c * chunk + chunk, n)
         for start in range(c * chunk, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            kt = _load_rows(k_base, offs_n, offs_d, hi, d, sk_n, sk_d, ACC)
+            kt = _load_keys(k_base, b_base, offs_n, offs_d, hi, d, sk_n, sk_d, sb_n, sb_d, BIAS, ACC)
             vt = _load_rows(v_base, offs_n, offs_d, hi, d, sv_n, sv_d, ACC)
             kp, km, lx = _features(kt, s, p)
             zero = tl.zeros((BLOCK_N, BD), dtype=ACC)
@@ -383,12 +404,12 @@ class _PolaTriton(torch.autograd.Function):
     parameters, of those views' shapes."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, power, alpha, eps):
+    def forward(ctx, q, k, v, scale, power, bias, alpha, eps):
         B, H, N, d = q.shape
         n = k.shape[2]
         bh = B * H
         bd, (block, warps), backward = _launch_config(d)
-        wide = torch.float64 in (q.dtype, k.dtype, v.dtype)
+        wide = torch.float64 in (q.dtype, k.dtype, v.dtype, k.dtype if bias is None else bias.dtype)
         acc = tl.float64 if wide else tl.float32
         options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
         # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
@@ -397,8 +418,9 @@ class _PolaTriton(torch.autograd.Function):
         chunk, chunks = _chunking(n, bh, block, q.device)
         # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
         parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
-        launch(_pola_fwd_keys, (bh, chunks), k, v, scale, power, parts, H, n, d, chunk, alpha, *k.stride(),
-               *v.stride(), *params, default=dict(BLOCK_N=block, **config), **options)
+        launch(_pola_fwd_keys, (bh, chunks), k, k if bias is None else bias, v, scale, power, parts, H, n, d, chunk,
+               alpha, *k.stride(), *_bias_strides(bias, k), *v.stride(), *params, BIAS=bias is not None,
+               default=dict(BLOCK_N=block, **config), **options)
         sums = parts.sum(1)
         # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the models merge the heads with a view
         out = torch.empty(B, N, H, d, device=q.device, dtype=q.dtype).transpose(1, 2)
@@ -406,14 +428,14 @@ class _PolaTriton(torch.autograd.Function):
             _pola_fwd_queries, lambda meta: (bh, triton.cdiv(N, meta['BLOCK_M'])), q, scale, power, sums, out, H, N,
             d, d // 2, 1.0 / n, eps, alpha, *q.stride(), *out.stride(), *params,
             default=dict(BLOCK_M=block, **config), **options)
-        ctx.save_for_backward(q, k, v, scale, power, sums)
+        ctx.save_for_backward(q, k, v, scale, power, sums, bias)
         ctx.config = (alpha, eps, backward, options)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, scale, power, sums = ctx.saved_tensors
+        q, k, v, scale, power, sums, bias = ctx.saved_tensors
         alpha, eps, (block, warps), options = ctx.config
         B, H, N, d = q.shape
         n = k.shape[2]
@@ -433,11 +455,12 @@ class _PolaTriton(torch.autograd.Function):
         # per key chunk: dL/dscale, dL/dpower of its tokens (chunk 0: and of every query token)
         parts = sums.new_empty(bh, chunks, 2 * bd)
         launch(
-            _pola_bwd_keys, (bh, chunks), k, v, scale, power, query_sums, dk, dv, parts, H, n, d, d // 2, 1.0 / n,
-            chunk, alpha, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(), *params,
-            default=dict(BLOCK_N=block, num_warps=warps, num_stages=1), **options)
+            _pola_bwd_keys, (bh, chunks), k, k if bias is None else bias, v, scale, power, query_sums, dk, dv, parts,
+            H, n, d, d // 2, 1.0 / n, chunk, alpha, *k.stride(), *_bias_strides(bias, k), *v.stride(), *dk.stride(),
+            *dv.stride(), *params, BIAS=bias is not None, default=dict(BLOCK_N=block, num_warps=warps, num_stages=1),
+            **options)
         return (dq, dk, dv, *_summed_parameter_gradients(parts.view(B, H, chunks, 2, bd), scale.shape, power.shape),
-                None, None)
+                None if bias is None else _bias_gradient(dk, bias), None, None)
 
 
 def _summed_parameter_gradients(parts, scale_shape, power_shape):
@@ -454,6 +477,22 @@ def _summed_parameter_gradients(parts, scale_shape, power_shape):
         grad = sums[i].reshape(1 if shared else B, H, 1, bd)[..., :d]
         grads.append(grad if grad.shape[0] == shape[0] else grad.sum(0, keepdim=True))
     return grads
+
+
+def _bias_strides(bias, k):
+    """The strides of the key bias broadcast to the keys k (zeros without one: the kernels do not read it
+    then)."""
+    return (0, 0, 0, 0) if bias is None else bias.expand(k.shape).stride()
+
+
+def _bias_gradient(dk, bias):
+    """The key bias's gradient: k's, summed over the dims along which the bias is broadcast, written in the
+    bias's own layout and dtype (one sum; the models' bias, a per-head view of their (1, n, C) encoding,
+    passes it on to the encoding without a copy)."""
+    dims = tuple(i for i, (size, full) in enumerate(zip(bias.shape, dk.shape)) if size == 1 and full != 1)
+    if not dims:
+        return dk.to(bias.dtype)
+    return torch.sum(dk, dims, keepdim=True, dtype=bias.dtype, out=torch.empty_like(bias))
 
 
 def _head_strides(param):
@@ -476,11 +515,13 @@ def _per_head(param, lead, d, name):
     return full if len(lead) == 2 else full.reshape(-1, 1, 1, d)
 
 
-def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6, key_bias=None):
     """Pola attention in Triton kernels; same arguments and result as
     :func:`~mmpola.ops.pola.pola_attention_reference` (q (B, h, N, d), k and v (B, h, n, d), any strides;
     power and scale broadcastable to (1, h, 1, d)). Computes in float32 whatever the input dtype
-    (float16 / bfloat16 / float32; float64 in float64), returns q's dtype."""
+    (float16 / bfloat16 / float32; float64 in float64), returns q's dtype. ``key_bias`` (broadcastable to k,
+    any strides) is added to the keys where the kernels read them, in their dtype: the result of
+    ``k + key_bias`` without that tensor (its gradient is k's, summed over the broadcast dims)."""
     _check_shapes(q, k, v)
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
         raise ValueError(f'pola_attention_triton takes q, k and v with the same leading (batch, head) dims; got '
@@ -488,17 +529,31 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6):
     reason = triton_unsupported(q.device, q.dtype, head_dim=q.shape[-1])
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (pola_attention) cannot run here: {reason}")
-    empty = empty_attention('pola_attention', (q, k, v, power, scale))
+    tensors = (q, k, v, power, scale) + (() if key_bias is None else (key_bias, ))
+    empty = empty_attention('pola_attention', tensors)
     if empty is not None:
         return empty
+    if key_bias is not None:
+        try:
+            broadcastable = torch.broadcast_shapes(key_bias.shape, k.shape) == k.shape
+        except RuntimeError:
+            broadcastable = False
+        if not broadcastable:
+            raise ValueError(f'pola_attention takes key_bias broadcastable to the keys {tuple(k.shape)}; got shape '
+                             f'{tuple(key_bias.shape)}')
+        # in the dtype of k + key_bias (the kernels round the sum to it: the keys' own in the models), with k's
+        # number of dims (sizes 1 where it is shared, read with stride 0)
+        key_bias = key_bias.to(torch.result_type(k, key_bias))
+        key_bias = key_bias.reshape((1, ) * (k.dim() - key_bias.dim()) + tuple(key_bias.shape))
     lead, (N, d), n = q.shape[:-2], q.shape[-2:], k.shape[-2]
     if q.dim() != 4:
+        key_bias = None if key_bias is None else key_bias.expand(k.shape).reshape(-1, 1, n, d)
         q, k, v = q.reshape(-1, 1, N, d), k.reshape(-1, 1, n, d), v.reshape(-1, 1, n, d)
-    compute = torch.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype) else torch.float32
+    compute = torch.float64 if any(t.dtype == torch.float64 for t in tensors[:3] + tensors[5:]) else torch.float32
     scale = _per_head(scale.to(compute), lead, d, 'scale')
     power = _per_head(power.to(compute), lead, d, 'power')
-    return _PolaTriton.apply(q, k, v, scale, power, float(alpha), float(eps)).reshape(*lead, N, d)
+    return _PolaTriton.apply(q, k, v, scale, power, key_bias, float(alpha), float(eps)).reshape(*lead, N, d)
 
 
 attention_op('pola').register('triton', pola_attention_triton, supports=triton_unsupported, preferred_on=('cuda', ),
-                              fp32_inside=True)
+                              fp32_inside=True, key_bias=True)

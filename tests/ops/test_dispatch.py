@@ -146,6 +146,37 @@ def test_an_implementation_on_tensors_it_cannot_run_on_fails_with_one_line(devic
     assert not device_bound_impl
 
 
+def test_a_key_bias_reaches_implementations_that_take_it_and_is_added_for_the_others():
+    """An implementation registered ``key_bias=True`` gets the bias as its keyword (uncast inside the fp32
+    island when it computes in float32 itself); the others get k + key_bias, added in the keys' dtype."""
+    calls = []
+
+    def takes_bias(q, k, v, power, scale, alpha=4.0, eps=1e-6, key_bias=None):
+        calls.append(('takes', k.dtype, None if key_bias is None else key_bias.dtype))
+        return pola_attention_reference(q.float(), (k + key_bias).float(), v.float(), power.float(), scale.float(),
+                                        alpha, eps)
+
+    def plain(q, k, v, power, scale, alpha=4.0, eps=1e-6):
+        calls.append(('plain', k.dtype))
+        return pola_attention_reference(q, k, v, power, scale, alpha, eps)
+
+    with op_tables_restored('pola'):
+        register_attention_impl('pola', 'takes_bias', takes_bias, fp32_inside=True, key_bias=True)
+        register_attention_impl('pola', 'plain', plain)
+        (q, k, v, power, scale), options = OPS['pola'].example_inputs(generator=torch.Generator().manual_seed(0),
+                                                                      **GRID)
+        bias = torch.randn(1, *k.shape[1:], generator=torch.Generator().manual_seed(1))
+        expected = pola_attention_reference(q, k + bias, v, power, scale, *options)
+        for impl in ('takes_bias', 'plain', 'reference', 'fast'):
+            out = pola_attention(q, k, v, power, scale, *options, impl=impl, key_bias=bias)
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+        assert calls == [('takes', torch.float32, torch.float32), ('plain', torch.float32)]
+        half = [t.bfloat16() for t in (q, k, v, power, scale, bias)]
+        pola_attention(*half[:5], *options, impl='takes_bias', key_bias=half[5])
+        pola_attention(*half[:5], *options, impl='plain', key_bias=half[5])
+        assert calls[2:] == [('takes', torch.bfloat16, torch.bfloat16), ('plain', torch.float32)]
+
+
 def test_auto_runs_the_default_when_the_preferred_one_turns_the_call_down():
     """What only the call shows (the Triton kernels' shared memory at a wide head dim) is checked on
     entry: under 'auto' the default runs instead, with the reason as one warning; named, it fails."""

@@ -7,7 +7,7 @@ import torch
 
 from mmpola.ops import OPS, pola_attention, pola_attention_reference, pola_attention_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import forward_backward, relative_error
+from tests.fixtures.ops import DispatchedOps, forward_backward, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ('out', 'grad_q', 'grad_k', 'grad_v', 'grad_power', 'grad_scale')
@@ -142,6 +142,72 @@ def test_strided_views_are_read_in_place():
     torch.testing.assert_close(out, expected[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(leaf.grad, torch.stack(expected[1:4], 0).permute(1, 3, 0, 2, 4), rtol=1e-6,
                                atol=1e-6)
+
+
+def _with_key_bias(fn):
+    def attention(q, k, v, power, scale, key_bias):
+        return fn(q, k, v, power, scale, key_bias=key_bias)
+    return attention
+
+
+def _keys_plus_bias(q, k, v, power, scale, key_bias):
+    return pola_attention_reference(q, k + key_bias, v, power, scale)
+
+
+@pytest.mark.parametrize('case', [CASES[1], CASES[3], CASES[5]], ids=['d32', 'reduced', 'reduced-chunks'])
+def test_a_key_bias_is_added_where_the_keys_are_read(case):
+    """key_bias (1, h, n, d), as the models pass their key positional encoding, and a per-sample one: output
+    and gradients (the bias's summed over the batch it is shared by) as the float64 reference on k + bias."""
+    B, h, (H, W), (Hk, Wk), d = case
+    inputs, grad_out = make_inputs(B, h, H * W, Hk * Wk, d)
+    g = torch.Generator().manual_seed(5)
+    for shape in ((1, h, Hk * Wk, d), (B, h, Hk * Wk, d)):
+        bias = torch.randn(*shape, generator=g).to(DEVICE) * 0.5
+        actual = forward_backward(_with_key_bias(pola_attention_triton), inputs + [bias], grad_out)
+        expected = forward_backward(_keys_plus_bias, [t.double() for t in inputs + [bias]], grad_out.double())
+        assert actual[-1].shape == shape
+        for name, a, e in zip(NAMES + ('grad_key_bias', ), actual, expected):
+            assert relative_error(a, e) <= 1e-5, f'{shape} {name}: relative error {relative_error(a, e):.2e}'
+
+
+# (bf16: Triton's interpreter rounds a sum that lies halfway between two bf16 numbers, common for the sum of
+# two of them, not always to the even one; its keys then differ from torch's by one unit in the last place)
+@pytest.mark.parametrize('dtype,tol', [(torch.float16, 1e-3), (torch.bfloat16, 2e-2)], ids=['fp16', 'bf16'])
+def test_a_key_bias_in_half_precision_is_added_in_the_keys_dtype(dtype, tol):
+    """The kernels add the bias in the keys' dtype, as ``k + key_bias`` does outside: the results of the
+    keys with the bias added first."""
+    inputs, grad_out = make_inputs(2, 2, 13 * 11, 5 * 4, 32, dtype=dtype)
+    bias = (torch.randn(1, 2, 5 * 4, 32, generator=torch.Generator().manual_seed(5)) * 0.5).to(DEVICE, dtype)
+    actual = forward_backward(_with_key_bias(pola_attention_triton), inputs + [bias], grad_out)
+    added = inputs[:1] + [inputs[1] + bias] + inputs[2:]
+    expected = forward_backward(pola_attention_triton, added, grad_out)
+    for name, a, e in zip(NAMES, actual, expected):
+        assert a.dtype == dtype and relative_error(a, e) <= tol, name
+    assert relative_error(actual[-1], expected[2].sum(0, keepdim=True)) <= tol
+
+
+def test_a_key_bias_is_no_tensor_of_its_own():
+    """Launched as on an H100 (a dry run), with a key bias that is a per-head view of a (1, n, C) encoding, as
+    the models pass it: the forward runs no torch kernel on the keys (no k + bias tensor is made or kept),
+    the backward one sum of k's gradient over the batch, written in the encoding's layout (no copy on its
+    way to the encoding)."""
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+
+    inputs, grad_out = make_inputs(2, 2, 7 * 9, 7 * 9, 16)
+    inputs = [t.requires_grad_() for t in inputs]
+    encoding = torch.randn(1, 7 * 9, 2 * 16).to(DEVICE).requires_grad_()
+    bias = encoding.unflatten(-1, (2, 16)).transpose(1, 2)
+    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)):
+        with DispatchedOps() as plain:
+            plain_out = pola_attention_triton(*inputs)
+        with DispatchedOps() as forward:
+            out = pola_attention_triton(*inputs, key_bias=bias)
+        with DispatchedOps() as backward:
+            torch.autograd.grad(out, [*inputs, encoding], grad_out)
+        with DispatchedOps() as without:
+            torch.autograd.grad(plain_out, inputs, grad_out)
+    assert forward.kernels() == plain.kernels(), (forward.names, plain.names)
+    assert backward.kernels() == without.kernels() + ['sum'], (backward.names, without.names)
 
 
 def test_deterministic():

@@ -39,6 +39,15 @@ class KeyPositionalEncoding:
         encoding = self.resized_positional_encoding(kv_hw)
         return add_to_patches(k, encoding.to(k.dtype), num_prefix_tokens)
 
+    def key_bias(self, kv_hw, num_heads, dtype, num_prefix_tokens=0):
+        """The encoding as the per-head key bias (1, h, P + Hk*Wk, d) of an op that takes one (the keys'
+        ``key_bias``, mmpola.ops.dispatch), in the keys' ``dtype`` (as :meth:`encode_keys` adds it), zero
+        on the P prefix tokens: ``k + bias`` is :meth:`encode_keys`' result in the heads' layout."""
+        encoding = self.resized_positional_encoding(kv_hw).to(dtype)
+        if num_prefix_tokens:
+            encoding = F.pad(encoding, (0, 0, num_prefix_tokens, 0))
+        return encoding.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+
 
 def upsample_values(v, kv_hw, hw, mode):
     """(B, h, n, d) values of a spatially reduced key grid -> (B, h, N, d) on the query grid.

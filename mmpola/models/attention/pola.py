@@ -105,24 +105,21 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         B, N, C = q.shape
         heads, head_dim = self.num_heads, C // self.num_heads
         n = k.shape[1]
-        k = self.encode_keys(k, kv_hw, P)
 
         # per-head views (B, h, N, d) of the projections, not copied: every implementation of the op
         # takes strided tensors (the fp32 island's cast, the feature maps and the products lay out
         # their own outputs; the reference copies to the official contiguous layout), and so does the
-        # depthwise conv of the values (depthwise_value_heads). Except v from the separate layout's
-        # ``kv``: only the op and the conv would keep that projection for the backward, so a copy of
-        # v alone keeps half its bytes (the raw keys are not needed: the op saves the encoded ones)
+        # depthwise conv of the values (depthwise_value_heads). The positional encoding goes to the op
+        # as the keys' bias: the Triton kernels add it where they read the keys, so the encoded keys
+        # are no tensor of their own (the others get k + bias, in k's dtype, from the op's dispatch)
         q = q.reshape(B, N, heads, head_dim).transpose(1, 2)
         k = k.reshape(B, n, heads, head_dim).transpose(1, 2)
         v = v.reshape(B, n, heads, head_dim).transpose(1, 2)
-        if self.qkv_layout == 'separate':
-            v = v.contiguous()
         # scale is per channel (1, 1, C) and divides q and k before the head split in the
         # official code; elementwise, so dividing by its (1, h, 1, d) view gives the same bits.
         scale = self.scale.reshape(1, 1, heads, head_dim).transpose(1, 2)
         out = pola_attention(q, k, v, self.power, scale, alpha=self.alpha, fp32=self.fp32_attn,
-                             impl=self.attn_impl)
+                             impl=self.attn_impl, key_bias=self.key_bias(kv_hw, heads, k.dtype, P))
         if P:
             out = out.transpose(1, 2).reshape(B, N, C)
             out = add_to_patches(out, depthwise_value_term(self.dwc, v[:, :, P:], kv_hw, (H, W), self.v_upsample), P)

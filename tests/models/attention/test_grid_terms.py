@@ -90,3 +90,22 @@ def test_terms_reach_the_grid_tokens_only():
     out = add_to_patches(x, term, 1)
     assert torch.equal(out[:, :1], prefix) and torch.equal(out[:, 1:], patches + term)
     assert torch.equal(add_to_patches(x[:, 1:], term, 0), x[:, 1:] + term)
+
+
+def test_key_bias_is_the_encoding_per_head_zero_on_prefix_tokens():
+    """``k + key_bias(...)`` in the heads' layout is ``encode_keys(k)``, prefix tokens included (a zero bias
+    there), in the keys' dtype; the bias's gradient reaches the float32 parameter."""
+    g = torch.Generator().manual_seed(0)
+    module = _Encoded(6, (2, 3))
+    with torch.no_grad():
+        module.positional_encoding.copy_(torch.randn(1, 6, 6, generator=g))
+    heads = 3
+    for prefix, dtype in ((0, torch.float32), (1, torch.float32), (2, torch.bfloat16)):
+        keys = torch.randn(2, prefix + 12, 6, generator=g).to(dtype)
+        bias = module.key_bias((3, 4), heads, dtype, num_prefix_tokens=prefix)
+        assert bias.shape == (1, heads, prefix + 12, 2) and bias.dtype == dtype
+        per_head = keys.unflatten(-1, (heads, 2)).transpose(1, 2)
+        expected = module.encode_keys(keys, (3, 4), prefix).unflatten(-1, (heads, 2)).transpose(1, 2)
+        assert torch.equal(per_head + bias, expected)
+    bias.float().sum().backward()
+    assert module.positional_encoding.grad.dtype == torch.float32
