@@ -13,7 +13,9 @@ whole rows of channels):
    the tap's weights, accumulated in float32, plus the bias; written channels-last in x's dtype. The
    input gradient is the same kernel on the output gradient with the kernel flipped (``FLIP``): for an
    odd kernel with ``k // 2`` padding, the transposed convolution is the convolution by the flipped
-   kernel.
+   kernel. It is written in the input's layout when the input's channels are its contiguous axis (the
+   heads' values seen in their projection: their gradient then meets the attention core's in the
+   projection's layout, and their sum needs no copy on its way to the projection).
 2. ``_dw_weight_grad_kernel``: a fixed number of programs (a few per multiprocessor, independent of
    the map size) each loops over a share of the tiles and sums, per channel, ``g * shifted x`` for each
    tap and ``g`` for the bias, into one float32 record (taps + 1, C) per program; one torch ``.sum``
@@ -74,11 +76,12 @@ if triton_available() is None:
     @tunable(_TUNED, ['CB', 'K', 'FLIP'], _fitting)
     @triton.jit(do_not_specialize=['G', 'H', 'W'])
     def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, G, C, H, W, sxb, sxg, sxc, sxh, sxw, swb, swc, swy, swx, sbb,
+                        sob, sog, soc, soh, sow,
                         K: tl.constexpr, CB: tl.constexpr, FLIP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
-        """One tile of map b's output (channels-last, contiguous, maps one after another) of the depthwise
-        convolution (weights and bias of map b at ``w_ptr + b * swb``, ``bias_ptr + b * sbb``: 0 for those
-        shared by the maps)."""
+        """One tile of map b's output (written through its strides, channels the contiguous axis) of the
+        depthwise convolution (weights and bias of map b at ``w_ptr + b * swb``, ``bias_ptr + b * sbb``: 0 for
+        those shared by the maps)."""
         b, y, x = _tile(tl.program_id(0), H, W, BLOCK_H, BLOCK_W)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = c < C
@@ -96,7 +99,7 @@ if triton_available() is None:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + b * sbb + c, mask=cmask, other=0.).to(tl.float32)[None, :]
         inside = (y < H) & (x < W)
-        out = out_ptr + ((b * H + y[:, None]) * W + x[:, None]) * C + c[None, :]
+        out = _image(out_ptr, b, G, sob, sog) + y[:, None] * soh + x[:, None] * sow + c[None, :] * soc
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside[:, None] & cmask[None, :])
 
     @tunable(_TUNED, ['CB', 'K', 'PER_SAMPLE'], _fitting)
@@ -172,14 +175,20 @@ def _maps(x):
     return (B * G, G, C, H, W), x.stride()
 
 
-def _convolve(x, weight, bias, flip, per_sample):
-    """The kernel's output of x's shape, channels-last per map (the maps one after another), in x's dtype."""
+def _convolve(x, weight, bias, flip, per_sample, like=None):
+    """The kernel's output of x's shape in x's dtype: in the layout of ``like`` (the input of a convolution
+    whose input gradient this is) when its channels are the contiguous axis, so that the gradient of a view
+    of an attention's projection comes in the projection's layout; else channels-last per map (the maps one
+    after another)."""
     (maps, G, C, H, W), strides = _maps(x)
     k = weight.shape[-1]
-    out = torch.empty(*x.shape[:-3], H, W, C, dtype=x.dtype, device=x.device).movedim(-1, -3)
+    if like is not None and like.stride(-3) == 1:
+        out = torch.empty_like(like, dtype=x.dtype)
+    else:
+        out = torch.empty(*x.shape[:-3], H, W, C, dtype=x.dtype, device=x.device).movedim(-1, -3)
     bias = weight if bias is None else bias.contiguous()  # read as (C,) or (B, C) rows; a dummy without one
     launch(_dw_conv_kernel, _conv_grid(maps, H, W, C), x, weight, bias, out, G, C, H, W,
-           *strides, *_weight_strides(weight, per_sample), C if per_sample else 0, FLIP=flip,
+           *strides, *_weight_strides(weight, per_sample), C if per_sample else 0, *_maps(out)[1], FLIP=flip,
            HAS_BIAS=bias is not weight, **_options(C, k))
     return out
 
@@ -213,7 +222,7 @@ class _DepthwiseTriton(torch.autograd.Function):
         k = weight.shape[-1]
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _convolve(g, weight, None, True, per_sample)
+            grad_x = _convolve(g, weight, None, True, per_sample, like=x)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             taps = triton.next_power_of_2(k * k + 1)
             programs = _weight_grad_programs(B, C, H, W, x.device, per_sample)

@@ -301,3 +301,26 @@ def test_maps_per_image_read_in_place(impl):
         assert relative_error(conv(values(projection)), expected) <= 1e-5
     with pytest.raises(ValueError, match=r'x \(B, C, H, W\) or \(B, G, C, H, W\)'):
         depthwise_conv2d(values(projection)[:, :, :4], weight, bias, impl=impl)
+
+
+def test_input_gradient_in_the_inputs_layout_when_its_channels_are_contiguous():
+    """The Triton input gradient of the per-head values seen in their projection comes in the projection's
+    layout (B, H, W, G, C), where it meets the attention core's gradient of the values: their sum then
+    needs no copy on its way to the projection; a channels-last map gets a channels-last gradient, and an
+    input whose channels are not contiguous (NCHW) a channels-last one too (the kernels' own layout)."""
+    B, G, C, H, W = 2, 3, 8, 5, 7
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(C, 1, 3, 3, generator=gen).to(DEVICE)
+    projection = torch.randn(B, H * W, 4, G, C, generator=gen).to(DEVICE).requires_grad_()
+    x = projection[:, :, 2].unflatten(1, (H, W)).permute(0, 3, 4, 1, 2)  # (B, G, C, H, W), a view
+    out = depthwise_conv2d(x, weight, impl='triton')
+    (grad_x, ) = torch.autograd.grad(out, x, torch.randn(out.shape, generator=gen).to(DEVICE))
+    assert grad_x.permute(0, 3, 4, 1, 2).is_contiguous()
+    expected = library(x.detach().flatten(0, 1).double(), weight.double(), None)
+    assert relative_error(out.flatten(0, 1), expected) <= 1e-5
+    for image, channels_last in ((torch.randn(B, C, H, W, generator=gen).to(DEVICE, memory_format=torch.channels_last),
+                                  True), (torch.randn(B, C, H, W, generator=gen).to(DEVICE), False)):
+        image.requires_grad_()
+        out = depthwise_conv2d(image, weight, impl='triton')
+        (grad, ) = torch.autograd.grad(out, image, torch.ones_like(out))
+        assert grad.is_contiguous(memory_format=torch.channels_last), channels_last
