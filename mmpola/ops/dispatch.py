@@ -50,7 +50,8 @@ import torch
 from mmpola.errors import MMPolaUserError
 
 __all__ = ['AUTO', 'AttentionOp', 'AttnImplUnavailable', 'OPS', 'attention_op', 'register_attention_impl',
-           'attention_impls', 'check_attn_impl', 'run_attention_op', 'empty_attention', 'recording']
+           'attention_impls', 'check_attn_impl', 'run_attention_op', 'empty_attention', 'recording',
+           'key_bias_operand', 'key_bias_gradient']
 
 AUTO = 'auto'  # the best implementation for the tensors' device ('triton' on CUDA, else 'fast')
 
@@ -272,6 +273,34 @@ def run_attention_op(op, impl, fp32, tensors, *options, key_bias=None):
         _warn_once(f"{attention.function}: attn_impl='auto' runs {attention.default!r} instead of {name!r} for "
                    f'these inputs: {declined}')
         return _run(attention, attention.default, fp32, tensors, options, key_bias)
+
+
+def key_bias_operand(function, k, key_bias):
+    """``key_bias`` as an implementation that adds it where it reads the keys ``k`` takes it: checked to be
+    broadcastable to k (else ValueError naming ``function``), with k's number of dims (sizes 1 where it is
+    shared: read with stride 0) and in the dtype of ``k + key_bias`` (the kernels round the sum to it; the
+    keys' own for the models' encodings, so no copy). None stays None."""
+    if key_bias is None:
+        return None
+    try:
+        broadcastable = torch.broadcast_shapes(key_bias.shape, k.shape) == k.shape
+    except RuntimeError:
+        broadcastable = False
+    if not broadcastable:
+        raise ValueError(f'{function} takes key_bias broadcastable to the keys {tuple(k.shape)}; got shape '
+                         f'{tuple(key_bias.shape)}')
+    key_bias = key_bias.to(torch.result_type(k, key_bias))
+    return key_bias.reshape((1, ) * (k.dim() - key_bias.dim()) + tuple(key_bias.shape))
+
+
+def key_bias_gradient(grad_k, key_bias):
+    """The gradient of a key bias (of :func:`key_bias_operand`) from the keys' ``grad_k``: summed over the dims
+    along which the bias is broadcast, written in the bias's own layout and dtype (one sum; the models' bias,
+    a view of their (1, n, C) encoding, passes it on to the encoding without a copy)."""
+    dims = tuple(i for i, (size, full) in enumerate(zip(key_bias.shape, grad_k.shape)) if size == 1 and full != 1)
+    if not dims:
+        return grad_k.to(key_bias.dtype)
+    return torch.sum(grad_k, dims, keepdim=True, dtype=key_bias.dtype, out=torch.empty_like(key_bias))
 
 
 _WARNED = set()

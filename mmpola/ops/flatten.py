@@ -164,16 +164,21 @@ attention_op('flatten', 'flatten_attention', example_inputs=_example_inputs).reg
 attention_op('flatten').register('fast', flatten_attention_fast, default=True)
 
 
-def flatten_attention(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6, fp32=True, impl='auto'):
+def flatten_attention(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6, fp32=True, impl='auto',
+                      key_bias=None):
     """Focused linear attention with an fp32 island under autocast.
 
     Args:
         q: (B, N, C); k, v: (B, n, C); scale: (1, 1, C) raw logit; num_heads: h.
         focusing_factor: the power f of the feature map (3 in every released model).
+        key_bias: None, or a tensor broadcastable to k that is added to k first (the models' key
+            positional encoding, (1, n, C)); the Triton implementation adds it where its kernels read the
+            keys, so the sum is never a tensor (mmpola.ops.dispatch).
         fp32: compute in float32 with autocast disabled (default), then cast back to q's dtype.
         impl: 'reference' (official op order), 'fast', 'auto' (the default implementation, 'fast') or
             another registered implementation.
     Returns:
         (B, N, C).
     """
-    return run_attention_op('flatten', impl, fp32, (q, k, v, scale), num_heads, focusing_factor, eps)
+    return run_attention_op('flatten', impl, fp32, (q, k, v, scale), num_heads, focusing_factor, eps,
+                            key_bias=key_bias)

@@ -19,7 +19,9 @@ Forward:
 3. query pass, grid (B * h, query blocks): out = phi(q) KV / (phi(q) . M + eps).
 
 Saved for backward: the inputs, the token statistics and the per-head KV and M. The feature maps
-are recomputed in the backward kernels, never stored.
+are recomputed in the backward kernels, never stored. A key bias (the models' key positional
+encoding) is added where the keys are read (token statistics, key reduction, key backward): k + bias is
+never a tensor, and k's gradient, summed over the batch the bias is shared by, is the bias's.
 
 Backward (g = dL/dout, den = phi(q) . M + eps, gd = g / den, dden = -(g . out) / den per head):
 
@@ -39,12 +41,12 @@ scale's gradient (dL/ds times ds/dscale = sigmoid(scale)) into one buffer, summe
 """
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op, empty_attention
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention, key_bias_gradient, key_bias_operand
 from .flatten import _KERNEL_EPS, _check_shapes
-from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+from .triton_support import kernel_target, key_bias_args, launch, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
-    from .triton_support import batch_and_head, sigmoid_parts, softplus
+    from .triton_support import add_key_bias, batch_and_head, sigmoid_parts, softplus
 
 __all__ = ['flatten_attention_triton']
 
@@ -78,9 +80,9 @@ if triton_available() is None:
         return raw, tl.where(mask, softplus(raw), 1.0)
 
     @triton.jit
-    def _token_stats_kernel(x_ptr, scale_ptr, stats_ptr, T, C, sxb, sxt, sxc,
+    def _token_stats_kernel(x_ptr, bias_ptr, scale_ptr, stats_ptr, T, C, sxb, sxt, sxc, sbb, sbt, sbc,
                             FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
-                            BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                            BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BIAS: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
         mt = offs_t < T
@@ -91,8 +93,10 @@ if triton_available() is None:
             mc = offs_c < C
             m2 = mt[:, None] & mc[None, :]
             x = tl.load(x_ptr + b * sxb + offs_t[:, None] * sxt + offs_c[None, :] * sxc, mask=m2, other=0.0)
+            x = add_key_bias(x.to(tl.float32), bias_ptr + b * sbb + offs_t[:, None] * sbt + offs_c[None, :] * sbc,
+                             m2, BIAS)
             _, s = _scale(scale_ptr, offs_c, mc)
-            a = (tl.maximum(x.to(tl.float32), 0.0) + KERNEL_EPS) / s[None, :]  # > 0, also where masked
+            a = (tl.maximum(x, 0.0) + KERNEL_EPS) / s[None, :]  # > 0, also where masked
             p = tl.where(m2, _power(a, FOCUS, INT_FOCUS), 0.0)
             a = tl.where(m2, a, 0.0)
             sum_a2 += tl.sum(a * a, axis=1)
@@ -105,16 +109,17 @@ if triton_available() is None:
 
     @triton.jit
     def _features(x_ptr, scale_ptr, stats_ptr, b, head, offs_t, T, limit, d, sxb, sxt, sxc,
-                  FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr, BLOCK_D: tl.constexpr):
+                  FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr, BLOCK_D: tl.constexpr,
+                  bias_ptr, sbb, sbt, sbc, BIAS: tl.constexpr):
         """(x, a, phi(x), c, 1 / ||a||**2) of a block of tokens (of T) in one head; 0 where masked (from
-        token ``limit`` on)."""
+        token ``limit`` on). ``BIAS``: x with the key bias at ``bias_ptr`` added (add_key_bias)."""
         mt = offs_t < limit
         offs_d = tl.arange(0, BLOCK_D)
         md = offs_d < d
         m2 = mt[:, None] & md[None, :]
         cols = head * d + offs_d
         x = tl.load(x_ptr + b * sxb + offs_t[:, None] * sxt + cols[None, :] * sxc, mask=m2, other=0.0)
-        x = x.to(tl.float32)
+        x = add_key_bias(x.to(tl.float32), bias_ptr + b * sbb + offs_t[:, None] * sbt + cols[None, :] * sbc, m2, BIAS)
         _, s = _scale(scale_ptr, cols, md)
         a = (tl.maximum(x, 0.0) + KERNEL_EPS) / s[None, :]
         row = stats_ptr + (b * T + offs_t) * 2
@@ -172,10 +177,10 @@ if triton_available() is None:
 
     @tunable(_TUNED, _FOCUS_KEY, _fitting)
     @triton.jit
-    def _key_reduce_kernel(k_ptr, v_ptr, scale_ptr, stats_ptr, parts_ptr, n, d, H, tokens_per_chunk,
-                           inv_n, skb, skt, skc, svb, svt, svc,
+    def _key_reduce_kernel(k_ptr, bias_ptr, v_ptr, scale_ptr, stats_ptr, parts_ptr, n, d, H, tokens_per_chunk,
+                           inv_n, skb, skt, skc, sbb, sbt, sbc, svb, svt, svc,
                            FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
-                           BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                           BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BIAS: tl.constexpr):
         pid, b, head, chunk, offs_d, md = _head(H, d, BLOCK_D)
         acc_kv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
         acc_m = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -184,7 +189,7 @@ if triton_available() is None:
         for start in range(lo, hi, BLOCK_T):
             offs_t, _, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
             _, _, y, _ = _features(k_ptr, scale_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
-                                   FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
+                                   FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D, bias_ptr, sbb, sbt, sbc, BIAS)
             vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             acc_kv = tl.dot(tl.trans(y), vv, acc_kv, input_precision='ieee')
             acc_m += tl.sum(y, axis=0)
@@ -200,7 +205,7 @@ if triton_available() is None:
         kv, m = _load_head_summary(summary_ptr, pid, d, offs_d, md)
         offs_t = block * BLOCK_T + tl.arange(0, BLOCK_T)
         _, _, y, _ = _features(q_ptr, scale_ptr, stats_ptr, b, head, offs_t, N, N, d, sqb, sqt, sqc,
-                               FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
+                               FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D, q_ptr, 0, 0, 0, False)
         num = tl.dot(y, kv, input_precision='ieee')
         den = tl.sum(y * m[None, :], axis=1) + eps
         out = num / den[:, None]
@@ -230,7 +235,7 @@ if triton_available() is None:
         for start in range(lo, hi, BLOCK_T):
             offs_t, mt, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
             x, a, y, inv_r2 = _features(q_ptr, scale_ptr, stats_ptr, b, head, offs_t, N, hi, d, sqb, sqt, sqc,
-                                        FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
+                                        FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D, q_ptr, 0, 0, 0, False)
             g = tl.load(g_ptr + b * sgb + offs_t[:, None] * sgt + cols * sgc, mask=m2, other=0.0).to(tl.float32)
             num = tl.dot(y, kv, input_precision='ieee')
             rden = 1.0 / (tl.sum(y * m[None, :], axis=1) + eps)
@@ -259,12 +264,12 @@ if triton_available() is None:
 
     @tunable(_TUNED, _FOCUS_KEY + ['WRITE_DV', 'WRITE_DX', 'LOCAL_G'], _fitting)
     @triton.jit(do_not_specialize=['ds_records'])  # varies with the input size: one compilation for all
-    def _key_backward_kernel(k_ptr, v_ptr, scale_ptr, stats_ptr, dsummary_ptr, gk_ptr, dk_ptr, dv_ptr, ds_part_ptr,
-                             ds_records, n, d, H, tokens_per_chunk, inv_n,
-                             skb, skt, skc, svb, svt, svc, sdkb, sdkt, sdkc, sdvb, sdvt, sdvc,
+    def _key_backward_kernel(k_ptr, bias_ptr, v_ptr, scale_ptr, stats_ptr, dsummary_ptr, gk_ptr, dk_ptr, dv_ptr,
+                             ds_part_ptr, ds_records, n, d, H, tokens_per_chunk, inv_n,
+                             skb, skt, skc, sbb, sbt, sbc, svb, svt, svc, sdkb, sdkt, sdkc, sdvb, sdvt, sdvc,
                              WRITE_DV: tl.constexpr, WRITE_DX: tl.constexpr, LOCAL_G: tl.constexpr,
                              FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr, KERNEL_EPS: tl.constexpr,
-                             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BIAS: tl.constexpr):
         """WRITE_DV: dv (and this head's part of G per key unless LOCAL_G); WRITE_DX: dk and the
         chunk's part of dL/dscale (G of this head if LOCAL_G, else summed over the heads in gk_ptr), record
         ``chunk`` of the head's ``ds_records``."""
@@ -277,7 +282,7 @@ if triton_available() is None:
         for start in range(lo, hi, BLOCK_T):
             offs_t, mt, m2, cols = _tile_rows(start, hi, d, head, BLOCK_T, BLOCK_D)
             x, a, y, inv_r2 = _features(k_ptr, scale_ptr, stats_ptr, b, head, offs_t, n, hi, d, skb, skt, skc,
-                                        FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D)
+                                        FOCUS, INT_FOCUS, KERNEL_EPS, BLOCK_D, bias_ptr, sbb, sbt, sbc, BIAS)
             vv = tl.load(v_ptr + b * svb + offs_t[:, None] * svt + cols * svc, mask=m2, other=0.0).to(tl.float32)
             if WRITE_DV:
                 dv = tl.dot(y, dkv, input_precision='ieee') * inv_n
@@ -328,12 +333,13 @@ def _focus_args(focusing_factor):
     return dict(FOCUS=focus, INT_FOCUS=False, KERNEL_EPS=_KERNEL_EPS)
 
 
-def _token_stats(x, scale, focus):
+def _token_stats(x, scale, focus, bias=None):
     B, T, C = x.shape
     stats = torch.empty((B, T, 2), device=x.device, dtype=torch.float32)
     block_t, block_c = 32, min(128, max(16, triton.next_power_of_2(C)))
-    launch(_token_stats_kernel, (B, triton.cdiv(T, block_t)), x, scale, stats, T, C, *x.stride(), **focus,
-           BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4)
+    bias_ptr, bias_strides = key_bias_args(bias, x)
+    launch(_token_stats_kernel, (B, triton.cdiv(T, block_t)), x, bias_ptr, scale, stats, T, C, *x.stride(),
+           *bias_strides, **focus, BLOCK_T=block_t, BLOCK_C=block_c, BIAS=bias is not None, num_warps=4)
     return stats
 
 
@@ -341,31 +347,32 @@ class _FlattenTriton(torch.autograd.Function):
     """Focused linear attention; forward and backward in the Triton kernels of this module."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, num_heads, focusing_factor, eps):
+    def forward(ctx, q, k, v, scale, bias, num_heads, focusing_factor, eps):
         B, N, C = q.shape
         n, H = k.shape[1], num_heads
         d = C // H
         focus = _focus_args(focusing_factor)
         block_t, block_d, warps = _blocks(d)
         blocks = dict(BLOCK_D=block_d, default=dict(BLOCK_T=block_t, num_warps=warps))
-        stats_q, stats_k = _token_stats(q, scale, focus), _token_stats(k, scale, focus)
+        stats_q, stats_k = _token_stats(q, scale, focus), _token_stats(k, scale, focus, bias)
         chunks, per = _chunks(n, block_t, B * H, q.device)
         # per key chunk: KV / n (d x d) and M / n (d) as one record, summed over the chunks once
         parts = torch.empty((B * H, chunks, d * d + d), device=q.device, dtype=torch.float32)
-        launch(_key_reduce_kernel, (B * H, chunks), k, v, scale, stats_k, parts, n, d, H, per, 1.0 / n,
-               *k.stride(), *v.stride(), **focus, **blocks)
+        bias_ptr, bias_strides = key_bias_args(bias, k)
+        launch(_key_reduce_kernel, (B * H, chunks), k, bias_ptr, v, scale, stats_k, parts, n, d, H, per, 1.0 / n,
+               *k.stride(), *bias_strides, *v.stride(), **focus, **blocks, BIAS=bias is not None)
         summary = parts.sum(1)
         out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
         launch(_query_kernel, lambda meta: (B * H, triton.cdiv(N, meta['BLOCK_T'])), q, scale, stats_q, summary, out,
                N, d, H, eps, *q.stride(), *out.stride(), **focus, **blocks)
-        ctx.save_for_backward(q, k, v, scale, stats_q, stats_k, summary)
+        ctx.save_for_backward(q, k, v, scale, stats_q, stats_k, summary, bias)
         ctx.options = (H, focusing_factor, eps)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, scale, stats_q, stats_k, summary = ctx.saved_tensors
+        q, k, v, scale, stats_q, stats_k, summary, bias = ctx.saved_tensors
         H, focusing_factor, eps = ctx.options
         B, N, C = q.shape
         n, d = k.shape[1], C // H
@@ -400,33 +407,40 @@ class _FlattenTriton(torch.autograd.Function):
         dk = torch.empty((B, n, C), device=dev, dtype=k.dtype)
         dv = torch.empty((B, n, C), device=dev, dtype=v.dtype)
         gk = dk if one else torch.empty((B, n, H), device=dev, dtype=f32)
-        args = (k, v, scale, stats_k, dsummary, gk, dk, dv, ds_parts[:, :, chunks:], chunks + chunks_k, n, d, H, per_k,
-                1.0 / n, *k.stride(), *v.stride(), *dk.stride(), *dv.stride())
+        bias_ptr, bias_strides = key_bias_args(bias, k)
+        args = (k, bias_ptr, v, scale, stats_k, dsummary, gk, dk, dv, ds_parts[:, :, chunks:], chunks + chunks_k, n, d,
+                H, per_k, 1.0 / n, *k.stride(), *bias_strides, *v.stride(), *dk.stride(), *dv.stride())
         grid = (B * H, chunks_k)
+        keys = dict(blocks, BIAS=bias is not None)
         if one:
-            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
+            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **keys)
         else:
-            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
-            args = args[:5] + (gk.sum(-1),) + args[6:]
-            launch(_key_backward_kernel, grid, *args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
-        return dq, dk, dv, ds_parts.sum((0, 2)).reshape(C), None, None, None
+            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **keys)
+            args = args[:6] + (gk.sum(-1),) + args[7:]
+            launch(_key_backward_kernel, grid, *args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **keys)
+        return (dq, dk, dv, ds_parts.sum((0, 2)).reshape(C), None if bias is None else key_bias_gradient(dk, bias),
+                None, None, None)
 
 
-def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6):
+def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6, key_bias=None):
     """Same function as :func:`mmpola.ops.flatten.flatten_attention_reference`, in Triton kernels
-    (module docstring); float32 inside whatever the inputs' dtype, output in q's dtype."""
+    (module docstring); float32 inside whatever the inputs' dtype, output in q's dtype. ``key_bias``
+    (broadcastable to k, any strides) is added to the keys where the kernels read them, in their dtype:
+    the result of ``k + key_bias`` without that tensor (its gradient is k's, summed over the broadcast
+    dims)."""
     _check_shapes(q, k, v, scale, num_heads)
     reason = triton_unsupported(q.device, q.dtype, head_dim=q.shape[-1] // num_heads)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (flatten_attention) cannot run here: {reason}")
-    empty = empty_attention('flatten_attention', (q, k, v, scale))
+    empty = empty_attention('flatten_attention', (q, k, v, scale) + (() if key_bias is None else (key_bias, )))
     if empty is not None:
         return empty
     if focusing_factor <= 0:
         raise ValueError(f'focusing_factor must be positive, got {focusing_factor}')
     raw = scale.float().reshape(-1).contiguous()  # the kernels apply softplus
-    return _FlattenTriton.apply(q, k, v, raw, num_heads, focusing_factor, float(eps))
+    key_bias = key_bias_operand('flatten_attention', k, key_bias)
+    return _FlattenTriton.apply(q, k, v, raw, key_bias, num_heads, focusing_factor, float(eps))
 
 
 attention_op('flatten').register('triton', flatten_attention_triton, supports=triton_unsupported,
-                                 preferred_on=('cuda',), fp32_inside=True)
+                                 preferred_on=('cuda',), fp32_inside=True, key_bias=True)

@@ -53,12 +53,12 @@ that block and a block stops at its chunk's end, so the partial sums do not depe
 """
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op, empty_attention
+from .dispatch import AttnImplUnavailable, attention_op, empty_attention, key_bias_gradient, key_bias_operand
 from .pola import _check_shapes
-from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+from .triton_support import kernel_target, key_bias_args, launch, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
-    from .triton_support import batch_and_head, sigmoid_parts, softplus
+    from .triton_support import add_key_bias, batch_and_head, sigmoid_parts, softplus
 
 __all__ = ['pola_attention_triton']
 
@@ -107,14 +107,10 @@ if triton_available() is None:
     @triton.jit
     def _load_keys(k_base, b_base, offs_n, offs_d, n, d, sk_n, sk_d, sb_n, sb_d, BIAS: tl.constexpr,
                    ACC: tl.constexpr):
-        """Key rows, with the key bias added (``BIAS``) and rounded to the bias's dtype, that of ``k + key_bias``
-        in torch (the launch code casts the bias to it)."""
+        """Key rows, with the key bias added (``BIAS``; triton_support.add_key_bias)."""
+        mask = (offs_n[:, None] < n) & (offs_d[None, :] < d)
         t = _load_rows(k_base, offs_n, offs_d, n, d, sk_n, sk_d, ACC)
-        if BIAS:
-            t += _load_rows(b_base, offs_n, offs_d, n, d, sb_n, sb_d, ACC)
-            if b_base.dtype.element_ty != ACC:  # (rounding to nearest even, as torch; also under the interpreter)
-                t = t.to(b_base.dtype.element_ty, fp_downcast_rounding='rtne').to(ACC)
-        return t
+        return add_key_bias(t, b_base + offs_n[:, None] * sb_n + offs_d[None, :] * sb_d, mask, BIAS)
 
     @triton.jit
     def _store_rows(base, value, offs_n, offs_d, n, d, stride_n, stride_d):
@@ -418,8 +414,9 @@ class _PolaTriton(torch.autograd.Function):
         chunk, chunks = _chunking(n, bh, block, q.device)
         # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
         parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
-        launch(_pola_fwd_keys, (bh, chunks), k, k if bias is None else bias, v, scale, power, parts, H, n, d, chunk,
-               alpha, *k.stride(), *_bias_strides(bias, k), *v.stride(), *params, BIAS=bias is not None,
+        bias_ptr, bias_strides = key_bias_args(bias, k)
+        launch(_pola_fwd_keys, (bh, chunks), k, bias_ptr, v, scale, power, parts, H, n, d, chunk, alpha, *k.stride(),
+               *bias_strides, *v.stride(), *params, BIAS=bias is not None,
                default=dict(BLOCK_N=block, **config), **options)
         sums = parts.sum(1)
         # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the models merge the heads with a view
@@ -454,13 +451,14 @@ class _PolaTriton(torch.autograd.Function):
         chunk, chunks = _chunking(n, bh, block, q.device)
         # per key chunk: dL/dscale, dL/dpower of its tokens (chunk 0: and of every query token)
         parts = sums.new_empty(bh, chunks, 2 * bd)
+        bias_ptr, bias_strides = key_bias_args(bias, k)
         launch(
-            _pola_bwd_keys, (bh, chunks), k, k if bias is None else bias, v, scale, power, query_sums, dk, dv, parts,
-            H, n, d, d // 2, 1.0 / n, chunk, alpha, *k.stride(), *_bias_strides(bias, k), *v.stride(), *dk.stride(),
+            _pola_bwd_keys, (bh, chunks), k, bias_ptr, v, scale, power, query_sums, dk, dv, parts,
+            H, n, d, d // 2, 1.0 / n, chunk, alpha, *k.stride(), *bias_strides, *v.stride(), *dk.stride(),
             *dv.stride(), *params, BIAS=bias is not None, default=dict(BLOCK_N=block, num_warps=warps, num_stages=1),
             **options)
         return (dq, dk, dv, *_summed_parameter_gradients(parts.view(B, H, chunks, 2, bd), scale.shape, power.shape),
-                None if bias is None else _bias_gradient(dk, bias), None, None)
+                None if bias is None else key_bias_gradient(dk, bias), None, None)
 
 
 def _summed_parameter_gradients(parts, scale_shape, power_shape):
@@ -478,21 +476,6 @@ def _summed_parameter_gradients(parts, scale_shape, power_shape):
         grads.append(grad if grad.shape[0] == shape[0] else grad.sum(0, keepdim=True))
     return grads
 
-
-def _bias_strides(bias, k):
-    """The strides of the key bias broadcast to the keys k (zeros without one: the kernels do not read it
-    then)."""
-    return (0, 0, 0, 0) if bias is None else bias.expand(k.shape).stride()
-
-
-def _bias_gradient(dk, bias):
-    """The key bias's gradient: k's, summed over the dims along which the bias is broadcast, written in the
-    bias's own layout and dtype (one sum; the models' bias, a per-head view of their (1, n, C) encoding,
-    passes it on to the encoding without a copy)."""
-    dims = tuple(i for i, (size, full) in enumerate(zip(bias.shape, dk.shape)) if size == 1 and full != 1)
-    if not dims:
-        return dk.to(bias.dtype)
-    return torch.sum(dk, dims, keepdim=True, dtype=bias.dtype, out=torch.empty_like(bias))
 
 
 def _head_strides(param):
@@ -533,18 +516,7 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6, key_bias=N
     empty = empty_attention('pola_attention', tensors)
     if empty is not None:
         return empty
-    if key_bias is not None:
-        try:
-            broadcastable = torch.broadcast_shapes(key_bias.shape, k.shape) == k.shape
-        except RuntimeError:
-            broadcastable = False
-        if not broadcastable:
-            raise ValueError(f'pola_attention takes key_bias broadcastable to the keys {tuple(k.shape)}; got shape '
-                             f'{tuple(key_bias.shape)}')
-        # in the dtype of k + key_bias (the kernels round the sum to it: the keys' own in the models), with k's
-        # number of dims (sizes 1 where it is shared, read with stride 0)
-        key_bias = key_bias.to(torch.result_type(k, key_bias))
-        key_bias = key_bias.reshape((1, ) * (k.dim() - key_bias.dim()) + tuple(key_bias.shape))
+    key_bias = key_bias_operand('pola_attention', k, key_bias)
     lead, (N, d), n = q.shape[:-2], q.shape[-2:], k.shape[-2]
     if q.dim() != 4:
         key_bias = None if key_bias is None else key_bias.expand(k.shape).reshape(-1, 1, n, d)

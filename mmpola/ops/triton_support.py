@@ -37,7 +37,7 @@ import torch
 
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
            'kernel_target', 'launch', 'dry_run', 'dry_running', 'Launch', 'tunable', 'fixed_config', 'autotuning',
-           'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs']
+           'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs', 'key_bias_args']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -295,6 +295,13 @@ def dry_run(target):
         _DRY_RUNS.remove(run)
 
 
+def key_bias_args(bias, k):
+    """(pointer, strides) of a key bias (mmpola.ops.dispatch.key_bias_operand) for the kernels that add it where
+    they read the keys k: the bias and its strides broadcast to k (0 along the dims it is shared by); without
+    one, k (a pointer the kernels do not read: their ``BIAS`` is False) and zeros."""
+    return (k, (0, ) * k.dim()) if bias is None else (bias, bias.expand(k.shape).stride())
+
+
 if triton_available() is None:
     import triton
     import triton.language as tl
@@ -318,3 +325,15 @@ if triton_available() is None:
         u = tl.exp(-tl.abs(x))
         w = 1.0 + u
         return tl.maximum(x, 0.0) + tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0)))
+
+    @triton.jit
+    def add_key_bias(x, bias_ptrs, mask, BIAS: tl.constexpr):
+        """Key rows ``x`` (loaded, in the accumulation dtype) with the key bias at ``bias_ptrs`` added (``BIAS``)
+        and the sum rounded to the bias's dtype, that of ``k + key_bias`` in torch (the launch code casts the
+        bias to it: :func:`mmpola.ops.dispatch.key_bias_operand`); rounded to nearest even, as torch, also
+        under the interpreter."""
+        if BIAS:
+            x += tl.load(bias_ptrs, mask=mask, other=0.0).to(x.dtype)
+            if bias_ptrs.dtype.element_ty != x.dtype:
+                x = x.to(bias_ptrs.dtype.element_ty, fp_downcast_rounding='rtne').to(x.dtype)
+        return x

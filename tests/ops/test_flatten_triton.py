@@ -6,6 +6,7 @@ import torch
 
 from mmpola.ops import OPS, flatten_attention, flatten_attention_reference, flatten_attention_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
+from tests.fixtures.ops import DispatchedOps
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ['out', 'q', 'k', 'v', 'scale']
@@ -111,6 +112,55 @@ def test_half_precision_inputs(dtype, tol):
     with torch.autocast(device_type=DEVICE, dtype=dtype, enabled=DEVICE == 'cuda' or dtype == torch.bfloat16):
         out = flatten_attention(*[t.to(DEVICE) for t in low], 2, impl='triton')
     assert out.dtype == dtype and scaled_error(out, expected[0]) <= tol
+
+
+@pytest.mark.parametrize('case', [CASES[1], CASES[2], CASES[3]], ids=case_id)
+def test_a_key_bias_is_added_where_the_keys_are_read(case):
+    """key_bias (1, n, C), as the models pass their key positional encoding, and a per-sample one: output and
+    gradients (the bias's summed over the batch it is shared by) as the float64 reference on k + bias; one
+    head and several (their token statistics couple the heads), several key chunks at 21x37."""
+    inputs, grad_out = make_inputs(*case)
+    B, heads, n, C = case[0], case[3], inputs[1].shape[1], inputs[1].shape[2]
+    g = torch.Generator().manual_seed(5)
+
+    def with_bias(q, k, v, scale, key_bias):
+        return flatten_attention_triton(q, k, v, scale, heads, key_bias=key_bias)
+
+    def keys_plus_bias(q, k, v, scale, key_bias):
+        return flatten_attention_reference(q, k + key_bias, v, scale, heads)
+
+    for shape in ((1, n, C), (B, n, C)):
+        bias = torch.randn(*shape, generator=g) * 0.5
+        actual = forward_backward(with_bias, inputs + [bias], grad_out)
+        truth = forward_backward(keys_plus_bias, inputs + [bias], grad_out, dtype=torch.float64, device='cpu')
+        assert actual[-1].shape == shape
+        for name, a, t in zip(NAMES + ['key_bias'], actual, truth):
+            assert scaled_error(a, t) <= 1e-5, f'{shape} {name}: {scaled_error(a, t):.2e}'
+
+
+def test_a_key_bias_is_no_tensor_of_its_own():
+    """Launched as on an H100 (a dry run), with the bias of a (1, n, C) encoding: the forward runs the torch
+    kernels it runs without one (no k + bias tensor is made or kept), the backward one sum more (the bias's
+    gradient, over the batch); the key launches get the bias, the query ones do not."""
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+
+    inputs, grad_out = make_inputs(2, (7, 9), (7, 9), 2, 16)
+    inputs = [t.to(DEVICE).requires_grad_() for t in inputs]
+    encoding = torch.randn(1, 7 * 9, 32).to(DEVICE).requires_grad_()
+    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+        with DispatchedOps() as plain:
+            plain_out = flatten_attention_triton(*inputs, 2)
+        with DispatchedOps() as without:
+            torch.autograd.grad(plain_out, inputs, grad_out.to(DEVICE))
+        plain_launches = len(launches)
+        with DispatchedOps() as forward:
+            out = flatten_attention_triton(*inputs, 2, key_bias=encoding)
+        with DispatchedOps() as backward:
+            torch.autograd.grad(out, [*inputs, encoding], grad_out.to(DEVICE))
+    assert forward.kernels() == plain.kernels(), (forward.names, plain.names)
+    assert backward.kernels() == without.kernels() + ['sum'], (backward.names, without.names)
+    biased = [launch.kwargs.get('BIAS') for launch in launches[plain_launches:]]
+    assert len(biased) == plain_launches and biased.count(True) == 4, biased
 
 
 def test_inference_without_grad():

@@ -77,9 +77,9 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         P = num_prefix_tokens
         (q, k, v), kv_hw = self._project_inputs(x, hw)
         B, n, C = k.shape
-        k = self.encode_keys(k, kv_hw, P)
+        # the positional encoding as the keys' bias: the Triton kernels add it where they read the keys
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
-                                impl=self.attn_impl)
+                                impl=self.attn_impl, key_bias=self.key_bias(kv_hw, k.dtype, P))
         v = v[:, P:].reshape(B, n - P, self.num_heads, C // self.num_heads).transpose(1, 2)
         out = add_to_patches(out, depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample), P)
         return self._project_output(out)

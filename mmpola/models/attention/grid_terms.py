@@ -13,9 +13,9 @@ __all__ = ['KeyPositionalEncoding', 'upsample_values', 'depthwise_value_heads', 
 
 
 class KeyPositionalEncoding:
-    """Mixin of Pola and FLatten attention: the learned ``positional_encoding`` added to the keys,
-    stored on the pretraining key grid and bilinearly resized to the real key grid (the resized
-    tensor is cached in eval mode)."""
+    """Mixin of Pola and FLatten attention: the learned ``positional_encoding`` added to the keys (as the
+    ops' key bias), stored on the pretraining key grid and bilinearly resized to the real key grid (the
+    resized tensor is cached in eval mode)."""
 
     def _init_positional_encoding(self, dim, key_grid):
         self.pe_grid = tuple(key_grid)
@@ -27,8 +27,10 @@ class KeyPositionalEncoding:
         return self._pe_cache.get(self.positional_encoding, self.pe_grid, kv_hw, 'bilinear',
                                   enabled=not self.training)
 
-    def encode_keys(self, k, kv_hw, num_prefix_tokens=0):
-        """(B, n, C) keys with the positional encoding added to their grid tokens, in the keys' dtype.
+    def key_bias(self, kv_hw, dtype, num_prefix_tokens=0):
+        """(1, P + Hk*Wk, C) the encoding as the keys' bias (``key_bias`` of the attention ops, added to the
+        keys where the Triton kernels read them: mmpola.ops.dispatch), zero on the P prefix tokens, in the
+        keys' ``dtype``.
 
         Under autocast the keys come from a projection in half precision and the encoding is a float32
         parameter: added as they are, type promotion would make the keys float32, twice the bytes the
@@ -36,17 +38,10 @@ class KeyPositionalEncoding:
         them. The resized encoding is cast to the keys' dtype first (no-op in float32 training); its
         gradient still reaches the parameter in float32.
         """
-        encoding = self.resized_positional_encoding(kv_hw)
-        return add_to_patches(k, encoding.to(k.dtype), num_prefix_tokens)
-
-    def key_bias(self, kv_hw, num_heads, dtype, num_prefix_tokens=0):
-        """The encoding as the per-head key bias (1, h, P + Hk*Wk, d) of an op that takes one (the keys'
-        ``key_bias``, mmpola.ops.dispatch), in the keys' ``dtype`` (as :meth:`encode_keys` adds it), zero
-        on the P prefix tokens: ``k + bias`` is :meth:`encode_keys`' result in the heads' layout."""
         encoding = self.resized_positional_encoding(kv_hw).to(dtype)
         if num_prefix_tokens:
             encoding = F.pad(encoding, (0, 0, num_prefix_tokens, 0))
-        return encoding.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+        return encoding
 
 
 def upsample_values(v, kv_hw, hw, mode):

@@ -34,22 +34,22 @@ def test_key_positional_encoding_is_stored_on_the_pretraining_grid_and_resized()
     assert torch.allclose(module.resized_positional_encoding((8, 3)), expected, atol=1e-6)
 
 
-def test_encoded_keys_keep_their_dtype_and_the_encoding_its_float32_gradient():
-    """Keys of a half-precision projection (autocast) stay half precision when the float32 encoding is
-    added (type promotion would make them float32: twice the bytes the core reads and saves); the
-    encoding's gradient still arrives in float32, the same as with float32 keys."""
+def test_the_key_bias_keeps_the_keys_dtype_and_the_encoding_its_float32_gradient():
+    """The key bias is the encoding in the keys' dtype: keys of a half-precision projection (autocast) plus
+    the bias stay half precision (type promotion would make them float32: twice the bytes the core reads
+    and saves); the encoding's gradient still arrives in float32, the same as with float32 keys."""
     g = torch.Generator().manual_seed(0)
     module = _Encoded(4, (2, 3))
     with torch.no_grad():
         module.positional_encoding.copy_(torch.randn(1, 6, 4, generator=g))
     keys = torch.randn(2, 1 + 12, 4, generator=g)  # a prefix token, then a 3 x 4 key grid
-    reference = module.encode_keys(keys, (3, 4), num_prefix_tokens=1)
+    reference = keys + module.key_bias((3, 4), keys.dtype, num_prefix_tokens=1)
     reference.square().sum().backward()
     expected_grad = module.positional_encoding.grad.clone()
     module.positional_encoding.grad = None
 
     half = keys.to(torch.bfloat16)
-    encoded = module.encode_keys(half, (3, 4), num_prefix_tokens=1)
+    encoded = half + module.key_bias((3, 4), half.dtype, num_prefix_tokens=1)
     assert encoded.dtype == torch.bfloat16
     assert torch.equal(encoded[:, 0], half[:, 0])  # the prefix token unchanged
     assert torch.allclose(encoded.float(), reference, rtol=1e-2, atol=1e-2)
@@ -92,20 +92,16 @@ def test_terms_reach_the_grid_tokens_only():
     assert torch.equal(add_to_patches(x[:, 1:], term, 0), x[:, 1:] + term)
 
 
-def test_key_bias_is_the_encoding_per_head_zero_on_prefix_tokens():
-    """``k + key_bias(...)`` in the heads' layout is ``encode_keys(k)``, prefix tokens included (a zero bias
-    there), in the keys' dtype; the bias's gradient reaches the float32 parameter."""
+def test_key_bias_is_the_encoding_on_the_grid_tokens_and_zero_on_prefix_tokens():
+    """``k + key_bias(...)`` adds the resized encoding to the grid tokens only (a zero bias on the prefix
+    tokens), in the keys' dtype."""
     g = torch.Generator().manual_seed(0)
     module = _Encoded(6, (2, 3))
     with torch.no_grad():
         module.positional_encoding.copy_(torch.randn(1, 6, 6, generator=g))
-    heads = 3
+    encoding = module.resized_positional_encoding((3, 4))
     for prefix, dtype in ((0, torch.float32), (1, torch.float32), (2, torch.bfloat16)):
         keys = torch.randn(2, prefix + 12, 6, generator=g).to(dtype)
-        bias = module.key_bias((3, 4), heads, dtype, num_prefix_tokens=prefix)
-        assert bias.shape == (1, heads, prefix + 12, 2) and bias.dtype == dtype
-        per_head = keys.unflatten(-1, (heads, 2)).transpose(1, 2)
-        expected = module.encode_keys(keys, (3, 4), prefix).unflatten(-1, (heads, 2)).transpose(1, 2)
-        assert torch.equal(per_head + bias, expected)
-    bias.float().sum().backward()
-    assert module.positional_encoding.grad.dtype == torch.float32
+        bias = module.key_bias((3, 4), dtype, num_prefix_tokens=prefix)
+        assert bias.shape == (1, prefix + 12, 6) and bias.dtype == dtype
+        assert torch.equal(keys + bias, add_to_patches(keys, encoding.to(dtype), prefix))
