@@ -297,11 +297,9 @@ class PatchMerging(nn.Module):
         x = x.view(B, H, W, C)
         if H % 2 or W % 2:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-        x0 = x[:, 0::2, 0::2, :]
-        x1 = x[:, 1::2, 0::2, :]
-        x2 = x[:, 0::2, 1::2, :]
-        x3 = x[:, 1::2, 1::2, :]
-        x = torch.cat([x0, x1, x2, x3], -1)
-        out_hw = (x.shape[1], x.shape[2])
-        x = x.view(B, -1, 4 * C)
+        out_hw = (x.shape[1] // 2, x.shape[2] // 2)
+        # the four phases in one permutation (one copy each way; strided slices and their concatenation
+        # would fill a zero tensor of the map's size per slice in the backward): (B, H', row, W', col, C) ->
+        # (B, H', W', col, row, C), so channel group col * 2 + row, the official concatenation's order
+        x = x.view(B, out_hw[0], 2, out_hw[1], 2, C).permute(0, 1, 3, 4, 2, 5).reshape(B, -1, 4 * C)
         return self.reduction(self.norm(x)), out_hw

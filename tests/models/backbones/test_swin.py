@@ -18,3 +18,34 @@ def test_swin_mixed_attn_type_and_384_settings():
     assert sd['layers.1.blocks.0.attn.positional_encoding'].shape == (1, 2304, 256)
     assert sd['layers.2.blocks.0.attn.relative_position_bias_table'].shape == (529, 16)
 
+
+
+def test_patch_merging_is_the_official_phase_concatenation_in_one_copy():
+    """The four 2x2 phases (row0, col0), (row1, col0), (row0, col1), (row1, col1) concatenated on the channels,
+    odd sides zero-padded: the official strided slices' result, bit for bit, forward and backward; its
+    backward fills no zero tensor per slice (one permutation copy instead)."""
+    import torch.nn.functional as F
+
+    from mmpola.models.layers import PatchMerging
+    from tests.fixtures.ops import DispatchedOps
+
+    g = torch.Generator().manual_seed(0)
+    merging = PatchMerging(8)
+    for H, W in ((6, 8), (7, 9), (1, 4)):
+        x = torch.randn(2, H * W, 8, generator=g)
+        leaf = x.clone().requires_grad_()
+        out, hw = merging(leaf, (H, W))
+        grid = F.pad(x.view(2, H, W, 8), (0, 0, 0, W % 2, 0, H % 2))
+        phases = torch.cat([grid[:, 0::2, 0::2], grid[:, 1::2, 0::2], grid[:, 0::2, 1::2], grid[:, 1::2, 1::2]], -1)
+        assert hw == phases.shape[1:3]
+        reference_leaf = x.clone().requires_grad_()
+        reference_grid = F.pad(reference_leaf.view(2, H, W, 8), (0, 0, 0, W % 2, 0, H % 2))
+        reference = torch.cat([reference_grid[:, i::2, j::2] for j in (0, 1) for i in (0, 1)], -1)
+        reference = merging.reduction(merging.norm(reference.reshape(2, -1, 32)))
+        assert torch.equal(out, reference)
+        grad = torch.randn(out.shape, generator=g)
+        with DispatchedOps() as backward:
+            out.backward(grad)
+        reference.backward(grad)
+        assert torch.equal(leaf.grad, reference_leaf.grad)
+        assert 'slice_backward' not in backward.names
