@@ -237,10 +237,11 @@ def empty_attention(function, tensors):
     """The output of attention op ``function`` (its name, for the message) when the queries
     ``tensors[0]`` have no elements: an empty tensor of their shape whose backward gives every tensor a
     zero gradient (nothing depends on them); None when the queries have elements. Keys ``tensors[1]``
-    without elements under queries that have some raise ValueError (one line)."""
+    without elements under queries that have some raise ValueError (one line). None entries (an
+    optional operand not given, such as a key bias) are left out."""
     q, k = tensors[0], tensors[1]
     if q.numel() == 0:
-        return _EmptyAttention.apply(*tensors)
+        return _EmptyAttention.apply(*(t for t in tensors if t is not None))
     if k.numel() == 0:
         raise ValueError(f'{function} got keys without tokens (k of shape {tuple(k.shape)}) for queries of shape '
                          f'{tuple(q.shape)}: attention over an empty key set is undefined; give at least one key '
@@ -262,7 +263,7 @@ def run_attention_op(op, impl, fp32, tensors, *options, key_bias=None):
     attention = attention_op(op)
     first = tensors[0]
     name = attention.choose(impl, first.device, torch.float32 if fp32 else first.dtype)
-    empty = empty_attention(attention.function, tensors if key_bias is None else (*tensors, key_bias))
+    empty = empty_attention(attention.function, (*tensors, key_bias))
     if empty is not None:
         return empty
     try:

@@ -432,7 +432,7 @@ def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1
     reason = triton_unsupported(q.device, q.dtype, head_dim=q.shape[-1] // num_heads)
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (flatten_attention) cannot run here: {reason}")
-    empty = empty_attention('flatten_attention', (q, k, v, scale) + (() if key_bias is None else (key_bias, )))
+    empty = empty_attention('flatten_attention', (q, k, v, scale, key_bias))
     if empty is not None:
         return empty
     if focusing_factor <= 0:

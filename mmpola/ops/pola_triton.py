@@ -477,7 +477,6 @@ def _summed_parameter_gradients(parts, scale_shape, power_shape):
     return grads
 
 
-
 def _head_strides(param):
     """The strides of a (B', h, 1, d) parameter view along the batch (0 when B' = 1: shared by the batch),
     the heads and the head dim."""
@@ -512,8 +511,7 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6, key_bias=N
     reason = triton_unsupported(q.device, q.dtype, head_dim=q.shape[-1])
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (pola_attention) cannot run here: {reason}")
-    tensors = (q, k, v, power, scale) + (() if key_bias is None else (key_bias, ))
-    empty = empty_attention('pola_attention', tensors)
+    empty = empty_attention('pola_attention', (q, k, v, power, scale, key_bias))
     if empty is not None:
         return empty
     key_bias = key_bias_operand('pola_attention', k, key_bias)
@@ -521,7 +519,8 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6, key_bias=N
     if q.dim() != 4:
         key_bias = None if key_bias is None else key_bias.expand(k.shape).reshape(-1, 1, n, d)
         q, k, v = q.reshape(-1, 1, N, d), k.reshape(-1, 1, n, d), v.reshape(-1, 1, n, d)
-    compute = torch.float64 if any(t.dtype == torch.float64 for t in tensors[:3] + tensors[5:]) else torch.float32
+    wide = any(t is not None and t.dtype == torch.float64 for t in (q, k, v, key_bias))
+    compute = torch.float64 if wide else torch.float32
     scale = _per_head(scale.to(compute), lead, d, 'scale')
     power = _per_head(power.to(compute), lead, d, 'power')
     return _PolaTriton.apply(q, k, v, scale, power, key_bias, float(alpha), float(eps)).reshape(*lead, N, d)

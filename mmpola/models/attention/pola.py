@@ -118,8 +118,9 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         # scale is per channel (1, 1, C) and divides q and k before the head split in the
         # official code; elementwise, so dividing by its (1, h, 1, d) view gives the same bits.
         scale = self.scale.reshape(1, 1, heads, head_dim).transpose(1, 2)
+        key_bias = self.key_bias(kv_hw, k.dtype, P).unflatten(-1, (heads, head_dim)).transpose(1, 2)
         out = pola_attention(q, k, v, self.power, scale, alpha=self.alpha, fp32=self.fp32_attn,
-                             impl=self.attn_impl, key_bias=self._key_bias_heads(kv_hw, k.dtype, P))
+                             impl=self.attn_impl, key_bias=key_bias)
         if P:
             out = out.transpose(1, 2).reshape(B, N, C)
             out = add_to_patches(out, depthwise_value_term(self.dwc, v[:, :, P:], kv_hw, (H, W), self.v_upsample), P)
@@ -128,10 +129,6 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             out = out + depthwise_value_heads(self.dwc, v, kv_hw, (H, W), self.v_upsample)
             out = out.transpose(1, 2).reshape(B, N, C)
         return self._project_output(out * g)
-
-    def _key_bias_heads(self, kv_hw, dtype, num_prefix_tokens):
-        """The key bias (KeyPositionalEncoding.key_bias) per head, (1, h, P + n, d): a view."""
-        return self.key_bias(kv_hw, dtype, num_prefix_tokens).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '
