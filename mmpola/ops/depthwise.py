@@ -19,12 +19,10 @@ The implementation is chosen per call by ``impl``; :class:`~mmpola.models.layers
 passes the value of the environment variable ``MMPOLA_DEPTHWISE_CONV`` (``'auto'`` when unset), so a
 training run or a benchmark switches every depthwise conv of a model at once.
 """
-import os
-
 import torch.nn.functional as F
 
 from .depthwise_triton import depthwise_conv2d_triton
-from .dispatch import AttnImplUnavailable, recording
+from .dispatch import implementation_from_env, recording
 from .triton_support import dry_running, triton_unsupported
 
 __all__ = ['DEPTHWISE_IMPLS', 'auto_impl', 'depthwise_conv2d', 'depthwise_conv_impl', 'library_conv']
@@ -36,11 +34,7 @@ ENV = 'MMPOLA_DEPTHWISE_CONV'
 def depthwise_conv_impl():
     """The implementation asked for by ``MMPOLA_DEPTHWISE_CONV`` (``'auto'`` when unset); an unknown name
     is one clear error."""
-    impl = os.environ.get(ENV, 'auto').strip().lower() or 'auto'
-    if impl not in DEPTHWISE_IMPLS:
-        raise AttnImplUnavailable(f'{ENV}={impl!r} is not an implementation of the depthwise convolution; '
-                                  f'use one of {", ".join(DEPTHWISE_IMPLS)} (or unset it)')
-    return impl
+    return implementation_from_env(ENV, DEPTHWISE_IMPLS, 'the depthwise convolution')
 
 
 def _check(x, weight, bias, per_sample):

@@ -43,6 +43,7 @@ tokens, batch or heads) give an empty output and zero gradients, whatever the im
 (:func:`empty_attention`); keys without tokens under queries that have some are one clear error:
 the mean over an empty key set is undefined.
 """
+import os
 import warnings
 
 import torch
@@ -51,21 +52,38 @@ from mmpola.errors import MMPolaUserError
 
 __all__ = ['AUTO', 'AttentionOp', 'AttnImplUnavailable', 'OPS', 'attention_op', 'register_attention_impl',
            'attention_impls', 'check_attn_impl', 'run_attention_op', 'empty_attention', 'recording',
-           'key_bias_operand', 'key_bias_gradient']
+           'key_bias_operand', 'key_bias_gradient', 'implementation_from_env']
 
 AUTO = 'auto'  # the best implementation for the tensors' device ('triton' on CUDA, else 'fast')
 
 
+# torch.fx's symbolic tracing (newer torch names the test apart from torch.export's)
+_fx_tracing = getattr(torch.fx._symbolic_trace, 'is_fx_tracing_symbolic_tracing',
+                      torch.fx._symbolic_trace.is_fx_tracing)
+
+
 def recording():
-    """True while torch.compile, torch.jit.trace or an ONNX export records the model: they take the ops'
-    PyTorch bodies into their graphs, so ``'auto'`` runs the default implementation then (never a Triton
-    launch, which they cannot record or export) and caches keep nothing."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    """True while torch.compile, torch.jit.trace, an ONNX export or torch.fx's symbolic tracing (timm's
+    feature extraction) records the model: they take the ops' PyTorch bodies into their graphs, so ``'auto'``
+    runs the default implementation then (never a Triton launch, which they cannot record or export) and
+    caches keep nothing."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+            or _fx_tracing())
 
 
 class AttnImplUnavailable(MMPolaUserError, ValueError):
     """An attention implementation was asked for on tensors it cannot run on (device, dtype, or a
     package it needs is missing)."""
+
+
+def implementation_from_env(variable, impls, what):
+    """The implementation of ``what`` named by the environment variable ``variable`` (``'auto'`` when unset
+    or empty; case and spaces ignored); a name not in ``impls`` is one clear error."""
+    impl = os.environ.get(variable, 'auto').strip().lower() or 'auto'
+    if impl not in impls:
+        raise AttnImplUnavailable(f'{variable}={impl!r} is not an implementation of {what}; use one of '
+                                  f'{", ".join(impls)} (or unset it)')
+    return impl
 
 
 class Implementation:
