@@ -116,6 +116,8 @@ bench-gpu-ops:
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10 --attn-impl fast
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
+		--sizes 800x1344 --batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl torch
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t softmax-pvtv2-b2 \
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5 --dwconv-impl torch

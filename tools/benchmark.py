@@ -229,7 +229,7 @@ def cpu_name():
 
 
 def environment_lines(args, device):
-    from mmpola.ops import depthwise_conv_impl, pola
+    from mmpola.ops import depthwise_conv_impl, pola, recompute_impl
     lines = [f'torch {torch.__version__}, python {platform.python_version()}, {platform.system()}']
     if device.type == 'cuda':
         lines.append(f'device: {torch.cuda.get_device_name(device)}')
@@ -247,6 +247,8 @@ def environment_lines(args, device):
     lines.append(f'torch.compile for the fast path: {pola.compile_status()[1]}')
     lines.append(f"mmpola's depthwise convolutions: {depthwise_conv_impl()} (MMPOLA_DEPTHWISE_CONV; 'auto': Triton "
                  'kernels on CUDA, the library convolution elsewhere)')
+    lines.append(f"linear layers of the MLPs and gates: {recompute_impl()} (MMPOLA_RECOMPUTE; 'auto': on CUDA the "
+                 "backward recomputes their input in Triton kernels, elsewhere the library's layers)")
     if device.type == 'cpu':
         lines.append(f'glibc malloc tuning (mmpola.runtime.allocator): {getattr(args, "malloc_state", "n/a")}')
     if args.command == 'train':
@@ -1051,10 +1053,14 @@ def bench_layers(args, device):
 # --------------------------------------------------------------------------------------------------
 
 
-def depthwise_option(parser):
+def kernel_options(parser):
     parser.add_argument('--dwconv-impl', default=None, choices=['auto', 'torch', 'triton'],
                         help="implementation of mmpola's depthwise convolutions (sets MMPOLA_DEPTHWISE_CONV; default: "
                         "the environment's, 'auto' when unset)")
+    parser.add_argument('--recompute-impl', default=None, choices=['auto', 'torch', 'triton'],
+                        help="implementation of the linear layers of mmpola's MLPs and gated attentions that recompute "
+                        "their input in the backward (sets MMPOLA_RECOMPUTE; 'torch': autograd keeps it; default: the "
+                        "environment's, 'auto' when unset)")
 
 
 def parse_args(argv=None):
@@ -1099,7 +1105,7 @@ def parse_args(argv=None):
     backbone.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype')
     backbone.add_argument('--new-sizes', type=int, default=0,
                           help='also time one pass at each of this many input sizes not seen before (a column)')
-    depthwise_option(backbone)
+    kernel_options(backbone)
 
     scaling = sub.add_parser('scaling', help='growth of backbone forward time with pixel count')
     common(scaling)
@@ -1115,7 +1121,7 @@ def parse_args(argv=None):
     ops.add_argument('--batch', type=int, default=2)
     ops.add_argument('--attn-impl', default='default', help="as for 'backbone'")
     ops.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
-    depthwise_option(ops)
+    kernel_options(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 
     amp = sub.add_parser('amp', help='autocast forward+backward of every full-size backbone: finite?')
@@ -1163,7 +1169,7 @@ def parse_args(argv=None):
     train.add_argument('--attn-impl', default=None,
                        help="implementation of the attention ops in mmpola's backbones ('auto', 'fast', 'triton', "
                        "'reference'; default: the config's, i.e. 'auto'); other libraries' backbones are unchanged")
-    depthwise_option(train)
+    kernel_options(train)
     train.add_argument('--profile', metavar='DIR', default=None,
                        help='after the timed iterations, profile one more and write DIR/<config>_trace.json '
                        '(chrome trace) and DIR/<config>_profile.md / .json (summary)')
@@ -1183,6 +1189,8 @@ def main(argv=None):
     args = parse_args(argv)
     if getattr(args, 'dwconv_impl', None):  # read by the models' depthwise convolutions (and the _peak children)
         os.environ['MMPOLA_DEPTHWISE_CONV'] = args.dwconv_impl
+    if getattr(args, 'recompute_impl', None):  # read by the models' MLPs and gates (and the _peak children)
+        os.environ['MMPOLA_RECOMPUTE'] = args.recompute_impl
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.command == '_peak':

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Compile every Triton kernel of the attention ops (and of the depthwise convolution) for NVIDIA GPUs ahead of
-time, without a GPU.
+"""Compile every Triton kernel of the attention ops (and of the depthwise convolution and the recomputing linear
+layers) for NVIDIA GPUs ahead of time, without a GPU.
 
     python tools/check_triton_kernels.py                       # every op, head dim, dtype and target
     python tools/check_triton_kernels.py --ops pola flatten --targets sm_90 --head-dims 64 128
@@ -19,7 +19,10 @@ for the target (ptxas ships with Triton's NVIDIA backend); identical compilation
 The depthwise convolution (``--ops depthwise``) runs its forward and backward the same way, on channels-last
 maps of the grids below with as many channels as the head dim, at kernel sizes 3 and 5, at 3 with
 kernels of their own per image (InLine's local residual), and at 5 on the heads' values seen in place in
-their projection (the Pola and FLatten value term).
+their projection (the Pola and FLatten value term). The linear layers that recompute their input (``--ops
+recompute``, mmpola.ops.recompute) run theirs on the tokens of the grids: the MLP's GELU and fc2 with four
+times the head dim's channels, the gated projection with the head dim's channels, its gate seen in a
+projection of four times as many.
 
 Token grids: one head of many tokens (several token blocks per chunk) and two heads in a batch of two
 of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
@@ -63,6 +66,7 @@ HEAD_DIMS = (16, 32, 64, 128)
 # channels are the head dims' column, at the kernel sizes of mmpola's models
 DEPTHWISE = 'depthwise'
 DEPTHWISE_KERNELS = (3, 5)
+RECOMPUTE = 'recompute'  # the MLPs' GELU and fc2, Pola's gated projection (mmpola.ops.recompute), checked like an op
 # (batch, heads, grid): many tokens in one head; a few tokens in two heads of a batch of two
 SHAPES = ((1, 1, (40, 40)), (2, 2, (7, 7)))
 
@@ -100,7 +104,7 @@ GPUS = {'sm_80': GPU('sm_80', 80, 32, 163, 108), 'sm_90': GPU('sm_90', 90, 32, 2
 def parse_args(argv=None):
     from mmpola.ops import OPS
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    triton_ops = [name for name, op in OPS.items() if 'triton' in op.impls] + [DEPTHWISE]
+    triton_ops = [name for name, op in OPS.items() if 'triton' in op.impls] + [DEPTHWISE, RECOMPUTE]
     parser.add_argument('--ops', nargs='+', choices=triton_ops, default=triton_ops)
     parser.add_argument('--targets', nargs='+', choices=sorted(GPUS) + ['native'], default=sorted(GPUS),
                         help="GPUs to compile for; 'native': this machine's first CUDA GPU (its compute capability, "
@@ -133,6 +137,8 @@ def record_launches(op_name, gpu, head_dim, dtype):
     from mmpola.ops.triton_support import dry_run
     if op_name == DEPTHWISE:
         return record_depthwise_launches(gpu, head_dim, dtype)
+    if op_name == RECOMPUTE:
+        return record_recompute_launches(gpu, head_dim, dtype)
     op = OPS[op_name]
     launches = []
     for batch, heads, hw in SHAPES:
@@ -174,6 +180,28 @@ def record_depthwise_launches(gpu, channels, dtype):
                 out = depthwise_conv2d_triton(x, weight, bias, per_sample=per_sample)
                 out.backward(torch.zeros_like(out))
             launches += recorded
+    return launches
+
+
+def record_recompute_launches(gpu, channels, dtype):
+    """The kernel launches of one forward and backward of each recomputing linear layer on ``gpu``, on the tokens
+    of every grid of SHAPES: the MLP's GELU and fc2 (4 * ``channels`` hidden channels) and the gated projection
+    (``channels`` channels, the gate a view of a projection of 4 * ``channels``)."""
+    from mmpola.ops import gated_linear, gelu_linear
+    from mmpola.ops.triton_support import dry_run
+    launches = []
+    for batch, _, (height, width) in SHAPES:
+        tokens = (batch, height * width)
+        h = torch.zeros(*tokens, 4 * channels, dtype=dtype).requires_grad_()
+        s = torch.zeros(*tokens, channels, dtype=dtype).requires_grad_()
+        projection = torch.zeros(*tokens, 4 * channels, dtype=dtype).requires_grad_()
+        fc2, proj = (torch.zeros(channels, width, dtype=dtype).requires_grad_() for width in (4 * channels, channels))
+        bias = torch.zeros(channels, dtype=dtype)
+        with dry_run(gpu.kernel_target()) as recorded:
+            for out in (gelu_linear(h, fc2, bias, impl='triton'),
+                        gated_linear(s, projection[..., channels:2 * channels], proj, bias, impl='triton')):
+                out.backward(torch.zeros_like(out))
+        launches += recorded
     return launches
 
 

@@ -11,12 +11,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
-from mmpola.ops import depthwise_conv2d, depthwise_conv_impl
+from mmpola.ops import depthwise_conv2d, depthwise_conv_impl, gated_linear, gelu_linear, recompute_impl
 from mmpola.ops.dispatch import recording
+from mmpola.ops.recompute import resolve_recompute_impl
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache',
-           'SizeCache', 'depthwise_conv', 'map_as_tokens', 'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map',
-           'trunc_normal_init']
+           'SizeCache', 'depthwise_conv', 'gated_proj', 'gelu_fc2', 'map_as_tokens', 'resize_grid_embedding',
+           'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
 
 def to_2tuple_int(value, name):
@@ -200,8 +201,33 @@ class SizeCache:
         self.entries = OrderedDict()
 
 
+def _recomputes(x, linear):
+    """Whether a linear layer's input made from ``x`` goes to :mod:`mmpola.ops.recompute`: when autograd
+    records the call, ``linear`` is an ``nn.Linear`` and ``MMPOLA_RECOMPUTE`` resolves to ``'triton'`` for x."""
+    return (torch.is_grad_enabled() and type(linear) is nn.Linear
+            and resolve_recompute_impl(recompute_impl(), x) == 'triton')
+
+
+def gelu_fc2(mlp, h):
+    """``mlp.fc2(mlp.drop(mlp.act(h)))`` for an MLP with modules ``act`` (exact GELU), ``drop`` and ``fc2``:
+    :func:`mmpola.ops.gelu_linear` where it recomputes (``_recomputes``; on a GPU by default: the backward
+    keeps h only), unless the dropout between them is on; else the modules."""
+    if (_recomputes(h, mlp.fc2) and not (mlp.training and mlp.drop.p > 0) and type(mlp.act) is nn.GELU
+            and mlp.act.approximate == 'none'):
+        return gelu_linear(h, mlp.fc2.weight, mlp.fc2.bias, 'triton')
+    return mlp.fc2(mlp.drop(mlp.act(h)))
+
+
+def gated_proj(s, g, proj):
+    """``proj(s * g)``: :func:`mmpola.ops.gated_linear` where it recomputes (``_recomputes``; on a GPU by
+    default: the backward keeps s and g only, one kernel gives both their gradients); else the module."""
+    if _recomputes(s, proj):
+        return gated_linear(s, g, proj.weight, proj.bias, 'triton')
+    return proj(s * g)
+
+
 class Mlp(nn.Module):
-    """fc1 -> GELU -> Dropout -> fc2 -> Dropout on (B, N, C) tokens."""
+    """fc1 -> GELU -> Dropout -> fc2 -> Dropout on (B, N, C) tokens (GELU to fc2: :func:`gelu_fc2`)."""
 
     def __init__(self, in_features, hidden_features, drop=0.):
         super().__init__()
@@ -211,8 +237,7 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x):
-        x = self.drop(self.act(self.fc1(x)))
-        return self.drop(self.fc2(x))
+        return self.drop(gelu_fc2(self, self.fc1(x)))
 
 
 class PreNormBlock(nn.Module):

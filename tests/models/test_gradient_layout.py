@@ -3,7 +3,7 @@
 every backward): the depthwise convolutions that run on channels-last views keep their weight
 channels-last (mmpola.models.layers.depthwise_conv), on the library convolution and on the Triton kernels
 (MMPOLA_DEPTHWISE_CONV=triton, through Triton's interpreter without a GPU), which give the same outputs and
-gradients."""
+gradients; so do the linear layers that recompute their input (MMPOLA_RECOMPUTE=triton)."""
 import socket
 import warnings
 
@@ -73,14 +73,17 @@ def _run(cls, arch, extra):
     return [o.detach() for o in outs], {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, model
 
 
+@pytest.mark.parametrize('variable', ['MMPOLA_DEPTHWISE_CONV', 'MMPOLA_RECOMPUTE'])
 @pytest.mark.parametrize('name', FAMILIES)
-def test_triton_depthwise_conv_in_the_models(name, monkeypatch):
+def test_triton_paths_in_the_models(name, variable, monkeypatch):
+    """The Triton depthwise convolution, or the linear layers that recompute their input (the MLPs' fc2, the
+    gated attentions' proj), against the library's path: outputs, gradients, and the gradients' strides."""
     cls, arch = MODELS[name]
     arch = dict(arch)
     extra = {'attn_type': arch.pop('attn_type')} if 'attn_type' in arch else {}
-    monkeypatch.delenv('MMPOLA_DEPTHWISE_CONV', raising=False)
+    monkeypatch.delenv(variable, raising=False)
     outs, grads, _ = _run(cls, arch, extra)
-    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'triton')
+    monkeypatch.setenv(variable, 'triton')
     triton_outs, triton_grads, model = _run(cls, arch, extra)
     for a, e in zip(triton_outs, outs):
         assert relative_error(a, e) <= 1e-5

@@ -111,12 +111,12 @@ def test_new_shapes_differ_from_the_timed_one_and_each_other():
     assert all(h % 32 == 0 and w % 32 == 0 for _, h, w in BENCH.new_shapes(1, 800, 1344, 5, step=32))
 
 
-def test_depthwise_option_sets_the_environment(monkeypatch):
-    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
-    args = BENCH.parse_args(['backbone', '--dwconv-impl', 'triton', '--new-sizes', '3'])
-    assert args.dwconv_impl == 'triton' and args.new_sizes == 3
+def test_kernel_options(monkeypatch):
+    args = BENCH.parse_args(['backbone', '--dwconv-impl', 'triton', '--new-sizes', '3', '--recompute-impl', 'torch'])
+    assert args.dwconv_impl == 'triton' and args.new_sizes == 3 and args.recompute_impl == 'torch'
     assert BENCH.parse_args(['train', 'x.py', '--dwconv-impl', 'torch']).dwconv_impl == 'torch'
-    assert BENCH.parse_args(['ops']).dwconv_impl is None
+    assert BENCH.parse_args(['train', 'x.py', '--recompute-impl', 'triton']).recompute_impl == 'triton'
+    assert BENCH.parse_args(['ops']).dwconv_impl is None and BENCH.parse_args(['ops']).recompute_impl is None
 
 
 def test_an_implementation_that_turns_a_case_down_is_left_out_with_its_reason(capsys):
@@ -143,9 +143,11 @@ def test_an_implementation_that_turns_a_case_down_is_left_out_with_its_reason(ca
 def test_operator_count_of_the_triton_path_counts_the_launches_apart(capsys, monkeypatch):
     """On the CPU, --attn-impl triton runs the launch code as on an H100 and counts its kernels apart
     (recorded, not run: no interpreter operators in the count); the depthwise convs here on the library
-    convolution (their Triton kernels: the next test)."""
+    convolution and the recomputing linear layers on the library's (their Triton kernels: the next tests)."""
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
-    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl', 'torch'])
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl', 'torch',
+                '--recompute-impl', 'torch'])
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('| pola-pvt-t |'))
     cells = [cell.strip() for cell in row.strip('|').split('|')]
     assert cells[4].endswith('(+16 Triton)') and cells[6].endswith('(+16 Triton)'), row  # 8 layers, 2 + 2 each
@@ -173,10 +175,36 @@ def test_operator_count_with_the_triton_depthwise_conv(capsys, monkeypatch, dwco
     """As on a GPU by default ('auto'), or asked for, the value term's conv runs through its Triton kernels:
     one more launch per layer forward (the conv), two backward (input and weight gradients)."""
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
     BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl',
-                dwconv_impl])
+                dwconv_impl, '--recompute-impl', 'torch'])
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith('| pola-pvt-t |'))
     cells = [cell.strip() for cell in row.strip('|').split('|')]
     assert cells[4].endswith('(+24 Triton)') and cells[6].endswith('(+32 Triton)'), row
     assert f"mmpola's depthwise convolutions: {dwconv_impl} (MMPOLA_DEPTHWISE_CONV" in out
+
+
+def test_operator_count_with_the_recomputing_linear_layers(capsys, monkeypatch):
+    """As on a GPU by default ('auto'): in each of Pola-PVT-T's 8 blocks the MLP's GELU gradient is one Triton
+    launch in place of autograd's kernel, and the gate's two products' gradients one in place of two; the
+    forward is the library's but saves neither the GELU's output nor the gated product: 2 blocks x batch 2 x
+    the float32 tokens of (16x24, 8x12, 4x6, 2x3) x (MLP hidden 512, 1024, 1280, 2048 + channels 64, 128, 320,
+    512)."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    cells = {}
+    for impl in ('torch', 'auto'):
+        BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl',
+                    'torch', '--recompute-impl', impl])
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith('| pola-pvt-t |'))
+        cells[impl] = [cell.strip() for cell in row.strip('|').split('|')]
+    assert "linear layers of the MLPs and gates: auto (MMPOLA_RECOMPUTE" in out
+    assert cells['auto'][3:5] == cells['torch'][3:5], cells  # the forward is the library's
+    assert cells['torch'][6].endswith('(+16 Triton)') and cells['auto'][6].endswith('(+32 Triton)'), cells
+    assert int(cells['auto'][6].split()[0]) == int(cells['torch'][6].split()[0]) - 24, cells
+    tokens = (16 * 24, 8 * 12, 4 * 6, 2 * 3)
+    widths = (512 + 64, 1024 + 128, 1280 + 320, 2048 + 512)
+    not_kept = 2 * 2 * sum(n * w for n, w in zip(tokens, widths)) * 4 / 2 ** 20
+    assert float(cells['torch'][-1]) - float(cells['auto'][-1]) == pytest.approx(not_kept, abs=0.1), cells

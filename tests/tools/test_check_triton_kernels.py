@@ -76,7 +76,7 @@ def test_every_kernel_passes_tritons_front_end_for_sm_80_and_sm_90(tmp_path):
                    env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
     rows = [line.split('|') for line in log.splitlines() if line.startswith('| ') and 'parsed' in line]
     ops = {row[1].strip() for row in rows}
-    assert ops == {name for name, op in OPS.items() if 'triton' in op.impls} | {'depthwise'}, log[-2000:]
+    assert ops == {name for name, op in OPS.items() if 'triton' in op.impls} | {'depthwise', 'recompute'}, log[-2000:]
     # the Pola query backward's two forms of dL/dW (JOIN) both parsed
     assert {'JOIN=True' in row[6] for row in rows if row[2].strip() == '_pola_bwd_queries'} == {True, False}
     assert ' 0 failed' in log and 'FAILED' not in log, log[-3000:]

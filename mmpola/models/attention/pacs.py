@@ -16,7 +16,7 @@ from timm.layers import register_notrace_module
 from mmpola.ops import check_attn_impl, pacs_attention, rope_angles, rope_rotate, rope_rotate_fast, rope_tables
 from mmpola.registry import ATTENTIONS
 
-from ..layers import SizeCache, depthwise_conv
+from ..layers import SizeCache, depthwise_conv, gated_proj
 
 __all__ = ['PaCSAttention', 'RoPESoftmaxAttention', 'RotaryEmbedding']
 
@@ -96,7 +96,7 @@ class PaCSAttention(nn.Module):
         q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         x = pacs_attention(q, k, v, self.s1, self.s2, sin, cos, fp32=self.fp32_attn, impl=self.attn_impl)
         x = x.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2) + lepe
-        return self.proj(x.reshape(B, C, N).transpose(1, 2) * g)
+        return gated_proj(x.reshape(B, C, N).transpose(1, 2), g, self.proj)
 
     def extra_repr(self):
         return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'

@@ -128,7 +128,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             # the conv's output is already in the heads' layout: one sum, then one copy to (B, N, C)
             out = out + depthwise_value_heads(self.dwc, v, kv_hw, (H, W), self.v_upsample)
             out = out.transpose(1, 2).reshape(B, N, C)
-        return self._project_output(out * g)
+        return self._project_gated_output(out, g)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '

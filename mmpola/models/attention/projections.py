@@ -3,7 +3,7 @@ official names (``qkvg``, ``qg``, ``q``, ``kv``, ``qkv``), the checks of their a
 reduction of the keys and values (``sr``, ``norm``), so official checkpoints load by filtering keys."""
 import torch.nn as nn
 
-from ..layers import map_as_tokens, tokens_as_map
+from ..layers import gated_proj, map_as_tokens, tokens_as_map
 
 __all__ = ['QKV_LAYOUTS', 'QKVProjections', 'check_attention_args', 'reduced_grid', 'spatial_reduction']
 
@@ -78,6 +78,12 @@ class QKVProjections:
         if self.qkv_layout == 'projected':
             return out
         return self.proj_drop(self.proj(out))
+
+    def _project_gated_output(self, out, gate):
+        """``_project_output(out * gate)``, by :func:`~mmpola.models.layers.gated_proj` where there is a ``proj``."""
+        if self.qkv_layout == 'projected':
+            return out * gate
+        return self.proj_drop(gated_proj(out, gate, self.proj))
 
 
 def reduced_grid(pe_grid, sr_ratio):

@@ -25,7 +25,7 @@ from timm.layers import register_notrace_module
 
 from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import PreNormBlock, depthwise_conv, map_as_tokens, tokens_as_map, trunc_normal_init
+from ..layers import PreNormBlock, depthwise_conv, gelu_fc2, map_as_tokens, tokens_as_map, trunc_normal_init
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_stage_settings
 
@@ -65,7 +65,8 @@ class DWConv(nn.Module):
 
 
 class ConvMlp(nn.Module):
-    """fc1 -> dwconv (3x3 depthwise) -> GELU -> Dropout -> fc2 -> Dropout on (B, H*W, C) tokens."""
+    """fc1 -> dwconv (3x3 depthwise) -> GELU -> Dropout -> fc2 -> Dropout on (B, H*W, C) tokens (GELU to fc2:
+    :func:`~mmpola.models.layers.gelu_fc2`)."""
 
     takes_hw = True  # forward(x, hw): PreNormBlock passes the map size
 
@@ -78,8 +79,7 @@ class ConvMlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x, hw):
-        x = self.drop(self.act(self.dwconv(self.fc1(x), hw)))
-        return self.drop(self.fc2(x))
+        return self.drop(gelu_fc2(self, self.dwconv(self.fc1(x), hw)))
 
 
 @register_architecture('pvt_v2', title='PVTv2')

@@ -1,0 +1,142 @@
+"""Linear layers whose input the backward recomputes instead of keeping it: ``F.linear(F.gelu(h), W, b)``, the
+second half of the transformer MLPs (:func:`gelu_linear`), and ``F.linear(s * g, W, b)``, Pola attention's
+gated output projection (:func:`gated_linear`).
+
+Autograd keeps a linear layer's input for its weight gradient, and the element-wise op that made it keeps
+its own inputs for its gradient: two tensors where one would do. Here the forward is the library's (the
+element-wise op, then ``F.linear``) but keeps the element-wise op's inputs only; the backward recomputes
+the layer's input in the Triton kernel that computes the element-wise op's gradient
+(mmpola/ops/recompute_triton.py). That kernel reads what autograd's backward of the op reads and writes
+one more tensor: the MLP's backward launches as many kernels as autograd's, the gate's one fewer (one
+kernel for both gradients of the product, where autograd runs two), and neither keeps the layer's input.
+
+The implementations (``impl``):
+
+* ``'torch'``: the library's layers; autograd keeps both tensors.
+* ``'triton'``: the recomputing backward, on CUDA (and under ``TRITON_INTERPRET=1`` on the CPU, for tests).
+* ``'auto'``: ``'triton'`` on CUDA tensors where the kernels run (not while torch.compile, torch.jit.trace or
+  an ONNX export records the model), else ``'torch'``: the CPU keeps the library's path, which does the
+  least work there.
+
+The models (:func:`mmpola.models.layers.gelu_fc2`, :func:`mmpola.models.layers.gated_proj`) pass the
+implementation that the environment variable ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset).
+"""
+import torch
+import torch.nn.functional as F
+
+from .dispatch import AttnImplUnavailable, implementation_from_env, recording
+from .recompute_triton import gate_and_gate_backward, gelu_and_gelu_backward
+from .triton_support import dry_running, triton_unsupported
+
+__all__ = ['RECOMPUTE_IMPLS', 'gated_linear', 'gelu_linear', 'recompute_impl', 'resolve_recompute_impl']
+
+RECOMPUTE_IMPLS = ('auto', 'torch', 'triton')
+ENV = 'MMPOLA_RECOMPUTE'
+
+
+def recompute_impl():
+    """The implementation asked for by ``MMPOLA_RECOMPUTE`` (``'auto'`` when unset); an unknown name is one
+    clear error."""
+    return implementation_from_env(ENV, RECOMPUTE_IMPLS, 'the linear layers that recompute their input')
+
+
+def resolve_recompute_impl(impl, x):
+    """``'torch'`` or ``'triton'``: ``impl``, with ``'auto'`` resolved for tensor ``x`` (``'triton'`` for CUDA
+    tensors of float32 / float16 / bfloat16 where the kernels run, and inside
+    :func:`~mmpola.ops.triton_support.dry_run` as on its GPU, unless a tracer records the call:
+    :func:`~mmpola.ops.dispatch.recording`)."""
+    if impl not in RECOMPUTE_IMPLS:
+        raise ValueError(f'impl must be one of {", ".join(RECOMPUTE_IMPLS)}, got {impl!r}')
+    if impl != 'auto':
+        return impl
+    if recording() or not (x.is_cuda or dry_running()):  # a tracer's proxy first: it has no device to ask
+        return 'torch'
+    return 'triton' if triton_unsupported(x.device, x.dtype) is None else 'torch'
+
+
+def _gelu_backward(h, grad_out, dtype, needs_input_grad):
+    """(the GELU's output in ``dtype``, h's gradient or None)."""
+    if not needs_input_grad:
+        return F.gelu(h).to(dtype), None
+    return gelu_and_gelu_backward(h.contiguous(), grad_out.view(h.shape), dtype)
+
+
+def _gate_backward(s, g, grad_out, dtype, needs_s_grad, needs_g_grad):
+    """(s * g in ``dtype``, s's gradient or None, g's gradient or None)."""
+    rows = grad_out.shape[0]
+    s2, g2 = (t.reshape(rows, t.shape[-1]) for t in (s, g))  # views where their strides allow
+    s2, g2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (s2, g2))
+    out, grad_s, grad_g = gate_and_gate_backward(s2, g2, grad_out, dtype)
+    return out, grad_s.view(s.shape) if needs_s_grad else None, grad_g.view(g.shape) if needs_g_grad else None
+
+
+class _RecomputedLinear(torch.autograd.Function):
+    """``F.linear(op(*inputs), weight, bias)`` keeping ``inputs`` and the weight; the operands in one dtype
+    (the weight's: op's result is cast to it, as autocast casts a linear layer's input)."""
+
+    @staticmethod
+    def forward(ctx, op, weight, bias, *inputs):
+        ctx.save_for_backward(weight, *inputs)
+        ctx.op, ctx.has_bias = op, bias is not None
+        x = F.gelu(inputs[0]) if op == 'gelu' else inputs[0] * inputs[1]
+        return F.linear(x.to(weight.dtype), weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        weight, *inputs = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad = grad.reshape(-1, grad.shape[-1])
+        grad_x = grad.mm(weight) if any(needs[3:]) else None  # the gradient of the linear layer's input
+        if ctx.op == 'gelu':
+            x, *grads = _gelu_backward(inputs[0], grad_x, weight.dtype, needs[3])
+        elif grad_x is None:
+            x, grads = (inputs[0] * inputs[1]).to(weight.dtype), [None, None]
+        else:
+            x, *grads = _gate_backward(*inputs, grad_x, weight.dtype, needs[3], needs[4])
+        grad_weight = grad.t().mm(x.reshape(-1, x.shape[-1])) if needs[1] else None
+        grad_bias = grad.sum(0) if ctx.has_bias and needs[2] else None
+        return None, grad_weight, grad_bias, *grads
+
+
+def _recomputed_linear(op, inputs, weight, bias, impl, what):
+    x = inputs[0]
+    impl = resolve_recompute_impl(impl, x)
+    if impl == 'torch' or x.numel() == 0:
+        return None
+    reason = triton_unsupported(x.device, x.dtype)
+    if reason is not None:
+        raise AttnImplUnavailable(f"the Triton backward of {what} cannot run here: {reason.split('; use ')[0]}; use "
+                                  "impl='torch' (MMPOLA_RECOMPUTE=torch)")
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        weight = weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    dtypes = {t.dtype for t in (weight, bias) if t is not None}
+    if not torch.is_autocast_enabled(device_type):
+        dtypes |= {torch.result_type(*inputs) if len(inputs) > 1 else x.dtype}
+    if len(dtypes) > 1:
+        raise TypeError(f'{what} expects its operands in one dtype (or autocast), got '
+                        f'{", ".join(sorted(str(d).replace("torch.", "") for d in dtypes))}')
+    with torch.autocast(device_type, enabled=False):
+        return _RecomputedLinear.apply(op, weight, bias, *inputs)
+
+
+def gelu_linear(h, weight, bias=None, impl='auto'):
+    """``F.linear(F.gelu(h), weight, bias)``: h (..., hidden), weight (out, hidden), bias (out, ) or None. With
+    ``'triton'`` the backward keeps h only and recomputes the GELU's output (module docstring). Under autocast
+    the linear layer runs in the autocast dtype, as ``F.linear`` does, and the GELU in h's dtype."""
+    out = _recomputed_linear('gelu', (h, ), weight, bias, impl, 'gelu_linear')
+    return F.linear(F.gelu(h), weight, bias) if out is None else out
+
+
+def gated_linear(s, g, weight, bias=None, impl='auto'):
+    """``F.linear(s * g, weight, bias)``: s and g (..., C) of one shape (any strides), weight (out, C), bias
+    (out, ) or None. With ``'triton'`` the backward keeps s and g only and recomputes the product, and one
+    kernel gives both their gradients (module docstring). Under autocast the linear layer runs in the autocast
+    dtype, the product in s's and g's."""
+    if s.shape != g.shape:
+        raise ValueError(f'gated_linear expects s and g of one shape, got {tuple(s.shape)} and {tuple(g.shape)}')
+    out = _recomputed_linear('gate', (s, g), weight, bias, impl, 'gated_linear')
+    return F.linear(s * g, weight, bias) if out is None else out

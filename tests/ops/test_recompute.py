@@ -1,0 +1,322 @@
+"""The linear layers whose input the backward recomputes (mmpola.ops.recompute): the MLPs' GELU and fc2
+(gelu_linear) and Pola's gated output projection (gated_linear). Their Triton backward against the library's
+layers in float64 (output and every gradient), half precision, autocast, strided gates, what the backward
+keeps, its kernels, the choice of implementation and the modules that use them. Without a GPU the kernels
+run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmpola.models.backbones.pvt_v2 import ConvMlp
+from mmpola.models.layers import Mlp
+from mmpola.ops import gated_linear, gelu_linear, recompute_impl
+from mmpola.ops.dispatch import AttnImplUnavailable
+from mmpola.ops.recompute import resolve_recompute_impl
+from mmpola.ops.triton_support import KernelTarget, dry_run
+from tests.fixtures.ops import DispatchedOps, forward_backward, relative_error
+
+DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+H100 = KernelTarget(True, (9, 0), 132, 227 * 1024)
+
+
+def make_inputs(shape, out_features, dtype=torch.float32, seed=0):
+    """h (..., hidden), weight (out, hidden), bias, dL/dout."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(*shape, generator=g) * 2
+    weight = torch.randn(out_features, shape[-1], generator=g) / shape[-1] ** 0.5
+    bias = torch.randn(out_features, generator=g)
+    grad = torch.randn(*shape[:-1], out_features, generator=g)
+    return [t.to(device=DEVICE, dtype=dtype) for t in (h, weight, bias, grad)]
+
+
+def library(h, weight, bias=None):
+    return F.linear(F.gelu(h), weight, bias)
+
+
+def triton_path(h, weight, bias=None):
+    return gelu_linear(h, weight, bias, impl='triton')
+
+
+# token blocks (B, N, hidden) and rows (M, hidden); element counts on either side of the kernel's block
+SHAPES = [(2, 7, 40), (3, 5, 130), (1, 1, 8), (4, 2049), (2, 33, 96)]
+
+
+@pytest.mark.parametrize('shape', SHAPES, ids=lambda s: 'x'.join(map(str, s)))
+def test_triton_matches_the_library(shape):
+    """fp32 within 1e-6 (relative to the largest value) of the float64 library layers: output and the
+    gradients of h, weight and bias; the gradients in the inputs' dtypes and shapes."""
+    h, weight, bias, grad = make_inputs(shape, 24)
+    actual = forward_backward(triton_path, [h, weight, bias], grad)
+    expected = forward_backward(library, [h.double(), weight.double(), bias.double()], grad.double())
+    for name, a, e in zip(('out', 'dh', 'dweight', 'dbias'), actual, expected):
+        assert a.dtype == torch.float32 and a.shape == e.shape, name
+        assert relative_error(a, e) <= 1e-6, f'{shape} {name}: {relative_error(a, e):.2e}'
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    """float16 / bfloat16 operands: the library's own path in that dtype is the yardstick (both round the
+    GELU's output and the products to the dtype)."""
+    h, weight, bias, grad = make_inputs((2, 9, 64), 32, dtype)
+    actual = forward_backward(triton_path, [h, weight, bias], grad)
+    expected = forward_backward(library, [h.double(), weight.double(), bias.double()], grad.double())
+    own = forward_backward(library, [h, weight, bias], grad)
+    for name, a, e, o in zip(('out', 'dh', 'dweight', 'dbias'), actual, expected, own):
+        assert a.dtype == dtype, name
+        assert relative_error(a, e) <= 2 * relative_error(o, e) + 1e-3, name
+
+
+def test_autocast_runs_the_linear_layer_in_the_autocast_dtype():
+    """Under autocast the layer computes in the autocast dtype as F.linear does, the GELU in h's dtype; the
+    parameters' gradients come back in their own dtype (float32)."""
+    h, weight, bias, grad = make_inputs((2, 9, 64), 32)
+    results = []
+    for fn in (triton_path, library):
+        leaves = [t.clone().requires_grad_() for t in (h, weight, bias)]
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            out = fn(*leaves)
+        out.backward(grad.to(out.dtype))
+        results.append([out] + [t.grad for t in leaves])
+    for name, a, e in zip(('out', 'dh', 'dweight', 'dbias'), *results):
+        assert a.dtype == e.dtype, name
+        assert relative_error(a, e) <= 1e-2, name  # a bfloat16 ulp of the largest value at most
+    assert results[0][0].dtype == torch.bfloat16 and results[0][2].dtype == torch.float32
+
+
+def test_only_some_gradients():
+    """Without a bias, with h frozen (the weight gradient recomputes the GELU alone), or with the layer frozen."""
+    h, weight, bias, grad = make_inputs((3, 20), 8)
+    expected = forward_backward(library, [h.double(), weight.double()], grad.double())
+    actual = forward_backward(triton_path, [h, weight], grad)
+    assert all(relative_error(a, e) <= 1e-6 for a, e in zip(actual, expected))
+    w = weight.clone().requires_grad_()
+    triton_path(h, w, bias).backward(grad)
+    assert relative_error(w.grad, expected[2]) <= 1e-6
+    x = h.clone().requires_grad_()
+    triton_path(x, weight, bias).backward(grad)
+    assert relative_error(x.grad, expected[1]) <= 1e-6
+
+
+def saved_bytes(fn, *tensors):
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*tensors)
+    return sum(saved.values())
+
+
+def test_the_backward_keeps_the_gelus_input_only():
+    """What autograd keeps for the backward: h and the weight, not the GELU's output (the size of h)."""
+    h, weight, bias, _ = make_inputs((2, 64, 96), 24)
+    h, weight, bias = (t.requires_grad_() for t in (h, weight, bias))
+    kept, library_kept = saved_bytes(triton_path, h, weight, bias), saved_bytes(library, h, weight, bias)
+    assert kept == h.nbytes + weight.nbytes
+    assert library_kept == kept + h.nbytes
+
+
+def test_the_backward_launches_as_many_kernels_as_autograds():
+    """In a dry run for a GPU: the GELU's gradient is one Triton kernel where autograd runs gelu_backward, and
+    the backward runs no other extra kernel."""
+    h, weight, bias, grad = make_inputs((2, 64, 96), 24)
+    counts = {}
+    for impl in ('torch', 'triton'):
+        leaves = [t.clone().requires_grad_() for t in (h, weight, bias)]
+        with dry_run(H100) as launches:  # h made by an op, as in the MLPs (a dry run keeps the kernel's outputs)
+            out = gelu_linear(leaves[0] * 2, *leaves[1:], impl=impl)
+            with DispatchedOps() as ops:
+                out.backward(grad)
+        counts[impl] = (len(ops.kernels()), len(launches), 'gelu_backward' in ops.names)
+    assert counts['torch'] == (counts['torch'][0], 0, True)
+    assert counts['triton'] == (counts['torch'][0] - 1, 1, False)
+
+
+def test_auto_runs_the_kernels_on_a_gpu_and_the_library_elsewhere(monkeypatch):
+    h = torch.randn(2, 5, 16)
+    assert resolve_recompute_impl('auto', h) == 'torch'
+    assert resolve_recompute_impl('triton', h) == 'triton'
+    with dry_run(H100):
+        assert resolve_recompute_impl('auto', h) == 'triton'
+        assert resolve_recompute_impl('auto', h.bfloat16()) == 'triton'
+        assert resolve_recompute_impl('auto', h.double()) == 'torch'
+        monkeypatch.setattr(torch.jit, 'is_tracing', lambda: True)
+        assert resolve_recompute_impl('auto', h) == 'torch'
+    if torch.cuda.is_available():
+        monkeypatch.undo()
+        expected = 'triton' if torch.cuda.get_device_capability()[0] >= 8 else 'torch'
+        assert resolve_recompute_impl('auto', h.cuda()) == expected
+
+
+def test_choices_and_errors(monkeypatch):
+    h, weight, bias, _ = make_inputs((2, 5, 16), 8)
+    assert torch.equal(gelu_linear(h, weight, bias), library(h, weight, bias))  # 'auto' on the CPU
+    with pytest.raises(ValueError, match="impl must be one of auto, torch, triton, got 'fused'"):
+        gelu_linear(h, weight, bias, impl='fused')
+    with pytest.raises(TypeError, match='gelu_linear expects its operands in one dtype'):
+        gelu_linear(h, weight, bias.half(), impl='triton')
+    with pytest.raises(TypeError, match='gated_linear expects its operands in one dtype'):
+        gated_linear(h, h, weight.double(), bias.double(), impl='triton')
+    with pytest.raises(ValueError, match=r'gated_linear expects s and g of one shape, got \(2, 5, 16\) and '
+                       r'\(2, 1, 16\)'):
+        gated_linear(h, h[:, :1], weight, bias)
+    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    with pytest.raises(AttnImplUnavailable, match=r"backward of gelu_linear cannot run here: .*CUDA tensors.*"
+                       r"impl='torch' \(MMPOLA_RECOMPUTE=torch\)"):
+        gelu_linear(h.cpu(), weight.cpu(), bias.cpu(), impl='triton')
+
+
+def test_environment_switch(monkeypatch):
+    monkeypatch.delenv('MMPOLA_RECOMPUTE', raising=False)
+    assert recompute_impl() == 'auto'
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', ' Triton ')
+    assert recompute_impl() == 'triton'
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'fused')
+    with pytest.raises(AttnImplUnavailable, match=r"MMPOLA_RECOMPUTE='fused' is not an implementation of the linear "
+                       'layers that recompute their input; use one of auto, torch, triton'):
+        recompute_impl()
+
+
+@pytest.mark.parametrize('mlp_type', ['mlp', 'conv_mlp'])
+def test_mlps_run_the_implementation_the_environment_names(monkeypatch, mlp_type):
+    """mmpola's MLPs keep their modules and keys; MMPOLA_RECOMPUTE=triton runs their GELU and fc2 through
+    the kernel in training, with the library's output and gradients; dropout between them keeps the library
+    path (it would have to keep its mask)."""
+    torch.manual_seed(0)
+    mlp = (Mlp(24, 96) if mlp_type == 'mlp' else ConvMlp(24, 96)).to(DEVICE)
+    assert {'fc1.weight', 'fc2.weight', 'fc2.bias'} <= set(mlp.state_dict())
+    x = torch.randn(2, 30, 24, device=DEVICE)
+    args = (x, ) if mlp_type == 'mlp' else (x.requires_grad_(), (5, 6))
+    results = []
+    for impl in ('torch', 'triton'):
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', impl)
+        mlp.zero_grad()
+        with DispatchedOps() as ops:
+            mlp(*args).square().sum().backward()
+        assert ('gelu_backward' in ops.names) == (impl == 'torch')
+        results.append([p.grad.clone() for p in mlp.parameters()])
+    for a, e in zip(*results):
+        torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
+    mlp.drop.p = 0.1
+    with DispatchedOps() as ops:
+        mlp(*args).sum().backward()
+    assert 'gelu_backward' in ops.names
+
+
+# the gate: s (B, N, C) and g seen in a projection of 4 C channels per token (Pola's fused layout: row stride 4 C)
+def make_gate_inputs(B, N, C, out_features, dtype=torch.float32, seed=0):
+    """s (B, N, C), g (B, N, C) (a view of a (B, N, 4 C) projection), weight, bias, dL/dout."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randn(B, N, C, generator=gen)
+    projection = torch.randn(B, N, 4 * C, generator=gen)
+    weight = torch.randn(out_features, C, generator=gen) / C ** 0.5
+    bias = torch.randn(out_features, generator=gen)
+    grad = torch.randn(B, N, out_features, generator=gen)
+    s, projection, weight, bias, grad = (t.to(device=DEVICE, dtype=dtype) for t in (s, projection, weight, bias, grad))
+    return s, projection, weight, bias, grad
+
+
+def gate_library(s, projection, weight, bias=None):
+    C = s.shape[-1]
+    return F.linear(s * projection[..., C:2 * C], weight, bias)
+
+
+def gate_triton(s, projection, weight, bias=None):
+    C = s.shape[-1]
+    return gated_linear(s, projection[..., C:2 * C], weight, bias, impl='triton')
+
+
+@pytest.mark.parametrize('shape', SHAPES[:2] + [(1, 1, 8), (2, 33, 96)], ids=lambda s: 'x'.join(map(str, s)))
+def test_gated_linear_matches_the_library(shape):
+    """fp32 within 1e-6 of the float64 library layers: output and the gradients of s, the projection the gate
+    is a view of (zero outside the gate's channels), weight and bias."""
+    s, projection, weight, bias, grad = make_gate_inputs(*shape, 24)
+    actual = forward_backward(gate_triton, [s, projection, weight, bias], grad)
+    expected = forward_backward(gate_library, [t.double() for t in (s, projection, weight, bias)], grad.double())
+    for name, a, e in zip(('out', 'ds', 'dprojection', 'dweight', 'dbias'), actual, expected):
+        assert a.dtype == torch.float32 and a.shape == e.shape, name
+        assert relative_error(a, e) <= 1e-6, f'{shape} {name}: {relative_error(a, e):.2e}'
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_gated_linear_half_precision_and_autocast(dtype):
+    s, projection, weight, bias, grad = make_gate_inputs(2, 9, 64, 32, dtype)
+    actual = forward_backward(gate_triton, [s, projection, weight, bias], grad)
+    own = forward_backward(gate_library, [s, projection, weight, bias], grad)
+    for name, a, e in zip(('out', 'ds', 'dprojection', 'dweight', 'dbias'), actual, own):
+        assert a.dtype == dtype and relative_error(a, e) <= 1e-2, name
+    s, projection, weight, bias, grad = make_gate_inputs(2, 9, 64, 32)
+    results = []
+    for fn in (gate_triton, gate_library):
+        leaves = [t.clone().requires_grad_() for t in (s, projection, weight, bias)]
+        with torch.autocast(DEVICE, dtype=dtype):
+            out = fn(*leaves)
+        out.backward(grad.to(out.dtype))
+        results.append([out] + [t.grad for t in leaves])
+    for name, a, e in zip(('out', 'ds', 'dprojection', 'dweight', 'dbias'), *results):
+        assert a.dtype == e.dtype and relative_error(a, e) <= 1e-2, name
+    assert results[0][0].dtype == dtype and results[0][3].dtype == torch.float32
+
+
+def test_gated_linear_keeps_its_operands_and_launches_one_kernel_fewer():
+    """The backward keeps s and the gate (here a view of its projection, whose storage counts), not their
+    product; one Triton kernel gives the product and both gradients where autograd runs two products."""
+    s, projection, weight, bias, grad = make_gate_inputs(2, 64, 32, 24)
+    leaves = [t.requires_grad_() for t in (s, projection, weight, bias)]
+    kept, library_kept = saved_bytes(gate_triton, *leaves), saved_bytes(gate_library, *leaves)
+    assert kept == s.nbytes + projection.nbytes + weight.nbytes
+    assert library_kept == kept + s.nbytes
+    counts = {}
+    for impl, fn in (('torch', gate_library), ('triton', gate_triton)):
+        leaves = [t.detach().clone().requires_grad_() for t in (s, projection, weight, bias)]
+        with dry_run(H100) as launches:
+            out = fn(leaves[0] * 2, *leaves[1:])  # s made by an op, as in the models
+            with DispatchedOps() as ops:
+                out.backward(grad)
+        counts[impl] = (len(ops.kernels()), len(launches), ops.names.count('mul'))
+    assert counts['triton'][1:] == (1, 1) and counts['torch'][1:] == (0, 3), counts  # mul: the `* 2`'s backward
+    assert counts['triton'][0] == counts['torch'][0] - 2, counts
+
+
+def test_gated_linear_takes_a_gate_of_any_strides():
+    """A gate whose channels are not contiguous (a transposed view) is copied for the kernel; a frozen s, or
+    a frozen gate, gets no gradient."""
+    s, projection, weight, bias, grad = make_gate_inputs(2, 6, 16, 8)
+    g_t = torch.randn(2, 16, 6, device=DEVICE).transpose(1, 2)
+    expected = forward_backward(lambda a, b: F.linear(a * b, weight.double(), bias.double()),
+                                [s.double(), g_t.double()], grad.double())
+    actual = forward_backward(lambda a, b: gated_linear(a, b, weight, bias, impl='triton'), [s, g_t], grad)
+    assert all(relative_error(a, e) <= 1e-6 for a, e in zip(actual, expected))
+    frozen = s.clone().requires_grad_()
+    gated_linear(frozen, g_t, weight, bias, impl='triton').backward(grad)
+    assert relative_error(frozen.grad, expected[1]) <= 1e-6
+
+
+@pytest.mark.parametrize('kind', ['pola', 'pacs'])
+def test_gated_attentions_run_the_implementation_the_environment_names(monkeypatch, kind):
+    """Pola's and PolaFormer++'s gated output projections: MMPOLA_RECOMPUTE=triton gives the library's
+    gradients, and its backward runs one product fewer."""
+    from mmpola.models.attention.pacs import PaCSAttention
+    from mmpola.models.attention.pola import PolaAttention
+    from mmpola.models.backbones.polapp import RotaryEmbedding
+    torch.manual_seed(0)
+    hw = (4, 5)
+    if kind == 'pola':
+        attn, context = PolaAttention(32, 2, hw), {}
+    else:  # the tables PolaFormer++'s stages give their linear blocks
+        attn, context = PaCSAttention(32, 2), {'rope_feature': RotaryEmbedding(64, 2)(hw).to(DEVICE)}
+    attn = attn.to(DEVICE)
+    x = torch.randn(2, 20, 32, device=DEVICE)
+    results, muls = [], []
+    for impl in ('torch', 'triton'):
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', impl)
+        attn.zero_grad()
+        with DispatchedOps() as ops:
+            attn(x, hw, **context).square().sum().backward()
+        muls.append(ops.names.count('mul'))
+        results.append([p.grad.clone() for p in attn.parameters()])
+    for a, e in zip(*results):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+    assert muls[1] < muls[0], muls
