@@ -58,7 +58,7 @@ AUTO = 'auto'  # the best implementation for the tensors' device ('triton' on CU
 
 
 # torch.fx's symbolic tracing (newer torch names the test apart from torch.export's)
-_fx_tracing = getattr(torch.fx._symbolic_trace, 'is_fx_tracing_symbolic_tracing',
+_fx_tracing = getattr(torch.fx._symbolic_trace, 'is_fx_symbolic_tracing',
                       torch.fx._symbolic_trace.is_fx_tracing)
 
 
