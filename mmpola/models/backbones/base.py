@@ -60,6 +60,7 @@ from mmengine.model import BaseModule
 
 from mmpola.checkpoint import KeySignature, load_checkpoint
 from mmpola.ops import check_attn_impl
+from mmpola.ops.dispatch import recording
 from mmpola.registry import ARCHITECTURES, MODELS
 
 from ..attention import (
@@ -115,9 +116,30 @@ def drop_path_rates(drop_path_rate, depths):
     return out
 
 
-def tokens_to_nchw(tokens, hw):
-    """(B, H*W, C) row-major tokens and (H, W) -> contiguous (B, C, H, W)."""
-    return tokens.reshape(tokens.shape[0], hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
+class _TokensToMap(torch.autograd.Function):
+    """The copy of tokens to a contiguous map whose backward returns the gradient as contiguous tokens."""
+
+    @staticmethod
+    def forward(ctx, tokens, height, width):
+        return tokens.reshape(tokens.shape[0], height, width, -1).permute(0, 3, 1, 2).contiguous()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        B, C = grad.shape[:2]
+        return grad.permute(0, 2, 3, 1).contiguous().view(B, -1, C), None, None
+
+
+def tokens_to_nchw(tokens, hw, grad_as_tokens=False):
+    """(B, H*W, C) row-major tokens and (H, W) -> contiguous (B, C, H, W).
+
+    The map's gradient (a neck's convolution gives contiguous NCHW) seen in place as tokens is channel-strided.
+    ``grad_as_tokens``: copy it once to contiguous tokens instead, for tokens that several ops made and will
+    each copy such a gradient for themselves (the last block's linear layers and norm, a stage output without
+    an output norm); a norm alone reads it as it is."""
+    if not grad_as_tokens or recording() or not (torch.is_grad_enabled() and tokens.requires_grad):
+        return tokens.reshape(tokens.shape[0], hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
+    return _TokensToMap.apply(tokens, hw[0], hw[1])
 
 
 def run_blocks(blocks, x, hw, with_cp=False, **context):
@@ -572,8 +594,8 @@ class DenseBackbone(BaseModule):
         """A :meth:`forward_stages` entry -> (B, C, H, W), through ``norm`` (a token norm) first."""
         tokens, hw = stage
         if norm is not None:
-            tokens = norm(tokens)
-        return tokens_to_nchw(tokens, hw)
+            return tokens_to_nchw(norm(tokens), hw)
+        return tokens_to_nchw(tokens, hw, grad_as_tokens=True)
 
     def forward(self, x):
         """(B, C_in, H, W) -> tuple of (B, C_i, H_i, W_i) for i in ``out_indices``."""

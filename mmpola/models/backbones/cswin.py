@@ -35,7 +35,7 @@ import torch.nn as nn
 from ..attention import attention_class
 from ..checks import PolaConfigError, square_pretrain_size
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import DropPath, Mlp
+from ..layers import DropPath, Mlp, tokens_as_map
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['CSWinBackbone', 'CSWinHead', 'CSWinBlock', 'MergeBlock']
@@ -113,7 +113,7 @@ class MergeBlock(nn.Module):
         self.norm = nn.LayerNorm(dim_out)
 
     def forward(self, x, hw):
-        x = self.conv(tokens_to_nchw(x, hw))
+        x = self.conv(tokens_as_map(x, hw))  # channels-last in and out: its tokens are a contiguous view
         out_hw = (x.shape[-2], x.shape[-1])
         return self.norm(x.flatten(2).transpose(1, 2)), out_hw
 

@@ -16,8 +16,8 @@ from mmpola.checkpoint import CheckpointMismatchError
 
 from ..checks import check_stage_string, square_pretrain_size
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache
-from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
+from ..layers import PatchEmbed, PreNormBlock, ResizedEmbeddingCache, tokens_as_map
+from .base import DenseBackbone, drop_path_rates, register_architecture
 
 __all__ = ['PVTBackbone', 'PVTHead', 'check_la_sr_ratios', 'pvt_classifier_kwargs', 'pvt_pos_grids',
            'pvt_stage_settings']
@@ -134,8 +134,8 @@ class PVTBackbone(DenseBackbone):
         return x, None
 
     def _enter_stage(self, i, x, hw):
-        if i > 0:
-            x = tokens_to_nchw(x, hw)
+        if i > 0:  # the channels-last view: the patch embedding's conv returns a channels-last map, whose tokens
+            x = tokens_as_map(x, hw)  # are a contiguous view for its norm (no copy either way, or in the backward)
         x, hw = getattr(self, f'patch_embed{i + 1}')(x)
         return getattr(self, f'pos_drop{i + 1}')(x + self._pos_embed(i, hw)), hw
 

@@ -26,7 +26,7 @@ from timm.layers import register_notrace_module
 from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PreNormBlock, depthwise_conv, gelu_fc2, map_as_tokens, tokens_as_map, trunc_normal_init
-from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
+from .base import DenseBackbone, drop_path_rates, register_architecture
 from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_stage_settings
 
 __all__ = ['PVTv2Backbone', 'PVTv2Head', 'OverlapPatchEmbed', 'ConvMlp']
@@ -192,8 +192,8 @@ class PVTv2Backbone(DenseBackbone):
         return x, None
 
     def _enter_stage(self, i, x, hw):
-        if i > 0:
-            x = tokens_to_nchw(x, hw)
+        if i > 0:  # the channels-last view: the patch embedding's conv returns a channels-last map, whose tokens
+            x = tokens_as_map(x, hw)  # are a contiguous view for its norm (no copy either way, or in the backward)
         return getattr(self, f'patch_embed{i + 1}')(x)
 
     def _stage_blocks(self, i):
