@@ -149,6 +149,39 @@ def test_helpers():
     assert torch.equal(tokens_to_nchw(tokens, (2, 3))[0, :, 1, 2], tokens[0, 5])
 
 
+@pytest.mark.parametrize('grad_as_tokens', [False, True])
+def test_tokens_to_nchw_gradient_layout(grad_as_tokens):
+    """The map is a contiguous NCHW copy either way; its NCHW gradient comes back as the channel-strided view of
+    the tokens, or (grad_as_tokens) as contiguous tokens, with the same values."""
+    leaf = torch.randn(2, 12, 5, requires_grad=True)
+    tokens = leaf * 1
+    seen = []
+    tokens.register_hook(seen.append)
+    out = tokens_to_nchw(tokens, (3, 4), grad_as_tokens=grad_as_tokens)
+    assert out.is_contiguous() and torch.equal(out, leaf.detach().reshape(2, 3, 4, 5).permute(0, 3, 1, 2))
+    grad = torch.randn(2, 5, 3, 4)
+    out.backward(grad)
+    assert seen[0].is_contiguous() == grad_as_tokens
+    assert torch.equal(leaf.grad, grad.permute(0, 2, 3, 1).reshape(2, 12, 5))
+
+
+@pytest.mark.parametrize('cls, kwargs, last', [(PolaPVT, {}, 'block1.0'),
+                                               (PVTv2Backbone, {'attn_type': 'SSSS'}, 'norm1')])
+def test_stage_boundaries_copy_nothing(cls, kwargs, last):
+    """The next stage's patch embedding convolves the previous stage's tokens in place (their channels-last
+    view, with channels-last strides for one image too); its tokens reach the norm as a contiguous view of the
+    conv's output."""
+    model = cls(arch=TINY_PVT, **kwargs).train()
+    seen = {}
+    model.patch_embed2.proj.register_forward_hook(lambda m, args, out: seen.update(input=args[0], output=out))
+    model.patch_embed2.norm.register_forward_pre_hook(lambda m, args: seen.update(norm_input=args[0]))
+    model.get_submodule(last).register_forward_hook(lambda m, args, out: seen.update(tokens=out))
+    model(torch.randn(1, 3, 64, 96))
+    assert seen['input'].data_ptr() == seen['tokens'].data_ptr()
+    assert seen['input'].is_contiguous(memory_format=torch.channels_last)
+    assert seen['norm_input'].is_contiguous() and seen['norm_input'].data_ptr() == seen['output'].data_ptr()
+
+
 def test_a_misspelled_pretrained_init_cfg_key_is_refused_not_ignored(tmp_path):
     source = PolaPVT(arch=TINY_PVT)
     path = tmp_path / 'tiny.pth'
