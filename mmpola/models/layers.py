@@ -16,8 +16,8 @@ from mmpola.ops.dispatch import recording
 from mmpola.ops.recompute import resolve_recompute_impl
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache',
-           'SizeCache', 'depthwise_conv', 'gated_proj', 'gelu_fc2', 'map_as_tokens', 'resize_grid_embedding',
-           'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
+           'SizeCache', 'crop_map', 'depthwise_conv', 'gated_proj', 'gelu_fc2', 'map_as_tokens',
+           'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
 
 def to_2tuple_int(value, name):
@@ -56,6 +56,31 @@ def tokens_as_map(tokens, hw):
 def map_as_tokens(x):
     """(B, C, H, W) map -> (B, H*W, C) row-major tokens: a view, contiguous for a channels-last map."""
     return x.flatten(2).transpose(1, 2)
+
+
+class _Crop(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x, top, left, height, width):
+        ctx.shape, ctx.box = x.shape, (top, left, height, width)
+        return x[:, top:top + height, left:left + width].contiguous()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        top, left, height, width = ctx.box
+        padded = grad.new_zeros(ctx.shape)
+        padded[:, top:top + height, left:left + width] = grad
+        return padded, None, None, None, None
+
+
+def crop_map(x, top, left, height, width):
+    """``x[:, top:top + height, left:left + width].contiguous()`` of a (B, H, W, C) map (a padded map cropped
+    back). Its backward pads the gradient with one zero fill and one copy, where the two slices' backward
+    fills a zero tensor each and copies into both."""
+    if recording() or not (torch.is_grad_enabled() and x.requires_grad):
+        return x[:, top:top + height, left:left + width].contiguous()
+    return _Crop.apply(x, top, left, height, width)
 
 
 @register_notrace_module  # torch.fx leaf, as nn.Conv2d

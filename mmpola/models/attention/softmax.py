@@ -16,6 +16,7 @@ from timm.layers import register_notrace_module, trunc_normal_
 
 from mmpola.registry import ATTENTIONS
 
+from ..layers import crop_map
 from .projections import QKV_LAYOUTS, spatial_reduction
 
 __all__ = ['SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 'softmax_attention', 'window_partition',
@@ -234,7 +235,7 @@ class WindowAttention(nn.Module):
         if shift:
             x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
         if pad_b or pad_r:
-            x = x[:, :H, :W, :].contiguous()
+            x = crop_map(x, 0, 0, H, W)
         return x.view(B, H * W, C)
 
     def relative_position_bias(self):
@@ -340,7 +341,7 @@ class StripeAttention(nn.Module):
         out = (softmax_attention(q, k, v, self.scale, self.attn_drop) + lepe).transpose(1, 2).reshape(-1, L, C)
         out = _merge_stripes(out, hsp, wsp, Hp, Wp)
         if pad_h or pad_w:
-            out = out[:, top:top + H, left:left + W, :]
+            out = crop_map(out, top, left, H, W)
         return out.reshape(B, N, C)
 
     def extra_repr(self):

@@ -49,3 +49,24 @@ def test_patch_merging_is_the_official_phase_concatenation_in_one_copy():
         reference.backward(grad)
         assert torch.equal(leaf.grad, reference_leaf.grad)
         assert 'slice_backward' not in backward.names
+
+
+def test_padded_windows_are_cropped_back_with_one_zero_fill_in_the_backward():
+    """crop_map, which the window and stripe softmax attentions use to crop their padded maps back: the slices'
+    result and gradient, bit for bit; its backward pads the gradient with one zero fill and one copy, where
+    each slice's backward filled a zero tensor of its own."""
+    from mmpola.models.layers import crop_map
+    from tests.fixtures.ops import DispatchedOps
+
+    x = torch.randn(2, 21, 28, 8)
+    for top, left, H, W in ((0, 0, 16, 24), (2, 1, 17, 26), (0, 0, 21, 28)):
+        leaf, reference_leaf = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out = crop_map(leaf * 1, top, left, H, W)
+        reference = (reference_leaf * 1)[:, top:top + H, left:left + W].contiguous()
+        assert torch.equal(out, reference) and out.is_contiguous()
+        grad = torch.randn(out.shape)
+        with DispatchedOps() as backward:
+            out.backward(grad)
+        reference.backward(grad)
+        assert torch.equal(leaf.grad, reference_leaf.grad)
+        assert 'slice_backward' not in backward.names and backward.names.count('new_zeros') == 1
