@@ -14,9 +14,9 @@ The implementations (``impl``):
 
 * ``'torch'``: the library's layers; autograd keeps both tensors.
 * ``'triton'``: the recomputing backward, on CUDA (and under ``TRITON_INTERPRET=1`` on the CPU, for tests).
-* ``'auto'``: ``'triton'`` on CUDA tensors where the kernels run (not while torch.compile, torch.jit.trace or
-  an ONNX export records the model), else ``'torch'``: the CPU keeps the library's path, which does the
-  least work there.
+* ``'auto'``: ``'triton'`` on CUDA tensors where the kernels run (not while a tracer records the model:
+  :func:`~mmpola.ops.dispatch.recording`), else ``'torch'``: the CPU keeps the library's path, which does
+  the least work there.
 
 The models (:func:`mmpola.models.layers.gelu_fc2`, :func:`mmpola.models.layers.gated_proj`) pass the
 implementation that the environment variable ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset).

@@ -26,7 +26,7 @@ from timm.layers import register_notrace_module
 from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
 from ..layers import PreNormBlock, depthwise_conv, gelu_fc2, map_as_tokens, tokens_as_map, trunc_normal_init
-from .base import DenseBackbone, drop_path_rates, register_architecture
+from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_stage_settings
 
 __all__ = ['PVTv2Backbone', 'PVTv2Head', 'OverlapPatchEmbed', 'ConvMlp']
@@ -201,6 +201,12 @@ class PVTv2Backbone(DenseBackbone):
 
     def _exit_stage(self, i, x, hw):
         return getattr(self, f'norm{i + 1}')(x)
+
+    def stage_map(self, stage, norm=None):
+        """The stage norm's tokens as a contiguous map (no output norm exists). Its gradient goes back to that
+        norm, which reads the channel-strided view as it is: no copy to contiguous tokens first."""
+        tokens, hw = stage
+        return tokens_to_nchw(tokens, hw)
 
     def _stem_parts(self):
         return [self.patch_embed1], []
