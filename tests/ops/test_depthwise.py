@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmpola.models.layers import DepthwiseConv2d, depthwise_conv
-from mmpola.ops import depthwise_conv2d, depthwise_conv_impl
+from mmpola.ops import depthwise_conv2d
 from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
 from tests.fixtures.ops import DispatchedOps, forward_backward, relative_error
@@ -154,17 +154,6 @@ def test_cpu_tensors_without_the_interpreter_are_a_clear_error(monkeypatch):
     with pytest.raises(AttnImplUnavailable, match=r"cannot run here: .*CUDA tensors.*impl='torch' "
                        r'\(MMPOLA_DEPTHWISE_CONV=torch\)'):
         depthwise_conv2d(x, torch.randn(16, 1, 3, 3), None, impl='triton')
-
-
-def test_environment_switch(monkeypatch):
-    monkeypatch.delenv('MMPOLA_DEPTHWISE_CONV', raising=False)
-    assert depthwise_conv_impl() == 'auto'
-    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', ' Triton ')
-    assert depthwise_conv_impl() == 'triton'
-    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'cudnn')
-    with pytest.raises(AttnImplUnavailable, match=r"MMPOLA_DEPTHWISE_CONV='cudnn' is not an implementation.*"
-                       'use one of auto, torch, triton'):
-        depthwise_conv_impl()
 
 
 def test_module_runs_the_implementation_the_environment_names(monkeypatch):

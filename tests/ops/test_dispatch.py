@@ -6,7 +6,15 @@ import torch
 
 from mmpola.models import PolaPVT
 from mmpola.models.attention import attention_op, registered_attention_kinds
-from mmpola.ops import OPS, pacs_attention_reference, pola_attention, pola_attention_reference, register_attention_impl
+from mmpola.ops import (
+    OPS,
+    depthwise_conv_impl,
+    pacs_attention_reference,
+    pola_attention,
+    pola_attention_reference,
+    recompute_impl,
+    register_attention_impl,
+)
 from mmpola.ops.dispatch import AttnImplUnavailable
 from tests.fixtures.ops import max_scaled_error, op_tables_restored
 
@@ -215,3 +223,21 @@ def test_auto_runs_the_default_while_a_tracer_records(monkeypatch):
         assert op.choose('auto', torch.device('cuda'), torch.float32) == op.default
     monkeypatch.undo()
     assert OPS['pola'].choose('auto', torch.device('cpu'), torch.float32) == 'fast'
+
+
+@pytest.mark.parametrize('variable, read, what', [
+    ('MMPOLA_DEPTHWISE_CONV', depthwise_conv_impl, 'the depthwise convolution'),
+    ('MMPOLA_RECOMPUTE', recompute_impl, 'the linear layers that recompute their input')])
+def test_environment_switches(monkeypatch, variable, read, what):
+    """The variables that pick an implementation for a whole run: 'auto' when unset or empty, case and spaces
+    ignored, an unknown name one error naming the variable, what it picks for and the choices."""
+    monkeypatch.delenv(variable, raising=False)
+    assert read() == 'auto'
+    monkeypatch.setenv(variable, '')
+    assert read() == 'auto'
+    monkeypatch.setenv(variable, ' Triton ')
+    assert read() == 'triton'
+    monkeypatch.setenv(variable, 'cudnn')
+    with pytest.raises(AttnImplUnavailable, match=rf"^{variable}='cudnn' is not an implementation of {what}; "
+                       r'use one of auto, torch, triton \(or unset it\)$'):
+        read()

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from mmpola.models.backbones.pvt_v2 import ConvMlp
 from mmpola.models.layers import Mlp
-from mmpola.ops import gated_linear, gelu_linear, recompute_impl
+from mmpola.ops import gated_linear, gelu_linear
 from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.triton_support import KernelTarget, dry_run
@@ -166,17 +166,6 @@ def test_choices_and_errors(monkeypatch):
     with pytest.raises(AttnImplUnavailable, match=r"backward of gelu_linear cannot run here: .*CUDA tensors.*"
                        r"impl='torch' \(MMPOLA_RECOMPUTE=torch\)"):
         gelu_linear(h.cpu(), weight.cpu(), bias.cpu(), impl='triton')
-
-
-def test_environment_switch(monkeypatch):
-    monkeypatch.delenv('MMPOLA_RECOMPUTE', raising=False)
-    assert recompute_impl() == 'auto'
-    monkeypatch.setenv('MMPOLA_RECOMPUTE', ' Triton ')
-    assert recompute_impl() == 'triton'
-    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'fused')
-    with pytest.raises(AttnImplUnavailable, match=r"MMPOLA_RECOMPUTE='fused' is not an implementation of the linear "
-                       'layers that recompute their input; use one of auto, torch, triton'):
-        recompute_impl()
 
 
 @pytest.mark.parametrize('mlp_type', ['mlp', 'conv_mlp'])
