@@ -88,7 +88,11 @@ def test_frozen_stages_survive_train_and_step(cls, arch, frozen, frozen_names, t
     assert not frozen_module.training  # stays in eval mode through train()
 
 
-def test_with_cp_gives_same_outputs_and_grads():
+@pytest.mark.parametrize('recompute', ['torch', 'triton'])
+def test_with_cp_gives_same_outputs_and_grads(recompute, monkeypatch):
+    """Checkpointed blocks (recomputed in the backward) give the plain blocks' gradients, also with the linear
+    layers that recompute their own input (MMPOLA_RECOMPUTE=triton; the kernels in the interpreter)."""
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', recompute)
     torch.manual_seed(0)
     plain = PolaSwin(arch=TINY_SWIN, drop_path_rate=0.)
     ckpt = copy.deepcopy(plain)
