@@ -591,7 +591,8 @@ class DenseBackbone(BaseModule):
         return x, hw
 
     def stage_map(self, stage, norm=None):
-        """A :meth:`forward_stages` entry -> (B, C, H, W), through ``norm`` (a token norm) first."""
+        """A :meth:`forward_stages` entry -> (B, C, H, W), through ``norm`` (a token norm) first; without one the
+        map's gradient comes back to the stage's tokens contiguous (:func:`tokens_to_nchw`, ``grad_as_tokens``)."""
         tokens, hw = stage
         if norm is not None:
             return tokens_to_nchw(norm(tokens), hw)
