@@ -37,7 +37,8 @@ import torch
 
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
            'kernel_target', 'launch', 'dry_run', 'dry_running', 'Launch', 'tunable', 'fixed_config', 'autotuning',
-           'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs', 'key_bias_args']
+           'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs', 'key_bias_args',
+           'on_the_tensors_device']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -238,6 +239,21 @@ def launch(kernel, grid, *args, default=None, **kwargs):
     if _DRY_RUNS:
         _DRY_RUNS[-1].launches.append(Launch(kernel, grid, args, kwargs))
         return
+    with on_the_tensors_device(args):
+        _launch(kernel, grid, args, kwargs, default)
+
+
+def on_the_tensors_device(args):
+    """A context that makes the device of the first CUDA tensor in ``args`` the current CUDA device, where it is
+    not: Triton launches a kernel on the current device, whatever its tensors' (a model on ``cuda:1`` in a
+    process whose current device is 0, e.g. an inferencer given ``device='cuda:1'``)."""
+    tensor = next((a for a in args if getattr(a, 'is_cuda', False)), None)
+    if tensor is None or tensor.device.index is None or tensor.device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(tensor.device.index)
+
+
+def _launch(kernel, grid, args, kwargs, default):
     if default is not None:
         if _FIXED:
             config = kernel.configs[_FIXED[-1]]

@@ -6,7 +6,14 @@ import torch
 
 from mmpola.ops import OPS, triton_support
 from mmpola.ops.dispatch import AttnImplUnavailable
-from mmpola.ops.triton_support import KernelTarget, autotuning, dry_run, launch, shared_memory_unsupported
+from mmpola.ops.triton_support import (
+    KernelTarget,
+    autotuning,
+    dry_run,
+    launch,
+    on_the_tensors_device,
+    shared_memory_unsupported,
+)
 
 INTERPRETER = triton_support.INTERPRETER
 FULL_SHARED_MEMORY = triton_support.FULL_SHARED_MEMORY
@@ -115,6 +122,40 @@ def test_a_default_config_that_does_not_fit_gives_way_to_the_first_that_does(mon
     with pytest.raises(OutOfResources):
         launch(tuner, (1, ), 'x', default=dict(BLOCK=64, num_warps=8))
     assert tuner.fn.calls == [64, 64, 16, 32]
+
+
+def test_kernels_launch_on_their_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device: a launch whose first CUDA tensor is on another device (a model
+    on cuda:1 in a process whose current device is 0) makes that device current for the launch."""
+    import contextlib
+    from types import SimpleNamespace
+
+    entered = []
+
+    @contextlib.contextmanager
+    def device(index):
+        entered.append(index)
+        yield
+
+    monkeypatch.setattr(torch.cuda, 'current_device', lambda: 0)
+    monkeypatch.setattr(torch.cuda, 'device', device)
+
+    def on_gpu(index):  # what the guard reads of a CUDA tensor, without a GPU here
+        return SimpleNamespace(is_cuda=True, device=torch.device('cuda', index))
+
+    with on_the_tensors_device((torch.zeros(1), 3, None)):  # CPU tensors (the interpreter): nothing changes
+        pass
+    with on_the_tensors_device((torch.zeros(1), on_gpu(0), on_gpu(1))):  # already current
+        pass
+    assert entered == []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(list(entered))
+
+    launched = []
+    launch(Kernel(), (1, ), torch.zeros(1), on_gpu(1), on_gpu(0), BLOCK=16)
+    assert launched == [[1]] and entered == [1]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='timing configs needs a GPU')
