@@ -31,8 +31,7 @@ strides (channels-last views are read in place); float32, float16 or bfloat16, a
 """
 import torch
 
-from .dispatch import AttnImplUnavailable
-from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+from .triton_support import autocast_operands, kernel_target, launch, require_triton, triton_available, tunable
 
 __all__ = ['depthwise_conv2d_triton']
 
@@ -245,16 +244,8 @@ def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False):
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` (weight (C, 1, k, k), k odd) in Triton kernels,
     forward and backward; output channels-last in x's dtype (under autocast: the autocast dtype, as the
     convolution). ``per_sample``: weight (B, C, k, k), bias None or (B, C): each image its own kernels."""
-    reason = triton_unsupported(x.device, x.dtype)
-    if reason is not None:
-        reason = reason.split('; use ')[0]  # the alternative here is the library's convolution
-        raise AttnImplUnavailable(f'the Triton depthwise convolution cannot run here: {reason}; use '
-                                  "impl='torch' (MMPOLA_DEPTHWISE_CONV=torch)")
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        x, weight = x.to(dtype), weight.to(dtype)
-        bias = bias.to(dtype) if bias is not None else None
+    require_triton(x, 'the Triton depthwise convolution', 'MMPOLA_DEPTHWISE_CONV')
+    x, weight, bias = autocast_operands(x.device.type, x, weight, bias)
     if not (x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)):
         raise TypeError(f'depthwise_conv2d expects x, weight and bias of one dtype, got {x.dtype}, {weight.dtype}'
                         f'{", " + str(bias.dtype) if bias is not None else ""}')

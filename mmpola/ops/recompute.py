@@ -24,9 +24,9 @@ implementation that the environment variable ``MMPOLA_RECOMPUTE`` names (``'auto
 import torch
 import torch.nn.functional as F
 
-from .dispatch import AttnImplUnavailable, implementation_from_env, recording
+from .dispatch import implementation_from_env, recording
 from .recompute_triton import gate_and_gate_backward, gelu_and_gelu_backward
-from .triton_support import dry_running, triton_unsupported
+from .triton_support import autocast_operands, dry_running, require_triton, triton_unsupported
 
 __all__ = ['RECOMPUTE_IMPLS', 'gated_linear', 'gelu_linear', 'recompute_impl', 'resolve_recompute_impl']
 
@@ -104,15 +104,9 @@ def _recomputed_linear(op, inputs, weight, bias, impl, what):
     impl = resolve_recompute_impl(impl, x)
     if impl == 'torch' or x.numel() == 0:
         return None
-    reason = triton_unsupported(x.device, x.dtype)
-    if reason is not None:
-        raise AttnImplUnavailable(f"the Triton backward of {what} cannot run here: {reason.split('; use ')[0]}; use "
-                                  "impl='torch' (MMPOLA_RECOMPUTE=torch)")
+    require_triton(x, f'the Triton backward of {what}', ENV)
     device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        weight = weight.to(dtype)
-        bias = bias.to(dtype) if bias is not None else None
+    weight, bias = autocast_operands(device_type, weight, bias)
     dtypes = {t.dtype for t in (weight, bias) if t is not None}
     if not torch.is_autocast_enabled(device_type):
         dtypes |= {torch.result_type(*inputs) if len(inputs) > 1 else x.dtype}

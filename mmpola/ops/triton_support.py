@@ -35,10 +35,12 @@ from typing import NamedTuple
 
 import torch
 
+from .dispatch import AttnImplUnavailable
+
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
            'kernel_target', 'launch', 'dry_run', 'dry_running', 'Launch', 'tunable', 'fixed_config', 'autotuning',
            'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs', 'key_bias_args',
-           'on_the_tensors_device']
+           'on_the_tensors_device', 'require_triton', 'autocast_operands']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -103,6 +105,25 @@ def triton_unsupported(device, dtype=None, head_dim=None):
     if reason is None and not interpreting():
         reason = shared_memory_unsupported(_cuda_target(index), head_dim, dtype)
     return reason
+
+
+def require_triton(tensor, what, variable):
+    """Raise :class:`~mmpola.ops.dispatch.AttnImplUnavailable` when the Triton kernels of ``what`` cannot run on
+    ``tensor`` (:func:`triton_unsupported`), naming the library path as the way out: ``impl='torch'`` or the
+    environment variable ``variable`` that switches a whole run."""
+    reason = triton_unsupported(tensor.device, tensor.dtype)
+    if reason is not None:
+        reason = reason.split('; use ')[0]  # the alternative here is the library's path
+        raise AttnImplUnavailable(f"{what} cannot run here: {reason}; use impl='torch' ({variable}=torch)")
+
+
+def autocast_operands(device_type, *tensors):
+    """``tensors`` cast to the autocast dtype of ``device_type`` where autocast is on there (None kept), as the
+    library's convolutions and linear layers cast theirs; else as they are."""
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(None if t is None else t.to(dtype) for t in tensors)
 
 
 # The shared memory a block may use that the kernels' launch configs are made for: an A100's 163 KiB
