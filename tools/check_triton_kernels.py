@@ -6,6 +6,7 @@ layers) for NVIDIA GPUs ahead of time, without a GPU.
     python tools/check_triton_kernels.py --ops pola flatten --targets sm_90 --head-dims 64 128
     python tools/check_triton_kernels.py --ops inline --kernels _inline_kv_kernel --dtypes bfloat16
     python tools/check_triton_kernels.py --front-end             # Triton's front end only: seconds
+    python tools/check_triton_kernels.py --untuned               # only the configs that run without tuning
 
 The kernels and their launch options come from the ops' own launch code: each op's ``'triton'``
 implementation runs forward and backward on CPU tensors (the op's example inputs, q, k, v cast to the
@@ -39,6 +40,12 @@ target. Exits with status 1 when a kernel does not compile, when a config needs 
 sm_80 / sm_90 give a block, or when no config of a launch fits a 99 KiB target (the tuning skips the
 configs that do not fit, so one that fits is enough there). Spills are reported, not failed. Compiled
 kernels land in Triton's cache (TRITON_CACHE_DIR), so a second run of unchanged kernels takes seconds.
+
+A tunable kernel's default config (what runs without tuning: the interpreter, torch's deterministic mode,
+MMPOLA_TRITON_AUTOTUNE=0) is compiled too and marked ``(default)``; where it needs more shared memory than
+the GPU gives a block, the first tuned config that fits runs instead (mmpola.ops.triton_support.launch) and
+is marked so. The last line counts the configs that run without tuning and spill registers. ``--untuned``
+compiles only those.
 
 ``--front-end`` stops after Triton's front end, which turns each kernel's Python into Triton IR for the
 target: it checks what the interpreter lets pass (the types and shapes of every value, a variable that
@@ -115,6 +122,8 @@ def parse_args(argv=None):
     parser.add_argument('--jobs', type=int, default=1, help='compile in this many processes')
     parser.add_argument('--front-end', action='store_true',
                         help="only Triton's front end (Python to Triton IR): type and shape checks, seconds")
+    parser.add_argument('--untuned', action='store_true',
+                        help='only the config each launch runs without tuning (a tunable kernel\'s default)')
     return parser.parse_args(argv)
 
 
@@ -218,6 +227,16 @@ def compilations(launch):
     return [(kernel, dict(launch.kwargs))]
 
 
+def untuned_compilation(launch):
+    """(jit function, launch options) of the kernel a launch runs without timing (mmpola.ops.triton_support.
+    autotuning: the interpreter, torch's deterministic mode, MMPOLA_TRITON_AUTOTUNE=0): a tunable kernel's
+    default config, which need not be one of its tuned configs."""
+    from triton.runtime.autotuner import Autotuner
+    if isinstance(launch.kernel, Autotuner):
+        return launch.kernel.fn, {**launch.kwargs, **launch.default}
+    return launch.kernel, dict(launch.kwargs)
+
+
 def bind(fn, args, kwargs, target):
     """(signature, constexprs, attrs, options) of ``fn(*args, **kwargs)`` for ``target``, as a launch
     binds them (Triton's own binder)."""
@@ -288,53 +307,39 @@ def check_item(item):
 
     A config that needs more shared memory than the target gives a block fails on the GPUs the launch
     configs are made for (``GPU.full``); on the others the tuning skips it, and the launch fails only
-    when none of its configs fits. Inputs the op turns down on the target give one row saying so."""
-    import triton
-    from triton.compiler import ASTSource
-    gpu_name, op_name, dtype_name, head_dim, kernels, front_end_only = item
+    when none of its configs fits. A tunable kernel's default config (the one that runs without tuning)
+    is compiled too; where it does not fit, the first tuned config that fits runs instead
+    (mmpola.ops.triton_support.launch). With ``untuned_only`` (``--untuned``) only those are compiled.
+    Inputs the op turns down on the target give one row saying so."""
+    gpu_name, op_name, dtype_name, head_dim, kernels, front_end_only, untuned_only = item
     gpu = GPUS[gpu_name]
-    target = gpu.triton_target()
     launches = record_launches(op_name, gpu, head_dim, DTYPES[dtype_name])
     if isinstance(launches, str):
         return [dict(op=op_name, kernel='-', target=gpu_name, dtype=dtype_name, d=head_dim, config='-', shared='-',
                      regs='-', spill='-', failed=False, declined=True, status=f'not run: {launches}'[:200])]
     rows, seen = [], {}
     for launch in launches:
-        launch_rows = []
-        for fn, kwargs in compilations(launch)[:1 if front_end_only else None]:  # the front end: one config
-            name = fn.__name__
-            if kernels and name not in kernels:
-                continue
-            signature, constexprs, attrs, options = bind(fn, launch.args, kwargs, target)
-            config = config_text(constexprs, fn, options)
-            key = (name, str({k: v for k, v in signature.items() if v.startswith('*')}), config)
-            if key in seen:
-                launch_rows.append(seen[key])
-                continue
-            row = dict(op=op_name, kernel=name, target=gpu_name, dtype=dtype_name, d=head_dim, config=config,
-                       over=False)
-            seen[key] = row
-            launch_rows.append(row)
-            rows.append(row)
-            try:
-                if front_end_only:
-                    front_end(fn, signature, constexprs, attrs, options, target)
-                    row.update(shared='-', regs='-', spill='-', failed=False, status='parsed')
-                    continue
-                compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
-                                          options=options.__dict__)
-            except Exception as err:  # a kernel that does not compile is the finding
-                message = [line for line in str(err).strip().splitlines() if line.strip()]
-                row.update(shared='-', regs='-', spill='-', failed=True,
-                           status=f'FAILED: {type(err).__name__}: {message[-1] if message else ""}'[:300])
-                continue
-            shared = compiled.metadata.shared
-            regs, spill = resource_usage(compiled.asm['cubin'], name)
-            row.update(shared=f'{shared / 1024:.1f}', regs=regs, spill=spill, failed=False,
-                       status='ok (spills)' if spill else 'ok')
-            if shared > gpu.shared_limit:
-                row.update(over=True, failed=gpu.full,
-                           status=f'{shared / 1024:.0f} KiB of shared memory > {gpu.shared_limit // 1024} KiB')
+        fn, untuned = untuned_compilation(launch)
+        if kernels and fn.__name__ not in kernels:
+            continue
+        tunable = launch.default is not None
+        if front_end_only:  # the front end: one config
+            todo = compilations(launch)[:1]
+        elif untuned_only:
+            todo = [(fn, untuned)]
+        else:  # every tuned config, and the default where it is not one of them
+            todo = compilations(launch) + ([(fn, untuned)] if tunable else [])
+        launch_rows = [compile_row(gpu, op_name, dtype_name, head_dim, launch, fn, kwargs, front_end_only, seen, rows,
+                                   untuned='default' if kwargs is untuned else None, tunable=tunable)
+                       for fn, kwargs in todo]
+        default_row = next((row for row in launch_rows if row['untuned'] == 'default'), None)
+        if default_row is not None and default_row['over'] and not gpu.full:
+            # the default does not fit this GPU: the first tuned config that fits runs instead
+            for fn, kwargs in compilations(launch):
+                launch_rows.append(compile_row(gpu, op_name, dtype_name, head_dim, launch, fn, kwargs, False, seen,
+                                               rows, untuned='fallback', tunable=True))
+                if not launch_rows[-1]['over']:
+                    break
         if launch_rows and all(row['over'] for row in launch_rows):  # no config of this launch fits
             for row in launch_rows:
                 row['failed'] = True
@@ -342,8 +347,48 @@ def check_item(item):
         if row['failed'] and not row['status'].startswith('FAILED'):
             row['status'] = f'FAILED: {row["status"]}'
         elif row['over']:
-            row['status'] += ': skipped by the tuning'
+            row['status'] += ': skipped by the tuning' if not row['untuned'] else \
+                ': the first tuned config that fits runs instead'
     return rows
+
+
+def compile_row(gpu, op_name, dtype_name, head_dim, launch, fn, kwargs, front_end_only, seen, rows, untuned, tunable):
+    """The row of one config of a launch's kernel: compiled once per (kernel, pointer types, config) in
+    ``seen`` (a new row is appended to ``rows``). ``untuned``: the config is a tunable kernel's default
+    (``'default'``), the config that runs where the default does not fit (``'fallback'``), or None."""
+    import triton
+    from triton.compiler import ASTSource
+    name = fn.__name__
+    target = gpu.triton_target()
+    signature, constexprs, attrs, options = bind(fn, launch.args, kwargs, target)
+    config = config_text(constexprs, fn, options)
+    key = (name, str({k: v for k, v in signature.items() if v.startswith('*')}), config)
+    if key in seen:
+        seen[key]['untuned'] = seen[key]['untuned'] or untuned
+        return seen[key]
+    row = dict(op=op_name, kernel=name, target=gpu.name, dtype=dtype_name, d=head_dim, config=config, over=False,
+               untuned=untuned, tunable=tunable)
+    seen[key] = row
+    rows.append(row)
+    try:
+        if front_end_only:
+            front_end(fn, signature, constexprs, attrs, options, target)
+            row.update(shared='-', regs='-', spill='-', failed=False, status='parsed')
+            return row
+        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    except Exception as err:  # a kernel that does not compile is the finding
+        message = [line for line in str(err).strip().splitlines() if line.strip()]
+        row.update(shared='-', regs='-', spill='-', failed=True,
+                   status=f'FAILED: {type(err).__name__}: {message[-1] if message else ""}'[:300])
+        return row
+    shared = compiled.metadata.shared
+    regs, spill = resource_usage(compiled.asm['cubin'], name)
+    row.update(shared=f'{shared / 1024:.1f}', regs=regs, spill=spill, failed=False,
+               status='ok (spills)' if spill else 'ok')
+    if shared > gpu.shared_limit:
+        row.update(over=True, failed=gpu.full,
+                   status=f'{shared / 1024:.0f} KiB of shared memory > {gpu.shared_limit // 1024} KiB')
+    return row
 
 
 def check(args):
@@ -351,7 +396,7 @@ def check(args):
     import itertools
 
     import triton
-    items = [(*item, tuple(args.kernels or ()), args.front_end)
+    items = [(*item, tuple(args.kernels or ()), args.front_end, args.untuned)
              for item in itertools.product(args.targets, args.ops, args.dtypes, args.head_dims)]
     start = time.time()
     if args.jobs > 1:
@@ -375,6 +420,13 @@ def check(args):
     print(f'\n{compiled} kernels {done} for {", ".join(args.targets)} in {time.time() - start:.0f} s '
           f'(triton {triton.__version__}); {failures} failed; {declined} (op, dtype, head dim) not run on a '
           'target whose shared memory is too small for them')
+    if not args.front_end:
+        # the configs that run where nothing is tuned: the non-tunable kernels, the defaults that fit and
+        # the configs that run instead of those that do not
+        untuned = [row for row in rows if not row.get('declined') and not row['over']
+                   and (row['untuned'] or not row['tunable'])]
+        spilling = [row for row in untuned if isinstance(row['spill'], int) and row['spill'] > 0]
+        print(f'{len(spilling)} of the {len(untuned)} configs that run without tuning spill registers')
     return rows, failures
 
 
@@ -387,7 +439,11 @@ def print_row(row, _printed=[]):
         print('|' + '---|' * len(HEADER))
         _printed.append(True)
     keys = ('op', 'kernel', 'target', 'dtype', 'd', 'config', 'shared', 'regs', 'spill', 'status')
-    print('| ' + ' | '.join(str(row[k]) for k in keys) + ' |', flush=True)
+    # a tunable kernel's default config (the one that runs without tuning), or what runs where it does not fit
+    roles = {'default': ' (default)', 'fallback': ' (runs untuned: the default does not fit)'}
+    role = roles.get(row.get('untuned'), '')
+    shown = {**row, 'config': row['config'] + role}
+    print('| ' + ' | '.join(str(shown[k]) for k in keys) + ' |', flush=True)
 
 
 def main(argv=None):

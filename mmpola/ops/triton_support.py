@@ -31,7 +31,7 @@ import contextlib
 import functools
 import importlib.util
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -194,11 +194,12 @@ def kernel_target(device):
 
 class Launch(NamedTuple):
     """One kernel launch: the kernel (a ``triton.jit`` function or an autotuner over one), its grid,
-    arguments and launch options."""
+    arguments and launch options, and a tunable kernel's default config (:func:`launch`)."""
     kernel: object
     grid: tuple
     args: tuple
     kwargs: dict
+    default: Optional[dict] = None
 
 
 class _DryRun:
@@ -258,7 +259,7 @@ def launch(kernel, grid, *args, default=None, **kwargs):
     (``lambda meta: (heads, triton.cdiv(tokens, meta['BLOCK_N']))``).
     """
     if _DRY_RUNS:
-        _DRY_RUNS[-1].launches.append(Launch(kernel, grid, args, kwargs))
+        _DRY_RUNS[-1].launches.append(Launch(kernel, grid, args, kwargs, default))
         return
     with on_the_tensors_device(args):
         _launch(kernel, grid, args, kwargs, default)

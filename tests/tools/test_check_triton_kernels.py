@@ -102,7 +102,8 @@ sys.argv = ['check_triton_kernels.py']
 sys.path.insert(0, 'tools')
 import check_triton_kernels as tool
 tool.GPUS['tiny'] = tool.GPU('tiny', 86, 32, 0, 8)
-for row in tool.check_item(('tiny', 'flatten', 'float32', 16, ('_token_stats_kernel', '_key_reduce_kernel'), False)):
+for row in tool.check_item(('tiny', 'flatten', 'float32', 16, ('_token_stats_kernel', '_key_reduce_kernel'), False,
+                            False)):
     print('ROW', row['kernel'], row['failed'], row['status'])
 """
 
