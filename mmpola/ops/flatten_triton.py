@@ -312,6 +312,24 @@ def _blocks(d):
     return block_t, block_d, 4 if block_d <= 64 else 8
 
 
+# the default configs (BLOCK_T, num_warps) of the query pass and of the backward kernels on a GPU, per head-dim
+# block, where they are not _blocks': those spill registers (``tools/check_triton_kernels.py --untuned``)
+_GPU_QUERY_DEFAULTS = {64: (32, 8)}
+_GPU_BACKWARD_DEFAULTS = {32: (32, 8), 64: (16, 8)}
+
+
+def _defaults(d, device):
+    """The default configs (triton_support.launch) of the key reduction, the query pass and the backward
+    kernels for head dim d: _blocks' token block and warps, on a GPU the tables' where they have one."""
+    block_t, block_d, warps = _blocks(d)
+    base = (block_t, warps)
+    queries = backward = base
+    if kernel_target(device).gpu:
+        queries = _GPU_QUERY_DEFAULTS.get(block_d, base)
+        backward = _GPU_BACKWARD_DEFAULTS.get(block_d, base)
+    return [dict(BLOCK_T=block, num_warps=num_warps) for block, num_warps in (base, queries, backward)]
+
+
 def _programs_target(device):
     """About how many programs fill the device (a few per SM); a handful under the interpreter."""
     target = kernel_target(device)
@@ -352,19 +370,19 @@ class _FlattenTriton(torch.autograd.Function):
         n, H = k.shape[1], num_heads
         d = C // H
         focus = _focus_args(focusing_factor)
-        block_t, block_d, warps = _blocks(d)
-        blocks = dict(BLOCK_D=block_d, default=dict(BLOCK_T=block_t, num_warps=warps))
+        block_t, block_d, _ = _blocks(d)
+        keys, queries, _ = _defaults(d, q.device)
         stats_q, stats_k = _token_stats(q, scale, focus), _token_stats(k, scale, focus, bias)
         chunks, per = _chunks(n, block_t, B * H, q.device)
         # per key chunk: KV / n (d x d) and M / n (d) as one record, summed over the chunks once
         parts = torch.empty((B * H, chunks, d * d + d), device=q.device, dtype=torch.float32)
         bias_ptr, bias_strides = key_bias_args(bias, k)
         launch(_key_reduce_kernel, (B * H, chunks), k, bias_ptr, v, scale, stats_k, parts, n, d, H, per, 1.0 / n,
-               *k.stride(), *bias_strides, *v.stride(), **focus, **blocks, BIAS=bias is not None)
+               *k.stride(), *bias_strides, *v.stride(), **focus, BLOCK_D=block_d, default=keys, BIAS=bias is not None)
         summary = parts.sum(1)
         out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
         launch(_query_kernel, lambda meta: (B * H, triton.cdiv(N, meta['BLOCK_T'])), q, scale, stats_q, summary, out,
-               N, d, H, eps, *q.stride(), *out.stride(), **focus, **blocks)
+               N, d, H, eps, *q.stride(), *out.stride(), **focus, BLOCK_D=block_d, default=queries)
         ctx.save_for_backward(q, k, v, scale, stats_q, stats_k, summary, bias)
         ctx.options = (H, focusing_factor, eps)
         return out
@@ -378,8 +396,8 @@ class _FlattenTriton(torch.autograd.Function):
         n, d = k.shape[1], C // H
         dev, f32 = q.device, torch.float32
         focus = _focus_args(focusing_factor)
-        block_t, block_d, warps = _blocks(d)
-        blocks = dict(BLOCK_D=block_d, default=dict(BLOCK_T=block_t, num_warps=warps))
+        block_t, block_d, _ = _blocks(d)
+        blocks = dict(BLOCK_D=block_d, default=_defaults(d, dev)[2])
         one = H == 1
 
         # queries: dKV, dM (and dden per head), then dq and their part of dL/ds

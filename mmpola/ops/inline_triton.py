@@ -191,6 +191,10 @@ if triton_available() is None:
             _store_tile(dv_ptr, dv, b, r, col, mask, n, H * D)
 
 
+# the default config of a head-dim block on a GPU, where it is not the interpreter's
+_GPU_DEFAULTS = {32: dict(BLOCK=64, num_warps=8), 64: dict(BLOCK=32, num_warps=8)}
+
+
 class _Launch:
     """Head block, chunks, dot precision and default config of one call (same for forward and backward).
 
@@ -204,6 +208,9 @@ class _Launch:
         self.default = dict(BLOCK=64 if self.bd <= 64 else 32, num_warps=4 if self.bd <= 64 else 8)
         target = kernel_target(device)
         if target.gpu:
+            # the backward kernels spill registers with 4 warps at head dim 32, and with 64 rows at 64
+            # (``tools/check_triton_kernels.py --untuned``)
+            self.default = _GPU_DEFAULTS.get(self.bd, self.default)
             self.programs = 4 * target.sm_count  # enough programs to fill the GPU with a few waves
             self.precision = 'tf32x3' if target.capability[0] >= 8 and self.bd <= 64 else 'ieee'
             self.granule = max(c.kwargs['BLOCK'] for c in _fitting(_TUNED, None, BD=self.bd))

@@ -412,19 +412,26 @@ if triton_available() is None:
 
 
 def _config(d, device):
-    """(BLOCK_J, dot precision, the default config, the token granule of the chunks) for head dim d.
+    """(BLOCK_J, dot precision, the forward's and the backward's default configs, the token granule of the
+    chunks) for head dim d.
 
-    The default config (BLOCK_N, num_warps) runs where no timing chooses (the interpreter,
-    deterministic mode; triton_support.launch); on a GPU the kernels are tuned over ``_TUNED``. The
-    chunks of the token reductions are multiples of the granule, the largest block that can run."""
+    The default configs (BLOCK_N, num_warps) run where no timing chooses (the interpreter, deterministic
+    mode; triton_support.launch); on a GPU the kernels are tuned over ``_TUNED``. The chunks of the token
+    reductions are multiples of the granule, the largest block that can run."""
     block_j = max(16, triton.next_power_of_2(d // 2))
     if not kernel_target(device).gpu:  # the interpreter: small blocks exercise the masked tails and the chunks
-        return block_j, 'ieee', dict(BLOCK_N=16, num_warps=4), 16
-    # fp32 products in full precision (the test's 1e-5); 32 tokens a block keeps the backward's tiles in
-    # registers (64 spills at head dim 64); at head dim 128, 16 tokens in one stage (shared memory)
-    default = dict(BLOCK_N=32, num_warps=4) if block_j <= 32 else dict(BLOCK_N=16, num_warps=8, num_stages=1)
+        default = dict(BLOCK_N=16, num_warps=4)
+        return block_j, 'ieee', default, default, 16
+    # fp32 products in full precision (the test's 1e-5). The forward keeps its tiles in registers with 32
+    # tokens a block; the backward kernels hold more tiles and spill with 32 from head dim 32 on, 16 tokens
+    # and 8 warps do not (``tools/check_triton_kernels.py --untuned``); at head dim 128, 16 tokens in one
+    # stage (shared memory)
+    if block_j <= 32:
+        forward, backward = dict(BLOCK_N=32, num_warps=4), dict(BLOCK_N=16, num_warps=8)
+    else:
+        forward = backward = dict(BLOCK_N=16, num_warps=8, num_stages=1)
     granule = max(config.kwargs['BLOCK_N'] for config in _fitting(_TUNED, None, BLOCK_J=block_j))
-    return block_j, 'ieee', default, granule
+    return block_j, 'ieee', forward, backward, granule
 
 
 def _chunks(heads, tokens, granule, device):
@@ -478,7 +485,7 @@ class _PaCSTriton(torch.autograd.Function):
         j = d // 2
         bh = batch * heads
         dev = q.device
-        block_j, precision, default, granule = _config(d, dev)
+        block_j, precision, default, _, granule = _config(d, dev)
         meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
         s1, s2 = _logits(s_same, s_opp, heads, d)
         if sin.stride() != cos.stride():
@@ -507,7 +514,7 @@ class _PaCSTriton(torch.autograd.Function):
         j = d // 2
         bh = batch * heads
         dev = q.device
-        block_j, precision, default, granule = _config(d, dev)
+        block_j, precision, _, default, granule = _config(d, dev)
         meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
         chunks, per_chunk = _chunks(bh, n, granule, dev)
         f32 = dict(device=dev, dtype=torch.float32)

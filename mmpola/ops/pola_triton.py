@@ -361,6 +361,21 @@ def _launch_config(d):
     return bd, (32, 8), (16, 8)
 
 
+def _key_defaults(bd, dtype, forward, backward, device):
+    """The default (token block, warps) of the forward and backward key kernels: on a GPU, shorter token
+    blocks than the query kernels' where theirs spill registers (float32 inputs in the forward at head dims
+    32 and 64, every dtype in the backward up to 32), so that untuned runs (triton_support.autotuning) take
+    a config that keeps its tiles in registers (``tools/check_triton_kernels.py --untuned`` lists the
+    defaults' spills). Elsewhere (the interpreter) the query kernels' blocks."""
+    if not kernel_target(device).gpu:
+        return forward, backward
+    if dtype == torch.float32 and bd in (32, 64):
+        forward = (32 if bd == 32 else 16, forward[1])
+    if bd <= 32:
+        backward = (16, backward[1])
+    return forward, backward
+
+
 def _join_weight_grads(bd, device):
     """Whether the query backward computes dL/dW+ and dL/dW- as one product (its ``JOIN``).
 
@@ -406,6 +421,7 @@ class _PolaTriton(torch.autograd.Function):
         bh = B * H
         bd, (block, warps), backward = _launch_config(d)
         wide = torch.float64 in (q.dtype, k.dtype, v.dtype, k.dtype if bias is None else bias.dtype)
+        key_forward, key_backward = _key_defaults(bd, q.dtype, (block, warps), backward, q.device)
         acc = tl.float64 if wide else tl.float32
         options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
         # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
@@ -417,7 +433,7 @@ class _PolaTriton(torch.autograd.Function):
         bias_ptr, bias_strides = key_bias_args(bias, k)
         launch(_pola_fwd_keys, (bh, chunks), k, bias_ptr, v, scale, power, parts, H, n, d, chunk, alpha, *k.stride(),
                *bias_strides, *v.stride(), *params, BIAS=bias is not None,
-               default=dict(BLOCK_N=block, **config), **options)
+               default=dict(BLOCK_N=key_forward[0], num_warps=key_forward[1], num_stages=1), **options)
         sums = parts.sum(1)
         # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the models merge the heads with a view
         out = torch.empty(B, N, H, d, device=q.device, dtype=q.dtype).transpose(1, 2)
@@ -426,14 +442,14 @@ class _PolaTriton(torch.autograd.Function):
             d, d // 2, 1.0 / n, eps, alpha, *q.stride(), *out.stride(), *params,
             default=dict(BLOCK_M=block, **config), **options)
         ctx.save_for_backward(q, k, v, scale, power, sums, bias)
-        ctx.config = (alpha, eps, backward, options)
+        ctx.config = (alpha, eps, backward, key_backward, options)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, scale, power, sums, bias = ctx.saved_tensors
-        alpha, eps, (block, warps), options = ctx.config
+        alpha, eps, (block, warps), key_backward, options = ctx.config
         B, H, N, d = q.shape
         n = k.shape[2]
         bh, bd = B * H, options['BD']
@@ -455,8 +471,8 @@ class _PolaTriton(torch.autograd.Function):
         launch(
             _pola_bwd_keys, (bh, chunks), k, bias_ptr, v, scale, power, query_sums, dk, dv, parts,
             H, n, d, d // 2, 1.0 / n, chunk, alpha, *k.stride(), *bias_strides, *v.stride(), *dk.stride(),
-            *dv.stride(), *params, BIAS=bias is not None, default=dict(BLOCK_N=block, num_warps=warps, num_stages=1),
-            **options)
+            *dv.stride(), *params, BIAS=bias is not None,
+            default=dict(BLOCK_N=key_backward[0], num_warps=key_backward[1], num_stages=1), **options)
         return (dq, dk, dv, *_summed_parameter_gradients(parts.view(B, H, chunks, 2, bd), scale.shape, power.shape),
                 None if bias is None else key_bias_gradient(dk, bias), None, None)
 

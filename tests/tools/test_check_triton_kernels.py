@@ -66,6 +66,21 @@ def test_the_tool_compiles_a_kernel_for_sm_90(tmp_path):
     assert '0 failed' in log
 
 
+def test_untuned_compiles_the_default_configs_and_counts_their_spills(tmp_path):
+    """``--untuned`` compiles only what runs without tuning (deterministic mode, MMPOLA_TRITON_AUTOTUNE=0):
+    each tunable kernel's default config, marked. Pola's key kernels at head dim 32 (Pola-Swin's heads) take
+    16-token blocks on a GPU, which keep their tiles in registers."""
+    log = run_tool([PYTHON, 'tools/check_triton_kernels.py', '--untuned', '--ops', 'pola', '--targets', 'sm_90',
+                    '--head-dims', '32', '--dtypes', 'bfloat16', '--kernels', '_pola_fwd_keys', '_pola_bwd_keys'],
+                   env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
+    rows = [line.split('|') for line in log.splitlines() if line.startswith('| pola |')]
+    assert {row[2].strip() for row in rows} == {'_pola_fwd_keys', '_pola_bwd_keys'}, log
+    assert all(row[6].strip().endswith('(default)') for row in rows), log
+    bwd = next(row for row in rows if row[2].strip() == '_pola_bwd_keys')
+    assert 'BLOCK_N=16' in bwd[6] and bwd[9].strip() == '0', log
+    assert '0 of the 2 configs that run without tuning spill registers' in log, log
+
+
 def test_every_kernel_passes_tritons_front_end_for_sm_80_and_sm_90(tmp_path):
     """What the interpreter lets pass and a GPU's compiler refuses (a value whose type changes inside a loop,
     a compile-time branch of one target) fails here: every kernel of every op, through Triton's front end,
@@ -106,6 +121,28 @@ for row in tool.check_item(('tiny', 'flatten', 'float32', 16, ('_token_stats_ker
                             False)):
     print('ROW', row['kernel'], row['failed'], row['status'])
 """
+
+
+# InLine's key backward on a 99 KiB GPU whose default config is made not to fit: the first tuned config that
+# fits runs instead, and --untuned compiles it after the default
+FALLBACK = """
+import sys
+sys.argv = ['check_triton_kernels.py']
+sys.path.insert(0, 'tools')
+import check_triton_kernels as tool
+import mmpola.ops.inline_triton as inline
+inline._GPU_DEFAULTS[64] = dict(BLOCK=64, num_warps=4)  # 104 KiB in float16
+for row in tool.check_item(('sm_86', 'inline', 'float16', 64, ('_inline_bwd_key_kernel',), False, True)):
+    print('ROW', row['untuned'], row['over'], row['failed'], row['config'], '|', row['status'])
+"""
+
+
+def test_untuned_compiles_what_runs_where_the_default_does_not_fit(tmp_path):
+    log = run_tool([PYTHON, '-c', FALLBACK], env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
+    rows = [line.split(' ', 4)[1:] for line in log.splitlines() if line.startswith('ROW ')]
+    assert [row[:3] for row in rows] == [['default', 'True', 'False'], ['fallback', 'False', 'False']], log
+    assert 'BLOCK=64' in rows[0][3] and 'the first tuned config that fits runs instead' in rows[0][3], log
+    assert 'BLOCK=32' in rows[1][3], log
 
 
 def test_a_launch_none_of_whose_configs_fits_fails(tmp_path):
