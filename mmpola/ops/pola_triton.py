@@ -421,7 +421,7 @@ class _PolaTriton(torch.autograd.Function):
         bh = B * H
         bd, (block, warps), backward = _launch_config(d)
         wide = torch.float64 in (q.dtype, k.dtype, v.dtype, k.dtype if bias is None else bias.dtype)
-        key_forward, key_backward = _key_defaults(bd, q.dtype, (block, warps), backward, q.device)
+        key_forward, key_backward = _key_defaults(bd, k.dtype, (block, warps), backward, q.device)
         acc = tl.float64 if wide else tl.float32
         options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
         # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
