@@ -892,16 +892,16 @@ def bench_amp(args, device):
 
 def value_conv_inputs(case, device, dtype, layout, seed, shape=None):
     """The depthwise conv of the attentions' value path (mmpola.models.attention.grid_terms.depthwise_value_heads:
-    Pola, FLatten; made by mmpola.models.layers.depthwise_conv) for attention case ``case``, and its input in
+    Pola, FLatten; a mmpola.models.layers.DepthwiseConv2d) for attention case ``case``, and its input in
     ``dtype``: the heads' values in the projection's slot, seen in place as (B, h, d, H, W), what the attentions
     pass (``layout='projection'``: a view of the (B, H*W, 4, h, d) projection, the gradient flowing to it),
     the same values as one channels-last (B * h, d, H, W) map (``'channels_last'``, what they passed before),
     or as a contiguous one (``'contiguous'``); ``shape``: (B * h, H, W) instead of the case's."""
-    from mmpola.models.layers import depthwise_conv
+    from mmpola.models.layers import DepthwiseConv2d
     batch, heads, (height, width), dim = ATTENTION_CASES[case]
     images, height, width = shape or (batch * heads, height, width)
     g = torch.Generator().manual_seed(seed)
-    conv = depthwise_conv(dim, 5)
+    conv = DepthwiseConv2d(dim, 5)
     conv = conv.to(device=device, dtype=dtype)
     if layout == 'projection':
         heads = heads if images % heads == 0 else 1
@@ -1030,8 +1030,8 @@ def bench_layers(args, device):
                 gc.collect()
     print('\ndwconv 5x5: the depthwise conv (d channels, 5x5, groups=d) of the Pola / FLatten value path on the '
           'heads\' values (B * h maps of d channels) of the case, by mmpola.ops.depthwise_conv2d: impl torch = '
-          'F.conv2d (cuDNN on CUDA), triton = mmpola\'s Triton kernels; its weight is stored channels-last '
-          '(mmpola.models.layers.depthwise_conv); projection: the values seen in place in their projection, as '
+          'F.conv2d (cuDNN on CUDA), triton = mmpola\'s Triton kernels (mmpola.models.layers.DepthwiseConv2d); '
+          'projection: the values seen in place in their projection, as '
           '(B, h, d, H, W) (what the attentions pass: the Triton kernels read it there, the library convolution '
           'copies it once), channels_last: one channels-last (B * h, d, H, W) map of them. sr conv: PVT\'s '
           'spatial reduction of the keys and values (C channels, kernel = stride = the stage\'s ratio) on the '

@@ -16,7 +16,7 @@ from mmpola.ops.dispatch import recording
 from mmpola.ops.recompute import resolve_recompute_impl
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache',
-           'SizeCache', 'crop_map', 'depthwise_conv', 'gated_proj', 'gelu_fc2', 'map_as_tokens',
+           'SizeCache', 'crop_map', 'gated_proj', 'gelu_fc2', 'map_as_tokens',
            'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
 
@@ -90,7 +90,16 @@ class DepthwiseConv2d(nn.Conv2d):
     :func:`mmpola.ops.depthwise_conv2d` with the implementation that ``MMPOLA_DEPTHWISE_CONV`` names:
     ``'auto'`` (unset: the Triton kernels on a GPU, the library convolution elsewhere), ``'torch'`` (the
     library convolution) or ``'triton'``. Besides (B, C, H, W) maps it takes (B, G, C, H, W): G maps per
-    image, convolved by the same kernels (see there)."""
+    image, convolved by the same kernels (see there).
+
+    Its weight's gradient has the weight's own strides (contiguous) whatever the input's layout. The
+    (C, 1, k, k) weight's gradient comes channels-last from a channels-last input, ``(k*k, 1, k, 1)``: the
+    same memory as the contiguous ``(k*k, k*k, k, 1)``, only the stride of the size-1 dim differs, but DDP's
+    gradient buckets take the parameter's strides, warn "Grad strides do not match bucket view strides" and
+    copy the gradient on every backward. The models' maps are channels-last views of their tokens,
+    contiguous maps, or strided views of a projection (CSWin's LePE), and the layout can differ between the
+    calls of one module (CSWin's stripes), so the forward passes the weight through a view of its own shape,
+    whose backward gives the gradient contiguous strides (a view, no copy)."""
 
     def __init__(self, channels, kernel_size, bias=True):
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
@@ -101,24 +110,7 @@ class DepthwiseConv2d(nn.Conv2d):
     def forward(self, x):
         if not isinstance(x, torch.Tensor):  # torch.fx proxies: the library convolution
             return super().forward(x)
-        return depthwise_conv2d(x, self.weight, self.bias, depthwise_conv_impl())
-
-
-def depthwise_conv(channels, kernel_size):
-    """A :class:`DepthwiseConv2d` of ``channels`` and an odd ``kernel_size`` whose weight is stored
-    channels-last, for the depthwise convolutions that run on channels-last views (the attention's value
-    term, PolaFormer++'s FFN and LePE, PVTv2's MLP).
-
-    From a channels-last input the convolution returns the weight gradient in channels-last strides,
-    ``(k*k, 1, k, 1)`` for the (C, 1, k, k) weight. A weight stored contiguously, ``(k*k, k*k, k, 1)``
-    (the same memory: only the stride of the size-1 dim differs), makes DDP warn "Grad strides do not
-    match bucket view strides" and copy the gradient on every backward, since DDP's gradient buckets
-    take the parameter's strides. Stored channels-last, the gradient matches the parameter: the same
-    numbers and speed (a contiguous input instead would make the CPU convolution several times slower).
-    """
-    conv = DepthwiseConv2d(channels, kernel_size)
-    conv.weight = nn.Parameter(conv.weight.detach().to(memory_format=torch.channels_last))
-    return conv
+        return depthwise_conv2d(x, self.weight.view(self.weight.shape), self.bias, depthwise_conv_impl())
 
 
 def resize_grid_embedding(embed, src_hw, dst_hw, mode='bilinear'):

@@ -1,9 +1,9 @@
 """Depthwise convolution of the token maps: one public function with a choice of implementation.
 
 :func:`depthwise_conv2d` computes ``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` for an odd
-k x k kernel at stride 1 (the value term of Pola / FLatten attention, PolaFormer++'s LePE and FFN
-conv, PVTv2's MLP conv; :class:`mmpola.models.layers.DepthwiseConv2d` calls it; InLine's local residual
-with kernels of its own per image, ``per_sample=True``). Its implementations:
+k x k kernel at stride 1 (the value term of Pola / FLatten attention, CSWin's LePE, PolaFormer++'s
+positional conv, LePE and FFN conv, PVTv2's MLP conv; :class:`mmpola.models.layers.DepthwiseConv2d` calls
+it; InLine's local residual with kernels of its own per image, ``per_sample=True``). Its implementations:
 
 * ``'torch'``: ``F.conv2d`` (cuDNN on CUDA);
 * ``'triton'``: the Triton kernels of mmpola/ops/depthwise_triton.py, forward and backward, on CUDA

@@ -1,7 +1,7 @@
 """Every parameter's gradient has the parameter's own strides, the layout DDP's gradient buckets take
 (otherwise DDP warns "Grad strides do not match bucket view strides" and copies the gradient on
-every backward): the depthwise convolutions that run on channels-last views keep their weight
-channels-last (mmpola.models.layers.depthwise_conv), on the library convolution and on the Triton kernels
+every backward): the depthwise convolutions give their weight's gradient contiguous strides whatever their
+input's layout (mmpola.models.layers.DepthwiseConv2d), on the library convolution and on the Triton kernels
 (MMPOLA_DEPTHWISE_CONV=triton, through Triton's interpreter without a GPU), which give the same outputs and
 gradients; so do the linear layers that recompute their input (MMPOLA_RECOMPUTE=triton)."""
 import socket
@@ -11,16 +11,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mmpola.models import FLattenPVTv2, FLattenSwin, InLinePVT, PolaPP, PolaPVT, PolaSwin, PVTv2Backbone
+from mmpola.models import FLattenCSWin, FLattenPVTv2, FLattenSwin, InLinePVT, PolaPP, PolaPVT, PolaSwin, PVTv2Backbone
 from tests.fixtures.backbones import TINY_PVT
 from tests.fixtures.ops import relative_error
 
 TINY_SWIN = dict(embed_dims=16, depths=[1, 2, 1, 2], num_heads=[1, 2, 4, 8])
+TINY_CSWIN = dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], split_size=[1, 2, 7, 7])
 TINY_POLAPP = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratios=[2] * 4,
                    layer_scale_init_values=[1.0] * 4)
 MODELS = {'PolaPVT': (PolaPVT, TINY_PVT), 'InLinePVT': (InLinePVT, TINY_PVT), 'PolaSwin': (PolaSwin, TINY_SWIN),
           'FLattenSwin': (FLattenSwin, TINY_SWIN), 'PolaPP': (PolaPP, TINY_POLAPP),
-          'FLattenPVTv2': (FLattenPVTv2, TINY_PVT), 'PVTv2-softmax': (PVTv2Backbone, dict(TINY_PVT, attn_type='SSSS'))}
+          'FLattenPVTv2': (FLattenPVTv2, TINY_PVT), 'PVTv2-softmax': (PVTv2Backbone, dict(TINY_PVT, attn_type='SSSS')),
+          # the block's LePE on the values' view in the projection (linear stages), the stripes' own (softmax)
+          'FLattenCSWin': (FLattenCSWin, dict(TINY_CSWIN, attn_type='LLSS'))}
 
 
 def _backward(model, x):
@@ -60,7 +63,8 @@ def test_ddp_does_not_warn_about_gradient_strides():
         dist.destroy_process_group()
 
 
-FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax', 'InLinePVT']  # InLine: kernels per image
+# InLine: kernels per image
+FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax', 'InLinePVT', 'FLattenCSWin']
 
 
 def _run(cls, arch, extra):

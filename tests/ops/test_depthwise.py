@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmpola.models.layers import DepthwiseConv2d, depthwise_conv
+from mmpola.models.layers import DepthwiseConv2d
 from mmpola.ops import depthwise_conv2d
 from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
@@ -70,12 +70,34 @@ def test_without_bias_and_with_frozen_inputs():
 
 
 def test_weight_gradient_has_the_weights_strides():
-    """The weight gradient comes back in the parameter's strides (channels-last for mmpola's convs), so
-    DDP's buckets take it without a copy."""
+    """The Triton kernels give the weight gradient the weight's strides."""
     x, weight, bias, g = make_inputs(2, 32, 9, 10, 5)
     weight = weight.to(memory_format=torch.channels_last).requires_grad_()
     depthwise_conv2d_triton(x, weight, bias).backward(g)
     assert weight.grad.stride() == weight.stride()
+
+
+@pytest.mark.parametrize('impl', ['torch', 'triton'])
+def test_the_modules_weight_gradient_is_contiguous_whatever_the_inputs_layout(impl, monkeypatch):
+    """DDP's gradient buckets take the parameter's strides: the module's weight (contiguous) gets contiguous
+    gradients from channels-last maps (whose library convolution gives them channels-last), contiguous maps
+    and strided views of a projection (CSWin's LePE), the same numbers as nn.Conv2d's."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', impl)
+    torch.manual_seed(0)
+    conv = DepthwiseConv2d(8, 3)
+    reference = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+    reference.load_state_dict(conv.state_dict())
+    tokens = torch.randn(2, 5 * 6, 3, 8)  # (B, H*W, P, C): the values are P's slot 2
+    maps = {'channels_last': torch.randn(2, 8, 5, 6).to(memory_format=torch.channels_last),
+            'contiguous': torch.randn(2, 8, 5, 6),
+            'projection': tokens[:, :, 2].transpose(1, 2).unflatten(2, (5, 6))}
+    for layout, x in maps.items():
+        conv.zero_grad(set_to_none=True)
+        reference.zero_grad(set_to_none=True)
+        conv(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        assert conv.weight.grad.stride() == conv.weight.stride() == (9, 9, 3, 1), layout
+        assert relative_error(conv.weight.grad, reference.weight.grad) <= 1e-5, layout
 
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float16, 1e-2), (torch.bfloat16, 3e-2)])
@@ -159,7 +181,7 @@ def test_cpu_tensors_without_the_interpreter_are_a_clear_error(monkeypatch):
 def test_module_runs_the_implementation_the_environment_names(monkeypatch):
     """mmpola's depthwise convs are nn.Conv2d with the same parameters and keys; MMPOLA_DEPTHWISE_CONV=triton
     runs them through the kernels, with the same output and gradients."""
-    conv = depthwise_conv(48, 5).to(DEVICE)
+    conv = DepthwiseConv2d(48, 5).to(DEVICE)
     assert isinstance(conv, DepthwiseConv2d) and isinstance(conv, nn.Conv2d)
     assert list(conv.state_dict()) == ['weight', 'bias']
     x, _, _, g = make_inputs(2, 48, 9, 11, 5)
@@ -232,7 +254,7 @@ def test_auto_runs_the_kernels_on_a_gpu_and_the_library_elsewhere(monkeypatch):
 def test_module_under_auto_on_the_cpu_is_the_library_convolution(monkeypatch):
     """With MMPOLA_DEPTHWISE_CONV unset, mmpola's depthwise convs on the CPU give nn.Conv2d's results exactly."""
     monkeypatch.delenv('MMPOLA_DEPTHWISE_CONV', raising=False)
-    conv = depthwise_conv(24, 5)
+    conv = DepthwiseConv2d(24, 5)
     x = torch.randn(2, 9, 7, 24).permute(0, 3, 1, 2)
     assert torch.equal(conv(x), nn.Conv2d.forward(conv, x))
 
@@ -281,7 +303,7 @@ def test_maps_per_image_read_in_place(impl):
         depthwise_conv2d(values(projection), weight, bias, impl=impl)
     copies = sum(name in ('clone', 'copy_', '_to_copy') for name in ops.names)
     assert copies == (0 if impl == 'triton' else 1)
-    conv = depthwise_conv(C, k).to(DEVICE)
+    conv = DepthwiseConv2d(C, k).to(DEVICE)
     with torch.no_grad():
         conv.weight.copy_(weight)
         conv.bias.copy_(bias)

@@ -27,9 +27,9 @@ def test_linear_and_conv_counts_are_exact():
 def test_depthwise_convs_are_counted_whatever_their_implementation(monkeypatch):
     """MMPOLA_DEPTHWISE_CONV=triton (kernels the tracer cannot see) does not change the count: it is made
     with the library convolution, and the variable is as it was afterwards."""
-    from mmpola.models.layers import depthwise_conv
+    from mmpola.models.layers import DepthwiseConv2d
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'triton')
-    flops, _ = get_flops.count_flops(depthwise_conv(8, 5), torch.randn(1, 8, 6, 7))
+    flops, _ = get_flops.count_flops(DepthwiseConv2d(8, 5), torch.randn(1, 8, 6, 7))
     assert flops == 2 * 8 * 25 * 6 * 7
     assert get_flops.os.environ['MMPOLA_DEPTHWISE_CONV'] == 'triton'
 

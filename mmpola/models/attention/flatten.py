@@ -6,7 +6,7 @@ from timm.layers import register_notrace_module
 from mmpola.ops import check_attn_impl, flatten_attention
 from mmpola.registry import ATTENTIONS
 
-from ..layers import depthwise_conv
+from ..layers import DepthwiseConv2d
 from .grid_terms import KeyPositionalEncoding, add_to_patches, depthwise_value_term
 from .projections import QKVProjections, check_attention_args, reduced_grid
 
@@ -69,7 +69,7 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         if sr_ratio > 1:
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(dim)
-        self.dwc = depthwise_conv(head_dim, kernel_size)
+        self.dwc = DepthwiseConv2d(head_dim, kernel_size)
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
 

@@ -73,8 +73,8 @@ def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d'):
 
     The conv takes the heads' maps as one (B, h, d, H, W) view of v, channels-last as in the official code:
     the Triton kernels read them in place, the library convolution copies them once as B * h images.
-    ``dwc`` is made by :func:`mmpola.models.layers.depthwise_conv` (its weight stored channels-last, see there
-    why).
+    ``dwc`` is a :class:`mmpola.models.layers.DepthwiseConv2d` (its weight's gradient contiguous whatever the
+    input's layout, see there why).
     """
     B, heads, n, head_dim = v.shape
     H, W = hw

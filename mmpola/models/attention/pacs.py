@@ -16,7 +16,7 @@ from timm.layers import register_notrace_module
 from mmpola.ops import check_attn_impl, pacs_attention, rope_angles, rope_rotate, rope_rotate_fast, rope_tables
 from mmpola.registry import ATTENTIONS
 
-from ..layers import SizeCache, depthwise_conv, gated_proj
+from ..layers import DepthwiseConv2d, SizeCache, gated_proj
 
 __all__ = ['PaCSAttention', 'RoPESoftmaxAttention', 'RotaryEmbedding']
 
@@ -56,7 +56,7 @@ class PaCSAttention(nn.Module):
     """Polarity-aware linear attention with channel-wise spikiness (the official linear block).
 
     ``qkvg`` projects to queries, keys, values and a gate; ``lepe`` is a 5x5 depthwise conv on the
-    values (:func:`~mmpola.models.layers.depthwise_conv`); ``s1`` / ``s2`` are the per-channel
+    values (:class:`~mmpola.models.layers.DepthwiseConv2d`); ``s1`` / ``s2`` are the per-channel
     spikiness logits of the same-sign and opposite-sign flows; the core is
     :func:`mmpola.ops.pacs_attention` (``attn_impl``: its implementations).
 
@@ -80,7 +80,7 @@ class PaCSAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.qkvg = nn.Linear(dim, dim * 4)
-        self.lepe = depthwise_conv(dim, 5)
+        self.lepe = DepthwiseConv2d(dim, 5)
         self.proj = nn.Linear(dim, dim)
         self.s1 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
         self.s2 = nn.Parameter(torch.zeros(1, num_heads, 1, 2 * self.head_dim))
@@ -124,7 +124,7 @@ class RoPESoftmaxAttention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.qkvo = nn.Linear(dim, dim * 4)
-        self.lepe = depthwise_conv(dim, 5)
+        self.lepe = DepthwiseConv2d(dim, 5)
         self.proj = nn.Linear(dim, dim)
         self.attn_impl = check_attn_impl(attn_impl)
 

@@ -6,7 +6,7 @@ from timm.layers import register_notrace_module
 from mmpola.ops import check_attn_impl, pola_attention
 from mmpola.registry import ATTENTIONS
 
-from ..layers import depthwise_conv
+from ..layers import DepthwiseConv2d
 from .grid_terms import KeyPositionalEncoding, add_to_patches, depthwise_value_heads, depthwise_value_term
 from .projections import QKVProjections, check_attention_args, reduced_grid
 
@@ -93,7 +93,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(dim)
         self._init_output_projection(dim, qkv_layout, proj_drop)
-        self.dwc = depthwise_conv(head_dim, kernel_size)
+        self.dwc = DepthwiseConv2d(head_dim, kernel_size)
         self.power = nn.Parameter(torch.zeros(1, num_heads, 1, head_dim))
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))

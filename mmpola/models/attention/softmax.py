@@ -16,7 +16,7 @@ from timm.layers import register_notrace_module, trunc_normal_
 
 from mmpola.registry import ATTENTIONS
 
-from ..layers import crop_map
+from ..layers import DepthwiseConv2d, crop_map
 from .projections import QKV_LAYOUTS, spatial_reduction
 
 __all__ = ['SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 'softmax_attention', 'window_partition',
@@ -312,7 +312,7 @@ class StripeAttention(nn.Module):
             raise ValueError(f'orientation must be one of {self.ORIENTATIONS}, got {orientation!r}')
         self.dim, self.num_heads, self.split_size, self.orientation = dim, num_heads, split_size, orientation
         self.scale = qk_scale or (dim // num_heads) ** -0.5
-        self.get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)
+        self.get_v = DepthwiseConv2d(dim, 3)
         self.attn_drop = nn.Dropout(attn_drop)
 
     def stripe(self, hw):

@@ -35,7 +35,7 @@ import torch.nn as nn
 from ..attention import attention_class
 from ..checks import PolaConfigError, square_pretrain_size
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import DropPath, Mlp, tokens_as_map
+from ..layers import DepthwiseConv2d, DropPath, Mlp, tokens_as_map
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['CSWinBackbone', 'CSWinHead', 'CSWinBlock', 'MergeBlock']
@@ -76,7 +76,7 @@ class CSWinBlock(nn.Module):
         channels = dim // len(attns)
         for attn, lepe in zip(self.attns, self.block_lepe):
             if lepe:
-                attn.get_v = nn.Conv2d(channels, channels, kernel_size=3, stride=1, padding=1, groups=channels)
+                attn.get_v = DepthwiseConv2d(channels, 3)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
         self.norm2 = nn.LayerNorm(dim)

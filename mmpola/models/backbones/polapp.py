@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..attention import RotaryEmbedding
 from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import DropPath, depthwise_conv, trunc_normal_init
+from ..layers import DepthwiseConv2d, DropPath, trunc_normal_init
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
 __all__ = ['PolaPPBackbone', 'PolaPPHead', 'PolaPPBlock', 'LayerNorm2d', 'ConvStem', 'ConvDownsample',
@@ -48,7 +48,7 @@ class FeedForwardNetwork(nn.Module):
         self.hidden_dim = hidden_dim
         self.fc1 = nn.Linear(dim, hidden_dim)
         self.fc2 = nn.Linear(hidden_dim, dim)
-        self.dwconv = depthwise_conv(hidden_dim, 3)  # runs on a channels-last view
+        self.dwconv = DepthwiseConv2d(hidden_dim, 3)  # runs on a channels-last view
         self.drop = nn.Dropout(drop)
 
     def forward(self, x):
@@ -67,7 +67,7 @@ class PolaPPBlock(nn.Module):
 
     def __init__(self, dim, attn, mlp_ratio, drop_path=0., layer_scale_init=1.0, drop=0.):
         super().__init__()
-        self.pos = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
+        self.pos = DepthwiseConv2d(dim, 3)
         self.norm1 = LayerNorm2d(dim)
         self.attn = attn
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()

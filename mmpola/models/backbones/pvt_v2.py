@@ -25,7 +25,7 @@ from timm.layers import register_notrace_module
 
 from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import PreNormBlock, depthwise_conv, gelu_fc2, map_as_tokens, tokens_as_map, trunc_normal_init
+from ..layers import DepthwiseConv2d, PreNormBlock, gelu_fc2, map_as_tokens, tokens_as_map, trunc_normal_init
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_stage_settings
 
@@ -58,7 +58,7 @@ class DWConv(nn.Module):
 
     def __init__(self, dim):
         super().__init__()
-        self.dwconv = depthwise_conv(dim, 3)
+        self.dwconv = DepthwiseConv2d(dim, 3)
 
     def forward(self, x, hw):
         return map_as_tokens(self.dwconv(tokens_as_map(x, hw)))

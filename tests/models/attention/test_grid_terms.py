@@ -14,7 +14,7 @@ from mmpola.models.attention.grid_terms import (
     split_prefix,
     upsample_values,
 )
-from mmpola.models.layers import depthwise_conv
+from mmpola.models.layers import DepthwiseConv2d
 
 
 class _Encoded(KeyPositionalEncoding, nn.Module):
@@ -64,7 +64,7 @@ def test_depthwise_value_term_per_head_and_as_tokens(in_projection):
     """The value term per head, from contiguous values or from their per-head view of a fused projection
     (B, N, 4, h, d), as the attentions pass them: each head's map convolved by the shared conv."""
     torch.manual_seed(0)
-    dwc = depthwise_conv(2, 3)
+    dwc = DepthwiseConv2d(2, 3)
     projection = torch.randn(1, 4 * 5, 4, 3, 2)
     v = projection[:, :, 2].transpose(1, 2) if in_projection else projection[:, :, 2].transpose(1, 2).contiguous()
     assert v.shape == (1, 3, 20, 2) and v.is_contiguous() != in_projection  # (B, heads, N, d)
