@@ -217,6 +217,7 @@ class CSWinBackbone(DenseBackbone):
                     attns = [self.build_attention(i, j, dim, heads, split_size=self.split_size[i],
                                                   orientation='whole', pe_grid=(reso, reso), **common)]
                 else:  # stripes over the two channel halves
+                    self._check_stripe_heads(i, heads)
                     attns = [self.build_attention(i, j, dim // 2, heads // 2, split_size=self.split_size[i],
                                                   orientation=o, pe_grid=(reso, reso), **common)
                              for o in ('vertical', 'horizontal')]
@@ -228,6 +229,14 @@ class CSWinBackbone(DenseBackbone):
                 setattr(self, f'merge{i + 1}', MergeBlock(dim, self.embed_dims[i + 1]))
         self._finish_init()
 
+
+    def _check_stripe_heads(self, stage, heads):
+        """Stripe softmax blocks split the stage's heads between their vertical and horizontal stripes."""
+        if heads % 2:
+            raise PolaConfigError(
+                f"{type(self).__name__}: stage {stage + 1} has stripe softmax blocks ('S'), which split the heads "
+                f'between vertical and horizontal stripes, so its head count must be even; got num_heads[{stage}] = '
+                f'{heads}. Use an even count there, or another attention letter for that stage in attn_type.')
 
     def _check_la_split_size(self, la_split_size):
         if la_split_size is None:

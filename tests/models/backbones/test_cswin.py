@@ -1,9 +1,11 @@
 """The CSWin architecture (mmpola.models.backbones.cswin) on its own: mixed stages with a whole-map
 branch of another kind. The stripes themselves are tested with the softmax kinds
 (tests/models/attention/test_softmax.py); CSWin's dense contract is in test_base.py."""
+import pytest
 import torch
 
 from mmpola.models import CSWinBackbone
+from mmpola.models.checks import PolaConfigError
 from tests.fixtures.backbones import MINI_CSWIN
 
 
@@ -20,3 +22,10 @@ def test_cswin_mixed_stage_and_pola_branches():
     sum(o.square().mean() for o in outs).backward()
     assert not [n for n, p in model.named_parameters() if p.grad is None]
 
+
+
+def test_stripe_stages_need_an_even_head_count():
+    """The two stripe branches take half the heads each: an odd count is a clear error, not a crash."""
+    with pytest.raises(PolaConfigError, match=r"stage 1 has stripe softmax blocks .* num_heads\[0\] = 1"):
+        CSWinBackbone(arch=MINI_CSWIN, attn_type='SSSS')
+    CSWinBackbone(arch=MINI_CSWIN, attn='flatten', attn_type='LSSS')  # the stage of one head runs the linear kind
