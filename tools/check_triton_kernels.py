@@ -336,9 +336,11 @@ def check_item(item):
         if default_row is not None and default_row['over'] and not gpu.full:
             # the default does not fit this GPU: the first tuned config that fits runs instead
             for fn, kwargs in compilations(launch):
-                launch_rows.append(compile_row(gpu, op_name, dtype_name, head_dim, launch, fn, kwargs, False, seen,
-                                               rows, untuned='fallback', tunable=True))
-                if not launch_rows[-1]['over']:
+                row = compile_row(gpu, op_name, dtype_name, head_dim, launch, fn, kwargs, False, seen, rows,
+                                  untuned=None, tunable=True)
+                launch_rows.append(row)
+                if not row['over']:
+                    row['untuned'] = row['untuned'] or 'fallback'
                     break
         if launch_rows and all(row['over'] for row in launch_rows):  # no config of this launch fits
             for row in launch_rows:
