@@ -98,8 +98,11 @@ class DepthwiseConv2d(nn.Conv2d):
     gradient buckets take the parameter's strides, warn "Grad strides do not match bucket view strides" and
     copy the gradient on every backward. The models' maps are channels-last views of their tokens,
     contiguous maps, or strided views of a projection (CSWin's LePE), and the layout can differ between the
-    calls of one module (CSWin's stripes), so the forward passes the weight through a view of its own shape,
-    whose backward gives the gradient contiguous strides (a view, no copy)."""
+    calls of one module (CSWin's stripes), so the forward passes the weight through a view, whose backward
+    gives the gradient contiguous strides (a view, no copy). For a map whose channels are its innermost axis
+    (channels-last maps, views of a projection) that view has channels-last strides, so that the library
+    convolution runs channels-last, as it does for such a map and weight (on the CPU several times faster
+    than the NCHW copy it would make of a strided view); for other maps, the weight's own strides."""
 
     def __init__(self, channels, kernel_size, bias=True):
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
@@ -110,7 +113,12 @@ class DepthwiseConv2d(nn.Conv2d):
     def forward(self, x):
         if not isinstance(x, torch.Tensor):  # torch.fx proxies: the library convolution
             return super().forward(x)
-        return depthwise_conv2d(x, self.weight.view(self.weight.shape), self.bias, depthwise_conv_impl())
+        weight = self.weight
+        if x.stride(-3) == 1:  # channels innermost: a channels-last view of the weight
+            weight = weight.view(weight.shape[0], *weight.shape[2:], 1).permute(0, 3, 1, 2)
+        else:
+            weight = weight.view(weight.shape)
+        return depthwise_conv2d(x, weight, self.bias, depthwise_conv_impl())
 
 
 def resize_grid_embedding(embed, src_hw, dst_hw, mode='bilinear'):

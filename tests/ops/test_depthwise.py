@@ -98,6 +98,11 @@ def test_the_modules_weight_gradient_is_contiguous_whatever_the_inputs_layout(im
         reference(x).square().sum().backward()
         assert conv.weight.grad.stride() == conv.weight.stride() == (9, 9, 3, 1), layout
         assert relative_error(conv.weight.grad, reference.weight.grad) <= 1e-5, layout
+    # channels innermost (channels-last maps, views of a projection): the library convolution runs channels-last
+    # (no NCHW copy of a projection's view), a contiguous map stays NCHW
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'torch')
+    assert conv(maps['projection']).is_contiguous(memory_format=torch.channels_last)
+    assert conv(maps['contiguous']).is_contiguous()
 
 
 @pytest.mark.parametrize('dtype,tol', [(torch.float16, 1e-2), (torch.bfloat16, 3e-2)])
