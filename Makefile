@@ -70,12 +70,13 @@ bench: setup
 # make -k test-gpu bench-gpu-warm bench-gpu-ops PY=python3, then make bench-gpu-train PY=python3.
 GPU_CASES = pvt-s1@800x1344 swin-s1@800x1344 pvt-s2@800x1344 swin-s2@800x1344
 GPU_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2 \
-	flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2
+	flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2 polaformer++-b4
 GPU_TRAIN = configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py \
 	configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py \
 	mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py
 # Where the Triton kernels run: compiled (and tuned) at their first use in each process
-GPU_TRITON_BACKBONES = pola-pvt-t pola-swin-t flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2
+GPU_TRITON_BACKBONES = pola-pvt-t pola-swin-t flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2 \
+	polaformer++-b4
 bench-gpu: test-gpu bench-gpu-warm bench-gpu-ops bench-gpu-train
 
 # Triton compiles a kernel's configs one after another at its first use (a few dozen per op, head dim and
@@ -88,6 +89,8 @@ bench-gpu-warm:
 	done; \
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --dtype bfloat16 --impls triton \
 		--repeat 1 --no-memory --no-error >/dev/null 2>&1 & \
+	$(PY) tools/benchmark.py attention --device cuda --kinds pacs --cases polapp-b4-s1@800x1344 --dtype bfloat16 \
+		--impls triton --repeat 1 --no-memory --no-error >/dev/null 2>&1 & \
 	for model in $(GPU_TRITON_BACKBONES); do \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
 			--amp bfloat16 --repeat 1 --no-memory >/dev/null 2>&1 & \
@@ -110,6 +113,7 @@ test-gpu:
 bench-gpu-ops:
 	$(PY) tools/benchmark.py attention --device cuda --cases $(GPU_CASES)
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --dtype bfloat16
+	$(PY) tools/benchmark.py attention --device cuda --kinds pacs --cases polapp-b4-s1@800x1344 --dtype bfloat16
 	$(PY) tools/benchmark.py layers --device cuda --cases $(GPU_CASES)
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10

@@ -95,6 +95,7 @@ ATTENTION_CASES = {
     'swin-s1@800x1344': (2, 3, (200, 336), 32),  # Pola-Swin-T stage 1, C = 96
     'pvt-s2@800x1344': (2, 2, (100, 168), 64),  # Pola-PVT stage 2, C = 128
     'swin-s2@800x1344': (2, 6, (100, 168), 32),  # Pola-Swin-T stage 2, C = 192
+    'polapp-b4-s1@800x1344': (2, 1, (200, 336), 96),  # PolaFormer++-B4 / B5 stage 1, C = 96 (PaCS's wide heads)
     'pvt-s1@224': (2, 1, (56, 56), 64),
     'swin-s1@224': (2, 3, (56, 56), 32),
 }

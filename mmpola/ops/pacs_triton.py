@@ -28,8 +28,10 @@ on the GPU, see ``_config``):
   numerator, normaliser, exponent and ReLU split) written per flow, and per-chunk partial sums of the
   gradients of the key-value summary and of mean(k') (one record, summed over the chunks) and of the raw
   logits (through the sigmoid, in their channel order; summed over the batch and the chunks).
-* backward, keys (grid B*h x token blocks): k' recomputed; the gradients of v and k from the summed
-  gradients of the summary and of mean(k').
+* backward, keys (grid B*h x token blocks, one launch per value half): k' recomputed; that half of v's
+  gradient and its part of k's from the summed gradients of the summary (the half's four tiles) and of
+  mean(k') (in the first). The first launch writes its part of k's gradient in float32, the second adds it
+  (with all eight tiles, one program spills registers at head dims above 64).
 
 The rotary tables are read where they are, (N, 2d) of any strides, at the even channels (one angle per
 pair). Saved for backward: the inputs, the logits' (1, h, 1, 2d) views, the tables and the summaries
@@ -359,56 +361,61 @@ if triton_available() is None:
 
     @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
-    def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, sums_ptr, gk_ptr, gv_ptr,
+    def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, sums_ptr, part_ptr, gk_ptr, gv_ptr,
                               H, N, J,
                               skb, skh, skn, skd, svb, svh, svn, svd, s_tn, s_tc,
-                              BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
+                              HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
+                              PRECISION: tl.constexpr):
         bh, b, head, lanes, lane_mask = _head(H, J, 0, BLOCK_J)
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows < N)[:, None] & lane_mask[None, :]
-        # gk, gv: contiguous (B, h, N, d) in the inputs' dtypes
+        # gk, gv and gk's part: contiguous (B, h, N, d)
         out = bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J
         k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_ptr + b * skb + head * skh, rows, lanes, mask, skn, skd)
-        v_ptrs = v_ptr + b * svb + head * svh + rows[:, None].to(tl.int64) * svn + lanes[None, :] * svd
-        v_same = tl.load(v_ptrs, mask=mask, other=0.0).to(tl.float32)
-        v_opp = tl.load(v_ptrs + J * svd, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + b * svb + head * svh + rows[:, None].to(tl.int64) * svn + (HALF * J + lanes[None, :]) * svd,
+                    mask=mask, other=0.0).to(tl.float32)
         sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, s_tc, J)
         r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
         size = BLOCK_J * BLOCK_J
         gkv = sums_ptr + bh * (8 * size + 8 * BLOCK_J)  # the chunks' records summed (_bwd_record)
-        gkv_pe0 = _tile(gkv, lanes, BLOCK_J)
-        gkv_pe1 = _tile(gkv + size, lanes, BLOCK_J)
-        gkv_po0 = _tile(gkv + 2 * size, lanes, BLOCK_J)
-        gkv_po1 = _tile(gkv + 3 * size, lanes, BLOCK_J)
-        gkv_ne0 = _tile(gkv + 4 * size, lanes, BLOCK_J)
-        gkv_ne1 = _tile(gkv + 5 * size, lanes, BLOCK_J)
-        gkv_no0 = _tile(gkv + 6 * size, lanes, BLOCK_J)
-        gkv_no1 = _tile(gkv + 7 * size, lanes, BLOCK_J)
-        gv_same = _dot4(r_pe, r_po, r_ne, r_no, gkv_pe0, gkv_po0, gkv_ne0, gkv_no0, PRECISION)
-        gv_opp = _dot4(r_pe, r_po, r_ne, r_no, gkv_pe1, gkv_po1, gkv_ne1, gkv_no1, PRECISION)
-        gr_pe = tl.dot(v_same, tl.trans(gkv_pe0), input_precision=PRECISION)
-        gr_pe = tl.dot(v_opp, tl.trans(gkv_pe1), gr_pe, input_precision=PRECISION)
-        gr_po = tl.dot(v_same, tl.trans(gkv_po0), input_precision=PRECISION)
-        gr_po = tl.dot(v_opp, tl.trans(gkv_po1), gr_po, input_precision=PRECISION)
-        gr_ne = tl.dot(v_same, tl.trans(gkv_ne0), input_precision=PRECISION)
-        gr_ne = tl.dot(v_opp, tl.trans(gkv_ne1), gr_ne, input_precision=PRECISION)
-        gr_no = tl.dot(v_same, tl.trans(gkv_no0), input_precision=PRECISION)
-        gr_no = tl.dot(v_opp, tl.trans(gkv_no1), gr_no, input_precision=PRECISION)
-        # the gradient of mean(k'): both flows' parts
-        gm_pe, gm_po, gm_ne, gm_no = _means(gkv + 8 * size, lanes, BLOCK_J)
-        gm1_pe, gm1_po, gm1_ne, gm1_no = _means(gkv + 8 * size + 4 * BLOCK_J, lanes, BLOCK_J)
-        ga_pe = (gr_pe * cos_p + gr_po * sin_p + (gm_pe + gm1_pe)) * (f_pe + 1.0)
-        ga_po = (gr_po * cos_p - gr_pe * sin_p + (gm_po + gm1_po)) * (f_po + 1.0)
-        ga_ne = (gr_ne * cos_n + gr_no * sin_n + (gm_ne + gm1_ne)) * (f_ne + 1.0)
-        ga_no = (gr_no * cos_n - gr_ne * sin_n + (gm_no + gm1_no)) * (f_no + 1.0)
+        # this value half's tiles: group g's at (2 g + HALF) tiles
+        gkv_pe = _tile(gkv + HALF * size, lanes, BLOCK_J)
+        gkv_po = _tile(gkv + (2 + HALF) * size, lanes, BLOCK_J)
+        gkv_ne = _tile(gkv + (4 + HALF) * size, lanes, BLOCK_J)
+        gkv_no = _tile(gkv + (6 + HALF) * size, lanes, BLOCK_J)
+        gv = _dot4(r_pe, r_po, r_ne, r_no, gkv_pe, gkv_po, gkv_ne, gkv_no, PRECISION)
+        gr_pe = tl.dot(v, tl.trans(gkv_pe), input_precision=PRECISION)
+        gr_po = tl.dot(v, tl.trans(gkv_po), input_precision=PRECISION)
+        gr_ne = tl.dot(v, tl.trans(gkv_ne), input_precision=PRECISION)
+        gr_no = tl.dot(v, tl.trans(gkv_no), input_precision=PRECISION)
+        ga_pe = gr_pe * cos_p + gr_po * sin_p
+        ga_po = gr_po * cos_p - gr_pe * sin_p
+        ga_ne = gr_ne * cos_n + gr_no * sin_n
+        ga_no = gr_no * cos_n - gr_ne * sin_n
+        if HALF == 0:  # the gradient of mean(k'), both flows' parts, in the first half's pass
+            gm_pe, gm_po, gm_ne, gm_no = _means(gkv + 8 * size, lanes, BLOCK_J)
+            gm1_pe, gm1_po, gm1_ne, gm1_no = _means(gkv + 8 * size + 4 * BLOCK_J, lanes, BLOCK_J)
+            ga_pe += gm_pe + gm1_pe
+            ga_po += gm_po + gm1_po
+            ga_ne += gm_ne + gm1_ne
+            ga_no += gm_no + gm1_no
+        ga_pe = ga_pe * (f_pe + 1.0)
+        ga_po = ga_po * (f_po + 1.0)
+        ga_ne = ga_ne * (f_ne + 1.0)
+        ga_no = ga_no * (f_no + 1.0)
         gk_e = tl.where(k_e > 0, ga_pe, 0.0) - tl.where(k_e < 0, ga_ne, 0.0)
         gk_o = tl.where(k_o > 0, ga_po, 0.0) - tl.where(k_o < 0, ga_no, 0.0)
-        ptr = gk_ptr + out + 2 * lanes[None, :]
-        tl.store(ptr, gk_e.to(gk_ptr.dtype.element_ty), mask=mask)
-        tl.store(ptr + 1, gk_o.to(gk_ptr.dtype.element_ty), mask=mask)
-        ptr = gv_ptr + out + lanes[None, :]
-        tl.store(ptr, gv_same.to(gv_ptr.dtype.element_ty), mask=mask)
-        tl.store(ptr + J, gv_opp.to(gv_ptr.dtype.element_ty), mask=mask)
+        part = part_ptr + out + 2 * lanes[None, :]
+        if HALF == 0:  # k's gradient through the first value half, in float32
+            tl.store(part, gk_e, mask=mask)
+            tl.store(part + 1, gk_o, mask=mask)
+        else:  # plus the second half's: k's gradient, in k's dtype
+            gk_e += tl.load(part, mask=mask, other=0.0)
+            gk_o += tl.load(part + 1, mask=mask, other=0.0)
+            ptr = gk_ptr + out + 2 * lanes[None, :]
+            tl.store(ptr, gk_e.to(gk_ptr.dtype.element_ty), mask=mask)
+            tl.store(ptr + 1, gk_o.to(gk_ptr.dtype.element_ty), mask=mask)
+        tl.store(gv_ptr + out + HALF * J + lanes[None, :], gv.to(gv_ptr.dtype.element_ty), mask=mask)
 
 
 def _config(d, device):
@@ -476,7 +483,7 @@ class _PaCSTriton(torch.autograd.Function):
     """The kernels' autograd. The logits reach the kernels as they are (the sigmoid and its derivative are
     computed there) and the rotary tables too (read at the even channels); each pass's per-chunk partial
     sums, already divided by N, are summed by one ``.sum`` over the chunks. So the only torch kernels around the
-    four launches are one in the forward (that sum) and three in the backward (that sum, the sum of the logits'
+    five launches are one in the forward (that sum) and three in the backward (that sum, the sum of the logits'
     gradients over the batch and the chunks, and that of the two flows' parts of q's gradient)."""
 
     @staticmethod
@@ -531,9 +538,15 @@ class _PaCSTriton(torch.autograd.Function):
         grad_q = torch.add(*grad_q_parts, out=torch.empty(q.shape, device=dev, dtype=q.dtype))
         grad_k = torch.empty(k.shape, device=dev, dtype=k.dtype)
         grad_v = torch.empty(v.shape, device=dev, dtype=v.dtype)
-        launch(
-            _pacs_bwd_keys_kernel, lambda meta: (bh, triton.cdiv(n, meta['BLOCK_N'])), k, v, sin, cos, grad_sums,
-            grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), *sin.stride(), **meta)
+        # one pass per value half (each holds that half's four summary-gradient tiles), the first writing its
+        # part of k's gradient in float32 for the second to add: a buffer of its own, so that every launch can
+        # run again (the tuning times it several times)
+        grad_k_part = torch.empty(k.shape, **f32)
+        for half in (0, 1):
+            launch(
+                _pacs_bwd_keys_kernel, lambda meta: (bh, triton.cdiv(n, meta['BLOCK_N'])), k, v, sin, cos,
+                grad_sums, grad_k_part, grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), *sin.stride(),
+                HALF=half, **meta)
         grad_s = grad_s.sum((1, 3))  # (2, h, 2d), contiguous
         grads_s = [_sum_to_shape(g.view(1, heads, 1, 2 * d), shape).to(s.dtype)
                    for g, shape, s in zip(grad_s, ctx.logit_shapes, (s1, s2))]
