@@ -24,10 +24,13 @@ on the GPU, see ``_config``):
 * forward, queries (grid flow x B*h x token blocks): the flow's temperatures t = sigmoid(s) from the raw
   logits, its feature map of q, the normaliser against mean(k') (unrotated), the rotated map against the
   summary: that flow's half of the output.
-* backward, queries (grid flow x B*h x chunks): the query maps recomputed, the gradient of q (through
-  numerator, normaliser, exponent and ReLU split) written per flow, and per-chunk partial sums of the
-  gradients of the key-value summary and of mean(k') (one record, summed over the chunks) and of the raw
-  logits (through the sigmoid, in their channel order; summed over the batch and the chunks).
+* backward, queries (grid flow x B*h x chunks, two launches): the query maps recomputed in each. The first
+  writes per-chunk partial sums of the gradient of the key-value summary; the second, from the summary, the
+  gradient of q (through numerator, normaliser, exponent and ReLU split) per flow and per-chunk partial sums
+  of the gradients of mean(k') (in the same record as the first's, summed over the chunks) and of the raw
+  logits (through the sigmoid, in their channel order; summed over the batch and the chunks). Each holds
+  four (j, j) tiles, the summary's gradient or the summary (both at once spill registers at head dims above
+  64).
 * backward, keys (grid B*h x token blocks, one launch per value half): k' recomputed; that half of v's
   gradient and its part of k's from the summed gradients of the summary (the half's four tiles) and of
   mean(k') (in the first). The first launch writes its part of k's gradient in float32, the second adds it
@@ -68,9 +71,9 @@ if triton_available() is None:
         return [config for config in configs if (config.num_stages == 1) == (kwargs['BLOCK_J'] >= 64)]
 
     def _fitting_bwd_queries(configs, named_args, **kwargs):
-        """:func:`_fitting`, without 64-token blocks from BLOCK_J = 32 on for the queries' backward: its
-        tiles take 185 KiB of shared memory there in three stages (more than an A100 gives a block) and
-        spill registers (``make check-kernels`` shows both)."""
+        """:func:`_fitting`, without 64-token blocks from BLOCK_J = 32 on for the queries' backward: the tiles
+        of its second pass take 184 KiB of shared memory there in three stages in float32 (more than an A100
+        gives a block) and spill registers (``make check-kernels`` shows both)."""
         return [config for config in _fitting(configs, named_args, **kwargs)
                 if kwargs['BLOCK_J'] < 32 or config.kwargs['BLOCK_N'] < 64]
 
@@ -141,17 +144,19 @@ if triton_available() is None:
         return t_pe, t_po, t_ne, t_no, dt_pe, dt_po, dt_ne, dt_no
 
     @triton.jit
-    def _store_record(record, flow, rows_at, t_pe, t_po, t_ne, t_no, r_pe, r_po, r_ne, r_no, scale, row_mask, lanes,
-                      BLOCK_J: tl.constexpr):
-        """A chunk's partial sums, times ``scale``: the flow's four (BLOCK_J, BLOCK_J) tiles, groups in order
-        and the two flows' tiles interleaved (4 groups, 2 flows) from ``record`` on, and four rows (groups in
-        order) from ``rows_at`` on, where ``row_mask``."""
+    def _store_tiles(record, flow, t_pe, t_po, t_ne, t_no, scale, lanes, BLOCK_J: tl.constexpr):
+        """A chunk's partial summary tiles, times ``scale``: the flow's four (BLOCK_J, BLOCK_J) tiles, groups
+        in order and the two flows' tiles interleaved (4 groups, 2 flows) from ``record`` on."""
         size = BLOCK_J * BLOCK_J
         out = record + flow * size + lanes[:, None] * BLOCK_J + lanes[None, :]
         tl.store(out, t_pe * scale)
         tl.store(out + 2 * size, t_po * scale)
         tl.store(out + 4 * size, t_ne * scale)
         tl.store(out + 6 * size, t_no * scale)
+
+    @triton.jit
+    def _store_rows(rows_at, r_pe, r_po, r_ne, r_no, scale, row_mask, lanes, BLOCK_J: tl.constexpr):
+        """A chunk's four partial rows, times ``scale`` (groups in order) from ``rows_at`` on, where ``row_mask``."""
         out = rows_at + lanes
         tl.store(out, r_pe * scale, mask=row_mask)
         tl.store(out + BLOCK_J, r_po * scale, mask=row_mask)
@@ -229,8 +234,9 @@ if triton_available() is None:
         # this chunk's record (_fwd_record): its parts of rope(k')^T v / N and of mean(k') (written by flow 0)
         size = BLOCK_J * BLOCK_J
         record = parts_ptr + (bh * chunks + chunk) * (8 * size + 4 * BLOCK_J)
-        _store_record(record, flow, record + 8 * size, kv_pe, kv_po, kv_ne, kv_no, sum_pe, sum_po, sum_ne, sum_no,
-                      inv_n, (lanes < BLOCK_J) & (flow == 0), lanes, BLOCK_J)
+        _store_tiles(record, flow, kv_pe, kv_po, kv_ne, kv_no, inv_n, lanes, BLOCK_J)
+        _store_rows(record + 8 * size, sum_pe, sum_po, sum_ne, sum_no, inv_n, (lanes < BLOCK_J) & (flow == 0), lanes,
+                    BLOCK_J)
 
     @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
@@ -260,13 +266,14 @@ if triton_available() is None:
         ptr = out_ptr + b * sob + head * soh + rows[:, None].to(tl.int64) * son + (flow * J + lanes[None, :]) * sod
         tl.store(ptr, out.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @tunable(_TUNED, _TUNED_KEY, _fitting_bwd_queries)
+    @tunable(_TUNED, _TUNED_KEY + ['PART'], _fitting_bwd_queries)
     @triton.jit
     def _pacs_bwd_queries_kernel(q_ptr, g_ptr, s1_ptr, s2_ptr, sin_ptr, cos_ptr, sums_ptr, eps, inv_n,
                                  gq_ptr, parts_ptr, gs_ptr,
                                  H, N, J, tokens_per_chunk,
                                  sqb, sqh, sqn, sqd, sgb, sgh, sgn, sgd, s1h, s1c, s2h, s2c, s_tn, s_tc,
-                                 BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, PRECISION: tl.constexpr):
+                                 PART: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
+                                 PRECISION: tl.constexpr):
         flow = tl.program_id(0)
         bh, b, head, lanes, lane_mask = _head(H, J, 1, BLOCK_J)
         chunk = tl.program_id(2)
@@ -303,63 +310,68 @@ if triton_available() is None:
             a_pe, a_po, a_ne, a_no, f_pe, f_po, f_ne, f_no = _spiky(q_e, q_o, t_pe, t_po, t_ne, t_no)
             sin_p, cos_p, sin_n, cos_n = _tables(sin_ptr, cos_ptr, rows, lanes, mask, s_tn, s_tc, J)
             r_pe, r_po, r_ne, r_no = _rotate(f_pe, f_po, f_ne, f_no, sin_p, cos_p, sin_n, cos_n)
-            kv_pe = _tile(kv, lanes, BLOCK_J)
-            kv_po = _tile(kv + 2 * size, lanes, BLOCK_J)
-            kv_ne = _tile(kv + 4 * size, lanes, BLOCK_J)
-            kv_no = _tile(kv + 6 * size, lanes, BLOCK_J)
             rz = 1.0 / (tl.sum(f_pe * m_pe + f_po * m_po + f_ne * m_ne + f_no * m_no, axis=1) + eps)
-            u = _dot4(r_pe, r_po, r_ne, r_no, kv_pe, kv_po, kv_ne, kv_no, PRECISION)
             g = tl.load(g_base + rows[:, None].to(tl.int64) * sgn + lanes[None, :] * sgd, mask=mask,
                         other=0.0).to(tl.float32)
             # out = u / (z + eps): du = g / (z + eps), dz = -(g . u) / (z + eps)^2
             gu = g * rz[:, None]
-            gz = (-tl.sum(g * u, axis=1) * rz * rz)[:, None]
-            gkv_pe = tl.dot(tl.trans(r_pe), gu, gkv_pe, input_precision=PRECISION)
-            gkv_po = tl.dot(tl.trans(r_po), gu, gkv_po, input_precision=PRECISION)
-            gkv_ne = tl.dot(tl.trans(r_ne), gu, gkv_ne, input_precision=PRECISION)
-            gkv_no = tl.dot(tl.trans(r_no), gu, gkv_no, input_precision=PRECISION)
-            gm_pe += tl.sum(gz * f_pe, axis=0)
-            gm_po += tl.sum(gz * f_po, axis=0)
-            gm_ne += tl.sum(gz * f_ne, axis=0)
-            gm_no += tl.sum(gz * f_no, axis=0)
-            # gradient of the rotated map, rotated back (transposed rotation), plus the normaliser's
-            gr_pe = tl.dot(gu, tl.trans(kv_pe), input_precision=PRECISION)
-            gr_po = tl.dot(gu, tl.trans(kv_po), input_precision=PRECISION)
-            gr_ne = tl.dot(gu, tl.trans(kv_ne), input_precision=PRECISION)
-            gr_no = tl.dot(gu, tl.trans(kv_no), input_precision=PRECISION)
-            # through exp(a t) - 1: d/da = (f + 1) t, d/dt = (f + 1) a
-            ga_pe = (gr_pe * cos_p + gr_po * sin_p + gz * m_pe) * (f_pe + 1.0)
-            ga_po = (gr_po * cos_p - gr_pe * sin_p + gz * m_po) * (f_po + 1.0)
-            ga_ne = (gr_ne * cos_n + gr_no * sin_n + gz * m_ne) * (f_ne + 1.0)
-            ga_no = (gr_no * cos_n - gr_ne * sin_n + gz * m_no) * (f_no + 1.0)
-            gt_pe += tl.sum(ga_pe * a_pe, axis=0)
-            gt_po += tl.sum(ga_po * a_po, axis=0)
-            gt_ne += tl.sum(ga_ne * a_ne, axis=0)
-            gt_no += tl.sum(ga_no * a_no, axis=0)
-            # a = [relu(sign q) || relu(-sign q)]; zero gradient at q = 0 as autograd's relu
-            gq_e = sign * (tl.where(q_e > 0, ga_pe * t_pe, 0.0) - tl.where(q_e < 0, ga_ne * t_ne, 0.0))
-            gq_o = sign * (tl.where(q_o > 0, ga_po * t_po, 0.0) - tl.where(q_o < 0, ga_no * t_no, 0.0))
-            # gq: (2 flows, B*h, N, d) float32, summed over the flows outside
-            ptr = gq_ptr + (flow * tl.num_programs(1) + bh).to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J \
-                + 2 * lanes[None, :]
-            tl.store(ptr, gq_e, mask=mask)
-            tl.store(ptr + 1, gq_o, mask=mask)
-        # this chunk's record (_bwd_record): its parts of the gradients of rope(k')^T v / N and of mean(k') (the
-        # rows of both flows)
+            if PART == 0:  # the gradient of the summary (the rotated map's product with du)
+                gkv_pe = tl.dot(tl.trans(r_pe), gu, gkv_pe, input_precision=PRECISION)
+                gkv_po = tl.dot(tl.trans(r_po), gu, gkv_po, input_precision=PRECISION)
+                gkv_ne = tl.dot(tl.trans(r_ne), gu, gkv_ne, input_precision=PRECISION)
+                gkv_no = tl.dot(tl.trans(r_no), gu, gkv_no, input_precision=PRECISION)
+            else:  # the rest, from the summary itself
+                kv_pe = _tile(kv, lanes, BLOCK_J)
+                kv_po = _tile(kv + 2 * size, lanes, BLOCK_J)
+                kv_ne = _tile(kv + 4 * size, lanes, BLOCK_J)
+                kv_no = _tile(kv + 6 * size, lanes, BLOCK_J)
+                u = _dot4(r_pe, r_po, r_ne, r_no, kv_pe, kv_po, kv_ne, kv_no, PRECISION)
+                gz = (-tl.sum(g * u, axis=1) * rz * rz)[:, None]
+                gm_pe += tl.sum(gz * f_pe, axis=0)
+                gm_po += tl.sum(gz * f_po, axis=0)
+                gm_ne += tl.sum(gz * f_ne, axis=0)
+                gm_no += tl.sum(gz * f_no, axis=0)
+                # gradient of the rotated map, rotated back (transposed rotation), plus the normaliser's
+                gr_pe = tl.dot(gu, tl.trans(kv_pe), input_precision=PRECISION)
+                gr_po = tl.dot(gu, tl.trans(kv_po), input_precision=PRECISION)
+                gr_ne = tl.dot(gu, tl.trans(kv_ne), input_precision=PRECISION)
+                gr_no = tl.dot(gu, tl.trans(kv_no), input_precision=PRECISION)
+                # through exp(a t) - 1: d/da = (f + 1) t, d/dt = (f + 1) a
+                ga_pe = (gr_pe * cos_p + gr_po * sin_p + gz * m_pe) * (f_pe + 1.0)
+                ga_po = (gr_po * cos_p - gr_pe * sin_p + gz * m_po) * (f_po + 1.0)
+                ga_ne = (gr_ne * cos_n + gr_no * sin_n + gz * m_ne) * (f_ne + 1.0)
+                ga_no = (gr_no * cos_n - gr_ne * sin_n + gz * m_no) * (f_no + 1.0)
+                gt_pe += tl.sum(ga_pe * a_pe, axis=0)
+                gt_po += tl.sum(ga_po * a_po, axis=0)
+                gt_ne += tl.sum(ga_ne * a_ne, axis=0)
+                gt_no += tl.sum(ga_no * a_no, axis=0)
+                # a = [relu(sign q) || relu(-sign q)]; zero gradient at q = 0 as autograd's relu
+                gq_e = sign * (tl.where(q_e > 0, ga_pe * t_pe, 0.0) - tl.where(q_e < 0, ga_ne * t_ne, 0.0))
+                gq_o = sign * (tl.where(q_o > 0, ga_po * t_po, 0.0) - tl.where(q_o < 0, ga_no * t_no, 0.0))
+                # gq: (2 flows, B*h, N, d) float32, summed over the flows outside
+                ptr = gq_ptr + (flow * tl.num_programs(1) + bh).to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J \
+                    + 2 * lanes[None, :]
+                tl.store(ptr, gq_e, mask=mask)
+                tl.store(ptr + 1, gq_o, mask=mask)
+        # this chunk's record (_bwd_record): its parts of the gradients of rope(k')^T v / N (PART 0) and of
+        # mean(k') (PART 1; the rows of both flows)
         record = parts_ptr + (bh * chunks + chunk) * (8 * size + 8 * BLOCK_J)
-        _store_record(record, flow, record + 8 * size + flow * 4 * BLOCK_J, gkv_pe, gkv_po, gkv_ne, gkv_no, gm_pe,
-                      gm_po, gm_ne, gm_no, inv_n, lanes < BLOCK_J, lanes, BLOCK_J)
-        # the raw logits' gradients (through the sigmoid), in their channel order s * d + 2 i + p:
-        # (2 flows, B*h, chunks, 2d), summed over the batch and the chunks outside
-        _, _, _, _, dt_pe, dt_po, dt_ne, dt_no = _temperatures(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c, lanes,
-                                                               lane_mask, 2 * J)
-        out = gs_ptr + ((flow * tl.num_programs(1) + bh) * chunks + chunk) * 4 * J + 2 * lanes
-        tl.store(out, gt_pe * dt_pe, mask=lane_mask)
-        tl.store(out + 1, gt_po * dt_po, mask=lane_mask)
-        tl.store(out + 2 * J, gt_ne * dt_ne, mask=lane_mask)
-        tl.store(out + 2 * J + 1, gt_no * dt_no, mask=lane_mask)
+        if PART == 0:
+            _store_tiles(record, flow, gkv_pe, gkv_po, gkv_ne, gkv_no, inv_n, lanes, BLOCK_J)
+        else:
+            _store_rows(record + 8 * size + flow * 4 * BLOCK_J, gm_pe, gm_po, gm_ne, gm_no, inv_n, lanes < BLOCK_J,
+                        lanes, BLOCK_J)
+            # the raw logits' gradients (through the sigmoid), in their channel order s * d + 2 i + p:
+            # (2 flows, B*h, chunks, 2d), summed over the batch and the chunks outside
+            _, _, _, _, dt_pe, dt_po, dt_ne, dt_no = _temperatures(s1_ptr, s2_ptr, flow, head, s1h, s1c, s2h, s2c,
+                                                                   lanes, lane_mask, 2 * J)
+            out = gs_ptr + ((flow * tl.num_programs(1) + bh) * chunks + chunk) * 4 * J + 2 * lanes
+            tl.store(out, gt_pe * dt_pe, mask=lane_mask)
+            tl.store(out + 1, gt_po * dt_po, mask=lane_mask)
+            tl.store(out + 2 * J, gt_ne * dt_ne, mask=lane_mask)
+            tl.store(out + 2 * J + 1, gt_no * dt_no, mask=lane_mask)
 
-    @tunable(_TUNED, _TUNED_KEY, _fitting)
+    @tunable(_TUNED, _TUNED_KEY + ['HALF'], _fitting)
     @triton.jit
     def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, sums_ptr, part_ptr, gk_ptr, gv_ptr,
                               H, N, J,
@@ -483,7 +495,7 @@ class _PaCSTriton(torch.autograd.Function):
     """The kernels' autograd. The logits reach the kernels as they are (the sigmoid and its derivative are
     computed there) and the rotary tables too (read at the even channels); each pass's per-chunk partial
     sums, already divided by N, are summed by one ``.sum`` over the chunks. So the only torch kernels around the
-    five launches are one in the forward (that sum) and three in the backward (that sum, the sum of the logits'
+    six launches are one in the forward (that sum) and three in the backward (that sum, the sum of the logits'
     gradients over the batch and the chunks, and that of the two flows' parts of q's gradient)."""
 
     @staticmethod
@@ -528,10 +540,13 @@ class _PaCSTriton(torch.autograd.Function):
         grad_q_parts = torch.empty(2, batch, heads, n, d, **f32)
         parts = torch.empty(bh, chunks, _bwd_record(block_j), **f32)
         grad_s = torch.empty(2, batch, heads, chunks, 2 * d, **f32)
-        launch(
-            _pacs_bwd_queries_kernel, (2, bh, chunks), q, grad_out, s1, s2, sin, cos, sums, ctx.eps, 1.0 / n,
-            grad_q_parts, parts, grad_s, heads, n, j, per_chunk, *q.stride(), *grad_out.stride(),
-            *_logit_strides(s1, s2), *sin.stride(), **meta)
+        # two passes over the queries, each with four (BLOCK_J, BLOCK_J) tiles: the gradient of the summary
+        # (PART 0), then q's and the logits' gradients and that of mean(k') from the summary (PART 1)
+        for part in (0, 1):
+            launch(
+                _pacs_bwd_queries_kernel, (2, bh, chunks), q, grad_out, s1, s2, sin, cos, sums, ctx.eps, 1.0 / n,
+                grad_q_parts, parts, grad_s, heads, n, j, per_chunk, *q.stride(), *grad_out.stride(),
+                *_logit_strides(s1, s2), *sin.stride(), PART=part, **meta)
         grad_sums = parts.sum(1)
         # one kernel, in float32, written in q's dtype (the keys' backward could add them too, but at head dims
         # above 64 its registers spill far more then)

@@ -175,9 +175,9 @@ def test_tables_and_logits_of_any_strides():
 
 
 def test_only_the_sums_run_around_the_kernels():
-    """Launched as on an H100 (a dry run): besides its Triton kernels (two in the forward, three in the
-    backward: the keys' pass runs once per value half), the op dispatches one torch kernel in the forward
-    and three in the backward: the sums of the chunks' partial records and of
+    """Launched as on an H100 (a dry run): besides its Triton kernels (two in the forward, four in the
+    backward: the queries' pass runs in two parts, the keys' once per value half), the op dispatches one
+    torch kernel in the forward and three in the backward: the sums of the chunks' partial records and of
     the two flows' parts of q's gradient (in float32, written in q's dtype). The logits' sigmoid and its
     derivative, the rotary tables' even channels and the divisions by N happen in the kernels."""
     from mmpola.ops.triton_support import KernelTarget, dry_run
@@ -192,7 +192,7 @@ def test_only_the_sums_run_around_the_kernels():
         with DispatchedOps() as backward:
             grads = torch.autograd.grad(out, [q, k, v, *logits], grad_out)
     assert forward.kernels() == ['sum'] and backward.kernels() == ['sum', 'add', 'sum'], (forward.names, backward.names)
-    assert len(launches) == 5
+    assert len(launches) == 6
     assert out.transpose(1, 2).is_contiguous()  # the tokens' layout: the model merges the heads with a view
     assert [g.shape for g in grads] == [t.shape for t in (q, k, v, *logits)]
     assert [g.dtype for g in grads] == [torch.bfloat16] * 3 + [torch.float32] * 2
