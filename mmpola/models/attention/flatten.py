@@ -21,8 +21,8 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     * ``qkv_layout='fused'`` (FLatten-Swin, the ViT): ``qkv`` Linear(C, 3C) gives q, k, v.
     * ``qkv_layout='separate'`` (FLatten-PVT, -PVTv2): ``q`` Linear(C, C); ``kv`` Linear(C, 2C) gives
       k, v from the map, spatially reduced first by ``sr`` / ``norm`` when ``sr_ratio > 1``.
-    * ``qkv_layout='projected'`` (FLatten-CSWin): x holds the projected q, k, v (B, N, 3, C); no
-      ``proj`` (the CSWin block owns both projections).
+    * ``qkv_layout='projected'`` (FLatten-CSWin): x holds the projected q, k, v (B, N, 3, C), or is
+      the tuple of the three (B, N, C); no ``proj`` (the CSWin block owns both projections).
 
     k gets the learned ``positional_encoding`` (stored on the pretraining key grid, bilinearly
     resized to the real key grid when they differ); the core (:func:`mmpola.ops.flatten_attention`)

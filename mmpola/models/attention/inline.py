@@ -18,9 +18,10 @@ class InLineAttention(QKVProjections, nn.Module):
 
     * ``qkv_layout='fused'`` (InLine-Swin, InLine-DeiT): ``qkv`` Linear(C, 3C).
     * ``qkv_layout='separate'`` (InLine-PVT): ``q`` Linear(C, C) and ``kv`` Linear(C, 2C).
-    * ``qkv_layout='projected'`` (InLine-CSWin): x holds the projected q, k, v (B, N, 3, C); no
-      ``proj`` (the CSWin block owns both projections), and the tokens the residual kernels are
-      predicted from come as ``x_mean`` (B, C) in the call context (CSWin: the mean of the block input).
+    * ``qkv_layout='projected'`` (InLine-CSWin): x holds the projected q, k, v (B, N, 3, C), or is
+      the tuple of the three (B, N, C); no ``proj`` (the CSWin block owns both projections), and the
+      tokens the residual kernels are predicted from come as ``x_mean`` (B, C) in the call context
+      (CSWin: the mean of the block input).
 
     The core (:func:`mmpola.ops.inline_attention`, identity kernel) is followed by a local residual:
     a 3x3 depthwise conv over v whose kernels are predicted per image and channel from the mean

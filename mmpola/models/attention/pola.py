@@ -25,7 +25,8 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
       gives k, v from the map, spatially reduced first by ``sr`` (Conv2d k = s = sr_ratio) and
       ``norm`` (LayerNorm eps 1e-5) when ``sr_ratio > 1``.
     * ``qkv_layout='projected'`` (CSWin): x holds the projected q, k, v, g (B, N, 4, C:
-      ``projections = 4``, so the CSWin block's ``qkv`` is Linear(C, 4C)); no ``proj``.
+      ``projections = 4``, so the CSWin block's ``qkv`` is Linear(C, 4C)), or is the tuple of the four
+      (B, N, C); no ``proj``.
 
     k gets the learned ``positional_encoding``, stored on the pretraining key grid and bilinearly
     resized (align_corners False) to the real key grid when the two differ; the core

@@ -12,9 +12,9 @@ __all__ = ['QKV_LAYOUTS', 'QKVProjections', 'check_attention_args', 'reduced_gri
 # ``qkvg``); 'separate': queries from the tokens, keys and values from a second projection ``kv`` of
 # the (optionally spatially reduced) map (PVT, PVTv2: ``q`` / ``qg`` and ``kv``); 'projected': the
 # module gets the operands already projected, x (B, N, P, C) with P = its ``projections`` (q, k, v;
-# Pola also g), and returns (B, N, C) before any output projection: it owns neither the input
-# projections nor ``proj`` (CSWin, whose block shares one ``qkv`` and one ``proj`` between its
-# branches; docs/design.md, "CSWin: the block owns the projections")
+# Pola also g) or those P operands (B, N, C) as a tuple, and returns (B, N, C) before any output
+# projection: it owns neither the input projections nor ``proj`` (CSWin, whose block shares one ``qkv``
+# and one ``proj`` between its branches; docs/design.md, "CSWin: the block owns the projections")
 QKV_LAYOUTS = ('fused', 'separate', 'projected')
 
 
@@ -61,7 +61,10 @@ class QKVProjections:
         """(the operands (B, N, C) each, in the order of the fused projection; k and v: (B, n, C)),
         (Hk, Wk) the key grid."""
         if self.qkv_layout == 'projected':
-            return x[:, :, :self.fused_projection[1]].unbind(2), tuple(hw)
+            operands = self.fused_projection[1]
+            if isinstance(x, (tuple, list)):  # taken apart by the caller (CSWin's block, which uses v itself)
+                return tuple(x[:operands]), tuple(hw)
+            return x[:, :, :operands].unbind(2), tuple(hw)
         B, N, C = x.shape
         if self.qkv_layout == 'fused':
             name, operands = self.fused_projection

@@ -83,10 +83,14 @@ class CSWinBlock(nn.Module):
 
     def _branch(self, b, qkv, hw, x_mean, context):
         attn = self.attns[b]
-        out = attn(qkv, hw, x_mean=x_mean, **context)
-        if self.block_lepe[b]:
-            out = out + attn.get_v(tokens_to_nchw(qkv[:, :, 2], hw)).flatten(2).transpose(1, 2)
-        return out
+        if not self.block_lepe[b]:
+            return attn(qkv, hw, x_mean=x_mean, **context)
+        # the operands taken apart once, for the attention and the LePE: the LePE's v is the attention's, so
+        # its gradient adds to the attention's before unbind's one backward (a second selection of v would
+        # give a zero-filled gradient of the whole projection, added to the other)
+        operands = qkv.unbind(2)
+        out = attn(operands, hw, x_mean=x_mean, **context)
+        return out + attn.get_v(tokens_to_nchw(operands[2], hw)).flatten(2).transpose(1, 2)
 
     def forward(self, x, hw, **context):
         qkv = self.qkv(self.norm1(x)).unflatten(-1, (self.projections, self.dim))

@@ -7,6 +7,7 @@ import torch
 from mmpola.models import CSWinBackbone
 from mmpola.models.checks import PolaConfigError
 from tests.fixtures.backbones import MINI_CSWIN
+from tests.fixtures.ops import DispatchedOps
 
 
 def test_cswin_mixed_stage_and_pola_branches():
@@ -22,6 +23,33 @@ def test_cswin_mixed_stage_and_pola_branches():
     sum(o.square().mean() for o in outs).backward()
     assert not [n for n, p in model.named_parameters() if p.grad is None]
 
+
+@pytest.mark.parametrize('kind,letter', [('flatten', 'L'), ('inline', 'I'), ('pola', 'L')])
+def test_a_linear_branch_and_its_lepe_take_v_from_one_unbind(kind, letter):
+    """The block takes a linear branch's operands apart once and hands the module that tuple: the LePE's v is
+    the attention's, so the backward selects nothing of the projection (each selection's backward fills a
+    zero gradient of the whole projection), and the module computes from the tuple what it computes from the
+    projection."""
+    torch.manual_seed(0)
+    model = CSWinBackbone(arch=MINI_CSWIN, attn=kind, attn_type=letter * 4).train()
+    outs = model(torch.randn(1, 3, 64, 96))
+    with DispatchedOps() as backward:
+        sum(o.square().mean() for o in outs).backward()
+    assert 'stack' in backward.names  # unbind's backward
+    assert 'select_backward' not in backward.names, backward.names
+
+    block = model.stage2[0]
+    attn = block.attns[0]
+    hw = (4, 6)
+    qkv = torch.randn(2, 24, block.projections, block.dim)
+    x_mean = torch.randn(2, block.dim)
+    results = []
+    for whole in (True, False):
+        leaf = qkv.clone().requires_grad_()
+        out = attn(leaf if whole else leaf.unbind(2), hw, x_mean=x_mean)
+        out.square().sum().backward()
+        results.append((out.detach(), leaf.grad))
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
 def test_stripe_stages_need_an_even_head_count():
