@@ -32,7 +32,8 @@ A kernel is compiled once per set of compile-time options and argument types.
 Targets: the GPUs the launch configs are made for, sm_80 (A100, 163 KiB of shared memory per block) and
 sm_90 (H100 / H200, 227 KiB), and GPUs that give a block 99 KiB, sm_86 (A10, A40, RTX 30xx) and sm_89
 (L4, L40, RTX 40xx), where the ops turn down the head dims and dtypes whose kernels do not fit
-(mmpola.ops.triton_support.SMALL_SHARED_MEMORY; 'auto' runs the fast path for them).
+(mmpola.ops.triton_support.SMALL_SHARED_MEMORY, or an op's own table: PaCS's; 'auto' runs the fast path
+for them).
 
 Prints one Markdown row per compiled kernel: dynamic shared memory, registers per thread, spilled
 bytes (local memory), warps and stages, and one row per (op, dtype, head dim) an op turns down on a

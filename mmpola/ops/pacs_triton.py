@@ -42,6 +42,8 @@ pair). Saved for backward: the inputs, the logits' (1, h, 1, 2d) views, the tabl
 ``exp(x) - 1`` is evaluated with a series near 0, where ``exp`` rounds away the small result. float64 inputs
 (the interpreter only) are computed in float32.
 """
+import functools
+
 import torch
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
@@ -53,6 +55,12 @@ if triton_available() is None:
     from .triton_support import batch_and_head, sigmoid_parts
 
 __all__ = ['pacs_attention_triton']
+
+# On GPUs that give a block 99 KiB of shared memory every PaCS kernel has a config that fits up to head dim
+# 128 in every dtype (its tiles are half the head dim wide; ``tools/check_triton_kernels.py --ops pacs
+# --targets sm_86 sm_89``): wider than the other ops (triton_support.SMALL_SHARED_MEMORY)
+_SMALL_SHARED_MEMORY = ((99 * 1024, {'half': 128, 'float32': 128}), )
+_unsupported = functools.partial(triton_unsupported, small_shared_memory=_SMALL_SHARED_MEMORY)
 
 if triton_available() is None:
     import triton
@@ -577,7 +585,7 @@ def pacs_attention_triton(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
     bfloat16 (any strides), computed in float32 and returned in q's dtype.
     """
     _check_shapes(q, k, v, sin, cos)
-    reason = triton_unsupported(q.device, q.dtype, head_dim=q.shape[-1])
+    reason = _unsupported(q.device, q.dtype, head_dim=q.shape[-1])
     if reason is not None:
         raise AttnImplUnavailable(f"attn_impl='triton' (pacs_attention) cannot run here: {reason}")
     empty = empty_attention('pacs_attention', (q, k, v, s_same, s_opp))
@@ -586,5 +594,5 @@ def pacs_attention_triton(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
     return _PaCSTriton.apply(q, k, v, s_same, s_opp, sin, cos, eps)
 
 
-attention_op('pacs').register('triton', pacs_attention_triton, supports=triton_unsupported, preferred_on=('cuda',),
+attention_op('pacs').register('triton', pacs_attention_triton, supports=_unsupported, preferred_on=('cuda',),
                               fp32_inside=True)

@@ -73,13 +73,14 @@ def _cuda_unsupported(index):
     return None
 
 
-def triton_unsupported(device, dtype=None, head_dim=None):
+def triton_unsupported(device, dtype=None, head_dim=None, small_shared_memory=None):
     """None when the Triton kernels run on tensors of ``device`` and ``dtype`` (with heads of ``head_dim``
     channels, when given), else why not (one line).
 
     CUDA tensors of float32 / float16 / bfloat16 on a GPU of compute capability >= 8.0 whose shared
-    memory holds the kernels at that head dim (:func:`shared_memory_unsupported`);
-    CPU tensors only under ``TRITON_INTERPRET=1`` (float64 too, for tests).
+    memory holds the kernels at that head dim (:func:`shared_memory_unsupported`, by an op's own table
+    ``small_shared_memory`` where it has one); CPU tensors only under ``TRITON_INTERPRET=1`` (float64 too,
+    for tests).
     """
     device = torch.device(device)
     reason = triton_available()
@@ -88,7 +89,7 @@ def triton_unsupported(device, dtype=None, head_dim=None):
     if _DRY_RUNS and device.type == 'cpu':
         if dtype is not None and dtype not in KERNEL_DTYPES:
             return f'the Triton kernels take float32, float16 or bfloat16 tensors, got {dtype}'
-        return shared_memory_unsupported(_DRY_RUNS[-1].target, head_dim, dtype)
+        return shared_memory_unsupported(_DRY_RUNS[-1].target, head_dim, dtype, small_shared_memory)
     if device.type == 'cpu':
         if not interpreting():
             return ("the Triton kernels run on CUDA tensors, these are on the CPU; use attn_impl='auto' or "
@@ -103,7 +104,7 @@ def triton_unsupported(device, dtype=None, head_dim=None):
     index = device.index if device.index is not None else torch.cuda.current_device()
     reason = _cuda_unsupported(index)
     if reason is None and not interpreting():
-        reason = shared_memory_unsupported(_cuda_target(index), head_dim, dtype)
+        reason = shared_memory_unsupported(_cuda_target(index), head_dim, dtype, small_shared_memory)
     return reason
 
 
@@ -133,8 +134,9 @@ FULL_SHARED_MEMORY = 163 * 1024
 # GPUs that give a block less (A10, A40, RTX 30xx / 40xx / 50xx, L4, L40: 99 KiB): per amount of shared
 # memory, the widest head dim (its power-of-two block) at which every kernel of every op has a config that
 # fits, for float16 / bfloat16 inputs and for float32 inputs (whose three-TF32 products keep split operands
-# in shared memory). ``make check-kernels`` compiles the kernels for such GPUs (sm_86, sm_89) and fails
-# where this table admits a kernel that does not fit.
+# in shared memory); an op whose kernels fit wider heads passes its own table (``small_shared_memory``).
+# ``make check-kernels`` compiles the kernels for such GPUs (sm_86, sm_89) and fails where a table admits a
+# kernel that does not fit.
 SMALL_SHARED_MEMORY = ((99 * 1024, {'half': 64, 'float32': 32}), )
 
 
@@ -142,15 +144,17 @@ def _dtype_name(dtype):
     return str(dtype).replace('torch.', '')
 
 
-def shared_memory_unsupported(target, head_dim, dtype=None):
+def shared_memory_unsupported(target, head_dim, dtype=None, small_shared_memory=None):
     """None when the kernels at head dim ``head_dim`` on ``dtype`` inputs fit the shared memory of
     :class:`KernelTarget` ``target`` (always under the interpreter, on GPUs with
-    :data:`FULL_SHARED_MEMORY` or more, and when ``head_dim`` is None), else why not (one line)."""
+    :data:`FULL_SHARED_MEMORY` or more, and when ``head_dim`` is None), else why not (one line).
+    ``small_shared_memory``: an op's own table in the form of :data:`SMALL_SHARED_MEMORY` (the default)."""
     if head_dim is None or not target.gpu or not target.shared_memory or target.shared_memory >= FULL_SHARED_MEMORY:
         return None
     block = max(16, 1 << (int(head_dim) - 1).bit_length())
     kind = 'float32' if dtype in (None, torch.float32) else 'half'
-    widest = next((limits[kind] for memory, limits in SMALL_SHARED_MEMORY if target.shared_memory >= memory), 0)
+    table = SMALL_SHARED_MEMORY if small_shared_memory is None else small_shared_memory
+    widest = next((limits[kind] for memory, limits in table if target.shared_memory >= memory), 0)
     if block <= widest:
         return None
     runs = (f'they run float32 inputs up to head dim {widest} there' if kind == 'float32' else

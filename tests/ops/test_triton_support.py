@@ -47,20 +47,35 @@ def test_gpus_with_99_kib_run_what_fits_and_say_why_not_otherwise():
     assert shared_memory_unsupported(RTX_4090, 48, torch.float32) is not None  # a 64-channel block
 
 
+# on a 99 KiB GPU: a float32 head dim each op turns down, and (head dim, dtype) it runs. PaCS's tiles are half the
+# head dim wide, so it runs wider heads than the others (its own table, pacs_triton._SMALL_SHARED_MEMORY)
+ON_99_KIB = {'pacs': (256, [(128, torch.float32), (128, torch.bfloat16)])}
+ON_99_KIB_DEFAULT = (64, [(64, torch.bfloat16), (32, torch.float32)])
+
+
 @pytest.mark.parametrize('op_name', sorted(name for name, op in OPS.items() if 'triton' in op.impls))
 def test_every_op_turns_down_what_does_not_fit_before_any_launch(op_name):
     """On a 99 KiB GPU (dry run: the launch code answers as on that GPU, launches are recorded) every
-    op's Triton implementation declines float32 at head dim 64 on entry, and runs bfloat16 there."""
+    op's Triton implementation declines float32 at a head dim whose kernels do not fit there, on entry,
+    and runs what fits (the widest float32 and bfloat16 heads its table admits)."""
     op = OPS[op_name]
-    tensors, options = op.example_inputs(1, 2, (3, 5), 64, torch.Generator().manual_seed(0))
+    declined, runs = ON_99_KIB.get(op_name, ON_99_KIB_DEFAULT)
+
+    def inputs(head_dim, dtype):
+        tensors, options = op.example_inputs(1, 2, (3, 5), head_dim, torch.Generator().manual_seed(0))
+        return [t.to(dtype) if i < 3 else t for i, t in enumerate(tensors)], options
+
     with dry_run(RTX_4090) as launches:
-        with pytest.raises(AttnImplUnavailable, match=r"cannot run here: this GPU gives a block 99 KiB .* head dim "
-                           r"64 on float32 inputs"):
+        tensors, options = inputs(declined, torch.float32)
+        with pytest.raises(AttnImplUnavailable, match=rf"cannot run here: this GPU gives a block 99 KiB .* head dim "
+                           rf"{declined} on float32 inputs"):
             op.impls['triton'](*tensors, *options)
         assert not launches
-        low = [t.bfloat16() if i < 3 else t for i, t in enumerate(tensors)]
-        op.impls['triton'](*low, *options)
-        assert launches
+        for head_dim, dtype in runs:
+            tensors, options = inputs(head_dim, dtype)
+            op.impls['triton'](*tensors, *options)
+            assert launches, (head_dim, dtype)
+            launches.clear()
 
 
 def test_autotuning_is_off_where_nothing_may_time_and_when_asked(monkeypatch):
