@@ -35,6 +35,9 @@ def test_attention_cases_follow_the_op_registry():
         args = BENCH.parse_args(['attention', '--impls', 'bench_extra', '--kinds', 'pola'])
         assert args.impls == ['bench_extra']
     assert 'bench_extra' not in BENCH.attention_impls('pola')
+    # `make bench` runs the default cases; PolaFormer++-B4's first stage (PaCS's widest heads) is asked for by name
+    assert 'polapp-b4-s1@800x1344' not in BENCH.parse_args(['attention']).cases
+    assert BENCH.parse_args(['attention', '--cases', 'polapp-b4-s1@800x1344']).cases == ['polapp-b4-s1@800x1344']
 
 
 def test_every_op_runs_through_the_generic_case():
