@@ -4,6 +4,7 @@
 #   make lint   - ruff (pyflakes, pycodestyle, isort rules; ruff.toml)
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
 #   make -k bench-gpu - the GPU tests and tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
+#   make -k bench-gpu-quick, then make bench-gpu-quick-train - the rows of the GPU targets only, for a short turn
 #   make docs-check - the params / GMACs figures of the docs counted again (tools/docs_figures.py) and compared
 #   make check-kernels - every Triton kernel compiled for sm_80, sm_90, sm_86 and sm_89 (no GPU needed): shared
 #                   memory, registers, spills; fails on a kernel that does not compile or fit
@@ -13,7 +14,7 @@ PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
 .PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu test-gpu bench-gpu-warm bench-gpu-ops \
-	bench-gpu-train docs-check docs-figures check-kernels
+	bench-gpu-train bench-gpu-quick bench-gpu-quick-train docs-check docs-figures check-kernels
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)
@@ -133,3 +134,25 @@ bench-gpu-train:
 		--profile work_dirs/benchmark_profile
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --dwconv-impl torch
+
+# The rows that decide the targets of docs/benchmarks.md first, for a short turn on a GPU (meant for about ten minutes on a
+# fresh machine, with mmcv building meanwhile): make -k bench-gpu-quick PY=python3 (no mmcv needed), then
+# make bench-gpu-quick-train PY=python3. The kernels of the two Pola backbones compile in parallel first.
+GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
+bench-gpu-quick:
+	@for model in pola-pvt-t pola-swin-t; do \
+		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
+			--amp bfloat16 --repeat 1 --no-memory >/dev/null 2>&1 & \
+	done; \
+	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --impls triton --repeat 1 --no-memory \
+		--no-error >/dev/null 2>&1 & \
+	wait
+	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
+		--backward --amp bfloat16 --repeat 10
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
+		--amp float16 --repeat 10
+	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344
+
+bench-gpu-quick-train:
+	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
+		--profile work_dirs/benchmark_profile

@@ -211,3 +211,42 @@ def test_operator_count_with_the_recomputing_linear_layers(capsys, monkeypatch):
     widths = (512 + 64, 1024 + 128, 1280 + 320, 2048 + 512)
     not_kept = 2 * 2 * sum(n * w for n, w in zip(tokens, widths)) * 4 / 2 ** 20
     assert float(cells['torch'][-1]) - float(cells['auto'][-1]) == pytest.approx(not_kept, abs=0.1), cells
+
+
+def _makefile_benchmark_commands(*targets):
+    """The argument lists of every ``tools/benchmark.py`` command that ``make`` runs for ``targets`` (as
+    ``make -n`` prints them; a shell loop's variable takes each of its values)."""
+    import os.path as osp
+    import re
+    import shlex
+    import subprocess
+
+    from tests.fixtures.paths import REPO
+    text = subprocess.run(['make', '-n', *targets, 'PY=python3'], cwd=REPO, check=True, capture_output=True,
+                          text=True).stdout.replace('\\\n', ' ')
+    loop = re.compile(r'for (\w+) in ([^;]+); do(.*?)done')
+    commands = []
+    for line in text.splitlines():
+        # each shell loop becomes its body once per value
+        line = loop.sub(lambda m: ';'.join(m.group(3).replace(f'${m.group(1)}', v) for v in m.group(2).split()),
+                        line)
+        for segment in re.split(r'&&|;|&', re.sub(r'\d?>&?\S+', '', line)):
+            argv = shlex.split(segment)
+            if 'tools/benchmark.py' in argv:
+                commands.append(argv[argv.index('tools/benchmark.py') + 1:])
+    assert all(osp.isfile(osp.join(REPO, a)) for argv in commands for a in argv if a.startswith('configs/'))
+    return commands
+
+
+def test_every_benchmark_command_of_the_makefile_parses():
+    """The GPU targets run only where a GPU is: their benchmark commands take the tool's own cases, models and
+    options (argparse exits on any other)."""
+    commands = _makefile_benchmark_commands('bench', 'bench-gpu', 'bench-gpu-quick', 'bench-gpu-quick-train')
+    assert {argv[0] for argv in commands} == {'attention', 'backbone', 'scaling', 'amp', 'layers', 'train'}
+    # the warm-up loops: one command per model (and per case)
+    warm = [argv[argv.index('--models') + 1] for argv in commands
+            if argv[0] == 'backbone' and '--repeat' in argv and argv[argv.index('--repeat') + 1] == '1']
+    assert {'pola-pvt-t', 'pola-swin-t', 'polaformer++-b4'} <= set(warm) and '$model' not in warm
+    for argv in commands:
+        args = BENCH.parse_args(argv)
+        assert getattr(args, 'device', 'cpu') in ('cpu', 'cuda'), argv
