@@ -23,7 +23,8 @@ kernels of their own per image (InLine's local residual), and at 5 on the heads'
 their projection (the Pola and FLatten value term). The linear layers that recompute their input (``--ops
 recompute``, mmpola.ops.recompute) run theirs on the tokens of the grids: the MLP's GELU and fc2 with four
 times the head dim's channels, the gated projection with the head dim's channels, its gate seen in a
-projection of four times as many.
+projection of four times as many, and the LayerNorm with the linear layer after it with the head dim's
+channels and four times as many (a patch merging's).
 
 Token grids: one head of many tokens (several token blocks per chunk) and two heads in a batch of two
 of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
@@ -196,8 +197,9 @@ def record_depthwise_launches(gpu, channels, dtype):
 def record_recompute_launches(gpu, channels, dtype):
     """The kernel launches of one forward and backward of each recomputing linear layer on ``gpu``, on the tokens
     of every grid of SHAPES: the MLP's GELU and fc2 (4 * ``channels`` hidden channels) and the gated projection
-    (``channels`` channels, the gate a view of a projection of 4 * ``channels``)."""
-    from mmpola.ops import gated_linear, gelu_linear
+    (``channels`` channels, the gate a view of a projection of 4 * ``channels``) and the LayerNorm with its linear
+    layer (``channels`` and 4 * ``channels`` channels)."""
+    from mmpola.ops import gated_linear, gelu_linear, layer_norm_linear
     from mmpola.ops.triton_support import dry_run
     launches = []
     for batch, _, (height, width) in SHAPES:
@@ -207,9 +209,13 @@ def record_recompute_launches(gpu, channels, dtype):
         projection = torch.zeros(*tokens, 4 * channels, dtype=dtype).requires_grad_()
         fc2, proj = (torch.zeros(channels, width, dtype=dtype).requires_grad_() for width in (4 * channels, channels))
         bias = torch.zeros(channels, dtype=dtype)
+        norms = [(torch.zeros(*tokens, width, dtype=dtype).requires_grad_(), torch.ones(width, dtype=dtype),
+                  torch.zeros(width, dtype=dtype), torch.zeros(channels, width, dtype=dtype).requires_grad_())
+                 for width in (channels, 4 * channels)]
         with dry_run(gpu.kernel_target()) as recorded:
             for out in (gelu_linear(h, fc2, bias, impl='triton'),
-                        gated_linear(s, projection[..., channels:2 * channels], proj, bias, impl='triton')):
+                        gated_linear(s, projection[..., channels:2 * channels], proj, bias, impl='triton'),
+                        *(layer_norm_linear(x, w, b, 1e-5, weight, bias, impl='triton') for x, w, b, weight in norms)):
                 out.backward(torch.zeros_like(out))
         launches += recorded
     return launches

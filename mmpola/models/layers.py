@@ -11,12 +11,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
-from mmpola.ops import depthwise_conv2d, depthwise_conv_impl, gated_linear, gelu_linear, recompute_impl
+from mmpola.ops import (
+    depthwise_conv2d,
+    depthwise_conv_impl,
+    gated_linear,
+    gelu_linear,
+    layer_norm_linear,
+    recompute_impl,
+)
 from mmpola.ops.dispatch import recording
 from mmpola.ops.recompute import resolve_recompute_impl
+from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache',
-           'SizeCache', 'crop_map', 'gated_proj', 'gelu_fc2', 'map_as_tokens',
+           'SizeCache', 'crop_map', 'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear',
            'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
 
@@ -252,8 +260,20 @@ def gated_proj(s, g, proj):
     return proj(s * g)
 
 
+def norm_linear(norm, linear, x):
+    """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where it recomputes (``_recomputes``; on a GPU by
+    default: the backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last
+    dim with a weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules."""
+    if (_recomputes(x, linear) and type(norm) is nn.LayerNorm and len(norm.normalized_shape) == 1
+            and norm.weight is not None and norm.bias is not None and x.shape[-1] <= NORM_MAX_CHANNELS):
+        return layer_norm_linear(x, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias, 'triton')
+    return linear(norm(x))
+
+
 class Mlp(nn.Module):
-    """fc1 -> GELU -> Dropout -> fc2 -> Dropout on (B, N, C) tokens (GELU to fc2: :func:`gelu_fc2`)."""
+    """fc1 -> GELU -> Dropout -> fc2 -> Dropout on (B, N, C) tokens (GELU to fc2: :func:`gelu_fc2`).
+    ``forward(x, norm=None)``: ``norm``, the block's LayerNorm before the MLP, applied to x first (LayerNorm to
+    fc1: :func:`norm_linear`)."""
 
     def __init__(self, in_features, hidden_features, drop=0.):
         super().__init__()
@@ -262,8 +282,9 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden_features, in_features)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x):
-        return self.drop(gelu_fc2(self, self.fc1(x)))
+    def forward(self, x, norm=None):
+        h = self.fc1(x) if norm is None else norm_linear(norm, self.fc1, x)
+        return self.drop(gelu_fc2(self, h))
 
 
 class PreNormBlock(nn.Module):
@@ -271,7 +292,8 @@ class PreNormBlock(nn.Module):
     then x + DropPath(MLP(LN(x))); LayerNorm eps ``norm_eps`` (1e-6; Swin's 1e-5).
 
     ``attn``: any attention kind (``attn(x, hw, **context)``); ``mlp_layer``: :class:`Mlp`, or an MLP that
-    takes the map size too (``takes_hw = True``, as PVTv2's ConvMlp with its depthwise conv).
+    takes the map size too (``takes_hw = True``, as PVTv2's ConvMlp with its depthwise conv); the MLP gets
+    ``norm2`` to apply (``norm=``), so that its fc1 can take the LayerNorm with it (:func:`norm_linear`).
     Shapes: ``forward(x, hw, **context)``: (B, N, C), (H, W) -> (B, N, C).
     """
 
@@ -286,8 +308,8 @@ class PreNormBlock(nn.Module):
 
     def forward(self, x, hw, **context):
         x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
-        y = self.norm2(x)
-        return x + self.drop_path(self.mlp(y, hw) if self.mlp_takes_hw else self.mlp(y))
+        mlp = self.mlp(x, hw, norm=self.norm2) if self.mlp_takes_hw else self.mlp(x, norm=self.norm2)
+        return x + self.drop_path(mlp)
 
 
 @register_notrace_module  # torch.fx leaf: padding and (H, W) depend on the input size
@@ -353,4 +375,4 @@ class PatchMerging(nn.Module):
         # would fill a zero tensor of the map's size per slice in the backward): (B, H', row, W', col, C) ->
         # (B, H', W', col, row, C), so channel group col * 2 + row, the official concatenation's order
         x = x.view(B, out_hw[0], 2, out_hw[1], 2, C).permute(0, 1, 3, 4, 2, 5).reshape(B, -1, 4 * C)
-        return self.reduction(self.norm(x)), out_hw
+        return norm_linear(self.norm, self.reduction, x), out_hw

@@ -1,6 +1,7 @@
 """Linear layers whose input the backward recomputes instead of keeping it: ``F.linear(F.gelu(h), W, b)``, the
-second half of the transformer MLPs (:func:`gelu_linear`), and ``F.linear(s * g, W, b)``, Pola attention's
-gated output projection (:func:`gated_linear`).
+second half of the transformer MLPs (:func:`gelu_linear`), ``F.linear(s * g, W, b)``, Pola attention's
+gated output projection (:func:`gated_linear`), and ``F.linear(F.layer_norm(x), W, b)``, a pre-norm block's
+LayerNorm and the linear layer after it (:func:`layer_norm_linear`).
 
 Autograd keeps a linear layer's input for its weight gradient, and the element-wise op that made it keeps
 its own inputs for its gradient: two tensors where one would do. Here the forward is the library's (the
@@ -9,6 +10,13 @@ the layer's input in the Triton kernel that computes the element-wise op's gradi
 (mmpola/ops/recompute_triton.py). That kernel reads what autograd's backward of the op reads and writes
 one more tensor: the MLP's backward launches as many kernels as autograd's, the gate's one fewer (one
 kernel for both gradients of the product, where autograd runs two), and neither keeps the layer's input.
+
+The LayerNorm's output is recomputed from its input, which autograd keeps for the LayerNorm's own backward:
+one Triton kernel normalises the rows in the forward, in the linear layer's dtype (where under autocast the
+library writes float32 rows and casts them: two kernels), and in the backward the same kernel writes them
+again with the gradient of x and each program's partial sums of the norm's parameter gradients, in place of
+the LayerNorm's backward (and, under autocast, of the cast of the rows' gradient); one sum of the partial
+sums follows. It keeps x only.
 
 The implementations (``impl``):
 
@@ -25,10 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from .dispatch import implementation_from_env, recording
-from .recompute_triton import gate_and_gate_backward, gelu_and_gelu_backward
+from .recompute_triton import NORM_MAX_CHANNELS, gate_and_gate_backward, gelu_and_gelu_backward, layer_norm_rows
 from .triton_support import autocast_operands, dry_running, require_triton, triton_unsupported
 
-__all__ = ['RECOMPUTE_IMPLS', 'gated_linear', 'gelu_linear', 'recompute_impl', 'resolve_recompute_impl']
+__all__ = ['RECOMPUTE_IMPLS', 'gated_linear', 'gelu_linear', 'layer_norm_linear', 'recompute_impl',
+           'resolve_recompute_impl']
 
 RECOMPUTE_IMPLS = ('auto', 'torch', 'triton')
 ENV = 'MMPOLA_RECOMPUTE'
@@ -99,7 +108,9 @@ class _RecomputedLinear(torch.autograd.Function):
         return None, grad_weight, grad_bias, *grads
 
 
-def _recomputed_linear(op, inputs, weight, bias, impl, what):
+def _linear_operands(inputs, weight, bias, impl, what):
+    """The linear layer's weight and bias in the dtype it computes in (under autocast: the autocast dtype, as
+    ``F.linear`` casts them) where ``impl`` resolves to the recomputing path for the inputs, else None."""
     x = inputs[0]
     impl = resolve_recompute_impl(impl, x)
     if impl == 'torch' or x.numel() == 0:
@@ -113,8 +124,43 @@ def _recomputed_linear(op, inputs, weight, bias, impl, what):
     if len(dtypes) > 1:
         raise TypeError(f'{what} expects its operands in one dtype (or autocast), got '
                         f'{", ".join(sorted(str(d).replace("torch.", "") for d in dtypes))}')
-    with torch.autocast(device_type, enabled=False):
-        return _RecomputedLinear.apply(op, weight, bias, *inputs)
+    return weight, bias
+
+
+class _NormLinear(torch.autograd.Function):
+    """``F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias)`` keeping x, the norm's
+    parameters and the weight; the normalised rows in the weight's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, norm_weight, norm_bias, eps, weight, bias):
+        rows = x.reshape(-1, x.shape[-1])
+        rows = rows if rows.is_contiguous() else rows.contiguous()
+        y = layer_norm_rows(rows, norm_weight, norm_bias, eps, weight.dtype)[0]
+        ctx.save_for_backward(rows, norm_weight, norm_bias, weight)
+        ctx.eps, ctx.shape, ctx.has_bias = eps, x.shape, bias is not None
+        return F.linear(y, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        rows, norm_weight, norm_bias, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad = grad.reshape(-1, grad.shape[-1])
+        grad_y = grad.mm(weight) if any(needs[:3]) else None  # the gradient of the normalised rows
+        y, grad_x, grad_norm_weight, grad_norm_bias = layer_norm_rows(rows, norm_weight, norm_bias, ctx.eps,
+                                                                     weight.dtype, grad_y)
+        grad_weight = grad.t().mm(y) if needs[4] else None
+        grad_bias = grad.sum(0) if ctx.has_bias and needs[5] else None
+        return (grad_x.view(ctx.shape) if needs[0] else None, grad_norm_weight if needs[1] else None,
+                grad_norm_bias if needs[2] else None, None, grad_weight, grad_bias)
+
+
+def _recomputed_linear(op, inputs, weight, bias, impl, what):
+    operands = _linear_operands(inputs, weight, bias, impl, what)
+    if operands is None:
+        return None
+    with torch.autocast(inputs[0].device.type, enabled=False):
+        return _RecomputedLinear.apply(op, *operands, *inputs)
 
 
 def gelu_linear(h, weight, bias=None, impl='auto'):
@@ -134,3 +180,24 @@ def gated_linear(s, g, weight, bias=None, impl='auto'):
         raise ValueError(f'gated_linear expects s and g of one shape, got {tuple(s.shape)} and {tuple(g.shape)}')
     out = _recomputed_linear('gate', (s, g), weight, bias, impl, 'gated_linear')
     return F.linear(s * g, weight, bias) if out is None else out
+
+
+def layer_norm_linear(x, norm_weight, norm_bias, eps, weight, bias=None, impl='auto'):
+    """``F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias)``: x (..., C), the norm's
+    weight and bias (C, ), weight (out, C), bias (out, ) or None. With ``'triton'`` the backward keeps x only
+    and recomputes the normalised rows (module docstring); ``'auto'`` runs the library's layers for rows of
+    more than ``NORM_MAX_CHANNELS`` channels. Under autocast the linear layer runs in the autocast dtype, as
+    ``F.linear`` does; the rows are normalised in float32 and rounded once to that dtype (as the library's
+    float32 LayerNorm and the cast before its linear layer)."""
+    C = x.shape[-1]
+    if norm_weight.shape != (C, ) or norm_bias.shape != (C, ) or weight.shape[-1] != C:
+        raise ValueError(f'layer_norm_linear expects a norm weight and bias of ({C}, ) and a weight (out, {C}) for '
+                         f'x of {C} channels, got {tuple(norm_weight.shape)}, {tuple(norm_bias.shape)} and '
+                         f'{tuple(weight.shape)}')
+    if impl == 'auto' and C > NORM_MAX_CHANNELS:  # rows wider than the kernel's
+        impl = 'torch'
+    operands = _linear_operands((x, ), weight, bias, impl, 'layer_norm_linear')
+    if operands is None:
+        return F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias)
+    with torch.autocast(x.device.type, enabled=False):
+        return _NormLinear.apply(x, norm_weight, norm_bias, eps, *operands)

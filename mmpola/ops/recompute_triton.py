@@ -11,15 +11,24 @@ that input, recomputed (for the layer's weight gradient), and the gradients of w
   (one float32 product each, as torch's multiplication and its backward). (M, C) rows read through a row
   stride (a gate seen in its projection), written contiguous.
 
+* ``_layer_norm_kernel``: the rows of x (M, C) normalised, ``y = (x - mean) * rstd * w + b`` with the mean and
+  the biased variance of each row computed in float32 (two passes over the row in registers) and
+  ``rstd = 1 / sqrt(var + eps)``, as torch's LayerNorm; with the gradient ``dL/dy`` also
+  ``dL/dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` for ``g = dL/dy * w`` and ``xhat = (x - mean) * rstd``,
+  and each program's sums over its rows of ``dL/dy * xhat`` and ``dL/dy`` (the gradients of w and b, summed
+  over the programs after it). The forward of the layer runs it too, so the backward recomputes the same y.
+  A program takes whole rows (C up to ``NORM_MAX_CHANNELS``), and in the backward a fixed share of the row blocks: the
+  programs, and the order of every sum, depend on M and the GPU's multiprocessor count only.
+
 Every result is rounded once to its tensor's dtype. Any number of elements; float64 inputs (the
-interpreter, for tests) are computed in float32 too. One compiled kernel per dtype (and the gate's per
-channel count): the token count is data, not a specialisation.
+interpreter, for tests) are computed in float32 too. One compiled kernel per dtype (and the gate's and the
+LayerNorm's per channel count): the token count is data, not a specialisation.
 """
 import torch
 
-from .triton_support import launch, triton_available
+from .triton_support import kernel_target, launch, triton_available
 
-__all__ = ['gate_and_gate_backward', 'gelu_and_gelu_backward']
+__all__ = ['NORM_MAX_CHANNELS', 'gate_and_gate_backward', 'gelu_and_gelu_backward', 'layer_norm_rows']
 
 if triton_available() is None:
     import triton
@@ -50,6 +59,39 @@ if triton_available() is None:
         tl.store(grad_s_ptr + dense, (dy * g).to(grad_s_ptr.dtype.element_ty), mask=mask)
         tl.store(grad_g_ptr + dense, (dy * s).to(grad_g_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit(do_not_specialize=['M', 'blocks_per_program'])  # the token count: data
+    def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, grad_ptr, y_ptr, grad_x_ptr, parts_ptr, M, C, eps,
+                           blocks_per_program, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, GRAD: tl.constexpr):
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_C)
+        col_mask = cols < C
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=col_mask, other=0.).to(tl.float32)
+        sum_w = tl.zeros((BLOCK_C, ), dtype=tl.float32)
+        sum_b = tl.zeros((BLOCK_C, ), dtype=tl.float32)
+        for i in range(0, blocks_per_program):
+            rows = ((pid * blocks_per_program + i) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            mask = (rows[:, None] < M) & col_mask[None, :]
+            offsets = rows[:, None] * C + cols[None, :]
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+            mean = tl.sum(x, axis=1) / C
+            centred = tl.where(mask, x - mean[:, None], 0.)
+            rstd = 1. / tl.sqrt(tl.sum(centred * centred, axis=1) / C + eps)
+            x_hat = centred * rstd[:, None]
+            tl.store(y_ptr + offsets, (x_hat * w[None, :] + b[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
+            if GRAD:
+                dy = tl.load(grad_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+                g = dy * w[None, :]
+                mean_g = tl.sum(g, axis=1) / C
+                mean_gx = tl.sum(g * x_hat, axis=1) / C
+                dx = (g - mean_g[:, None] - x_hat * mean_gx[:, None]) * rstd[:, None]
+                tl.store(grad_x_ptr + offsets, dx.to(grad_x_ptr.dtype.element_ty), mask=mask)
+                sum_w += tl.sum(dy * x_hat, axis=0)
+                sum_b += tl.sum(dy, axis=0)
+        if GRAD:
+            tl.store(parts_ptr + pid * 2 * C + cols, sum_w, mask=col_mask)
+            tl.store(parts_ptr + pid * 2 * C + C + cols, sum_b, mask=col_mask)
+
 _GELU_BLOCK = 1024  # elements per program: 8 per thread at 4 warps
 _GATE_BLOCKS = dict(BLOCK_M=16, BLOCK_C=64, num_warps=4)  # 1024 elements per program, rows of 64 channels
 
@@ -76,3 +118,38 @@ def gate_and_gate_backward(s, g, grad, out_dtype):
     launch(_gate_and_backward_kernel, grid, s, g, grad, out, grad_s, grad_g, M, C, s.stride(0), g.stride(0),
            **_GATE_BLOCKS)
     return out, grad_s, grad_g
+
+
+NORM_MAX_CHANNELS = 8192  # the widest rows the LayerNorm kernel takes (one row block holds whole rows)
+_NORM_ELEMENTS = 2048  # elements per row block: rows of up to 2048 channels several to a block, wider ones alone
+_NORM_PROGRAMS_PER_SM = 4  # programs of the backward per multiprocessor, each summing w's and b's gradients over
+# its share of the row blocks
+
+
+def layer_norm_rows(x, weight, bias, eps, out_dtype, grad=None):
+    """The LayerNorm of the rows of x (M, C), contiguous, with ``weight`` and ``bias`` (C, ): y in ``out_dtype``;
+    with ``grad`` (dL/dy, (M, C) contiguous) also the gradients of x (in x's dtype), weight and bias (in theirs).
+    Returns (y, grad_x, grad_weight, grad_bias), the gradients None without ``grad``. One kernel (and one sum of
+    the programs' partial sums of the two parameter gradients)."""
+    M, C = x.shape
+    if C > NORM_MAX_CHANNELS:
+        raise ValueError(f'the LayerNorm kernel takes rows of up to {NORM_MAX_CHANNELS} channels, got {C}')
+    block_c = max(16, triton.next_power_of_2(C))
+    block_m = max(1, _NORM_ELEMENTS // block_c)
+    # 8 warps for the backward's tensors (4 spill on some GPUs) and for wider rows than a block's elements
+    warps = 8 if grad is not None or block_c > _NORM_ELEMENTS else 4
+    options = dict(BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps)
+    y = torch.empty(M, C, dtype=out_dtype, device=x.device)
+    blocks = triton.cdiv(M, block_m)
+    if grad is None:
+        launch(_layer_norm_kernel, (max(blocks, 1), ), x, weight, bias, x, y, y, y, M, C, eps, 1, GRAD=False,
+               **options)
+        return y, None, None, None
+    per_program = triton.cdiv(blocks, _NORM_PROGRAMS_PER_SM * kernel_target(x.device).sm_count)
+    programs = max(triton.cdiv(blocks, per_program), 1) if blocks else 1
+    grad_x = torch.empty(M, C, dtype=x.dtype, device=x.device)
+    parts = torch.empty(programs, 2, C, dtype=torch.float32, device=x.device)
+    launch(_layer_norm_kernel, (programs, ), x, weight, bias, grad, y, grad_x, parts, M, C, eps, max(per_program, 1),
+           GRAD=True, **options)
+    grad_weight, grad_bias = parts.sum(0).to(weight.dtype).unbind(0)
+    return y, grad_x, grad_weight, grad_bias

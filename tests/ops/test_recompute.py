@@ -1,5 +1,6 @@
 """The linear layers whose input the backward recomputes (mmpola.ops.recompute): the MLPs' GELU and fc2
-(gelu_linear) and Pola's gated output projection (gated_linear). Their Triton backward against the library's
+(gelu_linear), Pola's gated output projection (gated_linear) and a LayerNorm with the linear layer after it
+(layer_norm_linear). Their Triton backward against the library's
 layers in float64 (output and every gradient), half precision, autocast, strided gates, what the backward
 keeps, its kernels, the choice of implementation and the modules that use them. Without a GPU the kernels
 run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
@@ -8,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from mmpola.models.backbones.pvt_v2 import ConvMlp
-from mmpola.models.layers import Mlp
-from mmpola.ops import gated_linear, gelu_linear
+from mmpola.models.layers import Mlp, PatchMerging, PreNormBlock
+from mmpola.ops import gated_linear, gelu_linear, layer_norm_linear
 from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.triton_support import KernelTarget, dry_run
@@ -309,3 +310,170 @@ def test_gated_attentions_run_the_implementation_the_environment_names(monkeypat
     for a, e in zip(*results):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
     assert muls[1] < muls[0], muls
+
+
+# the LayerNorm and the linear layer after it: x (..., C), the norm's weight and bias, weight (out, C), bias
+def make_norm_inputs(shape, out_features, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    C = shape[-1]
+    x = torch.randn(*shape, generator=gen) * 3 + 1
+    norm_weight, norm_bias = torch.randn(C, generator=gen), torch.randn(C, generator=gen)
+    weight = torch.randn(out_features, C, generator=gen) / C ** 0.5
+    bias = torch.randn(out_features, generator=gen)
+    grad = torch.randn(*shape[:-1], out_features, generator=gen)
+    return [t.to(device=DEVICE, dtype=dtype) for t in (x, norm_weight, norm_bias, weight, bias, grad)]
+
+
+def norm_library(x, norm_weight, norm_bias, weight, bias=None):
+    return F.linear(F.layer_norm(x, x.shape[-1:], norm_weight, norm_bias, 1e-5), weight, bias)
+
+
+def norm_triton(x, norm_weight, norm_bias, weight, bias=None):
+    return layer_norm_linear(x, norm_weight, norm_bias, 1e-5, weight, bias, impl='triton')
+
+
+NORM_NAMES = ('out', 'dx', 'dnorm_weight', 'dnorm_bias', 'dweight', 'dbias')
+
+
+# rows of a few channels to many (one row a block), row counts on either side of the kernel's row blocks
+@pytest.mark.parametrize('shape', [(2, 7, 40), (4, 2049, 24), (1, 1, 8), (3, 130), (2, 5, 3000)],
+                         ids=lambda s: 'x'.join(map(str, s)))
+def test_layer_norm_linear_matches_the_library(shape):
+    """fp32 within 1e-6 of the float64 library layers: output and the gradients of x, the norm's weight and
+    bias, the weight and the bias, in their dtypes and shapes."""
+    *leaves, grad = make_norm_inputs(shape, 17)
+    actual = forward_backward(norm_triton, leaves, grad)
+    expected = forward_backward(norm_library, [t.double() for t in leaves], grad.double())
+    for name, a, e in zip(NORM_NAMES, actual, expected):
+        assert a.dtype == torch.float32 and a.shape == e.shape, name
+        assert relative_error(a, e) <= 1e-6, f'{shape} {name}: {relative_error(a, e):.2e}'
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_layer_norm_linear_half_precision_and_autocast(dtype):
+    """Half-precision operands against the library's own path in that dtype; under autocast (float32 x and
+    parameters, as a model's residual stream) the layer computes in the autocast dtype, the gradients come
+    back in the leaves' dtypes."""
+    *leaves, grad = make_norm_inputs((2, 9, 64), 32, dtype)
+    actual = forward_backward(norm_triton, leaves, grad)
+    expected = forward_backward(norm_library, [t.double() for t in leaves], grad.double())
+    own = forward_backward(norm_library, leaves, grad)
+    for name, a, e, o in zip(NORM_NAMES, actual, expected, own):
+        assert a.dtype == dtype, name
+        assert relative_error(a, e) <= 2 * relative_error(o, e) + 1e-3, name
+    *leaves, grad = make_norm_inputs((2, 9, 64), 32)
+    results = []
+    for fn in (norm_triton, norm_library):
+        inputs = [t.clone().requires_grad_() for t in leaves]
+        with torch.autocast(DEVICE, dtype=dtype):
+            out = fn(*inputs)
+        out.backward(grad.to(out.dtype))
+        results.append([out] + [t.grad for t in inputs])
+    for name, a, e in zip(NORM_NAMES, *results):
+        assert a.dtype == e.dtype and relative_error(a, e) <= 1e-2, name
+    assert results[0][0].dtype == dtype and results[0][1].dtype == torch.float32
+
+
+def test_layer_norm_linear_only_some_gradients():
+    """A frozen norm, a frozen input, a frozen linear layer, no bias."""
+    *leaves, grad = make_norm_inputs((3, 20), 8)
+    expected = forward_backward(norm_library, [t.double() for t in leaves], grad.double())
+    for frozen in ({1, 2}, {0}, {0, 1, 2}, {3, 4}):
+        inputs = [t.clone().requires_grad_(i not in frozen) for i, t in enumerate(leaves)]
+        norm_triton(*inputs).backward(grad)
+        for i, t in enumerate(inputs):
+            assert (t.grad is None) == (i in frozen), (frozen, i)
+            if t.grad is not None:
+                assert relative_error(t.grad, expected[i + 1]) <= 1e-6, (frozen, i)
+    actual = forward_backward(norm_triton, leaves[:4], grad)
+    expected = forward_backward(norm_library, [t.double() for t in leaves[:4]], grad.double())
+    assert all(relative_error(a, e) <= 1e-6 for a, e in zip(actual, expected))
+
+
+def test_layer_norm_linear_keeps_the_norms_input_only():
+    """What autograd keeps: x and the parameters, not the normalised rows (the size of x); the backward runs
+    the library's kernel count (the norm's backward is the Triton kernel and the sum of its partial sums), and
+    no native_layer_norm_backward."""
+    *leaves, grad = make_norm_inputs((2, 64, 96), 24)
+    leaves = [t.requires_grad_() for t in leaves]
+    params = sum(t.nbytes for t in leaves[1:4])
+    kept, library_kept = saved_bytes(norm_triton, *leaves), saved_bytes(norm_library, *leaves)
+    assert kept == leaves[0].nbytes + params
+    assert library_kept >= kept + leaves[0].nbytes  # the rows (and the library's mean and rstd)
+    counts = {}
+    for impl, fn in (('torch', norm_library), ('triton', norm_triton)):
+        inputs = [t.detach().clone().requires_grad_() for t in leaves]
+        with dry_run(H100) as launches:
+            x = inputs[0] * 2  # made by an op, as in the models
+            with DispatchedOps() as forward:
+                out = fn(x, *inputs[1:])
+            forward_launches = len(launches)
+            with DispatchedOps() as backward:
+                out.backward(grad)
+        counts[impl] = (len(forward.kernels()), len(backward.kernels()), forward_launches,
+                        len(launches) - forward_launches, 'native_layer_norm_backward' in backward.names)
+    assert counts['torch'][2:] == (0, 0, True) and counts['triton'][2:] == (1, 1, False), counts
+    # the forward: the kernel in the library's LayerNorm's place; the backward: the sum of the partial sums
+    assert counts['triton'][:2] == (counts['torch'][0] - 1, counts['torch'][1]), counts
+
+
+def test_layer_norm_linear_choices_and_errors(monkeypatch):
+    x, norm_weight, norm_bias, weight, bias, _ = make_norm_inputs((2, 5, 16), 8)
+    assert torch.equal(layer_norm_linear(x, norm_weight, norm_bias, 1e-5, weight, bias),
+                       norm_library(x, norm_weight, norm_bias, weight, bias))  # 'auto' on the CPU
+    with pytest.raises(ValueError, match=r'layer_norm_linear expects a norm weight and bias of \(16, \) and a '
+                       r'weight \(out, 16\) for x of 16 channels, got \(8,\)'):
+        layer_norm_linear(x, norm_weight[:8], norm_bias, 1e-5, weight, bias)
+    with pytest.raises(TypeError, match='layer_norm_linear expects its operands in one dtype'):
+        layer_norm_linear(x, norm_weight, norm_bias, 1e-5, weight.half(), bias.half(), impl='triton')
+    wide = torch.randn(2, 8200)
+    with pytest.raises(ValueError, match='the LayerNorm kernel takes rows of up to 8192 channels, got 8200'):
+        layer_norm_linear(wide, torch.ones(8200), torch.zeros(8200), 1e-5, torch.zeros(2, 8200), impl='triton')
+    with dry_run(H100):  # 'auto' where the kernels run: the library's layers for rows wider than theirs
+        out = layer_norm_linear(wide, torch.ones(8200), torch.zeros(8200), 1e-5, torch.zeros(2, 8200))
+    assert out.shape == (2, 2)
+    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    with pytest.raises(AttnImplUnavailable, match=r"backward of layer_norm_linear cannot run here: .*CUDA "
+                       r"tensors.*impl='torch' \(MMPOLA_RECOMPUTE=torch\)"):
+        layer_norm_linear(x.cpu(), norm_weight.cpu(), norm_bias.cpu(), 1e-5, weight.cpu(), bias.cpu(),
+                          impl='triton')
+
+
+@pytest.mark.parametrize('module', ['block', 'conv_block', 'merging', 'cswin'])
+def test_norms_before_linear_layers_run_the_implementation_the_environment_names(monkeypatch, module):
+    """The blocks' LayerNorm before the MLP (PVT, Swin, the ViT; PVTv2's MLP with its depthwise conv), Swin's
+    patch merging and CSWin's block (both its norms: before the shared projection and before the MLP):
+    MMPOLA_RECOMPUTE=triton gives the library's output and gradients and no native_layer_norm_backward for
+    those norms; the modules and their keys stay."""
+    from mmpola.models import CSWinBackbone
+    from mmpola.models.attention.softmax import SpatialReductionAttention
+    from tests.fixtures.backbones import MINI_CSWIN
+    torch.manual_seed(0)
+    hw, dim = (5, 6), 24
+    if module == 'merging':
+        layer, norms = PatchMerging(dim), 1
+    elif module == 'cswin':
+        layer, norms = CSWinBackbone(arch=MINI_CSWIN, attn='flatten', attn_type='LLLL').stage2[0], 2
+        dim = layer.dim
+    else:
+        mlp_layer = Mlp if module == 'block' else ConvMlp
+        layer, norms = PreNormBlock(dim, SpatialReductionAttention(dim, 2), mlp_layer=mlp_layer), 1
+    layer = layer.to(DEVICE).train()
+    keys = set(layer.state_dict())
+    args = (hw, )
+    x = torch.randn(2, 30, dim, device=DEVICE, requires_grad=True)
+    results, counts = [], []
+    for impl in ('torch', 'triton'):
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', impl)
+        layer.zero_grad()
+        x.grad = None
+        with DispatchedOps() as ops:
+            out = layer(x, *args)
+            out = out[0] if isinstance(out, tuple) else out
+            out.square().sum().backward()
+        counts.append(ops.names.count('native_layer_norm_backward'))
+        results.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()])
+    for a, e in zip(*results):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    assert counts[1] == counts[0] - norms, counts
+    assert set(layer.state_dict()) == keys

@@ -35,7 +35,7 @@ import torch.nn as nn
 from ..attention import attention_class
 from ..checks import PolaConfigError, square_pretrain_size
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import DepthwiseConv2d, DropPath, Mlp, tokens_as_map
+from ..layers import DepthwiseConv2d, DropPath, Mlp, norm_linear, tokens_as_map
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['CSWinBackbone', 'CSWinHead', 'CSWinBlock', 'MergeBlock']
@@ -93,7 +93,7 @@ class CSWinBlock(nn.Module):
         return out + attn.get_v(tokens_to_nchw(operands[2], hw)).flatten(2).transpose(1, 2)
 
     def forward(self, x, hw, **context):
-        qkv = self.qkv(self.norm1(x)).unflatten(-1, (self.projections, self.dim))
+        qkv = norm_linear(self.norm1, self.qkv, x).unflatten(-1, (self.projections, self.dim))
         x_mean = x.mean(dim=1)
         if len(self.attns) == 2:
             half = self.dim // 2
@@ -102,7 +102,7 @@ class CSWinBlock(nn.Module):
         else:
             out = self._branch(0, qkv, hw, x_mean, context)
         x = x + self.drop_path(self.proj(out))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return x + self.drop_path(self.mlp(x, norm=self.norm2))
 
 
 class MergeBlock(nn.Module):

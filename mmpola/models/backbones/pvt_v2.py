@@ -25,7 +25,15 @@ from timm.layers import register_notrace_module
 
 from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import DepthwiseConv2d, PreNormBlock, gelu_fc2, map_as_tokens, tokens_as_map, trunc_normal_init
+from ..layers import (
+    DepthwiseConv2d,
+    PreNormBlock,
+    gelu_fc2,
+    map_as_tokens,
+    norm_linear,
+    tokens_as_map,
+    trunc_normal_init,
+)
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 from .pvt import check_la_sr_ratios, pvt_classifier_kwargs, pvt_stage_settings
 
@@ -66,7 +74,7 @@ class DWConv(nn.Module):
 
 class ConvMlp(nn.Module):
     """fc1 -> dwconv (3x3 depthwise) -> GELU -> Dropout -> fc2 -> Dropout on (B, H*W, C) tokens (GELU to fc2:
-    :func:`~mmpola.models.layers.gelu_fc2`)."""
+    :func:`~mmpola.models.layers.gelu_fc2`); ``norm``: as :class:`~mmpola.models.layers.Mlp`'s."""
 
     takes_hw = True  # forward(x, hw): PreNormBlock passes the map size
 
@@ -78,8 +86,9 @@ class ConvMlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x, hw):
-        return self.drop(gelu_fc2(self, self.dwconv(self.fc1(x), hw)))
+    def forward(self, x, hw, norm=None):
+        h = self.fc1(x) if norm is None else norm_linear(norm, self.fc1, x)
+        return self.drop(gelu_fc2(self, self.dwconv(h, hw)))
 
 
 @register_architecture('pvt_v2', title='PVTv2')
