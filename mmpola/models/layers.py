@@ -260,14 +260,35 @@ def gated_proj(s, g, proj):
     return proj(s * g)
 
 
-def norm_linear(norm, linear, x):
+def norm_linear(norm, linear, x, chunk=None):
     """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where it recomputes (``_recomputes``; on a GPU by
     default: the backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last
-    dim with a weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules."""
-    if (_recomputes(x, linear) and type(norm) is nn.LayerNorm and len(norm.normalized_shape) == 1
-            and norm.weight is not None and norm.bias is not None and x.shape[-1] <= NORM_MAX_CHANNELS):
-        return layer_norm_linear(x, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias, 'triton')
-    return linear(norm(x))
+    dim with a weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules.
+
+    ``linear`` may also be a tuple of linear layers of the normalised tokens, and ``chunk`` a channel count:
+    then the operands of ``chunk`` channels that their outputs hold, one after another, as views. Where it
+    recomputes, one product with the layers' weights concatenated gives them all, and their gradients meet
+    in one tensor (views of one output, taken apart once)."""
+    layers = linear if isinstance(linear, tuple) else (linear, )
+    if isinstance(linear, tuple) and chunk is None:
+        raise ValueError('norm_linear takes a tuple of linear layers with the chunk size of their operands')
+    biased = {layer.bias is not None for layer in layers}
+    if (all(_recomputes(x, layer) for layer in layers) and len(biased) == 1 and type(norm) is nn.LayerNorm
+            and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
+            and x.shape[-1] <= NORM_MAX_CHANNELS):
+        if len(layers) == 1:
+            weight, bias = layers[0].weight, layers[0].bias
+        else:
+            weight = torch.cat([layer.weight for layer in layers])
+            bias = torch.cat([layer.bias for layer in layers]) if biased == {True} else None
+        outs = (layer_norm_linear(x, norm.weight, norm.bias, norm.eps, weight, bias, 'triton'), )
+    else:
+        y = norm(x)
+        outs = tuple(layer(y) for layer in layers)
+    if chunk is None:
+        return outs[0]
+    return tuple(operand for out in outs
+                 for operand in ((out, ) if out.shape[-1] == chunk else out.unflatten(-1, (-1, chunk)).unbind(-2)))
 
 
 class Mlp(nn.Module):
@@ -293,7 +314,8 @@ class PreNormBlock(nn.Module):
 
     ``attn``: any attention kind (``attn(x, hw, **context)``); ``mlp_layer``: :class:`Mlp`, or an MLP that
     takes the map size too (``takes_hw = True``, as PVTv2's ConvMlp with its depthwise conv); the MLP gets
-    ``norm2`` to apply (``norm=``), so that its fc1 can take the LayerNorm with it (:func:`norm_linear`).
+    ``norm2`` to apply (``norm=``), so that its fc1 can take the LayerNorm with it (:func:`norm_linear`), and
+    so does an attention whose projection can (``takes_norm``: Pola's and FLatten's 'fused' layout).
     Shapes: ``forward(x, hw, **context)``: (B, N, C), (H, W) -> (B, N, C).
     """
 
@@ -307,7 +329,11 @@ class PreNormBlock(nn.Module):
         self.mlp_takes_hw = getattr(mlp_layer, 'takes_hw', False)
 
     def forward(self, x, hw, **context):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw, **context))
+        if getattr(self.attn, 'takes_norm', False):  # its projection takes the LayerNorm with it
+            attn = self.attn(x, hw, norm=self.norm1, **context)
+        else:
+            attn = self.attn(self.norm1(x), hw, **context)
+        x = x + self.drop_path(attn)
         mlp = self.mlp(x, hw, norm=self.norm2) if self.mlp_takes_hw else self.mlp(x, norm=self.norm2)
         return x + self.drop_path(mlp)
 

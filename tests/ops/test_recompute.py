@@ -432,6 +432,11 @@ def test_layer_norm_linear_choices_and_errors(monkeypatch):
     with dry_run(H100):  # 'auto' where the kernels run: the library's layers for rows wider than theirs
         out = layer_norm_linear(wide, torch.ones(8200), torch.zeros(8200), 1e-5, torch.zeros(2, 8200))
     assert out.shape == (2, 2)
+    from mmpola.models.layers import norm_linear
+    linears = (torch.nn.Linear(16, 32), torch.nn.Linear(16, 16))
+    with pytest.raises(ValueError, match='norm_linear takes a tuple of linear layers with the chunk size'):
+        norm_linear(torch.nn.LayerNorm(16), linears, x.cpu())
+    assert [t.shape for t in norm_linear(torch.nn.LayerNorm(16), linears, x.cpu(), chunk=16)] == [(2, 5, 16)] * 3
     monkeypatch.setenv('TRITON_INTERPRET', '0')
     with pytest.raises(AttnImplUnavailable, match=r"backward of layer_norm_linear cannot run here: .*CUDA "
                        r"tensors.*impl='torch' \(MMPOLA_RECOMPUTE=torch\)"):
@@ -439,22 +444,41 @@ def test_layer_norm_linear_choices_and_errors(monkeypatch):
                           impl='triton')
 
 
-@pytest.mark.parametrize('module', ['block', 'conv_block', 'merging', 'cswin'])
+@pytest.mark.parametrize('module', ['block', 'conv_block', 'pola_block', 'pola_pvt_block', 'flatten_block',
+                                    'flatten_pvt_block', 'inline_block', 'merging', 'cswin'])
 def test_norms_before_linear_layers_run_the_implementation_the_environment_names(monkeypatch, module):
-    """The blocks' LayerNorm before the MLP (PVT, Swin, the ViT; PVTv2's MLP with its depthwise conv), Swin's
+    """The blocks' LayerNorm before the MLP (PVT, Swin, the ViT; PVTv2's MLP with its depthwise conv) and before
+    Pola's and FLatten's projections (Swin's fused one; PVT's two of the tokens, as one product; not InLine's,
+    which also takes the mean of the normalised tokens, nor those of a spatial-reduction attention), Swin's
     patch merging and CSWin's block (both its norms: before the shared projection and before the MLP):
     MMPOLA_RECOMPUTE=triton gives the library's output and gradients and no native_layer_norm_backward for
     those norms; the modules and their keys stay."""
     from mmpola.models import CSWinBackbone
+    from mmpola.models.attention.flatten import FocusedLinearAttention
+    from mmpola.models.attention.inline import InLineAttention
+    from mmpola.models.attention.pola import PolaAttention
     from mmpola.models.attention.softmax import SpatialReductionAttention
     from tests.fixtures.backbones import MINI_CSWIN
     torch.manual_seed(0)
     hw, dim = (5, 6), 24
+    attentions = {'pola_block': lambda: PolaAttention(dim, 2, hw), 'inline_block': lambda: InLineAttention(dim, 2),
+                  'pola_pvt_block': lambda: PolaAttention(dim, 2, hw, qkv_layout='separate'),
+                  'flatten_block': lambda: FocusedLinearAttention(dim, 2, hw),
+                  'flatten_pvt_block': lambda: FocusedLinearAttention(dim, 2, hw, qkv_layout='separate')}
     if module == 'merging':
         layer, norms = PatchMerging(dim), 1
     elif module == 'cswin':
         layer, norms = CSWinBackbone(arch=MINI_CSWIN, attn='flatten', attn_type='LLLL').stage2[0], 2
         dim = layer.dim
+    elif module in attentions:
+        attn = attentions[module]()
+        assert attn.takes_norm == (module != 'inline_block')
+        if module == 'pola_pvt_block':  # a spatial reduction: the block normalises (and a module given the norm)
+            reduced = PolaAttention(dim, 2, hw, qkv_layout='separate', sr_ratio=2).to(DEVICE)
+            tokens, norm = torch.randn(2, 30, dim, device=DEVICE), torch.nn.LayerNorm(dim).to(DEVICE)
+            assert not reduced.takes_norm
+            torch.testing.assert_close(reduced(tokens, hw, norm=norm), reduced(norm(tokens), hw), rtol=0, atol=0)
+        layer, norms = PreNormBlock(dim, attn), 1 + attn.takes_norm
     else:
         mlp_layer = Mlp if module == 'block' else ConvMlp
         layer, norms = PreNormBlock(dim, SpatialReductionAttention(dim, 2), mlp_layer=mlp_layer), 1
@@ -474,6 +498,6 @@ def test_norms_before_linear_layers_run_the_implementation_the_environment_names
         counts.append(ops.names.count('native_layer_norm_backward'))
         results.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()])
     for a, e in zip(*results):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+        assert relative_error(a, e) <= 1e-5, relative_error(a, e)  # of the largest value
     assert counts[1] == counts[0] - norms, counts
     assert set(layer.state_dict()) == keys

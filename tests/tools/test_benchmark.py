@@ -190,11 +190,14 @@ def test_operator_count_with_the_triton_depthwise_conv(capsys, monkeypatch, dwco
 
 def test_operator_count_with_the_recomputing_linear_layers(capsys, monkeypatch):
     """As on a GPU by default ('auto'): in each of Pola-PVT-T's 8 blocks the MLP's GELU gradient is one Triton
-    launch in place of autograd's kernel, the gate's two products' gradients one in place of two, and the
-    LayerNorm before the MLP one launch in place of the library's LayerNorm forward and one in place of its
-    backward (plus the sum of its partial sums); the forward saves neither the GELU's output, nor the gated
-    product, nor the normalised rows: 2 blocks x batch 2 x the float32 tokens of (16x24, 8x12, 4x6, 2x3) x
-    (MLP hidden 512, 1024, 1280, 2048 + twice the channels 64, 128, 320, 512)."""
+    launch in place of autograd's kernel, the gate's two products' gradients one in place of two, and each of
+    the two LayerNorms one launch in place of the library's LayerNorm forward and one in place of its
+    backward (plus the sum of its partial sums); the attention's two projections of the normalised tokens are
+    one product (one matrix product fewer each way, no sum of their input gradients, one unbind), its
+    weights and biases concatenated in the forward. The forward saves neither the GELU's output, nor the
+    gated product, nor the normalised rows (here float32, one tensor for both projections): 2 blocks x batch
+    2 x the float32 tokens of (16x24, 8x12, 4x6, 2x3) x (MLP hidden 512, 1024, 1280, 2048 + three times the
+    channels 64, 128, 320, 512)."""
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
     cells = {}
@@ -204,14 +207,16 @@ def test_operator_count_with_the_recomputing_linear_layers(capsys, monkeypatch):
         out = capsys.readouterr().out
         row = next(line for line in out.splitlines() if line.startswith('| pola-pvt-t |'))
         cells[impl] = [cell.strip() for cell in row.strip('|').split('|')]
-    assert "linear layers of the MLPs and gates: auto (MMPOLA_RECOMPUTE" in out
-    assert cells['auto'][3] == cells['torch'][3], cells  # the forward's operators: the norm's kernel in its place
-    assert cells['torch'][4].endswith('(+16 Triton)') and cells['auto'][4].endswith('(+24 Triton)'), cells
+    assert "linear layers of the MLPs and gates, and after LayerNorms: auto (MMPOLA_RECOMPUTE" in out
+    # forward, per block: two LayerNorms and a matrix product fewer, the two concatenations more
+    assert cells['torch'][4].endswith('(+16 Triton)') and cells['auto'][4].endswith('(+32 Triton)'), cells
     assert int(cells['auto'][4].split()[0]) == int(cells['torch'][4].split()[0]) - 8, cells
-    assert cells['torch'][6].endswith('(+16 Triton)') and cells['auto'][6].endswith('(+40 Triton)'), cells
-    assert int(cells['auto'][6].split()[0]) == int(cells['torch'][6].split()[0]) - 24, cells
+    # backward, per block: two matrix products, the GELU's gradient, two LayerNorm backwards, the sum of the
+    # projections' input gradients, the gate's two products and one stack fewer; one sum more
+    assert cells['torch'][6].endswith('(+16 Triton)') and cells['auto'][6].endswith('(+48 Triton)'), cells
+    assert int(cells['auto'][6].split()[0]) == int(cells['torch'][6].split()[0]) - 64, cells
     tokens = (16 * 24, 8 * 12, 4 * 6, 2 * 3)
-    widths = (512 + 2 * 64, 1024 + 2 * 128, 1280 + 2 * 320, 2048 + 2 * 512)
+    widths = (512 + 3 * 64, 1024 + 3 * 128, 1280 + 3 * 320, 2048 + 3 * 512)
     not_kept = 2 * 2 * sum(n * w for n, w in zip(tokens, widths)) * 4 / 2 ** 20
     assert float(cells['torch'][-1]) - float(cells['auto'][-1]) == pytest.approx(not_kept, abs=0.1), cells
 

@@ -38,8 +38,9 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             (``attn_impl``: implementations of :func:`mmpola.ops.flatten_attention`).
         focusing_factor: option; the power f of the focusing function (3 in every released model).
 
-    Shapes: ``forward(x, hw, num_prefix_tokens=0)`` with x (B, P + H*W, C) (``'projected'``:
-    (B, N, 3, C)), hw = (H, W) -> (B, P + H*W, C).
+    Shapes: ``forward(x, hw, num_prefix_tokens=0, norm=None)`` with x (B, P + H*W, C) (``'projected'``:
+    (B, N, 3, C)), hw = (H, W) -> (B, P + H*W, C); ``norm``: the block's LayerNorm, applied to x first
+    (``takes_norm``).
     """
 
     letter = 'L'
@@ -51,6 +52,7 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     op = 'flatten'
     qkv_layouts = ('fused', 'separate', 'projected')
     prefix_tokens = True
+    input_only_projected = True
 
     def __init__(self, dim, num_heads, pe_grid, qkv_layout='fused', qkv_bias=True, sr_ratio=1, proj_drop=0.,
                  attn_impl='auto', fp32_attn=True, focusing_factor=3, kernel_size=5, v_upsample='linear1d'):
@@ -73,9 +75,9 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
 
-    def forward(self, x, hw, num_prefix_tokens=0, **context):
+    def forward(self, x, hw, num_prefix_tokens=0, norm=None, **context):
         P = num_prefix_tokens
-        (q, k, v), kv_hw = self._project_inputs(x, hw)
+        (q, k, v), kv_hw = self._project_inputs(x, hw, norm)
         B, n, C = k.shape
         # the positional encoding as the keys' bias: the Triton kernels add it where they read the keys
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,

@@ -56,8 +56,9 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             needed for the official outputs) or ``'bilinear2d'`` on the 2-D grid (geometrically
             sound; a documented deviation for new training runs).
 
-    Shapes: ``forward(x, hw, num_prefix_tokens=0)`` with x (B, P + H*W, C) (``'projected'``:
-    (B, N, 4, C)), hw = (H, W) -> (B, P + H*W, C).
+    Shapes: ``forward(x, hw, num_prefix_tokens=0, norm=None)`` with x (B, P + H*W, C) (``'projected'``:
+    (B, N, 4, C)), hw = (H, W) -> (B, P + H*W, C); ``norm``: the block's LayerNorm, applied to x first
+    (``takes_norm``).
     """
 
     letter = 'L'
@@ -72,6 +73,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     query_projection = ('qg', 2)
     projections = 4  # q, k, v, g (the 'projected' layout's operands)
     prefix_tokens = True
+    input_only_projected = True
 
     def __init__(self, dim, num_heads, pe_grid, qkv_layout='fused', qkv_bias=True, sr_ratio=1, proj_drop=0.,
                  attn_impl='auto', fp32_attn=True, alpha=4.0, kernel_size=5, v_upsample='linear1d'):
@@ -99,10 +101,10 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
 
-    def forward(self, x, hw, num_prefix_tokens=0, **context):
+    def forward(self, x, hw, num_prefix_tokens=0, norm=None, **context):
         H, W = hw
         P = num_prefix_tokens
-        (q, k, v, g), kv_hw = self._project_inputs(x, hw)
+        (q, k, v, g), kv_hw = self._project_inputs(x, hw, norm)
         B, N, C = q.shape
         heads, head_dim = self.num_heads, C // self.num_heads
         n = k.shape[1]

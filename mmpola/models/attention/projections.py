@@ -3,7 +3,7 @@ official names (``qkvg``, ``qg``, ``q``, ``kv``, ``qkv``), the checks of their a
 reduction of the keys and values (``sr``, ``norm``), so official checkpoints load by filtering keys."""
 import torch.nn as nn
 
-from ..layers import gated_proj, map_as_tokens, tokens_as_map
+from ..layers import gated_proj, map_as_tokens, norm_linear, tokens_as_map
 
 __all__ = ['QKV_LAYOUTS', 'QKVProjections', 'check_attention_args', 'reduced_grid', 'spatial_reduction']
 
@@ -42,6 +42,18 @@ class QKVProjections:
 
     fused_projection = ('qkv', 3)
     query_projection = ('q', 1)
+    # whether the module uses its input only through the projections, so that a block may hand it the input
+    # and the LayerNorm before it (``forward(x, hw, norm=...)``, :attr:`takes_norm`)
+    input_only_projected = False
+
+    @property
+    def takes_norm(self):
+        """True where the block may call ``attn(x, hw, norm=norm1)`` instead of ``attn(norm1(x), hw)``: for a
+        module that uses its input only through its projections, in the 'fused' layout or the 'separate' one
+        without a spatial reduction (both projections of the tokens), whose projections then take the
+        LayerNorm with them (:func:`~mmpola.models.layers.norm_linear`)."""
+        return self.input_only_projected and (
+            self.qkv_layout == 'fused' or self.qkv_layout == 'separate' and getattr(self, 'sr', None) is None)
 
     def _init_input_projections(self, dim, qkv_layout, qkv_bias):
         if qkv_layout == 'fused':
@@ -57,9 +69,13 @@ class QKVProjections:
             self.proj = nn.Linear(dim, dim)
             self.proj_drop = nn.Dropout(proj_drop)
 
-    def _project_inputs(self, x, hw):
+    def _project_inputs(self, x, hw, norm=None):
         """(the operands (B, N, C) each, in the order of the fused projection; k and v: (B, n, C)),
-        (Hk, Wk) the key grid."""
+        (Hk, Wk) the key grid; ``norm``: a LayerNorm to apply to x first (the projections take it with them
+        where :attr:`takes_norm`: :func:`~mmpola.models.layers.norm_linear`)."""
+        sr = getattr(self, 'sr', None)
+        if norm is not None and not (self.qkv_layout == 'fused' or self.qkv_layout == 'separate' and sr is None):
+            x, norm = norm(x), None
         if self.qkv_layout == 'projected':
             operands = self.fused_projection[1]
             if isinstance(x, (tuple, list)):  # taken apart by the caller (CSWin's block, which uses v itself)
@@ -68,11 +84,16 @@ class QKVProjections:
         B, N, C = x.shape
         if self.qkv_layout == 'fused':
             name, operands = self.fused_projection
-            return getattr(self, name)(x).reshape(B, N, operands, C).unbind(2), tuple(hw)
+            projection = getattr(self, name)
+            projected = projection(x) if norm is None else norm_linear(norm, projection, x)
+            return projected.reshape(B, N, operands, C).unbind(2), tuple(hw)
         name, operands = self.query_projection
+        if norm is not None:  # no spatial reduction: both projections of the normalised tokens, one product
+            *query, k, v = norm_linear(norm, (getattr(self, name), self.kv), x, chunk=C)
+            return (query[0], k, v, *query[1:]), tuple(hw)
         query = getattr(self, name)(x)
         query = (query,) if operands == 1 else query.reshape(B, N, operands, C).unbind(2)
-        x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
+        x_, kv_hw = spatial_reduction(x, hw, sr, getattr(self, 'norm', None))
         k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
         return (query[0], k, v, *query[1:]), kv_hw
 
