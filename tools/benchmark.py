@@ -252,7 +252,8 @@ def environment_lines(args, device):
     lines.append(f"mmpola's depthwise convolutions: {depthwise_conv_impl()} (MMPOLA_DEPTHWISE_CONV; 'auto': Triton "
                  'kernels on CUDA, the library convolution elsewhere)')
     lines.append(f"linear layers of the MLPs and gates, and after LayerNorms: {recompute_impl()} (MMPOLA_RECOMPUTE; "
-                 "'auto': on CUDA the backward recomputes their input in Triton kernels, elsewhere the library's layers)")
+                 "'auto': on CUDA the backward recomputes their input in Triton kernels, elsewhere the library's "
+                 "layers)")
     if device.type == 'cpu':
         lines.append(f'glibc malloc tuning (mmpola.runtime.allocator): {getattr(args, "malloc_state", "n/a")}')
     if args.command == 'train':
@@ -1062,9 +1063,9 @@ def kernel_options(parser):
                         help="implementation of mmpola's depthwise convolutions (sets MMPOLA_DEPTHWISE_CONV; default: "
                         "the environment's, 'auto' when unset)")
     parser.add_argument('--recompute-impl', default=None, choices=['auto', 'torch', 'triton'],
-                        help="implementation of the linear layers that recompute their input in the backward (mmpola's "
-                        "MLPs, gated attentions and the linear layers after a LayerNorm; sets MMPOLA_RECOMPUTE; 'torch': "
-                        "autograd keeps it; default: the environment's, 'auto' when unset)")
+                        help="implementation of the linear layers that recompute their input in the backward "
+                        "(mmpola's MLPs, gated attentions and the linear layers after a LayerNorm; sets "
+                        "MMPOLA_RECOMPUTE; 'torch': autograd keeps it; default: the environment's, 'auto' when unset)")
 
 
 def parse_args(argv=None):
