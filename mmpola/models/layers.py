@@ -315,7 +315,8 @@ class PreNormBlock(nn.Module):
     ``attn``: any attention kind (``attn(x, hw, **context)``); ``mlp_layer``: :class:`Mlp`, or an MLP that
     takes the map size too (``takes_hw = True``, as PVTv2's ConvMlp with its depthwise conv); the MLP gets
     ``norm2`` to apply (``norm=``), so that its fc1 can take the LayerNorm with it (:func:`norm_linear`), and
-    so does an attention whose projection can (``takes_norm``: Pola's and FLatten's 'fused' layout).
+    so does an attention whose projections can (``takes_norm``: Pola's and FLatten's, without a spatial
+    reduction).
     Shapes: ``forward(x, hw, **context)``: (B, N, C), (H, W) -> (B, N, C).
     """
 

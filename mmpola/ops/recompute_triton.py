@@ -17,8 +17,8 @@ that input, recomputed (for the layer's weight gradient), and the gradients of w
   ``dL/dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` for ``g = dL/dy * w`` and ``xhat = (x - mean) * rstd``,
   and each program's sums over its rows of ``dL/dy * xhat`` and ``dL/dy`` (the gradients of w and b, summed
   over the programs after it). The forward of the layer runs it too, so the backward recomputes the same y.
-  A program takes whole rows (C up to ``NORM_MAX_CHANNELS``), and in the backward a fixed share of the row blocks: the
-  programs, and the order of every sum, depend on M and the GPU's multiprocessor count only.
+  A program takes whole rows (C up to ``NORM_MAX_CHANNELS``), and in the backward a fixed share of the row
+  blocks: the programs, and the order of every sum, depend on M and the GPU's multiprocessor count only.
 
 Every result is rounded once to its tensor's dtype. Any number of elements; float64 inputs (the
 interpreter, for tests) are computed in float32 too. One compiled kernel per dtype (and the gate's and the

@@ -47,13 +47,17 @@ class QKVProjections:
     input_only_projected = False
 
     @property
+    def _projects_the_tokens_only(self):
+        """Every projection takes the tokens themselves: the 'fused' layout, or the 'separate' one without a
+        spatial reduction of the keys."""
+        return self.qkv_layout == 'fused' or self.qkv_layout == 'separate' and getattr(self, 'sr', None) is None
+
+    @property
     def takes_norm(self):
         """True where the block may call ``attn(x, hw, norm=norm1)`` instead of ``attn(norm1(x), hw)``: for a
-        module that uses its input only through its projections, in the 'fused' layout or the 'separate' one
-        without a spatial reduction (both projections of the tokens), whose projections then take the
-        LayerNorm with them (:func:`~mmpola.models.layers.norm_linear`)."""
-        return self.input_only_projected and (
-            self.qkv_layout == 'fused' or self.qkv_layout == 'separate' and getattr(self, 'sr', None) is None)
+        module that uses its input only through its projections, all of the tokens themselves, which then
+        take the LayerNorm with them (:func:`~mmpola.models.layers.norm_linear`)."""
+        return self.input_only_projected and self._projects_the_tokens_only
 
     def _init_input_projections(self, dim, qkv_layout, qkv_bias):
         if qkv_layout == 'fused':
@@ -73,8 +77,7 @@ class QKVProjections:
         """(the operands (B, N, C) each, in the order of the fused projection; k and v: (B, n, C)),
         (Hk, Wk) the key grid; ``norm``: a LayerNorm to apply to x first (the projections take it with them
         where :attr:`takes_norm`: :func:`~mmpola.models.layers.norm_linear`)."""
-        sr = getattr(self, 'sr', None)
-        if norm is not None and not (self.qkv_layout == 'fused' or self.qkv_layout == 'separate' and sr is None):
+        if norm is not None and not self._projects_the_tokens_only:
             x, norm = norm(x), None
         if self.qkv_layout == 'projected':
             operands = self.fused_projection[1]
@@ -93,7 +96,7 @@ class QKVProjections:
             return (query[0], k, v, *query[1:]), tuple(hw)
         query = getattr(self, name)(x)
         query = (query,) if operands == 1 else query.reshape(B, N, operands, C).unbind(2)
-        x_, kv_hw = spatial_reduction(x, hw, sr, getattr(self, 'norm', None))
+        x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
         k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
         return (query[0], k, v, *query[1:]), kv_hw
 
