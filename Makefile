@@ -135,9 +135,9 @@ bench-gpu-train:
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --dwconv-impl torch
 
-# The rows that decide the targets of docs/benchmarks.md first, for a short turn on a GPU (meant for about ten minutes on a
-# fresh machine, with mmcv building meanwhile): make -k bench-gpu-quick PY=python3 (no mmcv needed), then
-# make bench-gpu-quick-train PY=python3. The kernels of the two Pola backbones compile in parallel first.
+# The rows that decide the targets of docs/benchmarks.md first, for a short turn on a GPU (meant for about ten
+# minutes on a fresh machine, with mmcv building meanwhile): make -k bench-gpu-quick PY=python3 (no mmcv
+# needed), then make bench-gpu-quick-train PY=python3. The kernels of the two Pola backbones compile in parallel first.
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
 bench-gpu-quick:
 	@for model in pola-pvt-t pola-swin-t; do \

@@ -263,7 +263,8 @@ def gated_proj(s, g, proj):
 def norm_linear(norm, linear, x, chunk=None):
     """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where it recomputes (``_recomputes``; on a GPU by
     default: the backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last
-    dim with a weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules.
+    dim with a weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules. ``norm`` None:
+    ``linear(x)``.
 
     ``linear`` may also be a tuple of linear layers of the normalised tokens, and ``chunk`` a channel count:
     then the operands of ``chunk`` channels that their outputs hold, one after another, as views. Where it
@@ -273,7 +274,7 @@ def norm_linear(norm, linear, x, chunk=None):
     if isinstance(linear, tuple) and chunk is None:
         raise ValueError('norm_linear takes a tuple of linear layers with the chunk size of their operands')
     biased = {layer.bias is not None for layer in layers}
-    if (all(_recomputes(x, layer) for layer in layers) and len(biased) == 1 and type(norm) is nn.LayerNorm
+    if (type(norm) is nn.LayerNorm and all(_recomputes(x, layer) for layer in layers) and len(biased) == 1
             and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
             and x.shape[-1] <= NORM_MAX_CHANNELS):
         if len(layers) == 1:
@@ -283,7 +284,7 @@ def norm_linear(norm, linear, x, chunk=None):
             bias = torch.cat([layer.bias for layer in layers]) if biased == {True} else None
         outs = (layer_norm_linear(x, norm.weight, norm.bias, norm.eps, weight, bias, 'triton'), )
     else:
-        y = norm(x)
+        y = x if norm is None else norm(x)
         outs = tuple(layer(y) for layer in layers)
     if chunk is None:
         return outs[0]
@@ -304,8 +305,7 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x, norm=None):
-        h = self.fc1(x) if norm is None else norm_linear(norm, self.fc1, x)
-        return self.drop(gelu_fc2(self, h))
+        return self.drop(gelu_fc2(self, norm_linear(norm, self.fc1, x)))
 
 
 class PreNormBlock(nn.Module):

@@ -87,9 +87,7 @@ class QKVProjections:
         B, N, C = x.shape
         if self.qkv_layout == 'fused':
             name, operands = self.fused_projection
-            projection = getattr(self, name)
-            projected = projection(x) if norm is None else norm_linear(norm, projection, x)
-            return projected.reshape(B, N, operands, C).unbind(2), tuple(hw)
+            return norm_linear(norm, getattr(self, name), x).reshape(B, N, operands, C).unbind(2), tuple(hw)
         name, operands = self.query_projection
         if norm is not None:  # no spatial reduction: both projections of the normalised tokens, one product
             *query, k, v = norm_linear(norm, (getattr(self, name), self.kv), x, chunk=C)

@@ -87,8 +87,7 @@ class ConvMlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x, hw, norm=None):
-        h = self.fc1(x) if norm is None else norm_linear(norm, self.fc1, x)
-        return self.drop(gelu_fc2(self, self.dwconv(h, hw)))
+        return self.drop(gelu_fc2(self, self.dwconv(norm_linear(norm, self.fc1, x), hw)))
 
 
 @register_architecture('pvt_v2', title='PVTv2')
