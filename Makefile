@@ -64,8 +64,9 @@ bench: setup
 
 # One CUDA GPU, in the environment at hand (no set-up):
 #   make -k bench-gpu PY=python3
-# = test-gpu (the ops' tests, Triton kernels compiled and run on the GPU), bench-gpu-warm (the kernels of the
-# timed rows compiled in parallel), bench-gpu-ops (ops, layers and backbones: torch, timm and mmengine only)
+# = test-gpu (the ops' tests and the models' Triton paths against the library's: Triton kernels compiled and run
+# on the GPU; needs pytest and pytest-xdist), bench-gpu-warm (the kernels of the timed rows compiled in parallel),
+# bench-gpu-ops (ops, layers and backbones: torch, timm and mmengine only)
 # and bench-gpu-train (detectors: needs mmdet and mmcv built with CUDA ops). -k: every part runs even when
 # one fails. The parts that need no mmcv can run while mmcv builds:
 # make -k test-gpu bench-gpu-warm bench-gpu-ops PY=python3, then make bench-gpu-train PY=python3.
@@ -105,11 +106,13 @@ bench-gpu-warm:
 	wait
 
 # The kernels' tests run their default configs there (tests/conftest.py), in GPU_TEST_JOBS processes
-# (pytest-xdist; 0: one process): each compiles its own kernels, in parallel.
+# (pytest-xdist; 0: one process): each compiles its own kernels, in parallel. GPU_MODEL_TESTS: whole models
+# with every Triton path, what 'auto' runs on a GPU, against the library's path on the same GPU.
 GPU_TEST_JOBS ?= 4
+GPU_MODEL_TESTS = tests/models/test_triton_paths.py
 test-gpu:
 	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter 0,$(GPU_TEST_JOBS)),,-n $(GPU_TEST_JOBS) --dist loadfile) \
-		tests/ops
+		tests/ops $(GPU_MODEL_TESTS)
 
 bench-gpu-ops:
 	$(PY) tools/benchmark.py attention --device cuda --cases $(GPU_CASES)
@@ -137,7 +140,8 @@ bench-gpu-train:
 
 # The rows that decide the targets of docs/benchmarks.md first, for a short turn on a GPU (meant for about ten
 # minutes on a fresh machine, with mmcv building meanwhile): make -k bench-gpu-quick PY=python3 (no mmcv
-# needed), then make bench-gpu-quick-train PY=python3. The kernels of the two Pola backbones compile in parallel first.
+# needed), then make bench-gpu-quick-train PY=python3. The kernels of the two Pola backbones compile in parallel first;
+# the models' Triton paths are checked against the library's last (GPU_MODEL_TESTS, one process: needs pytest).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
 bench-gpu-quick:
 	@for model in pola-pvt-t pola-swin-t; do \
@@ -152,6 +156,7 @@ bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344
+	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS)
 
 bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \

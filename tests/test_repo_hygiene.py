@@ -47,6 +47,7 @@ TOPICS = {
     'golden': 'the official models reproduced from the golden mini models of tests/data',
     'timm': "timm's entries and model conventions",
     'gradient_layout': "every gradient with its parameter's strides (DDP's buckets)",
+    'triton_paths': "whole models on every Triton path against the library's (on a GPU where there is one)",
     'dense_forward': 'docs/design.md, "Dense forward"',
     'kinds_on_architectures': 'every attention kind on every architecture',
     'official_keys': "every release's official parameter names, shapes and counts",

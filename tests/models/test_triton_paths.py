@@ -1,0 +1,96 @@
+"""Whole models on each Triton path against the library's path: the depthwise convolutions
+(MMPOLA_DEPTHWISE_CONV=triton), the linear layers that recompute their input (MMPOLA_RECOMPUTE=triton: the
+MLPs' fc1 with its LayerNorm and fc2, the gated attentions' proj), and all of them at once with the attention's
+kernels, what ``'auto'`` runs on a GPU: outputs, gradients and the gradients' strides, in float32 and under
+bf16 autocast.
+
+On a GPU (`make test-gpu`) both paths run there, compiled, with TF32 off; without one the Triton paths run
+through Triton's interpreter on the CPU."""
+import pytest
+import torch
+
+from tests.fixtures.backbones import build_family_model
+from tests.fixtures.ops import relative_error
+
+# InLine: kernels per image
+FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax', 'InLinePVT', 'FLattenCSWin']
+DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+LIBRARY = {'MMPOLA_DEPTHWISE_CONV': 'torch', 'MMPOLA_RECOMPUTE': 'torch'}
+# each case: the variables set to 'triton' and the attention's implementation
+TRITON_PATHS = {'MMPOLA_DEPTHWISE_CONV': (['MMPOLA_DEPTHWISE_CONV'], 'fast'),
+                'MMPOLA_RECOMPUTE': (['MMPOLA_RECOMPUTE'], 'fast'), 'all': (list(LIBRARY), 'triton')}
+
+
+@pytest.fixture
+def no_tf32():
+    """The library's float32 convolutions and products in float32 on a GPU (cuDNN's default is TF32)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _run(name, attn_impl='fast', amp=None):
+    torch.manual_seed(0)
+    model = build_family_model(name).to(DEVICE).train()
+    model.set_attn_impl(attn_impl)
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    with torch.autocast(DEVICE.type, amp, enabled=amp is not None):
+        outs = model(x)
+    g = torch.Generator().manual_seed(2)  # a random projection: the outputs' normalised squares are constant
+    sum((o.float() * torch.randn(o.shape, generator=g).to(DEVICE)).mean() for o in outs).backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return [o.detach().float() for o in outs], grads, model
+
+
+def _gradient_errors(actual, expected):
+    """Each gradient's max error relative to its largest value, or to a hundredth of the model's largest
+    gradient for the gradients that are zero up to rounding (the biases of convolutions followed by a
+    normalisation)."""
+    assert set(actual) == set(expected)
+    floor = 1e-2 * max(g.abs().max().item() for g in expected.values())
+    return {n: (actual[n].double() - g.double()).abs().max().item() / max(g.abs().max().item(), floor)
+            for n, g in expected.items()}
+
+
+@pytest.mark.parametrize('paths', list(TRITON_PATHS))
+@pytest.mark.parametrize('name', FAMILIES)
+def test_triton_paths(name, paths, monkeypatch, no_tf32):
+    """The Triton depthwise convolution, or the linear layers that recompute their input (the MLPs' fc1 with
+    its LayerNorm and fc2, the gated attentions' proj), or all of them with the attention's kernels, against
+    the library's path: outputs, gradients, and the gradients' strides."""
+    variables, attn_impl = TRITON_PATHS[paths]
+    for variable, impl in LIBRARY.items():
+        monkeypatch.setenv(variable, impl)
+    outs, grads, _ = _run(name)
+    for variable in variables:
+        monkeypatch.setenv(variable, 'triton')
+    triton_outs, triton_grads, model = _run(name, attn_impl)
+    for a, e in zip(triton_outs, outs):
+        assert relative_error(a, e) <= 1e-5
+    errors = _gradient_errors(triton_grads, grads)
+    assert max(errors.values()) <= 1e-4, max(errors.items(), key=lambda item: item[1])
+    params = dict(model.named_parameters())
+    assert {n for n, g in triton_grads.items() if g.stride() != params[n].stride()} == set()
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_triton_paths_under_bf16_autocast(name, monkeypatch, no_tf32):
+    """Every Triton path at once under bf16 autocast (a detector's ``--amp`` on a GPU that has bf16) stays
+    as close to the float32 model as the library's path does under the same autocast."""
+    for variable, impl in LIBRARY.items():
+        monkeypatch.setenv(variable, impl)
+    outs, grads, _ = _run(name)
+    library = _run(name, amp=torch.bfloat16)
+    for variable in LIBRARY:
+        monkeypatch.setenv(variable, 'triton')
+    triton = _run(name, 'triton', amp=torch.bfloat16)
+    for kind, (amp_outs, amp_grads, _) in (('library', library), ('triton', triton)):
+        assert all(torch.isfinite(o).all() for o in amp_outs), kind
+        assert all(torch.isfinite(g).all() for g in amp_grads.values()), kind
+    library_out = max(relative_error(a, e) for a, e in zip(library[0], outs))
+    triton_out = max(relative_error(a, e) for a, e in zip(triton[0], outs))
+    assert triton_out <= max(2 * library_out, 1e-2), (triton_out, library_out)
+    library_grad = max(_gradient_errors(library[1], grads).values())
+    triton_grad = max(_gradient_errors(triton[1], grads).values())
+    assert triton_grad <= max(2 * library_grad, 5e-2), (triton_grad, library_grad)
