@@ -140,23 +140,28 @@ bench-gpu-train:
 
 # The rows that decide the targets of docs/benchmarks.md first, for a short turn on a GPU (meant for about ten
 # minutes on a fresh machine, with mmcv building meanwhile): make -k bench-gpu-quick PY=python3 (no mmcv
-# needed), then make bench-gpu-quick-train PY=python3. The kernels of the two Pola backbones compile in parallel first;
-# the models' Triton paths are checked against the library's last (GPU_MODEL_TESTS, one process: needs pytest).
+# needed), then make bench-gpu-quick-train PY=python3. First, in parallel: the kernels of the two Pola backbones compile
+# (the timed runs tune again: only Triton's disk cache is shared) and the models' Triton paths are checked against the
+# library's (GPU_MODEL_TESTS, needs pytest; the log in work_dirs/gpu_model_tests.log).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
 bench-gpu-quick:
-	@for model in pola-pvt-t pola-swin-t; do \
+	@mkdir -p work_dirs; \
+	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) >work_dirs/gpu_model_tests.log 2>&1 & \
+	tests=$$!; \
+	for model in pola-pvt-t pola-swin-t; do \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
 			--amp bfloat16 --repeat 1 --no-memory >/dev/null 2>&1 & \
 	done; \
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --impls triton --repeat 1 --no-memory \
 		--no-error >/dev/null 2>&1 & \
-	wait
+	wait $$tests; rc=$$?; wait; \
+	tail -n 12 work_dirs/gpu_model_tests.log; \
+	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) failed (above): the Triton paths against the library's on this GPU"
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344
-	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS)
 
 bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
