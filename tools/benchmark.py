@@ -798,6 +798,14 @@ def bench_ops(args, device):
         model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
         with torch.no_grad(), _launches_recorded(attn_impl, device):
             model(image)  # warm-up outside the count (caches of the map size)
+        if args.inference:
+            with torch.no_grad(), _launches_recorded(attn_impl, device) as launches, autocast():
+                fwd = count_dispatched_ops(lambda: model(image))
+            triton = f' (+{len(launches)} Triton)' if attn_impl == 'triton' else ''
+            print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]}{triton} | - | - | {fwd[2]} | - |')
+            model = image = None
+            gc.collect()
+            continue
         model.train()
         outs = []
 
@@ -820,7 +828,8 @@ def bench_ops(args, device):
               f'{bwd[1]}{triton[1]} | {fwd[2] + bwd[2]} | {saved / 2**20:.1f} |')
         model = image = None
         gc.collect()
-    print('\nCounted at the dispatcher (every aten operator, nested ones included) in train mode; kernels: '
+    mode = ('in eval mode without autograd (inference: the forward only)' if args.inference else 'in train mode')
+    print(f'\nCounted at the dispatcher (every aten operator, nested ones included) {mode}; kernels: '
           'operators that are neither views nor launch-free (' + ', '.join(LAUNCH_FREE_OPS) + '); bwd: the '
           'backward of the sum of the outputs\' means (from that sum on); syncs: operators that read a device '
           'value on the host (' + ', '.join(SYNC_OPS) + '); saved MiB: the distinct storages autograd saves '
@@ -1126,6 +1135,8 @@ def parse_args(argv=None):
     ops.add_argument('--batch', type=int, default=2)
     ops.add_argument('--attn-impl', default='default', help="as for 'backbone'")
     ops.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
+    ops.add_argument('--inference', action='store_true',
+                     help='count one eval-mode forward without autograd (inference) instead of a training step')
     kernel_options(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 

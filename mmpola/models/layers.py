@@ -235,11 +235,15 @@ class SizeCache:
         self.entries = OrderedDict()
 
 
+def _fused(x, linear):
+    """Whether a linear layer's input made from ``x`` goes to the kernels of :mod:`mmpola.ops.recompute`:
+    ``linear`` is an ``nn.Linear`` and ``MMPOLA_RECOMPUTE`` resolves to ``'triton'`` for x."""
+    return type(linear) is nn.Linear and resolve_recompute_impl(recompute_impl(), x) == 'triton'
+
+
 def _recomputes(x, linear):
-    """Whether a linear layer's input made from ``x`` goes to :mod:`mmpola.ops.recompute`: when autograd
-    records the call, ``linear`` is an ``nn.Linear`` and ``MMPOLA_RECOMPUTE`` resolves to ``'triton'`` for x."""
-    return (torch.is_grad_enabled() and type(linear) is nn.Linear
-            and resolve_recompute_impl(recompute_impl(), x) == 'triton')
+    """:func:`_fused` where autograd records the call (the backward is what recomputes)."""
+    return torch.is_grad_enabled() and _fused(x, linear)
 
 
 def gelu_fc2(mlp, h):
@@ -261,20 +265,20 @@ def gated_proj(s, g, proj):
 
 
 def norm_linear(norm, linear, x, chunk=None):
-    """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where it recomputes (``_recomputes``; on a GPU by
-    default: the backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last
-    dim with a weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules. ``norm`` None:
-    ``linear(x)``.
+    """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; on a GPU by
+    default: the LayerNorm's kernel writes the rows in the linear layer's dtype, also without autograd, and the
+    backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last dim with a
+    weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules. ``norm`` None: ``linear(x)``.
 
     ``linear`` may also be a tuple of linear layers of the normalised tokens, and ``chunk`` a channel count:
-    then the operands of ``chunk`` channels that their outputs hold, one after another, as views. Where it
-    recomputes, one product with the layers' weights concatenated gives them all, and their gradients meet
+    then the operands of ``chunk`` channels that their outputs hold, one after another, as views. Where the
+    kernels run, one product with the layers' weights concatenated gives them all, and their gradients meet
     in one tensor (views of one output, taken apart once)."""
     layers = linear if isinstance(linear, tuple) else (linear, )
     if isinstance(linear, tuple) and chunk is None:
         raise ValueError('norm_linear takes a tuple of linear layers with the chunk size of their operands')
     biased = {layer.bias is not None for layer in layers}
-    if (type(norm) is nn.LayerNorm and all(_recomputes(x, layer) for layer in layers) and len(biased) == 1
+    if (type(norm) is nn.LayerNorm and all(_fused(x, layer) for layer in layers) and len(biased) == 1
             and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
             and x.shape[-1] <= NORM_MAX_CHANNELS):
         if len(layers) == 1:

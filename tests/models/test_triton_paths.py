@@ -94,3 +94,20 @@ def test_triton_paths_under_bf16_autocast(name, monkeypatch, no_tf32):
     library_grad = max(_gradient_errors(library[1], grads).values())
     triton_grad = max(_gradient_errors(triton[1], grads).values())
     assert triton_grad <= max(2 * library_grad, 5e-2), (triton_grad, library_grad)
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_triton_paths_in_inference(name, monkeypatch, no_tf32):
+    """Every Triton path at once in eval mode without autograd (inference, a detector's evaluation), where the
+    LayerNorms before linear layers still run their kernel: the library's outputs."""
+    outputs = []
+    for impl, attn_impl in (('torch', 'fast'), ('triton', 'triton')):
+        for variable in LIBRARY:
+            monkeypatch.setenv(variable, impl)
+        torch.manual_seed(0)
+        model = build_family_model(name).to(DEVICE).eval()
+        model.set_attn_impl(attn_impl)
+        with torch.no_grad():
+            outputs.append(model(torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1)).to(DEVICE)))
+    for a, e in zip(*outputs):
+        assert relative_error(a, e) <= 1e-5

@@ -501,3 +501,29 @@ def test_norms_before_linear_layers_run_the_implementation_the_environment_names
         assert relative_error(a, e) <= 1e-5, relative_error(a, e)  # of the largest value
     assert counts[1] == counts[0] - norms, counts
     assert set(layer.state_dict()) == keys
+
+
+
+@pytest.mark.parametrize('amp', [None, torch.bfloat16], ids=['fp32', 'bf16-autocast'])
+def test_norms_before_linear_layers_use_the_kernel_without_autograd(monkeypatch, amp):
+    """Without autograd (inference, a detector's evaluation) the blocks' LayerNorms before linear layers still
+    run the kernel, which writes the rows in the linear layer's dtype: the library's output, no native_layer_norm
+    for those norms and, under autocast, no float32 rows cast to the linear layers' dtype."""
+    from mmpola.models.attention.pola import PolaAttention
+    torch.manual_seed(0)
+    hw, dim = (5, 6), 24
+    block = PreNormBlock(dim, PolaAttention(dim, 2, hw, qkv_layout='separate')).to(DEVICE).eval()
+    x = torch.randn(2, 30, dim, device=DEVICE)
+    outs, ops = [], []
+    for impl in ('torch', 'triton'):
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', impl)
+        with torch.no_grad(), torch.autocast(DEVICE, amp or torch.bfloat16, enabled=amp is not None), \
+                DispatchedOps() as dispatched:
+            outs.append(block(x, hw).float())
+        ops.append(dispatched)
+    assert relative_error(outs[1], outs[0]) <= (1e-5 if amp is None else 1e-2)
+    # the norm before Pola's two projections (one product here) and the one before the MLP
+    assert [op.names.count('native_layer_norm') for op in ops] == [2, 0]
+    row_casts = [sum(1 for name, shape in zip(op.names, op.shapes) if name == '_to_copy' and shape == x.shape)
+                 for op in ops]
+    assert row_casts == ([0, 0] if amp is None else [3, 0]), row_casts

@@ -221,6 +221,28 @@ def test_operator_count_with_the_recomputing_linear_layers(capsys, monkeypatch):
     assert float(cells['torch'][-1]) - float(cells['auto'][-1]) == pytest.approx(not_kept, abs=0.1), cells
 
 
+
+def test_operator_count_of_inference(capsys, monkeypatch):
+    """--inference counts one eval-mode forward without autograd: as on a GPU by default, each of Pola-PVT-T's
+    16 LayerNorms before linear layers is one Triton launch in place of the library's LayerNorm (and under
+    autocast the cast of its float32 rows: 24 casts, the attention's two projections cast apart), the
+    attention's two projections of the normalised tokens one product (8 fewer; their weights and biases
+    concatenated, 16 kernels, then cast once, 16 casts fewer); no backward columns."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    cells = {}
+    for impl in ('torch', 'auto'):
+        BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl',
+                    'torch', '--recompute-impl', impl, '--amp', 'bfloat16', '--inference'])
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith('| pola-pvt-t |'))
+        cells[impl] = [cell.strip() for cell in row.strip('|').split('|')]
+    assert 'in eval mode without autograd' in out
+    assert cells['auto'][5:8] == ['-', '-', '0'] and cells['auto'][-1] == '-', cells
+    assert cells['torch'][4].endswith('(+16 Triton)') and cells['auto'][4].endswith('(+32 Triton)'), cells
+    assert int(cells['auto'][4].split()[0]) == int(cells['torch'][4].split()[0]) - 16 - 24 - 8 + 16 - 16, cells
+
+
 def _makefile_benchmark_commands(*targets):
     """The argument lists of every ``tools/benchmark.py`` command that ``make`` runs for ``targets`` (as
     ``make -n`` prints them; a shell loop's variable takes each of its values)."""
