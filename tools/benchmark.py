@@ -796,8 +796,8 @@ def bench_ops(args, device):
         model.train()
         image = torch.randn(args.batch, 3, height, width, device=device)
         model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
-        with torch.no_grad(), _launches_recorded(attn_impl, device):
-            model(image)  # warm-up outside the count (caches of the map size)
+        with torch.no_grad(), _launches_recorded(attn_impl, device), autocast():
+            model(image)  # warm-up outside the count (caches of the map size and dtype)
         if args.inference:
             with torch.no_grad(), _launches_recorded(attn_impl, device) as launches, autocast():
                 fwd = count_dispatched_ops(lambda: model(image))

@@ -158,7 +158,7 @@ torch.fx.wrap('resize_grid_embedding')
 
 
 class ResizedEmbeddingCache:
-    """Remembers the last run-time resize of a grid embedding.
+    """Remembers the last run-time resize of a grid embedding (and its cast to another dtype).
 
     The resized tensor depends on a trainable parameter, so it is reused only when no graph is
     being recorded (eval / inference) and the parameter has not been modified since (its
@@ -170,17 +170,25 @@ class ResizedEmbeddingCache:
         self.key = None
         self.value = None
 
-    def get(self, param, src_hw, dst_hw, mode, enabled):
+    def get(self, param, src_hw, dst_hw, mode, enabled, dtype=None):
+        """``param`` resized from grid ``src_hw`` to ``dst_hw`` (:func:`resize_grid_embedding`) in ``dtype``
+        (``param``'s when None); kept for the next call where ``enabled`` and no graph is being recorded."""
+        dtype = param.dtype if dtype is None else dtype
+        same = tuple(src_hw) == tuple(dst_hw) if not isinstance(dst_hw, torch.fx.Proxy) else False
+
+        def make():
+            return (param if same else resize_grid_embedding(param, src_hw, dst_hw, mode)).to(dtype)
+
         if isinstance(dst_hw, torch.fx.Proxy):  # symbolic tracing
-            return resize_grid_embedding(param, src_hw, dst_hw, mode)
-        if tuple(src_hw) == tuple(dst_hw):
+            return make()
+        if same and dtype == param.dtype:
             return param
         if not enabled or torch.is_grad_enabled():
             self.key = self.value = None
-            return resize_grid_embedding(param, src_hw, dst_hw, mode)
-        key = (tuple(dst_hw), param.data_ptr(), param._version, param.device, param.dtype)
+            return make()
+        key = (tuple(dst_hw), param.data_ptr(), param._version, param.device, param.dtype, dtype)
         if self.key != key:
-            self.value = resize_grid_embedding(param, src_hw, dst_hw, mode)
+            self.value = make()
             self.key = key
         return self.value
 

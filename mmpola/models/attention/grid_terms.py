@@ -22,10 +22,11 @@ class KeyPositionalEncoding:
         self.positional_encoding = nn.Parameter(torch.zeros(1, self.pe_grid[0] * self.pe_grid[1], dim))
         self._pe_cache = ResizedEmbeddingCache()
 
-    def resized_positional_encoding(self, kv_hw):
-        """(1, Hk*Wk, C) positional encoding for a Hk x Wk key grid (cached in eval mode)."""
+    def resized_positional_encoding(self, kv_hw, dtype=None):
+        """(1, Hk*Wk, C) positional encoding for a Hk x Wk key grid, in ``dtype`` (the parameter's when None;
+        cached in eval mode)."""
         return self._pe_cache.get(self.positional_encoding, self.pe_grid, kv_hw, 'bilinear',
-                                  enabled=not self.training)
+                                  enabled=not self.training, dtype=dtype)
 
     def key_bias(self, kv_hw, dtype, num_prefix_tokens=0):
         """(1, P + Hk*Wk, C) the encoding as the keys' bias (``key_bias`` of the attention ops, added to the
@@ -35,10 +36,10 @@ class KeyPositionalEncoding:
         Under autocast the keys come from a projection in half precision and the encoding is a float32
         parameter: added as they are, type promotion would make the keys float32, twice the bytes the
         attention core reads and saves for backward, for no more precision than the projection gave
-        them. The resized encoding is cast to the keys' dtype first (no-op in float32 training); its
-        gradient still reaches the parameter in float32.
+        them. The resized encoding is cast to the keys' dtype first (no-op in float32 training; in eval
+        mode the cast is cached with the resize); its gradient still reaches the parameter in float32.
         """
-        encoding = self.resized_positional_encoding(kv_hw).to(dtype)
+        encoding = self.resized_positional_encoding(kv_hw, dtype)
         if num_prefix_tokens:
             encoding = F.pad(encoding, (0, 0, num_prefix_tokens, 0))
         return encoding

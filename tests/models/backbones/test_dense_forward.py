@@ -135,9 +135,18 @@ def test_positional_encoding_resize_and_eval_cache():
         attn.positional_encoding.add_(1.0)  # e.g. load_state_dict: the cache must not go stale
         second = attn.resized_positional_encoding((20, 30))
     assert not torch.equal(first, second)
+    with torch.no_grad():  # the keys' bias under autocast: the cast is cached with the resize, or alone
+        half = attn.key_bias((20, 30), torch.bfloat16)
+        assert half.dtype == torch.bfloat16 and torch.equal(half, second.to(torch.bfloat16))
+        assert attn.key_bias((20, 30), torch.bfloat16) is half
+        assert attn.key_bias((20, 30), torch.float32) is not half
+        unresized = attn.key_bias((56, 56), torch.bfloat16)
+        assert unresized.dtype == torch.bfloat16 and attn.key_bias((56, 56), torch.bfloat16) is unresized
     model.train()
     a = attn.resized_positional_encoding((20, 30))
     assert a.requires_grad and a is not attn.resized_positional_encoding((20, 30))
+    b = attn.key_bias((20, 30), torch.bfloat16)
+    assert b.requires_grad and b.dtype == torch.bfloat16 and b is not attn.key_bias((20, 30), torch.bfloat16)
 
 
 @pytest.mark.parametrize('kwargs,match', [
