@@ -4,6 +4,7 @@ resized to the real token grid, and the official weight init.
 Token layout: ``x`` is (B, N, C), the row-major flatten of an H x W grid, and the grid size
 travels beside it as ``hw = (H, W)``.
 """
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -272,6 +273,32 @@ def gated_proj(s, g, proj):
     return proj(s * g)
 
 
+# the first of several linear layers -> (key, their weights and biases concatenated): see _concatenated
+_CONCATENATED = weakref.WeakKeyDictionary()
+
+
+def _concatenated(layers, biased, x):
+    """(weight, bias) of ``layers`` concatenated along their outputs (bias None where they have none). Without
+    autograd (inference, evaluation) they are kept, in the dtype the layers compute in for x (under autocast its
+    dtype), until a parameter changes or moves: one forward makes them once, not one concatenation and cast
+    per call."""
+    def make(dtype=None):
+        weight = torch.cat([layer.weight for layer in layers])
+        bias = torch.cat([layer.bias for layer in layers]) if biased else None
+        return (weight, bias) if dtype is None else (weight.to(dtype), None if bias is None else bias.to(dtype))
+
+    if torch.is_grad_enabled():
+        return make()
+    device_type = x.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else layers[0].weight.dtype
+    params = [layer.weight for layer in layers] + ([layer.bias for layer in layers] if biased else [])
+    key = (dtype, torch.is_inference_mode_enabled(), tuple((p.data_ptr(), p._version, p.device) for p in params))
+    entry = _CONCATENATED.get(layers[0])
+    if entry is None or entry[0] != key:
+        entry = _CONCATENATED[layers[0]] = (key, make(dtype))
+    return entry[1]
+
+
 def norm_linear(norm, linear, x, chunk=None):
     """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; on a GPU by
     default: the LayerNorm's kernel writes the rows in the linear layer's dtype, also without autograd, and the
@@ -292,8 +319,7 @@ def norm_linear(norm, linear, x, chunk=None):
         if len(layers) == 1:
             weight, bias = layers[0].weight, layers[0].bias
         else:
-            weight = torch.cat([layer.weight for layer in layers])
-            bias = torch.cat([layer.bias for layer in layers]) if biased == {True} else None
+            weight, bias = _concatenated(layers, biased == {True}, x)
         outs = (layer_norm_linear(x, norm.weight, norm.bias, norm.eps, weight, bias, 'triton'), )
     else:
         y = x if norm is None else norm(x)

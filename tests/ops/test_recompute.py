@@ -527,3 +527,35 @@ def test_norms_before_linear_layers_use_the_kernel_without_autograd(monkeypatch,
     row_casts = [sum(1 for name, shape in zip(op.names, op.shapes) if name == '_to_copy' and shape == x.shape)
                  for op in ops]
     assert row_casts == ([0, 0] if amp is None else [3, 0]), row_casts
+
+
+def test_norm_linear_keeps_the_concatenated_weights_without_autograd(monkeypatch):
+    """Several linear layers of the normalised tokens (PVT's query and key-value projections) are one product
+    with their weights and biases concatenated: without autograd the concatenation (cast to the autocast
+    dtype under autocast) is made once and kept until a parameter changes; with autograd, at every call."""
+    from mmpola.models.layers import norm_linear
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'triton')
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(16).to(DEVICE)
+    layers = (torch.nn.Linear(16, 16).to(DEVICE), torch.nn.Linear(16, 32).to(DEVICE))
+    x = torch.randn(2, 5, 16, device=DEVICE)
+
+    def call(amp=None):
+        with torch.autocast(DEVICE, amp or torch.bfloat16, enabled=amp is not None), DispatchedOps() as ops:
+            out = norm_linear(norm, layers, x, chunk=16)
+        return out, ops.names.count('cat'), ops.names.count('_to_copy')
+
+    with torch.no_grad():
+        expected = [layer(norm(x)) for layer in layers]
+        first, cats, _ = call()
+        second, again, _ = call()
+        assert (cats, again) == (2, 0)
+        for a, e in zip(second, (expected[0], *expected[1].unflatten(-1, (2, 16)).unbind(-2))):
+            assert relative_error(a, e) <= 1e-6
+        _, cats, casts = call(torch.bfloat16)  # another dtype: made again, cast once
+        assert cats == 2 and casts == 2
+        assert call(torch.bfloat16)[1:] == (0, 0)
+        layers[1].weight.mul_(2)  # an optimizer step, load_state_dict: a new version of the parameter
+        changed, cats, _ = call()
+        assert cats == 2 and relative_error(changed[1], layers[1](norm(x))[..., :16]) <= 1e-6
+    assert call()[1] == 2 and call()[1] == 2  # with autograd: each call concatenates (the gradients reach both)
