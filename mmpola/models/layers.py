@@ -24,8 +24,8 @@ from mmpola.ops.dispatch import recording
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
-__all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PreNormBlock', 'ResizedEmbeddingCache',
-           'SizeCache', 'crop_map', 'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear',
+__all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'ParameterCache', 'PatchEmbed', 'PatchMerging', 'PreNormBlock',
+           'ResizedEmbeddingCache', 'SizeCache', 'crop_map', 'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear',
            'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
 
@@ -158,49 +158,56 @@ def resize_grid_embedding(embed, src_hw, dst_hw, mode='bilinear'):
 torch.fx.wrap('resize_grid_embedding')
 
 
-class ResizedEmbeddingCache:
-    """Remembers the last run-time resize of a grid embedding (and its cast to another dtype).
+class ParameterCache:
+    """Remembers the last tensor (or tuple of tensors) made from parameters, such as a positional encoding
+    resized to the run-time grid or several layers' weights concatenated.
 
-    The resized tensor depends on a trainable parameter, so it is reused only when no graph is
-    being recorded (eval / inference) and the parameter has not been modified since (its
-    ``_version`` changes on every in-place update, e.g. ``load_state_dict`` or an optimizer step).
-    A plain attribute, not a buffer: it never enters a state dict.
+    It depends on trainable parameters, so it is reused only when no graph is being recorded (eval /
+    inference) and none of them has been modified or moved since (a parameter's ``_version`` changes on every
+    in-place update, e.g. ``load_state_dict`` or an optimizer step). A plain attribute, not a buffer: it never
+    enters a state dict, and copies (EMA models, ``deepcopy``) start empty.
     """
 
     def __init__(self):
         self.key = None
         self.value = None
 
-    def get(self, param, src_hw, dst_hw, mode, enabled, dtype=None):
-        """``param`` resized from grid ``src_hw`` to ``dst_hw`` (:func:`resize_grid_embedding`) in ``dtype``
-        (``param``'s when None); kept for the next call where ``enabled`` and no graph is being recorded."""
-        dtype = param.dtype if dtype is None else dtype
-        same = tuple(src_hw) == tuple(dst_hw) if not isinstance(dst_hw, torch.fx.Proxy) else False
-
-        def make():
-            return (param if same else resize_grid_embedding(param, src_hw, dst_hw, mode)).to(dtype)
-
-        if isinstance(dst_hw, torch.fx.Proxy):  # symbolic tracing
-            return make()
-        if same and dtype == param.dtype:
-            return param
+    def get(self, params, key, make, enabled=True):
+        """``make()``, or the tensor it made last for the same ``params`` (unchanged) and ``key``."""
         if not enabled or torch.is_grad_enabled():
             self.key = self.value = None
             return make()
-        key = (tuple(dst_hw), param.data_ptr(), param._version, param.device, param.dtype, dtype)
+        key = (key, torch.is_inference_mode_enabled(),
+               tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params))
         if self.key != key:
             self.value = make()
             self.key = key
         return self.value
 
-    def __deepcopy__(self, memo):  # EMA copies / deepcopy must not share a cached tensor
-        return ResizedEmbeddingCache()
+    def __deepcopy__(self, memo):
+        return type(self)()
 
     def __getstate__(self):
         return {}
 
     def __setstate__(self, state):
         self.key = self.value = None
+
+
+class ResizedEmbeddingCache(ParameterCache):
+    """The last run-time resize of a grid embedding (and its cast to another dtype)."""
+
+    def get(self, param, src_hw, dst_hw, mode, enabled, dtype=None):
+        """``param`` resized from grid ``src_hw`` to ``dst_hw`` (:func:`resize_grid_embedding`) in ``dtype``
+        (``param``'s when None); kept for the next call where ``enabled`` (:class:`ParameterCache`)."""
+        dtype = param.dtype if dtype is None else dtype
+        if isinstance(dst_hw, torch.fx.Proxy):  # symbolic tracing
+            return resize_grid_embedding(param, src_hw, dst_hw, mode).to(dtype)
+        same = tuple(src_hw) == tuple(dst_hw)
+        if same and dtype == param.dtype:
+            return param
+        return super().get((param, ), (tuple(dst_hw), dtype), lambda: (
+            param if same else resize_grid_embedding(param, src_hw, dst_hw, mode)).to(dtype), enabled)
 
 
 class SizeCache:
@@ -273,15 +280,14 @@ def gated_proj(s, g, proj):
     return proj(s * g)
 
 
-# the first of several linear layers -> (key, their weights and biases concatenated): see _concatenated
+# the first of several linear layers -> the ParameterCache of their weights and biases concatenated
 _CONCATENATED = weakref.WeakKeyDictionary()
 
 
 def _concatenated(layers, biased, x):
     """(weight, bias) of ``layers`` concatenated along their outputs (bias None where they have none). Without
-    autograd (inference, evaluation) they are kept, in the dtype the layers compute in for x (under autocast its
-    dtype), until a parameter changes or moves: one forward makes them once, not one concatenation and cast
-    per call."""
+    autograd (inference, evaluation) they are kept (:class:`ParameterCache`), in the dtype the layers compute
+    in for x (under autocast its dtype): one forward makes them once, not one concatenation and cast per call."""
     def make(dtype=None):
         weight = torch.cat([layer.weight for layer in layers])
         bias = torch.cat([layer.bias for layer in layers]) if biased else None
@@ -292,11 +298,8 @@ def _concatenated(layers, biased, x):
     device_type = x.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else layers[0].weight.dtype
     params = [layer.weight for layer in layers] + ([layer.bias for layer in layers] if biased else [])
-    key = (dtype, torch.is_inference_mode_enabled(), tuple((p.data_ptr(), p._version, p.device) for p in params))
-    entry = _CONCATENATED.get(layers[0])
-    if entry is None or entry[0] != key:
-        entry = _CONCATENATED[layers[0]] = (key, make(dtype))
-    return entry[1]
+    cache = _CONCATENATED.setdefault(layers[0], ParameterCache())
+    return cache.get(params, (dtype, len(layers)), lambda: make(dtype))
 
 
 def norm_linear(norm, linear, x, chunk=None):
