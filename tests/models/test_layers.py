@@ -6,7 +6,7 @@ import pickle
 import torch
 
 from mmpola.models.attention import RotaryEmbedding
-from mmpola.models.layers import SizeCache
+from mmpola.models.layers import ParameterCache, SizeCache
 from mmpola.ops import rope_tables
 
 
@@ -55,3 +55,35 @@ def test_size_cache_copies_start_empty():
     restored = pickle.loads(pickle.dumps(cache))
     assert restored.maxsize == 3 and len(restored.entries) == 0
     assert len(cache.entries) == 1
+
+
+def test_parameter_cache_reuses_until_a_parameter_changes():
+    """Without autograd the tensor made from parameters is reused for the same key until one of them is
+    updated in place; with autograd (or disabled) it is made every time and nothing is kept; tensors made in
+    inference mode are kept apart; copies start empty."""
+    cache, weight = ParameterCache(), torch.nn.Parameter(torch.ones(3))
+    calls = []
+
+    def make():
+        calls.append(1)
+        return weight * 2
+
+    with torch.no_grad():
+        first = cache.get([weight], 'a', make)
+        assert cache.get([weight], 'a', make) is first and len(calls) == 1
+        assert cache.get([weight], 'b', make) is not first and len(calls) == 2
+        weight.add_(1)  # an optimizer step, load_state_dict
+        assert torch.equal(cache.get([weight], 'b', make), torch.full((3, ), 4.0)) and len(calls) == 3
+        cache.get([weight], 'b', make, enabled=False)
+        assert cache.value is None and len(calls) == 4
+    with torch.inference_mode():
+        cache.get([weight], 'b', make)
+    with torch.no_grad():
+        cache.get([weight], 'b', make)
+    assert len(calls) == 6
+    made = cache.get([weight], 'b', make)
+    assert made.requires_grad and cache.value is None and len(calls) == 7
+    with torch.no_grad():
+        cache.get([weight], 'b', make)
+    assert copy.deepcopy(cache).value is None and pickle.loads(pickle.dumps(cache)).value is None
+    assert cache.value is not None
