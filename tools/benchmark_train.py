@@ -737,9 +737,13 @@ def bench_train(args, device):
     ours, _ = mmpola_runtime_hooks()
     hook_text = HOOK_MODE_TEXT[args.hooks].format(hooks=', '.join(_hook_type_name(h) for h in ours))
     rows, skipped = [], []
-    for spec in args.configs:
+    for i, spec in enumerate(args.configs, 1):
         with _one_line_errors(spec, skipped):
             rows.append(bench_config(spec, args, device))
+            r = rows[-1]  # at once, so that a run stopped before the table keeps the configs it finished
+            peak = f"{r['peak']:.0f} MiB" if r['peak'] is not None else '-'
+            print(f"[{i}/{len(args.configs)}] {r['config']}: {r['median']:.3f} s/iter (median; min {r['min']:.3f}), "
+                  f"peak {peak}", flush=True)
     if not rows:
         for line in skipped:
             print(f'skipped {line}')

@@ -37,6 +37,7 @@ def test_train_prints_the_table_and_writes_the_profile(tmp_path):
     assert 0 < fastest <= median and images_per_s == pytest.approx(1 / median, rel=0.02)
     assert 0 <= data < median and peak > 0
     assert cells[9] == '-'  # too few timed iterations to tell a trend
+    assert f'[1/1] retinanet_pola-pvt-t_fpn_1x_coco: {median:.3f} s/iter (median; min {fastest:.3f}), peak ' in log
     assert 'hooks: RuntimeInfoHook, RandomStateHook, NonFiniteLossHook' in log and 'CheckpointHook' not in log
 
     stem = 'retinanet_pola-pvt-t_fpn_1x_coco'
