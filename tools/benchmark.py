@@ -666,6 +666,10 @@ def bench_backbone(args, device):
                              ms=1e3 * seconds, runs=repeat, ms_per_mpx=1e3 * rate, scaling=rate / base_rate,
                              gflops=flops / seconds / 1e9, memory=memory,
                              fresh=1e3 * median(fresh) if fresh else None))
+            # at once, so that a run stopped before the table keeps the rows it finished
+            peak = memory.get('fwd')
+            print(f"{name} {height}x{width}: {1e3 * seconds:.1f} ms {'fwd+bwd' if args.backward else 'fwd'}"
+                  + (f', peak {peak:.0f} MiB' if peak is not None else ''), flush=True)
         model = None  # free it before the next backbone
         gc.collect()
     pass_name = 'fwd+bwd' if args.backward else 'fwd'

@@ -1,5 +1,7 @@
 """tools/benchmark.py takes its cases from the package's registries and tables: a registered
 implementation, op or preset appears without editing the tool (no timing is asserted)."""
+import re
+
 import pytest
 import torch
 
@@ -242,6 +244,25 @@ def test_operator_count_of_inference(capsys, monkeypatch):
     assert cells['auto'][5:8] == ['-', '-', '0'] and cells['auto'][-1] == '-', cells
     assert cells['torch'][4].endswith('(+16 Triton)') and cells['auto'][4].endswith('(+32 Triton)'), cells
     assert int(cells['auto'][4].split()[0]) == int(cells['torch'][4].split()[0]) - 16 - 24 - 8 - 32, cells
+
+
+
+def test_backbone_rows_come_as_each_finishes_and_in_the_table(capsys):
+    """Each backbone's time is printed as soon as it is measured (a run stopped before the table keeps it),
+    then the table: fwd+bwd ms, the FLOP count, the scaling against the first size."""
+    BENCH.main(['backbone', '--models', 'pola-pvt-t', 'pvt-t', '--sizes', '64x96', '96x128', '--repeat', '1',
+                '--no-memory', '--backward'])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    progress = [line for line in lines if re.match(r'(pola-pvt-t|pvt-t) (64x96|96x128): [0-9.]+ ms fwd\+bwd$', line)]
+    assert len(progress) == 4, out
+    rows = [line for line in lines if line.startswith(('| pola-pvt-t |', '| pvt-t |'))]
+    assert [row.split('|')[1:3] for row in rows] == [[' pola-pvt-t ', ' 64x96 '], [' pola-pvt-t ', ' 96x128 '],
+                                                     [' pvt-t ', ' 64x96 '], [' pvt-t ', ' 96x128 ']]
+    for row, line in zip(rows, progress):
+        cells = [cell.strip() for cell in row.strip('|').split('|')]
+        assert float(cells[3]) > 0 and cells[4] == line.split(': ')[1].split()[0]
+    assert 'fwd+bwd: train mode' in out
 
 
 def _makefile_benchmark_commands(*targets):
