@@ -12,7 +12,7 @@ import torch
 from tests.fixtures.backbones import build_family_model
 from tests.fixtures.ops import relative_error
 
-# InLine: kernels per image
+# the families whose models run Triton kernels (InLine: its value conv once per image)
 FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax', 'InLinePVT', 'FLattenCSWin']
 DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 LIBRARY = {'MMPOLA_DEPTHWISE_CONV': 'torch', 'MMPOLA_RECOMPUTE': 'torch'}
