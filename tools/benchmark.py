@@ -116,9 +116,10 @@ REFERENCE_BACKBONES = {
                                              window_size=7)),
 }
 # timm's networks as references of mmpola's softmax layouts: 'timm:<model name>' types, built with
-# features_only at the input size
+# features_only at the input size, with stochastic depth as mmpola's layout of the same network has it (timm's
+# pvt_v2_b2 has none by default; its swin_tiny has 0.1), so that both do the same work in training
 REFERENCE_BACKBONES.update({
-    'timm-pvt-v2-b2': ('timm:pvt_v2_b2', {}),
+    'timm-pvt-v2-b2': ('timm:pvt_v2_b2', dict(drop_path_rate=0.1)),
     'timm-swin-t': ('timm:swin_tiny_patch4_window7_224', dict(strict_img_size=False)),
 })
 DEFAULT_BACKBONES = ('pola-pvt-t', 'pola-pvt-s', 'pola-swin-t', 'pvt-t', 'swin-t')

@@ -265,6 +265,21 @@ def test_backbone_rows_come_as_each_finishes_and_in_the_table(capsys):
     assert 'fwd+bwd: train mode' in out
 
 
+
+@pytest.mark.parametrize('ours,theirs', [('softmax-pvtv2-b2', 'timm-pvt-v2-b2'), ('softmax-swin-t', 'timm-swin-t')])
+def test_timm_references_drop_paths_as_mmpolas_layout_of_the_network(ours, theirs):
+    """The timm reference of a softmax layout runs stochastic depth in the same blocks (first block none,
+    the last at mmpola's preset's rate or timm's): the same work in a training step."""
+    def drop_paths(name):
+        model = BENCH.build_named_backbone(name)
+        return [float(m.drop_prob) for m in model.modules() if type(m).__name__ == 'DropPath']
+
+    mine, reference = drop_paths(ours), drop_paths(theirs)
+    assert mine and reference and max(mine) > 0 and max(reference) > 0
+    if ours == 'softmax-pvtv2-b2':
+        assert max(reference) == pytest.approx(max(mine))
+
+
 def _makefile_benchmark_commands(*targets):
     """The argument lists of every ``tools/benchmark.py`` command that ``make`` runs for ``targets`` (as
     ``make -n`` prints them; a shell loop's variable takes each of its values)."""
