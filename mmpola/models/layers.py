@@ -288,18 +288,15 @@ def _concatenated(layers, biased, x):
     """(weight, bias) of ``layers`` concatenated along their outputs (bias None where they have none). Without
     autograd (inference, evaluation) they are kept (:class:`ParameterCache`), in the dtype the layers compute
     in for x (under autocast its dtype): one forward makes them once, not one concatenation and cast per call."""
-    def make(dtype=None):
-        weight = torch.cat([layer.weight for layer in layers])
-        bias = torch.cat([layer.bias for layer in layers]) if biased else None
-        return (weight, bias) if dtype is None else (weight.to(dtype), None if bias is None else bias.to(dtype))
-
-    if torch.is_grad_enabled():
-        return make()
     device_type = x.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else layers[0].weight.dtype
+
+    def make():
+        weight = torch.cat([layer.weight for layer in layers]).to(dtype)
+        return weight, torch.cat([layer.bias for layer in layers]).to(dtype) if biased else None
+
     params = [layer.weight for layer in layers] + ([layer.bias for layer in layers] if biased else [])
-    cache = _CONCATENATED.setdefault(layers[0], ParameterCache())
-    return cache.get(params, (dtype, len(layers)), lambda: make(dtype))
+    return _CONCATENATED.setdefault(layers[0], ParameterCache()).get(params, (dtype, len(layers)), make)
 
 
 def norm_linear(norm, linear, x, chunk=None):
