@@ -10,6 +10,9 @@
     python tools/benchmark.py backbone --models all --sizes 224 800x1333 --no-memory  # every backbone
     python tools/benchmark.py scaling                   # Pola-PVT-T 800x1333 -> 1600x2666 time growth
     python tools/benchmark.py ops                       # aten operators / kernels / syncs of one fwd+bwd
+    python tools/benchmark.py ops --attn-impl triton --amp bfloat16 --roofline h200
+                                                        # ... as a GPU runs it, and a lower bound of its device
+                                                        # time there (tools/benchmark_roofline.py), on the CPU
     python tools/benchmark.py amp                       # bf16 (CPU) / fp16+bf16 (CUDA) autocast fwd+bwd
                                                         # of every full-size backbone at 800x1216
     python tools/benchmark.py layers --device cuda --cases pvt-s1@800x1344 swin-s1@800x1344
@@ -290,12 +293,20 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def time_once(fn, device):
+def time_pass(fn, device):
+    """(seconds of ``fn`` with the device synchronised around it, seconds until ``fn`` returned): on a GPU the
+    second is the host's own time (the Python code and the launches it queues); the two are close where the
+    host, not the device, sets the pace."""
     synchronize(device)
     start = time.perf_counter()
     fn()
+    queued = time.perf_counter()
     synchronize(device)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, queued - start
+
+
+def time_once(fn, device):
+    return time_pass(fn, device)[0]
 
 
 def median(values):
@@ -619,8 +630,6 @@ def matmul_gflops(device, size=2048, repeat=3):
 
 def bench_backbone(args, device):
     from get_flops import count_flops, count_parameters
-
-    from mmpola.ops import depthwise_conv_impl
     gemm = matmul_gflops(device)
     print(f'\nmeasured fp32 matmul (2048^3): {gemm:.1f} GFLOP/s')
     attn_impl = None if args.attn_impl == 'default' else args.attn_impl
@@ -645,7 +654,7 @@ def bench_backbone(args, device):
                 first = time_once(forward, device)
                 # fast inputs are noisy on a shared machine: repeat them until ~2 s (at most 10 times)
                 repeat = max(args.repeat, min(10, int(2.0 / max(first, 1e-3))))
-                seconds = min(time_once(forward, device) for _ in range(repeat))
+                seconds, host = min(time_pass(forward, device) for _ in range(repeat))
                 flops = (3 if args.backward else 1) * count_flops(model, image, depth=1)[0]
                 fresh = [time_once(backbone_pass(model, torch.randn(args.batch, 3, h, w, device=device), args.backward,
                                                  args.amp), device)
@@ -664,20 +673,31 @@ def bench_backbone(args, device):
                 memory = backbone_peak_child(spec, device) if device.type == 'cuda' else \
                     run_peak_subprocess(spec, torch.get_num_threads())
             rows.append(dict(model=name, size=f'{height}x{width}', params=params, gmacs=flops / 2e9,
-                             ms=1e3 * seconds, runs=repeat, ms_per_mpx=1e3 * rate, scaling=rate / base_rate,
+                             ms=1e3 * seconds, host_ms=1e3 * host, runs=repeat, ms_per_mpx=1e3 * rate,
+                             scaling=rate / base_rate,
                              gflops=flops / seconds / 1e9, memory=memory,
                              fresh=1e3 * median(fresh) if fresh else None))
             # at once, so that a run stopped before the table keeps the rows it finished
             peak = memory.get('fwd')
             print(f"{name} {height}x{width}: {1e3 * seconds:.1f} ms {'fwd+bwd' if args.backward else 'fwd'}"
+                  + (f' (host {1e3 * host:.1f} ms)' if device.type == 'cuda' else '')
                   + (f', peak {peak:.0f} MiB' if peak is not None else ''), flush=True)
         model = None  # free it before the next backbone
         gc.collect()
+    print_backbone_table(args, rows, gemm, host=device.type == 'cuda')
+    for line in skipped:
+        print(f'skipped {line}')
+
+
+def print_backbone_table(args, rows, gemm, host):
+    """The table of ``backbone``'s rows; ``host``: with the host's time of each pass (on a GPU)."""
+    from mmpola.ops import depthwise_conv_impl
     pass_name = 'fwd+bwd' if args.backward else 'fwd'
     fresh_head, fresh_rule = (f' {pass_name} ms, new sizes |', '---:|') if args.new_sizes else ('', '')
-    print(f'\n| model | input | params M | GMACs | {pass_name} ms | runs | ms / Mpx | time/px vs first size | '
-          f'peak MiB | GFLOP/s | % of matmul |{fresh_head}')
-    print(f'|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|{fresh_rule}')
+    host_head, host_rule = (' host ms |', '---:|') if host else ('', '')
+    print(f'\n| model | input | params M | GMACs | {pass_name} ms |{host_head} runs | ms / Mpx | '
+          f'time/px vs first size | peak MiB | GFLOP/s | % of matmul |{fresh_head}')
+    print(f'|---|---|---:|---:|---:|{host_rule}---:|---:|---:|---:|---:|---:|{fresh_rule}')
     for r in rows:
         if 'error' in r:
             print(f"| {r['model']} | {r['size']} | failed: {r['error']} ||||||||| ")
@@ -685,21 +705,23 @@ def bench_backbone(args, device):
         peak = r['memory'].get('fwd')
         peak = f'{peak:.0f}' if peak is not None else r['memory'].get('error', '-')
         fresh = f" {r['fresh']:.1f} |" if args.new_sizes else ''
-        print(f"| {r['model']} | {r['size']} | {r['params'] / 1e6:.2f} | {r['gmacs']:.2f} | {r['ms']:.1f} | "
+        host_cell = f" {r['host_ms']:.1f} |" if host else ''
+        print(f"| {r['model']} | {r['size']} | {r['params'] / 1e6:.2f} | {r['gmacs']:.2f} | {r['ms']:.1f} |{host_cell} "
               f"{r['runs']} | {r['ms_per_mpx']:.1f} | {r['scaling']:.2f} | {peak} | {r['gflops']:.1f} | "
               f"{100 * r['gflops'] / gemm:.0f}% |{fresh}")
     mode = ('fwd+bwd: train mode, backward of the sum of the outputs\' means' if args.backward
             else 'fwd: no_grad, eval mode')
     print(f'\n{mode}; batch {args.batch}; autocast: {args.amp or "off (float32)"}; min over the runs. GMACs: '
           'torch.utils.flop_counter of one forward of the batch (matmul/linear/conv/sdpa; 1 MAC = 2 FLOPs; '
-          'fwd+bwd counts 3x). time/px vs first size: 1.00 = time grows linearly with pixels. % of matmul: '
+          'fwd+bwd counts 3x). ' + ('host ms: of the same run, the time until the pass returned, before the device '
+          'was synchronised (the Python code and the kernels it queued; close to the pass\'s time where the host, '
+          'not the device, sets the pace). ' if host else '') +
+          'time/px vs first size: 1.00 = time grows linearly with pixels. % of matmul: '
           f'achieved FLOP rate / measured fp32 GEMM rate. Attention implementation: {args.attn_impl}; depthwise '
           f'convolutions: {depthwise_conv_impl()} (MMPOLA_DEPTHWISE_CONV).' +
           (f' New sizes: the median of one pass at each of {args.new_sizes} input sizes not seen before (H and W '
            'smaller by multiples of 32), as a detector\'s changing image sizes bring them: per-shape setup work '
            'shows as the difference to the fixed-size time.' if args.new_sizes else ''))
-    for line in skipped:
-        print(f'skipped {line}')
 
 
 def bench_scaling(args, device):
@@ -734,21 +756,27 @@ SYNC_OPS = ('_local_scalar_dense', 'item', 'is_nonzero', 'nonzero')
 LAUNCH_FREE_OPS = ('empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', '_unsafe_view')
 
 
-def count_dispatched_ops(fn):
+def count_dispatched_ops(fn, roofline=None):
     """Run ``fn`` and count the aten operators it dispatches: ``(all, kernels, syncs)``, where kernels
     are the operators that are neither views nor bare allocations (LAUNCH_FREE_OPS; each of the others
-    launches work on a GPU) and syncs those that make the host wait for the device there (SYNC_OPS)."""
+    launches work on a GPU) and syncs those that make the host wait for the device there (SYNC_OPS).
+    Each kernel is also added to ``roofline`` (a benchmark_roofline.Roofline) when one is given."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Counter(TorchDispatchMode):
         total = kernels = syncs = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
             self.total += 1
             name = func.__name__.split('.')[0]
-            self.kernels += not func.is_view and name not in LAUNCH_FREE_OPS
+            kernel = not func.is_view and name not in LAUNCH_FREE_OPS
+            self.kernels += kernel
             self.syncs += name in SYNC_OPS
-            return func(*args, **(kwargs or {}))
+            if kernel and roofline is not None:
+                roofline.add_operator(func, args, kwargs, out)
+            return out
 
     with Counter() as counter:
         fn()
@@ -785,17 +813,38 @@ def saved_for_backward(fn):
 def bench_ops(args, device):
     """Operators dispatched by one training-mode forward and its backward of each backbone (eager: a
     torch.compile kernel is one opaque call, so the fast path's compilation is off here), and the bytes
-    its forward saves for the backward."""
+    its forward saves for the backward; with --roofline, the roofline bound of each pass on that GPU
+    (benchmark_roofline)."""
     os.environ['MMPOLA_NO_COMPILE'] = '1'
     height, width = parse_size(args.size)
     amp_dtype = getattr(torch, args.amp) if args.amp else None
+    peaks = None
+    if args.roofline:
+        if device.type != 'cpu':
+            raise SystemExit('--roofline is an estimate made on the CPU (a dry run records the Triton kernels '
+                             'there); run it with --device cpu, and time the passes on a GPU with `backbone`')
+        from benchmark_roofline import GPUS, Roofline
+        peaks = GPUS[args.roofline]
 
     def autocast():
         return torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None)
 
-    print('\n| model | input | batch | fwd ops | fwd kernels | bwd ops | bwd kernels | syncs | saved MiB |')
-    print('|---|---|---:|---:|---:|---:|---:|---:|---:|')
+    def roofline():
+        return Roofline(peaks) if peaks else None
+
+    def bound(estimate, launches):
+        """The table cells of a pass's roofline estimate (none without --roofline)."""
+        if estimate is None:
+            return ''
+        estimate.add_launches(launches)
+        _, flops, nbytes, seconds = estimate.totals()
+        return f' {flops / 1e9:.1f} | {nbytes / 1e9:.2f} | {seconds * 1e3:.2f} |'
+
+    extra = ' fwd GFLOP | fwd GB | fwd bound ms | bwd GFLOP | bwd GB | bwd bound ms |' if peaks else ''
+    print('\n| model | input | batch | fwd ops | fwd kernels | bwd ops | bwd kernels | syncs | saved MiB |' + extra)
+    print('|---|---|---:|---:|---:|---:|---:|---:|---:|' + '---:|' * (6 if peaks else 0))
     attn_impl = None if args.attn_impl == 'default' else args.attn_impl
+    tops = []
     for name in args.models:
         model = build_named_backbone(name, attn_impl).to(device)
         model.train()
@@ -804,10 +853,14 @@ def bench_ops(args, device):
         with torch.no_grad(), _launches_recorded(attn_impl, device), autocast():
             model(image)  # warm-up outside the count (caches of the map size and dtype)
         if args.inference:
+            fwd_bound = roofline()
             with torch.no_grad(), _launches_recorded(attn_impl, device) as launches, autocast():
-                fwd = count_dispatched_ops(lambda: model(image))
+                fwd = count_dispatched_ops(lambda: model(image), fwd_bound)
             triton = f' (+{len(launches)} Triton)' if attn_impl == 'triton' else ''
-            print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]}{triton} | - | - | {fwd[2]} | - |')
+            cells = bound(fwd_bound, launches) + (' - | - | - |' if peaks else '')
+            print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]}{triton} | - | - | {fwd[2]} | - |'
+                  + cells)
+            tops.append((name, [('fwd', fwd_bound)]))
             model = image = None
             gc.collect()
             continue
@@ -818,19 +871,22 @@ def bench_ops(args, device):
             result = model(image)
             outs.append(result if isinstance(result, (list, tuple)) else [result])
 
+        fwd_bound, bwd_bound = roofline(), roofline()
         with _launches_recorded(attn_impl, device) as launches, autocast():
-            fwd = count_dispatched_ops(forward)
-        fwd_launches = len(launches)
+            fwd = count_dispatched_ops(forward, fwd_bound)
+        fwd_launches, cells = len(launches), bound(fwd_bound, launches)
         loss = sum(o.float().mean() for o in outs[0])
         with _launches_recorded(attn_impl, device) as launches:
-            bwd = count_dispatched_ops(loss.backward)
+            bwd = count_dispatched_ops(loss.backward, bwd_bound)
+        cells += bound(bwd_bound, launches)
         triton = (f' (+{fwd_launches} Triton)', f' (+{len(launches)} Triton)') if attn_impl == 'triton' else ('', '')
         outs = loss = None
         # a forward of its own: saved-tensor hooks add operators to the backward
         with _launches_recorded(attn_impl, device), autocast():
             _, saved = saved_for_backward(lambda: model(image))
         print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]}{triton[0]} | {bwd[0]} | '
-              f'{bwd[1]}{triton[1]} | {fwd[2] + bwd[2]} | {saved / 2**20:.1f} |')
+              f'{bwd[1]}{triton[1]} | {fwd[2] + bwd[2]} | {saved / 2**20:.1f} |' + cells)
+        tops.append((name, [('fwd', fwd_bound), ('bwd', bwd_bound)]))
         model = image = None
         gc.collect()
     mode = ('in eval mode without autograd (inference: the forward only)' if args.inference else 'in train mode')
@@ -845,6 +901,27 @@ def bench_ops(args, device):
           + f'. Attention implementation: {args.attn_impl}' + (
               '; on the CPU the Triton kernels are launched as on an H100 and counted apart (+N Triton), '
               'not run' if attn_impl == 'triton' and device.type == 'cpu' else '') + '.')
+    if peaks:
+        print_roofline(peaks, tops, args.top)
+
+
+def print_roofline(peaks, tops, count):
+    """What the roofline columns mean, and each pass's ``count`` kinds of kernel with the largest bound."""
+    print(f'\nRoofline bound on {peaks.name} ({peaks.half_flops / 1e12:.0f} TFLOP/s fp16/bf16 dense, '
+          f'{peaks.float_flops / 1e12:.1f} fp32, {peaks.bandwidth / 1e12:.2f} TB/s): the sum over the counted kernels '
+          'of the larger of FLOPs / peak rate and bytes / bandwidth (tools/benchmark_roofline.py: FLOPs by '
+          "torch's flop counter; Triton kernels by their bytes only); a lower bound of the device time, not a "
+          'measurement.')
+    if not count:
+        return
+    print('\n| model | pass | kernel | kernels | GFLOP | GB | bound ms | share |')
+    print('|---|---|---|---:|---:|---:|---:|---:|')
+    for name, passes in tops:
+        for label, estimate in passes:
+            total = estimate.totals()[3] or 1.0
+            for kind, kernels, flops, nbytes, seconds in estimate.top(count):
+                print(f'| {name} | {label} | {kind} | {kernels} | {flops / 1e9:.1f} | {nbytes / 1e9:.3f} | '
+                      f'{seconds * 1e3:.3f} | {seconds / total:.0%} |')
 
 
 def _finite_report(model, image, dtype, device):
@@ -1142,6 +1219,12 @@ def parse_args(argv=None):
     ops.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
     ops.add_argument('--inference', action='store_true',
                      help='count one eval-mode forward without autograd (inference) instead of a training step')
+    ops.add_argument('--roofline', default=None, choices=['a100', 'h100', 'h200'],
+                     help='also print the roofline bound of each pass on this GPU (estimated on the CPU: '
+                     'tools/benchmark_roofline.py)')
+    ops.add_argument('--top', type=int, default=8,
+                     help='with --roofline: list the kinds of kernel with the largest bound, this many per pass '
+                     '(0: none)')
     kernel_options(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 

@@ -247,6 +247,91 @@ def test_operator_count_of_inference(capsys, monkeypatch):
 
 
 
+ROOF = load_tool('benchmark_roofline')
+
+
+def test_roofline_bound_of_a_product_and_of_an_elementwise_kernel():
+    """A kernel's bound is the larger of its FLOPs at the peak rate of its dtype and its bytes at the bandwidth:
+    a bf16 product of square 1024 matrices is bound by its arithmetic, an addition by its bytes (an expanded
+    operand counts its distinct elements once)."""
+    peaks = ROOF.GPUS['h200']
+    estimate = ROOF.Roofline(peaks)
+    a, b = torch.randn(1024, 1024, dtype=torch.bfloat16), torch.randn(1024, 1024, dtype=torch.bfloat16)
+    row = torch.randn(512)
+    x = torch.randn(512, 512)
+    BENCH.count_dispatched_ops(lambda: (a @ b, x + row.expand(512, 512)), estimate)
+    kernels, flops, nbytes, seconds = estimate.rows['mm']
+    assert (kernels, flops, nbytes) == (1, 2 * 1024**3, 3 * 1024 * 1024 * 2)
+    assert seconds == pytest.approx(2 * 1024**3 / peaks.half_flops) and seconds > nbytes / peaks.bandwidth
+    kernels, flops, nbytes, seconds = estimate.rows['add']
+    assert (kernels, flops, nbytes) == (1, 0, (2 * 512 * 512 + 512) * 4)
+    assert seconds == pytest.approx(nbytes / peaks.bandwidth)
+    assert estimate.totals() == (2, 2 * 1024**3, 3 * 1024 * 1024 * 2 + nbytes, pytest.approx(
+        2 * 1024**3 / peaks.half_flops + nbytes / peaks.bandwidth))
+    assert [kind for kind, *_ in estimate.top(2)] == ['mm', 'add']
+    # float32 products run at the float32 rate
+    fp32 = ROOF.Roofline(peaks)
+    BENCH.count_dispatched_ops(lambda: x @ x, fp32)
+    assert fp32.rows['mm'][3] == pytest.approx(2 * 512**3 / peaks.float_flops)
+
+
+def test_roofline_counts_fused_attention_grouped_convolutions_and_triton_launches():
+    """The CPU's fused attention has no entry in torch's flop counter: its two products are counted forward (4 B
+    H N M d FLOPs) and its backward with the recomputed scores (10 B H N M d), as the counter counts CUDA's;
+    a Triton launch counts the bytes of its tensor arguments."""
+    from mmpola.ops.triton_support import Launch
+    B, H, N, M, d = 2, 3, 64, 32, 16
+    q = torch.randn(B, H, N, d, requires_grad=True)
+    k, v = torch.randn(B, H, M, d, requires_grad=True), torch.randn(B, H, M, d, requires_grad=True)
+    forward, backward = ROOF.Roofline(ROOF.GPUS['h100']), ROOF.Roofline(ROOF.GPUS['h100'])
+    out = []
+    BENCH.count_dispatched_ops(lambda: out.append(torch.nn.functional.scaled_dot_product_attention(q, k, v)), forward)
+    BENCH.count_dispatched_ops(out[0].sum().backward, backward)
+    assert sum(row[1] for row in forward.rows.values()) == 4 * B * H * N * M * d, dict(forward.rows)
+    assert sum(row[1] for row in backward.rows.values()) == 10 * B * H * N * M * d, dict(backward.rows)
+
+    # a depthwise convolution's backward: its forward's products once per gradient (torch's counter counts its
+    # weight gradient's channels times over)
+    conv = torch.nn.Conv2d(8, 8, 5, padding=2, groups=8)
+    x = torch.randn(2, 8, 16, 16, requires_grad=True)
+    conv_fwd, conv_bwd = ROOF.Roofline(ROOF.GPUS['h100']), ROOF.Roofline(ROOF.GPUS['h100'])
+    BENCH.count_dispatched_ops(lambda: out.append(conv(x)), conv_fwd)
+    BENCH.count_dispatched_ops(out[1].sum().backward, conv_bwd)
+    assert conv_fwd.rows['convolution'][1] == 2 * 2 * 8 * 16 * 16 * 25
+    assert conv_bwd.rows['convolution_backward'][1] == 2 * conv_fwd.rows['convolution'][1]
+
+    def kernel():  # stands for a triton.jit function
+        pass
+
+    launches = ROOF.Roofline(ROOF.GPUS['a100'])
+    launches.add_launches([Launch(kernel, (1, ), (q.detach(), k.detach(), 3, 0.5), {}, None)])
+    assert launches.rows['triton:kernel'][:3] == [1, 0, (B * H * N * d + B * H * M * d) * 4]
+
+
+def test_operator_count_with_the_roofline_bound(capsys, monkeypatch):
+    """--roofline GPU adds each pass's GFLOP, GB and bound, and --top N the kinds of kernel with the largest
+    bounds, the Triton kernels of the dry run among them; only on the CPU, where the dry run records them."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--amp', 'bfloat16',
+                '--roofline', 'h200', '--top', '30'])
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith('| model | input |'))
+    row = next(line for line in out.splitlines() if line.startswith('| pola-pvt-t |'))
+    assert header.strip(' |').split(' | ')[-6:] == ['fwd GFLOP', 'fwd GB', 'fwd bound ms', 'bwd GFLOP', 'bwd GB',
+                                                     'bwd bound ms']
+    cells = [float(cell) for cell in row.strip(' |').split('|')[-6:]]
+    assert all(cell > 0 for cell in cells) and cells[3] > cells[0], row  # the backward has twice the products
+    assert 'Roofline bound on NVIDIA H200 SXM' in out
+    top = [line.split('|')[2:4] for line in out.splitlines() if line.startswith('| pola-pvt-t | ')][1:]
+    assert {label.strip() for label, _ in top} == {'fwd', 'bwd'}
+    kinds = {kind.strip() for _, kind in top}
+    assert {'addmm', 'mm', 'triton:_pola_fwd_keys', 'triton:_layer_norm_kernel'} <= kinds, kinds
+    args = BENCH.parse_args(['ops', '--roofline', 'h100'])
+    with pytest.raises(SystemExit, match='--roofline is an estimate made on the CPU'):
+        BENCH.bench_ops(args, torch.device('cuda'))
+
+
 def test_backbone_rows_come_as_each_finishes_and_in_the_table(capsys):
     """Each backbone's time is printed as soon as it is measured (a run stopped before the table keeps it),
     then the table: fwd+bwd ms, the FLOP count, the scaling against the first size."""
@@ -263,6 +348,26 @@ def test_backbone_rows_come_as_each_finishes_and_in_the_table(capsys):
         cells = [cell.strip() for cell in row.strip('|').split('|')]
         assert float(cells[3]) > 0 and cells[4] == line.split(': ')[1].split()[0]
     assert 'fwd+bwd: train mode' in out
+
+
+def test_backbone_table_on_a_gpu_has_the_hosts_time_of_each_pass(capsys):
+    """On a GPU each pass is timed twice: with the device synchronised, and until it returned (the host's own
+    time: close to the first where the host sets the pace); the table has a column for the second there."""
+    times = []
+    seconds, host = BENCH.time_pass(lambda: times.append(torch.randn(64, 64) @ torch.randn(64, 64)),
+                                    torch.device('cpu'))
+    assert 0 < host <= seconds and len(times) == 1
+    args = BENCH.parse_args(['backbone', '--backward'])
+    row = dict(model='pola-pvt-t', size='64x96', params=12.4e6, gmacs=0.3, ms=20.0, host_ms=18.5, runs=3,
+               ms_per_mpx=1.0, scaling=1.0, gflops=30.0, memory={}, fresh=None)
+    for host in (False, True):
+        BENCH.print_backbone_table(args, [row], 100.0, host)
+        lines = capsys.readouterr().out.splitlines()
+        header = next(line for line in lines if line.startswith('| model |')).strip(' |').split(' | ')
+        cells = next(line for line in lines if line.startswith('| pola-pvt-t |')).strip(' |').split(' | ')
+        assert len(header) == len(cells) and ('host ms' in header) == host and ('18.5' in cells) == host, lines
+        if host:
+            assert cells[header.index('host ms')] == '18.5' and cells[header.index('fwd+bwd ms')] == '20.0'
 
 
 

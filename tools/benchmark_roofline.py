@@ -1,0 +1,121 @@
+"""``python tools/benchmark.py ops --roofline GPU``: a lower bound of the device time of the counted passes
+(this module holds it; run it through tools/benchmark.py).
+
+Each kernel that a pass launches is bounded below by the larger of its arithmetic time (its floating-point
+operations at the GPU's peak rate) and its memory time (the bytes of its tensors at the GPU's memory
+bandwidth): the roofline model. The bound of a pass is the sum over its kernels. No kernel reaches it
+(library kernels reach some tens of percent of either peak, small kernels far less, and every launch costs
+a few microseconds more), so the bound says how much device work the pass is made of, and ratios of bounds
+say how far apart two models can be when both run as well as the hardware allows. It is an estimate made
+without a GPU, not a measurement.
+
+* operators (aten, counted at the dispatcher): floating-point operations by torch's own counter
+  (``torch.utils.flop_counter``: matrix products, convolutions, fused attention; the CPU's fused attention
+  counted by the same formulas as CUDA's, a grouped convolution's backward as its forward once per gradient);
+  other operators count their bytes only. Bytes: the distinct
+  elements of every tensor argument and result (an expanded dimension counts once), so an operator in
+  place counts its operand twice (read and written).
+* Triton kernels (recorded by the dry run, ``mmpola.ops.triton_support.dry_run``): the bytes of their
+  tensor arguments, each read or written once; their arithmetic is not counted. For the Pola kernels that
+  is their bound: their (d, d) products run on the tensor cores (TF32) at about d FLOPs per byte they
+  read, under the GPU's ratio of tensor-core rate to bandwidth. The FLatten kernels' products are IEEE
+  float32 (no tensor cores), so their bound may be their arithmetic, which is not counted here.
+* rates: a product with half-precision inputs runs at the dense tensor-core rate, one in float32 at the
+  float32 rate (TF32 off, as the benchmarks run).
+
+The peak rates are NVIDIA's datasheet figures (dense, without sparsity) of the SXM parts.
+"""
+import collections
+from typing import NamedTuple
+
+import torch
+
+
+class GpuPeaks(NamedTuple):
+    name: str
+    half_flops: float  # dense tensor-core FP16 / BF16, FLOP/s
+    float_flops: float  # FP32 (no tensor cores), FLOP/s
+    bandwidth: float  # memory, bytes/s
+
+
+GPUS = {
+    'a100': GpuPeaks('NVIDIA A100 SXM4 80GB', 312e12, 19.5e12, 2.039e12),
+    'h100': GpuPeaks('NVIDIA H100 SXM5', 989.4e12, 66.9e12, 3.35e12),
+    'h200': GpuPeaks('NVIDIA H200 SXM', 989.4e12, 66.9e12, 4.8e12),
+}
+HALF = (torch.float16, torch.bfloat16)
+
+
+def tensor_bytes(tensor):
+    """Bytes of the distinct elements of ``tensor`` (a dimension of stride 0 counts once)."""
+    count = 1
+    for size, stride in zip(tensor.shape, tensor.stride()):
+        if stride != 0:
+            count *= size
+    return count * tensor.element_size()
+
+
+def _tensors(tree):
+    from torch.utils._pytree import tree_leaves
+    return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+def operator_flops(func, args, kwargs, out):
+    """Floating-point operations of aten operator ``func`` by torch's flop counter (0 where it counts none);
+    the CPU's fused attention by the formulas of CUDA's; a grouped convolution's backward by its forward's."""
+    from torch.utils import flop_counter
+    name = func.__name__.split('.')[0]
+    if name == '_scaled_dot_product_flash_attention_for_cpu':
+        query, key, value = args[:3]
+        return flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape)
+    if name == '_scaled_dot_product_flash_attention_for_cpu_backward':
+        grad_out, query, key, value = args[:4]
+        return flop_counter.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+    if name == 'convolution_backward' and not args[7] and args[9] != 1:
+        # a grouped convolution (not transposed): each gradient asked for has the forward's products (torch's
+        # counter leaves the groups out of the weight gradient's, counting a depthwise one channels times over)
+        grad_out, inputs, weight, output_mask = args[0], args[1], args[2], args[10]
+        products = flop_counter.conv_flop_count(inputs.shape, weight.shape, grad_out.shape)
+        return products * sum(map(bool, output_mask[:2]))
+    count = flop_counter.flop_registry.get(func._overloadpacket)
+    return 0 if count is None else count(*args, **kwargs, out_val=out)
+
+
+class Roofline:
+    """The roofline bound of the kernels added to it, per kind of kernel (operator or Triton kernel name):
+    ``rows[kind] = [kernels, FLOPs, bytes, seconds]``."""
+
+    def __init__(self, peaks):
+        self.peaks = peaks
+        self.rows = collections.defaultdict(lambda: [0, 0, 0, 0.0])
+
+    def _add(self, kind, flops, nbytes, half):
+        rate = self.peaks.half_flops if half else self.peaks.float_flops
+        row = self.rows[kind]
+        row[0] += 1
+        row[1] += flops
+        row[2] += nbytes
+        row[3] += max(flops / rate, nbytes / self.peaks.bandwidth)
+
+    def add_operator(self, func, args, kwargs, out):
+        """One aten operator that launches a kernel: ``func(*args, **kwargs)`` returned ``out``."""
+        inputs = _tensors((args, kwargs))
+        nbytes = sum(tensor_bytes(t) for t in inputs + _tensors(out))
+        half = any(t.dtype in HALF for t in inputs)
+        self._add(func.__name__.split('.')[0], operator_flops(func, args, kwargs, out), nbytes, half)
+
+    def add_launches(self, launches):
+        """Triton kernel launches recorded by a dry run (``mmpola.ops.triton_support.Launch``)."""
+        for record in launches:
+            kernel = getattr(record.kernel, 'fn', record.kernel)  # an autotuner's kernel
+            nbytes = sum(tensor_bytes(a) for a in record.args if isinstance(a, torch.Tensor))
+            self._add('triton:' + getattr(kernel, '__name__', type(kernel).__name__), 0, nbytes, True)
+
+    def totals(self):
+        """(kernels, FLOPs, bytes, seconds) of all the kernels added."""
+        return tuple(sum(row[i] for row in self.rows.values()) for i in range(4))
+
+    def top(self, count):
+        """The ``count`` kinds of kernel with the largest bound: (kind, kernels, FLOPs, bytes, seconds)."""
+        ranked = sorted(self.rows.items(), key=lambda item: -item[1][3])
+        return [(kind, *row) for kind, row in ranked[:count]]
