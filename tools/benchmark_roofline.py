@@ -16,7 +16,7 @@ without a GPU, not a measurement.
   elements of every tensor argument and result (an expanded dimension counts once), so an operator in
   place counts its operand twice (read and written).
 * Triton kernels (recorded by the dry run, ``mmpola.ops.triton_support.dry_run``): the bytes of their
-  tensor arguments, each read or written once; their arithmetic is not counted. For the Pola kernels that
+  distinct tensor arguments, each read or written once; their arithmetic is not counted. For the Pola kernels that
   is their bound: their (d, d) products run on the tensor cores (TF32) at about d FLOPs per byte they
   read, under the GPU's ratio of tensor-core rate to bandwidth. The FLatten kernels' products are IEEE
   float32 (no tensor cores), so their bound may be their arithmetic, which is not counted here.
@@ -108,7 +108,9 @@ class Roofline:
         """Triton kernel launches recorded by a dry run (``mmpola.ops.triton_support.Launch``)."""
         for record in launches:
             kernel = getattr(record.kernel, 'fn', record.kernel)  # an autotuner's kernel
-            nbytes = sum(tensor_bytes(a) for a in record.args if isinstance(a, torch.Tensor))
+            # a tensor passed twice (a pointer the kernel does not read, e.g. an absent bias) counts once
+            tensors = {(a.data_ptr(), a.shape, a.stride()): a for a in record.args if isinstance(a, torch.Tensor)}
+            nbytes = sum(tensor_bytes(a) for a in tensors.values())
             self._add('triton:' + getattr(kernel, '__name__', type(kernel).__name__), 0, nbytes, True)
 
     def totals(self):

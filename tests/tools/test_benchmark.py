@@ -306,6 +306,9 @@ def test_roofline_counts_fused_attention_grouped_convolutions_and_triton_launche
     launches = ROOF.Roofline(ROOF.GPUS['a100'])
     launches.add_launches([Launch(kernel, (1, ), (q.detach(), k.detach(), 3, 0.5), {}, None)])
     assert launches.rows['triton:kernel'][:3] == [1, 0, (B * H * N * d + B * H * M * d) * 4]
+    # a tensor passed twice (the pointer of an absent bias) counts once
+    launches.add_launches([Launch(kernel, (1, ), (q.detach(), k.detach(), k.detach(), 3), {}, None)])
+    assert launches.rows['triton:kernel'][:3] == [2, 0, 2 * (B * H * N * d + B * H * M * d) * 4]
 
 
 def test_operator_count_with_the_roofline_bound(capsys, monkeypatch):
