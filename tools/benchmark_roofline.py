@@ -3,23 +3,22 @@
 
 Each kernel that a pass launches is bounded below by the larger of its arithmetic time (its floating-point
 operations at the GPU's peak rate) and its memory time (the bytes of its tensors at the GPU's memory
-bandwidth): the roofline model. The bound of a pass is the sum over its kernels. No kernel reaches it
-(library kernels reach some tens of percent of either peak, small kernels far less, and every launch costs
-a few microseconds more), so the bound says how much device work the pass is made of, and ratios of bounds
-say how far apart two models can be when both run as well as the hardware allows. It is an estimate made
-without a GPU, not a measurement.
+bandwidth): the roofline model. The bound of a pass is the sum over its kernels. No kernel reaches it, and
+every launch costs some microseconds more, so the bound says how much device work the pass is made of, and
+ratios of bounds say how far apart two models can be when both run as well as the hardware allows. It is
+an estimate made without a GPU, not a measurement.
 
 * operators (aten, counted at the dispatcher): floating-point operations by torch's own counter
-  (``torch.utils.flop_counter``: matrix products, convolutions, fused attention; the CPU's fused attention
-  counted by the same formulas as CUDA's, a grouped convolution's backward as its forward once per gradient);
-  other operators count their bytes only. Bytes: the distinct
-  elements of every tensor argument and result (an expanded dimension counts once), so an operator in
-  place counts its operand twice (read and written).
+  (``torch.utils.flop_counter``: matrix products, convolutions, fused attention), with the CPU's fused
+  attention counted by the formulas of CUDA's and a grouped convolution's backward as its forward once per
+  gradient; other operators count their bytes only. Bytes: the distinct elements of every tensor argument
+  and result (an expanded dimension counts once), so an operator in place counts its operand twice (read
+  and written).
 * Triton kernels (recorded by the dry run, ``mmpola.ops.triton_support.dry_run``): the bytes of their
-  distinct tensor arguments, each read or written once; their arithmetic is not counted. For the Pola kernels that
-  is their bound: their (d, d) products run on the tensor cores (TF32) at about d FLOPs per byte they
-  read, under the GPU's ratio of tensor-core rate to bandwidth. The FLatten kernels' products are IEEE
-  float32 (no tensor cores), so their bound may be their arithmetic, which is not counted here.
+  distinct tensor arguments, each read or written once; their arithmetic is not counted. For the Pola
+  kernels that is their bound: their (d, d) products run on the tensor cores (TF32) at about d FLOPs per
+  byte they read, under the GPU's ratio of tensor-core rate to bandwidth. The FLatten kernels' products
+  are IEEE float32 (no tensor cores), so their bound may be their arithmetic, which is not counted here.
 * rates: a product with half-precision inputs runs at the dense tensor-core rate, one in float32 at the
   float32 rate (TF32 off, as the benchmarks run).
 
