@@ -832,8 +832,9 @@ def bench_ops(args, device):
     def roofline():
         return Roofline(peaks) if peaks else None
 
-    def bound(estimate, launches):
-        """The table cells of a pass's roofline estimate (none without --roofline)."""
+    def bound_cells(estimate, launches):
+        """The table cells of a pass's roofline estimate, its Triton ``launches`` added (none without
+        --roofline)."""
         if estimate is None:
             return ''
         estimate.add_launches(launches)
@@ -857,7 +858,7 @@ def bench_ops(args, device):
             with torch.no_grad(), _launches_recorded(attn_impl, device) as launches, autocast():
                 fwd = count_dispatched_ops(lambda: model(image), fwd_bound)
             triton = f' (+{len(launches)} Triton)' if attn_impl == 'triton' else ''
-            cells = bound(fwd_bound, launches) + (' - | - | - |' if peaks else '')
+            cells = bound_cells(fwd_bound, launches) + (' - | - | - |' if peaks else '')
             print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]}{triton} | - | - | {fwd[2]} | - |'
                   + cells)
             tops.append((name, [('fwd', fwd_bound)]))
@@ -874,11 +875,11 @@ def bench_ops(args, device):
         fwd_bound, bwd_bound = roofline(), roofline()
         with _launches_recorded(attn_impl, device) as launches, autocast():
             fwd = count_dispatched_ops(forward, fwd_bound)
-        fwd_launches, cells = len(launches), bound(fwd_bound, launches)
+        fwd_launches, cells = len(launches), bound_cells(fwd_bound, launches)
         loss = sum(o.float().mean() for o in outs[0])
         with _launches_recorded(attn_impl, device) as launches:
             bwd = count_dispatched_ops(loss.backward, bwd_bound)
-        cells += bound(bwd_bound, launches)
+        cells += bound_cells(bwd_bound, launches)
         triton = (f' (+{fwd_launches} Triton)', f' (+{len(launches)} Triton)') if attn_impl == 'triton' else ('', '')
         outs = loss = None
         # a forward of its own: saved-tensor hooks add operators to the backward
@@ -1219,7 +1220,8 @@ def parse_args(argv=None):
     ops.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
     ops.add_argument('--inference', action='store_true',
                      help='count one eval-mode forward without autograd (inference) instead of a training step')
-    ops.add_argument('--roofline', default=None, choices=['a100', 'h100', 'h200'],
+    from benchmark_roofline import GPUS
+    ops.add_argument('--roofline', default=None, choices=sorted(GPUS),
                      help='also print the roofline bound of each pass on this GPU (estimated on the CPU: '
                      'tools/benchmark_roofline.py)')
     ops.add_argument('--top', type=int, default=8,
