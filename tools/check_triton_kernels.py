@@ -196,7 +196,8 @@ def record_depthwise_launches(gpu, channels, dtype):
 
 def record_recompute_launches(gpu, channels, dtype):
     """The kernel launches of one forward and backward of each recomputing linear layer on ``gpu``, on the tokens
-    of every grid of SHAPES: the MLP's GELU and fc2 (4 * ``channels`` hidden channels) and the gated projection
+    of every grid of SHAPES: the MLP's GELU and fc2 (4 * ``channels`` hidden channels; without and with fc1's bias
+    added before the GELU) and the gated projection
     (``channels`` channels, the gate a view of a projection of 4 * ``channels``) and the LayerNorm with its linear
     layer (``channels`` and 4 * ``channels`` channels)."""
     from mmpola.ops import gated_linear, gelu_linear, layer_norm_linear
@@ -209,11 +210,13 @@ def record_recompute_launches(gpu, channels, dtype):
         projection = torch.zeros(*tokens, 4 * channels, dtype=dtype).requires_grad_()
         fc2, proj = (torch.zeros(channels, width, dtype=dtype).requires_grad_() for width in (4 * channels, channels))
         bias = torch.zeros(channels, dtype=dtype)
+        fc1_bias = torch.zeros(4 * channels, dtype=dtype).requires_grad_()
         norms = [(torch.zeros(*tokens, width, dtype=dtype).requires_grad_(), torch.ones(width, dtype=dtype),
                   torch.zeros(width, dtype=dtype), torch.zeros(channels, width, dtype=dtype).requires_grad_())
                  for width in (channels, 4 * channels)]
         with dry_run(gpu.kernel_target()) as recorded:
             for out in (gelu_linear(h, fc2, bias, impl='triton'),
+                        gelu_linear(h, fc2, bias, impl='triton', input_bias=fc1_bias),
                         gated_linear(s, projection[..., channels:2 * channels], proj, bias, impl='triton'),
                         *(layer_norm_linear(x, w, b, 1e-5, weight, bias, impl='triton') for x, w, b, weight in norms)):
                 out.backward(torch.zeros_like(out))

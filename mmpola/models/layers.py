@@ -262,13 +262,23 @@ def _recomputes(x, linear):
     return torch.is_grad_enabled() and _fused(x, linear)
 
 
-def gelu_fc2(mlp, h):
+def _gelu_recomputes(mlp, x):
+    """Whether :func:`gelu_fc2` runs ``mlp``'s GELU and fc2 through :func:`mmpola.ops.gelu_linear` for the tokens
+    ``x`` (or the hidden tokens made from them): where it recomputes (``_recomputes``; on a GPU by default),
+    unless the dropout between them is on or the activation is not the exact GELU."""
+    return (_recomputes(x, mlp.fc2) and not (mlp.training and mlp.drop.p > 0) and type(mlp.act) is nn.GELU
+            and mlp.act.approximate == 'none')
+
+
+def gelu_fc2(mlp, h, fc1_bias=None, recomputes=None):
     """``mlp.fc2(mlp.drop(mlp.act(h)))`` for an MLP with modules ``act`` (exact GELU), ``drop`` and ``fc2``:
-    :func:`mmpola.ops.gelu_linear` where it recomputes (``_recomputes``; on a GPU by default: the backward
-    keeps h only), unless the dropout between them is on; else the modules."""
-    if (_recomputes(h, mlp.fc2) and not (mlp.training and mlp.drop.p > 0) and type(mlp.act) is nn.GELU
-            and mlp.act.approximate == 'none'):
-        return gelu_linear(h, mlp.fc2.weight, mlp.fc2.bias, 'triton')
+    :func:`mmpola.ops.gelu_linear` where it recomputes (``recomputes``, by default ``_gelu_recomputes``: the
+    backward keeps h only), else the modules. ``fc1_bias``: the bias of the layer that made h, left out of it,
+    added before the GELU (where it recomputes only: :class:`Mlp`)."""
+    if recomputes is None:
+        recomputes = _gelu_recomputes(mlp, h)
+    if recomputes:
+        return gelu_linear(h, mlp.fc2.weight, mlp.fc2.bias, 'triton', input_bias=fc1_bias)
     return mlp.fc2(mlp.drop(mlp.act(h)))
 
 
@@ -299,7 +309,7 @@ def _concatenated(layers, biased, x):
     return _CONCATENATED.setdefault(layers[0], ParameterCache()).get(params, (dtype, len(layers)), make)
 
 
-def norm_linear(norm, linear, x, chunk=None):
+def norm_linear(norm, linear, x, chunk=None, bias=True):
     """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; on a GPU by
     default: the LayerNorm's kernel writes the rows in the linear layer's dtype, also without autograd, and the
     backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last dim with a
@@ -308,22 +318,26 @@ def norm_linear(norm, linear, x, chunk=None):
     ``linear`` may also be a tuple of linear layers of the normalised tokens, and ``chunk`` a channel count:
     then the operands of ``chunk`` channels that their outputs hold, one after another, as views. Where the
     kernels run, one product with the layers' weights concatenated gives them all, and their gradients meet
-    in one tensor (views of one output, taken apart once)."""
+    in one tensor (views of one output, taken apart once).
+
+    ``bias=False``: the single linear layer without its bias (its weight alone; the caller adds the bias)."""
     layers = linear if isinstance(linear, tuple) else (linear, )
     if isinstance(linear, tuple) and chunk is None:
         raise ValueError('norm_linear takes a tuple of linear layers with the chunk size of their operands')
-    biased = {layer.bias is not None for layer in layers}
+    if not bias and isinstance(linear, tuple):
+        raise ValueError('norm_linear leaves out the bias of a single linear layer only')
+    biased = {layer.bias is not None and bias for layer in layers}
     if (type(norm) is nn.LayerNorm and all(_fused(x, layer) for layer in layers) and len(biased) == 1
             and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
             and x.shape[-1] <= NORM_MAX_CHANNELS):
         if len(layers) == 1:
-            weight, bias = layers[0].weight, layers[0].bias
+            weight, layer_bias = layers[0].weight, layers[0].bias if bias else None
         else:
-            weight, bias = _concatenated(layers, biased == {True}, x)
-        outs = (layer_norm_linear(x, norm.weight, norm.bias, norm.eps, weight, bias, 'triton'), )
+            weight, layer_bias = _concatenated(layers, biased == {True}, x)
+        outs = (layer_norm_linear(x, norm.weight, norm.bias, norm.eps, weight, layer_bias, 'triton'), )
     else:
         y = x if norm is None else norm(x)
-        outs = tuple(layer(y) for layer in layers)
+        outs = tuple(layer(y) if bias else F.linear(y, layer.weight) for layer in layers)
     if chunk is None:
         return outs[0]
     return tuple(operand for out in outs
@@ -331,7 +345,8 @@ def norm_linear(norm, linear, x, chunk=None):
 
 
 class Mlp(nn.Module):
-    """fc1 -> GELU -> Dropout -> fc2 -> Dropout on (B, N, C) tokens (GELU to fc2: :func:`gelu_fc2`).
+    """fc1 -> GELU -> Dropout -> fc2 -> Dropout on (B, N, C) tokens (GELU to fc2: :func:`gelu_fc2`, which takes
+    fc1's bias where it recomputes the GELU: its kernel adds the bias and sums its gradient).
     ``forward(x, norm=None)``: ``norm``, the block's LayerNorm before the MLP, applied to x first (LayerNorm to
     fc1: :func:`norm_linear`)."""
 
@@ -343,7 +358,11 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x, norm=None):
-        return self.drop(gelu_fc2(self, norm_linear(norm, self.fc1, x)))
+        recomputes = _gelu_recomputes(self, x)
+        # fc1's bias goes to the GELU's kernel where it runs (gelu_linear's input_bias)
+        fc1_bias = self.fc1.bias if recomputes and type(self.fc1) is nn.Linear else None
+        h = norm_linear(norm, self.fc1, x, bias=fc1_bias is None)
+        return self.drop(gelu_fc2(self, h, fc1_bias, recomputes))
 
 
 class PreNormBlock(nn.Module):

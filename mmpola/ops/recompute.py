@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .dispatch import implementation_from_env, recording
-from .recompute_triton import NORM_MAX_CHANNELS, gate_and_gate_backward, gelu_and_gelu_backward, layer_norm_rows
+from .recompute_triton import NORM_MAX_CHANNELS, gate_and_gate_backward, gelu_rows, layer_norm_rows
 from .triton_support import autocast_operands, dry_running, require_triton, triton_unsupported
 
 __all__ = ['RECOMPUTE_IMPLS', 'gated_linear', 'gelu_linear', 'layer_norm_linear', 'recompute_impl',
@@ -63,32 +63,41 @@ def resolve_recompute_impl(impl, x):
     return 'triton' if triton_unsupported(x.device, x.dtype) is None else 'torch'
 
 
-def _gelu_backward(h, grad_out, dtype, needs_input_grad):
-    """(the GELU's output in ``dtype``, h's gradient or None)."""
-    if not needs_input_grad:
-        return F.gelu(h).to(dtype), None
-    return gelu_and_gelu_backward(h.contiguous(), grad_out.view(h.shape), dtype)
+def _rows(t):
+    """The rows (M, C) of t (..., C): a view where t's strides allow, with unit column stride."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _gelu_backward(h, input_bias, grad_out, dtype, needs_input_grad, needs_bias_grad):
+    """(the GELU's output in ``dtype``, h's gradient or None, the input bias's gradient or None)."""
+    rows = _rows(h).contiguous()
+    out, grad_h, grad_bias = gelu_rows(rows, input_bias, dtype, grad_out)
+    return out, grad_h.view(h.shape) if needs_input_grad else None, grad_bias if needs_bias_grad else None
 
 
 def _gate_backward(s, g, grad_out, dtype, needs_s_grad, needs_g_grad):
     """(s * g in ``dtype``, s's gradient or None, g's gradient or None)."""
-    rows = grad_out.shape[0]
-    s2, g2 = (t.reshape(rows, t.shape[-1]) for t in (s, g))  # views where their strides allow
-    s2, g2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (s2, g2))
-    out, grad_s, grad_g = gate_and_gate_backward(s2, g2, grad_out, dtype)
+    out, grad_s, grad_g = gate_and_gate_backward(_rows(s), _rows(g), grad_out, dtype)
     return out, grad_s.view(s.shape) if needs_s_grad else None, grad_g.view(g.shape) if needs_g_grad else None
 
 
 class _RecomputedLinear(torch.autograd.Function):
     """``F.linear(op(*inputs), weight, bias)`` keeping ``inputs`` and the weight; the operands in one dtype
-    (the weight's: op's result is cast to it, as autocast casts a linear layer's input)."""
+    (the weight's: op's result is cast to it, as autocast casts a linear layer's input). ``op``: ``'gelu'``
+    (inputs h, or h and the bias added to h before the GELU) or ``'gate'`` (inputs s and g)."""
 
     @staticmethod
     def forward(ctx, op, weight, bias, *inputs):
         ctx.save_for_backward(weight, *inputs)
         ctx.op, ctx.has_bias = op, bias is not None
-        x = F.gelu(inputs[0]) if op == 'gelu' else inputs[0] * inputs[1]
-        return F.linear(x.to(weight.dtype), weight, bias)
+        if op == 'gate':
+            x = inputs[0] * inputs[1]
+        elif len(inputs) == 1:
+            x = F.gelu(inputs[0])
+        else:  # the GELU of h and its bias: the kernel the backward recomputes it with
+            x = gelu_rows(_rows(inputs[0]).contiguous(), inputs[1], weight.dtype)[0]
+        return F.linear(x.to(weight.dtype), weight, bias).view(*inputs[0].shape[:-1], weight.shape[0])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -98,7 +107,10 @@ class _RecomputedLinear(torch.autograd.Function):
         grad = grad.reshape(-1, grad.shape[-1])
         grad_x = grad.mm(weight) if any(needs[3:]) else None  # the gradient of the linear layer's input
         if ctx.op == 'gelu':
-            x, *grads = _gelu_backward(inputs[0], grad_x, weight.dtype, needs[3])
+            input_bias = inputs[1] if len(inputs) > 1 else None
+            needs_bias = input_bias is not None and needs[4]
+            x, *grads = _gelu_backward(inputs[0], input_bias, grad_x, weight.dtype, needs[3], needs_bias)
+            grads = grads[:len(inputs)]
         elif grad_x is None:
             x, grads = (inputs[0] * inputs[1]).to(weight.dtype), [None, None]
         else:
@@ -133,8 +145,7 @@ class _NormLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, norm_weight, norm_bias, eps, weight, bias):
-        rows = x.reshape(-1, x.shape[-1])
-        rows = rows if rows.is_contiguous() else rows.contiguous()
+        rows = _rows(x).contiguous()
         y = layer_norm_rows(rows, norm_weight, norm_bias, eps, weight.dtype)[0]
         ctx.save_for_backward(rows, norm_weight, norm_bias, weight)
         ctx.eps, ctx.shape, ctx.has_bias = eps, x.shape, bias is not None
@@ -155,20 +166,35 @@ class _NormLinear(torch.autograd.Function):
                 grad_norm_bias if needs[2] else None, None, grad_weight, grad_bias)
 
 
-def _recomputed_linear(op, inputs, weight, bias, impl, what):
+def _recomputed_linear(op, inputs, weight, bias, impl, what, extra=()):
+    """The op's path where ``impl`` resolves to the recomputing one for ``inputs`` (``extra``: inputs of op
+    whose dtype the linear layer does not take, the GELU's input bias), else None."""
     operands = _linear_operands(inputs, weight, bias, impl, what)
     if operands is None:
         return None
     with torch.autocast(inputs[0].device.type, enabled=False):
-        return _RecomputedLinear.apply(op, *operands, *inputs)
+        return _RecomputedLinear.apply(op, *operands, *inputs, *extra)
 
 
-def gelu_linear(h, weight, bias=None, impl='auto'):
+def gelu_linear(h, weight, bias=None, impl='auto', input_bias=None):
     """``F.linear(F.gelu(h), weight, bias)``: h (..., hidden), weight (out, hidden), bias (out, ) or None. With
     ``'triton'`` the backward keeps h only and recomputes the GELU's output (module docstring). Under autocast
-    the linear layer runs in the autocast dtype, as ``F.linear`` does, and the GELU in h's dtype."""
-    out = _recomputed_linear('gelu', (h, ), weight, bias, impl, 'gelu_linear')
-    return F.linear(F.gelu(h), weight, bias) if out is None else out
+    the linear layer runs in the autocast dtype, as ``F.linear`` does, and the GELU in h's dtype.
+
+    ``input_bias`` (hidden, ): ``F.gelu(h + input_bias)``, the bias of the linear layer that made h taken out
+    of it (an MLP's fc1, run without its bias). With ``'triton'`` the GELU's kernel adds it, in float32, in the
+    forward and in the backward, where it also sums the bias's gradient (in the bias's dtype) over the rows it
+    writes h's gradient for, in place of the sum of that gradient that the linear layer's backward runs; the
+    GELU's output is rounded once, to the linear layer's dtype. The library's path runs the addition (in the
+    promoted dtype of h and the bias)."""
+    if input_bias is not None and tuple(input_bias.shape) != (h.shape[-1], ):
+        raise ValueError(f'gelu_linear expects an input bias of shape {(h.shape[-1], )} for h of {h.shape[-1]} '
+                         f'channels, got {tuple(input_bias.shape)}')
+    extra = () if input_bias is None else (input_bias, )
+    out = _recomputed_linear('gelu', (h, ), weight, bias, impl, 'gelu_linear', extra)
+    if out is None:
+        return F.linear(F.gelu(h if input_bias is None else h + input_bias), weight, bias)
+    return out
 
 
 def gated_linear(s, g, weight, bias=None, impl='auto'):

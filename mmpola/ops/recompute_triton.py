@@ -4,9 +4,14 @@
 Each reads what the forward kept and the gradient of the linear layer's input, and writes in one pass both
 that input, recomputed (for the layer's weight gradient), and the gradients of what it was made from:
 
-* ``_gelu_and_backward_kernel``: from h, ``a = GELU(h)`` and ``dL/dh``, as torch's exact GELU computes them
-  in float32: ``cdf = (1 + erf(x / sqrt(2))) / 2``, ``a = x * cdf``,
-  ``dL/dh = dL/da * (cdf + x * exp(-x^2 / 2) / sqrt(2 pi))``. Flat contiguous tensors.
+* ``_gelu_kernel``: from the rows of h (M, C), ``a = GELU(x)`` for ``x = h`` or, with a bias (the linear layer's
+  before the GELU, which then runs without it), ``x = h + b``; with the gradient ``dL/da`` also ``dL/dh``, as
+  torch's exact GELU computes them in float32: ``cdf = (1 + erf(x / sqrt(2))) / 2``, ``a = x * cdf``,
+  ``dL/dh = dL/da * (cdf + x * exp(-x^2 / 2) / sqrt(2 pi))``, and with a bias each program's sums of ``dL/dh``
+  over its rows (the bias's gradient, summed over the programs after it: the library's linear layer reads
+  ``dL/dh`` once more for it). The forward of the layer runs it too where there is a bias, so the backward
+  recomputes the same a. In the backward with a bias a program takes a fixed share of the row blocks of one
+  column block, as the LayerNorm's below.
 * ``_gate_and_backward_kernel``: from s and g, ``p = s * g``, ``dL/ds = dL/dp * g`` and ``dL/dg = dL/dp * s``
   (one float32 product each, as torch's multiplication and its backward). (M, C) rows read through a row
   stride (a gate seen in its projection), written contiguous.
@@ -22,28 +27,45 @@ that input, recomputed (for the layer's weight gradient), and the gradients of w
 
 Every result is rounded once to its tensor's dtype. Any number of elements; float64 inputs (the
 interpreter, for tests) are computed in float32 too. One compiled kernel per dtype (and the gate's and the
-LayerNorm's per channel count): the token count is data, not a specialisation.
+LayerNorm's per channel count, the GELU's with and without a bias): the token count is data, not a
+specialisation.
 """
 import torch
 
 from .triton_support import kernel_target, launch, triton_available
 
-__all__ = ['NORM_MAX_CHANNELS', 'gate_and_gate_backward', 'gelu_and_gelu_backward', 'layer_norm_rows']
+__all__ = ['NORM_MAX_CHANNELS', 'gate_and_gate_backward', 'gelu_rows', 'layer_norm_rows']
 
 if triton_available() is None:
     import triton
     import triton.language as tl
 
-    @triton.jit  # n: a multiple of the hidden width (a multiple of 16 in every model), so one variant
-    def _gelu_and_backward_kernel(h_ptr, grad_ptr, out_ptr, grad_h_ptr, n, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < n
-        x = tl.load(h_ptr + offsets, mask=mask, other=0.).to(tl.float32)
-        dy = tl.load(grad_ptr + offsets, mask=mask, other=0.).to(tl.float32)
-        cdf = 0.5 * (1. + tl.math.erf(x * 0.7071067811865476))  # 1 / sqrt(2)
-        pdf = tl.exp(-0.5 * x * x) * 0.3989422804014327  # 1 / sqrt(2 pi)
-        tl.store(out_ptr + offsets, (x * cdf).to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(grad_h_ptr + offsets, (dy * (cdf + x * pdf)).to(grad_h_ptr.dtype.element_ty), mask=mask)
+    @triton.jit(do_not_specialize=['M', 'blocks_per_program'])  # the token count: data
+    def _gelu_kernel(h_ptr, b_ptr, grad_ptr, out_ptr, grad_h_ptr, parts_ptr, M, C, blocks_per_program,
+                     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BIAS: tl.constexpr, GRAD: tl.constexpr):
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        col_mask = cols < C
+        if BIAS:
+            b = tl.load(b_ptr + cols, mask=col_mask, other=0.).to(tl.float32)
+        sum_b = tl.zeros((BLOCK_C, ), dtype=tl.float32)
+        for i in range(0, blocks_per_program):
+            rows = ((tl.program_id(0) * blocks_per_program + i) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            mask = (rows[:, None] < M) & col_mask[None, :]
+            offsets = rows[:, None] * C + cols[None, :]
+            x = tl.load(h_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+            if BIAS:
+                x += b[None, :]
+            cdf = 0.5 * (1. + tl.math.erf(x * 0.7071067811865476))  # 1 / sqrt(2)
+            tl.store(out_ptr + offsets, (x * cdf).to(out_ptr.dtype.element_ty), mask=mask)
+            if GRAD:
+                dy = tl.load(grad_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+                pdf = tl.exp(-0.5 * x * x) * 0.3989422804014327  # 1 / sqrt(2 pi)
+                dx = dy * (cdf + x * pdf)
+                tl.store(grad_h_ptr + offsets, dx.to(grad_h_ptr.dtype.element_ty), mask=mask)
+                if BIAS:
+                    sum_b += tl.sum(tl.where(mask, dx, 0.), axis=0)
+        if GRAD and BIAS:
+            tl.store(parts_ptr + tl.program_id(0) * C + cols, sum_b, mask=col_mask)
 
     @triton.jit(do_not_specialize=['M'])  # the token count: data; the channels and row strides specialise
     def _gate_and_backward_kernel(s_ptr, g_ptr, grad_ptr, out_ptr, grad_s_ptr, grad_g_ptr, M, C, s_row, g_row,
@@ -92,19 +114,38 @@ if triton_available() is None:
             tl.store(parts_ptr + pid * 2 * C + cols, sum_w, mask=col_mask)
             tl.store(parts_ptr + pid * 2 * C + C + cols, sum_b, mask=col_mask)
 
-_GELU_BLOCK = 1024  # elements per program: 8 per thread at 4 warps
+_GELU_ELEMENTS = 1024  # elements per row block: 8 per thread at 4 warps
+_GELU_PROGRAMS_PER_SM = 4  # programs of the backward with a bias per multiprocessor, its column blocks together
 _GATE_BLOCKS = dict(BLOCK_M=16, BLOCK_C=64, num_warps=4)  # 1024 elements per program, rows of 64 channels
 
 
-def gelu_and_gelu_backward(h, grad, out_dtype):
-    """(``F.gelu(h)`` in ``out_dtype``, the gradient of h for the gradient ``grad`` of that output, in h's
-    dtype), by one kernel; h and grad contiguous, of one shape."""
-    out = torch.empty(h.shape, dtype=out_dtype, device=h.device)
-    grad_h = torch.empty_like(h, memory_format=torch.contiguous_format)
-    n = h.numel()
-    launch(_gelu_and_backward_kernel, (triton.cdiv(n, _GELU_BLOCK), ), h, grad, out, grad_h, n, BLOCK=_GELU_BLOCK,
-           num_warps=4)
-    return out, grad_h
+def gelu_rows(h, bias, out_dtype, grad=None):
+    """``F.gelu(h + bias)`` (``F.gelu(h)`` for ``bias`` None) in ``out_dtype``, the rows of h (M, C) contiguous,
+    ``bias`` (C, ) of any float dtype; with ``grad`` (the gradient of that output, (M, C) contiguous) also h's
+    gradient (in h's dtype) and the bias's (in its dtype, from each program's partial sums over its rows: one
+    sum after the kernel). Returns (out, grad_h, grad_bias), the gradients None without ``grad`` (and
+    grad_bias without a bias). One kernel."""
+    M, C = h.shape
+    block_c = min(64, max(16, triton.next_power_of_2(C)))
+    options = dict(BLOCK_M=_GELU_ELEMENTS // block_c, BLOCK_C=block_c, num_warps=4)
+    out = torch.empty(M, C, dtype=out_dtype, device=h.device)
+    blocks, columns = triton.cdiv(M, options['BLOCK_M']), triton.cdiv(C, block_c)
+    has_bias = bias is not None
+    bias = h if bias is None else bias  # a pointer the kernel does not read without one
+    if grad is None:
+        launch(_gelu_kernel, (max(blocks, 1), columns), h, bias, h, out, out, out, M, C, 1, BIAS=has_bias,
+               GRAD=False, **options)
+        return out, None, None
+    grad_h = torch.empty(M, C, dtype=h.dtype, device=h.device)
+    per_program = 1
+    if has_bias:  # a fixed number of programs per column block, each summing the bias's gradient over its rows
+        want = triton.cdiv(_GELU_PROGRAMS_PER_SM * kernel_target(h.device).sm_count, columns)
+        per_program = max(1, triton.cdiv(blocks, want))
+    programs = max(triton.cdiv(blocks, per_program), 1)
+    parts = torch.empty(programs, C, dtype=torch.float32, device=h.device) if has_bias else out
+    launch(_gelu_kernel, (programs, columns), h, bias, grad, out, grad_h, parts, M, C, per_program, BIAS=has_bias,
+           GRAD=True, **options)
+    return out, grad_h, parts.sum(0).to(bias.dtype) if has_bias else None
 
 
 def gate_and_gate_backward(s, g, grad, out_dtype):

@@ -98,6 +98,95 @@ def test_only_some_gradients():
     assert relative_error(x.grad, expected[1]) <= 1e-6
 
 
+def library_with_input_bias(h, weight, bias, input_bias):
+    return F.linear(F.gelu(h + input_bias), weight, bias)
+
+
+def triton_with_input_bias(h, weight, bias, input_bias):
+    return gelu_linear(h, weight, bias, impl='triton', input_bias=input_bias)
+
+
+def make_input_bias(hidden, dtype=torch.float32, seed=1):
+    return torch.randn(hidden, generator=torch.Generator().manual_seed(seed)).to(device=DEVICE, dtype=dtype)
+
+
+@pytest.mark.parametrize('shape', SHAPES + [(3000, 40)], ids=lambda s: 'x'.join(map(str, s)))
+def test_input_bias_matches_the_library(shape):
+    """The bias of the layer before the GELU (input_bias): fp32 within 1e-6 of the float64 library layers
+    (``F.gelu(h + b)``), its gradient in its dtype and shape; 3000 rows give several programs per column block,
+    each with its own partial sums of the bias's gradient."""
+    h, weight, bias, grad = make_inputs(shape, 24)
+    leaves = [h, weight, bias, make_input_bias(shape[-1])]
+    actual = forward_backward(triton_with_input_bias, leaves, grad)
+    expected = forward_backward(library_with_input_bias, [t.double() for t in leaves], grad.double())
+    for name, a, e in zip(('out', 'dh', 'dweight', 'dbias', 'dinput_bias'), actual, expected):
+        assert a.dtype == torch.float32 and a.shape == e.shape, name
+        assert relative_error(a, e) <= 1e-6, f'{shape} {name}: {relative_error(a, e):.2e}'
+    again = forward_backward(triton_with_input_bias, leaves, grad)
+    assert torch.equal(again[-1], actual[-1])  # the same programs and order of the sums
+
+
+def test_input_bias_under_autocast_and_frozen():
+    """Under autocast the float32 input bias is added in float32 (not cast) and its gradient comes back in
+    float32; a frozen bias gets none, and the other gradients do not change; a frozen h with a trained bias."""
+    h, weight, bias, grad = make_inputs((2, 9, 64), 32)
+    b1 = make_input_bias(64)
+    results = []
+    for fn in (triton_with_input_bias, library_with_input_bias):
+        leaves = [t.clone().requires_grad_() for t in (h, weight, bias, b1)]
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            out = fn(*leaves)
+        out.backward(grad.to(out.dtype))
+        results.append([out] + [t.grad for t in leaves])
+    for name, a, e in zip(('out', 'dh', 'dweight', 'dbias', 'dinput_bias'), *results):
+        assert a.dtype == e.dtype and relative_error(a, e) <= 1e-2, name
+    assert results[0][0].dtype == torch.bfloat16 and results[0][4].dtype == torch.float32
+    expected = forward_backward(library_with_input_bias, [t.double() for t in (h, weight, bias, b1)], grad.double())
+    leaves = [t.clone().requires_grad_(i != 3) for i, t in enumerate((h, weight, bias, b1))]
+    triton_with_input_bias(*leaves).backward(grad)
+    assert leaves[3].grad is None
+    assert all(relative_error(t.grad, e) <= 1e-6 for t, e in zip(leaves[:3], expected[1:4]))
+    leaves = [t.clone().requires_grad_(i == 3) for i, t in enumerate((h, weight, bias, b1))]
+    triton_with_input_bias(*leaves).backward(grad)
+    assert relative_error(leaves[3].grad, expected[4]) <= 1e-6
+    with pytest.raises(ValueError, match=r'gelu_linear expects an input bias of shape \(64,\) for h of 64 channels, '
+                       r'got \(32,\)'):
+        gelu_linear(h, weight, bias, input_bias=bias)
+
+
+def test_input_bias_sums_its_gradient_in_the_gelus_kernel():
+    """In a dry run for a GPU, against the library's fc1 (with its bias) and GELU: the forward runs the GELU's
+    kernel in place of the library's GELU and adds the bias there (no bias in the product, no cast of it under
+    autocast); the backward sums no (rows, hidden) gradient (the kernel's partial sums, one sum of them, in place
+    of the linear layer's sum of the rows) and keeps one kernel fewer (the cast of the bias's gradient)."""
+    h, weight, bias, grad = make_inputs((2, 64, 96), 24)
+    x = torch.randn(2, 64, 32, device=DEVICE)
+    fc1 = torch.randn(96, 32, device=DEVICE)
+    b1 = make_input_bias(96)
+    counts = {}
+    for impl in ('torch', 'triton'):
+        leaves = [t.clone().requires_grad_() for t in (fc1, b1, weight, bias)]
+        with dry_run(H100) as launches, torch.autocast(DEVICE, dtype=torch.bfloat16):
+            with DispatchedOps() as forward:
+                if impl == 'torch':
+                    out = gelu_linear(F.linear(x, leaves[0], leaves[1]), *leaves[2:], impl='torch')
+                else:
+                    out = gelu_linear(F.linear(x, leaves[0]), *leaves[2:], impl='triton', input_bias=leaves[1])
+            forward_launches = len(launches)
+            with DispatchedOps() as backward:
+                out.backward(grad.to(out.dtype))
+        wide_sums = [shape for name, shape in zip(backward.names, backward.shapes)
+                     if name == 'sum' and shape is not None and shape.numel() >= 2 * 64 * 96]
+        counts[impl] = (len(forward.kernels()), len(backward.kernels()), forward_launches,
+                        len(launches) - forward_launches, 'gelu' in forward.names, len(wide_sums))
+        assert leaves[1].grad.dtype == torch.float32
+    assert counts['torch'][2:] == (0, 0, True, 1), counts
+    assert counts['triton'][2:] == (1, 1, False, 0), counts
+    # the forward: the GELU's kernel for the library's GELU, and no cast of the bias
+    assert counts['triton'][0] == counts['torch'][0] - 2, counts
+    assert counts['triton'][1] == counts['torch'][1] - 2, counts
+
+
 def saved_bytes(fn, *tensors):
     saved = {}
 
@@ -172,8 +261,8 @@ def test_choices_and_errors(monkeypatch):
 @pytest.mark.parametrize('mlp_type', ['mlp', 'conv_mlp'])
 def test_mlps_run_the_implementation_the_environment_names(monkeypatch, mlp_type):
     """mmpola's MLPs keep their modules and keys; MMPOLA_RECOMPUTE=triton runs their GELU and fc2 through
-    the kernel in training, with the library's output and gradients; dropout between them keeps the library
-    path (it would have to keep its mask)."""
+    the kernel in training, with the library's output and gradients (Mlp's fc1 without its bias, which the
+    GELU's kernel adds); dropout between them keeps the library path (it would have to keep its mask)."""
     torch.manual_seed(0)
     mlp = (Mlp(24, 96) if mlp_type == 'mlp' else ConvMlp(24, 96)).to(DEVICE)
     assert {'fc1.weight', 'fc2.weight', 'fc2.bias'} <= set(mlp.state_dict())
@@ -186,6 +275,10 @@ def test_mlps_run_the_implementation_the_environment_names(monkeypatch, mlp_type
         with DispatchedOps() as ops:
             mlp(*args).square().sum().backward()
         assert ('gelu_backward' in ops.names) == (impl == 'torch')
+        # fc1's bias: summed over the 60 tokens by the library's layer, in the GELU's kernel by Mlp's path
+        token_sums = [shape for name, shape in zip(ops.names, ops.shapes)
+                      if name == 'sum' and shape is not None and shape[-1] == 96 and shape.numel() >= 60 * 96]
+        assert bool(token_sums) == (impl == 'torch' or mlp_type == 'conv_mlp'), (impl, token_sums)
         results.append([p.grad.clone() for p in mlp.parameters()])
     for a, e in zip(*results):
         torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
