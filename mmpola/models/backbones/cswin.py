@@ -96,9 +96,11 @@ class CSWinBlock(nn.Module):
         qkv = norm_linear(self.norm1, self.qkv, x).unflatten(-1, (self.projections, self.dim))
         x_mean = x.mean(dim=1)
         if len(self.attns) == 2:
+            # the branches' halves of the channels as views of one split, whose backward is one stack of their
+            # gradients (two slices would each fill a zero tensor of the whole projection, then add the two)
             half = self.dim // 2
-            out = torch.cat([self._branch(0, qkv[..., :half], hw, x_mean[:, :half], context),
-                             self._branch(1, qkv[..., half:], hw, x_mean[:, half:], context)], dim=2)
+            halves, means = qkv.unflatten(-1, (2, half)).unbind(-2), x_mean.unflatten(-1, (2, half)).unbind(-2)
+            out = torch.cat([self._branch(b, halves[b], hw, means[b], context) for b in range(2)], dim=2)
         else:
             out = self._branch(0, qkv, hw, x_mean, context)
         x = x + self.drop_path(self.proj(out))

@@ -52,6 +52,37 @@ def test_a_linear_branch_and_its_lepe_take_v_from_one_unbind(kind, letter):
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
+def test_the_stripe_branches_take_their_halves_from_one_split():
+    """A block of two stripe branches hands each half of the projection's channels as views of one split: the
+    backward stacks their gradients once, where a slice per branch filled a zero gradient of the whole
+    projection each and added the two; the same output and gradients as the slices."""
+    torch.manual_seed(0)
+    model = CSWinBackbone(arch=MINI_CSWIN, attn='flatten', attn_type='LSSS').train()
+    block = model.stage2[0]
+    assert len(block.attns) == 2
+    x = torch.randn(2, 8 * 12, block.dim)
+    with DispatchedOps() as backward:
+        out = block(x.requires_grad_(), (8, 12))
+        out.square().sum().backward()
+    assert 'slice_backward' not in backward.names and 'stack' in backward.names, backward.names
+
+    half = block.dim // 2
+    qkv = torch.randn(2, 8 * 12, block.projections, block.dim)
+    x_mean = torch.randn(2, block.dim)
+    results = []
+    for split in (True, False):
+        leaf = qkv.clone().requires_grad_()
+        if split:
+            halves = leaf.unflatten(-1, (2, half)).unbind(-2)
+        else:
+            halves = (leaf[..., :half], leaf[..., half:])
+        out = torch.cat([block._branch(b, halves[b], (8, 12), x_mean[:, b * half:(b + 1) * half], {})
+                         for b in range(2)], dim=2)
+        out.square().sum().backward()
+        results.append((out.detach(), leaf.grad))
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+
+
 def test_stripe_stages_need_an_even_head_count():
     """The two stripe branches take half the heads each: an odd count is a clear error, not a crash."""
     with pytest.raises(PolaConfigError, match=r"stage 1 has stripe softmax blocks .* num_heads\[0\] = 1"):
