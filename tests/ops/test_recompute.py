@@ -158,7 +158,8 @@ def test_input_bias_sums_its_gradient_in_the_gelus_kernel():
     """In a dry run for a GPU, against the library's fc1 (with its bias) and GELU: the forward runs the GELU's
     kernel in place of the library's GELU and adds the bias there (no bias in the product, no cast of it under
     autocast); the backward sums no (rows, hidden) gradient (the kernel's partial sums, one sum of them, in place
-    of the linear layer's sum of the rows) and keeps one kernel fewer (the cast of the bias's gradient)."""
+    of the linear layer's sum of the rows), runs the kernel in place of autograd's GELU backward and casts no
+    gradient of the bias: two library kernels fewer each way."""
     h, weight, bias, grad = make_inputs((2, 64, 96), 24)
     x = torch.randn(2, 64, 32, device=DEVICE)
     fc1 = torch.randn(96, 32, device=DEVICE)
