@@ -111,7 +111,9 @@ class DepthwiseConv2d(nn.Conv2d):
     gives the gradient contiguous strides (a view, no copy). For a map whose channels are its innermost axis
     (channels-last maps, views of a projection) that view has channels-last strides, so that the library
     convolution runs channels-last, as it does for such a map and weight (on the CPU several times faster
-    than the NCHW copy it would make of a strided view); for other maps, the weight's own strides."""
+    than the NCHW copy it would make of a strided view); for other maps, the weight's own strides.
+
+    ``forward(x, residual=None)``: ``residual + conv(x)`` (see :func:`mmpola.ops.depthwise_conv2d`)."""
 
     def __init__(self, channels, kernel_size, bias=True):
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
@@ -119,15 +121,16 @@ class DepthwiseConv2d(nn.Conv2d):
                              f'{kernel_size!r}')
         super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels, bias=bias)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
         if not isinstance(x, torch.Tensor):  # torch.fx proxies: the library convolution
-            return super().forward(x)
+            out = super().forward(x)
+            return out if residual is None else residual + out
         weight = self.weight
         if x.stride(-3) == 1:  # channels innermost: a channels-last view of the weight
             weight = weight.view(weight.shape[0], *weight.shape[2:], 1).permute(0, 3, 1, 2)
         else:
             weight = weight.view(weight.shape)
-        return depthwise_conv2d(x, weight, self.bias, depthwise_conv_impl())
+        return depthwise_conv2d(x, weight, self.bias, depthwise_conv_impl(), residual=residual)
 
 
 def resize_grid_embedding(embed, src_hw, dst_hw, mode='bilinear'):

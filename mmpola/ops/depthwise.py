@@ -19,6 +19,7 @@ The implementation is chosen per call by ``impl``; :class:`~mmpola.models.layers
 passes the value of the environment variable ``MMPOLA_DEPTHWISE_CONV`` (``'auto'`` when unset), so a
 training run or a benchmark switches every depthwise conv of a model at once.
 """
+import torch
 import torch.nn.functional as F
 
 from .depthwise_triton import depthwise_conv2d_triton
@@ -80,7 +81,7 @@ def library_conv(x, weight, bias=None, per_sample=False):
     return out.reshape(B, C, H, W)
 
 
-def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False):
+def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False, residual=None):
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)``: x (B, C, H, W), weight (C, 1, k, k), k odd.
 
     x may also be (B, G, C, H, W): G maps per image, each convolved by the same kernels (the heads of an
@@ -93,6 +94,10 @@ def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False):
     where the kernels cannot run). Under autocast the Triton path takes the autocast dtype, as the
     convolution does. The Triton path returns a channels-last output (the library's is channels-last for
     a channels-last input with shared kernels).
+
+    ``residual``: ``residual + conv``, residual of the output's shape (Pola's and FLatten's attention output,
+    to which the value term is added). The Triton path adds it where its kernel writes the output, in the
+    residual's layout, when the two share a dtype: one kernel and no tensor of the convolution alone.
     """
     if impl not in DEPTHWISE_IMPLS:
         raise ValueError(f'impl must be one of {", ".join(DEPTHWISE_IMPLS)}, got {impl!r}')
@@ -100,6 +105,13 @@ def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False):
         impl = auto_impl(x)
     if impl == 'triton' or x.dim() == 5:
         _check(x, weight, bias, per_sample)
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f'depthwise_conv2d takes a residual of the output\'s shape {tuple(x.shape)}, got '
+                         f'{tuple(residual.shape)}')
     if impl == 'triton' and x.numel():  # an empty input has nothing to launch: the library gives its empty output
-        return depthwise_conv2d_triton(x, weight, bias, per_sample)
-    return library_conv(x, weight, bias, per_sample)
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        if residual is None or residual.dtype == dtype:
+            return depthwise_conv2d_triton(x, weight, bias, per_sample, residual)
+        return residual + depthwise_conv2d_triton(x, weight, bias, per_sample)
+    out = library_conv(x, weight, bias, per_sample)
+    return out if residual is None else residual + out

@@ -10,7 +10,9 @@ channels (the channels are the contiguous axis of a channels-last map, so each l
 whole rows of channels):
 
 1. ``_dw_conv_kernel``: for each of the k * k taps, the shifted tile (zeros outside the image) times
-   the tap's weights, accumulated in float32, plus the bias; written channels-last in x's dtype. The
+   the tap's weights, accumulated in float32, plus the bias (and, given one, the tile of a residual tensor
+   of the output's shape, the sum written in the residual's layout: an attention's output with the value
+   term added where the term is written); written channels-last in x's dtype. The
    input gradient is the same kernel on the output gradient with the kernel flipped (``FLIP``): for an
    odd kernel with ``k // 2`` padding, the transposed convolution is the convolution by the flipped
    kernel. It is written in the input's layout when the input's channels are its contiguous axis (the
@@ -74,13 +76,13 @@ if triton_available() is None:
 
     @tunable(_TUNED, ['CB', 'K', 'FLIP'], _fitting)
     @triton.jit(do_not_specialize=['G', 'H', 'W'])
-    def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, G, C, H, W, sxb, sxg, sxc, sxh, sxw, swb, swc, swy, swx, sbb,
-                        sob, sog, soc, soh, sow,
+    def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, r_ptr, out_ptr, G, C, H, W, sxb, sxg, sxc, sxh, sxw, swb, swc, swy,
+                        swx, sbb, srb, srg, src, srh, srw, sob, sog, soc, soh, sow,
                         K: tl.constexpr, CB: tl.constexpr, FLIP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+                        RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
         """One tile of map b's output (written through its strides, channels the contiguous axis) of the
         depthwise convolution (weights and bias of map b at ``w_ptr + b * swb``, ``bias_ptr + b * sbb``: 0 for
-        those shared by the maps)."""
+        those shared by the maps), plus the tile of the residual at ``r_ptr`` (``RESIDUAL``)."""
         b, y, x = _tile(tl.program_id(0), H, W, BLOCK_H, BLOCK_W)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = c < C
@@ -98,6 +100,9 @@ if triton_available() is None:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + b * sbb + c, mask=cmask, other=0.).to(tl.float32)[None, :]
         inside = (y < H) & (x < W)
+        if RESIDUAL:
+            residual = _image(r_ptr, b, G, srb, srg) + y[:, None] * srh + x[:, None] * srw + c[None, :] * src
+            acc += tl.load(residual, mask=inside[:, None] & cmask[None, :], other=0.).to(tl.float32)
         out = _image(out_ptr, b, G, sob, sog) + y[:, None] * soh + x[:, None] * sow + c[None, :] * soc
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside[:, None] & cmask[None, :])
 
@@ -174,21 +179,24 @@ def _maps(x):
     return (B * G, G, C, H, W), x.stride()
 
 
-def _convolve(x, weight, bias, flip, per_sample, like=None):
-    """The kernel's output of x's shape in x's dtype: in the layout of ``like`` (the input of a convolution
-    whose input gradient this is) when its channels are the contiguous axis, so that the gradient of a view
-    of an attention's projection comes in the projection's layout; else channels-last per map (the maps one
-    after another)."""
+def _convolve(x, weight, bias, flip, per_sample, like=None, residual=None):
+    """The kernel's output of x's shape in x's dtype: with ``residual`` (x's shape and dtype) that tensor added,
+    in its layout; else in the layout of ``like`` (the input of a convolution whose input gradient this is) when
+    its channels are the contiguous axis, so that the gradient of a view of an attention's projection comes in
+    the projection's layout; else channels-last per map (the maps one after another)."""
     (maps, G, C, H, W), strides = _maps(x)
     k = weight.shape[-1]
-    if like is not None and like.stride(-3) == 1:
+    if residual is not None:
+        out = torch.empty_like(residual)
+    elif like is not None and like.stride(-3) == 1:
         out = torch.empty_like(like, dtype=x.dtype)
     else:
         out = torch.empty(*x.shape[:-3], H, W, C, dtype=x.dtype, device=x.device).movedim(-1, -3)
     bias = weight if bias is None else bias.contiguous()  # read as (C,) or (B, C) rows; a dummy without one
-    launch(_dw_conv_kernel, _conv_grid(maps, H, W, C), x, weight, bias, out, G, C, H, W,
-           *strides, *_weight_strides(weight, per_sample), C if per_sample else 0, *_maps(out)[1], FLIP=flip,
-           HAS_BIAS=bias is not weight, **_options(C, k))
+    added = out if residual is None else residual  # a pointer the kernel does not read without a residual
+    launch(_dw_conv_kernel, _conv_grid(maps, H, W, C), x, weight, bias, added, out, G, C, H, W,
+           *strides, *_weight_strides(weight, per_sample), C if per_sample else 0, *_maps(added)[1], *_maps(out)[1],
+           FLIP=flip, HAS_BIAS=bias is not weight, RESIDUAL=residual is not None, **_options(C, k))
     return out
 
 
@@ -207,10 +215,10 @@ def _weight_grad_programs(B, C, H, W, device, per_sample):
 class _DepthwiseTriton(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x, weight, bias, per_sample):
+    def forward(ctx, x, weight, bias, per_sample, residual):
         ctx.save_for_backward(x, weight)
         ctx.has_bias, ctx.per_sample = bias is not None, per_sample
-        return _convolve(x, weight, bias, False, per_sample)
+        return _convolve(x, weight, bias, False, per_sample, residual=residual)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -237,19 +245,24 @@ class _DepthwiseTriton(torch.autograd.Function):
                 grad_w.copy_(taps_first.reshape(weight.shape))
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 grad_b = (total[:, k * k] if per_sample else total[0, k * k]).to(weight.dtype)
-        return grad_x, grad_w, grad_b, None
+        return grad_x, grad_w, grad_b, None, g if ctx.needs_input_grad[4] else None
 
 
-def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False):
+def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False, residual=None):
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` (weight (C, 1, k, k), k odd) in Triton kernels,
     forward and backward; output channels-last in x's dtype (under autocast: the autocast dtype, as the
-    convolution). ``per_sample``: weight (B, C, k, k), bias None or (B, C): each image its own kernels."""
+    convolution). ``per_sample``: weight (B, C, k, k), bias None or (B, C): each image its own kernels.
+    ``residual``: a tensor of the output's shape and dtype added to it where the kernel writes it, the sum in
+    the residual's layout (its gradient is the output's, no copy)."""
     require_triton(x, 'the Triton depthwise convolution', 'MMPOLA_DEPTHWISE_CONV')
     x, weight, bias = autocast_operands(x.device.type, x, weight, bias)
     if not (x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)):
         raise TypeError(f'depthwise_conv2d expects x, weight and bias of one dtype, got {x.dtype}, {weight.dtype}'
                         f'{", " + str(bias.dtype) if bias is not None else ""}')
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f'depthwise_conv2d_triton takes a residual of the output\'s shape {tuple(x.shape)} and '
+                         f'dtype {x.dtype}, got {tuple(residual.shape)} {residual.dtype}')
     if x.numel() == 0:
         raise ValueError(f'depthwise_conv2d_triton takes inputs with elements, got {tuple(x.shape)} '
                          '(mmpola.ops.depthwise_conv2d runs empty inputs on the library convolution)')
-    return _DepthwiseTriton.apply(x, weight, bias, per_sample)
+    return _DepthwiseTriton.apply(x, weight, bias, per_sample, residual)

@@ -340,3 +340,73 @@ def test_input_gradient_in_the_inputs_layout_when_its_channels_are_contiguous():
         out = depthwise_conv2d(image, weight, impl='triton')
         (grad, ) = torch.autograd.grad(out, image, torch.ones_like(out))
         assert grad.is_contiguous(memory_format=torch.channels_last), channels_last
+
+
+@pytest.mark.parametrize('impl', ['triton', 'torch'])
+def test_residual_is_added_in_its_layout(impl):
+    """``residual + conv(x)``: an attention core's per-head output (B, G, C, H, W) seen in its tokens' layout
+    (B, H, W, G, C), as the Pola and FLatten value terms pass it, with the values seen in their projection.
+    Against the float64 library convolution plus the residual: the output and the gradients of the projection,
+    weight, bias and residual (the output's gradient itself); the Triton output is in the residual's layout
+    (merging the heads after it is a view), and in a dry run for an H100 the forward runs the convolution's
+    kernel and no addition."""
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+
+    B, G, C, H, W, k = 2, 3, 20, 7, 9, 5
+    gen = torch.Generator().manual_seed(0)
+    projection = torch.randn(B, H * W, 4, G, C, generator=gen).to(DEVICE)
+    core = torch.randn(B, H * W, G, C, generator=gen).to(DEVICE)
+    weight = torch.randn(C, 1, k, k, generator=gen).to(DEVICE, memory_format=torch.channels_last)
+    bias = torch.randn(C, generator=gen).to(DEVICE)
+    grad = torch.randn(B, G, C, H, W, generator=gen).to(DEVICE)
+
+    def maps(t):  # (B, H*W, G, C) tokens -> (B, G, C, H, W), a view
+        return t.unflatten(1, (H, W)).permute(0, 3, 4, 1, 2)
+
+    def run(fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (projection, weight, bias, core)]
+        out = fn(maps(leaves[0][:, :, 2]), *leaves[1:3], maps(leaves[3]))
+        out.backward(grad.to(dtype))
+        return [out.detach()] + [t.grad for t in leaves]
+
+    actual = run(lambda x, w, b, r: depthwise_conv2d(x, w, b, impl=impl, residual=r), torch.float32)
+    expected = run(lambda x, w, b, r: r + library(x.flatten(0, 1), w, b).unflatten(0, (B, G)), torch.float64)
+    for name, a, e in zip(('out', 'dprojection', 'dweight', 'dbias', 'dresidual'), actual, expected):
+        assert a.shape == e.shape and relative_error(a, e) <= 1e-5, name
+    if impl == 'triton':
+        assert actual[0].permute(0, 3, 4, 1, 2).is_contiguous()  # the residual's (tokens') layout
+        with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches, DispatchedOps() as ops:
+            depthwise_conv2d(maps(projection[:, :, 2]), weight, bias, impl=impl, residual=maps(core))
+        assert len(launches) == 1 and 'add' not in ops.names, ops.names
+        # a residual of another dtype: added after the kernel, in the promoted dtype
+        out = depthwise_conv2d(maps(projection[:, :, 2]), weight, bias, impl=impl, residual=maps(core).double())
+        assert out.dtype == torch.float64 and relative_error(out, expected[0]) <= 1e-5
+    with pytest.raises(ValueError, match=r"takes a residual of the output's shape \(2, 3, 20, 7, 9\), got "
+                       r"\(2, 3, 20, 7, 8\)"):
+        depthwise_conv2d(maps(projection[:, :, 2]), weight, bias, impl=impl, residual=maps(core)[..., :8])
+
+
+@pytest.mark.parametrize('impl', ['triton', 'torch'])
+def test_residual_with_kernels_of_their_own_per_image(impl):
+    """InLine's local residual: per-image kernels, the attention's (B, N, C) output as the residual map (a
+    channels-last view of the tokens), the sum in the tokens' layout."""
+    B, C, H, W = 2, 24, 5, 7
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(B, H, W, C, generator=gen).permute(0, 3, 1, 2).to(DEVICE)
+    kernels = torch.randn(B, C, 3, 3, generator=gen).to(DEVICE)
+    tokens = torch.randn(B, H * W, C, generator=gen).to(DEVICE)
+    grad = torch.randn(B, C, H, W, generator=gen).to(DEVICE)
+
+    def run(fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (x, kernels, tokens)]
+        out = fn(leaves[0], leaves[1], leaves[2].transpose(1, 2).unflatten(2, (H, W)))
+        out.backward(grad.to(dtype))
+        return [out.detach()] + [t.grad for t in leaves]
+
+    actual = run(lambda v, k, r: depthwise_conv2d(v, k, None, impl=impl, per_sample=True, residual=r), torch.float32)
+    expected = run(lambda v, k, r: r + F.conv2d(v.reshape(1, B * C, H, W), k.reshape(B * C, 1, 3, 3), padding=1,
+                                                groups=B * C).reshape(B, C, H, W), torch.float64)
+    for name, a, e in zip(('out', 'dx', 'dkernels', 'dtokens'), actual, expected):
+        assert relative_error(a, e) <= 1e-5, name
+    if impl == 'triton':
+        assert actual[0].flatten(2).transpose(1, 2).is_contiguous()

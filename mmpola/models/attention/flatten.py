@@ -83,7 +83,10 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
                                 impl=self.attn_impl, key_bias=self.key_bias(kv_hw, k.dtype, P))
         v = v[:, P:].reshape(B, n - P, self.num_heads, C // self.num_heads).transpose(1, 2)
-        out = add_to_patches(out, depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample), P)
+        if P:
+            out = add_to_patches(out, depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample), P)
+        else:  # the term added to the core's output where the conv writes it, in the output's layout
+            out = depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample, residual=out)
         return self._project_output(out)
 
     def extra_repr(self):

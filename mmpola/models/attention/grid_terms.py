@@ -61,16 +61,24 @@ def upsample_values(v, kv_hw, hw, mode):
     return v.reshape(B, heads, head_dim, N).transpose(-2, -1)
 
 
-def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d'):
+def _heads_as_maps(t, hw):
+    """(B, h, H*W, d) per-head tokens -> their (B, h, d, H, W) maps, a view."""
+    return t.unflatten(2, hw).permute(0, 1, 4, 2, 3)
+
+
+def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d', residual=None):
     """The ``dwc`` term of Pola / FLatten attention per head: a depthwise conv over each head's values.
 
     Args:
         dwc: a :class:`~mmpola.models.layers.DepthwiseConv2d` of d channels, shared by the heads.
         v: (B, h, n, d) values on the key grid ``kv_hw``, of any strides (e.g. a view of the projection).
         hw: (H, W) query grid; values are upsampled to it first when n != H * W.
+        residual: None, or the attention core's output (B, h, N, d), of any strides, to add the term to.
     Returns:
         (B, h, N, d), the heads' layout of the attention core's output (a view of the conv's
-        channels-last output: added to the core's output before the heads are merged, no copy).
+        channels-last output: added to the core's output before the heads are merged, no copy); with
+        ``residual``, ``residual`` + the term in the residual's layout (the Triton kernel adds it where it
+        writes the term).
 
     The conv takes the heads' maps as one (B, h, d, H, W) view of v, channels-last as in the official code:
     the Triton kernels read them in place, the library convolution copies them once as B * h images.
@@ -81,14 +89,18 @@ def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d'):
     H, W = hw
     if n != H * W:
         v = upsample_values(v, kv_hw, hw, v_upsample)
-    maps = dwc(v.unflatten(2, (H, W)).permute(0, 1, 4, 2, 3))
+    maps = dwc(_heads_as_maps(v, hw), None if residual is None else _heads_as_maps(residual, hw))
     return maps.permute(0, 1, 3, 4, 2).reshape(B, heads, H * W, head_dim)
 
 
-def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d'):
-    """:func:`depthwise_value_heads` as (B, N, C) tokens, C = h * d in head-major channel order."""
+def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d', residual=None):
+    """:func:`depthwise_value_heads` as (B, N, C) tokens, C = h * d in head-major channel order; ``residual``:
+    None, or (B, N, C) tokens (the core's output) to add the term to, in their layout."""
     B, heads, _, head_dim = v.shape
-    return depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample).transpose(1, 2).reshape(B, -1, heads * head_dim)
+    if residual is not None:
+        residual = residual.unflatten(-1, (heads, head_dim)).transpose(1, 2)
+    return depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample, residual).transpose(1, 2).reshape(
+        B, -1, heads * head_dim)
 
 
 def split_prefix(x, num_prefix_tokens):

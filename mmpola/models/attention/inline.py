@@ -86,8 +86,13 @@ class InLineAttention(QKVProjections, nn.Module):
         out = inline_attention(q, k, v, self.num_heads, fp32=self.fp32_attn, impl=self.attn_impl)
         v = v[:, P:].reshape(B, H, W, C).permute(0, 3, 1, 2)
         # the kernels of each image on its own channels (MMPOLA_DEPTHWISE_CONV picks the implementation)
-        local = depthwise_conv2d(v, kernels.to(v.dtype), None, depthwise_conv_impl(), per_sample=True)
-        out = add_to_patches(out, local.flatten(2).transpose(1, 2), P)
+        if P:
+            local = depthwise_conv2d(v, kernels.to(v.dtype), None, depthwise_conv_impl(), per_sample=True)
+            out = add_to_patches(out, local.flatten(2).transpose(1, 2), P)
+        else:  # added to the core's output where the conv writes it, in the output's tokens layout
+            residual = out.transpose(1, 2).unflatten(2, (H, W))
+            out = depthwise_conv2d(v, kernels.to(v.dtype), None, depthwise_conv_impl(), per_sample=True,
+                                   residual=residual).flatten(2).transpose(1, 2)
         return self._project_output(out)
 
     def extra_repr(self):

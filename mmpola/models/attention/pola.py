@@ -128,8 +128,9 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             out = out.transpose(1, 2).reshape(B, N, C)
             out = add_to_patches(out, depthwise_value_term(self.dwc, v[:, :, P:], kv_hw, (H, W), self.v_upsample), P)
         else:
-            # the conv's output is already in the heads' layout: one sum, then one copy to (B, N, C)
-            out = out + depthwise_value_heads(self.dwc, v, kv_hw, (H, W), self.v_upsample)
+            # the term added to the core's output (in the tokens' layout) where the conv writes it; merging the
+            # heads is a view
+            out = depthwise_value_heads(self.dwc, v, kv_hw, (H, W), self.v_upsample, residual=out)
             out = out.transpose(1, 2).reshape(B, N, C)
         return self._project_gated_output(out, g)
 

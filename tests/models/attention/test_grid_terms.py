@@ -76,6 +76,25 @@ def test_depthwise_value_term_per_head_and_as_tokens(in_projection):
     assert torch.equal(tokens, heads.transpose(1, 2).reshape(1, 20, 6))
 
 
+@pytest.mark.parametrize('impl', ['torch', 'triton'])
+def test_depthwise_value_term_added_to_a_residual(impl, monkeypatch):
+    """``residual=``: the core's output plus the term, per head (B, h, N, d) and as tokens (B, N, C), in the
+    residual's layout (merging the heads after it is a view); the same values as the term added after it.
+    The Triton path (Pola's and FLatten's on a GPU) adds the residual where its kernel writes the term."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', impl)
+    torch.manual_seed(0)
+    dwc = DepthwiseConv2d(2, 3)
+    projection = torch.randn(1, 4 * 5, 4, 3, 2)
+    v = projection[:, :, 2].transpose(1, 2)
+    core = torch.randn(1, 20, 3, 2)  # the core's output in the tokens' layout, seen per head
+    heads = depthwise_value_heads(dwc, v, (4, 5), (4, 5), residual=core.transpose(1, 2))
+    expected = core.transpose(1, 2) + depthwise_value_heads(dwc, v, (4, 5), (4, 5))
+    assert torch.allclose(heads, expected, atol=1e-6)
+    assert heads.transpose(1, 2).is_contiguous()
+    tokens = depthwise_value_term(dwc, v, (4, 5), (4, 5), residual=core.flatten(2))
+    assert torch.allclose(tokens, expected.transpose(1, 2).reshape(1, 20, 6), atol=1e-6)
+
+
 def test_values_of_a_reduced_grid_are_upsampled_first():
     v = torch.arange(2 * 3, dtype=torch.float32).reshape(1, 1, 6, 1)
     assert upsample_values(v, (2, 3), (4, 6), 'bilinear2d').shape == (1, 1, 24, 1)
