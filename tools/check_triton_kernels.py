@@ -171,7 +171,8 @@ def record_launches(op_name, gpu, head_dim, dtype):
 def record_depthwise_launches(gpu, channels, dtype):
     """The kernel launches of one forward and backward of the Triton depthwise convolution on ``gpu``, with
     ``channels`` channels, at each kernel size of DEPTHWISE_KERNELS (and 3 with kernels per image, 5 on the
-    heads' maps in their projection) and every grid of SHAPES."""
+    heads' maps in their projection, both with a residual added, as InLine's and Pola's / FLatten's value terms
+    run them) and every grid of SHAPES."""
     from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
     from mmpola.ops.triton_support import dry_run
     launches = []
@@ -187,8 +188,9 @@ def record_depthwise_launches(gpu, channels, dtype):
             shape = (images, channels) if per_sample else (channels, 1)
             weight = torch.zeros(*shape, k, k, dtype=dtype).requires_grad_()
             bias = None if per_sample else torch.zeros(channels, dtype=dtype).requires_grad_()
+            residual = torch.zeros_like(x).requires_grad_() if per_sample or in_projection else None
             with dry_run(gpu.kernel_target()) as recorded:
-                out = depthwise_conv2d_triton(x, weight, bias, per_sample=per_sample)
+                out = depthwise_conv2d_triton(x, weight, bias, per_sample=per_sample, residual=residual)
                 out.backward(torch.zeros_like(out))
             launches += recorded
     return launches
