@@ -95,9 +95,10 @@ def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False, residu
     convolution does. The Triton path returns a channels-last output (the library's is channels-last for
     a channels-last input with shared kernels).
 
-    ``residual``: ``residual + conv``, residual of the output's shape (Pola's and FLatten's attention output,
-    to which the value term is added). The Triton path adds it where its kernel writes the output, in the
-    residual's layout, when the two share a dtype: one kernel and no tensor of the convolution alone.
+    ``residual``: ``residual + conv``, residual of the output's shape (the attention output that Pola's and
+    FLatten's value term and InLine's local residual are added to). The Triton path adds it where its kernel
+    writes the output, in the residual's layout, when the two share a dtype: one kernel and no tensor of the
+    convolution alone.
     """
     if impl not in DEPTHWISE_IMPLS:
         raise ValueError(f'impl must be one of {", ".join(DEPTHWISE_IMPLS)}, got {impl!r}')
