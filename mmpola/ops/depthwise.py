@@ -19,7 +19,6 @@ The implementation is chosen per call by ``impl``; :class:`~mmpola.models.layers
 passes the value of the environment variable ``MMPOLA_DEPTHWISE_CONV`` (``'auto'`` when unset), so a
 training run or a benchmark switches every depthwise conv of a model at once.
 """
-import torch
 import torch.nn.functional as F
 
 from .depthwise_triton import depthwise_conv2d_triton
@@ -110,9 +109,6 @@ def depthwise_conv2d(x, weight, bias=None, impl='auto', per_sample=False, residu
         raise ValueError(f'depthwise_conv2d takes a residual of the output\'s shape {tuple(x.shape)}, got '
                          f'{tuple(residual.shape)}')
     if impl == 'triton' and x.numel():  # an empty input has nothing to launch: the library gives its empty output
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        if residual is None or residual.dtype == dtype:
-            return depthwise_conv2d_triton(x, weight, bias, per_sample, residual)
-        return residual + depthwise_conv2d_triton(x, weight, bias, per_sample)
+        return depthwise_conv2d_triton(x, weight, bias, per_sample, residual)
     out = library_conv(x, weight, bias, per_sample)
     return out if residual is None else residual + out

@@ -252,17 +252,19 @@ def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False, residual=Non
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` (weight (C, 1, k, k), k odd) in Triton kernels,
     forward and backward; output channels-last in x's dtype (under autocast: the autocast dtype, as the
     convolution). ``per_sample``: weight (B, C, k, k), bias None or (B, C): each image its own kernels.
-    ``residual``: a tensor of the output's shape and dtype added to it where the kernel writes it, the sum in
-    the residual's layout (its gradient is the output's, no copy)."""
+    ``residual``: a tensor of the output's shape added to it; in the output's dtype, where the kernel writes it,
+    the sum in the residual's layout (its gradient is the output's, no copy), else after the kernel."""
     require_triton(x, 'the Triton depthwise convolution', 'MMPOLA_DEPTHWISE_CONV')
     x, weight, bias = autocast_operands(x.device.type, x, weight, bias)
     if not (x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)):
         raise TypeError(f'depthwise_conv2d expects x, weight and bias of one dtype, got {x.dtype}, {weight.dtype}'
                         f'{", " + str(bias.dtype) if bias is not None else ""}')
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f'depthwise_conv2d_triton takes a residual of the output\'s shape {tuple(x.shape)} and '
-                         f'dtype {x.dtype}, got {tuple(residual.shape)} {residual.dtype}')
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f'depthwise_conv2d_triton takes a residual of the output\'s shape {tuple(x.shape)}, got '
+                         f'{tuple(residual.shape)}')
     if x.numel() == 0:
         raise ValueError(f'depthwise_conv2d_triton takes inputs with elements, got {tuple(x.shape)} '
                          '(mmpola.ops.depthwise_conv2d runs empty inputs on the library convolution)')
+    if residual is not None and residual.dtype != x.dtype:
+        return residual + _DepthwiseTriton.apply(x, weight, bias, per_sample, None)
     return _DepthwiseTriton.apply(x, weight, bias, per_sample, residual)
