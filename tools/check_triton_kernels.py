@@ -201,8 +201,9 @@ def record_recompute_launches(gpu, channels, dtype):
     of every grid of SHAPES: the MLP's GELU and fc2 (4 * ``channels`` hidden channels; without and with fc1's bias
     added before the GELU) and the gated projection
     (``channels`` channels, the gate a view of a projection of 4 * ``channels``) and the LayerNorm with its linear
-    layer (``channels`` and 4 * ``channels`` channels)."""
-    from mmpola.ops import gated_linear, gelu_linear, layer_norm_linear
+    layer (``channels`` and 4 * ``channels`` channels), also with a branch added to a float32 residual stream
+    before it (``channels`` channels; without and with a factor per sample)."""
+    from mmpola.ops import add_layer_norm_linear, gated_linear, gelu_linear, layer_norm_linear
     from mmpola.ops.triton_support import dry_run
     launches = []
     for batch, _, (height, width) in SHAPES:
@@ -222,6 +223,16 @@ def record_recompute_launches(gpu, channels, dtype):
                         gated_linear(s, projection[..., channels:2 * channels], proj, bias, impl='triton'),
                         *(layer_norm_linear(x, w, b, 1e-5, weight, bias, impl='triton') for x, w, b, weight in norms)):
                 out.backward(torch.zeros_like(out))
+            # as a model under autocast runs it: float32 stream and parameters, the branch in the autocast dtype
+            branch = norms[0][0]
+            stream = torch.zeros(branch.shape).requires_grad_()
+            norm_weight, norm_bias = torch.ones(channels), torch.zeros(channels)
+            weight = torch.zeros(channels, channels).requires_grad_()
+            for scale in (None, torch.ones(batch, dtype=dtype)):
+                with torch.autocast('cpu', dtype, enabled=dtype != torch.float32):
+                    total, out = add_layer_norm_linear(stream, branch, norm_weight, norm_bias, 1e-5, weight,
+                                                       impl='triton', scale=scale)
+                torch.autograd.backward((total, out), (torch.zeros_like(total), torch.zeros_like(out)))
         launches += recorded
     return launches
 

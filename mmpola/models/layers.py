@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
 from mmpola.ops import (
+    add_layer_norm_linear,
     depthwise_conv2d,
     depthwise_conv_impl,
     gated_linear,
@@ -25,8 +26,9 @@ from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'ParameterCache', 'PatchEmbed', 'PatchMerging', 'PreNormBlock',
-           'ResizedEmbeddingCache', 'SizeCache', 'crop_map', 'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear',
-           'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
+           'ResizedEmbeddingCache', 'SizeCache', 'crop_map', 'drop_path_scale', 'gated_proj', 'gelu_fc2',
+           'map_as_tokens', 'norm_linear', 'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map',
+           'trunc_normal_init']
 
 
 def to_2tuple_int(value, name):
@@ -312,7 +314,25 @@ def _concatenated(layers, biased, x):
     return _CONCATENATED.setdefault(layers[0], ParameterCache()).get(params, (dtype, len(layers)), make)
 
 
-def norm_linear(norm, linear, x, chunk=None, bias=True):
+def drop_path_scale(drop_path, x):
+    """The factor per sample (B, ) that ``drop_path`` multiplies x (B, ...) by, drawn as timm's ``drop_path``
+    draws it (the same random numbers, a tensor of x's dtype), or None where it passes x through: ``drop_path``
+    None, an ``nn.Identity``, or timm's ``DropPath`` in eval mode or with a zero rate. Only for those module
+    types (others: TypeError)."""
+    if drop_path is None or type(drop_path) is nn.Identity:
+        return None
+    if type(drop_path) is not DropPath:
+        raise TypeError(f"drop_path_scale takes timm's DropPath or an nn.Identity, got {type(drop_path).__name__}")
+    if not drop_path.training or drop_path.drop_prob == 0.:
+        return None
+    keep = 1 - drop_path.drop_prob
+    scale = x.new_empty((x.shape[0], ) + (1, ) * (x.dim() - 1)).bernoulli_(keep)
+    if keep > 0. and drop_path.scale_by_keep:
+        scale.div_(keep)
+    return scale.view(-1)
+
+
+def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=None):
     """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; on a GPU by
     default: the LayerNorm's kernel writes the rows in the linear layer's dtype, also without autograd, and the
     backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last dim with a
@@ -323,16 +343,31 @@ def norm_linear(norm, linear, x, chunk=None, bias=True):
     kernels run, one product with the layers' weights concatenated gives them all, and their gradients meet
     in one tensor (views of one output, taken apart once).
 
-    ``bias=False``: the single linear layer without its bias (its weight alone; the caller adds the bias)."""
+    ``bias=False``: the single linear layer without its bias (its weight alone; the caller adds the bias).
+
+    ``branch`` (x's shape): the residual connection before the norm, ``s = x + drop_path(branch)`` (``drop_path``
+    timm's ``DropPath``, an ``nn.Identity`` or None); returns ``(s, linear(norm(s)))``. Where the kernels run
+    (a single linear layer, ``drop_path`` of those types) the LayerNorm's kernel adds the branch, with the
+    factor per sample of stochastic depth (:func:`drop_path_scale`, :func:`mmpola.ops.add_layer_norm_linear`)."""
     layers = linear if isinstance(linear, tuple) else (linear, )
     if isinstance(linear, tuple) and chunk is None:
         raise ValueError('norm_linear takes a tuple of linear layers with the chunk size of their operands')
     if not bias and isinstance(linear, tuple):
         raise ValueError('norm_linear leaves out the bias of a single linear layer only')
+    if branch is not None and isinstance(linear, tuple):
+        raise ValueError('norm_linear adds a branch before a single linear layer only')
     biased = {layer.bias is not None and bias for layer in layers}
-    if (type(norm) is nn.LayerNorm and all(_fused(x, layer) for layer in layers) and len(biased) == 1
-            and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
-            and x.shape[-1] <= NORM_MAX_CHANNELS):
+    fused = (type(norm) is nn.LayerNorm and all(_fused(x, layer) for layer in layers) and len(biased) == 1
+             and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
+             and x.shape[-1] <= NORM_MAX_CHANNELS)
+    if branch is not None:
+        if fused and type(drop_path) in (DropPath, nn.Identity, type(None)):
+            layer = layers[0]
+            return add_layer_norm_linear(x, branch, norm.weight, norm.bias, norm.eps, layer.weight,
+                                         layer.bias if bias else None, 'triton', drop_path_scale(drop_path, branch))
+        x = x + (branch if drop_path is None else drop_path(branch))
+        return x, norm_linear(norm, linear, x, chunk, bias)
+    if fused:
         if len(layers) == 1:
             weight, layer_bias = layers[0].weight, layers[0].bias if bias else None
         else:
@@ -350,8 +385,12 @@ def norm_linear(norm, linear, x, chunk=None, bias=True):
 class Mlp(nn.Module):
     """fc1 -> GELU -> Dropout -> fc2 -> Dropout on (B, N, C) tokens (GELU to fc2: :func:`gelu_fc2`, which takes
     fc1's bias where it recomputes the GELU: its kernel adds the bias and sums its gradient).
-    ``forward(x, norm=None)``: ``norm``, the block's LayerNorm before the MLP, applied to x first (LayerNorm to
-    fc1: :func:`norm_linear`)."""
+    ``forward(x, norm=None, branch=None, drop_path=None)``: ``norm``, the block's LayerNorm before the MLP,
+    applied to x first (LayerNorm to fc1: :func:`norm_linear`); with ``branch``, the residual connection before
+    that norm: the MLP of ``s = x + drop_path(branch)``, returned as ``(s, out)`` (:func:`norm_linear`'s
+    ``branch``)."""
+
+    takes_branch = True  # forward(x, norm=, branch=, drop_path=): PreNormBlock passes its residual connection
 
     def __init__(self, in_features, hidden_features, drop=0.):
         super().__init__()
@@ -360,12 +399,15 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden_features, in_features)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x, norm=None):
+    def forward(self, x, norm=None, branch=None, drop_path=None):
         recomputes = _gelu_recomputes(self, x)
         # fc1's bias goes to the GELU's kernel where it runs (gelu_linear's input_bias)
         fc1_bias = self.fc1.bias if recomputes and type(self.fc1) is nn.Linear else None
-        h = norm_linear(norm, self.fc1, x, bias=fc1_bias is None)
-        return self.drop(gelu_fc2(self, h, fc1_bias, recomputes))
+        h = norm_linear(norm, self.fc1, x, bias=fc1_bias is None, branch=branch, drop_path=drop_path)
+        if branch is not None:
+            x, h = h
+        out = self.drop(gelu_fc2(self, h, fc1_bias, recomputes))
+        return out if branch is None else (x, out)
 
 
 class PreNormBlock(nn.Module):
@@ -376,7 +418,8 @@ class PreNormBlock(nn.Module):
     takes the map size too (``takes_hw = True``, as PVTv2's ConvMlp with its depthwise conv); the MLP gets
     ``norm2`` to apply (``norm=``), so that its fc1 can take the LayerNorm with it (:func:`norm_linear`), and
     so does an attention whose projections can (``takes_norm``: Pola's and FLatten's, without a spatial
-    reduction).
+    reduction). An MLP that ``takes_branch`` (both) also gets the attention's output and ``drop_path``, and
+    adds them to x before its LayerNorm (``branch=``): in the norm's kernel where it runs.
     Shapes: ``forward(x, hw, **context)``: (B, N, C), (H, W) -> (B, N, C).
     """
 
@@ -394,8 +437,12 @@ class PreNormBlock(nn.Module):
             attn = self.attn(x, hw, norm=self.norm1, **context)
         else:
             attn = self.attn(self.norm1(x), hw, **context)
-        x = x + self.drop_path(attn)
-        mlp = self.mlp(x, hw, norm=self.norm2) if self.mlp_takes_hw else self.mlp(x, norm=self.norm2)
+        hw_arg = (hw, ) if self.mlp_takes_hw else ()
+        if getattr(self.mlp, 'takes_branch', False):  # the residual connection goes with the MLP's LayerNorm
+            x, mlp = self.mlp(x, *hw_arg, norm=self.norm2, branch=attn, drop_path=self.drop_path)
+        else:
+            x = x + self.drop_path(attn)
+            mlp = self.mlp(x, *hw_arg, norm=self.norm2)
         return x + self.drop_path(mlp)
 
 

@@ -11,9 +11,10 @@ op          public function               layout
 
 Beside them, :func:`depthwise_conv2d` (mmpola/ops/depthwise.py): the depthwise convolution of the token
 maps, by the library or by Triton kernels; and :func:`gelu_linear` / :func:`gated_linear` /
-:func:`layer_norm_linear` (mmpola/ops/recompute.py): the MLPs' GELU and second linear layer, Pola's gated
-output projection and a LayerNorm with the linear layer after it, whose backward can recompute the linear
-layer's input instead of keeping it.
+:func:`layer_norm_linear` / :func:`add_layer_norm_linear` (mmpola/ops/recompute.py): the MLPs' GELU and
+second linear layer, Pola's gated output projection and a LayerNorm with the linear layer after it (also
+with the residual connection before it), whose backward can recompute the linear layer's input instead of
+keeping it.
 """
 from .depthwise import DEPTHWISE_IMPLS, depthwise_conv2d, depthwise_conv_impl
 from .dispatch import OPS, attention_impls, attention_op, check_attn_impl, register_attention_impl
@@ -40,7 +41,14 @@ from .pola import (
     polarity_feature_map_and_mean,
 )
 from .pola_triton import pola_attention_triton
-from .recompute import RECOMPUTE_IMPLS, gated_linear, gelu_linear, layer_norm_linear, recompute_impl
+from .recompute import (
+    RECOMPUTE_IMPLS,
+    add_layer_norm_linear,
+    gated_linear,
+    gelu_linear,
+    layer_norm_linear,
+    recompute_impl,
+)
 
 __all__ = [
     'OPS', 'attention_op', 'attention_impls', 'register_attention_impl', 'check_attn_impl',
@@ -51,5 +59,5 @@ __all__ = [
     'inline_attention', 'inline_attention_reference', 'inline_attention_fast', 'inline_attention_triton',
     'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
     'rope_tables', 'rope_rotate', 'rope_rotate_fast', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl',
-    'RECOMPUTE_IMPLS', 'gelu_linear', 'gated_linear', 'layer_norm_linear', 'recompute_impl'
+    'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'gelu_linear', 'gated_linear', 'layer_norm_linear', 'recompute_impl'
 ]

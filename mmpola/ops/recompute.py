@@ -16,7 +16,10 @@ one Triton kernel normalises the rows in the forward, in the linear layer's dtyp
 library writes float32 rows and casts them: two kernels), and in the backward the same kernel writes them
 again with the gradient of x and each program's partial sums of the norm's parameter gradients, in place of
 the LayerNorm's backward (and, under autocast, of the cast of the rows' gradient); one sum of the partial
-sums follows. It keeps x only.
+sums follows. It keeps x only. :func:`add_layer_norm_linear` also takes the residual connection before the
+LayerNorm (``s = x + branch``, with a factor per sample): the kernel writes the sum with the rows, and in the
+backward adds the sum's gradient from the layers after it and writes the branch's, where the library runs the
+addition, the multiplication by the factors and, in the backward, their gradients as kernels of their own.
 
 The implementations (``impl``):
 
@@ -33,11 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from .dispatch import implementation_from_env, recording
-from .recompute_triton import NORM_MAX_CHANNELS, gate_and_gate_backward, gelu_rows, layer_norm_rows
+from .recompute_triton import NORM_MAX_CHANNELS, add_layer_norm_rows, gate_and_gate_backward, gelu_rows, layer_norm_rows
 from .triton_support import autocast_operands, dry_running, require_triton, triton_unsupported
 
-__all__ = ['RECOMPUTE_IMPLS', 'gated_linear', 'gelu_linear', 'layer_norm_linear', 'recompute_impl',
-           'resolve_recompute_impl']
+__all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'gated_linear', 'gelu_linear', 'layer_norm_linear',
+           'recompute_impl', 'resolve_recompute_impl']
 
 RECOMPUTE_IMPLS = ('auto', 'torch', 'triton')
 ENV = 'MMPOLA_RECOMPUTE'
@@ -166,6 +169,42 @@ class _NormLinear(torch.autograd.Function):
                 grad_norm_bias if needs[2] else None, None, grad_weight, grad_bias)
 
 
+class _AddNormLinear(torch.autograd.Function):
+    """``(s, F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias))`` for the sum
+    ``s = x + branch`` (``x + branch * scale``, a factor per sample of x's first dim) keeping s, the norm's
+    parameters, the weight and the scale; the normalised rows in the weight's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, branch, scale, norm_weight, norm_bias, eps, weight, bias):
+        tokens = x[0].numel() // x.shape[-1]  # rows per sample
+        s, y = add_layer_norm_rows(_rows(x).contiguous(), _rows(branch).contiguous(), scale, tokens, norm_weight,
+                                   norm_bias, eps, weight.dtype)
+        ctx.save_for_backward(s, norm_weight, norm_bias, weight, scale)
+        ctx.set_materialize_grads(False)
+        ctx.eps, ctx.shape, ctx.tokens, ctx.has_bias = eps, x.shape, tokens, bias is not None
+        ctx.dtypes = x.dtype, branch.dtype
+        return s.view(x.shape), F.linear(y, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_sum, grad):
+        s, norm_weight, norm_bias, weight, scale = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad = (s.new_zeros(s.shape[0], weight.shape[0], dtype=weight.dtype) if grad is None
+                else grad.reshape(-1, grad.shape[-1]))
+        grad_y = grad.mm(weight)  # the gradient of the normalised rows
+        grad_sum = None if grad_sum is None else _rows(grad_sum).contiguous()
+        y, grad_s, grad_norm_weight, grad_norm_bias, grad_branch = layer_norm_rows(
+            s, norm_weight, norm_bias, ctx.eps, weight.dtype, grad_y, residual=(grad_sum, ctx.dtypes[1], scale,
+                                                                                ctx.tokens))
+        grad_weight = grad.t().mm(y) if needs[6] else None
+        grad_bias = grad.sum(0) if ctx.has_bias and needs[7] else None
+        return (grad_s.view(ctx.shape).to(ctx.dtypes[0]) if needs[0] else None,
+                grad_branch.view(ctx.shape) if needs[1] else None, None,
+                grad_norm_weight if needs[3] else None, grad_norm_bias if needs[4] else None, None, grad_weight,
+                grad_bias)
+
+
 def _recomputed_linear(op, inputs, weight, bias, impl, what, extra=()):
     """The op's path where ``impl`` resolves to the recomputing one for ``inputs`` (``extra``: inputs of op
     whose dtype the linear layer does not take, the GELU's input bias), else None."""
@@ -227,3 +266,39 @@ def layer_norm_linear(x, norm_weight, norm_bias, eps, weight, bias=None, impl='a
         return F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias)
     with torch.autocast(x.device.type, enabled=False):
         return _NormLinear.apply(x, norm_weight, norm_bias, eps, *operands)
+
+
+def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=None, impl='auto', scale=None):
+    """``(s, F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias))`` for the sum
+    ``s = x + branch``: a residual connection and the pre-norm of the layer after it (a block's residual stream x
+    and its attention's output). x and branch (B, ..., C) of one shape; ``scale`` (B, ) or None: a factor per
+    sample of the branch, ``x + branch * scale`` (stochastic depth's). The sum has the dtype torch's addition
+    gives (float32 for a float32 residual stream and a branch of the autocast dtype), the branch's product is
+    rounded to the branch's dtype, as in torch.
+
+    With ``'triton'`` one kernel writes the sum and the normalised rows, and in the backward, which keeps the
+    sum only (as :func:`layer_norm_linear` keeps x), one kernel adds the gradient of the sum from the layers after
+    it to the LayerNorm's, writes it (the residual stream's gradient) and the branch's (rounded to its dtype,
+    times its factor): where the library runs the addition, the multiplication and the LayerNorm as kernels of
+    their own, and in the backward the sum of the two gradients, a cast and a multiplication. Otherwise as
+    :func:`layer_norm_linear` (``'auto'`` runs the library's layers for rows of more than ``NORM_MAX_CHANNELS``
+    channels)."""
+    C = x.shape[-1]
+    if branch.shape != x.shape:
+        raise ValueError(f'add_layer_norm_linear expects a branch of the shape of x {tuple(x.shape)}, '
+                         f'got {tuple(branch.shape)}')
+    if scale is not None and tuple(scale.shape) != (x.shape[0], ):
+        raise ValueError(f'add_layer_norm_linear expects a scale of shape ({x.shape[0]}, ) (one factor per sample), '
+                         f'got {tuple(scale.shape)}')
+    if norm_weight.shape != (C, ) or norm_bias.shape != (C, ) or weight.shape[-1] != C:
+        raise ValueError(f'add_layer_norm_linear expects a norm weight and bias of ({C}, ) and a weight (out, {C}) '
+                         f'for x of {C} channels, got {tuple(norm_weight.shape)}, {tuple(norm_bias.shape)} and '
+                         f'{tuple(weight.shape)}')
+    if impl == 'auto' and C > NORM_MAX_CHANNELS:
+        impl = 'torch'
+    operands = _linear_operands((x, ), weight, bias, impl, 'add_layer_norm_linear')
+    if operands is None:
+        s = x + (branch if scale is None else branch * scale.view(-1, *(1, ) * (branch.dim() - 1)))
+        return s, F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias)
+    with torch.autocast(x.device.type, enabled=False):
+        return _AddNormLinear.apply(x, branch, scale, norm_weight, norm_bias, eps, *operands)

@@ -24,17 +24,22 @@ that input, recomputed (for the layer's weight gradient), and the gradients of w
   over the programs after it). The forward of the layer runs it too, so the backward recomputes the same y.
   A program takes whole rows (C up to ``NORM_MAX_CHANNELS``), and in the backward a fixed share of the row
   blocks: the programs, and the order of every sum, depend on M and the GPU's multiprocessor count only.
+  With ``ADD`` the rows normalised are a sum ``s = x + branch`` (the branch times a factor per sample with
+  ``SCALE``, the product rounded to the branch's dtype): the forward reads x and the branch and writes s with
+  y; the backward reads s, adds the gradient of s from the layers after it (``GRAD_SUM``) to ``dL/dx`` and
+  writes the total (s's and the residual stream's gradient) and the branch's (rounded to its dtype, times
+  the factor).
 
 Every result is rounded once to its tensor's dtype. Any number of elements; float64 inputs (the
 interpreter, for tests) are computed in float32 too. One compiled kernel per dtype (and the gate's and the
-LayerNorm's per channel count, the GELU's with and without a bias): the token count is data, not a
-specialisation.
+LayerNorm's per channel count, the GELU's with and without a bias, the LayerNorm's with and without the
+addition): the token count is data, not a specialisation.
 """
 import torch
 
 from .triton_support import kernel_target, launch, triton_available
 
-__all__ = ['NORM_MAX_CHANNELS', 'gate_and_gate_backward', 'gelu_rows', 'layer_norm_rows']
+__all__ = ['NORM_MAX_CHANNELS', 'add_layer_norm_rows', 'gate_and_gate_backward', 'gelu_rows', 'layer_norm_rows']
 
 if triton_available() is None:
     import triton
@@ -81,9 +86,23 @@ if triton_available() is None:
         tl.store(grad_s_ptr + dense, (dy * g).to(grad_s_ptr.dtype.element_ty), mask=mask)
         tl.store(grad_g_ptr + dense, (dy * s).to(grad_g_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit(do_not_specialize=['M', 'blocks_per_program'])  # the token count: data
-    def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, grad_ptr, y_ptr, grad_x_ptr, parts_ptr, M, C, eps,
-                           blocks_per_program, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, GRAD: tl.constexpr):
+    @triton.jit
+    def _round(x, dtype: tl.constexpr):
+        """float32 ``x`` rounded to ``dtype`` (to nearest even, as torch) and back; float32 and wider unchanged.
+        bfloat16 by the bits (Triton's interpreter truncates in its conversion), NaN kept."""
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+            x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+        elif dtype == tl.float16:
+            x = x.to(tl.float16).to(tl.float32)
+        return x
+
+    @triton.jit(do_not_specialize=['M', 'blocks_per_program', 'tokens'])  # the token count: data
+    def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, grad_ptr, y_ptr, grad_x_ptr, parts_ptr, branch_ptr, scale_ptr,
+                           sum_ptr, grad_sum_ptr, grad_branch_ptr, M, C, tokens, eps, blocks_per_program,
+                           BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, GRAD: tl.constexpr, ADD: tl.constexpr,
+                           SCALE: tl.constexpr, GRAD_SUM: tl.constexpr):
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_C)
         col_mask = cols < C
@@ -96,6 +115,15 @@ if triton_available() is None:
             mask = (rows[:, None] < M) & col_mask[None, :]
             offsets = rows[:, None] * C + cols[None, :]
             x = tl.load(x_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+            if ADD:  # the branch's per-sample factor (stochastic depth)
+                if SCALE:
+                    factor = tl.load(scale_ptr + rows // tokens, mask=rows < M, other=0.).to(tl.float32)
+            if ADD and not GRAD:  # the forward: x is the residual stream, the sum is written and normalised
+                branch = tl.load(branch_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+                if SCALE:
+                    branch = _round(branch * factor[:, None], branch_ptr.dtype.element_ty)
+                x = _round(x + branch, sum_ptr.dtype.element_ty)
+                tl.store(sum_ptr + offsets, x.to(sum_ptr.dtype.element_ty), mask=mask)
             mean = tl.sum(x, axis=1) / C
             centred = tl.where(mask, x - mean[:, None], 0.)
             rstd = 1. / tl.sqrt(tl.sum(centred * centred, axis=1) / C + eps)
@@ -107,6 +135,13 @@ if triton_available() is None:
                 mean_g = tl.sum(g, axis=1) / C
                 mean_gx = tl.sum(g * x_hat, axis=1) / C
                 dx = (g - mean_g[:, None] - x_hat * mean_gx[:, None]) * rstd[:, None]
+                if ADD:  # the backward: x is the sum; its gradient from the layers after it too, and the branch's
+                    if GRAD_SUM:
+                        dx += tl.load(grad_sum_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+                    d_branch = _round(dx, grad_branch_ptr.dtype.element_ty)
+                    if SCALE:
+                        d_branch = _round(d_branch * factor[:, None], grad_branch_ptr.dtype.element_ty)
+                    tl.store(grad_branch_ptr + offsets, d_branch.to(grad_branch_ptr.dtype.element_ty), mask=mask)
                 tl.store(grad_x_ptr + offsets, dx.to(grad_x_ptr.dtype.element_ty), mask=mask)
                 sum_w += tl.sum(dy * x_hat, axis=0)
                 sum_b += tl.sum(dy, axis=0)
@@ -167,30 +202,63 @@ _NORM_PROGRAMS_PER_SM = 4  # programs of the backward per multiprocessor, each s
 # its share of the row blocks
 
 
-def layer_norm_rows(x, weight, bias, eps, out_dtype, grad=None):
-    """The LayerNorm of the rows of x (M, C), contiguous, with ``weight`` and ``bias`` (C, ): y in ``out_dtype``;
-    with ``grad`` (dL/dy, (M, C) contiguous) also the gradients of x (in x's dtype), weight and bias (in theirs).
-    Returns (y, grad_x, grad_weight, grad_bias), the gradients None without ``grad``. One kernel (and one sum of
-    the programs' partial sums of the two parameter gradients)."""
-    M, C = x.shape
+def _norm_options(C, backward):
+    """The LayerNorm kernel's compile-time blocks and warps for rows of C channels."""
     if C > NORM_MAX_CHANNELS:
         raise ValueError(f'the LayerNorm kernel takes rows of up to {NORM_MAX_CHANNELS} channels, got {C}')
     block_c = max(16, triton.next_power_of_2(C))
-    block_m = max(1, _NORM_ELEMENTS // block_c)
     # 8 warps for the backward's tensors (4 spill on some GPUs) and for wider rows than a block's elements
-    warps = 8 if grad is not None or block_c > _NORM_ELEMENTS else 4
-    options = dict(BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps)
+    warps = 8 if backward or block_c > _NORM_ELEMENTS else 4
+    return dict(BLOCK_M=max(1, _NORM_ELEMENTS // block_c), BLOCK_C=block_c, num_warps=warps)
+
+
+def layer_norm_rows(x, weight, bias, eps, out_dtype, grad=None, residual=None):
+    """The LayerNorm of the rows of x (M, C), contiguous, with ``weight`` and ``bias`` (C, ): y in ``out_dtype``;
+    with ``grad`` (dL/dy, (M, C) contiguous) also the gradients of x (in x's dtype), weight and bias (in theirs).
+    Returns (y, grad_x, grad_weight, grad_bias), the gradients None without ``grad``. One kernel (and one sum of
+    the programs' partial sums of the two parameter gradients).
+
+    ``residual`` (with ``grad``): the backward of :func:`add_layer_norm_rows`, x the sum it wrote, as
+    ``(grad_sum, branch_dtype, scale, tokens)``: grad_x is then the sum's whole gradient (the LayerNorm's plus
+    ``grad_sum``, the gradient of the sum from the layers after it, (M, C) contiguous, or None), which is also
+    the residual stream's, and a fifth result is the branch's: grad_x rounded to ``branch_dtype`` (the
+    addition's backward) and, with ``scale``, times the row's factor, rounded again (the multiplication's)."""
+    M, C = x.shape
+    options = _norm_options(C, grad is not None)
     y = torch.empty(M, C, dtype=out_dtype, device=x.device)
-    blocks = triton.cdiv(M, block_m)
+    blocks = triton.cdiv(M, options['BLOCK_M'])
     if grad is None:
-        launch(_layer_norm_kernel, (max(blocks, 1), ), x, weight, bias, x, y, y, y, M, C, eps, 1, GRAD=False,
-               **options)
+        launch(_layer_norm_kernel, (max(blocks, 1), ), x, weight, bias, x, y, y, y, y, y, y, y, y, M, C, 1, eps, 1,
+               GRAD=False, ADD=False, SCALE=False, GRAD_SUM=False, **options)
         return y, None, None, None
     per_program = triton.cdiv(blocks, _NORM_PROGRAMS_PER_SM * kernel_target(x.device).sm_count)
     programs = max(triton.cdiv(blocks, per_program), 1) if blocks else 1
     grad_x = torch.empty(M, C, dtype=x.dtype, device=x.device)
     parts = torch.empty(programs, 2, C, dtype=torch.float32, device=x.device)
-    launch(_layer_norm_kernel, (programs, ), x, weight, bias, grad, y, grad_x, parts, M, C, eps, max(per_program, 1),
-           GRAD=True, **options)
+    grad_sum, branch_dtype, scale, tokens = residual if residual is not None else (None, None, None, 1)
+    grad_branch = torch.empty(M, C, dtype=branch_dtype, device=x.device) if residual is not None else y
+    launch(_layer_norm_kernel, (programs, ), x, weight, bias, grad, y, grad_x, parts, y,
+           y if scale is None else scale, y, grad_x if grad_sum is None else grad_sum, grad_branch, M, C, tokens, eps,
+           max(per_program, 1), GRAD=True, ADD=residual is not None, SCALE=scale is not None,
+           GRAD_SUM=grad_sum is not None, **options)
     grad_weight, grad_bias = parts.sum(0).to(weight.dtype).unbind(0)
-    return y, grad_x, grad_weight, grad_bias
+    if residual is None:
+        return y, grad_x, grad_weight, grad_bias
+    return y, grad_x, grad_weight, grad_bias, grad_branch
+
+
+def add_layer_norm_rows(x, branch, scale, tokens, weight, bias, eps, out_dtype):
+    """(s, y) for the rows of x and ``branch`` (M, C), contiguous: the sum ``s = x + branch``, or with ``scale``
+    (one factor per ``tokens`` rows: a sample's) ``x + branch * scale[row // tokens]`` with the product rounded
+    to the branch's dtype first, in the dtype torch's addition gives (as ``x + branch * scale`` in torch), and
+    the LayerNorm of s (``weight``, ``bias`` (C, )) in ``out_dtype``. One kernel; its backward is
+    :func:`layer_norm_rows` with ``residual``."""
+    M, C = x.shape
+    options = _norm_options(C, False)
+    s = torch.empty(M, C, dtype=torch.result_type(x, branch), device=x.device)
+    y = torch.empty(M, C, dtype=out_dtype, device=x.device)
+    blocks = triton.cdiv(M, options['BLOCK_M'])
+    launch(_layer_norm_kernel, (max(blocks, 1), ), x, weight, bias, x, y, y, y, branch,
+           branch if scale is None else scale, s, y, y, M, C, tokens, eps, 1, GRAD=False, ADD=True,
+           SCALE=scale is not None, GRAD_SUM=False, **options)
+    return s, y

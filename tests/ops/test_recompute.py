@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from mmpola.models.backbones.pvt_v2 import ConvMlp
 from mmpola.models.layers import Mlp, PatchMerging, PreNormBlock
-from mmpola.ops import gated_linear, gelu_linear, layer_norm_linear
+from mmpola.ops import add_layer_norm_linear, gated_linear, gelu_linear, layer_norm_linear
 from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.triton_support import KernelTarget, dry_run
@@ -653,3 +653,202 @@ def test_norm_linear_keeps_the_concatenated_weights_without_autograd(monkeypatch
         changed, cats, _ = call()
         assert cats == 2 and relative_error(changed[1], layers[1](norm(x))[..., :16]) <= 1e-6
     assert call()[1] == 2 and call()[1] == 2  # with autograd: each call concatenates (the gradients reach both)
+
+
+# a residual connection and the LayerNorm with the linear layer after it: s = x + branch (* a factor per sample)
+def make_add_norm_inputs(shape, out_features, dtype=torch.float32, seed=0):
+    """x, branch, the norm's weight and bias, weight, bias, and the gradients of the sum and of the output."""
+    gen = torch.Generator().manual_seed(seed)
+    x, norm_weight, norm_bias, weight, bias, grad = make_norm_inputs(shape, out_features, dtype, seed)
+    branch = torch.randn(*shape, generator=gen).to(device=DEVICE, dtype=dtype)
+    grad_sum = torch.randn(*shape, generator=gen).to(device=DEVICE, dtype=dtype)
+    return x, branch, norm_weight, norm_bias, weight, bias, grad_sum, grad
+
+
+def add_norm(impl, scale=None, grad_sum=True):
+    """The function of the leaves (x, branch, norm weight and bias, weight, bias) whose backward the tests take:
+    the sum's gradient from the layers after it and the output's (``grad_sum`` False: the output's only)."""
+    def fn(x, branch, norm_weight, norm_bias, weight, bias, grad_s, grad_out):
+        s, out = add_layer_norm_linear(x, branch, norm_weight, norm_bias, 1e-5, weight, bias, impl=impl,
+                                       scale=None if scale is None else scale.to(device=DEVICE, dtype=branch.dtype))
+        return s, out, (out * grad_out.to(out.dtype)).sum() + ((s * grad_s.to(s.dtype)).sum() if grad_sum else 0)
+    return fn
+
+
+def add_norm_results(fn, inputs, dtype=None):
+    """[sum, output, the gradients of the six leaves] of ``fn``, the leaves of ``inputs`` in ``dtype``."""
+    leaves = [t.detach().to(dtype or t.dtype).clone().requires_grad_() for t in inputs[:6]]
+    s, out, loss = fn(*leaves, *inputs[6:])
+    loss.backward()
+    return [s.detach(), out.detach()] + [t.grad for t in leaves]
+
+
+ADD_NORM_NAMES = ('sum', 'out', 'dx', 'dbranch', 'dnorm_weight', 'dnorm_bias', 'dweight', 'dbias')
+# stochastic depth's factors: a dropped sample, a kept one (1 / keep rate), and more samples than factors of one
+FACTORS = torch.tensor([0., 1.25, 1.25, 0.])
+
+
+@pytest.mark.parametrize('shape', [(2, 7, 40), (4, 33, 24), (3, 130), (2, 5, 3000)],
+                         ids=lambda s: 'x'.join(map(str, s)))
+@pytest.mark.parametrize('scaled', [False, True], ids=['sum', 'drop-path'])
+@pytest.mark.parametrize('grad_sum', [True, False], ids=['sum-used', 'sum-unused'])
+def test_add_layer_norm_linear_matches_the_library(shape, scaled, grad_sum):
+    """fp32 within 1e-6 of the float64 library layers: the sum, the output and the gradients of x, the branch,
+    the norm's parameters, the weight and the bias, in their dtypes and shapes; with a factor per sample
+    (rows of one sample share it: 7, 33, 1 and 5 tokens) and with the sum used after the layer or not."""
+    inputs = make_add_norm_inputs(shape, 17)
+    scale = FACTORS[:shape[0]] if scaled else None
+    actual = add_norm_results(add_norm('triton', scale, grad_sum), inputs)
+    expected = add_norm_results(add_norm('torch', scale, grad_sum), inputs, torch.float64)
+    for name, a, e in zip(ADD_NORM_NAMES, actual, expected):
+        assert a.dtype == torch.float32 and a.shape == e.shape, name
+        assert relative_error(a, e) <= 1e-6, f'{shape} {name}: {relative_error(a, e):.2e}'
+    if scaled:  # a dropped sample: its branch gets no gradient, and its sum is x
+        assert actual[3][0].abs().max() == 0 and torch.equal(actual[0][0], inputs[0][0])
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_add_layer_norm_linear_under_autocast(dtype):
+    """As a model runs it under autocast: a float32 residual stream, a branch of the autocast dtype, float32
+    parameters. The sum is float32 and has the library's bits (the branch's product rounded to its dtype first,
+    as torch's multiplication of two tensors of that dtype); the rest within rounding of the library's path, in
+    its dtypes; a sample's dropped branch has a zero gradient."""
+    inputs = list(make_add_norm_inputs((3, 9, 64), 32))
+    inputs[1] = inputs[1].to(dtype)
+    scale = FACTORS[:3]
+    results = []
+    for impl in ('triton', 'torch'):
+        leaves = [t.clone().requires_grad_() for t in inputs[:6]]
+        with torch.autocast(DEVICE, dtype=dtype):
+            s, out, loss = add_norm(impl, scale)(*leaves, *inputs[6:])
+        loss.backward()
+        results.append([s, out] + [t.grad for t in leaves])
+    for name, a, e in zip(ADD_NORM_NAMES, *results):
+        assert a.dtype == e.dtype, name
+        assert relative_error(a, e) <= 1e-2, (name, relative_error(a, e))
+    assert torch.equal(results[0][0], results[1][0])
+    assert results[0][0].dtype == torch.float32 and results[0][1].dtype == dtype and results[0][3].dtype == dtype
+    assert results[0][3][0].abs().max() == 0
+
+
+def test_add_layer_norm_linear_only_some_gradients_and_what_it_keeps():
+    """A frozen branch, a frozen residual stream, a frozen norm and linear layer; autograd keeps the sum (not the
+    normalised rows), the parameters and the factors."""
+    inputs = make_add_norm_inputs((3, 20), 8)
+    scale = FACTORS[:3]
+    expected = add_norm_results(add_norm('torch', scale), inputs, torch.float64)
+    for frozen in ({1}, {0}, {2, 3, 4, 5}, {0, 1}):
+        leaves = [t.clone().requires_grad_(i not in frozen) for i, t in enumerate(inputs[:6])]
+        add_norm('triton', scale)(*leaves, *inputs[6:])[2].backward()
+        for i, t in enumerate(leaves):
+            assert (t.grad is None) == (i in frozen), (frozen, i)
+            if t.grad is not None:
+                assert relative_error(t.grad, expected[i + 2]) <= 1e-6, (frozen, i)
+    leaves = [t.clone().requires_grad_() for t in make_add_norm_inputs((2, 64, 96), 24)[:6]]
+    factors = FACTORS[:2].clone().to(DEVICE)
+    kept = saved_bytes(lambda *args: add_layer_norm_linear(*args[:4], 1e-5, *args[4:], impl='triton', scale=factors),
+                       *leaves)
+    assert kept == leaves[0].nbytes + sum(t.nbytes for t in leaves[2:5]) + factors.nbytes
+
+
+def test_add_layer_norm_linear_launches_one_kernel_each_way():
+    """In a dry run for a GPU: one launch in place of the library's multiplication, addition and LayerNorm in the
+    forward, and in the backward one launch (and the sum of its partial sums) in place of the LayerNorm's
+    backward, the sum of the residual stream's two gradients and the multiplication by the factors."""
+    inputs = make_add_norm_inputs((2, 64, 96), 24)
+    counts = {}
+    for impl in ('torch', 'triton'):
+        leaves = [t.clone().requires_grad_() for t in inputs[:6]]
+        with dry_run(H100) as launches:
+            x, branch = leaves[0] * 2, leaves[1] * 2  # made by ops, as in the models
+            with DispatchedOps() as forward:
+                s, out = add_layer_norm_linear(x, branch, *leaves[2:4], 1e-5, *leaves[4:], impl=impl,
+                                               scale=FACTORS[:2].to(DEVICE))
+            forward_launches = len(launches)
+            loss = (s * inputs[6]).sum() + (out * inputs[7]).sum()
+            with DispatchedOps() as backward:
+                loss.backward()
+        counts[impl] = (forward.names, backward.names, forward_launches, len(launches) - forward_launches)
+    torch_forward, torch_backward = counts['torch'][:2]
+    assert {'mul', 'add', 'native_layer_norm'} <= set(torch_forward) and counts['torch'][2:] == (0, 0)
+    assert counts['triton'][2:] == (1, 1), counts
+    forward, backward = counts['triton'][:2]
+    assert not {'mul', 'add', 'native_layer_norm'} & set(forward), forward
+    assert not {'native_layer_norm_backward', 'add'} & set(backward), backward
+    assert backward.count('mul') == torch_backward.count('mul') - 1, (backward, torch_backward)
+
+
+def test_add_layer_norm_linear_errors():
+    x, branch, norm_weight, norm_bias, weight, bias, _, _ = make_add_norm_inputs((2, 5, 16), 8)
+    s, out = add_layer_norm_linear(x, branch, norm_weight, norm_bias, 1e-5, weight, bias)  # 'auto' on the CPU
+    assert torch.equal(s, x + branch) and torch.equal(out, norm_library(x + branch, norm_weight, norm_bias, weight,
+                                                                         bias))
+    with pytest.raises(ValueError, match=r'add_layer_norm_linear expects a branch of the shape of x \(2, 5, 16\), '
+                       r'got \(2, 5, 8\)'):
+        add_layer_norm_linear(x, branch[..., :8], norm_weight, norm_bias, 1e-5, weight, bias)
+    with pytest.raises(ValueError, match=r'expects a scale of shape \(2, \) \(one factor per sample\), got \(5,\)'):
+        add_layer_norm_linear(x, branch, norm_weight, norm_bias, 1e-5, weight, bias, scale=torch.ones(5))
+    with pytest.raises(ValueError, match=r'expects a norm weight and bias of \(16, \) and a weight \(out, 16\)'):
+        add_layer_norm_linear(x, branch, norm_weight[:8], norm_bias, 1e-5, weight, bias)
+    from mmpola.models.layers import norm_linear
+    with pytest.raises(ValueError, match='norm_linear adds a branch before a single linear layer only'):
+        norm_linear(torch.nn.LayerNorm(16), (torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)), x.cpu(), chunk=8,
+                    branch=branch.cpu())
+
+
+def test_drop_path_scale_draws_timms_factors():
+    """drop_path_scale gives the factors timm's DropPath multiplies by, from the same random numbers: x + the
+    branch times them is x + DropPath(branch), bit for bit; None where DropPath passes the branch through."""
+    from timm.layers import DropPath
+
+    from mmpola.models.layers import drop_path_scale
+    branch = torch.randn(16, 5, 8, dtype=torch.bfloat16)
+    drop = DropPath(0.3).train()
+    torch.manual_seed(3)
+    expected = drop(branch)
+    torch.manual_seed(3)
+    scale = drop_path_scale(drop, branch)
+    assert scale.shape == (16, ) and scale.dtype == torch.bfloat16 and 0 < int((scale == 0).sum()) < 16
+    assert torch.equal(branch * scale.view(-1, 1, 1), expected)
+    assert drop_path_scale(drop.eval(), branch) is None and drop_path_scale(DropPath(0.).train(), branch) is None
+    assert drop_path_scale(torch.nn.Identity(), branch) is None and drop_path_scale(None, branch) is None
+    with pytest.raises(TypeError, match="drop_path_scale takes timm's DropPath or an nn.Identity, got Dropout"):
+        drop_path_scale(torch.nn.Dropout(0.1), branch)
+
+
+@pytest.mark.parametrize('module', ['block', 'conv_block', 'cswin'])
+def test_blocks_add_the_attention_in_the_mlps_norm(monkeypatch, module):
+    """In training with stochastic depth, the blocks' residual connection of the attention goes to the MLP's
+    LayerNorm kernel with MMPOLA_RECOMPUTE=triton (PVT's, Swin's and the ViT's block, PVTv2's MLP with its
+    depthwise conv, CSWin's block): the same random draws, the library's output and gradients, and one
+    addition and one multiplication by the drop-path factors fewer each way."""
+    from mmpola.models import CSWinBackbone
+    from mmpola.models.attention.softmax import SpatialReductionAttention
+    from tests.fixtures.backbones import MINI_CSWIN
+    hw, dim = (5, 6), 24
+    torch.manual_seed(0)
+    if module == 'cswin':
+        layer = CSWinBackbone(arch=MINI_CSWIN, attn='flatten', attn_type='LLLL', drop_path_rate=0.5).stage2[0]
+        dim = layer.dim
+    else:
+        layer = PreNormBlock(dim, SpatialReductionAttention(dim, 2), drop_path=0.5,
+                             mlp_layer=Mlp if module == 'block' else ConvMlp)
+    assert type(layer.drop_path).__name__ == 'DropPath'
+    layer = layer.to(DEVICE).train()
+    x = torch.randn(4, 30, dim, device=DEVICE, requires_grad=True)
+    results, ops = [], []
+    for impl in ('torch', 'triton'):
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', impl)
+        layer.zero_grad()
+        x.grad = None
+        torch.manual_seed(1)
+        with DispatchedOps() as forward:
+            out = layer(x, hw)
+        with DispatchedOps() as backward:
+            out.square().sum().backward()
+        ops.append([sum(1 for name, shape in zip(o.names, o.shapes) if name == op and shape == x.shape)
+                    for o in (forward, backward) for op in ('add', 'mul')])
+        results.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()])
+    for a, e in zip(*results):
+        assert relative_error(a, e) <= 1e-5, relative_error(a, e)
+    assert [library - kernel for library, kernel in zip(*ops)] == [1, 1, 1, 1], ops

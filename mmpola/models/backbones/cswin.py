@@ -103,8 +103,8 @@ class CSWinBlock(nn.Module):
             out = torch.cat([self._branch(b, halves[b], hw, means[b], context) for b in range(2)], dim=2)
         else:
             out = self._branch(0, qkv, hw, x_mean, context)
-        x = x + self.drop_path(self.proj(out))
-        return x + self.drop_path(self.mlp(x, norm=self.norm2))
+        x, mlp = self.mlp(x, norm=self.norm2, branch=self.proj(out), drop_path=self.drop_path)
+        return x + self.drop_path(mlp)
 
 
 class MergeBlock(nn.Module):

@@ -74,9 +74,11 @@ class DWConv(nn.Module):
 
 class ConvMlp(nn.Module):
     """fc1 -> dwconv (3x3 depthwise) -> GELU -> Dropout -> fc2 -> Dropout on (B, H*W, C) tokens (GELU to fc2:
-    :func:`~mmpola.models.layers.gelu_fc2`); ``norm``: as :class:`~mmpola.models.layers.Mlp`'s."""
+    :func:`~mmpola.models.layers.gelu_fc2`); ``norm``, ``branch``, ``drop_path``: as
+    :class:`~mmpola.models.layers.Mlp`'s."""
 
     takes_hw = True  # forward(x, hw): PreNormBlock passes the map size
+    takes_branch = True
 
     def __init__(self, dim, hidden, drop=0.):
         super().__init__()
@@ -86,8 +88,12 @@ class ConvMlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x, hw, norm=None):
-        return self.drop(gelu_fc2(self, self.dwconv(norm_linear(norm, self.fc1, x), hw)))
+    def forward(self, x, hw, norm=None, branch=None, drop_path=None):
+        h = norm_linear(norm, self.fc1, x, branch=branch, drop_path=drop_path)
+        if branch is not None:
+            x, h = h
+        out = self.drop(gelu_fc2(self, self.dwconv(h, hw)))
+        return out if branch is None else (x, out)
 
 
 @register_architecture('pvt_v2', title='PVTv2')
