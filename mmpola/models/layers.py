@@ -366,7 +366,6 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
             return add_layer_norm_linear(x, branch, norm.weight, norm.bias, norm.eps, layer.weight,
                                          layer.bias if bias else None, 'triton', drop_path_scale(drop_path, branch))
         x = x + (branch if drop_path is None else drop_path(branch))
-        return x, norm_linear(norm, linear, x, chunk, bias)
     if fused:
         if len(layers) == 1:
             weight, layer_bias = layers[0].weight, layers[0].bias if bias else None
@@ -377,9 +376,11 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
         y = x if norm is None else norm(x)
         outs = tuple(layer(y) if bias else F.linear(y, layer.weight) for layer in layers)
     if chunk is None:
-        return outs[0]
-    return tuple(operand for out in outs
-                 for operand in ((out, ) if out.shape[-1] == chunk else out.unflatten(-1, (-1, chunk)).unbind(-2)))
+        result = outs[0]
+    else:
+        result = tuple(operand for out in outs for operand in (
+            (out, ) if out.shape[-1] == chunk else out.unflatten(-1, (-1, chunk)).unbind(-2)))
+    return result if branch is None else (x, result)
 
 
 class Mlp(nn.Module):
