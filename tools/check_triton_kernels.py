@@ -24,7 +24,8 @@ their projection (the Pola and FLatten value term). The linear layers that recom
 recompute``, mmpola.ops.recompute) run theirs on the tokens of the grids: the MLP's GELU and fc2 with four
 times the head dim's channels, the gated projection with the head dim's channels, its gate seen in a
 projection of four times as many, and the LayerNorm with the linear layer after it with the head dim's
-channels and four times as many (a patch merging's).
+channels and four times as many (a patch merging's), also with its output taken apart into the attention's
+operands (their gradients' kernel).
 
 Token grids: one head of many tokens (several token blocks per chunk) and two heads in a batch of two
 of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
@@ -202,7 +203,8 @@ def record_recompute_launches(gpu, channels, dtype):
     added before the GELU) and the gated projection
     (``channels`` channels, the gate a view of a projection of 4 * ``channels``) and the LayerNorm with its linear
     layer (``channels`` and 4 * ``channels`` channels), also with a branch added to a float32 residual stream
-    before it (``channels`` channels; without and with a factor per sample)."""
+    before it (``channels`` channels; without and with a factor per sample) and with its output taken apart into
+    the attention's operands (three or four of ``channels`` channels, the values used twice)."""
     from mmpola.ops import add_layer_norm_linear, gated_linear, gelu_linear, layer_norm_linear
     from mmpola.ops.triton_support import dry_run
     launches = []
@@ -233,6 +235,14 @@ def record_recompute_launches(gpu, channels, dtype):
                     total, out = add_layer_norm_linear(stream, branch, norm_weight, norm_bias, 1e-5, weight,
                                                        impl='triton', scale=scale)
                 torch.autograd.backward((total, out), (torch.zeros_like(total), torch.zeros_like(out)))
+            # a projection taken apart into the attention's operands, the values used twice: Pola's (q, k, v, g and
+            # q, g, k, v) and FLatten's (q, k, v)
+            x, w, b, _ = norms[0]
+            for count, repeat in ((4, 2), (4, 3), (3, 2)):
+                weight = torch.zeros(count * channels, channels, dtype=dtype).requires_grad_()
+                operands = layer_norm_linear(x, w, b, 1e-5, weight, torch.zeros(count * channels, dtype=dtype),
+                                             impl='triton', chunk=channels, repeat=(repeat, ))
+                torch.autograd.backward(operands, [torch.zeros_like(o) for o in operands])
         launches += recorded
     return launches
 

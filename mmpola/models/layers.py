@@ -332,54 +332,60 @@ def drop_path_scale(drop_path, x):
     return scale.view(-1)
 
 
-def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=None):
+def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=None, repeat=()):
     """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; on a GPU by
     default: the LayerNorm's kernel writes the rows in the linear layer's dtype, also without autograd, and the
     backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last dim with a
     weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules. ``norm`` None: ``linear(x)``.
 
     ``linear`` may also be a tuple of linear layers of the normalised tokens, and ``chunk`` a channel count:
-    then the operands of ``chunk`` channels that their outputs hold, one after another, as views. Where the
-    kernels run, one product with the layers' weights concatenated gives them all, and their gradients meet
-    in one tensor (views of one output, taken apart once).
+    then the operands of ``chunk`` channels that their outputs hold, one after another, as views (``chunk`` also
+    takes a single layer's output apart), and after them those of ``repeat`` (at most one index) once more: an
+    operand used twice, whose gradients the backward adds (:func:`mmpola.ops.layer_norm_linear`). Where the
+    kernels run, one product with the layers' weights concatenated gives them all, and one kernel writes the
+    product's gradient from theirs with its bias's.
 
     ``bias=False``: the single linear layer without its bias (its weight alone; the caller adds the bias).
 
     ``branch`` (x's shape): the residual connection before the norm, ``s = x + drop_path(branch)`` (``drop_path``
-    timm's ``DropPath``, an ``nn.Identity`` or None); returns ``(s, linear(norm(s)))``. Where the kernels run
-    (a single linear layer, ``drop_path`` of those types) the LayerNorm's kernel adds the branch, with the
-    factor per sample of stochastic depth (:func:`drop_path_scale`, :func:`mmpola.ops.add_layer_norm_linear`)."""
+    timm's ``DropPath``, an ``nn.Identity`` or None); returns ``(s, linear(norm(s)))`` (with ``chunk``: s and
+    the tuple of operands). Where the kernels run (``drop_path`` of those types) the LayerNorm's kernel adds the
+    branch, with the factor per sample of stochastic depth (:func:`drop_path_scale`,
+    :func:`mmpola.ops.add_layer_norm_linear`)."""
     layers = linear if isinstance(linear, tuple) else (linear, )
-    if isinstance(linear, tuple) and chunk is None:
-        raise ValueError('norm_linear takes a tuple of linear layers with the chunk size of their operands')
+    if (isinstance(linear, tuple) or repeat) and chunk is None:
+        raise ValueError('norm_linear takes a tuple of linear layers, or repeats operands, with the chunk size of '
+                         'their operands')
     if not bias and isinstance(linear, tuple):
         raise ValueError('norm_linear leaves out the bias of a single linear layer only')
-    if branch is not None and isinstance(linear, tuple):
-        raise ValueError('norm_linear adds a branch before a single linear layer only')
     biased = {layer.bias is not None and bias for layer in layers}
     fused = (type(norm) is nn.LayerNorm and all(_fused(x, layer) for layer in layers) and len(biased) == 1
              and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
              and x.shape[-1] <= NORM_MAX_CHANNELS)
-    if branch is not None:
-        if fused and type(drop_path) in (DropPath, nn.Identity, type(None)):
-            layer = layers[0]
-            return add_layer_norm_linear(x, branch, norm.weight, norm.bias, norm.eps, layer.weight,
-                                         layer.bias if bias else None, 'triton', drop_path_scale(drop_path, branch))
+    # the kernel adds the branch where it draws the drop-path module's factors (timm's DropPath)
+    add_in_kernel = fused and branch is not None and type(drop_path) in (DropPath, nn.Identity, type(None))
+    if branch is not None and not add_in_kernel:
         x = x + (branch if drop_path is None else drop_path(branch))
     if fused:
         if len(layers) == 1:
             weight, layer_bias = layers[0].weight, layers[0].bias if bias else None
         else:
             weight, layer_bias = _concatenated(layers, biased == {True}, x)
-        outs = (layer_norm_linear(x, norm.weight, norm.bias, norm.eps, weight, layer_bias, 'triton'), )
-    else:
-        y = x if norm is None else norm(x)
-        outs = tuple(layer(y) if bias else F.linear(y, layer.weight) for layer in layers)
+        if not add_in_kernel:
+            result = layer_norm_linear(x, norm.weight, norm.bias, norm.eps, weight, layer_bias, 'triton', chunk,
+                                       repeat)
+            return result if branch is None else (x, result)
+        s, *result = add_layer_norm_linear(x, branch, norm.weight, norm.bias, norm.eps, weight, layer_bias, 'triton',
+                                           drop_path_scale(drop_path, branch), chunk, repeat)
+        return s, (result[0] if chunk is None else tuple(result))
+    y = x if norm is None else norm(x)
+    outs = tuple(layer(y) if bias else F.linear(y, layer.weight) for layer in layers)
     if chunk is None:
         result = outs[0]
     else:
         result = tuple(operand for out in outs for operand in (
             (out, ) if out.shape[-1] == chunk else out.unflatten(-1, (-1, chunk)).unbind(-2)))
+        result = (*result, *(result[i] for i in repeat))
     return result if branch is None else (x, result)
 
 

@@ -20,6 +20,10 @@ sums follows. It keeps x only. :func:`add_layer_norm_linear` also takes the resi
 LayerNorm (``s = x + branch``, with a factor per sample): the kernel writes the sum with the rows, and in the
 backward adds the sum's gradient from the layers after it and writes the branch's, where the library runs the
 addition, the multiplication by the factors and, in the backward, their gradients as kernels of their own.
+Both may give the linear layer's output as the operands it holds (``chunk``, the attention's q, k, v and gate),
+one of them twice (``repeat``: the values, which the depthwise term uses too): in the backward one kernel writes
+the output's gradient from theirs, the repeated one's two added, with the bias's partial sums, where the
+library's autograd adds, stacks and sums them in three.
 
 The implementations (``impl``):
 
@@ -36,7 +40,15 @@ import torch
 import torch.nn.functional as F
 
 from .dispatch import implementation_from_env, recording
-from .recompute_triton import NORM_MAX_CHANNELS, add_layer_norm_rows, gate_and_gate_backward, gelu_rows, layer_norm_rows
+from .recompute_triton import (
+    NORM_MAX_CHANNELS,
+    OPERANDS_MAX,
+    add_layer_norm_rows,
+    gate_and_gate_backward,
+    gelu_rows,
+    layer_norm_rows,
+    operand_grads,
+)
 from .triton_support import autocast_operands, dry_running, require_triton, triton_unsupported
 
 __all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'gated_linear', 'gelu_linear', 'layer_norm_linear',
@@ -142,67 +154,97 @@ def _linear_operands(inputs, weight, bias, impl, what):
     return weight, bias
 
 
+def _operands(out, chunk, repeat, fresh=False):
+    """``out`` (..., P * chunk) taken apart: its P operands of ``chunk`` channels (views), then those of ``repeat``
+    (indices) once more (``fresh``: as views of their own, for an autograd Function's outputs); ``out`` itself
+    for ``chunk`` None."""
+    if chunk is None:
+        return out
+    operands = out.unflatten(-1, (-1, chunk)).unbind(-2)
+    return *operands, *(operands[i].view_as(operands[i]) if fresh else operands[i] for i in repeat)
+
+
+def _output_grad(grads, repeat, width, bias_dtype):
+    """(the gradient (M, width) of a linear layer's output, the bias's or None) from ``grads``: the output's, or
+    those of its operands and of the repeated one (:func:`_operands`); ``bias_dtype``: None where the bias takes
+    no gradient."""
+    if len(grads) == 1:
+        grad = grads[0].reshape(-1, width)
+        return grad, grad.sum(0) if bias_dtype else None
+    count = len(grads) - len(repeat)
+    if count <= OPERANDS_MAX:  # the operands' gradients, the repeated one's two added, and the bias's: one pass
+        extra = (_rows(grads[count]), repeat[0]) if repeat else (None, None)
+        return operand_grads([_rows(g) for g in grads[:count]], *extra, bias_dtype=bias_dtype)
+    grad = torch.stack([g + grads[count] if repeat and i == repeat[0] else g for i, g in enumerate(grads[:count])],
+                       -2).reshape(-1, width)
+    return grad, grad.sum(0) if bias_dtype else None
+
+
 class _NormLinear(torch.autograd.Function):
     """``F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias)`` keeping x, the norm's
-    parameters and the weight; the normalised rows in the weight's dtype."""
+    parameters and the weight; the normalised rows in the weight's dtype. ``chunk`` not None: the output's
+    operands (:func:`_operands`), whose gradients meet in one kernel (:func:`operand_grads`)."""
 
     @staticmethod
-    def forward(ctx, x, norm_weight, norm_bias, eps, weight, bias):
+    def forward(ctx, x, norm_weight, norm_bias, eps, weight, bias, chunk=None, repeat=()):
         rows = _rows(x).contiguous()
         y = layer_norm_rows(rows, norm_weight, norm_bias, eps, weight.dtype)[0]
         ctx.save_for_backward(rows, norm_weight, norm_bias, weight)
-        ctx.eps, ctx.shape, ctx.has_bias = eps, x.shape, bias is not None
-        return F.linear(y, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        ctx.eps, ctx.shape, ctx.has_bias, ctx.repeat = eps, x.shape, bias is not None, repeat
+        return _operands(F.linear(y, weight, bias).view(*x.shape[:-1], weight.shape[0]), chunk, repeat, fresh=True)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
+    def backward(ctx, *grads):
         rows, norm_weight, norm_bias, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        grad = grad.reshape(-1, grad.shape[-1])
+        grad, grad_bias = _output_grad(grads, ctx.repeat, weight.shape[0],
+                                       weight.dtype if ctx.has_bias and needs[5] else None)
         grad_y = grad.mm(weight) if any(needs[:3]) else None  # the gradient of the normalised rows
         y, grad_x, grad_norm_weight, grad_norm_bias = layer_norm_rows(rows, norm_weight, norm_bias, ctx.eps,
                                                                      weight.dtype, grad_y)
         grad_weight = grad.t().mm(y) if needs[4] else None
-        grad_bias = grad.sum(0) if ctx.has_bias and needs[5] else None
         return (grad_x.view(ctx.shape) if needs[0] else None, grad_norm_weight if needs[1] else None,
-                grad_norm_bias if needs[2] else None, None, grad_weight, grad_bias)
+                grad_norm_bias if needs[2] else None, None, grad_weight, grad_bias, None, None)
 
 
 class _AddNormLinear(torch.autograd.Function):
     """``(s, F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias))`` for the sum
     ``s = x + branch`` (``x + branch * scale``, a factor per sample of x's first dim) keeping s, the norm's
-    parameters, the weight and the scale; the normalised rows in the weight's dtype."""
+    parameters, the weight and the scale; the normalised rows in the weight's dtype. ``chunk`` not None: s and the
+    output's operands (:func:`_operands`)."""
 
     @staticmethod
-    def forward(ctx, x, branch, scale, norm_weight, norm_bias, eps, weight, bias):
+    def forward(ctx, x, branch, scale, norm_weight, norm_bias, eps, weight, bias, chunk=None, repeat=()):
         tokens = x[0].numel() // x.shape[-1]  # rows per sample
         s, y = add_layer_norm_rows(_rows(x).contiguous(), _rows(branch).contiguous(), scale, tokens, norm_weight,
                                    norm_bias, eps, weight.dtype)
         ctx.save_for_backward(s, norm_weight, norm_bias, weight, scale)
         ctx.set_materialize_grads(False)
-        ctx.eps, ctx.shape, ctx.tokens, ctx.has_bias = eps, x.shape, tokens, bias is not None
+        ctx.eps, ctx.shape, ctx.tokens, ctx.has_bias, ctx.repeat = eps, x.shape, tokens, bias is not None, repeat
         ctx.dtypes = x.dtype, branch.dtype
-        return s.view(x.shape), F.linear(y, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        out = _operands(F.linear(y, weight, bias).view(*x.shape[:-1], weight.shape[0]), chunk, repeat, fresh=True)
+        return (s.view(x.shape), out) if chunk is None else (s.view(x.shape), *out)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_sum, grad):
+    def backward(ctx, grad_sum, *grads):
         s, norm_weight, norm_bias, weight, scale = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        grad = (s.new_zeros(s.shape[0], weight.shape[0], dtype=weight.dtype) if grad is None
-                else grad.reshape(-1, grad.shape[-1]))
+        grads = [s.new_zeros(*ctx.shape[:-1], weight.shape[0] // (len(grads) - len(ctx.repeat)), dtype=weight.dtype)
+                 if g is None else g for g in grads]
+        grad, grad_bias = _output_grad(grads, ctx.repeat, weight.shape[0],
+                                       weight.dtype if ctx.has_bias and needs[7] else None)
         grad_y = grad.mm(weight)  # the gradient of the normalised rows
         grad_sum = None if grad_sum is None else _rows(grad_sum).contiguous()
         y, grad_s, grad_norm_weight, grad_norm_bias, grad_branch = layer_norm_rows(
             s, norm_weight, norm_bias, ctx.eps, weight.dtype, grad_y, residual=(grad_sum, ctx.dtypes[1], scale,
                                                                                 ctx.tokens))
         grad_weight = grad.t().mm(y) if needs[6] else None
-        grad_bias = grad.sum(0) if ctx.has_bias and needs[7] else None
         return (grad_s.view(ctx.shape).to(ctx.dtypes[0]) if needs[0] else None,
                 grad_branch.view(ctx.shape) if needs[1] else None, None,
                 grad_norm_weight if needs[3] else None, grad_norm_bias if needs[4] else None, None, grad_weight,
-                grad_bias)
+                grad_bias, None, None)
 
 
 def _recomputed_linear(op, inputs, weight, bias, impl, what, extra=()):
@@ -247,28 +289,50 @@ def gated_linear(s, g, weight, bias=None, impl='auto'):
     return F.linear(s * g, weight, bias) if out is None else out
 
 
-def layer_norm_linear(x, norm_weight, norm_bias, eps, weight, bias=None, impl='auto'):
+def layer_norm_linear(x, norm_weight, norm_bias, eps, weight, bias=None, impl='auto', chunk=None, repeat=()):
     """``F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias)``: x (..., C), the norm's
     weight and bias (C, ), weight (out, C), bias (out, ) or None. With ``'triton'`` the backward keeps x only
     and recomputes the normalised rows (module docstring); ``'auto'`` runs the library's layers for rows of
     more than ``NORM_MAX_CHANNELS`` channels. Under autocast the linear layer runs in the autocast dtype, as
     ``F.linear`` does; the rows are normalised in float32 and rounded once to that dtype (as the library's
-    float32 LayerNorm and the cast before its linear layer)."""
+    float32 LayerNorm and the cast before its linear layer).
+
+    ``chunk`` (a divisor of out): returns the operands that the output holds, ``chunk`` channels each, one after
+    another (views, as ``out.unflatten(-1, (-1, chunk)).unbind(-2)``), followed by those of ``repeat`` (at most
+    one index) once more: an operand used twice, whose two gradients the backward adds where the library's
+    autograd adds them with a kernel of its own. With ``'triton'`` one kernel writes the output's gradient from
+    the operands' (up to four) and the bias's partial sums, where the library stacks them and reads the stack
+    again for the bias's gradient."""
     C = x.shape[-1]
     if norm_weight.shape != (C, ) or norm_bias.shape != (C, ) or weight.shape[-1] != C:
         raise ValueError(f'layer_norm_linear expects a norm weight and bias of ({C}, ) and a weight (out, {C}) for '
                          f'x of {C} channels, got {tuple(norm_weight.shape)}, {tuple(norm_bias.shape)} and '
                          f'{tuple(weight.shape)}')
+    repeat = _check_operands(weight, chunk, repeat, 'layer_norm_linear')
     if impl == 'auto' and C > NORM_MAX_CHANNELS:  # rows wider than the kernel's
         impl = 'torch'
     operands = _linear_operands((x, ), weight, bias, impl, 'layer_norm_linear')
     if operands is None:
-        return F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias)
+        return _operands(F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias), chunk, repeat)
     with torch.autocast(x.device.type, enabled=False):
-        return _NormLinear.apply(x, norm_weight, norm_bias, eps, *operands)
+        return _NormLinear.apply(x, norm_weight, norm_bias, eps, *operands, chunk, repeat)
 
 
-def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=None, impl='auto', scale=None):
+def _check_operands(weight, chunk, repeat, what):
+    """``repeat`` as a tuple, after the checks of ``chunk`` and ``repeat`` for a linear layer of ``weight``."""
+    repeat = tuple(repeat)
+    if chunk is None and repeat:
+        raise ValueError(f'{what} repeats operands of a chunk size only')
+    if chunk is not None and (chunk <= 0 or weight.shape[0] % chunk):
+        raise ValueError(f'{what} takes operands of a chunk size that divides the {weight.shape[0]} outputs, got '
+                         f'{chunk}')
+    if len(repeat) > 1 or any(not 0 <= i < weight.shape[0] // chunk for i in repeat):
+        raise ValueError(f'{what} repeats at most one of its {weight.shape[0] // chunk} operands, got {repeat}')
+    return repeat
+
+
+def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=None, impl='auto', scale=None,
+                          chunk=None, repeat=()):
     """``(s, F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias))`` for the sum
     ``s = x + branch``: a residual connection and the pre-norm of the layer after it (a block's residual stream x
     and its attention's output). x and branch (B, ..., C) of one shape; ``scale`` (B, ) or None: a factor per
@@ -282,7 +346,7 @@ def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=N
     times its factor): where the library runs the addition, the multiplication and the LayerNorm as kernels of
     their own, and in the backward the sum of the two gradients, a cast and a multiplication. Otherwise as
     :func:`layer_norm_linear` (``'auto'`` runs the library's layers for rows of more than ``NORM_MAX_CHANNELS``
-    channels)."""
+    channels), also for ``chunk`` and ``repeat``: then returns s and the output's operands."""
     C = x.shape[-1]
     if branch.shape != x.shape:
         raise ValueError(f'add_layer_norm_linear expects a branch of the shape of x {tuple(x.shape)}, '
@@ -294,11 +358,13 @@ def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=N
         raise ValueError(f'add_layer_norm_linear expects a norm weight and bias of ({C}, ) and a weight (out, {C}) '
                          f'for x of {C} channels, got {tuple(norm_weight.shape)}, {tuple(norm_bias.shape)} and '
                          f'{tuple(weight.shape)}')
+    repeat = _check_operands(weight, chunk, repeat, 'add_layer_norm_linear')
     if impl == 'auto' and C > NORM_MAX_CHANNELS:
         impl = 'torch'
     operands = _linear_operands((x, ), weight, bias, impl, 'add_layer_norm_linear')
     if operands is None:
         s = x + (branch if scale is None else branch * scale.view(-1, *(1, ) * (branch.dim() - 1)))
-        return s, F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias)
+        out = _operands(F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias), chunk, repeat)
+        return (s, out) if chunk is None else (s, *out)
     with torch.autocast(x.device.type, enabled=False):
-        return _AddNormLinear.apply(x, branch, scale, norm_weight, norm_bias, eps, *operands)
+        return _AddNormLinear.apply(x, branch, scale, norm_weight, norm_bias, eps, *operands, chunk, repeat)

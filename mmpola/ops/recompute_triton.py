@@ -30,6 +30,12 @@ that input, recomputed (for the layer's weight gradient), and the gradients of w
   writes the total (s's and the residual stream's gradient) and the branch's (rounded to its dtype, times
   the factor).
 
+* ``_operand_grads_kernel``: the gradient of a linear layer's output (M, P * C) taken apart into P operands of C
+  channels (the attention's q, k, v, g), written from the operands' gradients, read through their row strides,
+  with a second gradient of one operand (used twice) added to its first, and each program's sums of the columns
+  over its rows (the bias's gradient, summed over the programs after it). The operands are a compile-time loop:
+  each program reads the same rows of every one.
+
 Every result is rounded once to its tensor's dtype. Any number of elements; float64 inputs (the
 interpreter, for tests) are computed in float32 too. One compiled kernel per dtype (and the gate's and the
 LayerNorm's per channel count, the GELU's with and without a bias, the LayerNorm's with and without the
@@ -39,7 +45,8 @@ import torch
 
 from .triton_support import kernel_target, launch, triton_available
 
-__all__ = ['NORM_MAX_CHANNELS', 'add_layer_norm_rows', 'gate_and_gate_backward', 'gelu_rows', 'layer_norm_rows']
+__all__ = ['NORM_MAX_CHANNELS', 'OPERANDS_MAX', 'add_layer_norm_rows', 'gate_and_gate_backward', 'gelu_rows',
+           'layer_norm_rows', 'operand_grads']
 
 if triton_available() is None:
     import triton
@@ -149,6 +156,37 @@ if triton_available() is None:
             tl.store(parts_ptr + pid * 2 * C + cols, sum_w, mask=col_mask)
             tl.store(parts_ptr + pid * 2 * C + C + cols, sum_b, mask=col_mask)
 
+    @triton.jit(do_not_specialize=['M', 'blocks_per_program'])  # the token count: data
+    def _operand_grads_kernel(g0_ptr, g1_ptr, g2_ptr, g3_ptr, extra_ptr, out_ptr, parts_ptr, M, C, stride0, stride1,
+                              stride2, stride3, extra_stride, blocks_per_program, OPERANDS: tl.constexpr,
+                              EXTRA: tl.constexpr, BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        col_mask = cols < C
+        for p in tl.static_range(OPERANDS):  # the operand's gradient (and the extra one's), chosen when compiled
+            if p == 0:
+                src, stride = g0_ptr, stride0
+            elif p == 1:
+                src, stride = g1_ptr, stride1
+            elif p == 2:
+                src, stride = g2_ptr, stride2
+            else:
+                src, stride = g3_ptr, stride3
+            sums = tl.zeros((BLOCK_C, ), dtype=tl.float32)
+            for i in range(0, blocks_per_program):
+                rows = ((tl.program_id(0) * blocks_per_program + i) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+                mask = (rows[:, None] < M) & col_mask[None, :]
+                grad = tl.load(src + rows[:, None] * stride + cols[None, :], mask=mask, other=0.).to(tl.float32)
+                if p == EXTRA:  # the operand's second use: the two gradients added, rounded once
+                    grad += tl.load(extra_ptr + rows[:, None] * extra_stride + cols[None, :], mask=mask,
+                                    other=0.).to(tl.float32)
+                    grad = _round(grad, out_ptr.dtype.element_ty)
+                tl.store(out_ptr + rows[:, None] * (OPERANDS * C) + p * C + cols[None, :],
+                         grad.to(out_ptr.dtype.element_ty), mask=mask)
+                if BIAS:
+                    sums += tl.sum(grad, axis=0)
+            if BIAS:
+                tl.store(parts_ptr + tl.program_id(0) * OPERANDS * C + p * C + cols, sums, mask=col_mask)
+
 _GELU_ELEMENTS = 1024  # elements per row block: 8 per thread at 4 warps
 _GELU_PROGRAMS_PER_SM = 4  # programs of the backward with a bias per multiprocessor, its column blocks together
 _GATE_BLOCKS = dict(BLOCK_M=16, BLOCK_C=64, num_warps=4)  # 1024 elements per program, rows of 64 channels
@@ -194,6 +232,43 @@ def gate_and_gate_backward(s, g, grad, out_dtype):
     launch(_gate_and_backward_kernel, grid, s, g, grad, out, grad_s, grad_g, M, C, s.stride(0), g.stride(0),
            **_GATE_BLOCKS)
     return out, grad_s, grad_g
+
+
+OPERANDS_MAX = 4  # the operands whose gradients one kernel takes (and one of them used twice)
+
+
+def operand_grads(grads, extra=None, extra_index=None, bias_dtype=None):
+    """The gradient (M, P * C) of an output (M, P * C) taken apart into P operands of C channels (``grads``: their
+    gradients (M, C), each with unit column stride, in the output's dtype; P up to ``OPERANDS_MAX``), with
+    ``extra`` (M, C), a second gradient of operand ``extra_index`` (one used twice), added to its first; with
+    ``bias_dtype``, also the sums of its columns in that dtype (the gradient of the bias of the linear layer that
+    made the output), from each program's partial sums over its rows. Returns (grad, grad_bias or None). One
+    kernel (and one sum of the partial sums), where the library stacks the gradients, adds the extra one first
+    and reads the stacked gradient once more for the bias."""
+    count = len(grads)
+    if not 1 <= count <= OPERANDS_MAX or (extra is None) != (extra_index is None):
+        raise ValueError(f'operand_grads takes 1 to {OPERANDS_MAX} gradients and an extra one with its index')
+    M, C = grads[0].shape
+    dtype = grads[0].dtype
+    if any(g.shape != (M, C) or g.dtype != dtype or g.stride(-1) != 1 for g in (*grads, *(
+            () if extra is None else (extra, )))):
+        raise ValueError('operand_grads expects gradients (M, C) of one dtype with unit column stride')
+    block_c = min(64, max(16, triton.next_power_of_2(C)))
+    options = dict(BLOCK_M=_GELU_ELEMENTS // block_c, BLOCK_C=block_c, num_warps=4)
+    blocks, columns = triton.cdiv(M, options['BLOCK_M']), triton.cdiv(C, block_c)
+    per_program = 1
+    if bias_dtype is not None:  # a fixed number of programs per column block, each summing over its rows
+        want = triton.cdiv(_GELU_PROGRAMS_PER_SM * kernel_target(grads[0].device).sm_count, columns)
+        per_program = max(1, triton.cdiv(blocks, want))
+    programs = max(triton.cdiv(blocks, per_program), 1)
+    out = torch.empty(M, count * C, dtype=dtype, device=grads[0].device)
+    parts = torch.empty(programs, count * C, dtype=torch.float32, device=out.device) if bias_dtype else out
+    padded = list(grads) + [grads[0]] * (OPERANDS_MAX - count)  # pointers the kernel does not read
+    extra_arg = grads[0] if extra is None else extra
+    launch(_operand_grads_kernel, (programs, columns), *padded, extra_arg, out, parts, M, C,
+           *(g.stride(0) for g in padded), extra_arg.stride(0), per_program, OPERANDS=count,
+           EXTRA=-1 if extra is None else extra_index, BIAS=bias_dtype is not None, **options)
+    return out, None if bias_dtype is None else parts.sum(0).to(bias_dtype)
 
 
 NORM_MAX_CHANNELS = 8192  # the widest rows the LayerNorm kernel takes (one row block holds whole rows)

@@ -528,14 +528,150 @@ def test_layer_norm_linear_choices_and_errors(monkeypatch):
     assert out.shape == (2, 2)
     from mmpola.models.layers import norm_linear
     linears = (torch.nn.Linear(16, 32), torch.nn.Linear(16, 16))
-    with pytest.raises(ValueError, match='norm_linear takes a tuple of linear layers with the chunk size'):
+    with pytest.raises(ValueError, match='takes a tuple of linear layers, or repeats operands, with the chunk size'):
         norm_linear(torch.nn.LayerNorm(16), linears, x.cpu())
+    with pytest.raises(ValueError, match='takes a tuple of linear layers, or repeats operands, with the chunk size'):
+        norm_linear(torch.nn.LayerNorm(16), linears[0], x.cpu(), repeat=(0, ))
     assert [t.shape for t in norm_linear(torch.nn.LayerNorm(16), linears, x.cpu(), chunk=16)] == [(2, 5, 16)] * 3
     monkeypatch.setenv('TRITON_INTERPRET', '0')
     with pytest.raises(AttnImplUnavailable, match=r"backward of layer_norm_linear cannot run here: .*CUDA "
                        r"tensors.*impl='torch' \(MMPOLA_RECOMPUTE=torch\)"):
         layer_norm_linear(x.cpu(), norm_weight.cpu(), norm_bias.cpu(), 1e-5, weight.cpu(), bias.cpu(),
                           impl='triton')
+
+
+# the output taken apart into operands (chunk), one of them used twice (repeat): (shape, out, chunk, repeat)
+OPERAND_CASES = [((2, 7, 40), 64, 16, (2, )), ((4, 2049, 24), 48, 16, ()), ((3, 130), 32, 32, (0, )),
+                 ((2, 5, 24), 80, 16, (3, ))]  # the last: five operands, more than the kernel takes
+
+
+def operands_loss(impl, chunk, repeat):
+    """The function of the leaves (x, the norm's weight and bias, weight, bias) whose backward the tests take: a
+    sum over every operand (and the repeated ones) times fixed weights of its own, so that each operand's
+    gradient differs."""
+    def fn(x, norm_weight, norm_bias, weight, bias):
+        operands = layer_norm_linear(x, norm_weight, norm_bias, 1e-5, weight, bias, impl=impl, chunk=chunk,
+                                     repeat=repeat)
+        gen = torch.Generator().manual_seed(1)
+        weights = [torch.randn(operands[0].shape, generator=gen).to(x.device) for _ in operands]
+        return sum((o * w.to(o.dtype)).sum() for o, w in zip(operands, weights)), operands
+    return fn
+
+
+def operands_results(fn, leaves, dtype=None):
+    """[each operand, the gradients of the leaves] of ``fn``, the leaves in ``dtype``."""
+    leaves = [t.detach().to(dtype or t.dtype).clone().requires_grad_() for t in leaves]
+    loss, operands = fn(*leaves)
+    loss.backward()
+    return [o.detach() for o in operands] + [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize('case', OPERAND_CASES, ids=lambda c: f'{"x".join(map(str, c[0]))}-{c[1]}-{c[2]}-{c[3]}')
+def test_layer_norm_linear_operands_match_the_library(case):
+    """``chunk`` and ``repeat``: the operands are views of the output, one after another, the repeated one once
+    more after them; their gradients (the repeated one's two added) give those of x, the norm, the weight and
+    the bias within 1e-6 of the float64 library layers (whose autograd stacks them)."""
+    shape, out_features, chunk, repeat = case
+    *leaves, _ = make_norm_inputs(shape, out_features)
+    actual = operands_results(operands_loss('triton', chunk, repeat), leaves)
+    expected = operands_results(operands_loss('torch', chunk, repeat), [t.double() for t in leaves])
+    count = out_features // chunk
+    assert len(actual) == len(expected) == count + len(repeat) + 5
+    first = actual[0]
+    for i, operand in enumerate(actual[:count + len(repeat)]):
+        assert operand.shape == (*shape[:-1], chunk)
+        assert operand.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()  # views of one output
+    if repeat:
+        assert torch.equal(actual[count], actual[repeat[0]])
+    for name, a, e in zip([f'operand {i}' for i in range(count + len(repeat))] + list(NORM_NAMES[1:]), actual,
+                          expected):
+        assert a.dtype == torch.float32 and a.shape == e.shape, name
+        assert relative_error(a, e) <= 1e-6, f'{case} {name}: {relative_error(a, e):.2e}'
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_layer_norm_linear_operands_under_autocast(dtype):
+    """Under autocast, float32 leaves: the operands in the autocast dtype, and every gradient within rounding of
+    the library's in its dtypes (the repeated operand's two gradients added and rounded once, as autograd adds
+    them; the bias's summed in float32 where the library sums in the autocast dtype)."""
+    *leaves, _ = make_norm_inputs((2, 33, 32), 128)
+    results = []
+    for impl in ('triton', 'torch'):
+        with torch.autocast(DEVICE, dtype=dtype):
+            results.append(operands_results(operands_loss(impl, 32, (2, )), leaves))
+    expected = operands_results(operands_loss('torch', 32, (2, )), [t.double() for t in leaves])
+    for i, (a, o, e) in enumerate(zip(*results, expected)):
+        assert a.dtype == o.dtype == (dtype if i < 5 else torch.float32), i
+        assert relative_error(a, e) <= 2 * relative_error(o, e) + 1e-3, i
+
+
+def test_layer_norm_linear_operands_launch_one_kernel_for_their_gradients():
+    """A dry run: the backward of the operands (the library's autograd: a stack, the repeated operand's addition
+    and the bias's sum over the stacked gradient) is one kernel and the sum of its partial sums; no stack and no
+    addition."""
+    *leaves, _ = make_norm_inputs((2, 64, 32), 128)
+    counts = {}
+    for impl in ('torch', 'triton'):
+        inputs = [t.detach().clone().requires_grad_() for t in leaves]
+        with dry_run(H100) as launches:
+            loss, _ = operands_loss(impl, 32, (2, ))(inputs[0] * 2, *inputs[1:])
+            forward_launches = len(launches)
+            with DispatchedOps() as backward:
+                loss.backward()
+        names = [name for name, view in zip(backward.names, backward.views) if not view]
+        counts[impl] = (len(launches) - forward_launches, names.count('stack'), names.count('add'),
+                        len(backward.kernels()))
+    assert counts['torch'][:3] == (0, 1, 1), counts
+    assert counts['triton'][:3] == (2, 0, 0), counts  # the operands' kernel, the LayerNorm's
+    # the stack, the addition and the bias's sum (and the library's LayerNorm backward) -> the sums of the two
+    # kernels' partial sums
+    assert counts['triton'][3] < counts['torch'][3], counts
+
+
+@pytest.mark.parametrize('scaled', [False, True], ids=['sum', 'scaled'])
+def test_add_layer_norm_linear_operands_match_the_library(scaled):
+    """add_layer_norm_linear with ``chunk`` and ``repeat``: the sum, then the operands (a dropped sample's
+    factor among the factors), and the gradients of the six leaves within 1e-6 of the float64 library's, the
+    sum's gradient from the layers after it added."""
+    x, branch, norm_weight, norm_bias, weight, bias, grad_sum, _ = make_add_norm_inputs((2, 7, 24), 64)
+    scale = torch.tensor([0., 1.6]) if scaled else None
+
+    def fn(impl, dtype):
+        def run(x, branch, norm_weight, norm_bias, weight, bias):
+            s, *operands = add_layer_norm_linear(
+                x, branch, norm_weight, norm_bias, 1e-5, weight, bias, impl=impl, chunk=16, repeat=(2, ),
+                scale=None if scale is None else scale.to(device=DEVICE, dtype=dtype))
+            gen = torch.Generator().manual_seed(1)
+            weights = [torch.randn(s.shape[:-1] + (16, ), generator=gen).to(s.device) for _ in operands]
+            loss = sum((o * w.to(o.dtype)).sum() for o, w in zip(operands, weights)) + (s * grad_sum.to(s.dtype)).sum()
+            return loss, [s, *operands]
+        return run
+
+    leaves = (x, branch, norm_weight, norm_bias, weight, bias)
+    actual = operands_results(fn('triton', torch.float32), leaves)
+    expected = operands_results(fn('torch', torch.float64), [t.double() for t in leaves])
+    assert len(actual) == 1 + 4 + 1 + 6
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert a.dtype == torch.float32 and a.shape == e.shape, i
+        assert relative_error(a, e) <= 1e-6, f'{i}: {relative_error(a, e):.2e}'
+    if scaled:
+        assert not actual[7][0].any()  # the branch's gradient of the dropped sample
+
+
+def test_layer_norm_linear_operands_errors():
+    x, norm_weight, norm_bias, weight, bias, _ = make_norm_inputs((2, 5, 16), 48)
+    for chunk, repeat, message in ((20, (), 'takes operands of a chunk size that divides the 48 outputs, got 20'),
+                                   (16, (0, 1), r'repeats at most one of its 3 operands, got \(0, 1\)'),
+                                   (16, (3, ), r'repeats at most one of its 3 operands, got \(3,\)'),
+                                   (None, (0, ), 'repeats operands of a chunk size only')):
+        with pytest.raises(ValueError, match=message):
+            layer_norm_linear(x, norm_weight, norm_bias, 1e-5, weight, bias, chunk=chunk, repeat=repeat)
+    from mmpola.ops.recompute_triton import operand_grads
+    grads = [torch.zeros(4, 8)] * 5
+    with pytest.raises(ValueError, match='operand_grads takes 1 to 4 gradients and an extra one with its index'):
+        operand_grads(grads)
+    with pytest.raises(ValueError, match='operand_grads expects gradients'):
+        operand_grads([torch.zeros(4, 8), torch.zeros(4, 8).t()])
 
 
 @pytest.mark.parametrize('module', ['block', 'conv_block', 'pola_block', 'pola_pvt_block', 'flatten_block',
@@ -791,9 +927,10 @@ def test_add_layer_norm_linear_errors():
     with pytest.raises(ValueError, match=r'expects a norm weight and bias of \(16, \) and a weight \(out, 16\)'):
         add_layer_norm_linear(x, branch, norm_weight[:8], norm_bias, 1e-5, weight, bias)
     from mmpola.models.layers import norm_linear
-    with pytest.raises(ValueError, match='norm_linear adds a branch before a single linear layer only'):
-        norm_linear(torch.nn.LayerNorm(16), (torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)), x.cpu(), chunk=8,
-                    branch=branch.cpu())
+    norm, linears = torch.nn.LayerNorm(16), (torch.nn.Linear(16, 8), torch.nn.Linear(16, 16))
+    s, operands = norm_linear(norm, linears, x.cpu(), chunk=8, branch=branch.cpu(), repeat=(1, ))
+    assert torch.equal(s, x.cpu() + branch.cpu()) and len(operands) == 4
+    assert torch.equal(operands[0], linears[0](norm(s))) and torch.equal(operands[3], operands[1])
 
 
 def test_drop_path_scale_draws_timms_factors():

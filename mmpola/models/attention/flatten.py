@@ -77,12 +77,12 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
 
     def forward(self, x, hw, num_prefix_tokens=0, norm=None, **context):
         P = num_prefix_tokens
-        (q, k, v), kv_hw = self._project_inputs(x, hw, norm)
+        (q, k, v, v_term), kv_hw = self._project_inputs(x, hw, norm, value_twice=True)
         B, n, C = k.shape
         # the positional encoding as the keys' bias: the Triton kernels add it where they read the keys
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
                                 impl=self.attn_impl, key_bias=self.key_bias(kv_hw, k.dtype, P))
-        v = v[:, P:].reshape(B, n - P, self.num_heads, C // self.num_heads).transpose(1, 2)
+        v = v_term[:, P:].reshape(B, n - P, self.num_heads, C // self.num_heads).transpose(1, 2)
         if P:
             out = add_to_patches(out, depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample), P)
         else:  # the term added to the core's output where the conv writes it, in the output's layout

@@ -104,7 +104,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     def forward(self, x, hw, num_prefix_tokens=0, norm=None, **context):
         H, W = hw
         P = num_prefix_tokens
-        (q, k, v, g), kv_hw = self._project_inputs(x, hw, norm)
+        (q, k, v, g, v_term), kv_hw = self._project_inputs(x, hw, norm, value_twice=True)
         B, N, C = q.shape
         heads, head_dim = self.num_heads, C // self.num_heads
         n = k.shape[1]
@@ -118,6 +118,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         q = q.reshape(B, N, heads, head_dim).transpose(1, 2)
         k = k.reshape(B, n, heads, head_dim).transpose(1, 2)
         v = v.reshape(B, n, heads, head_dim).transpose(1, 2)
+        v_term = v_term.reshape(B, n, heads, head_dim).transpose(1, 2)  # the same values, for the depthwise term
         # scale is per channel (1, 1, C) and divides q and k before the head split in the
         # official code; elementwise, so dividing by its (1, h, 1, d) view gives the same bits.
         scale = self.scale.reshape(1, 1, heads, head_dim).transpose(1, 2)
@@ -126,11 +127,12 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
                              impl=self.attn_impl, key_bias=key_bias)
         if P:
             out = out.transpose(1, 2).reshape(B, N, C)
-            out = add_to_patches(out, depthwise_value_term(self.dwc, v[:, :, P:], kv_hw, (H, W), self.v_upsample), P)
+            term = depthwise_value_term(self.dwc, v_term[:, :, P:], kv_hw, (H, W), self.v_upsample)
+            out = add_to_patches(out, term, P)
         else:
             # the term added to the core's output (in the tokens' layout) where the conv writes it; merging the
             # heads is a view
-            out = depthwise_value_heads(self.dwc, v, kv_hw, (H, W), self.v_upsample, residual=out)
+            out = depthwise_value_heads(self.dwc, v_term, kv_hw, (H, W), self.v_upsample, residual=out)
             out = out.transpose(1, 2).reshape(B, N, C)
         return self._project_gated_output(out, g)
 

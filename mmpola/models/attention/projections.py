@@ -73,30 +73,39 @@ class QKVProjections:
             self.proj = nn.Linear(dim, dim)
             self.proj_drop = nn.Dropout(proj_drop)
 
-    def _project_inputs(self, x, hw, norm=None):
+    def _project_inputs(self, x, hw, norm=None, value_twice=False):
         """(the operands (B, N, C) each, in the order of the fused projection; k and v: (B, n, C)),
         (Hk, Wk) the key grid; ``norm``: a LayerNorm to apply to x first (the projections take it with them
-        where :attr:`takes_norm`: :func:`~mmpola.models.layers.norm_linear`)."""
+        where :attr:`takes_norm`: :func:`~mmpola.models.layers.norm_linear`). ``value_twice``: v once more after
+        the operands, for a second use of the values (the depthwise term), whose gradient the projection's
+        backward adds to the first's where its kernels run (:func:`~mmpola.models.layers.norm_linear`'s
+        ``repeat``); elsewhere the same tensor."""
         if norm is not None and not self._projects_the_tokens_only:
             x, norm = norm(x), None
+        value = 2  # the values' index in the order of the fused projection (q, k, v, ...)
         if self.qkv_layout == 'projected':
             operands = self.fused_projection[1]
             if isinstance(x, (tuple, list)):  # taken apart by the caller (CSWin's block, which uses v itself)
-                return tuple(x[:operands]), tuple(hw)
-            return x[:, :, :operands].unbind(2), tuple(hw)
+                operands = tuple(x[:operands])
+            else:
+                operands = x[:, :, :operands].unbind(2)
+            return operands + (operands[value], ) * value_twice, tuple(hw)
         B, N, C = x.shape
         if self.qkv_layout == 'fused':
-            name, operands = self.fused_projection
-            return norm_linear(norm, getattr(self, name), x).reshape(B, N, operands, C).unbind(2), tuple(hw)
+            name, _ = self.fused_projection
+            return norm_linear(norm, getattr(self, name), x, chunk=C, repeat=(value, ) * value_twice), tuple(hw)
         name, operands = self.query_projection
         if norm is not None:  # no spatial reduction: both projections of the normalised tokens, one product
-            *query, k, v = norm_linear(norm, (getattr(self, name), self.kv), x, chunk=C)
-            return (query[0], k, v, *query[1:]), tuple(hw)
+            # their order q, (g), k, v: the values are the last of the query projection's operands and k
+            projected = norm_linear(norm, (getattr(self, name), self.kv), x, chunk=C,
+                                    repeat=(operands + 1, ) * value_twice)
+            query, (k, v), again = projected[:operands], projected[operands:operands + 2], projected[operands + 2:]
+            return (query[0], k, v, *query[1:], *again), tuple(hw)
         query = getattr(self, name)(x)
         query = (query,) if operands == 1 else query.reshape(B, N, operands, C).unbind(2)
         x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
         k, v = self.kv(x_).reshape(B, -1, 2, C).unbind(2)
-        return (query[0], k, v, *query[1:]), kv_hw
+        return (query[0], k, v, *query[1:]) + (v, ) * value_twice, kv_hw
 
     def _project_output(self, out):
         """``proj`` and its dropout, except in the 'projected' layout (the caller owns ``proj``)."""
