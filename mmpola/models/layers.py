@@ -427,8 +427,16 @@ class PreNormBlock(nn.Module):
     so does an attention whose projections can (``takes_norm``: Pola's and FLatten's, without a spatial
     reduction). An MLP that ``takes_branch`` (both) also gets the attention's output and ``drop_path``, and
     adds them to x before its LayerNorm (``branch=``): in the norm's kernel where it runs.
+
+    Between blocks (:func:`~mmpola.models.backbones.run_blocks`) the same goes for the MLP's output and the
+    next block's ``norm1``: ``forward(..., defer=True)`` returns ``(x, mlp, drop_path)``, the last residual
+    connection not added, and ``forward(..., residual=(branch, drop_path))`` takes the previous block's, its
+    input being ``x + drop_path(branch)``; an attention that ``takes_branch`` adds it with the LayerNorm before
+    its projections (:attr:`takes_residual`), else the block adds it first.
     Shapes: ``forward(x, hw, **context)``: (B, N, C), (H, W) -> (B, N, C).
     """
+
+    defers_residual = True  # forward(..., defer=True)
 
     def __init__(self, dim, attn, mlp_ratio=4., drop=0., drop_path=0., mlp_layer=Mlp, norm_eps=1e-6):
         super().__init__()
@@ -439,17 +447,32 @@ class PreNormBlock(nn.Module):
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=drop)
         self.mlp_takes_hw = getattr(mlp_layer, 'takes_hw', False)
 
-    def forward(self, x, hw, **context):
-        if getattr(self.attn, 'takes_norm', False):  # its projection takes the LayerNorm with it
-            attn = self.attn(x, hw, norm=self.norm1, **context)
+    @property
+    def takes_residual(self):
+        """True where the attention adds the previous block's residual connection with ``norm1``
+        (``takes_branch``): where the block's input is a sum that nothing else needs before that norm."""
+        return getattr(self.attn, 'takes_branch', False)
+
+    def forward(self, x, hw, residual=None, defer=False, **context):
+        if residual is not None and self.takes_residual:  # with the LayerNorm before its projections
+            branch, drop_path = residual
+            x, attn = self.attn(x, hw, norm=self.norm1, branch=branch, drop_path=drop_path, **context)
         else:
-            attn = self.attn(self.norm1(x), hw, **context)
+            if residual is not None:
+                branch, drop_path = residual
+                x = x + drop_path(branch)
+            if getattr(self.attn, 'takes_norm', False):  # its projection takes the LayerNorm with it
+                attn = self.attn(x, hw, norm=self.norm1, **context)
+            else:
+                attn = self.attn(self.norm1(x), hw, **context)
         hw_arg = (hw, ) if self.mlp_takes_hw else ()
         if getattr(self.mlp, 'takes_branch', False):  # the residual connection goes with the MLP's LayerNorm
             x, mlp = self.mlp(x, *hw_arg, norm=self.norm2, branch=attn, drop_path=self.drop_path)
         else:
             x = x + self.drop_path(attn)
             mlp = self.mlp(x, *hw_arg, norm=self.norm2)
+        if defer:
+            return x, mlp, self.drop_path
         return x + self.drop_path(mlp)
 
 

@@ -14,7 +14,7 @@ from mmpola.ops import add_layer_norm_linear, gated_linear, gelu_linear, layer_n
 from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.triton_support import KernelTarget, dry_run
-from tests.fixtures.ops import DispatchedOps, forward_backward, relative_error
+from tests.fixtures.ops import DispatchedOps, forward_backward, max_scaled_error, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 H100 = KernelTarget(True, (9, 0), 132, 227 * 1024)
@@ -989,3 +989,62 @@ def test_blocks_add_the_attention_in_the_mlps_norm(monkeypatch, module):
     for a, e in zip(*results):
         assert relative_error(a, e) <= 1e-5, relative_error(a, e)
     assert [library - kernel for library, kernel in zip(*ops)] == [1, 1, 1, 1], ops
+
+
+@pytest.mark.parametrize('attention', ['pola', 'pola_pvt', 'flatten', 'inline', 'softmax'])
+def test_blocks_hand_their_residual_connection_to_the_next_blocks_norm(monkeypatch, attention):
+    """run_blocks: a block hands the MLP's residual connection to the next block, whose attention adds it with
+    the LayerNorm before its projections (Pola's and FLatten's, which take that norm): with stochastic depth in
+    training, the output and gradients of the blocks called one after another, with MMPOLA_RECOMPUTE=torch and
+    =triton; with =triton one addition and one multiplication by the drop-path factors fewer each way per pair
+    of blocks. Attentions that do not take the norm (InLine, the softmax kinds) add it at the block's start. A
+    forward hook on a block, and gradient checkpointing, keep the blocks' usual outputs."""
+    from mmpola.models.attention.flatten import FocusedLinearAttention
+    from mmpola.models.attention.inline import InLineAttention
+    from mmpola.models.attention.pola import PolaAttention
+    from mmpola.models.attention.softmax import SpatialReductionAttention
+    from mmpola.models.backbones import run_blocks
+    hw, dim = (5, 6), 24
+    makers = {'pola': lambda: PolaAttention(dim, 2, hw), 'flatten': lambda: FocusedLinearAttention(dim, 2, hw),
+              'pola_pvt': lambda: PolaAttention(dim, 2, hw, qkv_layout='separate'),
+              'inline': lambda: InLineAttention(dim, 2), 'softmax': lambda: SpatialReductionAttention(dim, 2)}
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList([PreNormBlock(dim, makers[attention](), drop_path=0.5) for _ in range(3)])
+    blocks = blocks.to(DEVICE).train()
+    takes = attention in ('pola', 'pola_pvt', 'flatten')
+    assert [b.takes_residual for b in blocks] == [takes] * 3
+    x = torch.randn(4, 30, dim, device=DEVICE, requires_grad=True)
+    seen = []
+
+    def run(impl, how):
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', impl)
+        blocks.zero_grad()
+        x.grad = None
+        torch.manual_seed(1)
+        handles = [blocks[1].register_forward_hook(lambda m, a, out: seen.append(out))] if how == 'hooked' else []
+        with DispatchedOps() as forward:
+            if how == 'one_by_one':
+                out = x
+                for block in blocks:
+                    out = block(out, hw)
+            else:
+                out = run_blocks(blocks, x, hw, with_cp=how == 'checkpointed')
+        with DispatchedOps() as backward:
+            out.square().sum().backward()
+        for handle in handles:
+            handle.remove()
+        counts = [sum(1 for name, shape in zip(o.names, o.shapes) if name == op and shape == x.shape)
+                  for o in (forward, backward) for op in ('add', 'mul')]
+        return [out.detach(), x.grad.clone()] + [p.grad.clone() for p in blocks.parameters()], counts
+
+    expected, one_by_one = run('torch', 'one_by_one')
+    one_by_one = {'torch': one_by_one, 'triton': run('triton', 'one_by_one')[1]}
+    for impl, how in (('torch', 'run_blocks'), ('triton', 'run_blocks'), ('triton', 'hooked'),
+                      ('triton', 'checkpointed')):
+        results, counts = run(impl, how)
+        for a, e in zip(results, expected):
+            assert max_scaled_error(a, e) <= 1e-5, (impl, how, max_scaled_error(a, e))
+        handed = 2 if takes and impl == 'triton' and how == 'run_blocks' else 0  # two pairs of blocks
+        if how != 'checkpointed':  # (whose backward runs the forward again)
+            assert [o - c for o, c in zip(one_by_one[impl], counts)] == [handed] * 4, (impl, how, one_by_one, counts)
+    assert len(seen) == 1 and isinstance(seen[0], torch.Tensor)  # the hooked block's usual output

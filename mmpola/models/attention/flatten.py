@@ -38,9 +38,10 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             (``attn_impl``: implementations of :func:`mmpola.ops.flatten_attention`).
         focusing_factor: option; the power f of the focusing function (3 in every released model).
 
-    Shapes: ``forward(x, hw, num_prefix_tokens=0, norm=None)`` with x (B, P + H*W, C) (``'projected'``:
-    (B, N, 3, C)), hw = (H, W) -> (B, P + H*W, C); ``norm``: the block's LayerNorm, applied to x first
-    (``takes_norm``).
+    Shapes: ``forward(x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None)`` with x (B, P + H*W, C)
+    (``'projected'``: (B, N, 3, C)), hw = (H, W) -> (B, P + H*W, C); ``norm``: the block's LayerNorm, applied to x
+    first (``takes_norm``); ``branch`` (x's shape, with ``norm``): the residual connection before it, the input
+    ``x + drop_path(branch)``, returned first: ``(x + drop_path(branch), out)`` (``takes_branch``).
     """
 
     letter = 'L'
@@ -75,9 +76,10 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
 
-    def forward(self, x, hw, num_prefix_tokens=0, norm=None, **context):
+    def forward(self, x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None, **context):
         P = num_prefix_tokens
-        (q, k, v, v_term), kv_hw = self._project_inputs(x, hw, norm, value_twice=True)
+        projected = self._project_inputs(x, hw, norm, value_twice=True, branch=branch, drop_path=drop_path)
+        s, (q, k, v, v_term), kv_hw = projected if branch is not None else (None, *projected)
         B, n, C = k.shape
         # the positional encoding as the keys' bias: the Triton kernels add it where they read the keys
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
@@ -87,7 +89,8 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             out = add_to_patches(out, depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample), P)
         else:  # the term added to the core's output where the conv writes it, in the output's layout
             out = depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample, residual=out)
-        return self._project_output(out)
+        out = self._project_output(out)
+        return out if branch is None else (s, out)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '

@@ -59,6 +59,14 @@ class QKVProjections:
         take the LayerNorm with them (:func:`~mmpola.models.layers.norm_linear`)."""
         return self.input_only_projected and self._projects_the_tokens_only
 
+    @property
+    def takes_branch(self):
+        """True where the block may also hand the module the residual connection before that LayerNorm,
+        ``attn(x, hw, norm=norm1, branch=b, drop_path=dp)`` for the input ``x + dp(b)``, which then returns
+        ``(x + dp(b), out)`` (where its kernels run, the LayerNorm's kernel adds it: :func:`norm_linear`'s
+        ``branch``): as :attr:`takes_norm`."""
+        return self.takes_norm
+
     def _init_input_projections(self, dim, qkv_layout, qkv_bias):
         if qkv_layout == 'fused':
             name, operands = self.fused_projection
@@ -73,13 +81,18 @@ class QKVProjections:
             self.proj = nn.Linear(dim, dim)
             self.proj_drop = nn.Dropout(proj_drop)
 
-    def _project_inputs(self, x, hw, norm=None, value_twice=False):
+    def _project_inputs(self, x, hw, norm=None, value_twice=False, branch=None, drop_path=None):
         """(the operands (B, N, C) each, in the order of the fused projection; k and v: (B, n, C)),
         (Hk, Wk) the key grid; ``norm``: a LayerNorm to apply to x first (the projections take it with them
         where :attr:`takes_norm`: :func:`~mmpola.models.layers.norm_linear`). ``value_twice``: v once more after
         the operands, for a second use of the values (the depthwise term), whose gradient the projection's
         backward adds to the first's where its kernels run (:func:`~mmpola.models.layers.norm_linear`'s
-        ``repeat``); elsewhere the same tensor."""
+        ``repeat``); elsewhere the same tensor. ``branch`` (where :attr:`takes_branch`, with ``norm``): the
+        residual connection before the norm, ``x + drop_path(branch)`` the input; then returns that sum first,
+        (sum, operands, key grid)."""
+        if branch is not None and not (norm is not None and self.takes_branch):
+            raise ValueError(f'{type(self).__name__} takes a branch with the LayerNorm of its projections only '
+                             '(takes_branch)')
         if norm is not None and not self._projects_the_tokens_only:
             x, norm = norm(x), None
         value = 2  # the values' index in the order of the fused projection (q, k, v, ...)
@@ -91,16 +104,21 @@ class QKVProjections:
                 operands = x[:, :, :operands].unbind(2)
             return operands + (operands[value], ) * value_twice, tuple(hw)
         B, N, C = x.shape
+        residual = {} if branch is None else dict(branch=branch, drop_path=drop_path)
         if self.qkv_layout == 'fused':
             name, _ = self.fused_projection
-            return norm_linear(norm, getattr(self, name), x, chunk=C, repeat=(value, ) * value_twice), tuple(hw)
+            projected = norm_linear(norm, getattr(self, name), x, chunk=C, repeat=(value, ) * value_twice,
+                                    **residual)
+            return (*projected, tuple(hw)) if branch is not None else (projected, tuple(hw))
         name, operands = self.query_projection
         if norm is not None:  # no spatial reduction: both projections of the normalised tokens, one product
             # their order q, (g), k, v: the values are the last of the query projection's operands and k
             projected = norm_linear(norm, (getattr(self, name), self.kv), x, chunk=C,
-                                    repeat=(operands + 1, ) * value_twice)
+                                    repeat=(operands + 1, ) * value_twice, **residual)
+            s, projected = projected if branch is not None else (None, projected)
             query, (k, v), again = projected[:operands], projected[operands:operands + 2], projected[operands + 2:]
-            return (query[0], k, v, *query[1:], *again), tuple(hw)
+            projected = (query[0], k, v, *query[1:], *again)
+            return (s, projected, tuple(hw)) if branch is not None else (projected, tuple(hw))
         query = getattr(self, name)(x)
         query = (query,) if operands == 1 else query.reshape(B, N, operands, C).unbind(2)
         x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))

@@ -143,13 +143,40 @@ def tokens_to_nchw(tokens, hw, grad_as_tokens=False):
 
 
 def run_blocks(blocks, x, hw, with_cp=False, **context):
-    """``x = block(x, hw, **context)`` for every block, each checkpointed when ``with_cp`` and training."""
-    for block in blocks:
+    """``x = block(x, hw, **context)`` for every block, each checkpointed when ``with_cp`` and training.
+
+    A block that ``defers_residual`` (:class:`~mmpola.models.layers.PreNormBlock`) followed by one that
+    ``takes_residual`` returns its last residual connection not added (``defer=True``: ``(x, branch,
+    drop_path)``), and the next block adds it (``residual=(branch, drop_path)``), with the LayerNorm before its
+    attention's projections: in the LayerNorm's kernel where that runs. Not with ``with_cp``, while a tracer
+    records the model, or next to a block with forward hooks (which see the blocks' usual inputs and outputs)."""
+    blocks = list(blocks)
+    pending = {}
+    for block, following in zip(blocks, blocks[1:] + [None]):
         if with_cp and torch.is_grad_enabled() and x.requires_grad:
             x = cp.checkpoint(block, x, hw, use_reentrant=False, **context)
+        elif not with_cp and _hands_residual(block, following):
+            x, branch, drop_path = block(x, hw, defer=True, **pending, **context)
+            pending = dict(residual=(branch, drop_path))
         else:
-            x = block(x, hw, **context)
+            x, pending = block(x, hw, **pending, **context), {}
     return x
+
+
+def _hands_residual(block, following):
+    """Whether ``block`` hands its last residual connection to ``following`` (:func:`run_blocks`)."""
+    if following is None or recording():
+        return False
+    if not (getattr(block, 'defers_residual', False) and getattr(following, 'takes_residual', False)):
+        return False
+    return not any(_forward_hooked(module) for module in (block, following))
+
+
+def _forward_hooked(module):
+    """Whether a forward hook or pre-hook would run around ``module``'s call (its own or a global one)."""
+    from torch.nn.modules import module as modules
+    return bool(module._forward_hooks or module._forward_pre_hooks or modules._global_forward_hooks
+                or modules._global_forward_pre_hooks)
 
 
 def parse_attn_type(attn_type, depths, linear='L'):
