@@ -175,8 +175,9 @@ def _hands_residual(block, following):
 def _forward_hooked(module):
     """Whether a forward hook or pre-hook would run around ``module``'s call (its own or a global one)."""
     from torch.nn.modules import module as modules
-    return bool(module._forward_hooks or module._forward_pre_hooks or modules._global_forward_hooks
-                or modules._global_forward_pre_hooks)
+    hooks = (getattr(module, '_forward_hooks', None), getattr(module, '_forward_pre_hooks', None),
+             getattr(modules, '_global_forward_hooks', None), getattr(modules, '_global_forward_pre_hooks', None))
+    return any(hooks)
 
 
 def parse_attn_type(attn_type, depths, linear='L'):
