@@ -1,9 +1,11 @@
 """The linear layers whose input the backward recomputes (mmpola.ops.recompute): the MLPs' GELU and fc2
 (gelu_linear), Pola's gated output projection (gated_linear) and a LayerNorm with the linear layer after it
-(layer_norm_linear). Their Triton backward against the library's
+(layer_norm_linear; with a residual connection before it, add_layer_norm_linear; with the output taken apart
+into the attention's operands, their gradients in one kernel). Their Triton backward against the library's
 layers in float64 (output and every gradient), half precision, autocast, strided gates, what the backward
-keeps, its kernels, the choice of implementation and the modules that use them. Without a GPU the kernels
-run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
+keeps, its kernels, the choice of implementation and the modules that use them (blocks, and blocks handing
+their residual connection to the next through run_blocks). Without a GPU the kernels run through Triton's
+interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
 import pytest
 import torch
 import torch.nn.functional as F
