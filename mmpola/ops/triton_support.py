@@ -372,8 +372,10 @@ if triton_available() is None:
     def add_key_bias(x, bias_ptrs, mask, BIAS: tl.constexpr):
         """Key rows ``x`` (loaded, in the accumulation dtype) with the key bias at ``bias_ptrs`` added (``BIAS``)
         and the sum rounded to the bias's dtype, that of ``k + key_bias`` in torch (the launch code casts the
-        bias to it: :func:`mmpola.ops.dispatch.key_bias_operand`); rounded to nearest even, as torch, also
-        under the interpreter."""
+        bias to it: :func:`mmpola.ops.dispatch.key_bias_operand`); rounded to nearest even, as torch, on a GPU.
+        Triton's interpreter truncates to bfloat16 instead (the tests compare within tolerances); rounding by the
+        bits, as the LayerNorm kernel does, would cost the attention kernels registers (a spill in Pola's key
+        backward at bfloat16 and head dim 64 on sm_90) for the interpreter's sake."""
         if BIAS:
             x += tl.load(bias_ptrs, mask=mask, other=0.0).to(x.dtype)
             if bias_ptrs.dtype.element_ty != x.dtype:
