@@ -304,13 +304,7 @@ def layer_norm_linear(x, norm_weight, norm_bias, eps, weight, bias=None, impl='a
     the operands' (up to four) and the bias's partial sums, where the library stacks them and reads the stack
     again for the bias's gradient."""
     C = x.shape[-1]
-    if norm_weight.shape != (C, ) or norm_bias.shape != (C, ) or weight.shape[-1] != C:
-        raise ValueError(f'layer_norm_linear expects a norm weight and bias of ({C}, ) and a weight (out, {C}) for '
-                         f'x of {C} channels, got {tuple(norm_weight.shape)}, {tuple(norm_bias.shape)} and '
-                         f'{tuple(weight.shape)}')
-    repeat = _check_operands(weight, chunk, repeat, 'layer_norm_linear')
-    if impl == 'auto' and C > NORM_MAX_CHANNELS:  # rows wider than the kernel's
-        impl = 'torch'
+    impl, repeat = _check_norm_linear(x, norm_weight, norm_bias, weight, impl, chunk, repeat, 'layer_norm_linear')
     operands = _linear_operands((x, ), weight, bias, impl, 'layer_norm_linear')
     if operands is None:
         return _operands(F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias), chunk, repeat)
@@ -318,8 +312,15 @@ def layer_norm_linear(x, norm_weight, norm_bias, eps, weight, bias=None, impl='a
         return _NormLinear.apply(x, norm_weight, norm_bias, eps, *operands, chunk, repeat)
 
 
-def _check_operands(weight, chunk, repeat, what):
-    """``repeat`` as a tuple, after the checks of ``chunk`` and ``repeat`` for a linear layer of ``weight``."""
+def _check_norm_linear(x, norm_weight, norm_bias, weight, impl, chunk, repeat, what):
+    """(``impl``, ``repeat`` as a tuple) after the checks of ``what``'s operands: the norm's parameters and the
+    weight for x, ``chunk`` and ``repeat`` for the weight; ``'auto'`` becomes ``'torch'`` for rows wider than
+    the LayerNorm kernel's."""
+    C = x.shape[-1]
+    if norm_weight.shape != (C, ) or norm_bias.shape != (C, ) or weight.shape[-1] != C:
+        raise ValueError(f'{what} expects a norm weight and bias of ({C}, ) and a weight (out, {C}) for x of {C} '
+                         f'channels, got {tuple(norm_weight.shape)}, {tuple(norm_bias.shape)} and '
+                         f'{tuple(weight.shape)}')
     repeat = tuple(repeat)
     if chunk is None and repeat:
         raise ValueError(f'{what} repeats operands of a chunk size only')
@@ -328,7 +329,7 @@ def _check_operands(weight, chunk, repeat, what):
                          f'{chunk}')
     if len(repeat) > 1 or any(not 0 <= i < weight.shape[0] // chunk for i in repeat):
         raise ValueError(f'{what} repeats at most one of its {weight.shape[0] // chunk} operands, got {repeat}')
-    return repeat
+    return ('torch' if impl == 'auto' and C > NORM_MAX_CHANNELS else impl), repeat
 
 
 def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=None, impl='auto', scale=None,
@@ -354,13 +355,8 @@ def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=N
     if scale is not None and tuple(scale.shape) != (x.shape[0], ):
         raise ValueError(f'add_layer_norm_linear expects a scale of shape ({x.shape[0]}, ) (one factor per sample), '
                          f'got {tuple(scale.shape)}')
-    if norm_weight.shape != (C, ) or norm_bias.shape != (C, ) or weight.shape[-1] != C:
-        raise ValueError(f'add_layer_norm_linear expects a norm weight and bias of ({C}, ) and a weight (out, {C}) '
-                         f'for x of {C} channels, got {tuple(norm_weight.shape)}, {tuple(norm_bias.shape)} and '
-                         f'{tuple(weight.shape)}')
-    repeat = _check_operands(weight, chunk, repeat, 'add_layer_norm_linear')
-    if impl == 'auto' and C > NORM_MAX_CHANNELS:
-        impl = 'torch'
+    impl, repeat = _check_norm_linear(x, norm_weight, norm_bias, weight, impl, chunk, repeat,
+                                      'add_layer_norm_linear')
     operands = _linear_operands((x, ), weight, bias, impl, 'add_layer_norm_linear')
     if operands is None:
         s = x + (branch if scale is None else branch * scale.view(-1, *(1, ) * (branch.dim() - 1)))

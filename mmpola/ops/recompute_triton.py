@@ -187,9 +187,23 @@ if triton_available() is None:
             if BIAS:
                 tl.store(parts_ptr + tl.program_id(0) * OPERANDS * C + p * C + cols, sums, mask=col_mask)
 
-_GELU_ELEMENTS = 1024  # elements per row block: 8 per thread at 4 warps
-_GELU_PROGRAMS_PER_SM = 4  # programs of the backward with a bias per multiprocessor, its column blocks together
+_BLOCK_ELEMENTS = 1024  # elements per row block of the GELU's and the operands' kernels: 8 per thread at 4 warps
+_SUMMING_PROGRAMS_PER_SM = 4  # their programs per multiprocessor where they sum columns, the column blocks together
 _GATE_BLOCKS = dict(BLOCK_M=16, BLOCK_C=64, num_warps=4)  # 1024 elements per program, rows of 64 channels
+
+
+def _column_blocks(M, C, device, summing):
+    """(compile-time options, grid, row blocks per program) of a kernel over rows (M, C) in blocks of
+    ``_BLOCK_ELEMENTS`` (up to 64 columns a block); ``summing`` (a program sums its columns over its rows): a
+    fixed number of programs per column block, each taking a share of the row blocks, else one row block each."""
+    block_c = min(64, max(16, triton.next_power_of_2(C)))
+    options = dict(BLOCK_M=_BLOCK_ELEMENTS // block_c, BLOCK_C=block_c, num_warps=4)
+    blocks, columns = triton.cdiv(M, options['BLOCK_M']), triton.cdiv(C, block_c)
+    per_program = 1
+    if summing:
+        want = triton.cdiv(_SUMMING_PROGRAMS_PER_SM * kernel_target(device).sm_count, columns)
+        per_program = max(1, triton.cdiv(blocks, want))
+    return options, (max(triton.cdiv(blocks, per_program), 1), columns), per_program
 
 
 def gelu_rows(h, bias, out_dtype, grad=None):
@@ -199,25 +213,19 @@ def gelu_rows(h, bias, out_dtype, grad=None):
     sum after the kernel). Returns (out, grad_h, grad_bias), the gradients None without ``grad`` (and
     grad_bias without a bias). One kernel."""
     M, C = h.shape
-    block_c = min(64, max(16, triton.next_power_of_2(C)))
-    options = dict(BLOCK_M=_GELU_ELEMENTS // block_c, BLOCK_C=block_c, num_warps=4)
     out = torch.empty(M, C, dtype=out_dtype, device=h.device)
-    blocks, columns = triton.cdiv(M, options['BLOCK_M']), triton.cdiv(C, block_c)
     has_bias = bias is not None
     bias = h if bias is None else bias  # a pointer the kernel does not read without one
     if grad is None:
-        launch(_gelu_kernel, (max(blocks, 1), columns), h, bias, h, out, out, out, M, C, 1, BIAS=has_bias,
-               GRAD=False, **options)
+        options, grid, _ = _column_blocks(M, C, h.device, False)
+        launch(_gelu_kernel, grid, h, bias, h, out, out, out, M, C, 1, BIAS=has_bias, GRAD=False, **options)
         return out, None, None
     grad_h = torch.empty(M, C, dtype=h.dtype, device=h.device)
-    per_program = 1
-    if has_bias:  # a fixed number of programs per column block, each summing the bias's gradient over its rows
-        want = triton.cdiv(_GELU_PROGRAMS_PER_SM * kernel_target(h.device).sm_count, columns)
-        per_program = max(1, triton.cdiv(blocks, want))
-    programs = max(triton.cdiv(blocks, per_program), 1)
-    parts = torch.empty(programs, C, dtype=torch.float32, device=h.device) if has_bias else out
-    launch(_gelu_kernel, (programs, columns), h, bias, grad, out, grad_h, parts, M, C, per_program, BIAS=has_bias,
-           GRAD=True, **options)
+    # with a bias, a fixed number of programs per column block, each summing the bias's gradient over its rows
+    options, grid, per_program = _column_blocks(M, C, h.device, has_bias)
+    parts = torch.empty(grid[0], C, dtype=torch.float32, device=h.device) if has_bias else out
+    launch(_gelu_kernel, grid, h, bias, grad, out, grad_h, parts, M, C, per_program, BIAS=has_bias, GRAD=True,
+           **options)
     return out, grad_h, parts.sum(0).to(bias.dtype) if has_bias else None
 
 
@@ -253,19 +261,12 @@ def operand_grads(grads, extra=None, extra_index=None, bias_dtype=None):
     if any(g.shape != (M, C) or g.dtype != dtype or g.stride(-1) != 1 for g in (*grads, *(
             () if extra is None else (extra, )))):
         raise ValueError('operand_grads expects gradients (M, C) of one dtype with unit column stride')
-    block_c = min(64, max(16, triton.next_power_of_2(C)))
-    options = dict(BLOCK_M=_GELU_ELEMENTS // block_c, BLOCK_C=block_c, num_warps=4)
-    blocks, columns = triton.cdiv(M, options['BLOCK_M']), triton.cdiv(C, block_c)
-    per_program = 1
-    if bias_dtype is not None:  # a fixed number of programs per column block, each summing over its rows
-        want = triton.cdiv(_GELU_PROGRAMS_PER_SM * kernel_target(grads[0].device).sm_count, columns)
-        per_program = max(1, triton.cdiv(blocks, want))
-    programs = max(triton.cdiv(blocks, per_program), 1)
+    options, grid, per_program = _column_blocks(M, C, grads[0].device, bias_dtype is not None)
     out = torch.empty(M, count * C, dtype=dtype, device=grads[0].device)
-    parts = torch.empty(programs, count * C, dtype=torch.float32, device=out.device) if bias_dtype else out
+    parts = torch.empty(grid[0], count * C, dtype=torch.float32, device=out.device) if bias_dtype else out
     padded = list(grads) + [grads[0]] * (OPERANDS_MAX - count)  # pointers the kernel does not read
     extra_arg = grads[0] if extra is None else extra
-    launch(_operand_grads_kernel, (programs, columns), *padded, extra_arg, out, parts, M, C,
+    launch(_operand_grads_kernel, grid, *padded, extra_arg, out, parts, M, C,
            *(g.stride(0) for g in padded), extra_arg.stride(0), per_program, OPERANDS=count,
            EXTRA=-1 if extra is None else extra_index, BIAS=bias_dtype is not None, **options)
     return out, None if bias_dtype is None else parts.sum(0).to(bias_dtype)
