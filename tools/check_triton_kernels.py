@@ -25,7 +25,7 @@ recompute``, mmpola.ops.recompute) run theirs on the tokens of the grids: the ML
 times the head dim's channels, the gated projection with the head dim's channels, its gate seen in a
 projection of four times as many, and the LayerNorm with the linear layer after it with the head dim's
 channels and four times as many (a patch merging's), also with its output taken apart into the attention's
-operands (their gradients' kernel).
+operands (their gradients' kernel), and a stage's last residual connection with its copy in another dtype.
 
 Token grids: one head of many tokens (several token blocks per chunk) and two heads in a batch of two
 of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
@@ -204,8 +204,10 @@ def record_recompute_launches(gpu, channels, dtype):
     (``channels`` channels, the gate a view of a projection of 4 * ``channels``) and the LayerNorm with its linear
     layer (``channels`` and 4 * ``channels`` channels), also with a branch added to a float32 residual stream
     before it (``channels`` channels; without and with a factor per sample) and with its output taken apart into
-    the attention's operands (three or four of ``channels`` channels, the values used twice)."""
-    from mmpola.ops import add_layer_norm_linear, gated_linear, gelu_linear, layer_norm_linear
+    the attention's operands (three or four of ``channels`` channels, the values used twice), and the residual
+    connection written with its copy in another dtype (without and with a factor, the gradients of both or of
+    either)."""
+    from mmpola.ops import add_layer_norm_linear, add_residual_and_cast, gated_linear, gelu_linear, layer_norm_linear
     from mmpola.ops.triton_support import dry_run
     launches = []
     for batch, _, (height, width) in SHAPES:
@@ -235,6 +237,14 @@ def record_recompute_launches(gpu, channels, dtype):
                     total, out = add_layer_norm_linear(stream, branch, norm_weight, norm_bias, 1e-5, weight,
                                                        impl='triton', scale=scale)
                 torch.autograd.backward((total, out), (torch.zeros_like(total), torch.zeros_like(out)))
+            # a stage's last residual connection written with the copy the next stage reads (under autocast: in the
+            # autocast dtype; in float32, a bfloat16 copy), with the gradients of both and of one of them
+            copy_dtype = torch.bfloat16 if dtype == torch.float32 else dtype
+            for scale, used in ((None, (True, True)), (torch.ones(batch, dtype=dtype), (True, True)),
+                                (torch.ones(batch, dtype=dtype), (False, True)), (None, (True, False))):
+                total, copy = add_residual_and_cast(stream, branch, copy_dtype, scale, impl='triton')
+                pairs = [(t, torch.zeros_like(t)) for t, use in zip((total, copy), used) if use]
+                torch.autograd.backward(*zip(*pairs))
             # a projection taken apart into the attention's operands, the values used twice: Pola's (q, k, v, g and
             # q, g, k, v) and FLatten's (q, k, v)
             x, w, b, _ = norms[0]

@@ -14,6 +14,7 @@ from timm.layers import DropPath, register_notrace_module, trunc_normal_
 
 from mmpola.ops import (
     add_layer_norm_linear,
+    add_residual_and_cast,
     depthwise_conv2d,
     depthwise_conv_impl,
     gated_linear,
@@ -26,8 +27,8 @@ from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'ParameterCache', 'PatchEmbed', 'PatchMerging', 'PreNormBlock',
-           'ResizedEmbeddingCache', 'SizeCache', 'crop_map', 'drop_path_scale', 'gated_proj', 'gelu_fc2',
-           'map_as_tokens', 'norm_linear', 'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map',
+           'ResizedEmbeddingCache', 'SizeCache', 'add_and_cast', 'crop_map', 'drop_path_scale', 'gated_proj',
+           'gelu_fc2', 'map_as_tokens', 'norm_linear', 'resize_grid_embedding', 'to_2tuple_int', 'tokens_as_map',
            'trunc_normal_init']
 
 
@@ -387,6 +388,20 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
             (out, ) if out.shape[-1] == chunk else out.unflatten(-1, (-1, chunk)).unbind(-2)))
         result = (*result, *(result[i] for i in repeat))
     return result if branch is None else (x, result)
+
+
+def add_and_cast(x, branch, drop_path, dtype):
+    """``(s, s.to(dtype))`` for the residual connection ``s = x + drop_path(branch)`` (``drop_path`` timm's
+    ``DropPath``, an ``nn.Identity`` or None): a stage's last, whose sum the next stage reads in ``dtype``. Where
+    the kernels of :mod:`mmpola.ops.recompute` run (``MMPOLA_RECOMPUTE``; on a GPU by default) and ``drop_path`` is
+    of those types, one kernel writes both (with the factor per sample of stochastic depth,
+    :func:`drop_path_scale`; :func:`mmpola.ops.add_residual_and_cast`); else the module and the library's
+    addition and cast."""
+    if type(drop_path) in (DropPath, nn.Identity, type(None)) and (
+            resolve_recompute_impl(recompute_impl(), x) == 'triton'):
+        return add_residual_and_cast(x, branch, dtype, drop_path_scale(drop_path, branch), 'triton')
+    s = x + (branch if drop_path is None else drop_path(branch))
+    return s, s.to(dtype)
 
 
 class Mlp(nn.Module):

@@ -14,7 +14,8 @@ maps, by the library or by Triton kernels; and :func:`gelu_linear` / :func:`gate
 :func:`layer_norm_linear` / :func:`add_layer_norm_linear` (mmpola/ops/recompute.py): the MLPs' GELU and
 second linear layer, Pola's gated output projection and a LayerNorm with the linear layer after it (also
 with the residual connection before it), whose backward can recompute the linear layer's input instead of
-keeping it.
+keeping it; and :func:`add_residual_and_cast`, a stage's last residual connection written with its copy in
+the dtype the next stage reads.
 """
 from .depthwise import DEPTHWISE_IMPLS, depthwise_conv2d, depthwise_conv_impl
 from .dispatch import OPS, attention_impls, attention_op, check_attn_impl, register_attention_impl
@@ -44,6 +45,7 @@ from .pola_triton import pola_attention_triton
 from .recompute import (
     RECOMPUTE_IMPLS,
     add_layer_norm_linear,
+    add_residual_and_cast,
     gated_linear,
     gelu_linear,
     layer_norm_linear,
@@ -59,5 +61,6 @@ __all__ = [
     'inline_attention', 'inline_attention_reference', 'inline_attention_fast', 'inline_attention_triton',
     'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
     'rope_tables', 'rope_rotate', 'rope_rotate_fast', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl',
-    'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'gelu_linear', 'gated_linear', 'layer_norm_linear', 'recompute_impl'
+    'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'gelu_linear', 'gated_linear',
+    'layer_norm_linear', 'recompute_impl'
 ]

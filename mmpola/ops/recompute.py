@@ -23,7 +23,8 @@ addition, the multiplication by the factors and, in the backward, their gradient
 Both may give the linear layer's output as the operands it holds (``chunk``, the attention's q, k, v and gate),
 one of them twice (``repeat``: the values, which the depthwise term uses too): in the backward one kernel writes
 the output's gradient from theirs, the repeated one's two added, with the bias's partial sums, where the
-library's autograd adds, stacks and sums them in three.
+library's autograd adds, stacks and sums them in three. :func:`add_residual_and_cast` writes a residual connection
+(a stage's last) with its copy in the dtype the next layer reads, where the library multiplies, adds and casts.
 
 The implementations (``impl``):
 
@@ -48,11 +49,13 @@ from .recompute_triton import (
     gelu_rows,
     layer_norm_rows,
     operand_grads,
+    residual_cast,
+    residual_cast_backward,
 )
 from .triton_support import autocast_operands, dry_running, require_triton, triton_unsupported
 
-__all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'gated_linear', 'gelu_linear', 'layer_norm_linear',
-           'recompute_impl', 'resolve_recompute_impl']
+__all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'gated_linear', 'gelu_linear',
+           'layer_norm_linear', 'recompute_impl', 'resolve_recompute_impl']
 
 RECOMPUTE_IMPLS = ('auto', 'torch', 'triton')
 ENV = 'MMPOLA_RECOMPUTE'
@@ -364,3 +367,50 @@ def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=N
         return (s, out) if chunk is None else (s, *out)
     with torch.autocast(x.device.type, enabled=False):
         return _AddNormLinear.apply(x, branch, scale, norm_weight, norm_bias, eps, *operands, chunk, repeat)
+
+
+class _ResidualCast(torch.autograd.Function):
+    """``(s, s.to(dtype))`` for ``s = x + branch`` (``x + branch * scale``, a factor per sample of x's first dim),
+    keeping the scale only."""
+
+    @staticmethod
+    def forward(ctx, x, branch, scale, dtype):
+        s, copy = residual_cast(x.contiguous(), branch.contiguous(), scale, dtype)
+        ctx.save_for_backward(scale)
+        ctx.set_materialize_grads(False)
+        ctx.dtypes = x.dtype, branch.dtype
+        return s, copy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_sum, grad_copy):
+        scale, = ctx.saved_tensors
+        grads = [None if g is None else g.contiguous() for g in (grad_sum, grad_copy)]
+        grad_x, grad_branch = residual_cast_backward(*grads, scale, *ctx.dtypes, ctx.needs_input_grad[0])
+        return grad_x, grad_branch if ctx.needs_input_grad[1] else None, None, None
+
+
+def add_residual_and_cast(x, branch, dtype, scale=None, impl='auto'):
+    """``(s, s.to(dtype))`` for the residual connection ``s = x + branch``: the last of a stage's blocks, whose sum
+    the next stage's first layer reads in another dtype (under autocast, the patch embedding's convolution of a
+    float32 residual stream). x and branch (B, ..., C) of one shape; ``scale`` (B, ) or None: a factor per sample
+    of the branch, ``x + branch * scale`` (stochastic depth's). The sum has the dtype torch's addition gives, the
+    branch's product is rounded to the branch's dtype, as in torch.
+
+    With ``'triton'`` one kernel writes the sum and its copy, where the library runs the multiplication, the
+    addition and the cast as kernels of their own, and in the backward, which keeps the scale only, one kernel
+    adds the gradients of the sum and of the copy and writes the sum's (x's) and the branch's (rounded to its
+    dtype, times its factor): where the library casts the copy's gradient, adds the two, and casts and multiplies
+    the branch's. ``'auto'`` as :func:`layer_norm_linear`."""
+    if branch.shape != x.shape:
+        raise ValueError(f'add_residual_and_cast expects a branch of the shape of x {tuple(x.shape)}, '
+                         f'got {tuple(branch.shape)}')
+    if scale is not None and tuple(scale.shape) != (x.shape[0], ):
+        raise ValueError(f'add_residual_and_cast expects a scale of shape ({x.shape[0]}, ) (one factor per sample), '
+                         f'got {tuple(scale.shape)}')
+    if resolve_recompute_impl(impl, x) == 'torch' or x.numel() == 0:
+        s = x + (branch if scale is None else branch * scale.view(-1, *(1, ) * (branch.dim() - 1)))
+        return s, s.to(dtype)
+    require_triton(x, 'the Triton kernels of add_residual_and_cast', ENV)
+    with torch.autocast(x.device.type, enabled=False):
+        return _ResidualCast.apply(x, branch, scale, dtype)

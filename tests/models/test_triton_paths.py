@@ -111,3 +111,39 @@ def test_triton_paths_in_inference(name, monkeypatch, no_tf32):
             outputs.append(model(torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1)).to(DEVICE)))
     for a, e in zip(*outputs):
         assert relative_error(a, e) <= 1e-5
+
+
+@pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
+def test_pvt_stages_hand_the_next_their_input_in_the_autocast_dtype(training, monkeypatch):
+    """Under bf16 autocast with MMPOLA_RECOMPUTE=triton each PVT stage but the last ends with one kernel that
+    writes the blocks' output and its bfloat16 copy, which the next stage's patch embedding convolves (autocast
+    would cast the output to it): the outputs and gradients of the stages handing over the float32 output, bit
+    for bit (with stochastic depth in training: the same factors)."""
+    import mmpola.ops.recompute as recompute
+    from mmpola.models.backbones.pvt import PVTBackbone
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'triton')
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'torch')
+    calls = []
+    kernel = recompute.residual_cast
+    monkeypatch.setattr(recompute, 'residual_cast', lambda *args: calls.append(args[0].shape) or kernel(*args))
+    import mmpola.models
+    torch.manual_seed(0)
+    model = mmpola.models.PolaPVT(arch=dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 2, 4], depths=[2, 1, 1, 1],
+                                            mlp_ratios=[2, 2, 2, 2]), drop_path_rate=0.3).to(DEVICE).train(training)
+    x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    results = []
+    for handoff in (True, False):
+        if not handoff:
+            monkeypatch.setattr(PVTBackbone, '_handoff_dtype', lambda self, i, x: None)
+        model.zero_grad()
+        torch.manual_seed(2)
+        with torch.set_grad_enabled(training), torch.autocast(DEVICE.type, torch.bfloat16):
+            outs = model(x)
+        if training:
+            sum(o.float().square().mean() for o in outs).backward()
+        results.append([o.detach() for o in outs] + [p.grad for p in model.parameters() if p.grad is not None])
+        if handoff:
+            assert [shape[1:] for shape in calls] == [(16 * 24, 16), (8 * 12, 32), (4 * 6, 48)], calls
+    assert len(results[0]) == len(results[1]) and len(results[0]) > 4 * training
+    for a, e in zip(*results):
+        assert a.dtype == e.dtype and torch.equal(a, e)

@@ -1,18 +1,19 @@
 """The linear layers whose input the backward recomputes (mmpola.ops.recompute): the MLPs' GELU and fc2
 (gelu_linear), Pola's gated output projection (gated_linear) and a LayerNorm with the linear layer after it
 (layer_norm_linear; with a residual connection before it, add_layer_norm_linear; with the output taken apart
-into the attention's operands, their gradients in one kernel). Their Triton backward against the library's
-layers in float64 (output and every gradient), half precision, autocast, strided gates, what the backward
-keeps, its kernels, the choice of implementation and the modules that use them (blocks, and blocks handing
-their residual connection to the next through run_blocks). Without a GPU the kernels run through Triton's
-interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
+into the attention's operands, their gradients in one kernel), and a stage's last residual connection written
+with its copy in another dtype (add_residual_and_cast). Their Triton backward against the library's layers in
+float64 (output and every gradient), half precision, autocast, strided gates, what the backward keeps, its
+kernels, the choice of implementation and the modules that use them (blocks, blocks handing their residual
+connection to the next through run_blocks, and the last one to the sum and its copy). Without a GPU the kernels
+run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mmpola.models.backbones.pvt_v2 import ConvMlp
 from mmpola.models.layers import Mlp, PatchMerging, PreNormBlock
-from mmpola.ops import add_layer_norm_linear, gated_linear, gelu_linear, layer_norm_linear
+from mmpola.ops import add_layer_norm_linear, add_residual_and_cast, gated_linear, gelu_linear, layer_norm_linear
 from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.triton_support import KernelTarget, dry_run
@@ -1050,3 +1051,161 @@ def test_blocks_hand_their_residual_connection_to_the_next_blocks_norm(monkeypat
         if how != 'checkpointed':  # (whose backward runs the forward again)
             assert [o - c for o, c in zip(one_by_one[impl], counts)] == [handed] * 4, (impl, how, one_by_one, counts)
     assert len(seen) == 1 and isinstance(seen[0], torch.Tensor)  # the hooked block's usual output
+
+
+def residual_cast_results(impl, x, branch, scale, dtype, grads):
+    """(s, copy, x's gradient, the branch's) of add_residual_and_cast, for the gradients ``grads`` of s and the
+    copy (either None: not used)."""
+    x, branch = x.clone().requires_grad_(), branch.clone().requires_grad_()
+    s, copy = add_residual_and_cast(x, branch, dtype, scale, impl)
+    used = [(out, g) for out, g in zip((s, copy), grads) if g is not None]
+    torch.autograd.backward([out for out, _ in used], [g for _, g in used])
+    return [s.detach(), copy.detach(), x.grad, branch.grad]
+
+
+@pytest.mark.parametrize('branch_dtype', [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize('scaled', [False, True], ids=['sum', 'drop-path'])
+@pytest.mark.parametrize('used', ['both', 'sum', 'copy'])
+def test_add_residual_and_cast_matches_the_library(branch_dtype, scaled, used):
+    """A float32 residual stream and a branch of the autocast dtype (or float32), the sum copied to bfloat16:
+    the sum, the copy and both gradients have the library's values bit for bit (one addition, one product by
+    the factor rounded to the branch's dtype, one rounding of each gradient, as torch's element-wise operators
+    give them) and dtypes, with the sum, the copy or both used after it (4 samples of 33 tokens, more elements
+    than a program's block); a dropped sample's branch gets no gradient."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 33, 24, generator=g).to(DEVICE)
+    branch = torch.randn(4, 33, 24, generator=g).to(DEVICE, branch_dtype)
+    scale = FACTORS.to(DEVICE, branch_dtype) if scaled else None
+    grads = [torch.randn(4, 33, 24, generator=g).to(DEVICE, dtype) if used in (name, 'both') else None
+             for name, dtype in (('sum', torch.float32), ('copy', torch.bfloat16))]
+    actual = residual_cast_results('triton', x, branch, scale, torch.bfloat16, grads)
+    expected = residual_cast_results('torch', x, branch, scale, torch.bfloat16, grads)
+    for name, a, e in zip(('sum', 'copy', 'grad x', 'grad branch'), actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape, name
+        assert torch.equal(a, e), (name, (a.double() - e.double()).abs().max().item())
+    if scaled:
+        assert actual[3][0].abs().max() == 0 and torch.equal(actual[0][0], x[0])
+
+
+def test_add_residual_and_cast_in_float64_and_what_it_keeps():
+    """float64 inputs (computed in float32, as every kernel here) within 1e-6 of the library's; x frozen or the
+    branch frozen; autograd keeps the factors only."""
+    g = torch.Generator().manual_seed(1)
+    x, branch, grad_s = (torch.randn(3, 7, 40, generator=g, dtype=torch.float64).to(DEVICE) for _ in range(3))
+    grad_copy = torch.randn(3, 7, 40, generator=g).to(DEVICE)
+    scale = FACTORS[:3].to(DEVICE, torch.float64)
+    actual = residual_cast_results('triton', x, branch, scale, torch.float32, (grad_s, grad_copy))
+    expected = residual_cast_results('torch', x, branch, scale, torch.float32, (grad_s, grad_copy))
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and relative_error(a, e) <= 1e-6, relative_error(a, e)
+    for frozen in (0, 1):
+        leaves = [t.clone().requires_grad_(i != frozen) for i, t in enumerate((x, branch))]
+        s, copy = add_residual_and_cast(*leaves, torch.float32, scale, 'triton')
+        (s * grad_s + copy * grad_copy).sum().backward()
+        assert leaves[frozen].grad is None
+        assert relative_error(leaves[1 - frozen].grad, expected[2 + 1 - frozen]) <= 1e-6
+    leaves = [t.clone().requires_grad_() for t in (x, branch)]
+    assert saved_bytes(lambda *a: add_residual_and_cast(*a, torch.float32, scale, 'triton'), *leaves) == scale.nbytes
+
+
+def test_add_residual_and_cast_launches_one_kernel_each_way():
+    """In a dry run for a GPU, one launch each way: in the forward in place of the library's multiplication by the
+    factors, addition and cast; in the backward in place of the cast of the copy's gradient, the sum of the two
+    gradients, and the branch's cast and multiplication. 'auto' on the CPU: the library's operators."""
+    x = torch.randn(2, 64, 96, device=DEVICE, requires_grad=True)
+    branch = torch.randn(2, 64, 96, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    scale = FACTORS[:2].to(DEVICE, torch.bfloat16)
+    counts = {}
+    for impl in ('torch', 'triton'):
+        with dry_run(H100) as launches:
+            stream, mlp = x * 2, branch * 2  # made by ops, as in the models
+            with DispatchedOps() as forward:
+                s, copy = add_residual_and_cast(stream, mlp, torch.bfloat16, scale, impl)
+            forward_launches = len(launches)
+            loss = s.sum() + copy.float().sum()
+            with DispatchedOps() as backward:
+                loss.backward()
+        counts[impl] = (forward.kernels(), backward.kernels(), forward_launches, len(launches) - forward_launches)
+    torch_forward, torch_backward = counts['torch'][:2]
+    assert {'mul', 'add', '_to_copy'} <= set(torch_forward) and counts['torch'][2:] == (0, 0)
+    assert {'mul', 'add', '_to_copy'} <= set(torch_backward)
+    assert counts['triton'][2:] == (1, 1), counts
+    forward, backward = counts['triton'][:2]
+    assert not {'mul', 'add', '_to_copy'} & set(forward), forward
+    # the backward: the loss's and the inputs' operators are both sides'
+    assert [torch_backward.count(op) - backward.count(op) for op in ('mul', 'add', '_to_copy')] == [1, 1, 2], (
+        backward, torch_backward)
+    with torch.no_grad():
+        s, copy = add_residual_and_cast(x, branch, torch.bfloat16, scale)  # 'auto': the library on the CPU
+    if DEVICE == 'cpu':
+        assert torch.equal(s, x + branch * scale.view(-1, 1, 1)) and torch.equal(copy, s.to(torch.bfloat16))
+
+
+def test_add_residual_and_cast_errors(monkeypatch):
+    x = torch.randn(2, 5, 16)
+    with pytest.raises(ValueError, match=r'add_residual_and_cast expects a branch of the shape of x \(2, 5, 16\), '
+                       r'got \(2, 5, 8\)'):
+        add_residual_and_cast(x, x[..., :8], torch.bfloat16)
+    with pytest.raises(ValueError, match=r'expects a scale of shape \(2, \) \(one factor per sample\), got \(5,\)'):
+        add_residual_and_cast(x, x, torch.bfloat16, torch.ones(5))
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(AttnImplUnavailable, match=r"add_residual_and_cast cannot run here: .*; use impl='torch' "
+                           r"\(MMPOLA_RECOMPUTE=torch\)"):
+            add_residual_and_cast(x, x, torch.bfloat16, impl='triton')
+
+
+@pytest.mark.parametrize('attention', ['pola_pvt', 'softmax'])
+def test_the_last_block_writes_the_sum_and_its_copy(monkeypatch, attention):
+    """run_blocks(..., cast=dtype): the blocks' output and its copy in dtype (the output's bits rounded), as the
+    blocks called one after another and a cast; with MMPOLA_RECOMPUTE=triton the last block hands its residual
+    connection to add_and_cast, whose kernel writes both (one addition, one multiplication by the drop-path
+    factors and one cast fewer in the forward, besides the pair's residual connection that Pola's norm adds);
+    with the gradients of both used, the same gradients. A forward hook on the last block and gradient
+    checkpointing keep the blocks' usual outputs, and the cast after them."""
+    from mmpola.models.attention.pola import PolaAttention
+    from mmpola.models.attention.softmax import SpatialReductionAttention
+    from mmpola.models.backbones import run_blocks
+    hw, dim = (5, 6), 24
+    makers = {'pola_pvt': lambda: PolaAttention(dim, 2, hw, qkv_layout='separate'),
+              'softmax': lambda: SpatialReductionAttention(dim, 2)}
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList([PreNormBlock(dim, makers[attention](), drop_path=0.5) for _ in range(2)])
+    blocks = blocks.to(DEVICE).train()
+    x = torch.randn(4, 30, dim, device=DEVICE, requires_grad=True)
+    grad_copy = torch.randn(4, 30, dim, device=DEVICE).to(torch.bfloat16)
+
+    def run(impl, how):
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', impl)
+        blocks.zero_grad()
+        x.grad = None
+        torch.manual_seed(1)
+        handles = [blocks[1].register_forward_hook(lambda m, a, out: None)] if how == 'hooked' else []
+        with DispatchedOps() as forward:
+            if how == 'one_by_one':
+                out = x
+                for block in blocks:
+                    out = block(out, hw)
+                copy = out.to(torch.bfloat16)
+            else:
+                out, copy = run_blocks(blocks, x, hw, with_cp=how == 'checkpointed', cast=torch.bfloat16)
+        assert out.dtype == torch.float32 and torch.equal(copy, out.to(torch.bfloat16))
+        torch.autograd.backward([out.square().sum(), copy], [None, grad_copy])
+        for handle in handles:
+            handle.remove()
+        counts = [sum(1 for name, shape in zip(forward.names, forward.shapes) if name == op and shape == x.shape)
+                  for op in ('add', 'mul', '_to_copy')]
+        return [out.detach(), x.grad.clone()] + [p.grad.clone() for p in blocks.parameters()], counts
+
+    expected, one_by_one = run('torch', 'one_by_one')
+    one_by_one = {'torch': one_by_one, 'triton': run('triton', 'one_by_one')[1]}
+    for impl, how in (('torch', 'run_blocks'), ('triton', 'run_blocks'), ('triton', 'hooked'),
+                      ('triton', 'checkpointed')):
+        results, counts = run(impl, how)
+        for a, e in zip(results, expected):
+            assert max_scaled_error(a, e) <= 1e-5, (impl, how, max_scaled_error(a, e))
+        fused = 1 if impl == 'triton' and how == 'run_blocks' else 0
+        handed = fused if attention == 'pola_pvt' else 0  # the first block's residual connection to the second's
+        if how != 'checkpointed':
+            assert [o - c for o, c in zip(one_by_one[impl], counts)] == [fused + handed] * 2 + [fused], (
+                impl, how, one_by_one, counts)

@@ -251,7 +251,9 @@ def test_operator_count_of_inference(capsys, monkeypatch):
     concatenated and cast once and kept (no concatenation, and the 32 casts of the two layers' weights and
     biases fewer), and the attention's output added to the residual stream by the MLP's LayerNorm's kernel (8
     additions fewer) and the MLP's by the next block's first LayerNorm's kernel, in each stage's pair of blocks
-    (4 fewer); no backward columns."""
+    (4 fewer); a stage's last MLP's output added by one kernel that also writes the bfloat16 copy the next
+    stage's convolution reads (stages 1-3: 3 launches in place of 3 additions and 3 casts); no backward
+    columns."""
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
     cells = {}
@@ -263,8 +265,8 @@ def test_operator_count_of_inference(capsys, monkeypatch):
         cells[impl] = [cell.strip() for cell in row.strip('|').split('|')]
     assert 'in eval mode without autograd' in out
     assert cells['auto'][5:8] == ['-', '-', '0'] and cells['auto'][-1] == '-', cells
-    assert cells['torch'][4].endswith('(+16 Triton)') and cells['auto'][4].endswith('(+32 Triton)'), cells
-    assert int(cells['auto'][4].split()[0]) == int(cells['torch'][4].split()[0]) - 16 - 24 - 8 - 32 - 8 - 4, cells
+    assert cells['torch'][4].endswith('(+16 Triton)') and cells['auto'][4].endswith('(+35 Triton)'), cells
+    assert int(cells['auto'][4].split()[0]) == int(cells['torch'][4].split()[0]) - 16 - 24 - 8 - 32 - 8 - 4 - 6, cells
 
 
 

@@ -46,7 +46,8 @@ An architecture::
     and, where the defaults (four stages of tokens, LayerNorm output norms ``norm{i}``) do not fit:
     ``stages_of`` / ``default_out_indices`` (a stage per block: the ViT), ``_block_context`` (keyword
     context of every block), ``_stage_output`` / ``stage_map`` / ``output_norm`` / ``output_norm_name``
-    / ``_add_output_norms`` (stages of NCHW maps, prefix tokens, other norm names),
+    / ``_add_output_norms`` (stages of NCHW maps, prefix tokens, other norm names), ``_handoff_dtype`` (the
+    dtype in which the next stage reads a stage's output: PVT's convolution under autocast),
     ``checkpoint_filter`` (the official key layout).
 
 Input: (B, in_channels, H, W) with H, W >= ``min_input_size``. Output: a tuple of NCHW maps for
@@ -84,7 +85,7 @@ from ..checks import (
     resolve_arch,
 )
 from ..classification_head import classification_head_of
-from ..layers import trunc_normal_init
+from ..layers import add_and_cast, trunc_normal_init
 
 __all__ = ['DenseBackbone', 'register_architecture', 'parse_attn_type', 'drop_path_rates', 'tokens_to_nchw',
            'run_blocks']
@@ -142,32 +143,41 @@ def tokens_to_nchw(tokens, hw, grad_as_tokens=False):
     return _TokensToMap.apply(tokens, hw[0], hw[1])
 
 
-def run_blocks(blocks, x, hw, with_cp=False, **context):
+def run_blocks(blocks, x, hw, with_cp=False, cast=None, **context):
     """``x = block(x, hw, **context)`` for every block, each checkpointed when ``with_cp`` and training.
 
     A block that ``defers_residual`` (:class:`~mmpola.models.layers.PreNormBlock`) followed by one that
     ``takes_residual`` returns its last residual connection not added (``defer=True``: ``(x, branch,
     drop_path)``), and the next block adds it (``residual=(branch, drop_path)``), with the LayerNorm before its
     attention's projections: in the LayerNorm's kernel where that runs. Not with ``with_cp``, while a tracer
-    records the model, or next to a block with forward hooks (which see the blocks' usual inputs and outputs)."""
+    records the model, or next to a block with forward hooks (which see the blocks' usual inputs and outputs).
+
+    ``cast`` (a dtype): returns ``(x, x.to(cast))``, the copy that the next stage reads; the last block, where it
+    ``defers_residual`` (and as above), hands its residual connection to :func:`~mmpola.models.layers.add_and_cast`,
+    which writes the sum and its copy in one kernel where that runs."""
     blocks = list(blocks)
     pending = {}
     for block, following in zip(blocks, blocks[1:] + [None]):
         if with_cp and torch.is_grad_enabled() and x.requires_grad:
             x = cp.checkpoint(block, x, hw, use_reentrant=False, **context)
-        elif not with_cp and _hands_residual(block, following):
+        elif not with_cp and _hands_residual(block, following, cast is not None):
             x, branch, drop_path = block(x, hw, defer=True, **pending, **context)
+            if following is None:
+                return add_and_cast(x, branch, drop_path, cast)
             pending = dict(residual=(branch, drop_path))
         else:
             x, pending = block(x, hw, **pending, **context), {}
-    return x
+    return x if cast is None else (x, x.to(cast))
 
 
-def _hands_residual(block, following):
-    """Whether ``block`` hands its last residual connection to ``following`` (:func:`run_blocks`)."""
-    if following is None or recording():
+def _hands_residual(block, following, casting=False):
+    """Whether ``block`` hands its last residual connection to ``following``, or for the last block (``following``
+    None) where ``casting``, to :func:`~mmpola.models.layers.add_and_cast` (:func:`run_blocks`)."""
+    if recording() or not getattr(block, 'defers_residual', False):
         return False
-    if not (getattr(block, 'defers_residual', False) and getattr(following, 'takes_residual', False)):
+    if following is None:
+        return casting and not _forward_hooked(block)
+    if not getattr(following, 'takes_residual', False):
         return False
     return not any(_forward_hooked(module) for module in (block, following))
 
@@ -609,10 +619,21 @@ class DenseBackbone(BaseModule):
         outs = []
         for i in range(last_stage + 1):
             x, hw = self._enter_stage(i, x, hw)
-            x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, **self._block_context(i, x, hw))
+            cast = self._handoff_dtype(i, x) if i < last_stage else None
+            x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, **self._block_context(i, x, hw))
+            x, copy = x if cast is not None else (x, None)
             x = self._exit_stage(i, x, hw)
             outs.append(self._stage_output(x, hw))
+            if copy is not None:  # what the next stage reads
+                x = copy
         return outs
+
+    def _handoff_dtype(self, i, x):
+        """The dtype in which stage ``i + 1`` reads the output of stage ``i``'s blocks, where that is not the dtype
+        of x (stage i's input) and ``_exit_stage`` leaves the blocks' output as it is: :func:`run_blocks` then
+        writes a copy in that dtype with the stage's last residual connection, and ``_enter_stage(i + 1)`` gets
+        the copy. None (the default): the output as it is."""
+        return None
 
     def _stage_output(self, x, hw):
         """The :meth:`forward_stages` entry of a stage: (tokens, hw) by default."""

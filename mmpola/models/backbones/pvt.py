@@ -139,6 +139,14 @@ class PVTBackbone(DenseBackbone):
         x, hw = getattr(self, f'patch_embed{i + 1}')(x)
         return getattr(self, f'pos_drop{i + 1}')(x + self._pos_embed(i, hw)), hw
 
+    def _handoff_dtype(self, i, x):
+        # the next stage's patch embedding is a convolution, which autocast runs in its dtype
+        device_type = x.device.type
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        dtype = torch.get_autocast_dtype(device_type)
+        return dtype if dtype != x.dtype else None
+
     def _stage_blocks(self, i):
         return getattr(self, f'block{i + 1}')
 
