@@ -333,7 +333,7 @@ def drop_path_scale(drop_path, x):
     return scale.view(-1)
 
 
-def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=None, repeat=()):
+def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=None, repeat=(), stream=False):
     """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; on a GPU by
     default: the LayerNorm's kernel writes the rows in the linear layer's dtype, also without autograd, and the
     backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last dim with a
@@ -352,7 +352,13 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
     timm's ``DropPath``, an ``nn.Identity`` or None); returns ``(s, linear(norm(s)))`` (with ``chunk``: s and
     the tuple of operands). Where the kernels run (``drop_path`` of those types) the LayerNorm's kernel adds the
     branch, with the factor per sample of stochastic depth (:func:`drop_path_scale`,
-    :func:`mmpola.ops.add_layer_norm_linear`)."""
+    :func:`mmpola.ops.add_layer_norm_linear`).
+
+    ``stream=True`` (without a branch): returns ``(x, linear(norm(x)))`` too, x being the residual stream that
+    goes on past the norm: where the kernels run, x comes back through the kernel's function
+    (:func:`mmpola.ops.add_layer_norm_linear` without a branch), so that the gradient it gets from the layers after
+    it joins the norm's in the LayerNorm's kernel; use the x returned. (So does the sum with a branch that the
+    kernel does not add.)"""
     layers = linear if isinstance(linear, tuple) else (linear, )
     if (isinstance(linear, tuple) or repeat) and chunk is None:
         raise ValueError('norm_linear takes a tuple of linear layers, or repeats operands, with the chunk size of '
@@ -367,17 +373,18 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
     add_in_kernel = fused and branch is not None and type(drop_path) in (DropPath, nn.Identity, type(None))
     if branch is not None and not add_in_kernel:
         x = x + (branch if drop_path is None else drop_path(branch))
+    returns_x = branch is not None or stream
     if fused:
         if len(layers) == 1:
             weight, layer_bias = layers[0].weight, layers[0].bias if bias else None
         else:
             weight, layer_bias = _concatenated(layers, biased == {True}, x)
-        if not add_in_kernel:
-            result = layer_norm_linear(x, norm.weight, norm.bias, norm.eps, weight, layer_bias, 'triton', chunk,
-                                       repeat)
-            return result if branch is None else (x, result)
+        if not returns_x:
+            return layer_norm_linear(x, norm.weight, norm.bias, norm.eps, weight, layer_bias, 'triton', chunk, repeat)
+        branch = branch if add_in_kernel else None  # else x (the sum, where the branch was added) goes on as it is
         s, *result = add_layer_norm_linear(x, branch, norm.weight, norm.bias, norm.eps, weight, layer_bias, 'triton',
-                                           drop_path_scale(drop_path, branch), chunk, repeat)
+                                           drop_path_scale(drop_path, branch) if add_in_kernel else None, chunk,
+                                           repeat)
         return s, (result[0] if chunk is None else tuple(result))
     y = x if norm is None else norm(x)
     outs = tuple(layer(y) if bias else F.linear(y, layer.weight) for layer in layers)
@@ -387,7 +394,7 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
         result = tuple(operand for out in outs for operand in (
             (out, ) if out.shape[-1] == chunk else out.unflatten(-1, (-1, chunk)).unbind(-2)))
         result = (*result, *(result[i] for i in repeat))
-    return result if branch is None else (x, result)
+    return (x, result) if returns_x else result
 
 
 def add_and_cast(x, branch, drop_path, dtype):
@@ -447,7 +454,9 @@ class PreNormBlock(nn.Module):
     next block's ``norm1``: ``forward(..., defer=True)`` returns ``(x, mlp, drop_path)``, the last residual
     connection not added, and ``forward(..., residual=(branch, drop_path))`` takes the previous block's, its
     input being ``x + drop_path(branch)``; an attention that ``takes_branch`` adds it with the LayerNorm before
-    its projections (:attr:`takes_residual`), else the block adds it first.
+    its projections (:attr:`takes_residual`), else the block adds it first. Without one, such an attention
+    returns x itself through that LayerNorm's function (``stream=True``), so that the gradient x gets from the
+    rest of the block joins the norm's in its kernel.
     Shapes: ``forward(x, hw, **context)``: (B, N, C), (H, W) -> (B, N, C).
     """
 
@@ -476,7 +485,9 @@ class PreNormBlock(nn.Module):
             if residual is not None:
                 branch, drop_path = residual
                 x = x + drop_path(branch)
-            if getattr(self.attn, 'takes_norm', False):  # its projection takes the LayerNorm with it
+            if self.takes_residual:  # x comes back through its projection's LayerNorm kernel (stream)
+                x, attn = self.attn(x, hw, norm=self.norm1, stream=True, **context)
+            elif getattr(self.attn, 'takes_norm', False):  # its projection takes the LayerNorm with it
                 attn = self.attn(x, hw, norm=self.norm1, **context)
             else:
                 attn = self.attn(self.norm1(x), hw, **context)

@@ -213,21 +213,26 @@ class _NormLinear(torch.autograd.Function):
 
 class _AddNormLinear(torch.autograd.Function):
     """``(s, F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias))`` for the sum
-    ``s = x + branch`` (``x + branch * scale``, a factor per sample of x's first dim) keeping s, the norm's
-    parameters, the weight and the scale; the normalised rows in the weight's dtype. ``chunk`` not None: s and the
-    output's operands (:func:`_operands`)."""
+    ``s = x + branch`` (``x + branch * scale``, a factor per sample of x's first dim; branch None: s is x) keeping
+    s, the norm's parameters, the weight and the scale; the normalised rows in the weight's dtype. ``chunk`` not
+    None: s and the output's operands (:func:`_operands`)."""
 
     @staticmethod
     def forward(ctx, x, branch, scale, norm_weight, norm_bias, eps, weight, bias, chunk=None, repeat=()):
         tokens = x[0].numel() // x.shape[-1]  # rows per sample
-        s, y = add_layer_norm_rows(_rows(x).contiguous(), _rows(branch).contiguous(), scale, tokens, norm_weight,
-                                   norm_bias, eps, weight.dtype)
+        if branch is None:  # x goes on as it is: its gradient from the layers after joins the LayerNorm's
+            s = _rows(x).contiguous()
+            y = layer_norm_rows(s, norm_weight, norm_bias, eps, weight.dtype)[0]
+        else:
+            s, y = add_layer_norm_rows(_rows(x).contiguous(), _rows(branch).contiguous(), scale, tokens, norm_weight,
+                                       norm_bias, eps, weight.dtype)
         ctx.save_for_backward(s, norm_weight, norm_bias, weight, scale)
         ctx.set_materialize_grads(False)
         ctx.eps, ctx.shape, ctx.tokens, ctx.has_bias, ctx.repeat = eps, x.shape, tokens, bias is not None, repeat
-        ctx.dtypes = x.dtype, branch.dtype
+        ctx.dtypes = x.dtype, None if branch is None else branch.dtype
         out = _operands(F.linear(y, weight, bias).view(*x.shape[:-1], weight.shape[0]), chunk, repeat, fresh=True)
-        return (s.view(x.shape), out) if chunk is None else (s.view(x.shape), *out)
+        s = x if branch is None else s.view(x.shape)
+        return (s, out) if chunk is None else (s, *out)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -240,9 +245,10 @@ class _AddNormLinear(torch.autograd.Function):
                                        weight.dtype if ctx.has_bias and needs[7] else None)
         grad_y = grad.mm(weight)  # the gradient of the normalised rows
         grad_sum = None if grad_sum is None else _rows(grad_sum).contiguous()
-        y, grad_s, grad_norm_weight, grad_norm_bias, grad_branch = layer_norm_rows(
+        y, grad_s, grad_norm_weight, grad_norm_bias, *grad_branch = layer_norm_rows(
             s, norm_weight, norm_bias, ctx.eps, weight.dtype, grad_y, residual=(grad_sum, ctx.dtypes[1], scale,
                                                                                 ctx.tokens))
+        grad_branch = grad_branch[0] if grad_branch else None
         grad_weight = grad.t().mm(y) if needs[6] else None
         return (grad_s.view(ctx.shape).to(ctx.dtypes[0]) if needs[0] else None,
                 grad_branch.view(ctx.shape) if needs[1] else None, None,
@@ -350,9 +356,13 @@ def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=N
     times its factor): where the library runs the addition, the multiplication and the LayerNorm as kernels of
     their own, and in the backward the sum of the two gradients, a cast and a multiplication. Otherwise as
     :func:`layer_norm_linear` (``'auto'`` runs the library's layers for rows of more than ``NORM_MAX_CHANNELS``
-    channels), also for ``chunk`` and ``repeat``: then returns s and the output's operands."""
+    channels), also for ``chunk`` and ``repeat``: then returns s and the output's operands.
+
+    ``branch`` None: no addition, s is x (the residual stream going on past the LayerNorm), returned so that the
+    gradient it gets from the layers after it reaches the backward, whose kernel adds it to the LayerNorm's
+    where the library's autograd adds the two with a kernel of its own."""
     C = x.shape[-1]
-    if branch.shape != x.shape:
+    if branch is not None and branch.shape != x.shape:
         raise ValueError(f'add_layer_norm_linear expects a branch of the shape of x {tuple(x.shape)}, '
                          f'got {tuple(branch.shape)}')
     if scale is not None and tuple(scale.shape) != (x.shape[0], ):
@@ -362,7 +372,9 @@ def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=N
                                       'add_layer_norm_linear')
     operands = _linear_operands((x, ), weight, bias, impl, 'add_layer_norm_linear')
     if operands is None:
-        s = x + (branch if scale is None else branch * scale.view(-1, *(1, ) * (branch.dim() - 1)))
+        if branch is not None and scale is not None:
+            branch = branch * scale.view(-1, *(1, ) * (branch.dim() - 1))
+        s = x if branch is None else x + branch
         out = _operands(F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias), chunk, repeat)
         return (s, out) if chunk is None else (s, *out)
     with torch.autocast(x.device.type, enabled=False):

@@ -28,7 +28,8 @@ that input, recomputed (for the layer's weight gradient), and the gradients of w
   ``SCALE``, the product rounded to the branch's dtype): the forward reads x and the branch and writes s with
   y; the backward reads s, adds the gradient of s from the layers after it (``GRAD_SUM``) to ``dL/dx`` and
   writes the total (s's and the residual stream's gradient) and the branch's (rounded to its dtype, times
-  the factor).
+  the factor). ``GRAD_SUM`` without ``ADD``: x itself goes on to the layers after (the residual stream), and
+  its gradient from them is added to the LayerNorm's the same way.
 
 * ``_operand_grads_kernel``: the gradient of a linear layer's output (M, P * C) taken apart into P operands of C
   channels (the attention's q, k, v, g), written from the operands' gradients, read through their row strides,
@@ -148,9 +149,9 @@ if triton_available() is None:
                 mean_g = tl.sum(g, axis=1) / C
                 mean_gx = tl.sum(g * x_hat, axis=1) / C
                 dx = (g - mean_g[:, None] - x_hat * mean_gx[:, None]) * rstd[:, None]
-                if ADD:  # the backward: x is the sum; its gradient from the layers after it too, and the branch's
-                    if GRAD_SUM:
-                        dx += tl.load(grad_sum_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+                if GRAD_SUM:  # x's gradient from the layers after the function too (x is returned: the sum)
+                    dx += tl.load(grad_sum_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+                if ADD:  # the backward of the sum: the branch's gradient
                     d_branch = _round(dx, grad_branch_ptr.dtype.element_ty)
                     if SCALE:
                         d_branch = _round(d_branch * factor[:, None], grad_branch_ptr.dtype.element_ty)
@@ -337,7 +338,9 @@ def layer_norm_rows(x, weight, bias, eps, out_dtype, grad=None, residual=None):
     ``(grad_sum, branch_dtype, scale, tokens)``: grad_x is then the sum's whole gradient (the LayerNorm's plus
     ``grad_sum``, the gradient of the sum from the layers after it, (M, C) contiguous, or None), which is also
     the residual stream's, and a fifth result is the branch's: grad_x rounded to ``branch_dtype`` (the
-    addition's backward) and, with ``scale``, times the row's factor, rounded again (the multiplication's)."""
+    addition's backward) and, with ``scale``, times the row's factor, rounded again (the multiplication's).
+    ``branch_dtype`` None: no branch (x itself went on to the layers after the LayerNorm): grad_x is the
+    LayerNorm's plus ``grad_sum``, and there is no fifth result."""
     M, C = x.shape
     options = _norm_options(C, grad is not None)
     y = torch.empty(M, C, dtype=out_dtype, device=x.device)
@@ -351,13 +354,14 @@ def layer_norm_rows(x, weight, bias, eps, out_dtype, grad=None, residual=None):
     grad_x = torch.empty(M, C, dtype=x.dtype, device=x.device)
     parts = torch.empty(programs, 2, C, dtype=torch.float32, device=x.device)
     grad_sum, branch_dtype, scale, tokens = residual if residual is not None else (None, None, None, 1)
-    grad_branch = torch.empty(M, C, dtype=branch_dtype, device=x.device) if residual is not None else y
+    add = branch_dtype is not None
+    grad_branch = torch.empty(M, C, dtype=branch_dtype, device=x.device) if add else y
     launch(_layer_norm_kernel, (programs, ), x, weight, bias, grad, y, grad_x, parts, y,
            y if scale is None else scale, y, grad_x if grad_sum is None else grad_sum, grad_branch, M, C, tokens, eps,
-           max(per_program, 1), GRAD=True, ADD=residual is not None, SCALE=scale is not None,
-           GRAD_SUM=grad_sum is not None, **options)
+           max(per_program, 1), GRAD=True, ADD=add, SCALE=scale is not None, GRAD_SUM=grad_sum is not None,
+           **options)
     grad_weight, grad_bias = parts.sum(0).to(weight.dtype).unbind(0)
-    if residual is None:
+    if not add:
         return y, grad_x, grad_weight, grad_bias
     return y, grad_x, grad_weight, grad_bias, grad_branch
 

@@ -917,6 +917,36 @@ def test_add_layer_norm_linear_launches_one_kernel_each_way():
     assert backward.count('mul') == torch_backward.count('mul') - 1, (backward, torch_backward)
 
 
+@pytest.mark.parametrize('grad_sum', [True, False], ids=['stream-used', 'stream-unused'])
+def test_add_layer_norm_linear_without_a_branch_returns_the_stream(grad_sum):
+    """branch None: s is x itself (the residual stream going on past the LayerNorm), and the gradient it gets
+    from the layers after it is added to the LayerNorm's by the kernel: fp32 within 1e-6 of the float64 library
+    layers; in a dry run for a GPU the backward adds nothing (the library's autograd adds the two gradients)."""
+    x, _, *rest = make_add_norm_inputs((3, 9, 40), 17)
+    inputs = (x, None, *rest)
+    results = []
+    for impl, dtype in (('triton', None), ('torch', torch.float64)):
+        leaves = [t.detach().to(dtype or t.dtype).clone().requires_grad_() for t in (inputs[0], *inputs[2:6])]
+        s, out = add_layer_norm_linear(leaves[0], None, *leaves[1:3], 1e-5, *leaves[3:], impl=impl)
+        assert s.shape == x.shape and (impl == 'torch') == (s is leaves[0])
+        loss = (out * inputs[7].to(out.dtype)).sum() + ((s * inputs[6].to(s.dtype)).sum() if grad_sum else 0)
+        loss.backward()
+        results.append([s.detach(), out.detach()] + [t.grad for t in leaves])
+    for a, e in zip(*results):
+        assert a.dtype == torch.float32 and relative_error(a, e) <= 1e-6, relative_error(a, e)
+    counts = {}
+    for impl in ('torch', 'triton'):
+        leaves = [t.clone().requires_grad_() for t in (inputs[0], *inputs[2:6])]
+        with dry_run(H100) as launches:
+            stream = leaves[0] * 2  # made by an op, as in the models
+            s, out = add_layer_norm_linear(stream, None, *leaves[1:3], 1e-5, *leaves[3:], impl=impl)
+            loss = (s * inputs[6]).sum() + (out * inputs[7]).sum()
+            with DispatchedOps() as backward:
+                loss.backward()
+        counts[impl] = backward.kernels().count('add'), len(launches)
+    assert counts['torch'] == (1, 0) and counts['triton'] == (0, 2), counts
+
+
 def test_add_layer_norm_linear_errors():
     x, branch, norm_weight, norm_bias, weight, bias, _, _ = make_add_norm_inputs((2, 5, 16), 8)
     s, out = add_layer_norm_linear(x, branch, norm_weight, norm_bias, 1e-5, weight, bias)  # 'auto' on the CPU
@@ -999,8 +1029,10 @@ def test_blocks_hand_their_residual_connection_to_the_next_blocks_norm(monkeypat
     """run_blocks: a block hands the MLP's residual connection to the next block, whose attention adds it with
     the LayerNorm before its projections (Pola's and FLatten's, which take that norm): with stochastic depth in
     training, the output and gradients of the blocks called one after another, with MMPOLA_RECOMPUTE=torch and
-    =triton; with =triton one addition and one multiplication by the drop-path factors fewer each way per pair
-    of blocks. Attentions that do not take the norm (InLine, the softmax kinds) add it at the block's start. A
+    =triton; with =triton one addition and one multiplication by the drop-path factors fewer in the forward per
+    pair of blocks and one multiplication in the backward, where no block adds the residual stream's gradients
+    (a block's first LayerNorm's kernel adds the gradient of its input from the rest of the block, handed or
+    not: ``stream``). Attentions that do not take the norm (InLine, the softmax kinds) add it at the block's start. A
     forward hook on a block, and gradient checkpointing, keep the blocks' usual outputs."""
     from mmpola.models.attention.flatten import FocusedLinearAttention
     from mmpola.models.attention.inline import InLineAttention
@@ -1049,7 +1081,11 @@ def test_blocks_hand_their_residual_connection_to_the_next_blocks_norm(monkeypat
             assert max_scaled_error(a, e) <= 1e-5, (impl, how, max_scaled_error(a, e))
         handed = 2 if takes and impl == 'triton' and how == 'run_blocks' else 0  # two pairs of blocks
         if how != 'checkpointed':  # (whose backward runs the forward again)
-            assert [o - c for o, c in zip(one_by_one[impl], counts)] == [handed] * 4, (impl, how, one_by_one, counts)
+            # the backward's additions of the stream's gradients: none either way where the norm's kernel adds them
+            assert [o - c for o, c in zip(one_by_one[impl], counts)] == [handed, handed, 0, handed], (
+                impl, how, one_by_one, counts)
+            if attention in ('pola', 'pola_pvt') and impl == 'triton':  # (FLatten's focused maps' backward adds
+                assert counts[2] == 0, (how, counts)  # gradients of the operands' shape, x's)
     assert len(seen) == 1 and isinstance(seen[0], torch.Tensor)  # the hooked block's usual output
 
 

@@ -233,9 +233,11 @@ def test_operator_count_with_the_recomputing_linear_layers(capsys, monkeypatch):
     # residual stream's two gradients before the MLP and the drop-path factor's product fewer (the LayerNorm's
     # kernel writes both gradients); the stack of the projections' operand gradients, the sum of the values' two
     # gradients and the sum of the projections' bias gradient: a launch of the operands' kernel and the sum of its
-    # partial sums (two kernels fewer); between the blocks of a stage, as before the MLP: 4 + 3 fewer
+    # partial sums (two kernels fewer); between the blocks of a stage, as before the MLP: 4 + 3 fewer; the sum of
+    # the two gradients of a stage's first block's input (its norm's and the rest of the block's) added by that
+    # norm's kernel: 4 fewer
     assert cells['torch'][6].endswith('(+16 Triton)') and cells['auto'][6].endswith('(+56 Triton)'), cells
-    assert int(cells['auto'][6].split()[0]) == int(cells['torch'][6].split()[0]) - 64 - 8 - 7 - 16 - 4 - 3, cells
+    assert int(cells['auto'][6].split()[0]) == int(cells['torch'][6].split()[0]) - 64 - 8 - 7 - 16 - 4 - 3 - 4, cells
     tokens = (16 * 24, 8 * 12, 4 * 6, 2 * 3)
     widths = (512 + 3 * 64, 1024 + 3 * 128, 1280 + 3 * 320, 2048 + 3 * 512)
     not_kept = 2 * 2 * sum(n * w for n, w in zip(tokens, widths)) * 4 / 2 ** 20

@@ -38,10 +38,12 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             (``attn_impl``: implementations of :func:`mmpola.ops.flatten_attention`).
         focusing_factor: option; the power f of the focusing function (3 in every released model).
 
-    Shapes: ``forward(x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None)`` with x (B, P + H*W, C)
-    (``'projected'``: (B, N, 3, C)), hw = (H, W) -> (B, P + H*W, C); ``norm``: the block's LayerNorm, applied to x
-    first (``takes_norm``); ``branch`` (x's shape, with ``norm``): the residual connection before it, the input
-    ``x + drop_path(branch)``, returned first: ``(x + drop_path(branch), out)`` (``takes_branch``).
+    Shapes: ``forward(x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None, stream=False)`` with
+    x (B, P + H*W, C) (``'projected'``: (B, N, 3, C)), hw = (H, W) -> (B, P + H*W, C); ``norm``: the block's
+    LayerNorm, applied to x first (``takes_norm``); ``branch`` (x's shape, with ``norm``): the residual
+    connection before it, the input ``x + drop_path(branch)``, returned first: ``(x + drop_path(branch), out)``
+    (``takes_branch``); ``stream`` (with ``norm``): ``(x, out)``, x the residual stream going on past the norm
+    (its gradient from the layers after joins the norm's in its kernel, :func:`~mmpola.models.layers.norm_linear`).
     """
 
     letter = 'L'
@@ -76,10 +78,12 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
 
-    def forward(self, x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None, **context):
+    def forward(self, x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None, stream=False, **context):
         P = num_prefix_tokens
-        projected = self._project_inputs(x, hw, norm, value_twice=True, branch=branch, drop_path=drop_path)
-        s, (q, k, v, v_term), kv_hw = projected if branch is not None else (None, *projected)
+        projected = self._project_inputs(x, hw, norm, value_twice=True, branch=branch, drop_path=drop_path,
+                                         stream=stream)
+        returns_x = branch is not None or stream
+        s, (q, k, v, v_term), kv_hw = projected if returns_x else (None, *projected)
         B, n, C = k.shape
         # the positional encoding as the keys' bias: the Triton kernels add it where they read the keys
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
@@ -90,7 +94,7 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         else:  # the term added to the core's output where the conv writes it, in the output's layout
             out = depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample, residual=out)
         out = self._project_output(out)
-        return out if branch is None else (s, out)
+        return (s, out) if returns_x else out
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '

@@ -56,10 +56,12 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             needed for the official outputs) or ``'bilinear2d'`` on the 2-D grid (geometrically
             sound; a documented deviation for new training runs).
 
-    Shapes: ``forward(x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None)`` with x (B, P + H*W, C)
-    (``'projected'``: (B, N, 4, C)), hw = (H, W) -> (B, P + H*W, C); ``norm``: the block's LayerNorm, applied to x
-    first (``takes_norm``); ``branch`` (x's shape, with ``norm``): the residual connection before it, the input
-    ``x + drop_path(branch)``, returned first: ``(x + drop_path(branch), out)`` (``takes_branch``).
+    Shapes: ``forward(x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None, stream=False)`` with
+    x (B, P + H*W, C) (``'projected'``: (B, N, 4, C)), hw = (H, W) -> (B, P + H*W, C); ``norm``: the block's
+    LayerNorm, applied to x first (``takes_norm``); ``branch`` (x's shape, with ``norm``): the residual
+    connection before it, the input ``x + drop_path(branch)``, returned first: ``(x + drop_path(branch), out)``
+    (``takes_branch``); ``stream`` (with ``norm``): ``(x, out)``, x the residual stream going on past the norm
+    (its gradient from the layers after joins the norm's in its kernel, :func:`~mmpola.models.layers.norm_linear`).
     """
 
     letter = 'L'
@@ -102,11 +104,13 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         self.scale = nn.Parameter(torch.zeros(1, 1, dim))
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
 
-    def forward(self, x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None, **context):
+    def forward(self, x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None, stream=False, **context):
         H, W = hw
         P = num_prefix_tokens
-        projected = self._project_inputs(x, hw, norm, value_twice=True, branch=branch, drop_path=drop_path)
-        s, (q, k, v, g, v_term), kv_hw = projected if branch is not None else (None, *projected)
+        projected = self._project_inputs(x, hw, norm, value_twice=True, branch=branch, drop_path=drop_path,
+                                         stream=stream)
+        returns_x = branch is not None or stream
+        s, (q, k, v, g, v_term), kv_hw = projected if returns_x else (None, *projected)
         B, N, C = q.shape
         heads, head_dim = self.num_heads, C // self.num_heads
         n = k.shape[1]
@@ -137,7 +141,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             out = depthwise_value_heads(self.dwc, v_term, kv_hw, (H, W), self.v_upsample, residual=out)
             out = out.transpose(1, 2).reshape(B, N, C)
         out = self._project_gated_output(out, g)
-        return out if branch is None else (s, out)
+        return (s, out) if returns_x else out
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '

@@ -81,7 +81,7 @@ class QKVProjections:
             self.proj = nn.Linear(dim, dim)
             self.proj_drop = nn.Dropout(proj_drop)
 
-    def _project_inputs(self, x, hw, norm=None, value_twice=False, branch=None, drop_path=None):
+    def _project_inputs(self, x, hw, norm=None, value_twice=False, branch=None, drop_path=None, stream=False):
         """(the operands (B, N, C) each, in the order of the fused projection; k and v: (B, n, C)),
         (Hk, Wk) the key grid; ``norm``: a LayerNorm to apply to x first (the projections take it with them
         where :attr:`takes_norm`: :func:`~mmpola.models.layers.norm_linear`). ``value_twice``: v once more after
@@ -89,8 +89,9 @@ class QKVProjections:
         backward adds to the first's where its kernels run (:func:`~mmpola.models.layers.norm_linear`'s
         ``repeat``); elsewhere the same tensor. ``branch`` (where :attr:`takes_branch`, with ``norm``): the
         residual connection before the norm, ``x + drop_path(branch)`` the input; then returns that sum first,
-        (sum, operands, key grid)."""
-        if branch is not None and not (norm is not None and self.takes_branch):
+        (sum, operands, key grid). ``stream`` (likewise): no branch, x itself returned first, the residual stream
+        going on past the norm (:func:`~mmpola.models.layers.norm_linear`'s ``stream``)."""
+        if (branch is not None or stream) and not (norm is not None and self.takes_branch):
             raise ValueError(f'{type(self).__name__} takes a branch with the LayerNorm of its projections only '
                              '(takes_branch)')
         if norm is not None and not self._projects_the_tokens_only:
@@ -104,21 +105,22 @@ class QKVProjections:
                 operands = x[:, :, :operands].unbind(2)
             return operands + (operands[value], ) * value_twice, tuple(hw)
         B, N, C = x.shape
-        residual = {} if branch is None else dict(branch=branch, drop_path=drop_path)
+        returns_x = branch is not None or stream
+        residual = dict(branch=branch, drop_path=drop_path, stream=stream)
         if self.qkv_layout == 'fused':
             name, _ = self.fused_projection
             projected = norm_linear(norm, getattr(self, name), x, chunk=C, repeat=(value, ) * value_twice,
                                     **residual)
-            return (*projected, tuple(hw)) if branch is not None else (projected, tuple(hw))
+            return (*projected, tuple(hw)) if returns_x else (projected, tuple(hw))
         name, operands = self.query_projection
         if norm is not None:  # no spatial reduction: both projections of the normalised tokens, one product
             # their order q, (g), k, v: the values are the last of the query projection's operands and k
             projected = norm_linear(norm, (getattr(self, name), self.kv), x, chunk=C,
                                     repeat=(operands + 1, ) * value_twice, **residual)
-            s, projected = projected if branch is not None else (None, projected)
+            s, projected = projected if returns_x else (None, projected)
             query, (k, v), again = projected[:operands], projected[operands:operands + 2], projected[operands + 2:]
             projected = (query[0], k, v, *query[1:], *again)
-            return (s, projected, tuple(hw)) if branch is not None else (projected, tuple(hw))
+            return (s, projected, tuple(hw)) if returns_x else (projected, tuple(hw))
         query = getattr(self, name)(x)
         query = (query,) if operands == 1 else query.reshape(B, N, operands, C).unbind(2)
         x_, kv_hw = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
