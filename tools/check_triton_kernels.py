@@ -200,11 +200,11 @@ def record_depthwise_launches(gpu, channels, dtype):
 def record_recompute_launches(gpu, channels, dtype):
     """The kernel launches of one forward and backward of each recomputing linear layer on ``gpu``, on the tokens
     of every grid of SHAPES: the MLP's GELU and fc2 (4 * ``channels`` hidden channels; without and with fc1's bias
-    added before the GELU) and the gated projection
-    (``channels`` channels, the gate a view of a projection of 4 * ``channels``) and the LayerNorm with its linear
-    layer (``channels`` and 4 * ``channels`` channels), also with a branch added to a float32 residual stream
-    before it (``channels`` channels; without and with a factor per sample) and with its output taken apart into
-    the attention's operands (three or four of ``channels`` channels, the values used twice), and the residual
+    added before the GELU) and the gated projection (``channels`` channels, the gate a view of a projection of
+    4 * ``channels``) and the LayerNorm with its linear layer (``channels`` and 4 * ``channels`` channels), also
+    with a branch added to a float32 residual stream before it (``channels`` channels; without and with a factor
+    per sample; none, the stream returned and its gradient added) and with its output taken apart into the
+    attention's operands (three or four of ``channels`` channels, the values used twice), and the residual
     connection written with its copy in another dtype (without and with a factor, the gradients of both or of
     either)."""
     from mmpola.ops import add_layer_norm_linear, add_residual_and_cast, gated_linear, gelu_linear, layer_norm_linear
@@ -237,6 +237,10 @@ def record_recompute_launches(gpu, channels, dtype):
                     total, out = add_layer_norm_linear(stream, branch, norm_weight, norm_bias, 1e-5, weight,
                                                        impl='triton', scale=scale)
                 torch.autograd.backward((total, out), (torch.zeros_like(total), torch.zeros_like(out)))
+            # without a branch: the stream returned, its gradient from the layers after added in the kernel
+            with torch.autocast('cpu', dtype, enabled=dtype != torch.float32):
+                total, out = add_layer_norm_linear(stream, None, norm_weight, norm_bias, 1e-5, weight, impl='triton')
+            torch.autograd.backward((total, out), (torch.zeros_like(total), torch.zeros_like(out)))
             # a stage's last residual connection written with the copy the next stage reads (under autocast: in the
             # autocast dtype; in float32, a bfloat16 copy), with the gradients of both and of one of them
             copy_dtype = torch.bfloat16 if dtype == torch.float32 else dtype
