@@ -206,7 +206,7 @@ def record_recompute_launches(gpu, channels, dtype):
     per sample; none, the stream returned and its gradient added) and with its output taken apart into the
     attention's operands (three or four of ``channels`` channels, the values used twice), and the residual
     connection written with its copy in another dtype (without and with a factor, the gradients of both or of
-    either)."""
+    either, the sum in the tokens' layout or in its map's)."""
     from mmpola.ops import add_layer_norm_linear, add_residual_and_cast, gated_linear, gelu_linear, layer_norm_linear
     from mmpola.ops.triton_support import dry_run
     launches = []
@@ -242,11 +242,14 @@ def record_recompute_launches(gpu, channels, dtype):
                 total, out = add_layer_norm_linear(stream, None, norm_weight, norm_bias, 1e-5, weight, impl='triton')
             torch.autograd.backward((total, out), (torch.zeros_like(total), torch.zeros_like(out)))
             # a stage's last residual connection written with the copy the next stage reads (under autocast: in the
-            # autocast dtype; in float32, a bfloat16 copy), with the gradients of both and of one of them
+            # autocast dtype; in float32, a bfloat16 copy), with the gradients of both and of one of them, the sum
+            # in the tokens' layout or in its map's (its gradient too)
             copy_dtype = torch.bfloat16 if dtype == torch.float32 else dtype
-            for scale, used in ((None, (True, True)), (torch.ones(batch, dtype=dtype), (True, True)),
-                                (torch.ones(batch, dtype=dtype), (False, True)), (None, (True, False))):
-                total, copy = add_residual_and_cast(stream, branch, copy_dtype, scale, impl='triton')
+            factors = torch.ones(batch, dtype=dtype)
+            for scale, used, as_map in ((None, (True, True), False), (factors, (True, True), False),
+                                        (factors, (False, True), False), (None, (True, False), False),
+                                        (factors, (True, True), True), (None, (True, False), True)):
+                total, copy = add_residual_and_cast(stream, branch, copy_dtype, scale, impl='triton', as_map=as_map)
                 pairs = [(t, torch.zeros_like(t)) for t, use in zip((total, copy), used) if use]
                 torch.autograd.backward(*zip(*pairs))
             # a projection taken apart into the attention's operands, the values used twice: Pola's (q, k, v, g and

@@ -397,16 +397,16 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
     return (x, result) if returns_x else result
 
 
-def add_and_cast(x, branch, drop_path, dtype):
+def add_and_cast(x, branch, drop_path, dtype, as_map=False):
     """``(s, s.to(dtype))`` for the residual connection ``s = x + drop_path(branch)`` (``drop_path`` timm's
     ``DropPath``, an ``nn.Identity`` or None): a stage's last, whose sum the next stage reads in ``dtype``. Where
     the kernels of :mod:`mmpola.ops.recompute` run (``MMPOLA_RECOMPUTE``; on a GPU by default) and ``drop_path`` is
     of those types, one kernel writes both (with the factor per sample of stochastic depth,
-    :func:`drop_path_scale`; :func:`mmpola.ops.add_residual_and_cast`); else the module and the library's
-    addition and cast."""
+    :func:`drop_path_scale`; :func:`mmpola.ops.add_residual_and_cast`), s in the layout of its map with ``as_map``
+    (tokens (B, H*W, C) that are a view of it); else the module and the library's addition and cast."""
     if type(drop_path) in (DropPath, nn.Identity, type(None)) and (
             resolve_recompute_impl(recompute_impl(), x) == 'triton'):
-        return add_residual_and_cast(x, branch, dtype, drop_path_scale(drop_path, branch), 'triton')
+        return add_residual_and_cast(x, branch, dtype, drop_path_scale(drop_path, branch), 'triton', as_map)
     s = x + (branch if drop_path is None else drop_path(branch))
     return s, s.to(dtype)
 

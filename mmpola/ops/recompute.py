@@ -383,11 +383,11 @@ def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=N
 
 class _ResidualCast(torch.autograd.Function):
     """``(s, s.to(dtype))`` for ``s = x + branch`` (``x + branch * scale``, a factor per sample of x's first dim),
-    keeping the scale only."""
+    keeping the scale only; x (B, N, C), s in its map's layout with ``as_map``."""
 
     @staticmethod
-    def forward(ctx, x, branch, scale, dtype):
-        s, copy = residual_cast(x.contiguous(), branch.contiguous(), scale, dtype)
+    def forward(ctx, x, branch, scale, dtype, as_map):
+        s, copy = residual_cast(x.contiguous(), branch.contiguous(), scale, dtype, as_map)
         ctx.save_for_backward(scale)
         ctx.set_materialize_grads(False)
         ctx.dtypes = x.dtype, branch.dtype
@@ -397,12 +397,12 @@ class _ResidualCast(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_sum, grad_copy):
         scale, = ctx.saved_tensors
-        grads = [None if g is None else g.contiguous() for g in (grad_sum, grad_copy)]
-        grad_x, grad_branch = residual_cast_backward(*grads, scale, *ctx.dtypes, ctx.needs_input_grad[0])
-        return grad_x, grad_branch if ctx.needs_input_grad[1] else None, None, None
+        grad_x, grad_branch = residual_cast_backward(grad_sum, grad_copy, scale, *ctx.dtypes,
+                                                     ctx.needs_input_grad[0])
+        return grad_x, grad_branch if ctx.needs_input_grad[1] else None, None, None, None
 
 
-def add_residual_and_cast(x, branch, dtype, scale=None, impl='auto'):
+def add_residual_and_cast(x, branch, dtype, scale=None, impl='auto', as_map=False):
     """``(s, s.to(dtype))`` for the residual connection ``s = x + branch``: the last of a stage's blocks, whose sum
     the next stage's first layer reads in another dtype (under autocast, the patch embedding's convolution of a
     float32 residual stream). x and branch (B, ..., C) of one shape; ``scale`` (B, ) or None: a factor per sample
@@ -413,16 +413,25 @@ def add_residual_and_cast(x, branch, dtype, scale=None, impl='auto'):
     addition and the cast as kernels of their own, and in the backward, which keeps the scale only, one kernel
     adds the gradients of the sum and of the copy and writes the sum's (x's) and the branch's (rounded to its
     dtype, times its factor): where the library casts the copy's gradient, adds the two, and casts and multiplies
-    the branch's. ``'auto'`` as :func:`layer_norm_linear`."""
+    the branch's. ``'auto'`` as :func:`layer_norm_linear`.
+
+    ``as_map`` (x and branch (B, H*W, C) tokens): with ``'triton'`` the kernel writes the sum in the layout of its
+    (B, C, H, W) map, and s is that map's (B, H*W, C) view (channels-strided): where the sum becomes that map
+    (``tokens.reshape(B, H, W, C).permute(0, 3, 1, 2)`` is then contiguous, no copy), whose gradient the backward
+    reads in place; the library's path gives contiguous tokens either way."""
     if branch.shape != x.shape:
         raise ValueError(f'add_residual_and_cast expects a branch of the shape of x {tuple(x.shape)}, '
                          f'got {tuple(branch.shape)}')
     if scale is not None and tuple(scale.shape) != (x.shape[0], ):
         raise ValueError(f'add_residual_and_cast expects a scale of shape ({x.shape[0]}, ) (one factor per sample), '
                          f'got {tuple(scale.shape)}')
+    if as_map and x.dim() != 3:
+        raise ValueError(f'add_residual_and_cast writes the sum as a map for tokens (B, N, C), got {tuple(x.shape)}')
     if resolve_recompute_impl(impl, x) == 'torch' or x.numel() == 0:
         s = x + (branch if scale is None else branch * scale.view(-1, *(1, ) * (branch.dim() - 1)))
         return s, s.to(dtype)
     require_triton(x, 'the Triton kernels of add_residual_and_cast', ENV)
     with torch.autocast(x.device.type, enabled=False):
-        return _ResidualCast.apply(x, branch, scale, dtype)
+        s, copy = _ResidualCast.apply(x.reshape(x.shape[0], -1, x.shape[-1]), branch.reshape(
+            x.shape[0], -1, x.shape[-1]), scale, dtype, as_map)
+    return s.view(x.shape), copy.view(x.shape)

@@ -37,10 +37,11 @@ that input, recomputed (for the layer's weight gradient), and the gradients of w
   over its rows (the bias's gradient, summed over the programs after it). The operands are a compile-time loop:
   each program reads the same rows of every one.
 
-* ``_residual_cast_kernel``: a residual connection ``s = x + branch`` (the branch times a factor per sample, the
-  product rounded to the branch's dtype) written with its copy in another dtype (the one the next layer reads);
-  in the backward the gradients of s and of the copy added (s's, and x's), and the branch's (rounded to its
-  dtype, times the factor). Element-wise, in blocks of the flat tensor.
+* ``_residual_cast_kernel``: a residual connection ``s = x + branch`` of tokens (B, N, C) (the branch times a
+  factor per sample, the product rounded to the branch's dtype) written with its copy in another dtype (the
+  one the next layer reads), s in the tokens' layout or in its map's (``SUM_MAP``: (B, C, N)); in the backward
+  the gradients of s (in either layout) and of the copy added (s's, and x's), and the branch's (rounded to
+  its dtype, times the factor). Element-wise, in tiles of tokens and channels.
 
 Every result is rounded once to its tensor's dtype. Any number of elements; float64 inputs (the
 interpreter, for tests) are computed in float32 too. One compiled kernel per dtype (and the gate's and the
@@ -52,8 +53,7 @@ import torch
 from .triton_support import kernel_target, launch, triton_available
 
 __all__ = ['NORM_MAX_CHANNELS', 'OPERANDS_MAX', 'add_layer_norm_rows', 'gate_and_gate_backward', 'gelu_rows',
-           'layer_norm_rows', 'operand_grads', 'residual_cast',
-           'residual_cast_backward']
+           'layer_norm_rows', 'operand_grads', 'residual_cast', 'residual_cast_backward']
 
 if triton_available() is None:
     import triton
@@ -194,28 +194,35 @@ if triton_available() is None:
             if BIAS:
                 tl.store(parts_ptr + tl.program_id(0) * OPERANDS * C + p * C + cols, sums, mask=col_mask)
 
-    @triton.jit(do_not_specialize=['N', 'per_sample'])  # the element count: data
+    @triton.jit(do_not_specialize=['N'])  # the token count: data
     def _residual_cast_kernel(x_ptr, branch_ptr, scale_ptr, sum_ptr, copy_ptr, grad_sum_ptr, grad_copy_ptr, grad_x_ptr,
-                              grad_branch_ptr, N, per_sample, BLOCK: tl.constexpr, GRAD: tl.constexpr,
+                              grad_branch_ptr, N, C, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, GRAD: tl.constexpr,
                               SCALE: tl.constexpr, GRAD_SUM: tl.constexpr, GRAD_COPY: tl.constexpr,
-                              GRAD_X: tl.constexpr):
-        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < N
-        if SCALE:  # the branch's per-sample factor (stochastic depth)
-            factor = tl.load(scale_ptr + offsets // per_sample, mask=mask, other=0.).to(tl.float32)
+                              GRAD_X: tl.constexpr, SUM_MAP: tl.constexpr):
+        sample = tl.program_id(2).to(tl.int64)
+        tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = (tokens[:, None] < N) & (cols[None, :] < C)
+        offsets = sample * N * C + tokens[:, None].to(tl.int64) * C + cols[None, :]  # (B, N, C) rows
+        if SUM_MAP:  # the sum (and its gradient) in the layout of its (B, C, H, W) map
+            sum_offsets = sample * N * C + cols[None, :].to(tl.int64) * N + tokens[:, None]
+        else:
+            sum_offsets = offsets
+        if SCALE:  # the branch's factor (stochastic depth), one per sample
+            factor = tl.load(scale_ptr + sample).to(tl.float32)
         if not GRAD:  # the sum, and its copy in the copy's dtype
             x = tl.load(x_ptr + offsets, mask=mask, other=0.).to(tl.float32)
             branch = tl.load(branch_ptr + offsets, mask=mask, other=0.).to(tl.float32)
             if SCALE:
                 branch = _round(branch * factor, branch_ptr.dtype.element_ty)
             s = _round(x + branch, sum_ptr.dtype.element_ty)
-            tl.store(sum_ptr + offsets, s.to(sum_ptr.dtype.element_ty), mask=mask)
+            tl.store(sum_ptr + sum_offsets, s.to(sum_ptr.dtype.element_ty), mask=mask)
             tl.store(copy_ptr + offsets, _round(s, copy_ptr.dtype.element_ty).to(copy_ptr.dtype.element_ty),
                      mask=mask)
         else:  # the gradients of the sum and of its copy added: the sum's whole gradient, then x's and the branch's
-            g = tl.zeros((BLOCK, ), dtype=tl.float32)
+            g = tl.zeros((BLOCK_N, BLOCK_C), dtype=tl.float32)
             if GRAD_SUM:
-                g += tl.load(grad_sum_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+                g += tl.load(grad_sum_ptr + sum_offsets, mask=mask, other=0.).to(tl.float32)
             if GRAD_COPY:
                 g += tl.load(grad_copy_ptr + offsets, mask=mask, other=0.).to(tl.float32)
             g = _round(g, sum_ptr.dtype.element_ty)
@@ -383,46 +390,65 @@ def add_layer_norm_rows(x, branch, scale, tokens, weight, bias, eps, out_dtype):
     return s, y
 
 
-_RESIDUAL_BLOCKS = dict(BLOCK=1024, num_warps=4)  # elements per program of the residual connection's kernel
+# tokens x channels per program of the residual connection's kernel: 128 bytes of float32 along either axis
+_RESIDUAL_BLOCKS = dict(BLOCK_N=64, BLOCK_C=32, num_warps=4)
 
 
-def residual_cast(x, branch, scale, dtype):
-    """The residual connection ``s = x + branch`` (with ``scale``, one factor per sample of x's first dim,
+def _residual_grid(B, N, C):
+    return (max(triton.cdiv(N, _RESIDUAL_BLOCKS['BLOCK_N']), 1), max(triton.cdiv(C, _RESIDUAL_BLOCKS['BLOCK_C']), 1),
+            max(B, 1))
+
+
+def _is_map_view(t):
+    """Whether tokens t (B, N, C) are the channels-strided view of a contiguous (B, C, N) tensor (a map's)."""
+    return t.transpose(1, 2).is_contiguous() and t.stride(1) == 1
+
+
+def residual_cast(x, branch, scale, dtype, sum_map=False):
+    """The residual connection ``s = x + branch`` of tokens (B, N, C) (with ``scale``, one factor per sample,
     ``x + branch * scale[sample]``, the product rounded to the branch's dtype first) in the dtype torch's addition
-    gives, and its copy in ``dtype``: x and branch contiguous, of one shape. Returns (s, copy). One kernel; its
-    backward is :func:`residual_cast_backward`."""
-    N = x.numel()
-    grid = (max(triton.cdiv(N, _RESIDUAL_BLOCKS['BLOCK']), 1), )
-    s = torch.empty_like(x, dtype=torch.result_type(x, branch))
+    gives, and its copy in ``dtype``: x and branch contiguous. Returns (s, copy), the copy contiguous, s too or,
+    with ``sum_map``, written in the layout of its (B, C, H, W) map: s is then that map's (B, N, C) view (a
+    channels-strided one). One kernel; its backward is :func:`residual_cast_backward`."""
+    B, N, C = x.shape
+    if sum_map:
+        s = torch.empty(B, C, N, dtype=torch.result_type(x, branch), device=x.device).transpose(1, 2)
+    else:
+        s = torch.empty_like(x, dtype=torch.result_type(x, branch))
     copy = torch.empty_like(x, dtype=dtype)
-    launch(_residual_cast_kernel, grid, x, branch, x if scale is None else scale, s, copy, s, s, s, s, N,
-           max(N // max(x.shape[0], 1), 1), GRAD=False, SCALE=scale is not None, GRAD_SUM=False, GRAD_COPY=False,
-           GRAD_X=False, **_RESIDUAL_BLOCKS)
+    launch(_residual_cast_kernel, _residual_grid(B, N, C), x, branch, x if scale is None else scale, s, copy, s, s, s,
+           s, N, C, GRAD=False, SCALE=scale is not None, GRAD_SUM=False, GRAD_COPY=False, GRAD_X=False,
+           SUM_MAP=sum_map, **_RESIDUAL_BLOCKS)
     return s, copy
 
 
 def residual_cast_backward(grad_s, grad_copy, scale, x_dtype, branch_dtype, needs_x_grad=True):
-    """The backward of :func:`residual_cast` for the gradients of s and of the copy (contiguous, of one shape;
-    either None): (grad_x, grad_branch), their sum (s's whole gradient, the copy's cast to s's dtype first) in
-    ``x_dtype`` (None unless ``needs_x_grad``; grad_s itself where it is the whole gradient), and the branch's
-    in ``branch_dtype`` (the sum's rounded to it, times the factor, rounded again, as torch's addition and
-    multiplication give it). One kernel, which reads the gradients and the factors only."""
+    """The backward of :func:`residual_cast` for the gradients of s and of the copy (tokens (B, N, C); either
+    None; grad_s contiguous or a map's channels-strided view, read as it is, other layouts copied first):
+    (grad_x, grad_branch), their sum (s's whole gradient, the copy's cast to s's dtype first) in ``x_dtype``
+    (None unless ``needs_x_grad``; grad_s itself where it is the whole gradient), and the branch's in
+    ``branch_dtype`` (the sum's rounded to it, times the factor, rounded again, as torch's addition and
+    multiplication give it), both contiguous. One kernel, which reads the gradients and the factors only."""
+    if grad_copy is not None:
+        grad_copy = grad_copy.contiguous()
+    sum_map = grad_s is not None and _is_map_view(grad_s)
+    if grad_s is not None and not sum_map:
+        grad_s = grad_s.contiguous()
     present = grad_copy if grad_s is None else grad_s
-    N = present.numel()
-    grid = (max(triton.cdiv(N, _RESIDUAL_BLOCKS['BLOCK']), 1), )
+    B, N, C = present.shape
     # x's gradient is grad_s itself where that is the whole gradient, in x's dtype
     write_x = needs_x_grad and not (grad_copy is None and grad_s.dtype == x_dtype)
-    grad_x = torch.empty_like(present, dtype=x_dtype) if write_x else None
-    grad_branch = torch.empty_like(present, dtype=branch_dtype)
+    grad_x = torch.empty(B, N, C, dtype=x_dtype, device=present.device) if write_x else None
+    grad_branch = torch.empty(B, N, C, dtype=branch_dtype, device=present.device)
     # a tensor of the sum's dtype, which the sum's gradient is rounded to (grad_s has it), and pointers of the
     # forward's tensors: the kernel reads neither
     sum_like = grad_s if grad_s is not None else present.new_empty(1, dtype=torch.promote_types(x_dtype,
                                                                                                  branch_dtype))
-    launch(_residual_cast_kernel, grid, grad_branch, grad_branch, grad_branch if scale is None else scale, sum_like,
-           grad_branch, present, present if grad_copy is None else grad_copy,
-           grad_branch if grad_x is None else grad_x, grad_branch, N, max(N // max(present.shape[0], 1), 1),
+    launch(_residual_cast_kernel, _residual_grid(B, N, C), grad_branch, grad_branch,
+           grad_branch if scale is None else scale, sum_like, grad_branch, present,
+           present if grad_copy is None else grad_copy, grad_branch if grad_x is None else grad_x, grad_branch, N, C,
            GRAD=True, SCALE=scale is not None, GRAD_SUM=grad_s is not None, GRAD_COPY=grad_copy is not None,
-           GRAD_X=write_x, **_RESIDUAL_BLOCKS)
+           GRAD_X=write_x, SUM_MAP=sum_map, **_RESIDUAL_BLOCKS)
     if needs_x_grad and not write_x:
         grad_x = grad_s
     return grad_x, grad_branch

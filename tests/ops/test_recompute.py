@@ -1123,6 +1123,38 @@ def test_add_residual_and_cast_matches_the_library(branch_dtype, scaled, used):
         assert actual[3][0].abs().max() == 0 and torch.equal(actual[0][0], x[0])
 
 
+@pytest.mark.parametrize('grad_layout', ['map', 'tokens', 'other'])
+def test_add_residual_and_cast_writes_the_sum_as_a_map(grad_layout):
+    """as_map: the kernel writes the sum in the layout of its (B, C, H, W) map and returns that map's tokens view,
+    whose map (reshape and permute) is contiguous, the same storage; the values and gradients are the library's
+    bit for bit, with the sum's gradient given as the map's (read in place), as contiguous tokens, or strided
+    otherwise (copied first)."""
+    B, H, W, C = 3, 5, 7, 40
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(B, H * W, C, generator=g).to(DEVICE)
+    branch = torch.randn(B, H * W, C, generator=g).to(DEVICE, torch.bfloat16)
+    grad_map = torch.randn(B, C, H, W, generator=g).to(DEVICE)
+    grad_s = {'map': grad_map.flatten(2).transpose(1, 2), 'tokens': grad_map.flatten(2).transpose(1, 2).contiguous(),
+              'other': grad_map.permute(0, 3, 2, 1).contiguous().permute(0, 3, 2, 1).flatten(2).transpose(1, 2)}[
+                  grad_layout]
+    grad_copy = torch.randn(B, H * W, C, generator=g).to(DEVICE, torch.bfloat16)
+    scale = FACTORS[:B].to(DEVICE, torch.bfloat16)
+    results = []
+    for impl in ('triton', 'torch'):
+        leaves = [t.clone().requires_grad_() for t in (x, branch)]
+        s, copy = add_residual_and_cast(*leaves, torch.bfloat16, scale, impl, as_map=True)
+        if impl == 'triton':
+            assert s.stride() == (C * H * W, 1, H * W) and copy.is_contiguous()
+            as_map = s.reshape(B, H, W, C).permute(0, 3, 1, 2)
+            assert as_map.is_contiguous() and as_map.data_ptr() == s.data_ptr()
+        torch.autograd.backward([s, copy], [grad_s, grad_copy])
+        results.append([s.detach(), copy, leaves[0].grad, leaves[1].grad])
+    for a, e in zip(*results):
+        assert a.dtype == e.dtype and torch.equal(a, e), (a - e).abs().max()
+    with pytest.raises(ValueError, match=r'writes the sum as a map for tokens \(B, N, C\), got \(3, 5, 7, 40\)'):
+        add_residual_and_cast(x.view(B, H, W, C), x.view(B, H, W, C), torch.bfloat16, as_map=True)
+
+
 def test_add_residual_and_cast_in_float64_and_what_it_keeps():
     """float64 inputs (computed in float32, as every kernel here) within 1e-6 of the library's; x frozen or the
     branch frozen; autograd keeps the factors only."""

@@ -137,13 +137,15 @@ def tokens_to_nchw(tokens, hw, grad_as_tokens=False):
     The map's gradient (a neck's convolution gives contiguous NCHW) seen in place as tokens is channel-strided.
     ``grad_as_tokens``: copy it once to contiguous tokens instead, for tokens that several ops made and will
     each copy such a gradient for themselves (the last block's linear layers and norm, a stage output without
-    an output norm); a norm alone reads it as it is."""
-    if not grad_as_tokens or recording() or not (torch.is_grad_enabled() and tokens.requires_grad):
+    an output norm); a norm alone reads it as it is. Tokens that are the map's view (written in its layout) give the
+    map itself, and its gradient comes back to them in place."""
+    if (not grad_as_tokens or recording() or not (torch.is_grad_enabled() and tokens.requires_grad)
+            or tokens.stride(-1) != 1):
         return tokens.reshape(tokens.shape[0], hw[0], hw[1], -1).permute(0, 3, 1, 2).contiguous()
     return _TokensToMap.apply(tokens, hw[0], hw[1])
 
 
-def run_blocks(blocks, x, hw, with_cp=False, cast=None, **context):
+def run_blocks(blocks, x, hw, with_cp=False, cast=None, as_map=False, **context):
     """``x = block(x, hw, **context)`` for every block, each checkpointed when ``with_cp`` and training.
 
     A block that ``defers_residual`` (:class:`~mmpola.models.layers.PreNormBlock`) followed by one that
@@ -154,7 +156,8 @@ def run_blocks(blocks, x, hw, with_cp=False, cast=None, **context):
 
     ``cast`` (a dtype): returns ``(x, x.to(cast))``, the copy that the next stage reads; the last block, where it
     ``defers_residual`` (and as above), hands its residual connection to :func:`~mmpola.models.layers.add_and_cast`,
-    which writes the sum and its copy in one kernel where that runs."""
+    which writes the sum and its copy in one kernel where that runs; with ``as_map``, x in the layout of its
+    (B, C, H, W) map (the map's channels-strided tokens view), for a stage output that becomes that map."""
     blocks = list(blocks)
     pending = {}
     for block, following in zip(blocks, blocks[1:] + [None]):
@@ -163,7 +166,7 @@ def run_blocks(blocks, x, hw, with_cp=False, cast=None, **context):
         elif not with_cp and _hands_residual(block, following, cast is not None):
             x, branch, drop_path = block(x, hw, defer=True, **pending, **context)
             if following is None:
-                return add_and_cast(x, branch, drop_path, cast)
+                return add_and_cast(x, branch, drop_path, cast, as_map)
             pending = dict(residual=(branch, drop_path))
         else:
             x, pending = block(x, hw, **pending, **context), {}
@@ -600,12 +603,15 @@ class DenseBackbone(BaseModule):
     # ---------------------------------------------------------------------------------------------
     # forward
 
-    def forward_stages(self, x, last_stage=None):
+    def forward_stages(self, x, last_stage=None, maps=()):
         """Run the stages 0..last_stage.
 
         Args:
             x: (B, in_channels, H, W) images.
             last_stage: last 0-based stage to run (default: the last one).
+            maps: the stages whose entry the caller turns into a map without a norm (:meth:`stage_map`): their
+                tokens may come as that map's channels-strided view, written in its layout by the stage's last
+                residual connection (:func:`run_blocks`' ``as_map``, where the next stage reads a copy).
 
         Returns:
             list of every stage's raw block output (before any downsampling and any output norm),
@@ -620,7 +626,7 @@ class DenseBackbone(BaseModule):
         for i in range(last_stage + 1):
             x, hw = self._enter_stage(i, x, hw)
             cast = self._handoff_dtype(i, x) if i < last_stage else None
-            x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, **self._block_context(i, x, hw))
+            x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, i in maps, **self._block_context(i, x, hw))
             x, copy = x if cast is not None else (x, None)
             x = self._exit_stage(i, x, hw)
             outs.append(self._stage_output(x, hw))
@@ -649,7 +655,8 @@ class DenseBackbone(BaseModule):
 
     def forward(self, x):
         """(B, C_in, H, W) -> tuple of (B, C_i, H_i, W_i) for i in ``out_indices``."""
-        stages = self.forward_stages(x, max(self.out_indices))
+        maps = [i for i in self.out_indices if self.output_norm(i) is None]
+        stages = self.forward_stages(x, max(self.out_indices), maps)
         return tuple(self.stage_map(stages[i], self.output_norm(i)) for i in self.out_indices)
 
     # ---------------------------------------------------------------------------------------------
