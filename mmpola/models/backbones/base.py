@@ -625,7 +625,8 @@ class DenseBackbone(BaseModule):
         outs = []
         for i in range(last_stage + 1):
             x, hw = self._enter_stage(i, x, hw)
-            cast = self._handoff_dtype(i, x) if i < last_stage else None
+            # (a tracer's proxy has no dtype to ask, and the traced graph keeps the plain stages)
+            cast = self._handoff_dtype(i, x) if i < last_stage and not recording() else None
             x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, i in maps, **self._block_context(i, x, hw))
             x, copy = x if cast is not None else (x, None)
             x = self._exit_stage(i, x, hw)
