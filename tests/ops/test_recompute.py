@@ -1072,21 +1072,35 @@ def test_blocks_hand_their_residual_connection_to_the_next_blocks_norm(monkeypat
                   for o in (forward, backward) for op in ('add', 'mul')]
         return [out.detach(), x.grad.clone()] + [p.grad.clone() for p in blocks.parameters()], counts
 
+    def fewer(impl, how):  # the backward's additions of the stream's gradients: none either way where the
+        handed = 2 if takes and impl == 'triton' and how == 'run_blocks' else 0  # norm's kernel adds them
+        return [handed, handed, 0, handed]  # (two pairs of blocks)
+
+    counts = compare_block_runs(run, fewer)
+    for how in ('run_blocks', 'hooked'):
+        if attention in ('pola', 'pola_pvt'):  # (FLatten's focused maps' backward adds gradients of the
+            assert counts['triton', how][2] == 0, (how, counts)  # operands' shape, x's)
+    assert len(seen) == 1 and isinstance(seen[0], torch.Tensor)  # the hooked block's usual output
+
+
+def compare_block_runs(run, fewer):
+    """``run(impl, how)`` -> (results, operator counts) of blocks run with MMPOLA_RECOMPUTE=impl, one by one or
+    through run_blocks (also with a hooked block and checkpointed): every run's results within 1e-5 of the
+    library's blocks one by one, and its counts ``fewer(impl, how)`` below those of the blocks one by one with
+    the same implementation (not checkpointed: its backward runs the forward again). Returns the counts of
+    each (impl, how)."""
     expected, one_by_one = run('torch', 'one_by_one')
     one_by_one = {'torch': one_by_one, 'triton': run('triton', 'one_by_one')[1]}
+    counts = {}
     for impl, how in (('torch', 'run_blocks'), ('triton', 'run_blocks'), ('triton', 'hooked'),
                       ('triton', 'checkpointed')):
-        results, counts = run(impl, how)
+        results, counts[impl, how] = run(impl, how)
         for a, e in zip(results, expected):
             assert max_scaled_error(a, e) <= 1e-5, (impl, how, max_scaled_error(a, e))
-        handed = 2 if takes and impl == 'triton' and how == 'run_blocks' else 0  # two pairs of blocks
-        if how != 'checkpointed':  # (whose backward runs the forward again)
-            # the backward's additions of the stream's gradients: none either way where the norm's kernel adds them
-            assert [o - c for o, c in zip(one_by_one[impl], counts)] == [handed, handed, 0, handed], (
+        if how != 'checkpointed':
+            assert [o - c for o, c in zip(one_by_one[impl], counts[impl, how])] == fewer(impl, how), (
                 impl, how, one_by_one, counts)
-            if attention in ('pola', 'pola_pvt') and impl == 'triton':  # (FLatten's focused maps' backward adds
-                assert counts[2] == 0, (how, counts)  # gradients of the operands' shape, x's)
-    assert len(seen) == 1 and isinstance(seen[0], torch.Tensor)  # the hooked block's usual output
+    return counts
 
 
 def residual_cast_results(impl, x, branch, scale, dtype, grads):
@@ -1265,15 +1279,9 @@ def test_the_last_block_writes_the_sum_and_its_copy(monkeypatch, attention):
                   for op in ('add', 'mul', '_to_copy')]
         return [out.detach(), x.grad.clone()] + [p.grad.clone() for p in blocks.parameters()], counts
 
-    expected, one_by_one = run('torch', 'one_by_one')
-    one_by_one = {'torch': one_by_one, 'triton': run('triton', 'one_by_one')[1]}
-    for impl, how in (('torch', 'run_blocks'), ('triton', 'run_blocks'), ('triton', 'hooked'),
-                      ('triton', 'checkpointed')):
-        results, counts = run(impl, how)
-        for a, e in zip(results, expected):
-            assert max_scaled_error(a, e) <= 1e-5, (impl, how, max_scaled_error(a, e))
+    def fewer(impl, how):
         fused = 1 if impl == 'triton' and how == 'run_blocks' else 0
         handed = fused if attention == 'pola_pvt' else 0  # the first block's residual connection to the second's
-        if how != 'checkpointed':
-            assert [o - c for o, c in zip(one_by_one[impl], counts)] == [fused + handed] * 2 + [fused], (
-                impl, how, one_by_one, counts)
+        return [fused + handed] * 2 + [fused]
+
+    compare_block_runs(run, fewer)

@@ -56,12 +56,11 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             needed for the official outputs) or ``'bilinear2d'`` on the 2-D grid (geometrically
             sound; a documented deviation for new training runs).
 
-    Shapes: ``forward(x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None, stream=False)`` with
-    x (B, P + H*W, C) (``'projected'``: (B, N, 4, C)), hw = (H, W) -> (B, P + H*W, C); ``norm``: the block's
-    LayerNorm, applied to x first (``takes_norm``); ``branch`` (x's shape, with ``norm``): the residual
-    connection before it, the input ``x + drop_path(branch)``, returned first: ``(x + drop_path(branch), out)``
-    (``takes_branch``); ``stream`` (with ``norm``): ``(x, out)``, x the residual stream going on past the norm
-    (its gradient from the layers after joins the norm's in its kernel, :func:`~mmpola.models.layers.norm_linear`).
+    Shapes: ``forward(x, hw, num_prefix_tokens=0, **inputs)`` with x (B, P + H*W, C) (``'projected'``:
+    (B, N, 4, C)), hw = (H, W) -> (B, P + H*W, C); ``inputs``: the block's LayerNorm and residual connection
+    that the projections take with them (``norm``, ``branch``, ``drop_path``, ``stream``:
+    :meth:`~mmpola.models.attention.projections.QKVProjections._project_inputs`), with which the output is
+    ``(x + drop_path(branch), out)`` (``(x, out)`` for ``stream``).
     """
 
     letter = 'L'
