@@ -333,6 +333,12 @@ def drop_path_scale(drop_path, x):
     return scale.view(-1)
 
 
+def _draws_factors(drop_path):
+    """Whether :func:`drop_path_scale` gives ``drop_path``'s factors (timm's DropPath, an nn.Identity or None),
+    so that a kernel can add the branch with them."""
+    return type(drop_path) in (DropPath, nn.Identity, type(None))
+
+
 def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=None, repeat=(), stream=False):
     """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; on a GPU by
     default: the LayerNorm's kernel writes the rows in the linear layer's dtype, also without autograd, and the
@@ -369,8 +375,7 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
     fused = (type(norm) is nn.LayerNorm and all(_fused(x, layer) for layer in layers) and len(biased) == 1
              and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
              and x.shape[-1] <= NORM_MAX_CHANNELS)
-    # the kernel adds the branch where it draws the drop-path module's factors (timm's DropPath)
-    add_in_kernel = fused and branch is not None and type(drop_path) in (DropPath, nn.Identity, type(None))
+    add_in_kernel = fused and branch is not None and _draws_factors(drop_path)
     if branch is not None and not add_in_kernel:
         x = x + (branch if drop_path is None else drop_path(branch))
     returns_x = branch is not None or stream
@@ -404,8 +409,7 @@ def add_and_cast(x, branch, drop_path, dtype, as_map=False):
     of those types, one kernel writes both (with the factor per sample of stochastic depth,
     :func:`drop_path_scale`; :func:`mmpola.ops.add_residual_and_cast`), s in the layout of its map with ``as_map``
     (tokens (B, H*W, C) that are a view of it); else the module and the library's addition and cast."""
-    if type(drop_path) in (DropPath, nn.Identity, type(None)) and (
-            resolve_recompute_impl(recompute_impl(), x) == 'triton'):
+    if _draws_factors(drop_path) and resolve_recompute_impl(recompute_impl(), x) == 'triton':
         return add_residual_and_cast(x, branch, dtype, drop_path_scale(drop_path, branch), 'triton', as_map)
     s = x + (branch if drop_path is None else drop_path(branch))
     return s, s.to(dtype)

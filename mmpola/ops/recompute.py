@@ -341,6 +341,20 @@ def _check_norm_linear(x, norm_weight, norm_bias, weight, impl, chunk, repeat, w
     return ('torch' if impl == 'auto' and C > NORM_MAX_CHANNELS else impl), repeat
 
 
+def _check_branch(x, branch, scale, what):
+    """The checks of a residual connection's branch (None: none) and its factors per sample for x."""
+    if branch is not None and branch.shape != x.shape:
+        raise ValueError(f'{what} expects a branch of the shape of x {tuple(x.shape)}, got {tuple(branch.shape)}')
+    if scale is not None and tuple(scale.shape) != (x.shape[0], ):
+        raise ValueError(f'{what} expects a scale of shape ({x.shape[0]}, ) (one factor per sample), '
+                         f'got {tuple(scale.shape)}')
+
+
+def _scaled(branch, scale):
+    """``branch`` times its factor per sample (``scale`` (B, ) or None), as the library's path multiplies it."""
+    return branch if scale is None else branch * scale.view(-1, *(1, ) * (branch.dim() - 1))
+
+
 def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=None, impl='auto', scale=None,
                           chunk=None, repeat=()):
     """``(s, F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias))`` for the sum
@@ -362,19 +376,12 @@ def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=N
     gradient it gets from the layers after it reaches the backward, whose kernel adds it to the LayerNorm's
     where the library's autograd adds the two with a kernel of its own."""
     C = x.shape[-1]
-    if branch is not None and branch.shape != x.shape:
-        raise ValueError(f'add_layer_norm_linear expects a branch of the shape of x {tuple(x.shape)}, '
-                         f'got {tuple(branch.shape)}')
-    if scale is not None and tuple(scale.shape) != (x.shape[0], ):
-        raise ValueError(f'add_layer_norm_linear expects a scale of shape ({x.shape[0]}, ) (one factor per sample), '
-                         f'got {tuple(scale.shape)}')
+    _check_branch(x, branch, scale, 'add_layer_norm_linear')
     impl, repeat = _check_norm_linear(x, norm_weight, norm_bias, weight, impl, chunk, repeat,
                                       'add_layer_norm_linear')
     operands = _linear_operands((x, ), weight, bias, impl, 'add_layer_norm_linear')
     if operands is None:
-        if branch is not None and scale is not None:
-            branch = branch * scale.view(-1, *(1, ) * (branch.dim() - 1))
-        s = x if branch is None else x + branch
+        s = x if branch is None else x + _scaled(branch, scale)
         out = _operands(F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias), chunk, repeat)
         return (s, out) if chunk is None else (s, *out)
     with torch.autocast(x.device.type, enabled=False):
@@ -419,16 +426,11 @@ def add_residual_and_cast(x, branch, dtype, scale=None, impl='auto', as_map=Fals
     (B, C, H, W) map, and s is that map's (B, H*W, C) view (channels-strided): where the sum becomes that map
     (``tokens.reshape(B, H, W, C).permute(0, 3, 1, 2)`` is then contiguous, no copy), whose gradient the backward
     reads in place; the library's path gives contiguous tokens either way."""
-    if branch.shape != x.shape:
-        raise ValueError(f'add_residual_and_cast expects a branch of the shape of x {tuple(x.shape)}, '
-                         f'got {tuple(branch.shape)}')
-    if scale is not None and tuple(scale.shape) != (x.shape[0], ):
-        raise ValueError(f'add_residual_and_cast expects a scale of shape ({x.shape[0]}, ) (one factor per sample), '
-                         f'got {tuple(scale.shape)}')
+    _check_branch(x, branch, scale, 'add_residual_and_cast')
     if as_map and x.dim() != 3:
         raise ValueError(f'add_residual_and_cast writes the sum as a map for tokens (B, N, C), got {tuple(x.shape)}')
     if resolve_recompute_impl(impl, x) == 'torch' or x.numel() == 0:
-        s = x + (branch if scale is None else branch * scale.view(-1, *(1, ) * (branch.dim() - 1)))
+        s = x + _scaled(branch, scale)
         return s, s.to(dtype)
     require_triton(x, 'the Triton kernels of add_residual_and_cast', ENV)
     with torch.autocast(x.device.type, enabled=False):
