@@ -22,7 +22,7 @@ from mmpola.ops import (
     layer_norm_linear,
     recompute_impl,
 )
-from mmpola.ops.dispatch import recording
+from mmpola.ops.dispatch import autocast_dtype, recording
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
@@ -304,8 +304,7 @@ def _concatenated(layers, biased, x):
     """(weight, bias) of ``layers`` concatenated along their outputs (bias None where they have none). Without
     autograd (inference, evaluation) they are kept (:class:`ParameterCache`), in the dtype the layers compute
     in for x (under autocast its dtype): one forward makes them once, not one concatenation and cast per call."""
-    device_type = x.device.type
-    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else layers[0].weight.dtype
+    dtype = autocast_dtype(x.device.type) or layers[0].weight.dtype
 
     def make():
         weight = torch.cat([layer.weight for layer in layers]).to(dtype)

@@ -43,6 +43,7 @@ tokens, batch or heads) give an empty output and zero gradients, whatever the im
 (:func:`empty_attention`); keys without tokens under queries that have some are one clear error:
 the mean over an empty key set is undefined.
 """
+import contextlib
 import os
 import warnings
 
@@ -331,6 +332,21 @@ def _warn_once(message):
         warnings.warn(message, stacklevel=3)
 
 
+def autocast_dtype(device_type):
+    """The dtype autocast runs in on ``device_type`` where it is on there, else None (also for device types
+    autocast does not know, such as ``'meta'``)."""
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def autocast_off(device_type):
+    """A context in which autocast is off on ``device_type`` (nothing to do where autocast does not know it)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
+
+
 def _run(attention, name, fp32, tensors, options, key_bias=None):
     first = tensors[0]
     record = attention.records[name]
@@ -345,7 +361,7 @@ def _run(attention, name, fp32, tensors, options, key_bias=None):
     if not fp32:
         return call(tensors, biases)
     low = (torch.float16, torch.bfloat16, torch.float32)
-    with torch.autocast(device_type=first.device.type, enabled=False):
+    with autocast_off(first.device.type):
         if not (record.fp32_inside and all(t.dtype in low for t in (*tensors, *biases))):
             tensors, biases = tuple(t.float() for t in tensors), tuple(t.float() for t in biases)
         out = call(tensors, biases)

@@ -40,7 +40,7 @@ implementation that the environment variable ``MMPOLA_RECOMPUTE`` names (``'auto
 import torch
 import torch.nn.functional as F
 
-from .dispatch import implementation_from_env, recording
+from .dispatch import autocast_dtype, autocast_off, implementation_from_env, recording
 from .recompute_triton import (
     NORM_MAX_CHANNELS,
     OPERANDS_MAX,
@@ -149,7 +149,7 @@ def _linear_operands(inputs, weight, bias, impl, what):
     device_type = x.device.type
     weight, bias = autocast_operands(device_type, weight, bias)
     dtypes = {t.dtype for t in (weight, bias) if t is not None}
-    if not torch.is_autocast_enabled(device_type):
+    if autocast_dtype(device_type) is None:
         dtypes |= {torch.result_type(*inputs) if len(inputs) > 1 else x.dtype}
     if len(dtypes) > 1:
         raise TypeError(f'{what} expects its operands in one dtype (or autocast), got '
@@ -262,7 +262,7 @@ def _recomputed_linear(op, inputs, weight, bias, impl, what, extra=()):
     operands = _linear_operands(inputs, weight, bias, impl, what)
     if operands is None:
         return None
-    with torch.autocast(inputs[0].device.type, enabled=False):
+    with autocast_off(inputs[0].device.type):
         return _RecomputedLinear.apply(op, *operands, *inputs, *extra)
 
 
@@ -317,7 +317,7 @@ def layer_norm_linear(x, norm_weight, norm_bias, eps, weight, bias=None, impl='a
     operands = _linear_operands((x, ), weight, bias, impl, 'layer_norm_linear')
     if operands is None:
         return _operands(F.linear(F.layer_norm(x, (C, ), norm_weight, norm_bias, eps), weight, bias), chunk, repeat)
-    with torch.autocast(x.device.type, enabled=False):
+    with autocast_off(x.device.type):
         return _NormLinear.apply(x, norm_weight, norm_bias, eps, *operands, chunk, repeat)
 
 
@@ -384,7 +384,7 @@ def add_layer_norm_linear(x, branch, norm_weight, norm_bias, eps, weight, bias=N
         s = x if branch is None else x + _scaled(branch, scale)
         out = _operands(F.linear(F.layer_norm(s, (C, ), norm_weight, norm_bias, eps), weight, bias), chunk, repeat)
         return (s, out) if chunk is None else (s, *out)
-    with torch.autocast(x.device.type, enabled=False):
+    with autocast_off(x.device.type):
         return _AddNormLinear.apply(x, branch, scale, norm_weight, norm_bias, eps, *operands, chunk, repeat)
 
 
@@ -433,7 +433,7 @@ def add_residual_and_cast(x, branch, dtype, scale=None, impl='auto', as_map=Fals
         s = x + _scaled(branch, scale)
         return s, s.to(dtype)
     require_triton(x, 'the Triton kernels of add_residual_and_cast', ENV)
-    with torch.autocast(x.device.type, enabled=False):
+    with autocast_off(x.device.type):
         s, copy = _ResidualCast.apply(x.reshape(x.shape[0], -1, x.shape[-1]), branch.reshape(
             x.shape[0], -1, x.shape[-1]), scale, dtype, as_map)
     return s.view(x.shape), copy.view(x.shape)

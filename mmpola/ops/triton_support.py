@@ -35,7 +35,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .dispatch import AttnImplUnavailable
+from .dispatch import AttnImplUnavailable, autocast_dtype
 
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
            'kernel_target', 'launch', 'dry_run', 'dry_running', 'Launch', 'tunable', 'fixed_config', 'autotuning',
@@ -121,9 +121,9 @@ def require_triton(tensor, what, variable):
 def autocast_operands(device_type, *tensors):
     """``tensors`` cast to the autocast dtype of ``device_type`` where autocast is on there (None kept), as the
     library's convolutions and linear layers cast theirs; else as they are."""
-    if not torch.is_autocast_enabled(device_type):
+    dtype = autocast_dtype(device_type)
+    if dtype is None:
         return tensors
-    dtype = torch.get_autocast_dtype(device_type)
     return tuple(None if t is None else t.to(dtype) for t in tensors)
 
 

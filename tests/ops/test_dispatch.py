@@ -15,7 +15,7 @@ from mmpola.ops import (
     recompute_impl,
     register_attention_impl,
 )
-from mmpola.ops.dispatch import AttnImplUnavailable
+from mmpola.ops.dispatch import AttnImplUnavailable, autocast_dtype, autocast_off
 from tests.fixtures.ops import max_scaled_error, op_tables_restored
 
 # every implementation of every op; the inputs come from the op (its example_inputs)
@@ -241,3 +241,16 @@ def test_environment_switches(monkeypatch, variable, read, what):
     with pytest.raises(AttnImplUnavailable, match=rf"^{variable}='cudnn' is not an implementation of {what}; "
                        r'use one of auto, torch, triton \(or unset it\)$'):
         read()
+
+
+def test_autocast_helpers_know_device_types_without_autocast():
+    assert autocast_dtype('cpu') is None
+    with torch.autocast('cpu', torch.bfloat16):
+        assert autocast_dtype('cpu') == torch.bfloat16
+        with autocast_off('cpu'):
+            assert autocast_dtype('cpu') is None
+            assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
+        # meta tensors: autocast has no such device type (torch.autocast('meta') fails); nothing to turn off
+        assert autocast_dtype('meta') is None
+        with autocast_off('meta'):
+            assert autocast_dtype('cpu') == torch.bfloat16

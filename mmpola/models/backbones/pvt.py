@@ -13,6 +13,7 @@ import torch.nn as nn
 from timm.layers import trunc_normal_
 
 from mmpola.checkpoint import CheckpointMismatchError
+from mmpola.ops.dispatch import autocast_dtype
 
 from ..checks import check_stage_string, square_pretrain_size
 from ..classification_head import ClassificationHead, register_classification_head
@@ -141,10 +142,7 @@ class PVTBackbone(DenseBackbone):
 
     def _handoff_dtype(self, i, x):
         # the next stage's patch embedding is a convolution, which autocast runs in its dtype
-        device_type = x.device.type
-        if not torch.is_autocast_enabled(device_type):
-            return None
-        dtype = torch.get_autocast_dtype(device_type)
+        dtype = autocast_dtype(x.device.type)
         return dtype if dtype != x.dtype else None
 
     def _stage_blocks(self, i):

@@ -49,3 +49,16 @@ def test_kind_runs_forward_and_backward_at_an_odd_size(family, kind):
     assert all(torch.isfinite(o).all() for o in outs)
     sum(o.float().square().mean() for o in outs).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize('kind', KINDS)
+@pytest.mark.parametrize('family', list(TINY))
+def test_kind_runs_on_the_meta_device(family, kind):
+    """Shapes without data (torch's meta device: what shape inference and deferred initialisation use): the
+    model's forward and backward run there, and the maps have the sizes they have on the CPU."""
+    model = _build(family, kind).to('meta').train()
+    outs = model(torch.empty(2, 3, *SIZE, device='meta'))
+    assert [tuple(o.shape[-2:]) for o in outs] == SIZES[family]
+    assert all(o.is_meta for o in outs)
+    sum(o.float().mean() for o in outs).backward()
+    assert all(p.grad is not None and p.grad.is_meta for p in model.parameters() if p.requires_grad)
