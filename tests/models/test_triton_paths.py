@@ -160,3 +160,48 @@ def test_pvt_stages_hand_the_next_their_input_in_the_autocast_dtype(training, mo
             run(handoff)
         counts.append([ops.kernels().count(op) for op in ('_to_copy', 'clone')])
     assert [b - a for a, b in zip(*counts)] == ([9, 6] if training else [3, 3]), counts
+
+
+def _tensors_of(value):
+    """The tensors in a module's output (a tensor, or a tuple of tensors and sizes)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for item in value for t in _tensors_of(item)] if isinstance(value, (tuple, list)) else []
+
+
+@pytest.mark.parametrize('name', ['PolaPVT', 'FLattenPVTv2', 'FLattenCSWin'])
+def test_forward_hooks_see_each_modules_usual_tensors(name, monkeypatch, no_tf32):
+    """With every Triton path on (the fused LayerNorm, GELU, gate, residual and depthwise kernels, which take the
+    norms', linear layers' and convolutions' weights instead of calling them), forward hooks on any module still
+    run, and see what the module gives when called alone: a module with a hook is called as it is (an attention
+    or MLP on the normalised tokens, returning its output alone). The outputs equal the model's without hooks."""
+    for variable in LIBRARY:
+        monkeypatch.setenv(variable, 'triton')
+    torch.manual_seed(0)
+    model = build_family_model(name).to(DEVICE).eval()
+    model.set_attn_impl('triton')
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    with torch.no_grad():
+        expected = model(x)
+    calls = []
+    handles = [module.register_forward_hook(
+        lambda module, args, kwargs, out: calls.append((module, args, kwargs, out)), with_kwargs=True)
+        for module in model.modules() if module is not model]
+    try:
+        with torch.no_grad():
+            outs = model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for a, e in zip(outs, expected):
+        assert relative_error(a, e) <= 1e-5
+    called = {id(module) for module, *_ in calls}
+    uncalled = [n for n, m in model.named_modules()
+                if m is not model and list(m.parameters(recurse=False)) and id(m) not in called]
+    assert not uncalled, f'modules with weights whose hooks did not run: {uncalled}'
+    with torch.no_grad():
+        for module, args, kwargs, out in calls:
+            again = module(*args, **kwargs)
+            assert len(_tensors_of(again)) == len(_tensors_of(out)), type(module).__name__
+            for a, e in zip(_tensors_of(out), _tensors_of(again)):
+                assert a.shape == e.shape and relative_error(a, e) <= 1e-5, type(module).__name__

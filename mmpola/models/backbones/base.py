@@ -85,7 +85,7 @@ from ..checks import (
     resolve_arch,
 )
 from ..classification_head import classification_head_of
-from ..layers import add_and_cast, trunc_normal_init
+from ..layers import add_and_cast, forward_hooked, trunc_normal_init
 
 __all__ = ['DenseBackbone', 'register_architecture', 'parse_attn_type', 'drop_path_rates', 'tokens_to_nchw',
            'run_blocks']
@@ -179,18 +179,11 @@ def _hands_residual(block, following, casting=False):
     if recording() or not getattr(block, 'defers_residual', False):
         return False
     if following is None:
-        return casting and not _forward_hooked(block)
+        return casting and not forward_hooked(block)
     if not getattr(following, 'takes_residual', False):
         return False
-    return not any(_forward_hooked(module) for module in (block, following))
+    return not any(forward_hooked(module) for module in (block, following))
 
-
-def _forward_hooked(module):
-    """Whether a forward hook or pre-hook would run around ``module``'s call (its own or a global one)."""
-    from torch.nn.modules import module as modules
-    hooks = (getattr(module, '_forward_hooks', None), getattr(module, '_forward_pre_hooks', None),
-             getattr(modules, '_global_forward_hooks', None), getattr(modules, '_global_forward_pre_hooks', None))
-    return any(hooks)
 
 
 def parse_attn_type(attn_type, depths, linear='L'):

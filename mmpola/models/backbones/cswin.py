@@ -35,7 +35,7 @@ import torch.nn as nn
 from ..attention import attention_class
 from ..checks import PolaConfigError, square_pretrain_size
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import DepthwiseConv2d, DropPath, Mlp, norm_linear, tokens_as_map
+from ..layers import DepthwiseConv2d, DropPath, Mlp, norm_linear, residual_mlp, tokens_as_map
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
 __all__ = ['CSWinBackbone', 'CSWinHead', 'CSWinBlock', 'MergeBlock']
@@ -103,7 +103,7 @@ class CSWinBlock(nn.Module):
             out = torch.cat([self._branch(b, halves[b], hw, means[b], context) for b in range(2)], dim=2)
         else:
             out = self._branch(0, qkv, hw, x_mean, context)
-        x, mlp = self.mlp(x, norm=self.norm2, branch=self.proj(out), drop_path=self.drop_path)
+        x, mlp = residual_mlp(self.mlp, x, self.proj(out), self.drop_path, self.norm2)
         return x + self.drop_path(mlp)
 
 
