@@ -33,7 +33,16 @@ strides (channels-last views are read in place); float32, float16 or bfloat16, a
 """
 import torch
 
-from .triton_support import autocast_operands, kernel_target, launch, require_triton, triton_available, tunable
+from .triton_support import (
+    autocast_operands,
+    cdiv,
+    kernel_target,
+    launch,
+    next_power_of_2,
+    require_triton,
+    triton_available,
+    tunable,
+)
 
 __all__ = ['depthwise_conv2d_triton']
 
@@ -157,8 +166,8 @@ def _options(channels, k):
 
 
 def _conv_grid(B, H, W, C):
-    return lambda meta: (B * triton.cdiv(H, meta['BLOCK_H']) * triton.cdiv(W, meta['BLOCK_W']),
-                         triton.cdiv(C, meta['BLOCK_C']))
+    return lambda meta: (B * cdiv(H, meta['BLOCK_H']) * cdiv(W, meta['BLOCK_W']),
+                         cdiv(C, meta['BLOCK_C']))
 
 
 def _weight_strides(weight, per_sample):
@@ -206,10 +215,10 @@ def _weight_grad_programs(B, C, H, W, device, per_sample):
     one per 64 pixels; a function of the sizes only, whatever the config (the records of the partial sums
     do not depend on it)."""
     target = kernel_target(device)
-    programs = triton.cdiv(4 * target.sm_count, triton.cdiv(C, 64)) if target.gpu else 3
+    programs = cdiv(4 * target.sm_count, cdiv(C, 64)) if target.gpu else 3
     if per_sample:
-        return max(1, min(triton.cdiv(programs, B), triton.cdiv(H * W, 64)))
-    return max(1, min(programs, triton.cdiv(B * H * W, 64)))
+        return max(1, min(cdiv(programs, B), cdiv(H * W, 64)))
+    return max(1, min(programs, cdiv(B * H * W, 64)))
 
 
 class _DepthwiseTriton(torch.autograd.Function):
@@ -231,11 +240,11 @@ class _DepthwiseTriton(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = _convolve(g, weight, None, True, per_sample, like=x)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            taps = triton.next_power_of_2(k * k + 1)
+            taps = next_power_of_2(k * k + 1)
             programs = _weight_grad_programs(B, C, H, W, x.device, per_sample)
             images = B if per_sample else 1
             part = torch.empty(images, programs, taps, C, dtype=torch.float32, device=x.device)
-            launch(_dw_weight_grad_kernel, lambda meta: (programs, triton.cdiv(C, meta['BLOCK_C']), images), x, g,
+            launch(_dw_weight_grad_kernel, lambda meta: (programs, cdiv(C, meta['BLOCK_C']), images), x, g,
                    part, B, G, C, H, W, *x_strides, *_maps(g)[1], TAPS=taps, PER_SAMPLE=per_sample,
                    **_options(C, k))
             total = part[:, 0] if programs == 1 else part.sum(1)  # (images, taps, C)

@@ -43,7 +43,16 @@ import torch
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention, key_bias_gradient, key_bias_operand
 from .flatten import _KERNEL_EPS, _check_shapes
-from .triton_support import kernel_target, key_bias_args, launch, triton_available, triton_unsupported, tunable
+from .triton_support import (
+    cdiv,
+    kernel_target,
+    key_bias_args,
+    launch,
+    next_power_of_2,
+    triton_available,
+    triton_unsupported,
+    tunable,
+)
 
 if triton_available() is None:
     from .triton_support import add_key_bias, batch_and_head, sigmoid_parts, softplus
@@ -307,7 +316,7 @@ if triton_available() is None:
 
 def _blocks(d):
     """(BLOCK_T, BLOCK_D, num_warps) for head dim d (tl.dot needs every dim >= 16)."""
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = max(16, next_power_of_2(d))
     block_t = 64 if block_d <= 64 else 32
     return block_t, block_d, 4 if block_d <= 64 else 8
 
@@ -338,10 +347,10 @@ def _programs_target(device):
 
 def _chunks(tokens, block_t, rows, device):
     """(chunks, tokens per chunk, a multiple of ``block_t``) splitting ``tokens`` for ``rows`` programs each."""
-    tiles = triton.cdiv(tokens, block_t)
-    chunks = max(1, min(tiles, triton.cdiv(_programs_target(device), rows)))
-    per = triton.cdiv(tiles, chunks)
-    return triton.cdiv(tiles, per), per * block_t
+    tiles = cdiv(tokens, block_t)
+    chunks = max(1, min(tiles, cdiv(_programs_target(device), rows)))
+    per = cdiv(tiles, chunks)
+    return cdiv(tiles, per), per * block_t
 
 
 def _focus_args(focusing_factor):
@@ -354,9 +363,9 @@ def _focus_args(focusing_factor):
 def _token_stats(x, scale, focus, bias=None):
     B, T, C = x.shape
     stats = torch.empty((B, T, 2), device=x.device, dtype=torch.float32)
-    block_t, block_c = 32, min(128, max(16, triton.next_power_of_2(C)))
+    block_t, block_c = 32, min(128, max(16, next_power_of_2(C)))
     bias_ptr, bias_strides = key_bias_args(bias, x)
-    launch(_token_stats_kernel, (B, triton.cdiv(T, block_t)), x, bias_ptr, scale, stats, T, C, *x.stride(),
+    launch(_token_stats_kernel, (B, cdiv(T, block_t)), x, bias_ptr, scale, stats, T, C, *x.stride(),
            *bias_strides, **focus, BLOCK_T=block_t, BLOCK_C=block_c, BIAS=bias is not None, num_warps=4)
     return stats
 
@@ -381,7 +390,7 @@ class _FlattenTriton(torch.autograd.Function):
                *k.stride(), *bias_strides, *v.stride(), **focus, BLOCK_D=block_d, default=keys, BIAS=bias is not None)
         summary = parts.sum(1)
         out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
-        launch(_query_kernel, lambda meta: (B * H, triton.cdiv(N, meta['BLOCK_T'])), q, scale, stats_q, summary, out,
+        launch(_query_kernel, lambda meta: (B * H, cdiv(N, meta['BLOCK_T'])), q, scale, stats_q, summary, out,
                N, d, H, eps, *q.stride(), *out.stride(), **focus, BLOCK_D=block_d, default=queries)
         ctx.save_for_backward(q, k, v, scale, stats_q, stats_k, summary, bias)
         ctx.options = (H, focusing_factor, eps)

@@ -43,7 +43,7 @@ import torch
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .inline import _check_shapes
-from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+from .triton_support import cdiv, kernel_target, launch, next_power_of_2, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
     from .triton_support import batch_and_head
@@ -204,7 +204,7 @@ class _Launch:
     end in any case)."""
 
     def __init__(self, device, B, N, n, num_heads, head_dim):
-        self.bd = max(16, triton.next_power_of_2(head_dim))
+        self.bd = max(16, next_power_of_2(head_dim))
         self.default = dict(BLOCK=64 if self.bd <= 64 else 32, num_warps=4 if self.bd <= 64 else 8)
         target = kernel_target(device)
         if target.gpu:
@@ -227,9 +227,9 @@ class _Launch:
         self.key = self._split(n, chunks)
 
     def _split(self, rows, chunks):
-        units = triton.cdiv(rows, self.granule)
-        per_chunk = triton.cdiv(units, min(chunks, units)) * self.granule
-        return per_chunk, triton.cdiv(rows, per_chunk)
+        units = cdiv(rows, self.granule)
+        per_chunk = cdiv(units, min(chunks, units)) * self.granule
+        return per_chunk, cdiv(rows, per_chunk)
 
     def kwargs(self):
         """The kernels' compile-time arguments and default config (triton_support.launch)."""

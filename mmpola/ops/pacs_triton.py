@@ -49,7 +49,7 @@ import torch
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .pacs import _check_shapes
 from .pola import _sum_to_shape
-from .triton_support import kernel_target, launch, triton_available, triton_unsupported, tunable
+from .triton_support import cdiv, kernel_target, launch, next_power_of_2, triton_available, triton_unsupported, tunable
 
 if triton_available() is None:
     from .triton_support import batch_and_head, sigmoid_parts
@@ -445,7 +445,7 @@ def _config(d, device):
     The default configs (BLOCK_N, num_warps) run where no timing chooses (the interpreter, deterministic
     mode; triton_support.launch); on a GPU the kernels are tuned over ``_TUNED``. The chunks of the token
     reductions are multiples of the granule, the largest block that can run."""
-    block_j = max(16, triton.next_power_of_2(d // 2))
+    block_j = max(16, next_power_of_2(d // 2))
     if not kernel_target(device).gpu:  # the interpreter: small blocks exercise the masked tails and the chunks
         default = dict(BLOCK_N=16, num_warps=4)
         return block_j, 'ieee', default, default, 16
@@ -466,10 +466,10 @@ def _chunks(heads, tokens, granule, device):
     programs to fill the GPU."""
     target = kernel_target(device)
     target = 2 * target.sm_count if target.gpu else 2
-    units = triton.cdiv(tokens, granule)
-    chunks = max(1, min(units, triton.cdiv(target, heads)))
-    per_chunk = triton.cdiv(units, chunks)
-    return triton.cdiv(units, per_chunk), per_chunk * granule
+    units = cdiv(tokens, granule)
+    chunks = max(1, min(units, cdiv(target, heads)))
+    per_chunk = cdiv(units, chunks)
+    return cdiv(units, per_chunk), per_chunk * granule
 
 
 def _logits(s_same, s_opp, heads, d):
@@ -526,7 +526,7 @@ class _PaCSTriton(torch.autograd.Function):
         # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the model merges the heads with a view
         out = torch.empty(batch, n, heads, d, device=dev, dtype=q.dtype).transpose(1, 2)
         launch(
-            _pacs_fwd_queries_kernel, lambda meta: (2, bh, triton.cdiv(n, meta['BLOCK_N'])), q, s1, s2, sin, cos,
+            _pacs_fwd_queries_kernel, lambda meta: (2, bh, cdiv(n, meta['BLOCK_N'])), q, s1, s2, sin, cos,
             sums, out, eps, heads, n, j, *q.stride(), *out.stride(), *_logit_strides(s1, s2), *sin.stride(), **meta)
         ctx.save_for_backward(q, k, v, s1, s2, sin, cos, sums)
         ctx.eps = eps
@@ -567,7 +567,7 @@ class _PaCSTriton(torch.autograd.Function):
         grad_k_part = torch.empty(k.shape, **f32)
         for half in (0, 1):
             launch(
-                _pacs_bwd_keys_kernel, lambda meta: (bh, triton.cdiv(n, meta['BLOCK_N'])), k, v, sin, cos,
+                _pacs_bwd_keys_kernel, lambda meta: (bh, cdiv(n, meta['BLOCK_N'])), k, v, sin, cos,
                 grad_sums, grad_k_part, grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), *sin.stride(),
                 HALF=half, **meta)
         grad_s = grad_s.sum((1, 3))  # (2, h, 2d), contiguous

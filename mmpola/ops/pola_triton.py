@@ -55,7 +55,16 @@ import torch
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention, key_bias_gradient, key_bias_operand
 from .pola import _check_shapes
-from .triton_support import kernel_target, key_bias_args, launch, triton_available, triton_unsupported, tunable
+from .triton_support import (
+    cdiv,
+    kernel_target,
+    key_bias_args,
+    launch,
+    next_power_of_2,
+    triton_available,
+    triton_unsupported,
+    tunable,
+)
 
 if triton_available() is None:
     from .triton_support import add_key_bias, batch_and_head, sigmoid_parts, softplus
@@ -353,7 +362,7 @@ def _launch_config(d):
     160 KiB of shared memory (H100 / H200: 227 KiB, A100: 163 KiB); GPUs with less (99 KiB: sm_86, sm_89)
     run float16 / bfloat16 inputs up to d = 64 and float32 up to d = 32 (triton_support.SMALL_SHARED_MEMORY
     turns the rest down there)."""
-    bd = max(16, triton.next_power_of_2(d))
+    bd = max(16, next_power_of_2(d))
     if bd <= 32:
         return bd, (64, 4), (32, 8)
     if bd <= 64:
@@ -402,10 +411,10 @@ def _dot_precision(dtype, bd):
 def _chunking(tokens, heads, block, device):
     """(tokens per chunk, number of chunks) splitting ``tokens`` so that heads x chunks programs fill
     the device; a chunk is a multiple of ``block`` tokens."""
-    blocks = triton.cdiv(tokens, block)
-    want = max(1, triton.cdiv(_PROGRAMS_PER_SM * kernel_target(device).sm_count, heads))
-    chunk = triton.cdiv(blocks, min(blocks, want)) * block
-    return chunk, triton.cdiv(tokens, chunk)
+    blocks = cdiv(tokens, block)
+    want = max(1, cdiv(_PROGRAMS_PER_SM * kernel_target(device).sm_count, heads))
+    chunk = cdiv(blocks, min(blocks, want)) * block
+    return chunk, cdiv(tokens, chunk)
 
 
 class _PolaTriton(torch.autograd.Function):
@@ -438,7 +447,7 @@ class _PolaTriton(torch.autograd.Function):
         # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the models merge the heads with a view
         out = torch.empty(B, N, H, d, device=q.device, dtype=q.dtype).transpose(1, 2)
         launch(
-            _pola_fwd_queries, lambda meta: (bh, triton.cdiv(N, meta['BLOCK_M'])), q, scale, power, sums, out, H, N,
+            _pola_fwd_queries, lambda meta: (bh, cdiv(N, meta['BLOCK_M'])), q, scale, power, sums, out, H, N,
             d, d // 2, 1.0 / n, eps, alpha, *q.stride(), *out.stride(), *params,
             default=dict(BLOCK_M=block, **config), **options)
         ctx.save_for_backward(q, k, v, scale, power, sums, bias)

@@ -50,7 +50,7 @@ addition): the token count is data, not a specialisation.
 """
 import torch
 
-from .triton_support import kernel_target, launch, triton_available
+from .triton_support import cdiv, kernel_target, launch, next_power_of_2, triton_available
 
 __all__ = ['NORM_MAX_CHANNELS', 'OPERANDS_MAX', 'add_layer_norm_rows', 'gate_and_gate_backward', 'gelu_rows',
            'layer_norm_rows', 'operand_grads', 'residual_cast', 'residual_cast_backward']
@@ -243,14 +243,14 @@ def _column_blocks(M, C, device, summing):
     """(compile-time options, grid, row blocks per program) of a kernel over rows (M, C) in blocks of
     ``_BLOCK_ELEMENTS`` (up to 64 columns a block); ``summing`` (a program sums its columns over its rows): a
     fixed number of programs per column block, each taking a share of the row blocks, else one row block each."""
-    block_c = min(64, max(16, triton.next_power_of_2(C)))
+    block_c = min(64, max(16, next_power_of_2(C)))
     options = dict(BLOCK_M=_BLOCK_ELEMENTS // block_c, BLOCK_C=block_c, num_warps=4)
-    blocks, columns = triton.cdiv(M, options['BLOCK_M']), triton.cdiv(C, block_c)
+    blocks, columns = cdiv(M, options['BLOCK_M']), cdiv(C, block_c)
     per_program = 1
     if summing:
-        want = triton.cdiv(_SUMMING_PROGRAMS_PER_SM * kernel_target(device).sm_count, columns)
-        per_program = max(1, triton.cdiv(blocks, want))
-    return options, (max(triton.cdiv(blocks, per_program), 1), columns), per_program
+        want = cdiv(_SUMMING_PROGRAMS_PER_SM * kernel_target(device).sm_count, columns)
+        per_program = max(1, cdiv(blocks, want))
+    return options, (max(cdiv(blocks, per_program), 1), columns), per_program
 
 
 def gelu_rows(h, bias, out_dtype, grad=None):
@@ -283,7 +283,7 @@ def gate_and_gate_backward(s, g, grad, out_dtype):
     out = torch.empty(M, C, dtype=out_dtype, device=grad.device)
     grad_s = torch.empty(M, C, dtype=s.dtype, device=grad.device)
     grad_g = torch.empty(M, C, dtype=g.dtype, device=grad.device)
-    grid = (triton.cdiv(M, _GATE_BLOCKS['BLOCK_M']), triton.cdiv(C, _GATE_BLOCKS['BLOCK_C']))
+    grid = (cdiv(M, _GATE_BLOCKS['BLOCK_M']), cdiv(C, _GATE_BLOCKS['BLOCK_C']))
     launch(_gate_and_backward_kernel, grid, s, g, grad, out, grad_s, grad_g, M, C, s.stride(0), g.stride(0),
            **_GATE_BLOCKS)
     return out, grad_s, grad_g
@@ -329,7 +329,7 @@ def _norm_options(C, backward):
     """The LayerNorm kernel's compile-time blocks and warps for rows of C channels."""
     if C > NORM_MAX_CHANNELS:
         raise ValueError(f'the LayerNorm kernel takes rows of up to {NORM_MAX_CHANNELS} channels, got {C}')
-    block_c = max(16, triton.next_power_of_2(C))
+    block_c = max(16, next_power_of_2(C))
     # 8 warps for the backward's tensors (4 spill on some GPUs) and for wider rows than a block's elements
     warps = 8 if backward or block_c > _NORM_ELEMENTS else 4
     return dict(BLOCK_M=max(1, _NORM_ELEMENTS // block_c), BLOCK_C=block_c, num_warps=warps)
@@ -351,13 +351,13 @@ def layer_norm_rows(x, weight, bias, eps, out_dtype, grad=None, residual=None):
     M, C = x.shape
     options = _norm_options(C, grad is not None)
     y = torch.empty(M, C, dtype=out_dtype, device=x.device)
-    blocks = triton.cdiv(M, options['BLOCK_M'])
+    blocks = cdiv(M, options['BLOCK_M'])
     if grad is None:
         launch(_layer_norm_kernel, (max(blocks, 1), ), x, weight, bias, x, y, y, y, y, y, y, y, y, M, C, 1, eps, 1,
                GRAD=False, ADD=False, SCALE=False, GRAD_SUM=False, **options)
         return y, None, None, None
-    per_program = triton.cdiv(blocks, _NORM_PROGRAMS_PER_SM * kernel_target(x.device).sm_count)
-    programs = max(triton.cdiv(blocks, per_program), 1) if blocks else 1
+    per_program = cdiv(blocks, _NORM_PROGRAMS_PER_SM * kernel_target(x.device).sm_count)
+    programs = max(cdiv(blocks, per_program), 1) if blocks else 1
     grad_x = torch.empty(M, C, dtype=x.dtype, device=x.device)
     parts = torch.empty(programs, 2, C, dtype=torch.float32, device=x.device)
     grad_sum, branch_dtype, scale, tokens = residual if residual is not None else (None, None, None, 1)
@@ -383,7 +383,7 @@ def add_layer_norm_rows(x, branch, scale, tokens, weight, bias, eps, out_dtype):
     options = _norm_options(C, False)
     s = torch.empty(M, C, dtype=torch.result_type(x, branch), device=x.device)
     y = torch.empty(M, C, dtype=out_dtype, device=x.device)
-    blocks = triton.cdiv(M, options['BLOCK_M'])
+    blocks = cdiv(M, options['BLOCK_M'])
     launch(_layer_norm_kernel, (max(blocks, 1), ), x, weight, bias, x, y, y, y, branch,
            branch if scale is None else scale, s, y, y, M, C, tokens, eps, 1, GRAD=False, ADD=True,
            SCALE=scale is not None, GRAD_SUM=False, **options)
@@ -395,7 +395,7 @@ _RESIDUAL_BLOCKS = dict(BLOCK_N=64, BLOCK_C=32, num_warps=4)
 
 
 def _residual_grid(B, N, C):
-    return (max(triton.cdiv(N, _RESIDUAL_BLOCKS['BLOCK_N']), 1), max(triton.cdiv(C, _RESIDUAL_BLOCKS['BLOCK_C']), 1),
+    return (max(cdiv(N, _RESIDUAL_BLOCKS['BLOCK_N']), 1), max(cdiv(C, _RESIDUAL_BLOCKS['BLOCK_C']), 1),
             max(B, 1))
 
 

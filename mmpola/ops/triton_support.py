@@ -260,7 +260,7 @@ def launch(kernel, grid, *args, default=None, **kwargs):
     configs instead. When the default needs more shared memory than the GPU gives a block, the first of
     the kernel's configs that fits runs instead (the launch fails before any work, and every config
     gives the same chunks). ``grid`` may be a function of the config's compile-time arguments
-    (``lambda meta: (heads, triton.cdiv(tokens, meta['BLOCK_N']))``).
+    (``lambda meta: (heads, cdiv(tokens, meta['BLOCK_N']))``).
     """
     if _DRY_RUNS:
         _DRY_RUNS[-1].launches.append(Launch(kernel, grid, args, kwargs, default))
@@ -342,6 +342,18 @@ def key_bias_args(bias, k):
     they read the keys k: the bias and its strides broadcast to k (0 along the dims it is shared by); without
     one, k (a pointer the kernels do not read: their ``BIAS`` is False) and zeros."""
     return (k, (0, ) * k.dim()) if bias is None else (bias, bias.expand(k.shape).stride())
+
+
+
+def cdiv(a, b):
+    """``ceil(a / b)`` of two ints, as ``triton.cdiv``, for launch code: Triton's is a constexpr function, whose
+    wrapper adds Python calls to each of the launches' host-side steps."""
+    return -(-a // b)
+
+
+def next_power_of_2(n):
+    """The smallest power of two >= ``n`` (0 for 0), as ``triton.next_power_of_2``, for launch code."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 if triton_available() is None:

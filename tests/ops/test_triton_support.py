@@ -9,8 +9,10 @@ from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.triton_support import (
     KernelTarget,
     autotuning,
+    cdiv,
     dry_run,
     launch,
+    next_power_of_2,
     on_the_tensors_device,
     shared_memory_unsupported,
 )
@@ -188,3 +190,11 @@ def test_tuned_kernels_agree_with_the_default_config(monkeypatch):
     tuned = forward_backward(pola_attention_triton, tensors, grad_out, *options)
     for a, e in zip(tuned, fixed):
         assert relative_error(a, e) <= 1e-5
+
+
+def test_launch_arithmetic_is_tritons():
+    triton = pytest.importorskip('triton')
+    for a in range(0, 300):
+        assert next_power_of_2(a) == triton.next_power_of_2(a)
+        assert all(cdiv(a, b) == triton.cdiv(a, b) for b in (1, 2, 3, 7, 16, 64, 299))
+    assert next_power_of_2(2**40 + 1) == 2**41 and cdiv(2**40 + 1, 2**20) == 2**20 + 1
