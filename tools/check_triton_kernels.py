@@ -25,7 +25,8 @@ recompute``, mmpola.ops.recompute) run theirs on the tokens of the grids: the ML
 times the head dim's channels, the gated projection with the head dim's channels, its gate seen in a
 projection of four times as many, and the LayerNorm with the linear layer after it with the head dim's
 channels and four times as many (a patch merging's), also with its output taken apart into the attention's
-operands (their gradients' kernel), and a stage's last residual connection with its copy in another dtype.
+operands (their gradients' kernel), a stage's last residual connection with its copy in another dtype, and a
+patch embedding's LayerNorm with the positional encoding added (on maps of the head dim's channels, either layout).
 
 Token grids: one head of many tokens (several token blocks per chunk) and two heads in a batch of two
 of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
@@ -206,8 +207,16 @@ def record_recompute_launches(gpu, channels, dtype):
     per sample; none, the stream returned and its gradient added) and with its output taken apart into the
     attention's operands (three or four of ``channels`` channels, the values used twice), and the residual
     connection written with its copy in another dtype (without and with a factor, the gradients of both or of
-    either, the sum in the tokens' layout or in its map's)."""
-    from mmpola.ops import add_layer_norm_linear, add_residual_and_cast, gated_linear, gelu_linear, layer_norm_linear
+    either, the sum in the tokens' layout or in its map's), and a patch embedding's LayerNorm with a float32
+    positional encoding added (``channels`` channels, the map in either layout)."""
+    from mmpola.ops import (
+        add_layer_norm_linear,
+        add_residual_and_cast,
+        gated_linear,
+        gelu_linear,
+        layer_norm_add,
+        layer_norm_linear,
+    )
     from mmpola.ops.triton_support import dry_run
     launches = []
     for batch, _, (height, width) in SHAPES:
@@ -252,6 +261,13 @@ def record_recompute_launches(gpu, channels, dtype):
                 total, copy = add_residual_and_cast(stream, branch, copy_dtype, scale, impl='triton', as_map=as_map)
                 pairs = [(t, torch.zeros_like(t)) for t, use in zip((total, copy), used) if use]
                 torch.autograd.backward(*zip(*pairs))
+            # a patch embedding's output map (NCHW, channels-last) normalised with a float32 encoding added
+            for memory_format in (torch.contiguous_format, torch.channels_last):
+                maps = torch.zeros(batch, channels, height, width, dtype=dtype).contiguous(
+                    memory_format=memory_format).requires_grad_()
+                out = layer_norm_add(maps.flatten(2).transpose(1, 2), norm_weight, norm_bias, 1e-5,
+                                     torch.zeros(1, height * width, channels), impl='triton')
+                out.backward(torch.zeros_like(out))
             # a projection taken apart into the attention's operands, the values used twice: Pola's (q, k, v, g and
             # q, g, k, v) and FLatten's (q, k, v)
             x, w, b, _ = norms[0]

@@ -19,6 +19,7 @@ from mmpola.ops import (
     depthwise_conv_impl,
     gated_linear,
     gelu_linear,
+    layer_norm_add,
     layer_norm_linear,
     recompute_impl,
 )
@@ -555,16 +556,38 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
 
-    def forward(self, x):
+    def project(self, x):
+        """The convolution's output map (B, embed_dim, H', W') (the input padded first where ``pad``)."""
         if self.pad:
             p = self.patch_size
             pad_h, pad_w = (-x.shape[-2]) % p, (-x.shape[-1]) % p
             if pad_h or pad_w:
                 x = F.pad(x, (0, pad_w, 0, pad_h))
-        x = self.proj(x)
+        return self.proj(x)
+
+    def forward(self, x):
+        x = self.project(x)
         hw = tuple(x.shape[-2:])
         x = self.norm(x.flatten(2).transpose(1, 2))
         return x, hw
+
+    def embed_and_add(self, x, encoding, dropout=None):
+        """``(dropout(tokens + encoding(hw)), hw)`` for ``tokens, hw = self(x)``: ``encoding`` gives the tokens'
+        positional encoding ((1, H'*W', C) or (H'*W', C)) for their map size. Where the kernels of
+        :mod:`mmpola.ops.recompute` run (``MMPOLA_RECOMPUTE``; on a GPU by default), the norm is an ``nn.LayerNorm``
+        and nothing is hooked or dropped, :func:`mmpola.ops.layer_norm_add` normalises the convolution's output
+        where it wrote it and adds the encoding in one kernel; else the modules and the library's addition."""
+        norm = self.norm  # the implementation first: 'torch' while a tracer records (its proxies have no values)
+        if (resolve_recompute_impl(recompute_impl(), x) != 'triton' or type(norm) is not nn.LayerNorm
+                or norm.weight is None or norm.bias is None or norm.normalized_shape[-1] > NORM_MAX_CHANNELS
+                or forward_hooked(self, norm, dropout) or (dropout is not None and dropout.training and dropout.p > 0)):
+            x, hw = self(x)
+            x = x + encoding(hw)
+            return (x if dropout is None else dropout(x)), hw
+        x = self.project(x)
+        hw = tuple(x.shape[-2:])
+        return layer_norm_add(x.flatten(2).transpose(1, 2), norm.weight, norm.bias, norm.eps, encoding(hw),
+                              'triton'), hw
 
 
 @register_notrace_module  # torch.fx leaf: odd sizes are padded

@@ -14,8 +14,9 @@ maps, by the library or by Triton kernels; and :func:`gelu_linear` / :func:`gate
 :func:`layer_norm_linear` / :func:`add_layer_norm_linear` (mmpola/ops/recompute.py): the MLPs' GELU and
 second linear layer, Pola's gated output projection and a LayerNorm with the linear layer after it (also
 with the residual connection before it), whose backward can recompute the linear layer's input instead of
-keeping it; and :func:`add_residual_and_cast`, a stage's last residual connection written with its copy in
-the dtype the next stage reads.
+keeping it; :func:`add_residual_and_cast`, a stage's last residual connection written with its copy in
+the dtype the next stage reads; and :func:`layer_norm_add`, a patch embedding's LayerNorm with the positional
+encoding added.
 """
 from .depthwise import DEPTHWISE_IMPLS, depthwise_conv2d, depthwise_conv_impl
 from .dispatch import OPS, attention_impls, attention_op, check_attn_impl, register_attention_impl
@@ -48,6 +49,7 @@ from .recompute import (
     add_residual_and_cast,
     gated_linear,
     gelu_linear,
+    layer_norm_add,
     layer_norm_linear,
     recompute_impl,
 )
@@ -62,5 +64,5 @@ __all__ = [
     'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
     'rope_tables', 'rope_rotate', 'rope_rotate_fast', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl',
     'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'gelu_linear', 'gated_linear',
-    'layer_norm_linear', 'recompute_impl'
+    'layer_norm_add', 'layer_norm_linear', 'recompute_impl'
 ]

@@ -25,6 +25,8 @@ one of them twice (``repeat``: the values, which the depthwise term uses too): i
 the output's gradient from theirs, the repeated one's two added, with the bias's partial sums, where the
 library's autograd adds, stacks and sums them in three. :func:`add_residual_and_cast` writes a residual connection
 (a stage's last) with its copy in the dtype the next layer reads, where the library multiplies, adds and casts.
+:func:`layer_norm_add` normalises a patch embedding's output where the convolution wrote it and adds a positional
+encoding, where the library (under autocast) casts, copies, normalises and adds.
 
 The implementations (``impl``):
 
@@ -48,6 +50,7 @@ from .recompute_triton import (
     gate_and_gate_backward,
     gelu_rows,
     layer_norm_rows,
+    norm_add_rows,
     operand_grads,
     residual_cast,
     residual_cast_backward,
@@ -55,7 +58,7 @@ from .recompute_triton import (
 from .triton_support import autocast_operands, dry_running, require_triton, triton_unsupported
 
 __all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'gated_linear', 'gelu_linear',
-           'layer_norm_linear', 'recompute_impl', 'resolve_recompute_impl']
+           'layer_norm_add', 'layer_norm_linear', 'recompute_impl', 'resolve_recompute_impl']
 
 RECOMPUTE_IMPLS = ('auto', 'torch', 'triton')
 ENV = 'MMPOLA_RECOMPUTE'
@@ -437,3 +440,76 @@ def add_residual_and_cast(x, branch, dtype, scale=None, impl='auto', as_map=Fals
         s, copy = _ResidualCast.apply(x.reshape(x.shape[0], -1, x.shape[-1]), branch.reshape(
             x.shape[0], -1, x.shape[-1]), scale, dtype, as_map)
     return s.view(x.shape), copy.view(x.shape)
+
+
+class _NormAdd(torch.autograd.Function):
+    """``F.layer_norm(x, (C, ), weight, bias, eps) + addend`` for tokens x (B, N, C) in their layout, keeping x and
+    the norm's parameters; the output contiguous in ``dtype``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, addend, dtype):
+        y = norm_add_rows(x, weight, bias, eps, addend.reshape(x.shape[1:]).contiguous(), dtype)[0]
+        ctx.save_for_backward(x, weight, bias)
+        ctx.eps, ctx.addend_shape, ctx.addend_dtype = eps, addend.shape, addend.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, weight, bias = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad = grad.contiguous()
+        grad_x = grad_weight = grad_bias = None
+        if any(needs[:3]):
+            _, grad_x, grad_weight, grad_bias = norm_add_rows(x, weight, bias, ctx.eps, None, None, grad)
+        grad_addend = grad.sum(0).to(ctx.addend_dtype).view(ctx.addend_shape) if needs[4] else None
+        return (grad_x if needs[0] else None, grad_weight if needs[1] else None, grad_bias if needs[2] else None,
+                None, grad_addend, None)
+
+
+def _token_layout(x):
+    """x (B, N, C) as it is where its tokens or channels are contiguous (tokens, or a (B, C, H, W) map's view),
+    else a contiguous copy."""
+    return x if x.is_contiguous() or x.transpose(1, 2).is_contiguous() else x.contiguous()
+
+
+def layer_norm_add(x, weight, bias, eps, addend, impl='auto'):
+    """``F.layer_norm(x, (C, ), weight, bias, eps) + addend``: tokens x (B, N, C) of any strides (the output map
+    of a patch embedding's convolution seen as tokens), the norm's weight and bias (C, ), and an ``addend`` of N * C
+    elements ((N, C) or (1, N, C)) shared by the samples: a positional encoding.
+
+    With ``'triton'`` one kernel reads x where the convolution wrote it (a (B, C, H, W) map's channels-strided
+    view, or channels-last tokens), normalises it in float32 (as autocast runs a LayerNorm on CUDA) and writes the
+    sum, contiguous, in the dtype of a float32 norm's output plus the addend (of x's plus the addend's without
+    autocast); the library under autocast casts x to float32, copies strided tokens, normalises and adds, as kernels
+    of their own. The backward keeps x and the norm's parameters: one kernel writes x's gradient in x's dtype and
+    layout (where the library writes it in float32, casts it and the convolution copies it to its layout) with
+    partial sums of the parameters' gradients; the addend's is the sum of the output's over the samples, as the
+    library's. ``'auto'`` as :func:`layer_norm_linear`."""
+    if x.dim() != 3:
+        raise ValueError(f'layer_norm_add takes tokens (B, N, C), got {tuple(x.shape)}')
+    B, N, C = x.shape
+    if tuple(weight.shape) != (C, ) or tuple(bias.shape) != (C, ):
+        raise ValueError(f'layer_norm_add: the norm\'s weight and bias must be ({C}, ) for {C} channels, got '
+                         f'{tuple(weight.shape)} and {tuple(bias.shape)}')
+    if addend.numel() != N * C or addend.shape[-1] != C:
+        raise ValueError(f'layer_norm_add: the addend must hold one row of {C} channels per token ({N}, {C}), got '
+                         f'{tuple(addend.shape)}')
+    if resolve_recompute_impl(impl, x) == 'torch' or x.numel() == 0:
+        return F.layer_norm(x, (C, ), weight, bias, eps) + addend
+    require_triton(x, 'the Triton kernel of layer_norm_add', ENV)
+    if C > NORM_MAX_CHANNELS:
+        raise ValueError(f'layer_norm_add\'s kernel takes rows of up to {NORM_MAX_CHANNELS} channels, got {C}')
+    norm_dtype = torch.float32 if autocast_dtype(x.device.type) is not None else x.dtype
+    with autocast_off(x.device.type):
+        return _NormAdd.apply(_token_layout(x), weight, bias, eps, addend, _promoted(norm_dtype, addend.dtype))
+
+
+def _promoted(a, b):
+    """The dtype of the sum of tensors of float dtypes a and b (as ``torch.promote_types``, which the dispatcher
+    counts as an operator)."""
+    if a == b:
+        return a
+    if a.itemsize == b.itemsize:  # float16 and bfloat16
+        return torch.float32
+    return a if a.itemsize > b.itemsize else b

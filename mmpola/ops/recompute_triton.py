@@ -53,7 +53,7 @@ import torch
 from .triton_support import cdiv, kernel_target, launch, next_power_of_2, triton_available
 
 __all__ = ['NORM_MAX_CHANNELS', 'OPERANDS_MAX', 'add_layer_norm_rows', 'gate_and_gate_backward', 'gelu_rows',
-           'layer_norm_rows', 'operand_grads', 'residual_cast', 'residual_cast_backward']
+           'layer_norm_rows', 'norm_add_rows', 'operand_grads', 'residual_cast', 'residual_cast_backward']
 
 if triton_available() is None:
     import triton
@@ -112,6 +112,23 @@ if triton_available() is None:
             x = x.to(tl.float16).to(tl.float32)
         return x
 
+    @triton.jit
+    def _normalise(x, mask, C, eps):
+        """(x_hat, rstd) of float32 rows x (BLOCK_M, BLOCK_C), their ``mask``ed entries zero: the LayerNorm's
+        normalised rows (zero where masked) and each row's reciprocal standard deviation."""
+        mean = tl.sum(x, axis=1) / C
+        centred = tl.where(mask, x - mean[:, None], 0.)
+        rstd = 1. / tl.sqrt(tl.sum(centred * centred, axis=1) / C + eps)
+        return centred * rstd[:, None], rstd
+
+    @triton.jit
+    def _normalise_backward(dy, w, x_hat, rstd, C):
+        """The gradient of the LayerNorm's input rows from that of its output ``dy`` (float32 rows)."""
+        g = dy * w[None, :]
+        mean_g = tl.sum(g, axis=1) / C
+        mean_gx = tl.sum(g * x_hat, axis=1) / C
+        return (g - mean_g[:, None] - x_hat * mean_gx[:, None]) * rstd[:, None]
+
     @triton.jit(do_not_specialize=['M', 'blocks_per_program', 'tokens'])  # the token count: data
     def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, grad_ptr, y_ptr, grad_x_ptr, parts_ptr, branch_ptr, scale_ptr,
                            sum_ptr, grad_sum_ptr, grad_branch_ptr, M, C, tokens, eps, blocks_per_program,
@@ -138,17 +155,11 @@ if triton_available() is None:
                     branch = _round(branch * factor[:, None], branch_ptr.dtype.element_ty)
                 x = _round(x + branch, sum_ptr.dtype.element_ty)
                 tl.store(sum_ptr + offsets, x.to(sum_ptr.dtype.element_ty), mask=mask)
-            mean = tl.sum(x, axis=1) / C
-            centred = tl.where(mask, x - mean[:, None], 0.)
-            rstd = 1. / tl.sqrt(tl.sum(centred * centred, axis=1) / C + eps)
-            x_hat = centred * rstd[:, None]
+            x_hat, rstd = _normalise(x, mask, C, eps)
             tl.store(y_ptr + offsets, (x_hat * w[None, :] + b[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
             if GRAD:
                 dy = tl.load(grad_ptr + offsets, mask=mask, other=0.).to(tl.float32)
-                g = dy * w[None, :]
-                mean_g = tl.sum(g, axis=1) / C
-                mean_gx = tl.sum(g * x_hat, axis=1) / C
-                dx = (g - mean_g[:, None] - x_hat * mean_gx[:, None]) * rstd[:, None]
+                dx = _normalise_backward(dy, w, x_hat, rstd, C)
                 if GRAD_SUM:  # x's gradient from the layers after the function too (x is returned: the sum)
                     dx += tl.load(grad_sum_ptr + offsets, mask=mask, other=0.).to(tl.float32)
                 if ADD:  # the backward of the sum: the branch's gradient
@@ -159,6 +170,41 @@ if triton_available() is None:
                 tl.store(grad_x_ptr + offsets, dx.to(grad_x_ptr.dtype.element_ty), mask=mask)
                 sum_w += tl.sum(dy * x_hat, axis=0)
                 sum_b += tl.sum(dy, axis=0)
+        if GRAD:
+            tl.store(parts_ptr + pid * 2 * C + cols, sum_w, mask=col_mask)
+            tl.store(parts_ptr + pid * 2 * C + C + cols, sum_b, mask=col_mask)
+
+    @triton.jit(do_not_specialize=['M', 'blocks_per_program', 'tokens'])  # the token count: data
+    def _norm_add_kernel(x_ptr, w_ptr, b_ptr, addend_ptr, grad_ptr, y_ptr, grad_x_ptr, parts_ptr, M, C, tokens,
+                         x_sample, x_token, x_channel, eps, blocks_per_program, BLOCK_M: tl.constexpr,
+                         BLOCK_C: tl.constexpr, GRAD: tl.constexpr):
+        # rows = samples x tokens; x (and its gradient) in x's layout, the output and its gradient contiguous
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_C)
+        col_mask = cols < C
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.).to(tl.float32)
+        sum_w = tl.zeros((BLOCK_C, ), dtype=tl.float32)
+        sum_b = tl.zeros((BLOCK_C, ), dtype=tl.float32)
+        if not GRAD:
+            b = tl.load(b_ptr + cols, mask=col_mask, other=0.).to(tl.float32)
+        for i in range(0, blocks_per_program):
+            rows = ((pid * blocks_per_program + i) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            mask = (rows[:, None] < M) & col_mask[None, :]
+            token = rows % tokens
+            x_offsets = (rows // tokens)[:, None] * x_sample + token[:, None] * x_token + cols[None, :] * x_channel
+            offsets = rows[:, None] * C + cols[None, :]
+            x = tl.load(x_ptr + x_offsets, mask=mask, other=0.).to(tl.float32)
+            x_hat, rstd = _normalise(x, mask, C, eps)
+            if GRAD:
+                dy = tl.load(grad_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+                dx = _normalise_backward(dy, w, x_hat, rstd, C)
+                tl.store(grad_x_ptr + x_offsets, dx.to(grad_x_ptr.dtype.element_ty), mask=mask)
+                sum_w += tl.sum(dy * x_hat, axis=0)
+                sum_b += tl.sum(dy, axis=0)
+            else:
+                y = x_hat * w[None, :] + b[None, :]
+                y += tl.load(addend_ptr + token[:, None] * C + cols[None, :], mask=mask, other=0.).to(tl.float32)
+                tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
         if GRAD:
             tl.store(parts_ptr + pid * 2 * C + cols, sum_w, mask=col_mask)
             tl.store(parts_ptr + pid * 2 * C + C + cols, sum_b, mask=col_mask)
@@ -388,6 +434,33 @@ def add_layer_norm_rows(x, branch, scale, tokens, weight, bias, eps, out_dtype):
            branch if scale is None else scale, s, y, y, M, C, tokens, eps, 1, GRAD=False, ADD=True,
            SCALE=scale is not None, GRAD_SUM=False, **options)
     return s, y
+
+
+def norm_add_rows(x, weight, bias, eps, addend, out_dtype, grad=None):
+    """The LayerNorm of tokens x (B, N, C), of any strides (a convolution's output map seen as tokens), with
+    ``weight`` and ``bias`` (C, ), plus ``addend`` (N, C) contiguous, the same for every sample: y (B, N, C)
+    contiguous in ``out_dtype``, normalised in float32 and rounded once. With ``grad`` (dL/dy, (B, N, C)
+    contiguous) the backward instead: (None, grad_x in x's dtype and layout, grad_weight, grad_bias in theirs),
+    the addend's gradient (the sum of ``grad`` over the samples) left to the caller. One kernel (and, in the
+    backward, one sum of the programs' partial sums of the two parameter gradients)."""
+    B, N, C = x.shape
+    M = B * N
+    options = _norm_options(C, grad is not None)
+    blocks = cdiv(M, options['BLOCK_M'])
+    strides = x.stride()
+    if grad is None:
+        y = torch.empty(B, N, C, dtype=out_dtype, device=x.device)
+        launch(_norm_add_kernel, (max(blocks, 1), ), x, weight, bias, addend, y, y, y, y, M, C, max(N, 1), *strides,
+               eps, 1, GRAD=False, **options)
+        return y, None, None, None
+    per_program = cdiv(blocks, _NORM_PROGRAMS_PER_SM * kernel_target(x.device).sm_count)
+    programs = max(cdiv(blocks, per_program), 1) if blocks else 1
+    grad_x = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
+    parts = torch.empty(programs, 2, C, dtype=torch.float32, device=x.device)
+    launch(_norm_add_kernel, (programs, ), x, weight, bias, grad, grad, grad, grad_x, parts, M, C, max(N, 1),
+           *strides, eps, max(per_program, 1), GRAD=True, **options)
+    grad_weight, grad_bias = parts.sum(0).to(weight.dtype).unbind(0)
+    return None, grad_x, grad_weight, grad_bias
 
 
 # tokens x channels per program of the residual connection's kernel: 128 bytes of float32 along either axis

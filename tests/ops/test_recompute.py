@@ -1,8 +1,9 @@
 """The linear layers whose input the backward recomputes (mmpola.ops.recompute): the MLPs' GELU and fc2
 (gelu_linear), Pola's gated output projection (gated_linear) and a LayerNorm with the linear layer after it
 (layer_norm_linear; with a residual connection before it, add_layer_norm_linear; with the output taken apart
-into the attention's operands, their gradients in one kernel), and a stage's last residual connection written
-with its copy in another dtype (add_residual_and_cast). Their Triton backward against the library's layers in
+into the attention's operands, their gradients in one kernel), a stage's last residual connection written
+with its copy in another dtype (add_residual_and_cast), and a patch embedding's LayerNorm with the positional
+encoding added (layer_norm_add). Their Triton backward against the library's layers in
 float64 (output and every gradient), half precision, autocast, strided gates, what the backward keeps, its
 kernels, the choice of implementation and the modules that use them (blocks, blocks handing their residual
 connection to the next through run_blocks, and the last one to the sum and its copy). Without a GPU the kernels
@@ -12,8 +13,15 @@ import torch
 import torch.nn.functional as F
 
 from mmpola.models.backbones.pvt_v2 import ConvMlp
-from mmpola.models.layers import Mlp, PatchMerging, PreNormBlock
-from mmpola.ops import add_layer_norm_linear, add_residual_and_cast, gated_linear, gelu_linear, layer_norm_linear
+from mmpola.models.layers import Mlp, PatchEmbed, PatchMerging, PreNormBlock
+from mmpola.ops import (
+    add_layer_norm_linear,
+    add_residual_and_cast,
+    gated_linear,
+    gelu_linear,
+    layer_norm_add,
+    layer_norm_linear,
+)
 from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.triton_support import KernelTarget, dry_run
@@ -1285,3 +1293,153 @@ def test_the_last_block_writes_the_sum_and_its_copy(monkeypatch, attention):
         return [fused + handed] * 2 + [fused]
 
     compare_block_runs(run, fewer)
+
+
+
+def norm_add_inputs(layout, dtype=torch.float32, B=2, C=40, hw=(5, 7), seed=0):
+    """A convolution's output map (B, C, H, W) in ``layout`` ('nchw' or channels-last 'nhwc') and the norm's
+    weight, bias, a positional encoding (1, H*W, C) and a gradient of the output (B, H*W, C)."""
+    g = torch.Generator().manual_seed(seed)
+    maps = torch.randn(B, C, *hw, generator=g) * 3 + 1
+    if layout == 'nhwc':
+        maps = maps.contiguous(memory_format=torch.channels_last)
+    weight, bias = torch.randn(C, generator=g), torch.randn(C, generator=g)
+    encoding = torch.randn(1, hw[0] * hw[1], C, generator=g)
+    grad = torch.randn(B, hw[0] * hw[1], C, generator=g)
+    return [t.to(DEVICE) for t in (maps.to(dtype), weight, bias, encoding, grad)]
+
+
+def norm_add_results(impl, maps, weight, bias, encoding, grad, autocast=None):
+    """The output and the gradients of the map, weight, bias and encoding of ``layer_norm_add`` of the map's
+    tokens (the library's layers for ``impl`` 'library', in float32 as autocast runs a LayerNorm on CUDA)."""
+    leaves = [t.detach().requires_grad_() for t in (maps, weight, bias, encoding)]
+    tokens = leaves[0].flatten(2).transpose(1, 2)
+    with torch.autocast(maps.device.type, autocast, enabled=autocast is not None):
+        if impl == 'library':
+            out = F.layer_norm(tokens.float() if autocast else tokens, (tokens.shape[-1], ), *leaves[1:3], 1e-5)
+            out = out + leaves[3]
+        else:
+            out = layer_norm_add(tokens, *leaves[1:3], 1e-5, leaves[3], impl)
+    return [out, *torch.autograd.grad(out, leaves, grad.to(out.dtype))]
+
+
+@pytest.mark.parametrize('layout', ['nchw', 'nhwc'])
+@pytest.mark.parametrize('hw', [(5, 7), (1, 1), (33, 65)], ids=lambda s: f'{s[0]}x{s[1]}')
+def test_layer_norm_add_matches_the_library(layout, hw):
+    """float32 maps in either layout within 1e-6 of the float64 library (output, the map's gradient, the
+    encoding's) and 1e-5 (the norm's parameters', sums over every token); the map's gradient in the map's
+    layout."""
+    inputs = norm_add_inputs(layout, hw=hw)
+    actual = norm_add_results('triton', *inputs)
+    expected = norm_add_results('library', *[t.double() for t in inputs])
+    for name, a, e, tol in zip(('out', 'dmap', 'dweight', 'dbias', 'dencoding'), actual, expected,
+                               (1e-6, 1e-6, 1e-5, 1e-5, 1e-6)):
+        assert a.dtype == torch.float32 and a.shape == e.shape, name
+        assert relative_error(a, e) <= tol, f'{name}: {relative_error(a, e):.2e}'
+    assert actual[0].is_contiguous() and actual[1].stride() == inputs[0].stride()
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_layer_norm_add_under_autocast(dtype):
+    """A half-precision map (the convolution's output under autocast): the output in float32, normalised in
+    float32 as autocast runs a LayerNorm on CUDA (within 1e-6 of the library doing so), the map's gradient in its
+    dtype and layout (within its rounding), the others float32 as the library's."""
+    inputs = norm_add_inputs('nchw', dtype)
+    actual = norm_add_results('triton', *inputs, autocast=dtype)
+    expected = norm_add_results('library', *inputs, autocast=dtype)
+    assert [t.dtype for t in actual] == [torch.float32, dtype, torch.float32, torch.float32, torch.float32]
+    assert [t.dtype for t in expected] == [t.dtype for t in actual]
+    assert relative_error(actual[0], expected[0]) <= 1e-6
+    assert relative_error(actual[1], expected[1]) <= 2 * torch.finfo(dtype).eps
+    for a, e in zip(actual[2:], expected[2:]):
+        assert relative_error(a, e) <= 1e-5
+    assert actual[1].stride() == inputs[0].stride()
+
+
+def test_layer_norm_add_only_some_gradients_and_what_it_keeps():
+    """A frozen norm (the encoding's gradient only), a frozen encoding; the backward keeps the map and the norm's
+    parameters only (not the normalised tokens, nor the encoding)."""
+    maps, weight, bias, encoding, grad = norm_add_inputs('nchw')
+    encoding.requires_grad_()
+    out = layer_norm_add(maps.flatten(2).transpose(1, 2), weight, bias, 1e-5, encoding, 'triton')
+    (d_encoding, ) = torch.autograd.grad(out, encoding, grad)
+    assert torch.allclose(d_encoding, grad.sum(0, keepdim=True), rtol=1e-6, atol=1e-6)
+    maps.requires_grad_()
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        out = layer_norm_add(maps.flatten(2).transpose(1, 2), weight, bias, 1e-5, encoding.detach(), 'triton')
+    assert {t.data_ptr() for t in kept} == {maps.data_ptr(), weight.data_ptr(), bias.data_ptr()}
+    expected = norm_add_results('library', maps, weight, bias, encoding, grad)[1]
+    assert relative_error(torch.autograd.grad(out, maps, grad)[0], expected) <= 1e-6
+
+
+def test_layer_norm_add_launches_one_kernel_each_way():
+    """In a dry run for a GPU, one launch each way: in the forward in place of the library's LayerNorm and
+    addition; in the backward in place of the LayerNorm's backward (the sum of its partial sums after it), the
+    encoding's gradient the sum over the samples as the library's. 'auto' on the CPU: the library's operators."""
+    maps, weight, bias, encoding, grad = norm_add_inputs('nchw')
+    for t in (maps, weight, bias, encoding):
+        t.requires_grad_()
+    counts = {}
+    for impl in ('torch', 'triton'):
+        with dry_run(H100) as launches:
+            with DispatchedOps() as forward:
+                out = layer_norm_add(maps.flatten(2).transpose(1, 2), weight, bias, 1e-5, encoding, impl)
+            forward_launches = len(launches)
+            with DispatchedOps() as backward:
+                out.backward(grad)
+        counts[impl] = (forward.kernels(), backward.kernels(), forward_launches, len(launches) - forward_launches)
+    assert counts['torch'][:1] == (['native_layer_norm', 'add'], ) and counts['torch'][2:] == (0, 0), counts
+    assert counts['triton'][0] == [] and counts['triton'][2:] == (1, 1), counts
+    assert 'native_layer_norm_backward' in counts['torch'][1], counts
+    assert counts['triton'][1].count('sum') == 2 and 'native_layer_norm_backward' not in counts['triton'][1], counts
+    with torch.no_grad():
+        out = layer_norm_add(maps.flatten(2).transpose(1, 2), weight, bias, 1e-5, encoding)
+    if DEVICE == 'cpu':  # 'auto': the library
+        expected = F.layer_norm(maps.flatten(2).transpose(1, 2), (40, ), weight, bias, 1e-5) + encoding
+        assert torch.equal(out, expected)
+
+
+def test_layer_norm_add_errors(monkeypatch):
+    maps, weight, bias, encoding, _ = norm_add_inputs('nchw')
+    tokens = maps.flatten(2).transpose(1, 2)
+    with pytest.raises(ValueError, match=r'tokens \(B, N, C\), got \(2, 40, 5, 7\)'):
+        layer_norm_add(maps, weight, bias, 1e-5, encoding, 'triton')
+    with pytest.raises(ValueError, match=r'weight and bias must be \(40, \) for 40 channels, got \(39,\)'):
+        layer_norm_add(tokens, weight[:39], bias, 1e-5, encoding, 'triton')
+    with pytest.raises(ValueError, match=r'one row of 40 channels per token \(35, 40\), got \(1, 34, 40\)'):
+        layer_norm_add(tokens, weight, bias, 1e-5, encoding[:, :34], 'triton')
+    if DEVICE == 'cpu':
+        monkeypatch.delenv('TRITON_INTERPRET')
+        with pytest.raises(AttnImplUnavailable, match='layer_norm_add cannot run here.*MMPOLA_RECOMPUTE=torch'):
+            layer_norm_add(tokens, weight, bias, 1e-5, encoding, 'triton')
+
+
+@pytest.mark.parametrize('hooked', [False, True])
+def test_patch_embedding_adds_the_encoding_in_the_norms_kernel(monkeypatch, hooked):
+    """PatchEmbed.embed_and_add: where the kernels run, the norm's kernel adds the encoding (no LayerNorm, no
+    addition dispatched); with a forward hook on the norm, the modules and the library's addition (the hook sees
+    the norm's tokens). Both equal the modules' output within 1e-6, with their gradients."""
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'triton')
+    torch.manual_seed(0)
+    embed = PatchEmbed(3, 32, 4).to(DEVICE)
+    image = torch.randn(2, 3, 24, 36, device=DEVICE)
+    encoding = torch.randn(1, 6 * 9, 32, device=DEVICE, requires_grad=True)
+    seen = []
+    if hooked:
+        embed.norm.register_forward_hook(lambda module, args, out: seen.append(out))
+    with DispatchedOps() as ops:
+        out, hw = embed.embed_and_add(image, lambda hw: encoding)
+    assert hw == (6, 9) and out.shape == (2, 54, 32)
+    assert ('native_layer_norm' in ops.names) == hooked and ('add' in ops.names) == hooked
+    assert len(seen) == int(hooked)
+    leaves = [encoding, *embed.parameters()]
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)  # (a uniform one: none)
+    grads = torch.autograd.grad(out, leaves, grad)
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'torch')
+    tokens, _ = embed(image)
+    expected = tokens + encoding
+    expected_grads = torch.autograd.grad(expected, leaves, grad)
+    assert relative_error(out, expected) <= 1e-6
+    for a, e in zip(grads, expected_grads):
+        assert relative_error(a, e) <= 1e-5

@@ -137,8 +137,8 @@ class PVTBackbone(DenseBackbone):
     def _enter_stage(self, i, x, hw):
         if i > 0:  # the channels-last view: the patch embedding's conv returns a channels-last map, whose tokens
             x = tokens_as_map(x, hw)  # are a contiguous view for its norm (no copy either way, or in the backward)
-        x, hw = getattr(self, f'patch_embed{i + 1}')(x)
-        return getattr(self, f'pos_drop{i + 1}')(x + self._pos_embed(i, hw)), hw
+        return getattr(self, f'patch_embed{i + 1}').embed_and_add(x, lambda hw: self._pos_embed(i, hw),
+                                                                  getattr(self, f'pos_drop{i + 1}'))
 
     def _handoff_dtype(self, i, x):
         # the next stage's patch embedding is a convolution, which autocast runs in its dtype
