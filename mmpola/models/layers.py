@@ -28,7 +28,7 @@ from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'ParameterCache', 'PatchEmbed', 'PatchMerging', 'PreNormBlock',
-           'ResizedEmbeddingCache', 'SizeCache', 'add_and_cast', 'crop_map', 'drop_path_scale', 'forward_hooked',
+           'ResizedEmbeddingCache', 'SizeCache', 'add_and_cast', 'crop_map', 'drop_path_scale', 'hooked',
            'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear', 'resize_grid_embedding', 'residual_mlp',
            'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
@@ -258,22 +258,25 @@ class SizeCache:
         self.entries = OrderedDict()
 
 
-def forward_hooked(*modules):
-    """Whether a forward hook or pre-hook would run around the call of one of ``modules`` (its own or a global
-    one; None counts as no module). A fused path that would not call such a module, or would change what it
-    takes or returns, calls the modules as they are instead, so that the hooks see their usual tensors."""
+def hooked(*modules):
+    """Whether hooks would run around the call of one of ``modules``: forward hooks or pre-hooks, or backward
+    hooks (a module's own or global ones, as ``nn.Module.__call__`` looks for them; None counts as no module). A
+    fused path that would not call such a module, or would change what it takes or returns, calls the modules as
+    they are instead, so that the hooks run and see their usual tensors and gradients."""
     from torch.nn.modules import module as torch_module
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+    if (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+            or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks):
         return any(module is not None for module in modules)
     return any(getattr(module, '_forward_hooks', None) or getattr(module, '_forward_pre_hooks', None)
+               or getattr(module, '_backward_hooks', None) or getattr(module, '_backward_pre_hooks', None)
                for module in modules)
 
 
 def _fused(x, linear):
     """Whether a linear layer's input made from ``x`` goes to the kernels of :mod:`mmpola.ops.recompute`:
-    ``linear`` is an ``nn.Linear`` without forward hooks and ``MMPOLA_RECOMPUTE`` resolves to ``'triton'`` for
+    ``linear`` is an ``nn.Linear`` without hooks and ``MMPOLA_RECOMPUTE`` resolves to ``'triton'`` for
     x."""
-    return (type(linear) is nn.Linear and not forward_hooked(linear)
+    return (type(linear) is nn.Linear and not hooked(linear)
             and resolve_recompute_impl(recompute_impl(), x) == 'triton')
 
 
@@ -286,9 +289,9 @@ def _gelu_recomputes(mlp, x):
     """Whether :func:`gelu_fc2` runs ``mlp``'s GELU and fc2 through :func:`mmpola.ops.gelu_linear` for the tokens
     ``x`` (or the hidden tokens made from them): where it recomputes (``_recomputes``; on a GPU by default),
     unless the dropout between them is on, the activation is not the exact GELU, or a module whose call the
-    kernel replaces has forward hooks (the GELU, the dropout, fc1 whose bias the kernel adds)."""
+    kernel replaces has hooks (the GELU, the dropout, fc1 whose bias the kernel adds)."""
     return (_recomputes(x, mlp.fc2) and not (mlp.training and mlp.drop.p > 0) and type(mlp.act) is nn.GELU
-            and mlp.act.approximate == 'none' and not forward_hooked(mlp.act, mlp.drop, getattr(mlp, 'fc1', None)))
+            and mlp.act.approximate == 'none' and not hooked(mlp.act, mlp.drop, getattr(mlp, 'fc1', None)))
 
 
 def gelu_fc2(mlp, h, fc1_bias=None, recomputes=None):
@@ -349,8 +352,8 @@ def drop_path_scale(drop_path, x):
 
 def _draws_factors(drop_path):
     """Whether :func:`drop_path_scale` gives ``drop_path``'s factors (timm's DropPath, an nn.Identity or None,
-    without forward hooks), so that a kernel can add the branch with them."""
-    return type(drop_path) in (DropPath, nn.Identity, type(None)) and not forward_hooked(drop_path)
+    without hooks), so that a kernel can add the branch with them."""
+    return type(drop_path) in (DropPath, nn.Identity, type(None)) and not hooked(drop_path)
 
 
 def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=None, repeat=(), stream=False):
@@ -388,7 +391,7 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
     biased = {layer.bias is not None and bias for layer in layers}
     fused = (type(norm) is nn.LayerNorm and all(_fused(x, layer) for layer in layers) and len(biased) == 1
              and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
-             and x.shape[-1] <= NORM_MAX_CHANNELS and not forward_hooked(norm))
+             and x.shape[-1] <= NORM_MAX_CHANNELS and not hooked(norm))
     add_in_kernel = fused and branch is not None and _draws_factors(drop_path)
     if branch is not None and not add_in_kernel:
         x = x + (branch if drop_path is None else drop_path(branch))
@@ -460,8 +463,8 @@ class Mlp(nn.Module):
 def residual_mlp(mlp, x, branch, drop_path, norm, *args):
     """``(s, mlp(norm(s), *args))`` for the residual connection ``s = x + drop_path(branch)`` before a block's MLP:
     an MLP that ``takes_branch`` (:class:`Mlp`) adds it with its LayerNorm (in the norm's kernel where that runs),
-    another gets ``norm=`` to apply; one with forward hooks gets the normalised tokens, as its hooks expect."""
-    if forward_hooked(mlp):
+    another gets ``norm=`` to apply; one with hooks gets the normalised tokens, as its hooks expect."""
+    if hooked(mlp):
         s = x + drop_path(branch)
         return s, mlp(norm(s), *args)
     if getattr(mlp, 'takes_branch', False):
@@ -488,8 +491,8 @@ class PreNormBlock(nn.Module):
     its projections (:attr:`takes_residual`), else the block adds it first. Without one, such an attention
     returns x itself through that LayerNorm's function (``stream=True``), so that the gradient x gets from the
     rest of the block joins the norm's in its kernel.
-    An attention or MLP with forward hooks is called on the normalised tokens and returns its output alone, as
-    the hooks expect (and so are the norms, linear layers, GELU and drop path inside, see :func:`forward_hooked`).
+    An attention or MLP with hooks is called on the normalised tokens and returns its output alone, as
+    the hooks expect; a hooked norm, linear layer, GELU or drop path is called as it is (:func:`hooked`).
     Shapes: ``forward(x, hw, **context)``: (B, N, C), (H, W) -> (B, N, C).
     """
 
@@ -511,15 +514,15 @@ class PreNormBlock(nn.Module):
         return getattr(self.attn, 'takes_branch', False)
 
     def forward(self, x, hw, residual=None, defer=False, **context):
-        hooked = forward_hooked(self.attn)  # its hooks see the usual input (the normalised tokens) and output
-        if residual is not None and self.takes_residual and not hooked:  # with the LayerNorm before its projections
+        attn_hooked = hooked(self.attn)  # its hooks see the usual input (the normalised tokens) and output
+        if residual is not None and self.takes_residual and not attn_hooked:  # with the norm before its projections
             branch, drop_path = residual
             x, attn = self.attn(x, hw, norm=self.norm1, branch=branch, drop_path=drop_path, **context)
         else:
             if residual is not None:
                 branch, drop_path = residual
                 x = x + drop_path(branch)
-            if hooked:
+            if attn_hooked:
                 attn = self.attn(self.norm1(x), hw, **context)
             elif self.takes_residual:  # x comes back through its projection's LayerNorm kernel (stream)
                 x, attn = self.attn(x, hw, norm=self.norm1, stream=True, **context)
@@ -580,7 +583,7 @@ class PatchEmbed(nn.Module):
         norm = self.norm  # the implementation first: 'torch' while a tracer records (its proxies have no values)
         if (resolve_recompute_impl(recompute_impl(), x) != 'triton' or type(norm) is not nn.LayerNorm
                 or norm.weight is None or norm.bias is None or norm.normalized_shape[-1] > NORM_MAX_CHANNELS
-                or forward_hooked(self, norm, dropout) or (dropout is not None and dropout.training and dropout.p > 0)):
+                or hooked(self, norm, dropout) or (dropout is not None and dropout.training and dropout.p > 0)):
             x, hw = self(x)
             x = x + encoding(hw)
             return (x if dropout is None else dropout(x)), hw

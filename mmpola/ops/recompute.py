@@ -36,8 +36,9 @@ The implementations (``impl``):
   :func:`~mmpola.ops.dispatch.recording`), else ``'torch'``: the CPU keeps the library's path, which does
   the least work there.
 
-The models (:func:`mmpola.models.layers.gelu_fc2`, :func:`mmpola.models.layers.gated_proj`) pass the
-implementation that the environment variable ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset).
+The models (:func:`mmpola.models.layers.gelu_fc2`, :func:`mmpola.models.layers.gated_proj`,
+:func:`mmpola.models.layers.norm_linear`, ``PatchEmbed.embed_and_add``) pass the implementation that the
+environment variable ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset).
 """
 import torch
 import torch.nn.functional as F

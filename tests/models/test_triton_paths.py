@@ -205,3 +205,33 @@ def test_forward_hooks_see_each_modules_usual_tensors(name, monkeypatch, no_tf32
             assert len(_tensors_of(again)) == len(_tensors_of(out)), type(module).__name__
             for a, e in zip(_tensors_of(out), _tensors_of(again)):
                 assert a.shape == e.shape and relative_error(a, e) <= 1e-5, type(module).__name__
+
+
+@pytest.mark.filterwarnings('ignore:Full backward hook is firing')  # the first convolution: its input is the image
+def test_backward_hooks_run_on_the_fused_paths(monkeypatch, no_tf32):
+    """Full backward hooks on every module with weights of a PolaPVT in training, every Triton path on: each runs
+    (its module is called as it is), and the parameters' gradients equal the model's without hooks (the same
+    drop-path factors: drawn as the modules draw them)."""
+    for variable in LIBRARY:
+        monkeypatch.setenv(variable, 'triton')
+    torch.manual_seed(0)
+    model = build_family_model('PolaPVT').to(DEVICE).train()
+    model.set_attn_impl('triton')
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+    def step():
+        model.zero_grad()
+        torch.manual_seed(3)
+        outs = model(x)
+        g = torch.Generator().manual_seed(2)
+        sum((o.float() * torch.randn(o.shape, generator=g).to(DEVICE)).mean() for o in outs).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    expected = step()
+    weighted = {n: m for n, m in model.named_modules() if m is not model and list(m.parameters(recurse=False))}
+    ran = set()
+    for name, module in weighted.items():
+        module.register_full_backward_hook(lambda module, grad_in, grad_out, name=name: ran.add(name))
+    errors = _gradient_errors(step(), expected)
+    assert set(weighted) - ran == set()
+    assert max(errors.values()) <= 1e-5, max(errors.items(), key=lambda item: item[1])

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layers import ResizedEmbeddingCache, forward_hooked
+from ..layers import ResizedEmbeddingCache, hooked
 
 __all__ = ['KeyPositionalEncoding', 'upsample_values', 'depthwise_value_heads', 'depthwise_value_term',
            'split_prefix', 'add_to_patches']
@@ -85,7 +85,7 @@ def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d', residual=Non
     ``dwc`` is a :class:`mmpola.models.layers.DepthwiseConv2d` (its weight's gradient contiguous whatever the
     input's layout, see there why).
     """
-    if residual is not None and forward_hooked(dwc):  # its hooks see the term alone
+    if residual is not None and hooked(dwc):  # its hooks see the term alone
         return residual + depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample)
     B, heads, n, head_dim = v.shape
     H, W = hw

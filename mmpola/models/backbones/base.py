@@ -85,7 +85,7 @@ from ..checks import (
     resolve_arch,
 )
 from ..classification_head import classification_head_of
-from ..layers import add_and_cast, forward_hooked, trunc_normal_init
+from ..layers import add_and_cast, hooked, trunc_normal_init
 
 __all__ = ['DenseBackbone', 'register_architecture', 'parse_attn_type', 'drop_path_rates', 'tokens_to_nchw',
            'run_blocks']
@@ -152,7 +152,7 @@ def run_blocks(blocks, x, hw, with_cp=False, cast=None, as_map=False, **context)
     ``takes_residual`` returns its last residual connection not added (``defer=True``: ``(x, branch,
     drop_path)``), and the next block adds it (``residual=(branch, drop_path)``), with the LayerNorm before its
     attention's projections: in the LayerNorm's kernel where that runs. Not with ``with_cp``, while a tracer
-    records the model, or next to a block with forward hooks (which see the blocks' usual inputs and outputs).
+    records the model, or next to a block with hooks (which see the blocks' usual inputs and outputs).
 
     ``cast`` (a dtype): returns ``(x, x.to(cast))``, the copy that the next stage reads; the last block, where it
     ``defers_residual`` (and as above), hands its residual connection to :func:`~mmpola.models.layers.add_and_cast`,
@@ -179,10 +179,10 @@ def _hands_residual(block, following, casting=False):
     if recording() or not getattr(block, 'defers_residual', False):
         return False
     if following is None:
-        return casting and not forward_hooked(block)
+        return casting and not hooked(block)
     if not getattr(following, 'takes_residual', False):
         return False
-    return not any(forward_hooked(module) for module in (block, following))
+    return not any(hooked(module) for module in (block, following))
 
 
 
