@@ -356,6 +356,13 @@ def _draws_factors(drop_path):
     return type(drop_path) in (DropPath, nn.Identity, type(None)) and not hooked(drop_path)
 
 
+def _kernel_norm(norm):
+    """Whether the LayerNorm kernels of :mod:`mmpola.ops.recompute` can stand in for ``norm``: an ``nn.LayerNorm``
+    of the last dim, with a weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels, without hooks."""
+    return (type(norm) is nn.LayerNorm and len(norm.normalized_shape) == 1 and norm.weight is not None
+            and norm.bias is not None and norm.normalized_shape[0] <= NORM_MAX_CHANNELS and not hooked(norm))
+
+
 def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=None, repeat=(), stream=False):
     """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; on a GPU by
     default: the LayerNorm's kernel writes the rows in the linear layer's dtype, also without autograd, and the
@@ -390,8 +397,7 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
         raise ValueError('norm_linear leaves out the bias of a single linear layer only')
     biased = {layer.bias is not None and bias for layer in layers}
     fused = (type(norm) is nn.LayerNorm and all(_fused(x, layer) for layer in layers) and len(biased) == 1
-             and len(norm.normalized_shape) == 1 and norm.weight is not None and norm.bias is not None
-             and x.shape[-1] <= NORM_MAX_CHANNELS and not hooked(norm))
+             and _kernel_norm(norm))
     add_in_kernel = fused and branch is not None and _draws_factors(drop_path)
     if branch is not None and not add_in_kernel:
         x = x + (branch if drop_path is None else drop_path(branch))
@@ -581,9 +587,8 @@ class PatchEmbed(nn.Module):
         and nothing is hooked or dropped, :func:`mmpola.ops.layer_norm_add` normalises the convolution's output
         where it wrote it and adds the encoding in one kernel; else the modules and the library's addition."""
         norm = self.norm  # the implementation first: 'torch' while a tracer records (its proxies have no values)
-        if (resolve_recompute_impl(recompute_impl(), x) != 'triton' or type(norm) is not nn.LayerNorm
-                or norm.weight is None or norm.bias is None or norm.normalized_shape[-1] > NORM_MAX_CHANNELS
-                or hooked(self, norm, dropout) or (dropout is not None and dropout.training and dropout.p > 0)):
+        if (resolve_recompute_impl(recompute_impl(), x) != 'triton' or not _kernel_norm(norm)
+                or hooked(self, dropout) or (dropout is not None and dropout.training and dropout.p > 0)):
             x, hw = self(x)
             x = x + encoding(hw)
             return (x if dropout is None else dropout(x)), hw

@@ -381,6 +381,15 @@ def _norm_options(C, backward):
     return dict(BLOCK_M=max(1, _NORM_ELEMENTS // block_c), BLOCK_C=block_c, num_warps=warps)
 
 
+def _norm_backward_programs(blocks, C, device):
+    """(programs, row blocks per program, their partial sums (programs, 2, C) float32) of a LayerNorm kernel's
+    backward over ``blocks`` row blocks: a fixed number of programs per multiprocessor, each summing the weight's and
+    the bias's gradients over its share."""
+    per_program = cdiv(blocks, _NORM_PROGRAMS_PER_SM * kernel_target(device).sm_count)
+    programs = max(cdiv(blocks, per_program), 1) if blocks else 1
+    return programs, max(per_program, 1), torch.empty(programs, 2, C, dtype=torch.float32, device=device)
+
+
 def layer_norm_rows(x, weight, bias, eps, out_dtype, grad=None, residual=None):
     """The LayerNorm of the rows of x (M, C), contiguous, with ``weight`` and ``bias`` (C, ): y in ``out_dtype``;
     with ``grad`` (dL/dy, (M, C) contiguous) also the gradients of x (in x's dtype), weight and bias (in theirs).
@@ -402,16 +411,14 @@ def layer_norm_rows(x, weight, bias, eps, out_dtype, grad=None, residual=None):
         launch(_layer_norm_kernel, (max(blocks, 1), ), x, weight, bias, x, y, y, y, y, y, y, y, y, M, C, 1, eps, 1,
                GRAD=False, ADD=False, SCALE=False, GRAD_SUM=False, **options)
         return y, None, None, None
-    per_program = cdiv(blocks, _NORM_PROGRAMS_PER_SM * kernel_target(x.device).sm_count)
-    programs = max(cdiv(blocks, per_program), 1) if blocks else 1
+    programs, per_program, parts = _norm_backward_programs(blocks, C, x.device)
     grad_x = torch.empty(M, C, dtype=x.dtype, device=x.device)
-    parts = torch.empty(programs, 2, C, dtype=torch.float32, device=x.device)
     grad_sum, branch_dtype, scale, tokens = residual if residual is not None else (None, None, None, 1)
     add = branch_dtype is not None
     grad_branch = torch.empty(M, C, dtype=branch_dtype, device=x.device) if add else y
     launch(_layer_norm_kernel, (programs, ), x, weight, bias, grad, y, grad_x, parts, y,
            y if scale is None else scale, y, grad_x if grad_sum is None else grad_sum, grad_branch, M, C, tokens, eps,
-           max(per_program, 1), GRAD=True, ADD=add, SCALE=scale is not None, GRAD_SUM=grad_sum is not None,
+           per_program, GRAD=True, ADD=add, SCALE=scale is not None, GRAD_SUM=grad_sum is not None,
            **options)
     grad_weight, grad_bias = parts.sum(0).to(weight.dtype).unbind(0)
     if not add:
@@ -453,12 +460,10 @@ def norm_add_rows(x, weight, bias, eps, addend, out_dtype, grad=None):
         launch(_norm_add_kernel, (max(blocks, 1), ), x, weight, bias, addend, y, y, y, y, M, C, max(N, 1), *strides,
                eps, 1, GRAD=False, **options)
         return y, None, None, None
-    per_program = cdiv(blocks, _NORM_PROGRAMS_PER_SM * kernel_target(x.device).sm_count)
-    programs = max(cdiv(blocks, per_program), 1) if blocks else 1
+    programs, per_program, parts = _norm_backward_programs(blocks, C, x.device)
     grad_x = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
-    parts = torch.empty(programs, 2, C, dtype=torch.float32, device=x.device)
     launch(_norm_add_kernel, (programs, ), x, weight, bias, grad, grad, grad, grad_x, parts, M, C, max(N, 1),
-           *strides, eps, max(per_program, 1), GRAD=True, **options)
+           *strides, eps, per_program, GRAD=True, **options)
     grad_weight, grad_bias = parts.sum(0).to(weight.dtype).unbind(0)
     return None, grad_x, grad_weight, grad_bias
 
