@@ -61,6 +61,8 @@ bench: setup
 	$(PY) tools/benchmark.py backbone
 	$(PY) tools/benchmark.py scaling
 	$(PY) tools/benchmark.py amp
+	$(PY) tools/benchmark.py host --no-memory
+	$(PY) tools/benchmark.py host --no-memory --amp bfloat16
 
 # One CUDA GPU, in the environment at hand (no set-up):
 #   make -k bench-gpu PY=python3
@@ -159,6 +161,9 @@ bench-gpu-quick:
 	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) failed (above): the Triton paths against the library's on this GPU"
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
+		--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl torch
+	$(PY) tools/benchmark.py host --no-memory --amp bfloat16 --models pola-pvt-t softmax-pvt-t pvt-t
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344

@@ -249,9 +249,10 @@ def environment_lines(args, device):
         lines.append(f'threads: {torch.get_num_threads()}, dtype: {"--amp (per row)" if args.amp else "float32"}, '
                      f'seed: {args.seed}, {args.iters} timed iterations after {args.warmup} warm-up')
     else:
-        dtype = 'autocast (per row)' if args.command == 'amp' else 'float32'
+        dtype = ('autocast (per row)' if args.command == 'amp' else
+                 f'autocast {args.amp}' if getattr(args, 'amp', None) else 'float32')
         lines.append(f'threads: {torch.get_num_threads()}, dtype: {dtype}, seed: {args.seed}, '
-                     f'repeat: >= {args.repeat} after 1 warm-up')
+                     f'repeat: >= {args.repeat} after {getattr(args, "warmup", 1)} warm-up')
     lines.append(f'torch.compile for the fast path: {pola.compile_status()[1]}')
     lines.append(f"mmpola's depthwise convolutions: {depthwise_conv_impl()} (MMPOLA_DEPTHWISE_CONV; 'auto': Triton "
                  'kernels on CUDA, the library convolution elsewhere)')
@@ -1230,6 +1231,19 @@ def parse_args(argv=None):
     kernel_options(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 
+    from benchmark_host import host_backbones
+    host = sub.add_parser('host', help="the host's time of a training step of each backbone, its compute taken out "
+                          '(on the CPU: layouts narrowed, Triton launches recorded; tools/benchmark_host.py)')
+    common(host)
+    host.set_defaults(threads=1)  # the host's code runs on one thread
+    host.add_argument('--models', nargs='+', default=list(host_backbones()), choices=list(host_backbones()))
+    host.add_argument('--size', default='64x96', help='S or HxW')
+    host.add_argument('--batch', type=int, default=1)
+    host.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
+    host.add_argument('--repeat', type=int, default=30)
+    host.add_argument('--warmup', type=int, default=5)
+    kernel_options(host)
+
     amp = sub.add_parser('amp', help='autocast forward+backward of every full-size backbone: finite?')
     common(amp)
     amp.add_argument('--models', nargs='+', default=pola_backbones(), choices=list(all_backbones()))
@@ -1323,6 +1337,10 @@ def main(argv=None):
     if args.command == 'train':
         from benchmark_train import bench_train
         bench_train(args, device)
+        return
+    if args.command == 'host':
+        from benchmark_host import bench_host
+        bench_host(args, device)
         return
     {'attention': bench_attention, 'backbone': bench_backbone, 'scaling': bench_scaling, 'ops': bench_ops,
      'amp': bench_amp, 'layers': bench_layers}[args.command](args, device)

@@ -446,7 +446,7 @@ def test_every_benchmark_command_of_the_makefile_parses():
     """The GPU targets run only where a GPU is: their benchmark commands take the tool's own cases, models and
     options (argparse exits on any other)."""
     commands = _makefile_benchmark_commands('bench', 'bench-gpu', 'bench-gpu-quick', 'bench-gpu-quick-train')
-    assert {argv[0] for argv in commands} == {'attention', 'backbone', 'scaling', 'amp', 'layers', 'train'}
+    assert {argv[0] for argv in commands} == {'attention', 'backbone', 'scaling', 'amp', 'layers', 'train', 'host'}
     # the warm-up loops: one command per model (and per case)
     warm = [argv[argv.index('--models') + 1] for argv in commands
             if argv[0] == 'backbone' and '--repeat' in argv and argv[argv.index('--repeat') + 1] == '1']
@@ -454,3 +454,62 @@ def test_every_benchmark_command_of_the_makefile_parses():
     for argv in commands:
         args = BENCH.parse_args(argv)
         assert getattr(args, 'device', 'cpu') in ('cpu', 'cuda'), argv
+
+
+HOST = load_tool('benchmark_host')
+
+
+@pytest.mark.parametrize('name', HOST.host_backbones())
+def test_host_layouts_dispatch_what_the_full_backbones_do(name, monkeypatch):
+    """`host` narrows each backbone to 16 channels per head: the same operators (kinds and counts) and Triton
+    launches as the full backbone in a training step, at a size of the full model's and under autocast."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+
+    class Names(TorchDispatchMode):
+
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    narrow = HOST.build_narrowed(name)
+    full = BENCH.build_named_backbone(name, 'triton')
+    full.train()
+    assert sum(p.numel() for p in narrow.parameters()) < sum(p.numel() for p in full.parameters()) / 3
+    counts = []
+    for model in (full, narrow):
+        step = BENCH.backbone_pass(model, torch.randn(1, 3, 64, 96), backward=True, amp='bfloat16')
+        with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+            step()
+            del launches[:]
+            with Names() as names:
+                step()
+        counts.append((sorted(names.names), [getattr(launch.kernel, 'fn', launch.kernel) for launch in launches]))
+    assert counts[0][0] == counts[1][0]
+    assert [getattr(k, '__name__', k) for k in counts[0][1]] == [getattr(k, '__name__', k) for k in counts[1][1]]
+    assert bool(counts[1][1]) == (not name.startswith(('pvt', 'swin', 'timm')))  # mmpola's backbones launch kernels
+
+
+def test_host_times_the_narrowed_steps_with_their_counts(capsys):
+    """One row per backbone: times, Python calls, operators and (mmpola's) Triton launches of a training step;
+    on a GPU it sends the user to `backbone`'s host column."""
+    BENCH.main(['host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '2', '--warmup', '1', '--no-memory'])
+    out = capsys.readouterr().out
+    assert '- threads: 1,' in out
+    rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
+            for line in out.splitlines() if line.startswith(('| pola-pvt-t |', '| pvt-t |'))}
+    assert set(rows) == {'pola-pvt-t', 'pvt-t'}
+    for name, cells in rows.items():
+        assert cells[1] == '64x96' and cells[2] == '1'
+        assert 0 < float(cells[3]) <= float(cells[4])
+        assert int(cells[5]) > 1000 and int(cells[6]) > 1000, cells
+    assert int(rows['pola-pvt-t'][7]) > 100 and rows['pvt-t'][7] == '0'
+    with pytest.raises(SystemExit, match='backbone --device cuda'):
+        HOST.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))

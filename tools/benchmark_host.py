@@ -1,0 +1,141 @@
+"""``python tools/benchmark.py host``: the host's time of a backbone's training step, its compute taken out
+(this module holds it; run it through tools/benchmark.py).
+
+Where a GPU runs a step faster than its Python code and the operators' dispatch can queue the step's kernels,
+the host sets the pace: every operator, autograd node, custom Function and Triton launch costs microseconds of
+the CPU, whatever the tensors' size. ``backbone --device cuda`` measures that beside each pass's time (its host
+column). This command measures the host's share on a machine without a GPU:
+
+* each backbone is built with the layout of the named one (depths, heads, attention kinds, windows, spatial
+  reductions, MLP ratios) narrowed to ``HEAD_DIM`` channels per head, so that its operators do almost no work
+  on the CPU; the code that runs, and the operators and kernels it dispatches, are those of the full model
+  (the choices the layers and ops make by the channel count come out the same at these widths: the tests
+  compare the counts with the full models');
+* mmpola's backbones run inside a dry run for an H100 (``mmpola.ops.triton_support.dry_run``): the Triton
+  paths that a GPU takes by default (the attention kernels, set by ``set_attn_impl('triton')``; the depthwise
+  convolutions and the recomputing linear layers, whose ``'auto'`` makes the GPU's choice in a dry run) run
+  their launch code and record each launch instead of making it;
+* the time is the wall-clock time of a forward and backward (train mode) on one CPU thread: the Python code,
+  the dispatch and autograd, and the library operators' CPU kernels at these sizes (a few microseconds each,
+  about what a GPU's launch of one costs the host). Triton's own launch path (a few microseconds more per
+  launch on a GPU) is not in it: the launches are counted apart.
+
+Python calls (functions entered, counted by ``sys.setprofile``) and dispatched operators are counts, the same
+on every machine; the times depend on the CPU's speed, so compare rows of one run.
+"""
+import statistics
+import sys
+import time
+
+import torch
+
+HEAD_DIM = 16  # the Triton attention kernels' smallest head dim
+
+# the heads of timm's layouts (its defaults for these models), which the names' build kwargs do not list
+_TIMM_HEADS = {'pvt_v2_b2': (1, 2, 5, 8)}
+
+
+def narrowed(name):
+    """(registered type, build kwargs) of backbone ``name`` of ``benchmark.all_backbones()`` narrowed to
+    ``HEAD_DIM`` channels per head (module docstring)."""
+    from benchmark import all_backbones
+    type_name, kwargs = all_backbones()[name]
+    kwargs = dict(kwargs)
+    if type_name.startswith('timm:'):
+        heads = _TIMM_HEADS.get(type_name[5:])
+        if heads is None:
+            raise ValueError(f'no narrowed layout of {type_name}; host times {", ".join(host_backbones())}')
+        kwargs.update(embed_dims=[HEAD_DIM * h for h in heads], num_heads=heads)
+        return type_name, kwargs
+    if type_name == 'mmdet.PyramidVisionTransformer':  # stage i has embed_dims * num_heads[i] channels
+        kwargs['embed_dims'] = HEAD_DIM
+        return type_name, kwargs
+    if type_name == 'mmdet.SwinTransformer':
+        kwargs['embed_dims'] = HEAD_DIM * kwargs['num_heads'][0]
+        return type_name, kwargs
+    from mmengine.registry import MODELS
+
+    import mmpola  # noqa: F401 (registers its backbones)
+    cls = MODELS.get(type_name)
+    arch = dict(cls.arch_settings[kwargs.pop('arch')])
+    if isinstance(arch['embed_dims'], int):  # Swin's: the first stage's, doubled with the heads
+        arch['embed_dims'] = HEAD_DIM * arch['num_heads'][0]
+    else:
+        arch['embed_dims'] = [HEAD_DIM * h for h in arch['num_heads']]
+    return type_name, dict(kwargs, arch=arch)
+
+
+def host_backbones():
+    """The backbones ``host`` times: mmpola's PVT-T and Swin-T layouts (Pola's and softmax), mmdet's, and
+    PVTv2-b2's softmax layout with timm's."""
+    return ('pola-pvt-t', 'softmax-pvt-t', 'pvt-t', 'pola-swin-t', 'softmax-swin-t', 'swin-t', 'softmax-pvtv2-b2',
+            'timm-pvt-v2-b2')
+
+
+def build_narrowed(name):
+    """The narrowed backbone ``name`` in train mode, with the Triton attention where it has one."""
+    type_name, kwargs = narrowed(name)
+    if type_name.startswith('timm:'):
+        import timm
+        model = timm.create_model(type_name[5:], pretrained=False, features_only=True, **kwargs)
+    else:
+        from get_flops import build_backbone
+        model = build_backbone(type_name, **kwargs)
+    if hasattr(model, 'set_attn_impl'):  # mmpola's backbones: what 'auto' runs on a GPU
+        model.set_attn_impl('triton')
+    model.train()
+    return model
+
+
+def python_calls(fn):
+    """The Python functions entered while ``fn`` runs (``sys.setprofile``'s call events)."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        count += event == 'call'
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(previous)
+    return count
+
+
+def bench_host(args, device):
+    """The table of ``host``: per backbone, the time of a narrowed training step on the CPU (min and median of
+    ``args.repeat`` after a warm-up), its Python calls, dispatched operators and Triton launches."""
+    from benchmark import backbone_pass, count_dispatched_ops, parse_size
+
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+    if device.type != 'cpu':
+        raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
+                         'prints the host time of each pass beside its time')
+    height, width = parse_size(args.size)
+    print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches |')
+    print('|---|---|---:|---:|---:|---:|---:|---:|')
+    for name in args.models:
+        model = build_narrowed(name)
+        image = torch.randn(args.batch, 3, height, width)
+        step = backbone_pass(model, image, backward=True, amp=args.amp)
+        with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+            for _ in range(args.warmup):
+                step()
+            times = []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - start)
+            calls = python_calls(step)
+            del launches[:]
+            ops = count_dispatched_ops(step)[0]
+        print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times):.2f} | '
+              f'{1e3 * statistics.median(times):.2f} | {calls} | {ops} | {len(launches)} |', flush=True)
+    print(f'\nOne training step (forward and backward of the sum of the outputs\' means, train mode) of each '
+          f'backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
+          f'{args.amp or "off"}; mmpola\'s backbones in a dry run for an H100 (their Triton launches recorded, not '
+          f'made; counted in the last column). host ms: the fastest of {args.repeat} steps after {args.warmup}; '
+          'Python calls: functions entered (sys.setprofile); ops: aten operators dispatched. The time is what the '
+          'host spends on the step where the device does the work (tools/benchmark_host.py).')
