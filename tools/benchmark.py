@@ -1242,6 +1242,9 @@ def parse_args(argv=None):
     host.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
     host.add_argument('--repeat', type=int, default=30)
     host.add_argument('--warmup', type=int, default=5)
+    host.add_argument('--compare-recompute', action='store_true',
+                      help="also time mmpola's backbones with the library's linear layers (MMPOLA_RECOMPUTE=torch), "
+                      'in turn with the other rows')
     kernel_options(host)
 
     amp = sub.add_parser('amp', help='autocast forward+backward of every full-size backbone: finite?')

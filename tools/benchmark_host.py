@@ -23,6 +23,8 @@ column). This command measures the host's share on a machine without a GPU:
 Python calls (functions entered, counted by ``sys.setprofile``) and dispatched operators are counts, the same
 on every machine; the times depend on the CPU's speed, so compare rows of one run.
 """
+import contextlib
+import os
 import statistics
 import sys
 import time
@@ -104,6 +106,23 @@ def python_calls(fn):
     return count
 
 
+@contextlib.contextmanager
+def _recompute(impl):
+    """``MMPOLA_RECOMPUTE`` set to ``impl`` inside (None: as it is)."""
+    if impl is None:
+        yield
+        return
+    previous = os.environ.get('MMPOLA_RECOMPUTE')
+    os.environ['MMPOLA_RECOMPUTE'] = impl
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ['MMPOLA_RECOMPUTE']
+        else:
+            os.environ['MMPOLA_RECOMPUTE'] = previous
+
+
 def bench_host(args, device):
     """The table of ``host``: per backbone, the time of a narrowed training step on the CPU (min and median of
     ``args.repeat`` after a warm-up), its Python calls, dispatched operators and Triton launches."""
@@ -114,28 +133,36 @@ def bench_host(args, device):
         raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
                          'prints the host time of each pass beside its time')
     height, width = parse_size(args.size)
+    rows = [(name, None) for name in args.models]
+    if args.compare_recompute:  # mmpola's backbones once more with the library's linear layers
+        rows += [(name, 'torch') for name in args.models if not narrowed(name)[0].startswith(('mmdet.', 'timm:'))]
+    steps = {row: backbone_pass(build_narrowed(row[0]), torch.randn(args.batch, 3, height, width), backward=True,
+                                amp=args.amp) for row in rows}
+    times = {row: [] for row in rows}
     print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches |')
     print('|---|---|---:|---:|---:|---:|---:|---:|')
-    for name in args.models:
-        model = build_narrowed(name)
-        image = torch.randn(args.batch, 3, height, width)
-        step = backbone_pass(model, image, backward=True, amp=args.amp)
-        with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
-            for _ in range(args.warmup):
-                step()
-            times = []
-            for _ in range(args.repeat):
-                start = time.perf_counter()
-                step()
-                times.append(time.perf_counter() - start)
-            calls = python_calls(step)
-            del launches[:]
-            ops = count_dispatched_ops(step)[0]
-        print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times):.2f} | '
-              f'{1e3 * statistics.median(times):.2f} | {calls} | {ops} | {len(launches)} |', flush=True)
+    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+        for row, step in steps.items():
+            with _recompute(row[1]):
+                for _ in range(args.warmup):
+                    step()
+        for _ in range(args.repeat):  # in turn: a slower moment of the machine falls on every row alike
+            for row, step in steps.items():
+                with _recompute(row[1]):
+                    start = time.perf_counter()
+                    step()
+                    times[row].append(time.perf_counter() - start)
+        for row, step in steps.items():
+            with _recompute(row[1]):
+                calls = python_calls(step)
+                del launches[:]
+                ops = count_dispatched_ops(step)[0]
+            name = row[0] + ('' if row[1] is None else f', MMPOLA_RECOMPUTE={row[1]}')
+            print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times[row]):.2f} | '
+                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {len(launches)} |')
     print(f'\nOne training step (forward and backward of the sum of the outputs\' means, train mode) of each '
           f'backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
           f'{args.amp or "off"}; mmpola\'s backbones in a dry run for an H100 (their Triton launches recorded, not '
-          f'made; counted in the last column). host ms: the fastest of {args.repeat} steps after {args.warmup}; '
-          'Python calls: functions entered (sys.setprofile); ops: aten operators dispatched. The time is what the '
-          'host spends on the step where the device does the work (tools/benchmark_host.py).')
+          f'made; counted in the last column). host ms: the fastest of {args.repeat} steps after {args.warmup} (the '
+          'rows\' steps in turn); Python calls: functions entered (sys.setprofile); ops: aten operators dispatched. '
+          'The time is what the host spends on the step where the device does the work (tools/benchmark_host.py).')

@@ -1,5 +1,6 @@
 """tools/benchmark.py takes its cases from the package's registries and tables: a registered
 implementation, op or preset appears without editing the tool (no timing is asserted)."""
+import os
 import re
 
 import pytest
@@ -497,19 +498,24 @@ def test_host_layouts_dispatch_what_the_full_backbones_do(name, monkeypatch):
     assert bool(counts[1][1]) == (not name.startswith(('pvt', 'swin', 'timm')))  # mmpola's backbones launch kernels
 
 
-def test_host_times_the_narrowed_steps_with_their_counts(capsys):
-    """One row per backbone: times, Python calls, operators and (mmpola's) Triton launches of a training step;
-    on a GPU it sends the user to `backbone`'s host column."""
-    BENCH.main(['host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '2', '--warmup', '1', '--no-memory'])
+def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
+    """One row per backbone: times, Python calls, operators and (mmpola's) Triton launches of a training step, the
+    rows timed in turn; --compare-recompute adds mmpola's backbones with the library's linear layers (fewer
+    launches, the environment's choice restored after); on a GPU it sends the user to `backbone`'s host column."""
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    BENCH.main(['host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '2', '--warmup', '1', '--no-memory',
+                '--compare-recompute'])
     out = capsys.readouterr().out
     assert '- threads: 1,' in out
     rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
-            for line in out.splitlines() if line.startswith(('| pola-pvt-t |', '| pvt-t |'))}
-    assert set(rows) == {'pola-pvt-t', 'pvt-t'}
+            for line in out.splitlines() if line.startswith(('| pola-pvt-t', '| pvt-t'))}
+    assert list(rows) == ['pola-pvt-t', 'pvt-t', 'pola-pvt-t, MMPOLA_RECOMPUTE=torch']
     for name, cells in rows.items():
         assert cells[1] == '64x96' and cells[2] == '1'
         assert 0 < float(cells[3]) <= float(cells[4])
         assert int(cells[5]) > 1000 and int(cells[6]) > 1000, cells
-    assert int(rows['pola-pvt-t'][7]) > 100 and rows['pvt-t'][7] == '0'
+    assert rows['pvt-t'][7] == '0'
+    assert 0 < int(rows['pola-pvt-t, MMPOLA_RECOMPUTE=torch'][7]) < int(rows['pola-pvt-t'][7])
+    assert os.environ['MMPOLA_RECOMPUTE'] == 'auto'
     with pytest.raises(SystemExit, match='backbone --device cuda'):
         HOST.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))
