@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
+from torch.nn.modules import module as torch_module
 
 from mmpola.ops import (
     add_layer_norm_linear,
@@ -263,7 +264,6 @@ def hooked(*modules):
     hooks (a module's own or global ones, as ``nn.Module.__call__`` looks for them; None counts as no module). A
     fused path that would not call such a module, or would change what it takes or returns, calls the modules as
     they are instead, so that the hooks run and see their usual tensors and gradients."""
-    from torch.nn.modules import module as torch_module
     if (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
             or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks):
         return any(module is not None for module in modules)
@@ -272,11 +272,10 @@ def hooked(*modules):
                for module in modules)
 
 
-def _fused(x, linear):
-    """Whether a linear layer's input made from ``x`` goes to the kernels of :mod:`mmpola.ops.recompute`:
-    ``linear`` is an ``nn.Linear`` without hooks and ``MMPOLA_RECOMPUTE`` resolves to ``'triton'`` for
-    x."""
-    return (type(linear) is nn.Linear and not hooked(linear)
+def _fused(x, *linears):
+    """Whether the input of linear layers made from ``x`` goes to the kernels of :mod:`mmpola.ops.recompute`:
+    ``linears`` are ``nn.Linear`` s without hooks and ``MMPOLA_RECOMPUTE`` resolves to ``'triton'`` for x."""
+    return (all(type(linear) is nn.Linear for linear in linears) and not hooked(*linears)
             and resolve_recompute_impl(recompute_impl(), x) == 'triton')
 
 
@@ -396,8 +395,7 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
     if not bias and isinstance(linear, tuple):
         raise ValueError('norm_linear leaves out the bias of a single linear layer only')
     biased = {layer.bias is not None and bias for layer in layers}
-    fused = (type(norm) is nn.LayerNorm and all(_fused(x, layer) for layer in layers) and len(biased) == 1
-             and _kernel_norm(norm))
+    fused = len(biased) == 1 and _kernel_norm(norm) and _fused(x, *layers)
     add_in_kernel = fused and branch is not None and _draws_factors(drop_path)
     if branch is not None and not add_in_kernel:
         x = x + (branch if drop_path is None else drop_path(branch))

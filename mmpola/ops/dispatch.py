@@ -332,17 +332,21 @@ def _warn_once(message):
         warnings.warn(message, stacklevel=3)
 
 
+_AUTOCAST_DEVICES = ('cuda', 'cpu')  # device types every build of torch has autocast for
+
+
 def autocast_dtype(device_type):
     """The dtype autocast runs in on ``device_type`` where it is on there, else None (also for device types
     autocast does not know, such as ``'meta'``)."""
-    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+    if device_type not in _AUTOCAST_DEVICES and not torch.amp.is_autocast_available(device_type):
         return None
-    return torch.get_autocast_dtype(device_type)
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 def autocast_off(device_type):
-    """A context in which autocast is off on ``device_type`` (nothing to do where autocast does not know it)."""
-    if not torch.amp.is_autocast_available(device_type):
+    """A context in which autocast is off on ``device_type`` (nothing to do where it is off already, or where
+    autocast does not know the device type)."""
+    if autocast_dtype(device_type) is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type, enabled=False)
 
