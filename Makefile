@@ -61,8 +61,8 @@ bench: setup
 	$(PY) tools/benchmark.py backbone
 	$(PY) tools/benchmark.py scaling
 	$(PY) tools/benchmark.py amp
-	$(PY) tools/benchmark.py host --no-memory --compare-recompute
-	$(PY) tools/benchmark.py host --no-memory --compare-recompute --amp bfloat16
+	$(PY) tools/benchmark.py host --compare-recompute
+	$(PY) tools/benchmark.py host --compare-recompute --amp bfloat16
 
 # One CUDA GPU, in the environment at hand (no set-up):
 #   make -k bench-gpu PY=python3
@@ -163,8 +163,7 @@ bench-gpu-quick:
 		--backward --amp bfloat16 --repeat 10
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
 		--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl torch
-	$(PY) tools/benchmark.py host --no-memory --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t \
-		--compare-recompute
+	$(PY) tools/benchmark.py host --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t --compare-recompute
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344

@@ -264,7 +264,7 @@ def environment_lines(args, device):
     if args.command == 'train':
         from benchmark_train import MEMORY_TEXT
         lines.append('peak memory: ' + MEMORY_TEXT[device.type])
-    else:
+    elif getattr(args, 'memory', True):
         lines.append('peak memory: ' + (CUDA_MEMORY_METHOD if device.type == 'cuda' else CPU_MEMORY_METHOD))
     return lines
 
@@ -1235,7 +1235,7 @@ def parse_args(argv=None):
     host = sub.add_parser('host', help="the host's time of a training step of each backbone, its compute taken out "
                           '(on the CPU: layouts narrowed, Triton launches recorded; tools/benchmark_host.py)')
     common(host)
-    host.set_defaults(threads=1)  # the host's code runs on one thread
+    host.set_defaults(threads=1, memory=False)  # the host's code runs on one thread; it measures no memory
     host.add_argument('--models', nargs='+', default=list(host_backbones()), choices=list(host_backbones()))
     host.add_argument('--size', default='64x96', help='S or HxW')
     host.add_argument('--batch', type=int, default=1)
