@@ -302,11 +302,10 @@ def key_bias_operand(function, k, key_bias):
     keys' own for the models' encodings, so no copy). None stays None."""
     if key_bias is None:
         return None
-    try:
-        broadcastable = torch.broadcast_shapes(key_bias.shape, k.shape) == k.shape
-    except RuntimeError:
-        broadcastable = False
-    if not broadcastable:
+    # broadcastable to k (as torch.broadcast_shapes(key_bias.shape, k.shape) == k.shape, without its symbolic
+    # shape machinery: the Triton implementations take concrete shapes only)
+    if key_bias.dim() > k.dim() or any(size not in (1, full) for size, full in zip(reversed(key_bias.shape),
+                                                                                    reversed(k.shape))):
         raise ValueError(f'{function} takes key_bias broadcastable to the keys {tuple(k.shape)}; got shape '
                          f'{tuple(key_bias.shape)}')
     key_bias = key_bias.to(torch.result_type(k, key_bias))

@@ -15,7 +15,7 @@ from mmpola.ops import (
     recompute_impl,
     register_attention_impl,
 )
-from mmpola.ops.dispatch import AttnImplUnavailable, autocast_dtype, autocast_off
+from mmpola.ops.dispatch import AttnImplUnavailable, autocast_dtype, autocast_off, key_bias_operand
 from tests.fixtures.ops import max_scaled_error, op_tables_restored
 
 # every implementation of every op; the inputs come from the op (its example_inputs)
@@ -254,3 +254,23 @@ def test_autocast_helpers_know_device_types_without_autocast():
         assert autocast_dtype('meta') is None
         with autocast_off('meta'):
             assert autocast_dtype('cpu') == torch.bfloat16
+
+
+@pytest.mark.parametrize('shape', [(1, 2, 5, 4), (3, 1, 5, 4), (5, 4), (4, ), (1, 1, 1, 1), (3, 2, 5, 4), (2, 5, 1),
+                                   (2, 5, 3), (1, 3, 2, 5, 4), (3, 2, 1, 5, 4), (2, 4), (6, 4)])
+def test_a_key_bias_is_taken_where_torch_broadcasts_it_to_the_keys(shape):
+    """key_bias_operand takes a bias exactly where torch.broadcast_shapes gives the keys' shape, with the keys'
+    number of dims; else one ValueError naming the op and both shapes."""
+    k = torch.zeros(3, 2, 5, 4)
+    bias = torch.ones(shape)
+    try:
+        expected = torch.broadcast_shapes(bias.shape, k.shape) == k.shape
+    except RuntimeError:
+        expected = False
+    if expected:
+        operand = key_bias_operand('pola_attention', k, bias)
+        assert operand.dim() == k.dim() and torch.equal(operand.expand_as(k), bias.expand_as(k))
+    else:
+        with pytest.raises(ValueError, match=r'pola_attention takes key_bias broadcastable to the keys \(3, 2, 5, 4\); '
+                           rf'got shape \({", ".join(map(str, shape))},?\)'):
+            key_bias_operand('pola_attention', k, bias)
