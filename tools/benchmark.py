@@ -78,6 +78,7 @@ import json
 import os
 import os.path as osp
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -907,6 +908,53 @@ def bench_ops(args, device):
         print_roofline(peaks, tops, args.top)
 
 
+def bench_host(args, device):
+    """The host's time of a training step of each backbone, its compute taken out (tools/benchmark_host.py): a
+    narrowed layout's step on the CPU (min and median of ``args.repeat`` after a warm-up, the rows in turn), its
+    Python calls, dispatched operators and Triton launches."""
+    from benchmark_host import HEAD_DIM, build_narrowed, python_calls, recompute_impl_set
+
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+    if device.type != 'cpu':
+        raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
+                         'prints the host time of each pass beside its time')
+    height, width = parse_size(args.size)
+    specs = all_backbones()
+    rows = [(name, None) for name in args.models]
+    if args.compare_recompute:  # mmpola's backbones once more with the library's linear layers
+        rows += [(name, 'torch') for name in args.models if not specs[name][0].startswith(('mmdet.', 'timm:'))]
+    steps = {row: backbone_pass(build_narrowed(*specs[row[0]]), torch.randn(args.batch, 3, height, width),
+                                backward=True, amp=args.amp) for row in rows}
+    times = {row: [] for row in rows}
+    print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches |')
+    print('|---|---|---:|---:|---:|---:|---:|---:|')
+    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+        for row, step in steps.items():
+            with recompute_impl_set(row[1]):
+                for _ in range(args.warmup):
+                    step()
+        for _ in range(args.repeat):  # in turn: a slower moment of the machine falls on every row alike
+            for row, step in steps.items():
+                with recompute_impl_set(row[1]):
+                    start = time.perf_counter()
+                    step()
+                    times[row].append(time.perf_counter() - start)
+        for row, step in steps.items():
+            with recompute_impl_set(row[1]):
+                calls = python_calls(step)
+                del launches[:]
+                ops = count_dispatched_ops(step)[0]
+            name = row[0] + ('' if row[1] is None else f', MMPOLA_RECOMPUTE={row[1]}')
+            print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times[row]):.2f} | '
+                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {len(launches)} |')
+    print(f'\nOne training step (forward and backward of the sum of the outputs\' means, train mode) of each '
+          f'backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
+          f'{args.amp or "off"}; mmpola\'s backbones in a dry run for an H100 (their Triton launches recorded, not '
+          f'made; counted in the last column). host ms: the fastest of {args.repeat} steps after {args.warmup} (the '
+          'rows\' steps in turn); Python calls: functions entered (sys.setprofile); ops: aten operators dispatched. '
+          'The time is what the host spends on the step where the device does the work (tools/benchmark_host.py).')
+
+
 def print_roofline(peaks, tops, count):
     """What the roofline columns mean, and each pass's ``count`` kinds of kernel with the largest bound."""
     print(f'\nRoofline bound on {peaks.name} ({peaks.half_flops / 1e12:.0f} TFLOP/s fp16/bf16 dense, '
@@ -1231,12 +1279,12 @@ def parse_args(argv=None):
     kernel_options(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 
-    from benchmark_host import host_backbones
+    from benchmark_host import HOST_BACKBONES
     host = sub.add_parser('host', help="the host's time of a training step of each backbone, its compute taken out "
                           '(on the CPU: layouts narrowed, Triton launches recorded; tools/benchmark_host.py)')
     common(host)
     host.set_defaults(threads=1, memory=False)  # the host's code runs on one thread; it measures no memory
-    host.add_argument('--models', nargs='+', default=list(host_backbones()), choices=list(host_backbones()))
+    host.add_argument('--models', nargs='+', default=list(HOST_BACKBONES), choices=list(HOST_BACKBONES))
     host.add_argument('--size', default='64x96', help='S or HxW')
     host.add_argument('--batch', type=int, default=1)
     host.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
@@ -1341,12 +1389,8 @@ def main(argv=None):
         from benchmark_train import bench_train
         bench_train(args, device)
         return
-    if args.command == 'host':
-        from benchmark_host import bench_host
-        bench_host(args, device)
-        return
     {'attention': bench_attention, 'backbone': bench_backbone, 'scaling': bench_scaling, 'ops': bench_ops,
-     'amp': bench_amp, 'layers': bench_layers}[args.command](args, device)
+     'amp': bench_amp, 'layers': bench_layers, 'host': bench_host}[args.command](args, device)
 
 
 if __name__ == '__main__':

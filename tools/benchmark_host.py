@@ -1,5 +1,5 @@
-"""``python tools/benchmark.py host``: the host's time of a backbone's training step, its compute taken out
-(this module holds it; run it through tools/benchmark.py).
+"""What ``python tools/benchmark.py host`` builds and counts: the host's time of a backbone's training step, its
+compute taken out (the command's loop and table are in tools/benchmark.py).
 
 Where a GPU runs a step faster than its Python code and the operators' dispatch can queue the step's kernels,
 the host sets the pace: every operator, autograd node, custom Function and Triton launch costs microseconds of
@@ -25,11 +25,7 @@ on every machine; the times depend on the CPU's speed, so compare rows of one ru
 """
 import contextlib
 import os
-import statistics
 import sys
-import time
-
-import torch
 
 HEAD_DIM = 16  # the Triton attention kernels' smallest head dim
 
@@ -37,16 +33,14 @@ HEAD_DIM = 16  # the Triton attention kernels' smallest head dim
 _TIMM_HEADS = {'pvt_v2_b2': (1, 2, 5, 8)}
 
 
-def narrowed(name):
-    """(registered type, build kwargs) of backbone ``name`` of ``benchmark.all_backbones()`` narrowed to
-    ``HEAD_DIM`` channels per head (module docstring)."""
-    from benchmark import all_backbones
-    type_name, kwargs = all_backbones()[name]
+def narrowed(type_name, kwargs):
+    """(type, build kwargs) of a backbone of ``benchmark.all_backbones()`` (its registered type and build kwargs)
+    narrowed to ``HEAD_DIM`` channels per head (module docstring)."""
     kwargs = dict(kwargs)
     if type_name.startswith('timm:'):
         heads = _TIMM_HEADS.get(type_name[5:])
         if heads is None:
-            raise ValueError(f'no narrowed layout of {type_name}; host times {", ".join(host_backbones())}')
+            raise ValueError(f'no narrowed layout of {type_name}')
         kwargs.update(embed_dims=[HEAD_DIM * h for h in heads], num_heads=heads)
         return type_name, kwargs
     if type_name == 'mmdet.PyramidVisionTransformer':  # stage i has embed_dims * num_heads[i] channels
@@ -67,16 +61,15 @@ def narrowed(name):
     return type_name, dict(kwargs, arch=arch)
 
 
-def host_backbones():
-    """The backbones ``host`` times: mmpola's PVT-T and Swin-T layouts (Pola's and softmax), mmdet's, and
-    PVTv2-b2's softmax layout with timm's."""
-    return ('pola-pvt-t', 'softmax-pvt-t', 'pvt-t', 'pola-swin-t', 'softmax-swin-t', 'swin-t', 'softmax-pvtv2-b2',
-            'timm-pvt-v2-b2')
+# the backbones host times: mmpola's PVT-T and Swin-T layouts (Pola's and softmax), mmdet's, and PVTv2-b2's softmax
+# layout with timm's
+HOST_BACKBONES = ('pola-pvt-t', 'softmax-pvt-t', 'pvt-t', 'pola-swin-t', 'softmax-swin-t', 'swin-t', 'softmax-pvtv2-b2',
+                  'timm-pvt-v2-b2')
 
 
-def build_narrowed(name):
-    """The narrowed backbone ``name`` in train mode, with the Triton attention where it has one."""
-    type_name, kwargs = narrowed(name)
+def build_narrowed(type_name, kwargs):
+    """The narrowed backbone (:func:`narrowed`) in train mode, with the Triton attention where it has one."""
+    type_name, kwargs = narrowed(type_name, kwargs)
     if type_name.startswith('timm:'):
         import timm
         model = timm.create_model(type_name[5:], pretrained=False, features_only=True, **kwargs)
@@ -107,7 +100,7 @@ def python_calls(fn):
 
 
 @contextlib.contextmanager
-def _recompute(impl):
+def recompute_impl_set(impl):
     """``MMPOLA_RECOMPUTE`` set to ``impl`` inside (None: as it is)."""
     if impl is None:
         yield
@@ -121,48 +114,3 @@ def _recompute(impl):
             del os.environ['MMPOLA_RECOMPUTE']
         else:
             os.environ['MMPOLA_RECOMPUTE'] = previous
-
-
-def bench_host(args, device):
-    """The table of ``host``: per backbone, the time of a narrowed training step on the CPU (min and median of
-    ``args.repeat`` after a warm-up), its Python calls, dispatched operators and Triton launches."""
-    from benchmark import backbone_pass, count_dispatched_ops, parse_size
-
-    from mmpola.ops.triton_support import KernelTarget, dry_run
-    if device.type != 'cpu':
-        raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
-                         'prints the host time of each pass beside its time')
-    height, width = parse_size(args.size)
-    rows = [(name, None) for name in args.models]
-    if args.compare_recompute:  # mmpola's backbones once more with the library's linear layers
-        rows += [(name, 'torch') for name in args.models if not narrowed(name)[0].startswith(('mmdet.', 'timm:'))]
-    steps = {row: backbone_pass(build_narrowed(row[0]), torch.randn(args.batch, 3, height, width), backward=True,
-                                amp=args.amp) for row in rows}
-    times = {row: [] for row in rows}
-    print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches |')
-    print('|---|---|---:|---:|---:|---:|---:|---:|')
-    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
-        for row, step in steps.items():
-            with _recompute(row[1]):
-                for _ in range(args.warmup):
-                    step()
-        for _ in range(args.repeat):  # in turn: a slower moment of the machine falls on every row alike
-            for row, step in steps.items():
-                with _recompute(row[1]):
-                    start = time.perf_counter()
-                    step()
-                    times[row].append(time.perf_counter() - start)
-        for row, step in steps.items():
-            with _recompute(row[1]):
-                calls = python_calls(step)
-                del launches[:]
-                ops = count_dispatched_ops(step)[0]
-            name = row[0] + ('' if row[1] is None else f', MMPOLA_RECOMPUTE={row[1]}')
-            print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times[row]):.2f} | '
-                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {len(launches)} |')
-    print(f'\nOne training step (forward and backward of the sum of the outputs\' means, train mode) of each '
-          f'backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
-          f'{args.amp or "off"}; mmpola\'s backbones in a dry run for an H100 (their Triton launches recorded, not '
-          f'made; counted in the last column). host ms: the fastest of {args.repeat} steps after {args.warmup} (the '
-          'rows\' steps in turn); Python calls: functions entered (sys.setprofile); ops: aten operators dispatched. '
-          'The time is what the host spends on the step where the device does the work (tools/benchmark_host.py).')

@@ -460,7 +460,7 @@ def test_every_benchmark_command_of_the_makefile_parses():
 HOST = load_tool('benchmark_host')
 
 
-@pytest.mark.parametrize('name', HOST.host_backbones())
+@pytest.mark.parametrize('name', HOST.HOST_BACKBONES)
 def test_host_layouts_dispatch_what_the_full_backbones_do(name, monkeypatch):
     """`host` narrows each backbone to 16 channels per head: the same operators (kinds and counts) and Triton
     launches as the full backbone in a training step, at a size of the full model's and under autocast."""
@@ -480,7 +480,7 @@ def test_host_layouts_dispatch_what_the_full_backbones_do(name, monkeypatch):
             self.names.append(func.__name__)
             return func(*args, **(kwargs or {}))
 
-    narrow = HOST.build_narrowed(name)
+    narrow = HOST.build_narrowed(*BENCH.all_backbones()[name])
     full = BENCH.build_named_backbone(name, 'triton')
     full.train()
     assert sum(p.numel() for p in narrow.parameters()) < sum(p.numel() for p in full.parameters()) / 3
@@ -517,4 +517,4 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
     assert 0 < int(rows['pola-pvt-t, MMPOLA_RECOMPUTE=torch'][7]) < int(rows['pola-pvt-t'][7])
     assert os.environ['MMPOLA_RECOMPUTE'] == 'auto'
     with pytest.raises(SystemExit, match='backbone --device cuda'):
-        HOST.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))
+        BENCH.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))
