@@ -139,6 +139,8 @@ bench-gpu-train:
 		--profile work_dirs/benchmark_profile
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --dwconv-impl torch
+	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
+		--warmup 20 --recompute-impl torch
 
 # The rows that decide the targets of docs/benchmarks.md first, for a short turn on a GPU (meant for about ten
 # minutes on a fresh machine, with mmcv building meanwhile): make -k bench-gpu-quick PY=python3 (no mmcv
@@ -171,3 +173,5 @@ bench-gpu-quick:
 bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
 		--profile work_dirs/benchmark_profile
+	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
+		--warmup 20 --recompute-impl torch

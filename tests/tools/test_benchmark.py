@@ -460,10 +460,11 @@ def test_every_benchmark_command_of_the_makefile_parses():
 HOST = load_tool('benchmark_host')
 
 
+@pytest.mark.parametrize('amp', [None, 'bfloat16'])
 @pytest.mark.parametrize('name', HOST.HOST_BACKBONES)
-def test_host_layouts_dispatch_what_the_full_backbones_do(name, monkeypatch):
+def test_host_layouts_dispatch_what_the_full_backbones_do(name, amp, monkeypatch):
     """`host` narrows each backbone to 16 channels per head: the same operators (kinds and counts) and Triton
-    launches as the full backbone in a training step, at a size of the full model's and under autocast."""
+    launches as the full backbone in a training step, at the same size, in float32 and under autocast."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from mmpola.ops.triton_support import KernelTarget, dry_run
@@ -486,7 +487,7 @@ def test_host_layouts_dispatch_what_the_full_backbones_do(name, monkeypatch):
     assert sum(p.numel() for p in narrow.parameters()) < sum(p.numel() for p in full.parameters()) / 3
     counts = []
     for model in (full, narrow):
-        step = BENCH.backbone_pass(model, torch.randn(1, 3, 64, 96), backward=True, amp='bfloat16')
+        step = BENCH.backbone_pass(model, torch.randn(1, 3, 64, 96), backward=True, amp=amp)
         with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
             step()
             del launches[:]
