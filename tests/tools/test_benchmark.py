@@ -504,7 +504,11 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
     rows timed in turn; --compare-recompute adds mmpola's backbones with the library's linear layers (fewer
     launches, the environment's choice restored after); on a GPU it sends the user to `backbone`'s host column."""
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
-    BENCH.main(['host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '2', '--warmup', '1', '--compare-recompute'])
+    threads = torch.get_num_threads()
+    try:
+        BENCH.main(['host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '2', '--warmup', '1', '--compare-recompute'])
+    finally:
+        torch.set_num_threads(threads)  # host runs on one thread; the tests after it keep theirs
     out = capsys.readouterr().out
     assert '- threads: 1,' in out and 'peak memory' not in out  # one thread; no memory measured
     rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
