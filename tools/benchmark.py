@@ -792,6 +792,12 @@ def _launches_recorded(attn_impl, device):
     not the interpreter's); elsewhere an empty list (launches on a GPU are not counted apart)."""
     if attn_impl != 'triton' or device.type != 'cpu':
         return contextlib.nullcontext([])
+    return h100_dry_run()
+
+
+def h100_dry_run():
+    """mmpola.ops.triton_support.dry_run for an H100 (sm_90, 132 multiprocessors, 227 KiB of shared memory a
+    block): a context yielding the list of the Triton launches made inside, recorded instead of made."""
     from mmpola.ops.triton_support import KernelTarget, dry_run
     return dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024))
 
@@ -913,8 +919,6 @@ def bench_host(args, device):
     narrowed layout's step on the CPU (min and median of ``args.repeat`` after a warm-up, the rows in turn), its
     Python calls, dispatched operators and Triton launches."""
     from benchmark_host import HEAD_DIM, build_narrowed, python_calls, recompute_impl_set
-
-    from mmpola.ops.triton_support import KernelTarget, dry_run
     if device.type != 'cpu':
         raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
                          'prints the host time of each pass beside its time')
@@ -928,7 +932,7 @@ def bench_host(args, device):
     times = {row: [] for row in rows}
     print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches |')
     print('|---|---|---:|---:|---:|---:|---:|---:|')
-    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+    with h100_dry_run() as launches:
         for row, step in steps.items():
             with recompute_impl_set(row[1]):
                 for _ in range(args.warmup):

@@ -26,6 +26,7 @@ on every machine; the times depend on the CPU's speed, so compare rows of one ru
 import contextlib
 import os
 import sys
+from unittest import mock
 
 HEAD_DIM = 16  # the Triton attention kernels' smallest head dim
 
@@ -99,18 +100,6 @@ def python_calls(fn):
     return count
 
 
-@contextlib.contextmanager
 def recompute_impl_set(impl):
-    """``MMPOLA_RECOMPUTE`` set to ``impl`` inside (None: as it is)."""
-    if impl is None:
-        yield
-        return
-    previous = os.environ.get('MMPOLA_RECOMPUTE')
-    os.environ['MMPOLA_RECOMPUTE'] = impl
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ['MMPOLA_RECOMPUTE']
-        else:
-            os.environ['MMPOLA_RECOMPUTE'] = previous
+    """A context with ``MMPOLA_RECOMPUTE`` set to ``impl`` (None: as it is), restored after."""
+    return contextlib.nullcontext() if impl is None else mock.patch.dict(os.environ, MMPOLA_RECOMPUTE=impl)

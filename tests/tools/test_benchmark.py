@@ -466,8 +466,6 @@ def test_host_layouts_dispatch_what_the_full_backbones_do(name, amp, monkeypatch
     """`host` narrows each backbone to 16 channels per head: the same operators (kinds and counts) and Triton
     launches as the full backbone in a training step, at the same size, in float32 and under autocast."""
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    from mmpola.ops.triton_support import KernelTarget, dry_run
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
 
@@ -488,7 +486,7 @@ def test_host_layouts_dispatch_what_the_full_backbones_do(name, amp, monkeypatch
     counts = []
     for model in (full, narrow):
         step = BENCH.backbone_pass(model, torch.randn(1, 3, 64, 96), backward=True, amp=amp)
-        with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+        with BENCH.h100_dry_run() as launches:
             step()
             del launches[:]
             with Names() as names:
