@@ -1,8 +1,8 @@
 """mmpola's registries.
 
-The backbones, classifiers, hooks, transforms and metrics register in the ``mmpola``-scope registries
-below, each a child of mmengine's root registry of its kind; a registration there is made in the root
-registry too (:class:`ScopedRegistry`). So configs find them by their plain names (``type='PolaPVT'``)
+The backbones, classifiers, hooks, transforms, metrics, the optimizer wrapper and its constructor register in the
+``mmpola``-scope registries below, each a child of mmengine's root registry of its kind; a registration there is
+made in the root registry too (:class:`ScopedRegistry`). So configs find them by their plain names (``type='PolaPVT'``)
 from every library's default scope (mmdet, mmseg, mmpretrain look in their registry, then the root),
 and by the scoped name (``type='mmpola.SafeCheckpointHook'``) from every scope, mmpola's own included:
 mmengine gives the dicts of a config inherited through ``mmpola::`` the scope ``mmpola``, and looks a
@@ -21,12 +21,13 @@ from mmengine.registry import DATASETS as MMENGINE_DATASETS
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import METRICS as MMENGINE_METRICS
 from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.registry import OPTIM_WRAPPERS as MMENGINE_OPTIM_WRAPPERS
 from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
 __all__ = ['ScopedRegistry', 'MODELS', 'HOOKS', 'TRANSFORMS', 'METRICS', 'DATASETS', 'DATA_SAMPLERS', 'OPTIM_WRAPPERS',
-           'ATTENTIONS', 'ARCHITECTURES', 'CLASSIFICATION_HEADS']
+           'OPTIM_WRAPPER_CONSTRUCTORS', 'ATTENTIONS', 'ARCHITECTURES', 'CLASSIFICATION_HEADS']
 
 
 class ScopedRegistry(Registry):
@@ -45,6 +46,8 @@ METRICS = ScopedRegistry('metric', parent=MMENGINE_METRICS, scope='mmpola', loca
 DATASETS = ScopedRegistry('dataset', parent=MMENGINE_DATASETS, scope='mmpola', locations=['mmpola'])
 DATA_SAMPLERS = ScopedRegistry('data sampler', parent=MMENGINE_DATA_SAMPLERS, scope='mmpola', locations=['mmpola'])
 OPTIM_WRAPPERS = ScopedRegistry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope='mmpola', locations=['mmpola'])
+OPTIM_WRAPPER_CONSTRUCTORS = ScopedRegistry('optimizer wrapper constructor', parent=MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS,
+                                            scope='mmpola', locations=['mmpola'])
 
 # attention modules of the backbone stages, by short name; see mmpola.models.attention
 ATTENTIONS = Registry('attention', scope='mmpola', locations=['mmpola'])

@@ -1,6 +1,6 @@
 """What mmpola adds to a training or test run, one module per concept.
 
-Hooks and the optimizer wrapper (registered on import; the shipped configs name them, so a run
+Hooks, the optimizer wrapper and its constructor (registered on import; the shipped configs name them, so a run
 started with mmdet's or mmseg's own tools gets them too):
 
 * :mod:`.saving`: :class:`SafeCheckpointHook` (atomic checkpoint saves, a checkpoint on SIGTERM),
@@ -15,6 +15,8 @@ started with mmdet's or mmseg's own tools gets them too):
   mmseg's folder of maps, written atomically, its path checked first);
 * :mod:`.workdir`: :class:`WorkDirHook` (a work dir deleted during the run recreated before the next write);
 * :mod:`.amp`: :class:`BF16AmpOptimWrapper` (bf16 mixed precision on the CPU and with fp32-only kernels);
+* :mod:`.param_groups`: :class:`MergedGroupsOptimWrapperConstructor` (parameter groups of equal options merged:
+  the optimizer steps a few groups instead of one per parameter);
 * :mod:`.initial_evaluation`: :class:`InitialEvaluationHook` (the untrained model's evaluation, before
   training; the demos add it).
 
@@ -51,6 +53,7 @@ from .initial_evaluation import InitialEvaluationHook
 from .launch import adapt_cfg_to_machine, check_device, init_distributed, replace_sync_bn, setup_amp
 from .nonfinite_loss import NonFiniteLossError, NonFiniteLossHook
 from .nonfinite_pixels import NonFinitePixelsError, NonFinitePixelsHook
+from .param_groups import MergedGroupsOptimWrapperConstructor
 from .preflight import run_preflight
 from .preflight.files import check_data_files, check_dataset_images
 from .random_state import RandomStateHook
@@ -64,7 +67,7 @@ __all__ = [
     # hooks and the optimizer wrapper
     'SafeCheckpointHook', 'RandomStateHook', 'NonFiniteLossHook', 'NonFinitePixelsHook', 'CheckpointFitHook',
     'InitialEvaluationHook',
-    'BF16AmpOptimWrapper', 'autocast_module',
+    'BF16AmpOptimWrapper', 'autocast_module', 'MergedGroupsOptimWrapperConstructor',
     # errors of the run
     'CheckpointSaveError', 'ResultsSaveError', 'TrainingInterrupted', 'NonFiniteLossError', 'NonFinitePixelsError',
     'WorkDirInUseError', 'WorkDirHook',

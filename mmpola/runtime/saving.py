@@ -41,6 +41,7 @@ from mmpola.errors import MMPolaUserError
 from mmpola.registry import HOOKS
 
 from .atomic_files import fsync_dir, fsync_file, is_part_file, part_name, write_text_atomic
+from .param_groups import merge_saved_param_groups
 from .resume import EPOCH_BATCHES_DONE, LAST_CHECKPOINT, choose_resume_checkpoint, lr_change_note
 from .signals import StopSignals, TrainingInterrupted, ignore_stop_signals_in_workers, workers_may_end
 
@@ -114,9 +115,14 @@ class SafeCheckpointHook(CheckpointHook):
         choose_resume_checkpoint(runner)
 
     def after_load_checkpoint(self, runner, checkpoint):
-        """A resume after the config's lr changed: the checkpoint's lr wins; said once (see lr_change_note)."""
+        """On a resume: a checkpoint with one optimizer parameter group per parameter merged into the run's
+        groups (merge_saved_param_groups), and a config's changed lr said once: the checkpoint's wins
+        (lr_change_note)."""
         if getattr(runner, '_resume', False):
             optimizer = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
+            merged = merge_saved_param_groups(checkpoint, optimizer)
+            if merged is not None:
+                runner.logger.info(merged)
             from mmengine.runner.checkpoint import find_latest_checkpoint
             filename = getattr(runner, '_load_from', None) or find_latest_checkpoint(runner.work_dir)
             note = lr_change_note(optimizer, checkpoint, filename or 'the checkpoint')
