@@ -13,7 +13,9 @@ train_dataloader = dict(batch_size=64)
 # cfgs/pola_b5.yaml: lr 2e-5 (per 512), weight decay 1e-8, 1 warm-up epoch from 5e-7, cosine to 5e-6 (per
 # 512) at epoch 300, then 5 cool-down epochs at the minimum; no gradient clipping
 base_lr = 2e-5
-optim_wrapper = dict(_delete_=True, type='OptimWrapper',
+# the optimizer steps the parameter groups of equal options as one group, not one group per parameter
+# (mmpola.runtime.param_groups: the same updates)
+optim_wrapper = dict(_delete_=True, type='OptimWrapper', constructor='mmpola.MergedGroupsOptimWrapperConstructor',
                      optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-8),
                      paramwise_cfg=dict(flat_decay_mult=0.0, custom_keys={
                          'relative_position_bias_table': dict(decay_mult=0.0),

@@ -91,9 +91,12 @@ max_epochs = 6
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 # AdamW lr 4e-4 (from scratch), weight decay 1e-4 except on norms, position parameters and Pola's
 # exponent / temperature logits (this demo's own choice; the COCO recipe decays every parameter)
+# the optimizer steps the parameter groups of equal options as one group, not one group per parameter
+# (mmpola.runtime.param_groups: the same updates)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
+    constructor='mmpola.MergedGroupsOptimWrapperConstructor',
     optimizer=dict(type='AdamW', lr=4e-4, betas=(0.9, 0.999), weight_decay=1e-4),
     paramwise_cfg=dict(custom_keys={key: dict(decay_mult=0.) for key in (
         'norm', 'pos_embed', 'positional_encoding', 'relative_position_bias_table', 'attn.power', 'attn.scale')}))

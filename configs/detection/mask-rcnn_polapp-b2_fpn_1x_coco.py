@@ -32,6 +32,10 @@ param_scheduler = [
     dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
 ]
 
+# mmdet's Swin recipe gives every parameter an optimizer group of its own (its paramwise_cfg); this
+# constructor merges those of equal options: the same updates in a few groups (mmpola.runtime.param_groups)
+optim_wrapper = dict(constructor='mmpola.MergedGroupsOptimWrapperConstructor')
+
 # training images loaded by mmpola's LoadCheckedImage: mmcv's LoadImageFromFile that refuses a JPEG whose
 # body is damaged, naming the file (mmpola/datasets/decoding.py)
 train_pipeline = [dict(_base_.train_pipeline[0], type='LoadCheckedImage'), *_base_.train_pipeline[1:]]

@@ -29,9 +29,12 @@ model = dict(
     backbone=dict(_base_.pop('backbone'), _delete_=True, drop_path_rate=0.2, out_indices=(1, 2, 3)),
     neck=dict(in_channels=_base_.pop('backbone_out_channels')[1:], start_level=0, num_outs=5))
 
+# the optimizer steps the parameter groups of equal options as one group, not one group per parameter
+# (mmpola.runtime.param_groups: the same updates)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
+    constructor='mmpola.MergedGroupsOptimWrapperConstructor',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
     paramwise_cfg=dict(custom_keys={
         'absolute_pos_embed': dict(decay_mult=0.),

@@ -59,6 +59,9 @@ def test_weight_decay_groups_follow_the_official_set():
         param = model.get_parameter(name)
         assert wd == (0 if param.ndim == 1 or 'relative_position_bias_table' in name else 0.05), name
     assert any('attn.power' in n for n in decay) and any('positional_encoding' in n for n in decay)
+    # one group per set of options (mmpola.runtime.param_groups): decayed, 1-D, and the custom key's (which
+    # also holds its decay_mult)
+    assert len(optim.optimizer.param_groups) == 3
 
 
 # the FLatten / InLine recipes of the PVT and Swin sizes, which have a Pola recipe of the same size (PVTv2,

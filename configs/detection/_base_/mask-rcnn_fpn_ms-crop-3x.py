@@ -24,6 +24,10 @@ test_pipeline = [_base_.test_pipeline[0], dict(type='CheckImage'), *_base_.test_
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
+# mmdet's Swin recipe gives every parameter an optimizer group of its own (its paramwise_cfg); this
+# constructor merges those of equal options: the same updates in a few groups (mmpola.runtime.param_groups)
+optim_wrapper = dict(constructor='mmpola.MergedGroupsOptimWrapperConstructor')
+
 _base_.pop('pretrained')  # mmdet's Swin checkpoint URL: not the task config's weights
 
 param_scheduler = [

@@ -36,9 +36,12 @@ model = dict(
     auxiliary_head=dict(num_classes=150),
     test_cfg=dict(mode='whole'))
 
+# the optimizer steps the parameter groups of equal options as one group, not one group per parameter
+# (mmpola.runtime.param_groups: the same updates)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
+    constructor='mmpola.MergedGroupsOptimWrapperConstructor',
     optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
     paramwise_cfg=dict(custom_keys={
         'absolute_pos_embed': dict(decay_mult=0.),

@@ -21,8 +21,11 @@ warmup_epochs = 5
 cosine_epochs = 300
 max_epochs = 310
 
+# the optimizer steps the parameter groups of equal options as one group, not one group per parameter
+# (mmpola.runtime.param_groups: the same updates)
 optim_wrapper = dict(
     type='OptimWrapper',
+    constructor='mmpola.MergedGroupsOptimWrapperConstructor',
     optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.05),
     paramwise_cfg=dict(
         flat_decay_mult=0.0,

@@ -1,0 +1,14 @@
+"""Every shipped config whose optimizer has a ``paramwise_cfg`` (mmengine's default constructor would give each
+parameter a group of its own) builds it with mmpola.runtime.param_groups' merging constructor."""
+import pytest
+
+from tests.fixtures.recipes import load, shipped_configs
+
+MERGED = 'mmpola.MergedGroupsOptimWrapperConstructor'
+
+
+@pytest.mark.parametrize('config', shipped_configs())
+def test_paramwise_optimizers_merge_their_groups(config):
+    wrapper = load(config).get('optim_wrapper', {})
+    if wrapper.get('paramwise_cfg'):
+        assert wrapper.get('constructor') == MERGED, f'{config}: optim_wrapper.constructor is not {MERGED}'
