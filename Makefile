@@ -56,6 +56,10 @@ docs-figures: setup
 check-kernels: setup
 	$(PY) tools/check_triton_kernels.py --jobs 4
 
+# the configs whose optimizer steps docs/benchmarks.md compares (mmengine's default constructor vs mmpola's)
+OPTIM_CONFIGS = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py \
+	mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py configs/segmentation/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py \
+	configs/classification/pola-swin-t_8xb128_in1k.py configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py
 bench: setup
 	$(PY) tools/benchmark.py attention
 	$(PY) tools/benchmark.py backbone
@@ -63,6 +67,7 @@ bench: setup
 	$(PY) tools/benchmark.py amp
 	$(PY) tools/benchmark.py host --compare-recompute
 	$(PY) tools/benchmark.py host --compare-recompute --amp bfloat16
+	$(PY) tools/benchmark.py optim $(OPTIM_CONFIGS)
 
 # One CUDA GPU, in the environment at hand (no set-up):
 #   make -k bench-gpu PY=python3

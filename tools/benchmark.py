@@ -959,6 +959,42 @@ def bench_host(args, device):
           'The time is what the host spends on the step where the device does the work (tools/benchmark_host.py).')
 
 
+def bench_optim(args, device):
+    """The host's time of an optimizer step with the parameter groups that each config's optim_wrapper makes for
+    its model, built by mmengine's default constructor and by mmpola's merging one
+    (tools/benchmark_train.py: ``narrowed_optimizer``), the rows timed in turn."""
+    from benchmark_host import python_calls
+    from benchmark_train import DEFAULT_CONSTRUCTOR, MERGED_CONSTRUCTOR, config_label, narrowed_optimizer
+    if device.type != 'cpu':
+        raise SystemExit("optim measures the host's share of the optimizer's step on the CPU; on a GPU, `train "
+                         "--profile` times the optimizer step of whole iterations")
+    rows = []
+    for spec in args.configs:
+        for constructor in (DEFAULT_CONSTRUCTOR, MERGED_CONSTRUCTOR):
+            optimizer, groups, tensors = narrowed_optimizer(spec, constructor)
+            rows.append(dict(name=f'{config_label(spec)} | {constructor.split(".")[-1]}', step=optimizer.step,
+                             groups=groups, tensors=tensors, times=[]))
+    for row in rows:
+        for _ in range(args.warmup):
+            row['step']()
+    for _ in range(args.repeat):  # in turn: a slower moment of the machine falls on every row alike
+        for row in rows:
+            start = time.perf_counter()
+            row['step']()
+            row['times'].append(time.perf_counter() - start)
+    print('\n| config | constructor | parameter groups | tensors | step ms | median ms | Python calls | ops |')
+    print('|---|---|---:|---:|---:|---:|---:|---:|')
+    for row in rows:
+        print(f"| {row['name']} | {row['groups']} | {row['tensors']} | {1e3 * min(row['times']):.2f} | "
+              f"{1e3 * statistics.median(row['times']):.2f} | {python_calls(row['step'])} | "
+              f"{count_dispatched_ops(row['step'])[0]} |")
+    print(f"\nOne optimizer step with each config's parameter groups (those its optim_wrapper makes for its model "
+          f"with the constructor named) over one-element tensors, foreach on (torch's default on CUDA), on one CPU "
+          f"thread: the host's share of the step, which on a GPU also launches each foreach kernel once per group. "
+          f"step ms: the fastest of {args.repeat} steps after {args.warmup} (the rows in turn); Python calls: "
+          f"functions entered (sys.setprofile); ops: aten operators dispatched.")
+
+
 def print_roofline(peaks, tops, count):
     """What the roofline columns mean, and each pass's ``count`` kinds of kernel with the largest bound."""
     print(f'\nRoofline bound on {peaks.name} ({peaks.half_flops / 1e12:.0f} TFLOP/s fp16/bf16 dense, '
@@ -1299,6 +1335,15 @@ def parse_args(argv=None):
                       'in turn with the other rows')
     kernel_options(host)
 
+    optim = sub.add_parser('optim', help="the host's time of an optimizer step with each config's parameter groups, "
+                           "mmengine's default constructor against mmpola's merging one (on the CPU)")
+    common(optim)
+    optim.set_defaults(threads=1, memory=False)
+    optim.add_argument('configs', nargs='+', metavar='CONFIG',
+                       help='config files, or configs of the installed task libraries (mmdet::swin/...)')
+    optim.add_argument('--repeat', type=int, default=30)
+    optim.add_argument('--warmup', type=int, default=3)
+
     amp = sub.add_parser('amp', help='autocast forward+backward of every full-size backbone: finite?')
     common(amp)
     amp.add_argument('--models', nargs='+', default=pola_backbones(), choices=list(all_backbones()))
@@ -1394,7 +1439,8 @@ def main(argv=None):
         bench_train(args, device)
         return
     {'attention': bench_attention, 'backbone': bench_backbone, 'scaling': bench_scaling, 'ops': bench_ops,
-     'amp': bench_amp, 'layers': bench_layers, 'host': bench_host}[args.command](args, device)
+     'amp': bench_amp, 'layers': bench_layers, 'host': bench_host,
+     'optim': bench_optim}[args.command](args, device)
 
 
 if __name__ == '__main__':

@@ -781,3 +781,44 @@ def bench_train(args, device):
         print(f'profiles written to {args.profile}')
     for line in skipped:
         print(f'skipped {line}')
+
+
+# --------------------------------------------------------------------------------------------------
+# the optimizer's step (``python tools/benchmark.py optim``)
+# --------------------------------------------------------------------------------------------------
+
+DEFAULT_CONSTRUCTOR = 'DefaultOptimWrapperConstructor'
+MERGED_CONSTRUCTOR = 'mmpola.MergedGroupsOptimWrapperConstructor'
+
+
+def optimizer_groups(spec, constructor):
+    """(the optimizer class, its parameter groups' options with their number of tensors) that
+    ``spec``'s optim_wrapper builds with ``constructor`` for the config's model (random weights)."""
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import MODELS
+
+    from mmpola.runtime import config as config_tools
+
+    cfg = config_tools.load_config(resolve_config(spec))
+    config_tools.register_task_modules(cfg)
+    model = cfg.model
+    if model.get('backbone') is not None:
+        model.backbone.init_cfg = None
+    wrapper = copy.deepcopy(cfg.optim_wrapper)
+    wrapper['constructor'] = constructor
+    optimizer = build_optim_wrapper(MODELS.build(model), wrapper).optimizer
+    groups = [({k: v for k, v in g.items() if k != 'params'}, len(g['params'])) for g in optimizer.param_groups]
+    return type(optimizer), groups
+
+
+def narrowed_optimizer(spec, constructor):
+    """(the optimizer, parameter groups, tensors) of ``spec``'s optim_wrapper built by ``constructor`` for the
+    config's model, each parameter replaced by a one-element tensor with a gradient, ``foreach`` on (torch's
+    default on CUDA): its step is the host's share of the config's (``python tools/benchmark.py optim``)."""
+    optimizer_cls, groups = optimizer_groups(spec, constructor)
+    params = [dict(options, foreach=True, params=[torch.zeros(1, requires_grad=True) for _ in range(count)])
+              for options, count in groups]
+    for group in params:
+        for p in group['params']:
+            p.grad = torch.zeros(1)
+    return optimizer_cls(params), len(groups), sum(count for _, count in groups)  # the groups hold every option
