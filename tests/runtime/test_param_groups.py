@@ -10,7 +10,7 @@ from mmengine.optim.scheduler import LinearLR, MultiStepLR
 
 from mmpola.errors import UserError
 from mmpola.runtime.param_groups import merge_param_groups, merge_saved_param_groups
-from tests.fixtures.toy_runs import RUNTIME_BASE, load, train
+from tests.fixtures.toy_runs import load, toy_config, train
 
 MERGED = 'mmpola.MergedGroupsOptimWrapperConstructor'
 
@@ -186,32 +186,23 @@ def test_scheduler_values_that_differ_within_a_merged_group_stop_with_the_way_ou
         merge_saved_param_groups(checkpoint, merged)
 
 
-TOY = """
-_base_ = [{runtime!r}]
-custom_imports = dict(imports=['tests.fixtures.toy.toy_training'], allow_failed_imports=False)
-default_scope = 'mmengine'
-model = dict(type='ToyNoisyModel')
-train_dataloader = dict(dataset=dict(type='ToyNoisyDataset'), sampler=dict(type='DefaultSampler', shuffle=True),
-                        batch_size=2, num_workers=0, collate_fn=dict(type='pseudo_collate'))
+# the toy run's optimizer with a paramwise_cfg whose rule matches nothing: one group per parameter, of equal options
+PARAMWISE = """
 optim_wrapper = dict(optimizer=dict(type='AdamW', lr=0.05, weight_decay=0.01),
-                     paramwise_cfg=dict(custom_keys={{'no.such.layer': dict(decay_mult=0.0)}}))
-param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=4)]
-default_hooks = dict(checkpoint=dict(type='mmpola.SafeCheckpointHook', interval=1, max_keep_ckpts=3),
-                     logger=dict(type='LoggerHook', interval=1))
-randomness = dict(seed=3)
-train_cfg = dict(by_epoch=True, max_epochs=3)
+                     paramwise_cfg=dict(custom_keys={'no.such.layer': dict(decay_mult=0.0)}))
 """
 
 
 def test_a_run_with_one_group_per_parameter_resumes_with_the_merged_groups(tmp_path):
     """tools/train.py: a run started with mmengine's constructor (one group per parameter) and resumed with
     the merging one ends with the weights of the run that went on without stopping; one line says so."""
-    config = tmp_path / 'toy.py'
-    config.write_text(TOY.format(runtime=RUNTIME_BASE))
-    train(str(config), tmp_path / 'straight')
+    config = toy_config(tmp_path)
+    with open(config, 'a') as f:
+        f.write(PARAMWISE)
+    train(config, tmp_path / 'straight')
     work = tmp_path / 'resumed'
-    train(str(config), work, '--cfg-options', 'train_cfg.max_epochs=1')
-    _, out = train(str(config), work, '--resume', '--cfg-options', f'optim_wrapper.constructor={MERGED}')
+    train(config, work, '--cfg-options', 'train_cfg.max_epochs=1')
+    _, out = train(config, work, '--resume', '--cfg-options', f'optim_wrapper.constructor={MERGED}')
     assert "[mmpola] --resume: the checkpoint's 2 optimizer parameter groups (one per parameter) merged into the " \
         "run's 1" in out, out[-3000:]
     expected, resumed = load(tmp_path / 'straight' / 'epoch_3.pth'), load(work / 'epoch_3.pth')
