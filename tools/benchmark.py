@@ -964,7 +964,9 @@ def bench_optim(args, device):
     its model, built by mmengine's default constructor and by mmpola's merging one
     (tools/benchmark_train.py: ``narrowed_optimizer``), the rows timed in turn."""
     from benchmark_host import python_calls
-    from benchmark_train import DEFAULT_CONSTRUCTOR, MERGED_CONSTRUCTOR, config_label, narrowed_optimizer
+    from benchmark_train import config_label, narrowed_optimizer
+
+    from mmpola.runtime.param_groups import DEFAULT_CONSTRUCTOR, MERGED_CONSTRUCTOR
     if device.type != 'cpu':
         raise SystemExit("optim measures the host's share of the optimizer's step on the CPU; on a GPU, `train "
                          "--profile` times the optimizer step of whole iterations")

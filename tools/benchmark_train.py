@@ -787,10 +787,6 @@ def bench_train(args, device):
 # the optimizer's step (``python tools/benchmark.py optim``)
 # --------------------------------------------------------------------------------------------------
 
-DEFAULT_CONSTRUCTOR = 'DefaultOptimWrapperConstructor'
-MERGED_CONSTRUCTOR = 'mmpola.MergedGroupsOptimWrapperConstructor'
-
-
 def optimizer_groups(spec, constructor):
     """(the optimizer class, its parameter groups' options with their number of tensors) that
     ``spec``'s optim_wrapper builds with ``constructor`` for the config's model (random weights)."""

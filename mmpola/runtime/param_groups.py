@@ -18,9 +18,12 @@ from mmengine.optim import DefaultOptimWrapperConstructor
 from mmpola.errors import UserError
 from mmpola.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
-__all__ = ['MergedGroupsOptimWrapperConstructor', 'merge_param_groups', 'merge_saved_param_groups']
+__all__ = ['MergedGroupsOptimWrapperConstructor', 'merge_param_groups', 'merge_saved_param_groups',
+           'DEFAULT_CONSTRUCTOR', 'MERGED_CONSTRUCTOR']
 
+# the constructors' names as configs give them (``optim_wrapper.constructor``)
 DEFAULT_CONSTRUCTOR = 'DefaultOptimWrapperConstructor'
+MERGED_CONSTRUCTOR = 'mmpola.MergedGroupsOptimWrapperConstructor'
 
 
 def _options(group):
@@ -68,8 +71,10 @@ class MergedGroupsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     def add_params(self, params, module, prefix='', is_dcn_module=None):
         super().add_params(params, module, prefix, is_dcn_module)
+        if prefix:  # a submodule: the model's call merges once, after all of them
+            return
         ids = [id(p) for group in params for p in group['params']]
-        if not prefix and len(ids) == len(set(ids)):  # the model itself, after its submodules: merge once
+        if len(ids) == len(set(ids)):
             params[:] = merge_param_groups(params)
 
 

@@ -9,10 +9,8 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.optim.scheduler import LinearLR, MultiStepLR
 
 from mmpola.errors import UserError
-from mmpola.runtime.param_groups import merge_param_groups, merge_saved_param_groups
+from mmpola.runtime.param_groups import MERGED_CONSTRUCTOR, merge_param_groups, merge_saved_param_groups
 from tests.fixtures.toy_runs import load, toy_config, train
-
-MERGED = 'mmpola.MergedGroupsOptimWrapperConstructor'
 
 
 class Net(torch.nn.Module):
@@ -66,7 +64,7 @@ def _steps(model, optimizer, schedulers, count, seed):
 
 def test_groups_of_equal_options_are_merged_with_each_parameters_options_kept():
     model, per_param = _build()
-    merged_model, merged = _build(MERGED)
+    merged_model, merged = _build(MERGED_CONSTRUCTOR)
     assert len(per_param.param_groups) == 10  # one per trainable parameter (the frozen layer left out)
     # weights: lr and decay of the base; biases and norms: no decay; the head: a tenth of the lr (a custom key
     # overrides the other rules, so its bias is decayed)
@@ -84,7 +82,7 @@ def test_groups_of_equal_options_are_merged_with_each_parameters_options_kept():
 def test_merged_groups_step_as_the_per_parameter_groups():
     """The same updates (element for element: the same operations on each tensor), lr schedules included."""
     model, per_param = _build()
-    merged_model, merged = _build(MERGED)
+    merged_model, merged = _build(MERGED_CONSTRUCTOR)
     _steps(model, per_param, _schedulers(per_param), 6, seed=1)
     _steps(merged_model, merged, _schedulers(merged), 6, seed=1)
     for (name, a), b in zip(model.named_parameters(), merged_model.parameters()):
@@ -98,10 +96,10 @@ def test_a_shared_parameter_is_refused_as_by_the_default_constructor():
     model = Net()
     model.tied = torch.nn.Linear(4, 8)
     model.tied.weight = model.stem.weight
-    for constructor in (None, MERGED):
+    for constructor in (None, MERGED_CONSTRUCTOR):
         with pytest.raises(ValueError, match='some parameters appear in more than one parameter group'):
             build_optim_wrapper(model, _wrapper_cfg(constructor))
-    cfg = _wrapper_cfg(MERGED)
+    cfg = _wrapper_cfg(MERGED_CONSTRUCTOR)
     cfg['paramwise_cfg']['bypass_duplicate'] = True  # mmengine's way: the second occurrence left out
     groups = build_optim_wrapper(model, cfg).optimizer.param_groups
     assert len(groups) == 3 and sum(len(g['params']) for g in groups) == 11  # the tied layer's bias
@@ -131,7 +129,7 @@ def test_a_per_parameter_checkpoint_resumes_into_the_merged_groups():
     checkpoint = _checkpoint(model, per_param, schedulers)
     _steps(model, per_param, schedulers, 3, seed=3)
 
-    resumed_model, merged = _build(MERGED, seed=5)
+    resumed_model, merged = _build(MERGED_CONSTRUCTOR, seed=5)
     resumed_model.load_state_dict(Net().state_dict())  # other weights: the checkpoint's come below
     note = merge_saved_param_groups(checkpoint, merged)
     assert note.startswith("[mmpola] --resume: the checkpoint's 10 optimizer parameter groups") and ' into the ' \
@@ -157,7 +155,7 @@ def _groups(checkpoint):
 
 
 def test_a_checkpoint_of_the_run_s_own_groups_is_left_as_it_is():
-    model, merged = _build(MERGED)
+    model, merged = _build(MERGED_CONSTRUCTOR)
     schedulers = _schedulers(merged)
     _steps(model, merged, schedulers, 2, seed=2)
     checkpoint = _checkpoint(model, merged, schedulers)
@@ -171,7 +169,7 @@ def test_groups_that_merge_otherwise_than_the_run_s_are_left_to_mmengine():
     model, per_param = _build()
     checkpoint = _checkpoint(model, per_param, [])
     checkpoint['optimizer']['param_groups'][0]['lr'] = 0.5  # a group of its own now: 4 groups, the run has 3
-    _, merged = _build(MERGED)
+    _, merged = _build(MERGED_CONSTRUCTOR)
     before = copy.deepcopy(checkpoint)
     assert merge_saved_param_groups(checkpoint, merged) is None and _groups(checkpoint) == _groups(before)
 
@@ -181,7 +179,7 @@ def test_scheduler_values_that_differ_within_a_merged_group_stop_with_the_way_ou
     schedulers = _schedulers(per_param)
     checkpoint = _checkpoint(model, per_param, schedulers)
     checkpoint['param_schedulers'][1]['base_values'][1] *= 2  # the stem's bias: merged with the other biases
-    _, merged = _build(MERGED)
+    _, merged = _build(MERGED_CONSTRUCTOR)
     with pytest.raises(UserError, match='optim_wrapper.constructor=DefaultOptimWrapperConstructor'):
         merge_saved_param_groups(checkpoint, merged)
 
@@ -202,7 +200,7 @@ def test_a_run_with_one_group_per_parameter_resumes_with_the_merged_groups(tmp_p
     train(config, tmp_path / 'straight')
     work = tmp_path / 'resumed'
     train(config, work, '--cfg-options', 'train_cfg.max_epochs=1')
-    _, out = train(config, work, '--resume', '--cfg-options', f'optim_wrapper.constructor={MERGED}')
+    _, out = train(config, work, '--resume', '--cfg-options', f'optim_wrapper.constructor={MERGED_CONSTRUCTOR}')
     assert "[mmpola] --resume: the checkpoint's 2 optimizer parameter groups (one per parameter) merged into the " \
         "run's 1" in out, out[-3000:]
     expected, resumed = load(tmp_path / 'straight' / 'epoch_3.pth'), load(work / 'epoch_3.pth')
