@@ -16,7 +16,8 @@ base_lr = 2e-5
 # the optimizer steps the parameter groups of equal options as one group, not one group per parameter
 # (mmpola.runtime.param_groups: the same updates)
 optim_wrapper = dict(_delete_=True, type='OptimWrapper', constructor='mmpola.MergedGroupsOptimWrapperConstructor',
-                     optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-8),
+                     optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-8,
+                                    fused=True),
                      paramwise_cfg=dict(flat_decay_mult=0.0, custom_keys={
                          'relative_position_bias_table': dict(decay_mult=0.0),
                          'absolute_pos_embed': dict(decay_mult=0.0)}))

@@ -97,7 +97,7 @@ optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     constructor='mmpola.MergedGroupsOptimWrapperConstructor',
-    optimizer=dict(type='AdamW', lr=4e-4, betas=(0.9, 0.999), weight_decay=1e-4),
+    optimizer=dict(type='AdamW', lr=4e-4, betas=(0.9, 0.999), weight_decay=1e-4, fused=True),
     paramwise_cfg=dict(custom_keys={key: dict(decay_mult=0.) for key in (
         'norm', 'pos_embed', 'positional_encoding', 'relative_position_bias_table', 'attn.power', 'attn.scale')}))
 param_scheduler = [

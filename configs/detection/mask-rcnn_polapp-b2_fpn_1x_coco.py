@@ -34,7 +34,8 @@ param_scheduler = [
 
 # mmdet's Swin recipe gives every parameter an optimizer group of its own (its paramwise_cfg); this
 # constructor merges those of equal options: the same updates in a few groups (mmpola.runtime.param_groups)
-optim_wrapper = dict(constructor='mmpola.MergedGroupsOptimWrapperConstructor')
+optim_wrapper = dict(constructor='mmpola.MergedGroupsOptimWrapperConstructor',
+                     optimizer=dict(fused=True))  # AdamW's fused step (docs/recipes.md)
 
 # training images loaded by mmpola's LoadCheckedImage: mmcv's LoadImageFromFile that refuses a JPEG whose
 # body is damaged, naming the file (mmpola/datasets/decoding.py)

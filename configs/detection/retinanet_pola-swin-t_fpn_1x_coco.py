@@ -35,7 +35,7 @@ optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     constructor='mmpola.MergedGroupsOptimWrapperConstructor',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05, fused=True),
     paramwise_cfg=dict(custom_keys={
         'absolute_pos_embed': dict(decay_mult=0.),
         'relative_position_bias_table': dict(decay_mult=0.),

@@ -48,7 +48,7 @@ optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     constructor='mmpola.MergedGroupsOptimWrapperConstructor',
-    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
+    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01, fused=True),
     paramwise_cfg=dict(custom_keys={
         'pos_block': dict(decay_mult=0.),
         'norm': dict(decay_mult=0.),

@@ -26,7 +26,8 @@ test_dataloader = val_dataloader
 
 # mmdet's Swin recipe gives every parameter an optimizer group of its own (its paramwise_cfg); this
 # constructor merges those of equal options: the same updates in a few groups (mmpola.runtime.param_groups)
-optim_wrapper = dict(constructor='mmpola.MergedGroupsOptimWrapperConstructor')
+optim_wrapper = dict(constructor='mmpola.MergedGroupsOptimWrapperConstructor',
+                     optimizer=dict(fused=True))  # AdamW's fused step (docs/recipes.md)
 
 _base_.pop('pretrained')  # mmdet's Swin checkpoint URL: not the task config's weights
 

@@ -26,7 +26,7 @@ model = dict(
     backbone=dict(_base_.pop('backbone'), _delete_=True, drop_path_rate=0.1),
     neck=dict(in_channels=_base_.pop('backbone_out_channels')))
 
-optim_wrapper = dict(optimizer=dict(betas=(0.9, 0.999)))
+optim_wrapper = dict(optimizer=dict(betas=(0.9, 0.999), fused=True))  # AdamW's fused step (docs/recipes.md)
 # training images loaded by mmpola's LoadCheckedImage: mmcv's LoadImageFromFile that refuses a JPEG whose
 # body is damaged, naming the file (mmpola/datasets/decoding.py)
 train_pipeline = [dict(_base_.train_pipeline[0], type='LoadCheckedImage'), *_base_.train_pipeline[1:]]

@@ -30,7 +30,7 @@ model = dict(
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=2e-4, betas=(0.9, 0.999), weight_decay=1e-4))
+    optimizer=dict(type='AdamW', lr=2e-4, betas=(0.9, 0.999), weight_decay=1e-4, fused=True))
 
 param_scheduler = [dict(type='PolyLR', eta_min=0.0, power=0.9, by_epoch=False, begin=0, end=40000)]
 

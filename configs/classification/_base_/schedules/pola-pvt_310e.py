@@ -26,7 +26,7 @@ max_epochs = 310
 optim_wrapper = dict(
     type='OptimWrapper',
     constructor='mmpola.MergedGroupsOptimWrapperConstructor',
-    optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.05),
+    optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.05, fused=True),
     paramwise_cfg=dict(
         flat_decay_mult=0.0,
         custom_keys={
