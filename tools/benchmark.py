@@ -962,9 +962,10 @@ def bench_host(args, device):
 def bench_optim(args, device):
     """The host's time of an optimizer step with the parameter groups that each config's optim_wrapper makes for
     its model, built by mmengine's default constructor and by mmpola's merging one
-    (tools/benchmark_train.py: ``narrowed_optimizer``), the rows timed in turn."""
+    (tools/benchmark_train.py: ``narrowed_optimizer``), each stepped by torch's foreach and fused implementations,
+    the rows timed in turn."""
     from benchmark_host import python_calls
-    from benchmark_train import config_label, narrowed_optimizer
+    from benchmark_train import OPTIMIZER_IMPLEMENTATIONS, config_label, narrowed_optimizer
 
     from mmpola.runtime.param_groups import DEFAULT_CONSTRUCTOR, MERGED_CONSTRUCTOR
     if device.type != 'cpu':
@@ -973,9 +974,10 @@ def bench_optim(args, device):
     rows = []
     for spec in args.configs:
         for constructor in (DEFAULT_CONSTRUCTOR, MERGED_CONSTRUCTOR):
-            optimizer, groups, tensors = narrowed_optimizer(spec, constructor)
-            rows.append(dict(name=f'{config_label(spec)} | {constructor.split(".")[-1]}', step=optimizer.step,
-                             groups=groups, tensors=tensors, times=[]))
+            for implementation in OPTIMIZER_IMPLEMENTATIONS:
+                optimizer, groups, tensors = narrowed_optimizer(spec, constructor, implementation)
+                rows.append(dict(name=f'{config_label(spec)} | {constructor.split(".")[-1]} | {implementation}',
+                                 step=optimizer.step, groups=groups, tensors=tensors, times=[]))
     for row in rows:
         for _ in range(args.warmup):
             row['step']()
@@ -984,16 +986,17 @@ def bench_optim(args, device):
             start = time.perf_counter()
             row['step']()
             row['times'].append(time.perf_counter() - start)
-    print('\n| config | constructor | parameter groups | tensors | step ms | median ms | Python calls | ops |')
-    print('|---|---|---:|---:|---:|---:|---:|---:|')
+    print('\n| config | constructor | implementation | parameter groups | tensors | step ms | median ms | Python calls '
+          '| ops |')
+    print('|---|---|---|---:|---:|---:|---:|---:|---:|')
     for row in rows:
         print(f"| {row['name']} | {row['groups']} | {row['tensors']} | {1e3 * min(row['times']):.2f} | "
               f"{1e3 * statistics.median(row['times']):.2f} | {python_calls(row['step'])} | "
               f"{count_dispatched_ops(row['step'])[0]} |")
     print(f"\nOne optimizer step with each config's parameter groups (those its optim_wrapper makes for its model "
-          f"with the constructor named) over one-element tensors, foreach on (torch's default on CUDA), on one CPU "
-          f"thread: the host's share of the step, which on a GPU also launches each foreach kernel once per group. "
-          f"step ms: the fastest of {args.repeat} steps after {args.warmup} (the rows in turn); Python calls: "
+          f"with the constructor named) over one-element tensors, by torch's implementation named (foreach: torch's "
+          f"default on CUDA, which on a GPU also launches each foreach kernel once per group; fused: one kernel per "
+          f"group), on one CPU thread: the host's share of the step. step ms: the fastest of {args.repeat} steps after {args.warmup} (the rows in turn); Python calls: "
           f"functions entered (sys.setprofile); ops: aten operators dispatched.")
 
 
@@ -1338,7 +1341,8 @@ def parse_args(argv=None):
     kernel_options(host)
 
     optim = sub.add_parser('optim', help="the host's time of an optimizer step with each config's parameter groups, "
-                           "mmengine's default constructor against mmpola's merging one (on the CPU)")
+                           "mmengine's default constructor against mmpola's merging one, torch's foreach and fused "
+                           "implementations (on the CPU)")
     common(optim)
     optim.set_defaults(threads=1, memory=False)
     optim.add_argument('configs', nargs='+', metavar='CONFIG',

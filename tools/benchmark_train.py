@@ -787,6 +787,10 @@ def bench_train(args, device):
 # the optimizer's step (``python tools/benchmark.py optim``)
 # --------------------------------------------------------------------------------------------------
 
+# torch's optimizer implementations that `optim` compares
+OPTIMIZER_IMPLEMENTATIONS = ('foreach', 'fused')
+
+
 def optimizer_groups(spec, constructor):
     """(the optimizer class, its parameter groups' options with their number of tensors) that
     ``spec``'s optim_wrapper builds with ``constructor`` for the config's model (random weights)."""
@@ -807,13 +811,16 @@ def optimizer_groups(spec, constructor):
     return type(optimizer), groups
 
 
-def narrowed_optimizer(spec, constructor):
+def narrowed_optimizer(spec, constructor, implementation='foreach'):
     """(the optimizer, parameter groups, tensors) of ``spec``'s optim_wrapper built by ``constructor`` for the
-    config's model, each parameter replaced by a one-element tensor with a gradient, ``foreach`` on (torch's
-    default on CUDA): its step is the host's share of the config's (``python tools/benchmark.py optim``)."""
+    config's model, each parameter replaced by a one-element tensor with a gradient, stepping with torch's
+    ``implementation`` (``'foreach'``, torch's default on CUDA, or ``'fused'``, whatever the config sets): its
+    step is the host's share of the config's (``python tools/benchmark.py optim``)."""
+    if implementation not in OPTIMIZER_IMPLEMENTATIONS:
+        raise ValueError(f'implementation must be one of {OPTIMIZER_IMPLEMENTATIONS}, got {implementation!r}')
     optimizer_cls, groups = optimizer_groups(spec, constructor)
-    params = [dict(options, foreach=True, params=[torch.zeros(1, requires_grad=True) for _ in range(count)])
-              for options, count in groups]
+    params = [dict(options, foreach=implementation == 'foreach', fused=implementation == 'fused',
+                   params=[torch.zeros(1, requires_grad=True) for _ in range(count)]) for options, count in groups]
     for group in params:
         for p in group['params']:
             p.grad = torch.zeros(1)

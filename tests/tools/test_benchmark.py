@@ -525,9 +525,10 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
 
 
 def test_optim_times_a_step_with_each_constructor_s_groups(capsys):
-    """One row per config and constructor: mmengine's default gives each parameter a group (the config has a
-    paramwise_cfg), mmpola's merges those of equal options; the same tensors, fewer Python calls and operators;
-    on a GPU it sends the user to `train --profile`."""
+    """One row per config, constructor and torch implementation: mmengine's default constructor gives each
+    parameter a group (the config has a paramwise_cfg), mmpola's merges those of equal options: the same tensors,
+    fewer Python calls and operators; the fused implementation dispatches a few operators per group where foreach
+    dispatches a few per tensor; on a GPU it sends the user to `train --profile`."""
     config = 'configs/demo/upernet_pola-swin-t_demo-ade-128x128.py'
     threads = torch.get_num_threads()
     try:
@@ -535,13 +536,20 @@ def test_optim_times_a_step_with_each_constructor_s_groups(capsys):
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
-    rows = {line.split('|')[2].strip(): [cell.strip() for cell in line.strip('|').split('|')]
+    rows = {tuple(cell.strip() for cell in line.split('|')[2:4]): [cell.strip() for cell in line.strip('|').split('|')]
             for line in out.splitlines() if line.startswith('| upernet_pola-swin-t_demo')}
-    assert list(rows) == ['DefaultOptimWrapperConstructor', 'MergedGroupsOptimWrapperConstructor'], out[-2000:]
-    default, merged = rows.values()
-    assert int(default[2]) == int(default[3]) == int(merged[3]) > 50  # one group per parameter; the same tensors
-    assert 1 < int(merged[2]) <= 4
-    assert 0 < float(merged[4]) <= float(merged[5]) and 0 < float(default[4]) <= float(default[5])
-    assert int(merged[6]) < int(default[6]) / 2 and int(merged[7]) < int(default[7]) / 2
+    default, merged = 'DefaultOptimWrapperConstructor', 'MergedGroupsOptimWrapperConstructor'
+    assert list(rows) == [(default, 'foreach'), (default, 'fused'), (merged, 'foreach'), (merged, 'fused')], out[-2000:]
+    groups, tensors, step, median, calls, ops = 3, 4, 5, 6, 7, 8  # the columns
+    for row in rows.values():
+        assert 0 < float(row[step]) <= float(row[median])
+        assert int(row[tensors]) == int(rows[default, 'foreach'][tensors]) > 50  # the same tensors in every row
+    for implementation in ('foreach', 'fused'):  # one group per parameter, and a few merged ones
+        assert int(rows[default, implementation][groups]) == int(rows[default, implementation][tensors])
+        assert 1 < int(rows[merged, implementation][groups]) <= 4
+        assert int(rows[merged, implementation][calls]) < int(rows[default, implementation][calls]) / 2
+    assert int(rows[merged, 'foreach'][ops]) < int(rows[default, 'foreach'][ops]) / 2
+    assert int(rows[merged, 'fused'][ops]) <= 4 * int(rows[merged, 'fused'][groups])  # operators per group
+    assert int(rows[merged, 'fused'][ops]) < int(rows[merged, 'foreach'][ops]) / 10  # not per tensor
     with pytest.raises(SystemExit, match='train --profile'):
         BENCH.bench_optim(BENCH.parse_args(['optim', config]), torch.device('cuda'))
