@@ -56,7 +56,7 @@ docs-figures: setup
 check-kernels: setup
 	$(PY) tools/check_triton_kernels.py --jobs 4
 
-# the configs whose optimizer steps docs/benchmarks.md compares (mmengine's default constructor vs mmpola's)
+# the configs whose optimizer steps docs/benchmarks.md compares (mmengine's default constructor vs mmpola's, foreach vs fused)
 OPTIM_CONFIGS = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py \
 	mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py configs/segmentation/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py \
 	configs/classification/pola-swin-t_8xb128_in1k.py configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py

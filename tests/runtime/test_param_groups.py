@@ -193,14 +193,17 @@ optim_wrapper = dict(optimizer=dict(type='AdamW', lr=0.05, weight_decay=0.01),
 
 def test_a_run_with_one_group_per_parameter_resumes_with_the_merged_groups(tmp_path):
     """tools/train.py: a run started with mmengine's constructor (one group per parameter) and resumed with
-    the merging one ends with the weights of the run that went on without stopping; one line says so."""
+    the merging one ends with the weights of the run that went on without stopping; one line says so. Resumed with
+    AdamW's fused implementation too (as the shipped configs run it), it goes on with the checkpoint's (foreach:
+    torch's optimizer takes the options of the groups it loads), so the updates stay the same."""
     config = toy_config(tmp_path)
     with open(config, 'a') as f:
         f.write(PARAMWISE)
     train(config, tmp_path / 'straight')
     work = tmp_path / 'resumed'
     train(config, work, '--cfg-options', 'train_cfg.max_epochs=1')
-    _, out = train(config, work, '--resume', '--cfg-options', f'optim_wrapper.constructor={MERGED_CONSTRUCTOR}')
+    _, out = train(config, work, '--resume', '--cfg-options', f'optim_wrapper.constructor={MERGED_CONSTRUCTOR}',
+                   'optim_wrapper.optimizer.fused=True')
     assert "[mmpola] --resume: the checkpoint's 2 optimizer parameter groups (one per parameter) merged into the " \
         "run's 1" in out, out[-3000:]
     expected, resumed = load(tmp_path / 'straight' / 'epoch_3.pth'), load(work / 'epoch_3.pth')
@@ -208,3 +211,4 @@ def test_a_run_with_one_group_per_parameter_resumes_with_the_merged_groups(tmp_p
     for key, value in expected['state_dict'].items():
         assert torch.equal(value, resumed['state_dict'][key]), key
     assert resumed['optimizer']['param_groups'][0]['lr'] == expected['optimizer']['param_groups'][0]['lr']
+    assert not resumed['optimizer']['param_groups'][0]['fused']  # the checkpoint's implementation
