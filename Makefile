@@ -80,6 +80,10 @@ bench: setup
 GPU_CASES = pvt-s1@800x1344 swin-s1@800x1344 pvt-s2@800x1344 swin-s2@800x1344
 GPU_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2 \
 	flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2 polaformer++-b4
+# mmpola's optimizer step (merged parameter groups, AdamW's fused implementation: docs/recipes.md), for mmdet's
+# configs in the training comparison: their rows with the step of mmpola's configs
+MMPOLA_OPTIM_STEP = optim_wrapper.constructor=mmpola.MergedGroupsOptimWrapperConstructor \
+	optim_wrapper.optimizer.fused=True
 GPU_TRAIN = configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py \
 	configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py \
 	mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py
@@ -146,6 +150,8 @@ bench-gpu-train:
 		--warmup 20 --dwconv-impl torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --recompute-impl torch
+	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
+		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
 
 # The rows that decide the targets of docs/benchmarks.md first, for a short turn on a GPU (meant for about ten
 # minutes on a fresh machine, with mmcv building meanwhile): make -k bench-gpu-quick PY=python3 (no mmcv
@@ -180,3 +186,5 @@ bench-gpu-quick-train:
 		--profile work_dirs/benchmark_profile
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
 		--warmup 20 --recompute-impl torch
+	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
+		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)

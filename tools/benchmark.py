@@ -996,8 +996,9 @@ def bench_optim(args, device):
     print(f"\nOne optimizer step with each config's parameter groups (those its optim_wrapper makes for its model "
           f"with the constructor named) over one-element tensors, by torch's implementation named (foreach: torch's "
           f"default on CUDA, which on a GPU also launches each foreach kernel once per group; fused: one kernel per "
-          f"group), on one CPU thread: the host's share of the step. step ms: the fastest of {args.repeat} steps after {args.warmup} (the rows in turn); Python calls: "
-          f"functions entered (sys.setprofile); ops: aten operators dispatched.")
+          f"group), on one CPU thread: the host's share of the step. step ms: the fastest of {args.repeat} steps "
+          f"after {args.warmup} (the rows in turn); Python calls: functions entered (sys.setprofile); ops: aten "
+          f"operators dispatched.")
 
 
 def print_roofline(peaks, tops, count):
@@ -1379,6 +1380,10 @@ def parse_args(argv=None):
     train.add_argument('configs', nargs='+', metavar='CONFIG',
                        help='config files, or configs of the installed task libraries '
                        '(mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py)')
+    train.add_argument('--cfg-options', nargs='+', default=None, metavar='KEY=VALUE',
+                       help="options merged into every config, as tools/train.py's (e.g. mmpola's optimizer "
+                       'step for an mmdet config: optim_wrapper.constructor=mmpola.MergedGroupsOptimWrapperConstructor '
+                       'optim_wrapper.optimizer.fused=True)')
     train.add_argument('--iters', type=int, default=20, help='timed iterations')
     train.add_argument('--warmup', type=int, default=5, help='iterations before the timed ones (at least 1)')
     train.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])

@@ -205,6 +205,18 @@ def _takes_attn_impl(backbone_cfg):
     return cls is not None and 'attn_impl' in inspect.signature(cls.__init__).parameters
 
 
+def cfg_options(values):
+    """``--cfg-options KEY=VALUE ...`` as tools/train.py reads them (mmengine's DictAction), or None."""
+    if not values:
+        return None
+    import argparse
+
+    from mmengine.config import DictAction
+    namespace = argparse.Namespace()
+    DictAction(option_strings=['--cfg-options'], dest='cfg_options')(None, namespace, values)
+    return namespace.cfg_options
+
+
 def prepare_config(spec, args, work_dir):
     """Load ``spec`` and make it the benchmark's run (see the module doc); returns ``(cfg, scope, notes)``.
 
@@ -215,7 +227,8 @@ def prepare_config(spec, args, work_dir):
     from mmpola.runtime import launch
     from mmpola.runtime.config_check import check_config
 
-    cfg = config_tools.load_config(resolve_config(spec))
+    options = cfg_options(getattr(args, 'cfg_options', None))
+    cfg = config_tools.load_config(resolve_config(spec), options)
     scope = config_tools.register_task_modules(cfg)
     if scope not in ('mmdet', 'mmseg'):
         raise TrainBenchError(f"default_scope {scope!r}: the train benchmark takes detection (mmdet) and "
@@ -265,7 +278,7 @@ def prepare_config(spec, args, work_dir):
     else:
         data = generate_data(dataset, scope, needed, osp.join(work_dir, 'data'), args.seed)
 
-    notes = []
+    notes = [f"--cfg-options {' '.join(args.cfg_options)}"] if options else []
     if attn_impl and model.get('backbone') is not None and _takes_attn_impl(model.backbone):
         notes.append(f'attention implementation of the backbone: {attn_impl}')
     if args.amp:

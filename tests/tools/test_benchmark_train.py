@@ -80,6 +80,23 @@ def test_mmpola_config_and_its_reference_run_the_same_hooks(tmp_path, mode):
     assert has_ours == (mode == 'mmpola')
 
 
+def test_cfg_options_reach_every_config_and_are_noted(tmp_path):
+    """--cfg-options as tools/train.py reads them: here mmpola's optimizer step for mmdet's config."""
+    options = ['optim_wrapper.optimizer.fused=True',
+               'optim_wrapper.constructor=mmpola.MergedGroupsOptimWrapperConstructor']
+    args = bench_args(data_root=str(tmp_path), img_scale=(160, 128), batch_size=1, cfg_options=options)
+    cfg, _, info = TRAIN.prepare_config(RETINANET_REFERENCE, args, str(tmp_path / 'reference'))
+    assert cfg.optim_wrapper.optimizer.fused is True and cfg.optim_wrapper.optimizer.type == 'AdamW'
+    assert cfg.optim_wrapper.constructor == 'mmpola.MergedGroupsOptimWrapperConstructor'
+    assert f"--cfg-options {' '.join(options)}" in info['notes']
+    _, _, info = TRAIN.prepare_config(RETINANET_REFERENCE, bench_args(data_root=str(tmp_path), batch_size=1),
+                                      str(tmp_path / 'plain'))
+    assert not any(note.startswith('--cfg-options') for note in info['notes'])
+    with pytest.raises(Exception, match='weight_decy'):  # a misspelled key: tools/train.py's check
+        TRAIN.prepare_config(RETINANET_REFERENCE, bench_args(data_root=str(tmp_path), batch_size=1, cfg_options=[
+            'optim_wrapper.optimizer.weight_decy=0.1']), str(tmp_path / 'misspelled'))
+
+
 def test_img_scale_reaches_every_choice_of_a_multi_scale_pipeline():
     from mmengine.config import Config
     cfg = Config.fromfile(osp.join(CONFIGS, 'detection', 'mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py'))
