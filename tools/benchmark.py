@@ -975,7 +975,7 @@ def bench_optim(args, device):
     for spec in args.configs:
         for constructor in (DEFAULT_CONSTRUCTOR, MERGED_CONSTRUCTOR):
             for implementation in OPTIMIZER_IMPLEMENTATIONS:
-                optimizer, groups, tensors = narrowed_optimizer(spec, constructor, implementation)
+                optimizer, groups, tensors = narrowed_optimizer(spec, constructor, implementation, args.full_size)
                 rows.append(dict(name=f'{config_label(spec)} | {constructor.split(".")[-1]} | {implementation}',
                                  step=optimizer.step, groups=groups, tensors=tensors, times=[]))
     for row in rows:
@@ -993,10 +993,13 @@ def bench_optim(args, device):
         print(f"| {row['name']} | {row['groups']} | {row['tensors']} | {1e3 * min(row['times']):.2f} | "
               f"{1e3 * statistics.median(row['times']):.2f} | {python_calls(row['step'])} | "
               f"{count_dispatched_ops(row['step'])[0]} |")
+    tensors_text = ('tensors of the parameters\' shapes with random gradients' if args.full_size else
+                    'one-element tensors')
+    share = 'the whole step on the CPU' if args.full_size else "the host's share of the step"
     print(f"\nOne optimizer step with each config's parameter groups (those its optim_wrapper makes for its model "
-          f"with the constructor named) over one-element tensors, by torch's implementation named (foreach: torch's "
+          f"with the constructor named) over {tensors_text}, by torch's implementation named (foreach: torch's "
           f"default on CUDA, which on a GPU also launches each foreach kernel once per group; fused: one kernel per "
-          f"group), on one CPU thread: the host's share of the step. step ms: the fastest of {args.repeat} steps "
+          f"group), on one CPU thread: {share}. step ms: the fastest of {args.repeat} steps "
           f"after {args.warmup} (the rows in turn); Python calls: functions entered (sys.setprofile); ops: aten "
           f"operators dispatched.")
 
@@ -1349,6 +1352,8 @@ def parse_args(argv=None):
     optim.add_argument('configs', nargs='+', metavar='CONFIG',
                        help='config files, or configs of the installed task libraries (mmdet::swin/...)')
     optim.add_argument('--repeat', type=int, default=30)
+    optim.add_argument('--full-size', action='store_true', help="tensors of the parameters' shapes (the "
+                       'whole step on the CPU, its arithmetic included) in place of one-element ones')
     optim.add_argument('--warmup', type=int, default=3)
 
     amp = sub.add_parser('amp', help='autocast forward+backward of every full-size backbone: finite?')

@@ -805,7 +805,7 @@ OPTIMIZER_IMPLEMENTATIONS = ('foreach', 'fused')
 
 
 def optimizer_groups(spec, constructor):
-    """(the optimizer class, its parameter groups' options with their number of tensors) that
+    """(the optimizer class, its parameter groups' options with the shapes of their tensors) that
     ``spec``'s optim_wrapper builds with ``constructor`` for the config's model (random weights)."""
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import MODELS
@@ -820,21 +820,25 @@ def optimizer_groups(spec, constructor):
     wrapper = copy.deepcopy(cfg.optim_wrapper)
     wrapper['constructor'] = constructor
     optimizer = build_optim_wrapper(MODELS.build(model), wrapper).optimizer
-    groups = [({k: v for k, v in g.items() if k != 'params'}, len(g['params'])) for g in optimizer.param_groups]
+    groups = [({k: v for k, v in g.items() if k != 'params'}, [p.shape for p in g['params']])
+              for g in optimizer.param_groups]
     return type(optimizer), groups
 
 
-def narrowed_optimizer(spec, constructor, implementation='foreach'):
+def narrowed_optimizer(spec, constructor, implementation='foreach', full_size=False):
     """(the optimizer, parameter groups, tensors) of ``spec``'s optim_wrapper built by ``constructor`` for the
-    config's model, each parameter replaced by a one-element tensor with a gradient, stepping with torch's
-    ``implementation`` (``'foreach'``, torch's default on CUDA, or ``'fused'``, whatever the config sets): its
-    step is the host's share of the config's (``python tools/benchmark.py optim``)."""
+    config's model, each parameter replaced by a one-element tensor with a gradient (``full_size``: a tensor of
+    the parameter's shape, with a random gradient), stepping with torch's ``implementation`` (``'foreach'``,
+    torch's default on CUDA, or ``'fused'``, whatever the config sets): its step is the host's share of the
+    config's (with ``full_size``, the whole step on the CPU) (``python tools/benchmark.py optim``)."""
     if implementation not in OPTIMIZER_IMPLEMENTATIONS:
         raise ValueError(f'implementation must be one of {OPTIMIZER_IMPLEMENTATIONS}, got {implementation!r}')
     optimizer_cls, groups = optimizer_groups(spec, constructor)
+    generator = torch.Generator().manual_seed(0)
     params = [dict(options, foreach=implementation == 'foreach', fused=implementation == 'fused',
-                   params=[torch.zeros(1, requires_grad=True) for _ in range(count)]) for options, count in groups]
+                   params=[torch.zeros(shape if full_size else 1, requires_grad=True) for shape in shapes])
+              for options, shapes in groups]
     for group in params:
         for p in group['params']:
-            p.grad = torch.zeros(1)
-    return optimizer_cls(params), len(groups), sum(count for _, count in groups)  # the groups hold every option
+            p.grad = torch.randn(p.shape, generator=generator) if full_size else torch.zeros(1)
+    return optimizer_cls(params), len(groups), sum(len(shapes) for _, shapes in groups)  # the groups hold every option

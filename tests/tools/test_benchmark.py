@@ -553,3 +553,23 @@ def test_optim_times_a_step_with_each_constructor_s_groups(capsys):
     assert int(rows[merged, 'fused'][ops]) < int(rows[merged, 'foreach'][ops]) / 10  # not per tensor
     with pytest.raises(SystemExit, match='train --profile'):
         BENCH.bench_optim(BENCH.parse_args(['optim', config]), torch.device('cuda'))
+
+
+def test_optim_full_size_steps_the_parameters_shapes_and_both_implementations_agree():
+    """--full-size: the config's groups over tensors of its parameters' shapes; the fused implementation updates
+    them as foreach does, within rounding (each step's arithmetic, not only its dispatch, is timed)."""
+    train = load_tool('benchmark_train')
+    from mmpola.runtime.param_groups import MERGED_CONSTRUCTOR
+    config = 'configs/demo/mask-rcnn_pola-pvt-t_fpn_demo-coco.py'
+    steps = {}
+    for implementation in ('foreach', 'fused'):
+        optimizer, groups, tensors = train.narrowed_optimizer(config, MERGED_CONSTRUCTOR, implementation, True)
+        params = [p for g in optimizer.param_groups for p in g['params']]
+        assert len(params) == tensors > 100 and max(p.numel() for p in params) > 1000
+        assert all(g['fused'] == (implementation == 'fused') for g in optimizer.param_groups)
+        optimizer.step()
+        optimizer.step()
+        steps[implementation] = params
+    for a, b in zip(steps['foreach'], steps['fused']):
+        assert a.abs().max() > 0  # updated from zeros
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
