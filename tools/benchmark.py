@@ -998,7 +998,7 @@ def bench_optim(args, device):
     share = 'the whole step on the CPU' if args.full_size else "the host's share of the step"
     print(f"\nOne optimizer step with each config's parameter groups (those its optim_wrapper makes for its model "
           f"with the constructor named) over {tensors_text}, by torch's implementation named (foreach: torch's "
-          f"default on CUDA, which on a GPU also launches each foreach kernel once per group; fused: one kernel per "
+          f"default on CUDA, which on a GPU also launches each foreach kernel once per group; fused: one operator per "
           f"group), on one CPU thread: {share}. step ms: the fastest of {args.repeat} steps "
           f"after {args.warmup} (the rows in turn); Python calls: functions entered (sys.setprofile); ops: aten "
           f"operators dispatched.")
