@@ -15,15 +15,22 @@ def is_url(path):
 
 
 def load_config(path, cfg_options=None):
-    """``Config.fromfile`` with readable errors for a missing file or an absent task library."""
+    """``Config.fromfile`` with readable errors for a missing file or an absent task library.
+
+    The config's text (``pretty_text``: the log's copy, the one written to the work dir, each checkpoint's) is
+    mmengine's without yapf's formatting (``format_python_code=False``): the same Python, one item per line,
+    which yapf would otherwise format anew for each copy (four at the start of a run, one per checkpoint)."""
     if not osp.isfile(path):
         raise UserError(f'config file {path!r} does not exist (configs live in configs/detection, '
                         'configs/segmentation, configs/classification and configs/demo)')
     try:
-        cfg = Config.fromfile(path)
+        cfg = Config.fromfile(path, format_python_code=False)
     except ModuleNotFoundError as e:  # e.g. `mmdet::` bases without mmdet installed
         raise UserError(f'config {path!r} needs the package {e.name!r}, which is not installed; '
                         'see requirements/pins.txt') from e
+    if getattr(cfg, '_format_python_code', False):  # mmengine passes the option on for lazy-import configs only
+        cfg = Config(cfg.to_dict(), cfg_text=cfg.text, filename=cfg.filename, env_variables=cfg.env_variables,
+                     format_python_code=False)
     if cfg_options:
         if 'data_root' in cfg_options:  # first, so that explicit per-dataset options still win
             move_data_root(cfg, cfg_options['data_root'])

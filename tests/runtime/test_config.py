@@ -1,6 +1,7 @@
 """Configs as the tools load them (mmpola.runtime.config): ``--cfg-options data_root=DIR`` moves every
 dataset and the evaluators' annotation files (load_config / move_data_root), for detection and
-segmentation configs; a missing config file is one line."""
+segmentation configs; a missing config file is one line; the config's text is mmengine's without yapf's
+formatting."""
 import os.path as osp
 
 import pytest
@@ -56,3 +57,18 @@ def test_missing_data_hint_names_the_option_that_fits_the_config(tmp_path):
     config.write_text(f"train_dataloader = dict(dataset=dict(data_root={str(tmp_path / 'nowhere')!r}))\n")
     with pytest.raises(UserError, match=r'--cfg-options train_dataloader.dataset.data_root=DIR$'):
         check_data_files(load_config(str(config)), ['train_dataloader'], check_images=False)
+
+
+def test_the_config_text_is_written_without_yapf_and_reads_back_the_same(tmp_path, monkeypatch):
+    """The tools' configs (load_config) give mmengine's text without yapf's formatting (format_python_code=False):
+    no yapf call for the log's, the work dir's and each checkpoint's copy, and the text is the same config."""
+    import mmengine.config.config as mmengine_config
+    from mmengine.config import Config
+    cfg = load_config(DET, {'train_cfg.max_epochs': 3})
+    monkeypatch.setattr(mmengine_config, 'FormatCode', lambda *args, **kwargs: pytest.fail('yapf formatted the config'))
+    cfg.dump(str(tmp_path / 'dumped.py'))
+    assert cfg.filename == DET and cfg.text == Config.fromfile(DET).text
+    dumped = Config.fromfile(str(tmp_path / 'dumped.py')).to_dict()
+    expected = Config.fromfile(DET)
+    expected.merge_from_dict({'train_cfg.max_epochs': 3})
+    assert dumped == expected.to_dict() and dumped['train_cfg']['max_epochs'] == 3
