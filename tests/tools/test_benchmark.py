@@ -498,6 +498,22 @@ def test_host_layouts_dispatch_what_the_full_backbones_do(name, amp, monkeypatch
     assert bool(counts[1][1]) == (not name.startswith(('pvt', 'swin', 'timm')))  # mmpola's backbones launch kernels
 
 
+def test_a_training_pass_sets_the_gradients_to_none_without_walking_the_modules(monkeypatch):
+    """Each pass starts from no gradients (two passes give one pass's), cleared over the parameters' list as an
+    optimizer wrapper clears them, not by ``model.zero_grad``'s traversal of the modules (which would count in
+    the host's time and Python calls)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(4, 4, 3))
+    step = BENCH.backbone_pass(model, torch.randn(1, 3, 16, 16), backward=True)
+    params = list(model.parameters())
+    monkeypatch.setattr(model, 'zero_grad', lambda *args, **kwargs: pytest.fail('model.zero_grad called'))
+    monkeypatch.setattr(model, 'named_modules', lambda *args, **kwargs: pytest.fail('modules walked'))
+    step()
+    once = [p.grad.clone() for p in params]
+    step()
+    for grad, param in zip(once, params):
+        torch.testing.assert_close(param.grad, grad)
+
+
 def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
     """One row per backbone: times, Python calls, operators and (mmpola's) Triton launches of a training step, the
     rows timed in turn; --compare-recompute adds mmpola's backbones with the library's linear layers (fewer
