@@ -28,6 +28,19 @@ def load_config(path, cfg_options=None):
     except ModuleNotFoundError as e:  # e.g. `mmdet::` bases without mmdet installed
         raise UserError(f'config {path!r} needs the package {e.name!r}, which is not installed; '
                         'see requirements/pins.txt') from e
+    except SyntaxError as e:  # the file or one it inherits from (mmengine parses some without their name)
+        where = e.filename if e.filename and not e.filename.startswith('<') else 'it or a file it inherits from'
+        raise UserError(f'config {path!r} is not valid Python ({where}, line {e.lineno}: {e.msg}); fix that line'
+                        ) from e
+    except FileNotFoundError as e:  # a file in its _base_ list
+        raise UserError(f'config {path!r} inherits from {e.filename!r}, which does not exist; fix its _base_ '
+                        'list (paths are relative to the config, or mmdet:: / mmseg:: for the libraries\' configs)'
+                        ) from e
+    except (TypeError, KeyError) as e:  # mmengine's merge of a config into its bases, a missing base variable
+        detail = str(e.args[0]) if e.args else repr(e)
+        if isinstance(e, KeyError) and ' ' not in detail:  # a name: `_base_.NAME` / `{{_base_.NAME}}` missing
+            detail = f'it uses {detail!r}, which the configs it inherits from do not define'
+        raise UserError(f'config {path!r} does not fit the configs it inherits from: {detail}') from e
     if getattr(cfg, '_format_python_code', False):  # mmengine passes the option on for lazy-import configs only
         cfg = Config(cfg.to_dict(), cfg_text=cfg.text, filename=cfg.filename, env_variables=cfg.env_variables,
                      format_python_code=False)

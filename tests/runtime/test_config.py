@@ -1,7 +1,7 @@
 """Configs as the tools load them (mmpola.runtime.config): ``--cfg-options data_root=DIR`` moves every
 dataset and the evaluators' annotation files (load_config / move_data_root), for detection and
 segmentation configs; a missing config file is one line; the config's text is mmengine's without yapf's
-formatting."""
+formatting; a config mmengine cannot read is one error that names it and the fix."""
 import os.path as osp
 
 import pytest
@@ -72,3 +72,22 @@ def test_the_config_text_is_written_without_yapf_and_reads_back_the_same(tmp_pat
     expected = Config.fromfile(DET)
     expected.merge_from_dict({'train_cfg.max_epochs': 3})
     assert dumped == expected.to_dict() and dumped['train_cfg']['max_epochs'] == 3
+
+
+@pytest.mark.parametrize('text, says', [
+    ("x = dict(\n", ["is not valid Python", "line 1", "'(' was never closed", 'fix that line']),
+    ("_base_ = ['./no_such_base.py']\n", ['inherits from', 'no_such_base.py', 'which does not exist', '_base_ list']),
+    (f"_base_ = [{DET!r}]\nmodel = dict(backbone=dict(arch=dict(depths=[1, 1, 1, 1])))\n",
+     ['does not fit the configs it inherits from', 'arch', '_delete_=True']),
+    (f"_base_ = [{DET!r}]\nx = {{{{_base_.no_such_name}}}}\n",
+     ["it uses 'no_such_name', which the configs it inherits from do not define"]),
+], ids=['syntax', 'missing-base', 'merge', 'base-variable'])
+def test_a_broken_config_is_one_error_naming_it_and_the_fix(tmp_path, text, says):
+    """A config that mmengine cannot read (bad Python, a missing base, a value that does not merge into its base's,
+    a base variable its bases lack): one UserError naming the config and what to change, not a traceback."""
+    path = tmp_path / 'broken.py'
+    path.write_text(text)
+    with pytest.raises(UserError) as info:
+        load_config(str(path))
+    message = str(info.value)
+    assert f"config {str(path)!r}" in message and all(part in message for part in says), message
