@@ -2,6 +2,7 @@
 the work dir."""
 import importlib
 import os.path as osp
+import sys
 
 from mmengine.config import Config
 
@@ -29,14 +30,20 @@ def load_config(path, cfg_options=None):
         raise UserError(f'config {path!r} needs the package {e.name!r}, which is not installed; '
                         'see requirements/pins.txt') from e
     except SyntaxError as e:  # the file or one it inherits from (mmengine parses some without their name)
+        if not _raised_reading_the_config(e):
+            raise
         where = e.filename if e.filename and not e.filename.startswith('<') else 'it or a file it inherits from'
         raise UserError(f'config {path!r} is not valid Python ({where}, line {e.lineno}: {e.msg}); fix that line'
                         ) from e
     except FileNotFoundError as e:  # a file in its _base_ list
+        if not _raised_reading_the_config(e):
+            raise
         raise UserError(f'config {path!r} inherits from {e.filename!r}, which does not exist; fix its _base_ '
                         'list (paths are relative to the config, or mmdet:: / mmseg:: for the libraries\' configs)'
                         ) from e
     except (TypeError, KeyError) as e:  # mmengine's merge of a config into its bases, a missing base variable
+        if not _raised_reading_the_config(e):  # e.g. raised by a module of its custom_imports
+            raise
         detail = str(e.args[0]) if e.args else repr(e)
         if isinstance(e, KeyError) and ' ' not in detail:  # a name: `_base_.NAME` / `{{_base_.NAME}}` missing
             detail = f'it uses {detail!r}, which the configs it inherits from do not define'
@@ -49,6 +56,20 @@ def load_config(path, cfg_options=None):
             move_data_root(cfg, cfg_options['data_root'])
         cfg.merge_from_dict(cfg_options)
     return cfg
+
+
+def _raised_reading_the_config(error):
+    """Whether ``error`` comes from mmengine's reading of the config files (its last frame in mmengine's config
+    module, or a syntax error of a file it parsed), not from code the config imports."""
+    if isinstance(error, SyntaxError) and error.__traceback__ is not None and error.filename in (None, '<unknown>'):
+        return True
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return traceback is not None and osp.dirname(traceback.tb_frame.f_code.co_filename) == _MMENGINE_CONFIG_DIR
+
+
+_MMENGINE_CONFIG_DIR = osp.dirname(sys.modules[Config.__module__].__file__)
 
 
 _DATA_ROOT_USERS = ('train_dataloader', 'val_dataloader', 'test_dataloader', 'val_evaluator', 'test_evaluator')

@@ -91,3 +91,13 @@ def test_a_broken_config_is_one_error_naming_it_and_the_fix(tmp_path, text, says
         load_config(str(path))
     message = str(info.value)
     assert f"config {str(path)!r}" in message and all(part in message for part in says), message
+
+
+def test_an_error_of_code_the_config_imports_is_not_called_a_config_error(tmp_path, monkeypatch):
+    """An error raised by a module of the config's custom_imports is that module's: it comes through as it is."""
+    (tmp_path / 'module_that_fails.py').write_text("raise KeyError('raised by the module')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / 'imports.py'
+    path.write_text("custom_imports = dict(imports=['module_that_fails'], allow_failed_imports=False)\n")
+    with pytest.raises(KeyError, match='raised by the module'):
+        load_config(str(path))
