@@ -3,8 +3,8 @@ weights as an uninterrupted run.
 
 * in process, on a toy model whose loss and data draw torch / numpy / python random numbers: with
   the hook the resumed run repeats the uninterrupted one, without it it does not;
-* through tools/train.py, the demo detector (Mask R-CNN + Pola-PVT-T, shrunk heads: random flips,
-  drop-path, RPN and RoI sampling all draw random numbers) on a tiny generated COCO set, killed
+* through tools/train.py, the tiny demo detector (Mask R-CNN + a narrow Pola-PVT, shrunk heads: random
+  flips, drop-path, RPN and RoI sampling all draw random numbers) on a tiny generated COCO set, killed
   (SIGKILL from outside, as a node failure would) as soon as its first checkpoint is on disk, then
   resumed: both loop types, with one persistent data worker (the settings of the real detection
   configs; it covers data loaded in the main process and in workers started anew each epoch too:

@@ -41,10 +41,15 @@ def test_test_tta_flips_and_scales_with_masks(tiny, trained):
     assert all(0 <= v <= 1 for v in coco_metrics(log).values())
 
 
-def test_data_root_option_moves_datasets_and_evaluator(tiny, trained, tmp_path):
-    """The demo config (data_root data/demo_coco/) on the tiny data: only --cfg-options data_root."""
+def test_data_root_option_moves_datasets_and_evaluator(tiny, tmp_path):
+    """The demo config (data_root data/demo_coco/) on the tiny data: only --cfg-options data_root. Its
+    checkpoint: the demo detector as built (the tiny runs train a narrower backbone)."""
+    from tests.fixtures.detection import build_detector, load_config
+    checkpoint = tmp_path / 'demo_detector.pth'
+    torch.manual_seed(0)
+    torch.save(dict(state_dict=build_detector(load_config(DEMO_CONFIG)).state_dict()), checkpoint)
     out = tmp_path / 'predictions.pkl'
-    log = run_tool([PYTHON, 'tools/test.py', DEMO_CONFIG, str(trained['work_dir'] / 'epoch_2.pth'), '--work-dir',
+    log = run_tool([PYTHON, 'tools/test.py', DEMO_CONFIG, str(checkpoint), '--work-dir',
                 str(tmp_path), '--out', str(out), '--cfg-options', f"data_root={tiny['root']}/",
                 'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False'])
     # the evaluator reads the moved file (the Runner dumps its config into the work dir)
