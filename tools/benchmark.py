@@ -1446,7 +1446,8 @@ def main(argv=None):
         args.malloc_state = tune_malloc()
     device = torch.device(args.device)
     if device.type == 'cuda' and not torch.cuda.is_available():
-        raise SystemExit('--device cuda requested but torch.cuda.is_available() is False; use --device cpu')
+        from mmpola.runtime.launch import cuda_unusable_message
+        raise SystemExit('error: ' + cuda_unusable_message('--device cuda asks for a GPU'))
     if getattr(args, 'memory', False) and device.type == 'cpu' and not cpu_peak_supported():
         print('peak memory needs Linux /proc/self/clear_refs; skipping it (--no-memory)')
         args.memory = False

@@ -271,6 +271,14 @@ def cuda_problem(facts):
             'run on a machine or in a job that has GPUs (with slurm: --gres=gpu:N, as tools/slurm_*.sh ask)')
 
 
+def cuda_unusable_message(what, problem=None, cpu_option='--device cpu'):
+    """The one line of a command that needs CUDA where it is not usable: ``what`` asked for a GPU, the cause and
+    its fix (``problem``: :func:`cuda_problem`'s, probed here when not given) and how to ask for the CPU."""
+    cause, fix = problem or cuda_problem(probe_cuda())
+    return (f'{what}, but CUDA is not usable here: {cause}. Fix: {fix}. To run on the CPU on purpose, add '
+            f'{cpu_option}.')
+
+
 def check_device(launcher='none', device=None, environ=None, facts=None):
     """Decide the device of this run before anything is built; returns ``'cuda'`` or ``'cpu'``.
 
@@ -300,8 +308,7 @@ def check_device(launcher='none', device=None, environ=None, facts=None):
     if launcher != 'none' or choice == 'cuda':
         what = (f'--launcher {launcher} starts one process per GPU' if launcher != 'none'
                 else f'--device cuda ({DEVICE_ENV}=cuda) asks for a GPU')
-        raise UserError(f'{what}, but CUDA is not usable here: {cause}. Fix: {fix}. To run on the CPU on '
-                        f'purpose, add --device cpu (or set {DEVICE_ENV}=cpu).')
+        raise UserError(cuda_unusable_message(what, problem, cpu_option=f'--device cpu (or set {DEVICE_ENV}=cpu)'))
     print(f'WARNING: running on the CPU: CUDA is not usable ({cause}). If a GPU was meant: {fix}. If the CPU is '
           f'meant, --device cpu (or {DEVICE_ENV}=cpu) says so and silences this warning.', flush=True)
     return 'cpu'

@@ -540,6 +540,20 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
         BENCH.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))
 
 
+def test_cuda_asked_where_it_is_unusable_is_one_line_with_the_cause_and_fix(monkeypatch):
+    """--device cuda with a CPU-only torch build (a GPU machine's usual mistake): the cause and its fix, as the
+    training tools say them, not only that CUDA is off."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.version, 'cuda', None)
+    with pytest.raises(SystemExit) as exc:
+        BENCH.main(['backbone', '--device', 'cuda', '--models', 'pola-pvt-t', '--malloc', 'default'])
+    message = str(exc.value.code)
+    assert message.startswith('error: --device cuda asks for a GPU, but CUDA is not usable here: this torch build ('), \
+        message
+    assert 'has no CUDA support. Fix: install a CUDA build of torch' in message, message
+    assert message.endswith('To run on the CPU on purpose, add --device cpu.') and '\n' not in message
+
+
 def test_optim_times_a_step_with_each_constructor_s_groups(capsys):
     """One row per config, constructor and torch implementation: mmengine's default constructor gives each
     parameter a group (the config has a paramwise_cfg), mmpola's merges those of equal options: the same tensors,
