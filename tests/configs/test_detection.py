@@ -9,7 +9,7 @@ import mmdet  # noqa: F401  (required: a broken install fails here)
 import pytest
 
 from mmpola.checkpoint.sources import pretrained_url
-from tests.fixtures.config_groups import build_groups, group_id
+from tests.fixtures.config_groups import build_groups, group_id, representative
 from tests.fixtures.detection import check_trains_one_step_and_predicts
 from tests.fixtures.detection import load_config as _load
 from tests.fixtures.paths import CONFIGS
@@ -17,9 +17,21 @@ from tests.fixtures.paths import CONFIGS
 GROUPS = build_groups(('detection', 'demo' + osp.sep + 'mask-rcnn'))
 
 
-@pytest.mark.parametrize('path', sorted(GROUPS), ids=[group_id(GROUPS[p]) for p in sorted(GROUPS)])
-def test_config_trains_one_step_and_predicts(path):
-    check_trains_one_step_and_predicts(path)
+@pytest.mark.parametrize('paths', GROUPS, ids=[group_id(paths) for paths in GROUPS])
+def test_config_trains_one_step_and_predicts(paths):
+    check_trains_one_step_and_predicts(representative(paths))
+
+
+def test_a_group_of_configs_with_two_models_is_refused():
+    """The groups come from the configs' names; the group's test checks that its configs build one model."""
+    paths = [osp.join(CONFIGS, 'detection', n) for n in ('mask-rcnn_pola-pvt-s_fpn_1x_coco.py',
+                                                          'retinanet_pola-pvt-t_fpn_1x_coco.py')]
+    with pytest.raises(AssertionError, match=r"\['detection/retinanet_pola-pvt-t_fpn_1x_coco.py'\] build another "
+                       r'model than detection/mask-rcnn_pola-pvt-s_fpn_1x_coco.py'):
+        representative(paths)
+    # the smallest backbone of a group trains
+    smallest = representative([paths[0], paths[0].replace('-pvt-s_', '-pvt-t_')])
+    assert smallest.endswith('mask-rcnn_pola-pvt-t_fpn_1x_coco.py')
 
 
 # the FLatten / InLine configs of the PVT and Swin backbones, which have a Pola config of the same name (those
