@@ -29,25 +29,10 @@ def load_config(path, cfg_options=None):
     except ModuleNotFoundError as e:  # e.g. `mmdet::` bases without mmdet installed
         raise UserError(f'config {path!r} needs the package {e.name!r}, which is not installed; '
                         'see requirements/pins.txt') from e
-    except SyntaxError as e:  # the file or one it inherits from (mmengine parses some without their name)
-        if not _raised_reading_the_config(e):
-            raise
-        where = e.filename if e.filename and not e.filename.startswith('<') else 'it or a file it inherits from'
-        raise UserError(f'config {path!r} is not valid Python ({where}, line {e.lineno}: {e.msg}); fix that line'
-                        ) from e
-    except FileNotFoundError as e:  # a file in its _base_ list
-        if not _raised_reading_the_config(e):
-            raise
-        raise UserError(f'config {path!r} inherits from {e.filename!r}, which does not exist; fix its _base_ '
-                        'list (paths are relative to the config, or mmdet:: / mmseg:: for the libraries\' configs)'
-                        ) from e
-    except (TypeError, KeyError) as e:  # mmengine's merge of a config into its bases, a missing base variable
+    except (SyntaxError, FileNotFoundError, TypeError, KeyError) as e:
         if not _raised_reading_the_config(e):  # e.g. raised by a module of its custom_imports
             raise
-        detail = str(e.args[0]) if e.args else repr(e)
-        if isinstance(e, KeyError) and ' ' not in detail:  # a name: `_base_.NAME` / `{{_base_.NAME}}` missing
-            detail = f'it uses {detail!r}, which the configs it inherits from do not define'
-        raise UserError(f'config {path!r} does not fit the configs it inherits from: {detail}') from e
+        raise UserError(f'config {path!r} {_reading_problem(e)}') from e
     if getattr(cfg, '_format_python_code', False):  # mmengine passes the option on for lazy-import configs only
         cfg = Config(cfg.to_dict(), cfg_text=cfg.text, filename=cfg.filename, env_variables=cfg.env_variables,
                      format_python_code=False)
@@ -56,6 +41,22 @@ def load_config(path, cfg_options=None):
             move_data_root(cfg, cfg_options['data_root'])
         cfg.merge_from_dict(cfg_options)
     return cfg
+
+
+def _reading_problem(error):
+    """What mmengine's reading of a config's files met (:func:`load_config`), and the fix, in words."""
+    if isinstance(error, SyntaxError):  # the file or one it inherits from (mmengine parses some without their name)
+        where = error.filename if error.filename and not error.filename.startswith('<') else \
+            'it or a file it inherits from'
+        return f'is not valid Python ({where}, line {error.lineno}: {error.msg}); fix that line'
+    if isinstance(error, FileNotFoundError):  # a file in its _base_ list
+        return (f'inherits from {error.filename!r}, which does not exist; fix its _base_ list (paths are relative '
+                'to the config, or mmdet:: / mmseg:: for the libraries\' configs)')
+    # mmengine's merge of a config into its bases (TypeError), a missing base variable (KeyError)
+    detail = str(error.args[0]) if error.args else repr(error)
+    if isinstance(error, KeyError) and ' ' not in detail:  # a name: `_base_.NAME` / `{{_base_.NAME}}` missing
+        detail = f'it uses {detail!r}, which the configs it inherits from do not define'
+    return f'does not fit the configs it inherits from: {detail}'
 
 
 def _raised_reading_the_config(error):
