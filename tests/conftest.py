@@ -40,6 +40,11 @@ def data_file():
     return data_path
 
 
+def pytest_configure(config):
+    from tests.fixtures import yaml_cache
+    yaml_cache.install()  # configs' mmdet:: / mmseg:: bases: each model-index metafile parsed once per process
+
+
 @pytest.fixture(autouse=True)
 def _no_compile(monkeypatch):
     """Keep the attention cores eager: a torch.compile build costs seconds per new shape on a CPU.
