@@ -13,7 +13,7 @@ from mmengine.config import Config
 from mmpola.checkpoint import load_checkpoint
 from mmpola.checkpoint.reading import safe_torch_load
 from tests.fixtures.paths import REPO as REPO_ROOT  # noqa: E402
-from tests.fixtures.tools import load_tool
+from tests.fixtures.tools import load_tool, run_main
 
 DET_CONFIG = osp.join(REPO_ROOT, 'configs', 'detection', 'mask-rcnn_pola-pvt-t_fpn_1x_coco.py')
 SEG_CONFIG = osp.join(REPO_ROOT, 'configs', 'segmentation', 'upernet_pola-pvt-t_8xb2-160k_ade20k-512x512.py')
@@ -84,7 +84,7 @@ def test_tools_test_evaluates_the_checkpoint(trained):
     config, checkpoint, work = trained
     test_tool = load_tool('test')
     out_file = work / 'preds.pkl'
-    metrics = test_tool.main([config, checkpoint, '--work-dir', str(work / 'test'), '--out', str(out_file)])
+    metrics = run_main(test_tool, [config, checkpoint, '--work-dir', str(work / 'test'), '--out', str(out_file)])
     assert set(metrics) == {'accuracy/top1', 'accuracy/top5'}
     assert 0 <= metrics['accuracy/top1'] <= metrics['accuracy/top5'] <= 100
     with open(out_file, 'rb') as f:  # our own file, written by mmengine's DumpResults

@@ -19,7 +19,7 @@ from mmengine.structures import BaseDataElement
 from torch.utils.data import DataLoader
 
 from mmpola.runtime import NonFiniteLossError, NonFiniteLossHook, UserError
-from tests.fixtures.tools import load_tool
+from tests.fixtures.tools import load_tool, run_main
 from tests.fixtures.toy_runs import RUNTIME_BASE
 
 NUM_SAMPLES, BATCH = 8, 2  # 4 iterations per epoch
@@ -352,7 +352,7 @@ def test_tools_train_runs_the_configs_guard_and_stops_with_the_message(tmp_path,
 
     work_dir = tmp_path / 'stop'
     with pytest.raises(SystemExit) as info:
-        train.main([_toy_config(tmp_path, {3}, 'toy_stop'), '--work-dir', str(work_dir)])
+        run_main(train, [_toy_config(tmp_path, {3}, 'toy_stop'), '--work-dir', str(work_dir)])
     assert info.value.code == 1
     logs = list(work_dir.glob('*/*.log'))
     assert len(logs) == 1

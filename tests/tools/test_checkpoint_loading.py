@@ -26,7 +26,7 @@ from mmengine.logging import MMLogger
 from tests.checkpoint.test_layout import ARCH, DEPTHS, EXTRA, official_file
 from tests.fixtures.detection import build_detector, load_config
 from tests.fixtures.paths import REPO
-from tests.fixtures.tools import load_tool, refused
+from tests.fixtures.tools import load_tool, refused, run_main
 
 DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 CHANNELS = {'pvt': [16, 32, 80, 128], 'swin': [16, 32, 64, 128]}
@@ -95,8 +95,8 @@ def test_train_refuses_a_deeper_backbone_file_as_init_cfg(coco, tmp_path, capsys
     assert "on purpose: strict=False (init_cfg=dict(type='Pretrained', checkpoint=..., strict=False)" in err
 
     # on purpose: the blocks both have load, the run trains
-    TRAIN.main([config(coco, family, shallow, init=file), '--work-dir', str(tmp_path / 'partial'),
-                '--cfg-options', 'model.backbone.init_cfg.strict=False'])
+    run_main(TRAIN, [config(coco, family, shallow, init=file), '--work-dir', str(tmp_path / 'partial'),
+                     '--cfg-options', 'model.backbone.init_cfg.strict=False'])
     assert osp.isfile(tmp_path / 'partial' / 'epoch_1.pth')
     assert 'PolaPVT: loaded' in capsys.readouterr().out
     # --resume of that run with the config of the deeper backbone
@@ -121,8 +121,8 @@ def test_test_and_load_from_refuse_a_deeper_detector_checkpoint(coco, tmp_path, 
                   capsys, [checkpoint], work_dir=work)
     assert err.startswith(expected), err
     # on purpose
-    TEST.main([shallow_config, checkpoint, '--work-dir', str(tmp_path / 'anyway'),
-               '--cfg-options', 'checkpoint_min_loaded=0'])
+    run_main(TEST, [shallow_config, checkpoint, '--work-dir', str(tmp_path / 'anyway'),
+                    '--cfg-options', 'checkpoint_min_loaded=0'])
 
 
 def test_a_nan_weight_is_named_by_test_and_load_from(coco, tmp_path, capsys):

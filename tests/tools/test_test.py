@@ -13,7 +13,7 @@ import torch
 from tests.fixtures.bad_data import split_with_float_tiff
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import DEMO_CONFIG, coco_metrics, free_port, run_tool
-from tests.fixtures.tools import load_tool, refused
+from tests.fixtures.tools import load_tool, refused, run_main
 
 
 @pytest.fixture(scope='module')
@@ -110,7 +110,7 @@ def test_an_image_with_nan_pixels_is_named_and_never_reaches_another_image(tiny,
     for name, cfg_path, options in (('skip', config, ['--cfg-options', 'nonfinite_pixels.action=skip']),
                                     ('zeros', _nan_tiff_set(tiny, tmp_path / 'zeros', fill=0.0)[0], [])):
         out = tmp_path / f'{name}.pkl'
-        test.main([cfg_path, checkpoint, '--work-dir', str(tmp_path / name), '--out', str(out)] + options)
+        run_main(test, [cfg_path, checkpoint, '--work-dir', str(tmp_path / name), '--out', str(out)] + options)
         with open(out, 'rb') as f:
             predictions[name] = [p['pred_instances'] for p in pickle.load(f)]
     assert re.search(f'{re.escape(str(tiff))}: \\d+ NaN pixel values: set to 0 for its prediction '

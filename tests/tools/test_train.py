@@ -12,7 +12,7 @@ import torch
 from tests.fixtures.bad_data import split_with_float_tiff
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import coco_metrics, free_port, run_tool
-from tests.fixtures.tools import load_tool, refused
+from tests.fixtures.tools import load_tool, refused, run_main
 
 NO_VALIDATION = ('val_dataloader=None', 'val_cfg=None', 'val_evaluator=None')
 
@@ -104,8 +104,8 @@ train_cfg = dict(max_epochs=1)
     train = load_tool('train')
     err = refused(train, [str(config), '--work-dir', str(tmp_path / 'stop'), '--cfg-options', *NO_VALIDATION], capsys)
     assert err.startswith('train_dataloader: iteration ') and f'{tiff}: ' in err and 'NaN pixel value' in err
-    train.main([str(config), '--work-dir', str(tmp_path / 'skip'), '--cfg-options', 'nonfinite_pixels.action=skip',
-                *NO_VALIDATION])
+    run_main(train, [str(config), '--work-dir', str(tmp_path / 'skip'), '--cfg-options', 'nonfinite_pixels.action=skip',
+                     *NO_VALIDATION])
     out = capsys.readouterr().out
     assert f'{tiff}: ' in out and 'takes its place (nonfinite_pixels.action=skip)' in out
     saved = torch.load(tmp_path / 'skip' / 'epoch_1.pth', weights_only=True)

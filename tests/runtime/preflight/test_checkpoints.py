@@ -21,7 +21,7 @@ from tests.fixtures.checkpoints import (
 )
 from tests.fixtures.detection import coco_options, make_tool_coco
 from tests.fixtures.paths import REPO
-from tests.fixtures.tools import load_tool, refused
+from tests.fixtures.tools import load_tool, refused, run_main
 
 DET_DEMO = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 
@@ -182,7 +182,7 @@ def test_test_tool(tiny_cls, tmp_path, capsys):
     test = load_tool('test')
     evil, marker = evil_checkpoint(tmp_path)
     with pytest.raises(SystemExit) as exc:
-        test.main([tiny_cls['config'], evil, '--work-dir', str(tmp_path / 'evil')])
+        run_main(test, [tiny_cls['config'], evil, '--work-dir', str(tmp_path / 'evil')])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith('error: ') and 'Traceback' not in err

@@ -13,7 +13,7 @@ from mmengine.logging import MMLogger
 from mmpola.runtime import UserError, check_data_files
 from tests.fixtures.bad_data import coco_dataset_cfg, config, make_bad_coco, scoped
 from tests.fixtures.paths import REPO
-from tests.fixtures.tools import load_tool, refused
+from tests.fixtures.tools import load_tool, refused, run_main
 
 DET_DEMO = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 SEG_DEMO = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
@@ -78,9 +78,9 @@ def test_missing_and_empty_images_are_reported_before_training(coco, tmp_path, c
     # through tools/train.py: one line on stderr, exit status 2, before any model is built
     (root / 'img' / '5.jpg').unlink()
     with pytest.raises(SystemExit) as exit_info:
-        TRAIN.main([DET_DEMO, '--work-dir', str(tmp_path / 'work'), '--cfg-options',
-                    f'train_dataloader.dataset.data_root={root}/', 'train_dataloader.dataset.ann_file=ann.json',
-                    'train_dataloader.dataset.data_prefix.img=img/', 'val_cfg=None'])
+        run_main(TRAIN, [DET_DEMO, '--work-dir', str(tmp_path / 'work'), '--cfg-options',
+                         f'train_dataloader.dataset.data_root={root}/', 'train_dataloader.dataset.ann_file=ann.json',
+                         'train_dataloader.dataset.data_prefix.img=img/', 'val_cfg=None'])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith('error: train_dataloader: 1 of 5 images listed in') and f'{root}/img/5.jpg' in err
