@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.fixtures.paths import CONFIGS
-from tests.fixtures.tools import load_tool
+from tests.fixtures.tools import load_tool, own_run
 
 CONFIG_DIR = osp.join(CONFIGS, 'classification')
 TOL = 1e-5
@@ -25,7 +25,7 @@ def test_tools_test_loads_official_checkpoint(golden, tiny_imagenet, tmp_path, f
         f"model = dict(arch=dict(_delete_=True, **{kwargs.pop('arch')!r}), **{kwargs!r})\n"
         f"test_dataloader = dict(num_workers=0, persistent_workers=False, "
         f"dataset=dict(data_root={tiny_imagenet!r}))\n")
-    args = test_tool.parse_args([str(config), ckpt, '--work-dir', str(tmp_path / 'work')])
+    args = test_tool.parse_args(own_run([str(config), ckpt, '--work-dir', str(tmp_path / 'work')]))
     runner = test_tool.build_runner(args)
     runner.load_or_resume()
     model = runner.model.eval()

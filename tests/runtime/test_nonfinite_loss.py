@@ -19,7 +19,7 @@ from mmengine.structures import BaseDataElement
 from torch.utils.data import DataLoader
 
 from mmpola.runtime import NonFiniteLossError, NonFiniteLossHook, UserError
-from tests.fixtures.tools import load_tool, run_main
+from tests.fixtures.tools import load_tool, own_run, run_main
 from tests.fixtures.toy_runs import RUNTIME_BASE
 
 NUM_SAMPLES, BATCH = 8, 2  # 4 iterations per epoch
@@ -343,8 +343,8 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
 def test_tools_train_runs_the_configs_guard_and_stops_with_the_message(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('MMPOLA_MALLOC_TUNING', '0')
     train = load_tool('train')
-    args = train.parse_args([_toy_config(tmp_path, {3}, 'toy_skip'), '--work-dir', str(tmp_path / 'skip'),
-                             '--cfg-options', 'nonfinite_loss.action=skip', 'nonfinite_loss.max_skips=4'])
+    args = train.parse_args(own_run([_toy_config(tmp_path, {3}, 'toy_skip'), '--work-dir', str(tmp_path / 'skip'),
+                                     '--cfg-options', 'nonfinite_loss.action=skip', 'nonfinite_loss.max_skips=4']))
     runner = train.build_runner(args)
     hooks = [h for h in runner.hooks if isinstance(h, NonFiniteLossHook)]
     hooks[0].before_run(runner)  # the hook reads the config's settings when the run starts

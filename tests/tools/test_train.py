@@ -12,7 +12,7 @@ import torch
 from tests.fixtures.bad_data import split_with_float_tiff
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import coco_metrics, free_port, run_tool
-from tests.fixtures.tools import load_tool, refused, run_main
+from tests.fixtures.tools import load_tool, own_run, refused, run_main
 
 NO_VALIDATION = ('val_dataloader=None', 'val_cfg=None', 'val_evaluator=None')
 
@@ -33,8 +33,8 @@ def test_resume_restores_weights_optimizer_and_iteration(tiny, trained, tmp_path
     checkpoint = str(trained['work_dir'] / 'epoch_1.pth')
 
     train = load_tool('train')
-    args = train.parse_args([tiny['config'], '--work-dir', str(work_dir), '--resume', checkpoint,
-                             '--cfg-options', *NO_VALIDATION])
+    args = train.parse_args(own_run([tiny['config'], '--work-dir', str(work_dir), '--resume', checkpoint,
+                                     '--cfg-options', *NO_VALIDATION]))
     runner = train.build_runner(args)
     seen = {}
 

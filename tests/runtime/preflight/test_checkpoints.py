@@ -21,7 +21,7 @@ from tests.fixtures.checkpoints import (
 )
 from tests.fixtures.detection import coco_options, make_tool_coco
 from tests.fixtures.paths import REPO
-from tests.fixtures.tools import load_tool, refused, run_main
+from tests.fixtures.tools import load_tool, own_run, refused, run_main
 
 DET_DEMO = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 
@@ -124,7 +124,7 @@ auto_scale_lr = dict(enable=False)
 default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1, save_best=None))
 """)
     train = load_tool('train')
-    args = train.parse_args([str(config), '--work-dir', str(work / 'train')])
+    args = train.parse_args(own_run([str(config), '--work-dir', str(work / 'train')]))
     train.build_runner(args).train()
     checkpoint = add_numpy(str(work / 'train' / 'epoch_1.pth'))
     return dict(config=str(config), checkpoint=checkpoint, work=work)
@@ -133,7 +133,7 @@ default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1, save_b
 def _probe_train(train, argv):
     """Build tools/train.py's runner and run it up to before_train: (iter, model state)."""
     from mmengine.hooks import Hook
-    runner = train.build_runner(train.parse_args(argv))
+    runner = train.build_runner(train.parse_args(own_run(argv)))
     seen = {}
 
     class Probe(Hook):
@@ -192,8 +192,8 @@ def test_test_tool(tiny_cls, tmp_path, capsys):
     saved = safe_torch_load(tiny_cls['checkpoint'])['state_dict']
     for checkpoint, reference in ((tiny_cls['checkpoint'], saved),
                                   (path, {f'backbone.{k}': v for k, v in official.items()})):
-        runner = test.build_runner(test.parse_args([tiny_cls['config'], checkpoint,
-                                                    '--work-dir', str(tmp_path / 'test')]))
+        runner = test.build_runner(test.parse_args(own_run([tiny_cls['config'], checkpoint,
+                                                            '--work-dir', str(tmp_path / 'test')])))
         metrics = runner.test()
         assert 'accuracy/top1' in metrics
         _assert_backbone_equals(runner.model.state_dict(), reference)
