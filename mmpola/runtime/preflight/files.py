@@ -76,9 +76,11 @@ def _missing_and_empty(paths):
     return missing, empty
 
 
-# the first bytes of the image formats the decoders read (cv2 and PIL sniff the content, not the suffix)
+# the first bytes of the image formats the decoders read (cv2 and PIL sniff the content, not the suffix);
+# Netpbm: P1-P6, PAM (P7) and PFM (PF, Pf); any other file that starts with 'P' (a zip: 'PK') is decoded
 _SIGNATURES = ((b'\xff\xd8\xff', 'JPEG'), (b'\x89PNG\r\n\x1a\n', 'PNG'), (b'GIF8', 'GIF'), (b'BM', 'BMP'),
-               (b'II*\x00', 'TIFF'), (b'MM\x00*', 'TIFF'), (b'RIFF', 'WEBP'), (b'P', 'PNM'))
+               (b'II*\x00', 'TIFF'), (b'MM\x00*', 'TIFF'), (b'RIFF', 'WEBP'),
+               *((b'P' + c.encode(), 'PNM') for c in '1234567Ff'))
 # where each format's complete file ends: the marker must lie in the last KiB (trailers after it are kept short)
 _END_MARKERS = {'JPEG': (b'\xff\xd9', 'its end marker (FF D9)'), 'PNG': (b'IEND', 'its IEND chunk')}
 _TAIL = 1024

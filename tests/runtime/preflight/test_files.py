@@ -131,7 +131,7 @@ def test_cut_off_and_undecodable_images_and_maps_are_reported_before_training(co
         (root / 'img' / name).write_bytes((coco / 'img' / name).read_bytes())
     whole = (coco / 'img' / '2.jpg').read_bytes()
     (root / 'img' / '2.jpg').write_bytes(whole[:len(whole) // 2])
-    (root / 'img' / '4.jpg').write_bytes(os.urandom(2000))
+    (root / 'img' / '4.jpg').write_bytes(b'PK\x03\x04' + bytes(range(256)) * 8)  # a zip archive's first bytes
     opts = [DET_DEMO, '--work-dir', str(tmp_path / 'work'), '--cfg-options',
             f'train_dataloader.dataset.data_root={root}/', 'train_dataloader.dataset.ann_file=ann.json',
             'train_dataloader.dataset.data_prefix.img=img/', 'val_cfg=None', 'val_dataloader=None',
@@ -141,7 +141,8 @@ def test_cut_off_and_undecodable_images_and_maps_are_reported_before_training(co
                           f'(an interrupted download or copy, or a damaged file):\n'
                           f'  {root}/img/2.jpg: cut off: a JPEG file without its end marker (FF D9), '
                           f'{len(whole) // 2} bytes (OSError: image file is truncated'), err
-    assert f'\n  {root}/img/4.jpg: not an image file: no image format starts with the bytes ' in err
+    assert f'\n  {root}/img/4.jpg: not an image file: no image format starts with the bytes 50 4b 03 04 00 01 02 03' \
+        in err
     assert f"\nFix: replace them with the original files (download or copy them again), or remove their entries " \
            f"from '{root}/ann.json'. Generate the demo dataset" in err
     # what the check prevents: PIL's message names no file
