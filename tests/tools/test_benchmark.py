@@ -540,6 +540,54 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
         BENCH.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))
 
 
+# What one training step of each of mmpola's backbones costs the host, as `host` counts it (its narrowed layout,
+# batch 1 at 64x96, bf16 autocast, an H100 dry run): Python calls, aten operators dispatched, the GPU kernels among
+# them (neither views nor bare allocations) and Triton launches. Counts, the same on every machine with the pinned
+# torch; a GPU's step pays for each of them on its CPU (docs/benchmarks.md, "The host's time of a step").
+HOST_BUDGETS = {  # name: (Python calls, operators, library kernels, Triton launches)
+    'pola-pvt-t': (7049, 2113, 501, 134),
+    'softmax-pvt-t': (3466, 1546, 571, 46),
+    'pola-swin-t': (6410, 2687, 823, 98),
+    'softmax-swin-t': (4827, 2612, 911, 54),
+    'softmax-pvtv2-b2': (6779, 3272, 1198, 96),
+}
+# mmpola's backbones whose step launches fewer kernels on a GPU (library kernels and Triton launches) than the
+# network they are compared with launches (mmdet's)
+FEWER_KERNELS_THAN = {'pola-pvt-t': 'pvt-t', 'softmax-pvt-t': 'pvt-t', 'pola-swin-t': 'swin-t',
+                      'softmax-swin-t': 'swin-t'}
+
+
+def _host_counts(name):
+    """(Python calls, operators, kernels, Triton launches, host-device syncs) of a narrowed step of ``name``,
+    after one step that fills the caches."""
+    step = BENCH.backbone_pass(HOST.build_narrowed(*BENCH.all_backbones()[name]), torch.randn(1, 3, 64, 96),
+                               backward=True, amp='bfloat16')
+    with BENCH.h100_dry_run() as launches:
+        step()
+        calls = HOST.python_calls(step)
+        del launches[:]
+        operators, kernels, syncs = BENCH.count_dispatched_ops(step)
+    return calls, operators, kernels, len(launches), syncs
+
+
+def test_host_counts_of_a_training_step_stay_within_their_budgets(monkeypatch):
+    """A change that adds Python calls, operators, kernels or Triton launches to a training step of mmpola's backbones
+    adds host time to every step on a GPU, where these backbones' steps at batch 2 are a few milliseconds of device
+    work: it fails here. If it pays on the device, raise the budget (and update the host table of
+    docs/benchmarks.md, `python tools/benchmark.py host --compare-recompute --amp bfloat16`); a change that lowers
+    a count lowers its budget. No step makes the host wait for the device."""
+    for variable in ('MMPOLA_DEPTHWISE_CONV', 'MMPOLA_RECOMPUTE'):  # unset, as `host` runs: 'auto'
+        monkeypatch.delenv(variable, raising=False)
+    counts = {name: _host_counts(name) for name in {*HOST_BUDGETS, *FEWER_KERNELS_THAN.values()}}
+    labels = ('Python calls', 'operators', 'kernels', 'Triton launches')
+    over = [f'{name}: {label} {count} > {budget}' for name, budgets in HOST_BUDGETS.items()
+            for label, count, budget in zip(labels, counts[name], budgets) if count > budget]
+    assert not over, over
+    assert all(count[4] == 0 for count in counts.values()), counts
+    for ours, theirs in FEWER_KERNELS_THAN.items():
+        assert sum(counts[ours][2:4]) < counts[theirs][2], (ours, counts[ours], theirs, counts[theirs])
+
+
 def test_cuda_asked_where_it_is_unusable_is_one_line_with_the_cause_and_fix(monkeypatch):
     """--device cuda with a CPU-only torch build (a GPU machine's usual mistake): the cause and its fix, as the
     training tools say them, not only that CUDA is off."""
