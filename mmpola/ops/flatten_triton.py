@@ -71,6 +71,13 @@ if triton_available() is None:
     def _fitting(configs, named_args, **kwargs):
         return [config for config in configs if config.kwargs['BLOCK_T'] <= _blocks(kwargs['BLOCK_D'])[0]]
 
+    def _fitting_key_backward(configs, named_args, **kwargs):
+        """:func:`_fitting`, with one head's blocks no longer than :func:`_one_head_key_block` (its key backward,
+        LOCAL_G: dv, dk and G in one program)."""
+        longest = _one_head_key_block(kwargs['BLOCK_D'], named_args['k_ptr'].dtype) if kwargs['LOCAL_G'] else None
+        return [config for config in _fitting(configs, named_args, **kwargs)
+                if longest is None or config.kwargs['BLOCK_T'] <= longest]
+
     @triton.jit
     def _power(a, FOCUS: tl.constexpr, INT_FOCUS: tl.constexpr):
         """a ** FOCUS for a > 0 (repeated products for an integer power)."""
@@ -271,7 +278,7 @@ if triton_available() is None:
         if WRITE_DX:
             _store_scale_gradient(ds_part_ptr + (pid * ds_records + chunk) * d, acc_ds, raw_s, s, offs_d, md)
 
-    @tunable(_TUNED, _FOCUS_KEY + ['WRITE_DV', 'WRITE_DX', 'LOCAL_G'], _fitting)
+    @tunable(_TUNED, _FOCUS_KEY + ['WRITE_DV', 'WRITE_DX', 'LOCAL_G'], _fitting_key_backward)
     @triton.jit(do_not_specialize=['ds_records'])  # varies with the input size: one compilation for all
     def _key_backward_kernel(k_ptr, bias_ptr, v_ptr, scale_ptr, stats_ptr, dsummary_ptr, gk_ptr, dk_ptr, dv_ptr,
                              ds_part_ptr, ds_records, n, d, H, tokens_per_chunk, inv_n,
@@ -324,7 +331,18 @@ def _blocks(d):
 # the default configs (BLOCK_T, num_warps) of the query pass and of the backward kernels on a GPU, per head-dim
 # block, where they are not _blocks': those spill registers (``tools/check_triton_kernels.py --untuned``)
 _GPU_QUERY_DEFAULTS = {64: (32, 8)}
-_GPU_BACKWARD_DEFAULTS = {32: (32, 8), 64: (16, 8)}
+_GPU_BACKWARD_DEFAULTS = {32: (32, 8), 64: (16, 8), 128: (16, 8)}
+
+
+def _one_head_key_block(block_d, dtype):
+    """The longest token block of one head's key backward (dv, dk and G in one program) for keys of ``dtype`` at
+    head-dim block ``block_d``, where it is shorter than _blocks': 16 in float32 from 128 on (32-token blocks
+    take 177 KiB of shared memory there, more than an A100 gives a block: ``make check-kernels``), else None."""
+    return 16 if block_d >= 128 and dtype == torch.float32 else None
+
+
+# its default config on a GPU there (_GPU_BACKWARD_DEFAULTS' 8 warps spill more on an H100)
+_GPU_ONE_HEAD_KEY_DEFAULT = dict(BLOCK_T=16, num_warps=4)
 
 
 def _defaults(d, device):
@@ -439,6 +457,8 @@ class _FlattenTriton(torch.autograd.Function):
                 H, per_k, 1.0 / n, *k.stride(), *bias_strides, *v.stride(), *dk.stride(), *dv.stride())
         grid = (B * H, chunks_k)
         keys = dict(blocks, BIAS=bias is not None)
+        if one and _one_head_key_block(block_d, k.dtype) and kernel_target(dev).gpu:  # the interpreter keeps _blocks'
+            keys['default'] = _GPU_ONE_HEAD_KEY_DEFAULT
         if one:
             launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **keys)
         else:

@@ -163,6 +163,27 @@ def test_a_key_bias_is_no_tensor_of_its_own():
     assert len(biased) == plain_launches and biased.count(True) == 4, biased
 
 
+def test_one_head_key_backward_in_float32_at_head_dim_128_fits_an_a100():
+    """Launched as on an A100 (a dry run): one head's key backward (dv, dk and G in one program) at head dim 128 in
+    float32 is tuned over, and defaults to, 16-token blocks (32-token ones need 177 KiB of shared memory, more than
+    the 163 KiB an A100 gives a block: ``make check-kernels`` compiles them); in half precision and with several
+    heads it is tuned over 32-token blocks too. The backward kernels' defaults at 128 take 16-token blocks."""
+    from mmpola.ops.triton_support import KernelTarget, dry_run, tuned_configs
+
+    a100 = KernelTarget(True, (8, 0), 108, 163 * 1024)
+    for heads, dtype, longest in [(1, torch.float32, 16), (1, torch.bfloat16, 32), (2, torch.float32, 32)]:
+        inputs, grad_out = make_inputs(1, (9, 10), (9, 10), heads, 128)
+        leaves = [t.to(dtype).requires_grad_() for t in inputs[:3]] + [inputs[3].requires_grad_()]
+        with dry_run(a100) as launches:
+            flatten_attention_triton(*leaves, heads).backward(grad_out.to(dtype))
+        keys = [launch for launch in launches if launch.kernel.fn.__name__ == '_key_backward_kernel']
+        assert len(keys) == (1 if heads == 1 else 2)
+        for launch in keys:
+            blocks = {config.kwargs['BLOCK_T'] for config in tuned_configs(launch.kernel, launch.args, launch.kwargs)}
+            assert max(blocks) == longest, (heads, dtype, blocks)
+            assert launch.default['BLOCK_T'] == 16, (heads, dtype, launch.default)
+
+
 def test_inference_without_grad():
     inputs, _ = make_inputs(1, (7, 9), (7, 9), 2, 16, seed=4)
     with torch.no_grad():
