@@ -922,7 +922,7 @@ def bench_host(args, device):
     """The host's time of a training step of each backbone, its compute taken out (tools/benchmark_host.py): a
     narrowed layout's step on the CPU (min and median of ``args.repeat`` after a warm-up, the rows in turn), its
     Python calls, dispatched operators and Triton launches."""
-    from benchmark_host import HEAD_DIM, build_narrowed, python_calls, recompute_impl_set
+    from benchmark_host import HEAD_DIM, build_narrowed, recompute_impl_set, step_counts
     if device.type != 'cpu':
         raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
                          'prints the host time of each pass beside its time')
@@ -949,12 +949,10 @@ def bench_host(args, device):
                     times[row].append(time.perf_counter() - start)
         for row, step in steps.items():
             with recompute_impl_set(row[1]):
-                calls = python_calls(step)
-                del launches[:]
-                ops = count_dispatched_ops(step)[0]
+                calls, ops, _, launched, _ = step_counts(step, launches)
             name = row[0] + ('' if row[1] is None else f', MMPOLA_RECOMPUTE={row[1]}')
             print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times[row]):.2f} | '
-                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {len(launches)} |')
+                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {launched} |')
     print(f'\nOne training step (forward and backward of the sum of the outputs\' means, train mode) of each '
           f'backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
           f'{args.amp or "off"}; mmpola\'s backbones in a dry run for an H100 (their Triton launches recorded, not '

@@ -100,6 +100,16 @@ def python_calls(fn):
     return count
 
 
+def step_counts(step, launches):
+    """What one call of ``step`` costs the host, counted: (Python calls, aten operators, the kernels among them,
+    Triton launches, host-device syncs), ``launches`` being the list of the dry run it runs in (emptied)."""
+    from benchmark import count_dispatched_ops
+    calls = python_calls(step)
+    del launches[:]
+    operators, kernels, syncs = count_dispatched_ops(step)
+    return calls, operators, kernels, len(launches), syncs
+
+
 def recompute_impl_set(impl):
     """A context with ``MMPOLA_RECOMPUTE`` set to ``impl`` (None: as it is), restored after."""
     return contextlib.nullcontext() if impl is None else mock.patch.dict(os.environ, MMPOLA_RECOMPUTE=impl)

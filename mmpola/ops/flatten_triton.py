@@ -341,8 +341,8 @@ def _one_head_key_block(block_d, dtype):
     return 16 if block_d >= 128 and dtype == torch.float32 else None
 
 
-# its default config on a GPU there (_GPU_BACKWARD_DEFAULTS' 8 warps spill more on an H100)
-_GPU_ONE_HEAD_KEY_DEFAULT = dict(BLOCK_T=16, num_warps=4)
+# the warps of its default config on a GPU there (_GPU_BACKWARD_DEFAULTS' 8 spill more on an H100)
+_GPU_ONE_HEAD_KEY_WARPS = 4
 
 
 def _defaults(d, device):
@@ -457,8 +457,9 @@ class _FlattenTriton(torch.autograd.Function):
                 H, per_k, 1.0 / n, *k.stride(), *bias_strides, *v.stride(), *dk.stride(), *dv.stride())
         grid = (B * H, chunks_k)
         keys = dict(blocks, BIAS=bias is not None)
-        if one and _one_head_key_block(block_d, k.dtype) and kernel_target(dev).gpu:  # the interpreter keeps _blocks'
-            keys['default'] = _GPU_ONE_HEAD_KEY_DEFAULT
+        longest = _one_head_key_block(block_d, k.dtype)
+        if one and longest and kernel_target(dev).gpu:  # the interpreter keeps _blocks'
+            keys['default'] = dict(BLOCK_T=longest, num_warps=_GPU_ONE_HEAD_KEY_WARPS)
         if one:
             launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **keys)
         else:

@@ -564,10 +564,7 @@ def _host_counts(name):
                                backward=True, amp='bfloat16')
     with BENCH.h100_dry_run() as launches:
         step()
-        calls = HOST.python_calls(step)
-        del launches[:]
-        operators, kernels, syncs = BENCH.count_dispatched_ops(step)
-    return calls, operators, kernels, len(launches), syncs
+        return HOST.step_counts(step, launches)
 
 
 def test_host_counts_of_a_training_step_stay_within_their_budgets(monkeypatch):
