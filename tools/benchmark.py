@@ -89,6 +89,7 @@ if TOOLS not in sys.path:
     sys.path.insert(0, TOOLS)
 import _mmpola_tools  # noqa: E402,F401  (the tools' shared start, before torch: --device cpu hides the GPUs)
 import torch  # noqa: E402
+from benchmark_host import LAUNCH_FREE_OPS, SYNC_OPS, count_dispatched_ops  # noqa: E402
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -754,39 +755,6 @@ def bench_scaling(args, device):
         gc.collect()
     print('\nbatch 1, no_grad, eval mode; min over the runs. Linear growth = time x equal to pixels x. '
           'Target: Pola-PVT-T 800x1333 -> 1600x2666 time x <= 4.5.')
-
-
-SYNC_OPS = ('_local_scalar_dense', 'item', 'is_nonzero', 'nonzero')
-# operators that launch no kernel on a GPU though the dispatcher does not flag them as views: bare allocations,
-# and _unsafe_view (a view that autograd does not track as one: reshape's result after a copy, matmul's)
-LAUNCH_FREE_OPS = ('empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', '_unsafe_view')
-
-
-def count_dispatched_ops(fn, roofline=None):
-    """Run ``fn`` and count the aten operators it dispatches: ``(all, kernels, syncs)``, where kernels
-    are the operators that are neither views nor bare allocations (LAUNCH_FREE_OPS; each of the others
-    launches work on a GPU) and syncs those that make the host wait for the device there (SYNC_OPS).
-    Each kernel is also added to ``roofline`` (a benchmark_roofline.Roofline) when one is given."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Counter(TorchDispatchMode):
-        total = kernels = syncs = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            self.total += 1
-            name = func.__name__.split('.')[0]
-            kernel = not func.is_view and name not in LAUNCH_FREE_OPS
-            self.kernels += kernel
-            self.syncs += name in SYNC_OPS
-            if kernel and roofline is not None:
-                roofline.add_operator(func, args, kwargs, out)
-            return out
-
-    with Counter() as counter:
-        fn()
-    return counter.total, counter.kernels, counter.syncs
 
 
 def _launches_recorded(attn_impl, device):

@@ -1,5 +1,6 @@
 """What ``python tools/benchmark.py host`` builds and counts: the host's time of a backbone's training step, its
-compute taken out (the command's loop and table are in tools/benchmark.py).
+compute taken out (the command's loop and table are in tools/benchmark.py). The counting of the operators a call
+dispatches (``count_dispatched_ops``: all, the kernels among them, the host-device syncs) also serves ``ops``.
 
 Where a GPU runs a step faster than its Python code and the operators' dispatch can queue the step's kernels,
 the host sets the pace: every operator, autograd node, custom Function and Triton launch costs microseconds of
@@ -27,6 +28,11 @@ import contextlib
 import os
 import sys
 from unittest import mock
+
+SYNC_OPS = ('_local_scalar_dense', 'item', 'is_nonzero', 'nonzero')
+# operators that launch no kernel on a GPU though the dispatcher does not flag them as views: bare allocations,
+# and _unsafe_view (a view that autograd does not track as one: reshape's result after a copy, matmul's)
+LAUNCH_FREE_OPS = ('empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', '_unsafe_view')
 
 HEAD_DIM = 16  # the Triton attention kernels' smallest head dim
 
@@ -100,10 +106,36 @@ def python_calls(fn):
     return count
 
 
+def count_dispatched_ops(fn, roofline=None):
+    """Run ``fn`` and count the aten operators it dispatches: ``(all, kernels, syncs)``, where kernels
+    are the operators that are neither views nor bare allocations (LAUNCH_FREE_OPS; each of the others
+    launches work on a GPU) and syncs those that make the host wait for the device there (SYNC_OPS).
+    Each kernel is also added to ``roofline`` (a benchmark_roofline.Roofline) when one is given."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        total = kernels = syncs = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            self.total += 1
+            name = func.__name__.split('.')[0]
+            kernel = not func.is_view and name not in LAUNCH_FREE_OPS
+            self.kernels += kernel
+            self.syncs += name in SYNC_OPS
+            if kernel and roofline is not None:
+                roofline.add_operator(func, args, kwargs, out)
+            return out
+
+    with Counter() as counter:
+        fn()
+    return counter.total, counter.kernels, counter.syncs
+
+
 def step_counts(step, launches):
     """What one call of ``step`` costs the host, counted: (Python calls, aten operators, the kernels among them,
     Triton launches, host-device syncs), ``launches`` being the list of the dry run it runs in (emptied)."""
-    from benchmark import count_dispatched_ops
     calls = python_calls(step)
     del launches[:]
     operators, kernels, syncs = count_dispatched_ops(step)
