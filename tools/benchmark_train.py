@@ -36,6 +36,7 @@ import time
 import uuid
 
 import torch
+from benchmark_host import SYNC_OPS as HOST_READ_OPS
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 MMPOLA_RUNTIME = osp.join(ROOT, 'configs', '_base_', 'runtime.py')
@@ -55,8 +56,10 @@ COCO_SHAPES = ((480, 640), (427, 640), (640, 480), (640, 427))
 ADE_HEIGHT = 512  # ADE20K-like: the short side about 512, widths 1 to 1.5 times that
 DISTINCT_IMAGES = 8  # generated images; the dataset lists them again until it holds every batch
 OBJECTS_PER_IMAGE = (5, 15)
-SYNC_OPS = ('aten::_local_scalar_dense', 'aten::item', 'aten::nonzero', 'cudaStreamSynchronize',
-            'cudaDeviceSynchronize', 'cudaEventSynchronize')
+# what makes the host wait for the device, by the profiler's names: the operators that read a value on the host
+# (those that benchmark.py's ops and host count) and CUDA's synchronisations
+SYNC_OPS = tuple(f'aten::{name}' for name in HOST_READ_OPS) + ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
+                                                              'cudaEventSynchronize')
 TOP_OPS = 15
 MEMORY_TEXT = {
     'cuda': 'torch.cuda.max_memory_allocated() over the timed iterations (weights, gradients, optimizer state, '

@@ -21,11 +21,12 @@ from torch.profiler import ProfilerActivity, profile
 import mmpola
 from tests.fixtures.detection import build_detector, load_config, num_classes
 from tests.fixtures.paths import REPO
+from tests.fixtures.tools import load_tool
 
 MMPOLA = osp.dirname(mmpola.__file__) + osp.sep  # mmpola's code, for the function mode
 TORCH = osp.dirname(torch.__file__) + osp.sep
-# ops that read a value on the host (on CUDA: a device sync)
-SYNC_OPS = {'aten::_local_scalar_dense', 'aten::item', 'aten::is_nonzero', 'aten::nonzero'}
+# ops that read a value on the host (on CUDA: a device sync), by the profiler's names
+SYNC_OPS = {f'aten::{name}' for name in load_tool('benchmark_host').SYNC_OPS}
 HOST_READS = {'item', 'tolist', 'cpu', 'numpy', '__bool__', '__int__', '__float__', '__index__', 'nonzero'}
 
 
