@@ -89,7 +89,17 @@ if TOOLS not in sys.path:
     sys.path.insert(0, TOOLS)
 import _mmpola_tools  # noqa: E402,F401  (the tools' shared start, before torch: --device cpu hides the GPUs)
 import torch  # noqa: E402
-from benchmark_host import LAUNCH_FREE_OPS, SYNC_OPS, count_dispatched_ops  # noqa: E402
+from benchmark_host import (  # noqa: E402
+    HEAD_DIM,
+    HOST_BACKBONES,
+    LAUNCH_FREE_OPS,
+    SYNC_OPS,
+    build_narrowed,
+    count_dispatched_ops,
+    python_calls,
+    recompute_impl_set,
+    step_counts,
+)
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -890,7 +900,6 @@ def bench_host(args, device):
     """The host's time of a training step of each backbone, its compute taken out (tools/benchmark_host.py): a
     narrowed layout's step on the CPU (min and median of ``args.repeat`` after a warm-up, the rows in turn), its
     Python calls, dispatched operators and Triton launches."""
-    from benchmark_host import HEAD_DIM, build_narrowed, recompute_impl_set, step_counts
     if device.type != 'cpu':
         raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
                          'prints the host time of each pass beside its time')
@@ -934,7 +943,6 @@ def bench_optim(args, device):
     its model, built by mmengine's default constructor and by mmpola's merging one
     (tools/benchmark_train.py: ``narrowed_optimizer``), each stepped by torch's foreach and fused implementations,
     the rows timed in turn."""
-    from benchmark_host import python_calls
     from benchmark_train import OPTIMIZER_IMPLEMENTATIONS, config_label, narrowed_optimizer
 
     from mmpola.runtime.param_groups import DEFAULT_CONSTRUCTOR, MERGED_CONSTRUCTOR
@@ -1298,7 +1306,6 @@ def parse_args(argv=None):
     kernel_options(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 
-    from benchmark_host import HOST_BACKBONES
     host = sub.add_parser('host', help="the host's time of a training step of each backbone, its compute taken out "
                           '(on the CPU: layouts narrowed, Triton launches recorded; tools/benchmark_host.py)')
     common(host)
