@@ -96,6 +96,7 @@ from benchmark_host import (  # noqa: E402
     SYNC_OPS,
     build_narrowed,
     count_dispatched_ops,
+    denormals_flushed,
     python_calls,
     recompute_impl_set,
     step_counts,
@@ -913,7 +914,7 @@ def bench_host(args, device):
     times = {row: [] for row in rows}
     print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches |')
     print('|---|---|---:|---:|---:|---:|---:|---:|')
-    with h100_dry_run() as launches:
+    with h100_dry_run() as launches, denormals_flushed():
         for row, step in steps.items():
             with recompute_impl_set(row[1]):
                 for _ in range(args.warmup):
@@ -932,10 +933,11 @@ def bench_host(args, device):
                   f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {launched} |')
     print(f'\nOne training step (forward and backward of the sum of the outputs\' means, train mode) of each '
           f'backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
-          f'{args.amp or "off"}; mmpola\'s backbones in a dry run for an H100 (their Triton launches recorded, not '
-          f'made; counted in the last column). host ms: the fastest of {args.repeat} steps after {args.warmup} (the '
-          'rows\' steps in turn); Python calls: functions entered (sys.setprofile); ops: aten operators dispatched. '
-          'The time is what the host spends on the step where the device does the work (tools/benchmark_host.py).')
+          f'{args.amp or "off"}, denormals flushed to zero; mmpola\'s backbones in a dry run for an H100 (their '
+          f'Triton launches recorded, not made; counted in the last column). host ms: the fastest of {args.repeat} '
+          f'steps after {args.warmup} (the rows\' steps in turn); Python calls: functions entered (sys.setprofile); '
+          'ops: aten operators dispatched. The time is what the host spends on the step where the device does the '
+          'work (tools/benchmark_host.py).')
 
 
 def bench_optim(args, device):

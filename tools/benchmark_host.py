@@ -18,8 +18,10 @@ column). This command measures the host's share on a machine without a GPU:
   their launch code and record each launch instead of making it;
 * the time is the wall-clock time of a forward and backward (train mode) on one CPU thread: the Python code,
   the dispatch and autograd, and the library operators' CPU kernels at these sizes (a few microseconds each,
-  about what a GPU's launch of one costs the host). Triton's own launch path (a few microseconds more per
-  launch on a GPU) is not in it: the launches are counted apart.
+  about what a GPU's launch of one costs the host), with denormal floats flushed to zero
+  (``denormals_flushed``: the dry run's uninitialised outputs would otherwise slow mmpola's rows alone).
+  Triton's own launch path (a few microseconds more per launch on a GPU) is not in it: the launches are
+  counted apart.
 
 Python calls (functions entered, counted by ``sys.setprofile``) and dispatched operators are counts, the same
 on every machine; the times depend on the CPU's speed, so compare rows of one run.
@@ -140,6 +142,21 @@ def step_counts(step, launches):
     del launches[:]
     operators, kernels, syncs = count_dispatched_ops(step)
     return calls, operators, kernels, len(launches), syncs
+
+
+@contextlib.contextmanager
+def denormals_flushed():
+    """A context in which the CPU reads and writes denormal floats as zero (``torch.set_flush_denormal``; False
+    restored after, torch's default, which it has no getter for). A dry run leaves the Triton kernels' outputs
+    uninitialised, and the library operators after them compute on whatever bytes those hold: the denormals
+    among them slow these operators' CPU kernels, a cost that the step on a GPU does not have and that falls
+    on mmpola's rows only. Every row is timed inside, so the rows stay comparable."""
+    import torch
+    torch.set_flush_denormal(True)  # False where the CPU cannot (not x86 with SSE3): nothing changes there
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def recompute_impl_set(impl):

@@ -517,8 +517,21 @@ def test_a_training_pass_sets_the_gradients_to_none_without_walking_the_modules(
 def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
     """One row per backbone: times, Python calls, operators and (mmpola's) Triton launches of a training step, the
     rows timed in turn; --compare-recompute adds mmpola's backbones with the library's linear layers (fewer
-    launches, the environment's choice restored after); on a GPU it sends the user to `backbone`'s host column."""
+    launches, the environment's choice restored after); every step runs with denormals flushed to zero (the dry
+    run's uninitialised outputs), torch's default restored after; on a GPU it sends the user to `backbone`'s host
+    column."""
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    flushes = torch.set_flush_denormal(False)  # torch's default; False where the CPU cannot flush
+    flushed, make_pass = [], BENCH.backbone_pass
+
+    def checked_pass(*args, **kwargs):
+        step = make_pass(*args, **kwargs)
+
+        def checked():
+            flushed.append(torch.tensor([1e-39]).mul(2).item() == 0)  # a denormal doubled reads 0 where flushed
+            return step()
+        return checked
+    monkeypatch.setattr(BENCH, 'backbone_pass', checked_pass)
     threads = torch.get_num_threads()
     try:
         BENCH.main(['host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '2', '--warmup', '1', '--compare-recompute'])
@@ -536,6 +549,8 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
     assert rows['pvt-t'][7] == '0'
     assert 0 < int(rows['pola-pvt-t, MMPOLA_RECOMPUTE=torch'][7]) < int(rows['pola-pvt-t'][7])
     assert os.environ['MMPOLA_RECOMPUTE'] == 'auto'
+    assert len(flushed) > 3 * (2 + 1) and all(flushed) == flushes, flushed
+    assert torch.tensor([1e-39]).mul(2).item() != 0
     with pytest.raises(SystemExit, match='backbone --device cuda'):
         BENCH.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))
 
