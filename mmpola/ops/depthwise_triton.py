@@ -221,6 +221,33 @@ def _weight_grad_programs(B, C, H, W, device, per_sample):
     return max(1, min(programs, cdiv(B * H * W, 64)))
 
 
+def _depthwise_backward(x, weight, g, has_bias, per_sample, needs):
+    """(the input's, the weight's and the bias's gradients, each None where ``needs`` (three bools) says it is not
+    needed) of the convolution of x by ``weight`` (its bias: ``has_bias``) from the output's gradient g; the
+    weight's gradient in the weight's strides."""
+    (B, G, C, H, W), x_strides = _maps(x)
+    k = weight.shape[-1]
+    grad_x = grad_w = grad_b = None
+    if needs[0]:
+        grad_x = _convolve(g, weight, None, True, per_sample, like=x)
+    if needs[1] or (has_bias and needs[2]):
+        taps = next_power_of_2(k * k + 1)
+        programs = _weight_grad_programs(B, C, H, W, x.device, per_sample)
+        images = B if per_sample else 1
+        part = torch.empty(images, programs, taps, C, dtype=torch.float32, device=x.device)
+        launch(_dw_weight_grad_kernel, lambda meta: (programs, cdiv(C, meta['BLOCK_C']), images), x, g,
+               part, B, G, C, H, W, *x_strides, *_maps(g)[1], TAPS=taps, PER_SAMPLE=per_sample,
+               **_options(C, k))
+        total = part[:, 0] if programs == 1 else part.sum(1)  # (images, taps, C)
+        if needs[1]:
+            grad_w = torch.empty_like(weight)  # the weight's strides (channels-last for mmpola's convs)
+            taps_first = total[:, :k * k].transpose(1, 2)  # (images, C, k * k)
+            grad_w.copy_(taps_first.reshape(weight.shape))
+        if has_bias and needs[2]:
+            grad_b = (total[:, k * k] if per_sample else total[0, k * k]).to(weight.dtype)
+    return grad_x, grad_w, grad_b
+
+
 class _DepthwiseTriton(torch.autograd.Function):
 
     @staticmethod
@@ -233,28 +260,9 @@ class _DepthwiseTriton(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
-        per_sample = ctx.per_sample
-        (B, G, C, H, W), x_strides = _maps(x)
-        k = weight.shape[-1]
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _convolve(g, weight, None, True, per_sample, like=x)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            taps = next_power_of_2(k * k + 1)
-            programs = _weight_grad_programs(B, C, H, W, x.device, per_sample)
-            images = B if per_sample else 1
-            part = torch.empty(images, programs, taps, C, dtype=torch.float32, device=x.device)
-            launch(_dw_weight_grad_kernel, lambda meta: (programs, cdiv(C, meta['BLOCK_C']), images), x, g,
-                   part, B, G, C, H, W, *x_strides, *_maps(g)[1], TAPS=taps, PER_SAMPLE=per_sample,
-                   **_options(C, k))
-            total = part[:, 0] if programs == 1 else part.sum(1)  # (images, taps, C)
-            if ctx.needs_input_grad[1]:
-                grad_w = torch.empty_like(weight)  # the weight's strides (channels-last for mmpola's convs)
-                taps_first = total[:, :k * k].transpose(1, 2)  # (images, C, k * k)
-                grad_w.copy_(taps_first.reshape(weight.shape))
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                grad_b = (total[:, k * k] if per_sample else total[0, k * k]).to(weight.dtype)
-        return grad_x, grad_w, grad_b, None, g if ctx.needs_input_grad[4] else None
+        needs = ctx.needs_input_grad
+        return (*_depthwise_backward(x, weight, g, ctx.has_bias, ctx.per_sample, needs[:3]), None,
+                g if needs[4] else None)
 
 
 def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False, residual=None):

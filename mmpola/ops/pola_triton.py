@@ -53,7 +53,15 @@ that block and a block stops at its chunk's end, so the partial sums do not depe
 """
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op, empty_attention, key_bias_gradient, key_bias_operand
+from .depthwise_triton import _convolve, _depthwise_backward
+from .dispatch import (
+    AttnImplUnavailable,
+    attention_op,
+    autocast_off,
+    empty_attention,
+    key_bias_gradient,
+    key_bias_operand,
+)
 from .pola import _check_shapes
 from .triton_support import (
     cdiv,
@@ -69,7 +77,7 @@ from .triton_support import (
 if triton_available() is None:
     from .triton_support import add_key_bias, batch_and_head, sigmoid_parts, softplus
 
-__all__ = ['pola_attention_triton']
+__all__ = ['pola_attention_triton', 'pola_value_term_triton']
 
 if triton_available() is None:
     import triton
@@ -417,6 +425,71 @@ def _chunking(tokens, heads, block, device):
     return chunk, cdiv(tokens, chunk)
 
 
+def _pola_forward(q, k, v, scale, power, bias, alpha, eps):
+    """The forward kernels on q, k, v (B, h, N|n, d) of any strides and the raw scale and power as (B', h, 1, d)
+    views (:func:`_per_head`); returns (the output (B, h, N, d), a view of the tokens' layout (B, N, h, d), in
+    q's dtype; what :func:`_pola_backward` takes)."""
+    B, H, N, d = q.shape
+    n = k.shape[2]
+    bh = B * H
+    bd, (block, warps), backward = _launch_config(d)
+    wide = torch.float64 in (q.dtype, k.dtype, v.dtype, k.dtype if bias is None else bias.dtype)
+    key_forward, key_backward = _key_defaults(bd, k.dtype, (block, warps), backward, q.device)
+    acc = tl.float64 if wide else tl.float32
+    options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
+    # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
+    config = dict(num_warps=warps, num_stages=1)
+    params = (*_head_strides(scale), *_head_strides(power))
+    chunk, chunks = _chunking(n, bh, block, q.device)
+    # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
+    parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
+    bias_ptr, bias_strides = key_bias_args(bias, k)
+    launch(_pola_fwd_keys, (bh, chunks), k, bias_ptr, v, scale, power, parts, H, n, d, chunk, alpha, *k.stride(),
+           *bias_strides, *v.stride(), *params, BIAS=bias is not None,
+           default=dict(BLOCK_N=key_forward[0], num_warps=key_forward[1], num_stages=1), **options)
+    sums = parts.sum(1)
+    # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the models merge the heads with a view
+    out = torch.empty(B, N, H, d, device=q.device, dtype=q.dtype).transpose(1, 2)
+    launch(
+        _pola_fwd_queries, lambda meta: (bh, cdiv(N, meta['BLOCK_M'])), q, scale, power, sums, out, H, N,
+        d, d // 2, 1.0 / n, eps, alpha, *q.stride(), *out.stride(), *params,
+        default=dict(BLOCK_M=block, **config), **options)
+    return out, ((q, k, v, scale, power, sums, bias), (alpha, eps, backward, key_backward, options))
+
+
+def _pola_backward(saved, config, grad_out):
+    """(dL/dq, dL/dk, dL/dv, dL/dscale, dL/dpower, dL/dbias or None) from the output's gradient (any strides) and
+    what :func:`_pola_forward` returned beside the output; the gradients of q, k, v in their strides, those of the
+    parameters of their views' shapes."""
+    q, k, v, scale, power, sums, bias = saved
+    alpha, eps, (block, warps), key_backward, options = config
+    B, H, N, d = q.shape
+    n = k.shape[2]
+    bh, bd = B * H, options['BD']
+    params = (*_head_strides(scale), *_head_strides(power))
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    chunk, chunks = _chunking(N, bh, block, q.device)
+    # per query chunk: dL/dW+, dL/dW- (bd x bd), dL/dm+, dL/dm-, dL/dscale, dL/dpower (bd each)
+    parts = sums.new_empty(bh, chunks, 2 * bd * bd + 4 * bd)
+    launch(
+        _pola_bwd_queries, (bh, chunks), q, grad_out, scale, power, sums, dq, parts, H, N, d, d // 2, 1.0 / n,
+        eps, chunk, alpha, *q.stride(), *grad_out.stride(), *dq.stride(), *params,
+        JOIN=_join_weight_grads(bd, q.device), default=dict(BLOCK_M=block, num_warps=warps, num_stages=1),
+        **options)
+    query_sums = parts.sum(1)
+    chunk, chunks = _chunking(n, bh, block, q.device)
+    # per key chunk: dL/dscale, dL/dpower of its tokens (chunk 0: and of every query token)
+    parts = sums.new_empty(bh, chunks, 2 * bd)
+    bias_ptr, bias_strides = key_bias_args(bias, k)
+    launch(
+        _pola_bwd_keys, (bh, chunks), k, bias_ptr, v, scale, power, query_sums, dk, dv, parts,
+        H, n, d, d // 2, 1.0 / n, chunk, alpha, *k.stride(), *bias_strides, *v.stride(), *dk.stride(),
+        *dv.stride(), *params, BIAS=bias is not None,
+        default=dict(BLOCK_N=key_backward[0], num_warps=key_backward[1], num_stages=1), **options)
+    return (dq, dk, dv, *_summed_parameter_gradients(parts.view(B, H, chunks, 2, bd), scale.shape, power.shape),
+            None if bias is None else key_bias_gradient(dk, bias))
+
+
 class _PolaTriton(torch.autograd.Function):
     """The kernels' autograd: q, k, v (B, h, N|n, d) of any strides; the raw scale and power as (B', h, 1, d)
     views of any strides (:func:`_per_head`: B' = 1 for a parameter the batch shares, else B); the kernels
@@ -425,65 +498,14 @@ class _PolaTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale, power, bias, alpha, eps):
-        B, H, N, d = q.shape
-        n = k.shape[2]
-        bh = B * H
-        bd, (block, warps), backward = _launch_config(d)
-        wide = torch.float64 in (q.dtype, k.dtype, v.dtype, k.dtype if bias is None else bias.dtype)
-        key_forward, key_backward = _key_defaults(bd, k.dtype, (block, warps), backward, q.device)
-        acc = tl.float64 if wide else tl.float32
-        options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
-        # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
-        config = dict(num_warps=warps, num_stages=1)
-        params = (*_head_strides(scale), *_head_strides(power))
-        chunk, chunks = _chunking(n, bh, block, q.device)
-        # per key chunk: KV+, KV- (bd x bd) and the key sums of x+, x- (bd each)
-        parts = q.new_empty(bh, chunks, 2 * bd * bd + 2 * bd, dtype=_WORK[acc])
-        bias_ptr, bias_strides = key_bias_args(bias, k)
-        launch(_pola_fwd_keys, (bh, chunks), k, bias_ptr, v, scale, power, parts, H, n, d, chunk, alpha, *k.stride(),
-               *bias_strides, *v.stride(), *params, BIAS=bias is not None,
-               default=dict(BLOCK_N=key_forward[0], num_warps=key_forward[1], num_stages=1), **options)
-        sums = parts.sum(1)
-        # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the models merge the heads with a view
-        out = torch.empty(B, N, H, d, device=q.device, dtype=q.dtype).transpose(1, 2)
-        launch(
-            _pola_fwd_queries, lambda meta: (bh, cdiv(N, meta['BLOCK_M'])), q, scale, power, sums, out, H, N,
-            d, d // 2, 1.0 / n, eps, alpha, *q.stride(), *out.stride(), *params,
-            default=dict(BLOCK_M=block, **config), **options)
-        ctx.save_for_backward(q, k, v, scale, power, sums, bias)
-        ctx.config = (alpha, eps, backward, key_backward, options)
+        out, (saved, ctx.config) = _pola_forward(q, k, v, scale, power, bias, alpha, eps)
+        ctx.save_for_backward(*saved)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, scale, power, sums, bias = ctx.saved_tensors
-        alpha, eps, (block, warps), key_backward, options = ctx.config
-        B, H, N, d = q.shape
-        n = k.shape[2]
-        bh, bd = B * H, options['BD']
-        params = (*_head_strides(scale), *_head_strides(power))
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        chunk, chunks = _chunking(N, bh, block, q.device)
-        # per query chunk: dL/dW+, dL/dW- (bd x bd), dL/dm+, dL/dm-, dL/dscale, dL/dpower (bd each)
-        parts = sums.new_empty(bh, chunks, 2 * bd * bd + 4 * bd)
-        launch(
-            _pola_bwd_queries, (bh, chunks), q, grad_out, scale, power, sums, dq, parts, H, N, d, d // 2, 1.0 / n,
-            eps, chunk, alpha, *q.stride(), *grad_out.stride(), *dq.stride(), *params,
-            JOIN=_join_weight_grads(bd, q.device), default=dict(BLOCK_M=block, num_warps=warps, num_stages=1),
-            **options)
-        query_sums = parts.sum(1)
-        chunk, chunks = _chunking(n, bh, block, q.device)
-        # per key chunk: dL/dscale, dL/dpower of its tokens (chunk 0: and of every query token)
-        parts = sums.new_empty(bh, chunks, 2 * bd)
-        bias_ptr, bias_strides = key_bias_args(bias, k)
-        launch(
-            _pola_bwd_keys, (bh, chunks), k, bias_ptr, v, scale, power, query_sums, dk, dv, parts,
-            H, n, d, d // 2, 1.0 / n, chunk, alpha, *k.stride(), *bias_strides, *v.stride(), *dk.stride(),
-            *dv.stride(), *params, BIAS=bias is not None,
-            default=dict(BLOCK_N=key_backward[0], num_warps=key_backward[1], num_stages=1), **options)
-        return (dq, dk, dv, *_summed_parameter_gradients(parts.view(B, H, chunks, 2, bd), scale.shape, power.shape),
-                None if bias is None else key_bias_gradient(dk, bias), None, None)
+        return (*_pola_backward(ctx.saved_tensors, ctx.config, grad_out), None, None)
 
 
 def _summed_parameter_gradients(parts, scale_shape, power_shape):
@@ -549,6 +571,104 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6, key_bias=N
     scale = _per_head(scale.to(compute), lead, d, 'scale')
     power = _per_head(power.to(compute), lead, d, 'power')
     return _PolaTriton.apply(q, k, v, scale, power, key_bias, float(alpha), float(eps)).reshape(*lead, N, d)
+
+
+def _heads(t, heads):
+    """(B, N, C) tokens -> the (B, h, N, d) view of their heads."""
+    return t.unflatten(-1, (heads, t.shape[-1] // heads)).transpose(1, 2)
+
+
+def _tokens(t):
+    """(B, h, N, d) heads -> (B, N, h * d) tokens (a view where the heads are a view of tokens)."""
+    return t.transpose(1, 2).flatten(2)
+
+
+def _maps_of_heads(t, hw):
+    """(B, h, H*W, d) heads -> their (B, h, d, H, W) maps, a view."""
+    return t.unflatten(2, hw).permute(0, 1, 4, 2, 3)
+
+
+class _PolaValueTermTriton(torch.autograd.Function):
+    """:func:`pola_value_term_triton`'s autograd: the head views of the token-layout operands and of the raw
+    parameters, the casts of the parameters to the dtypes the kernels read them in, and the merge of the heads
+    are made here, without autograd, and their gradients come back in the inputs' shapes and dtypes."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, v_term, scale, power, bias, weight, conv_bias, heads, hw, alpha, eps):
+        B, N, C = q.shape
+        d = C // heads
+        wide = any(t is not None and t.dtype == torch.float64 for t in (q, k, v, bias))
+        compute = torch.float64 if wide else torch.float32
+        s = _per_head(_heads(scale.to(compute), heads), (B, heads), d, 'scale')
+        p = _per_head(power.to(compute), (B, heads), d, 'power')
+        out, (saved, config) = _pola_forward(_heads(q, heads), _heads(k, heads), _heads(v, heads), s, p,
+                                             None if bias is None else _heads(bias, heads), alpha, eps)
+        maps = _maps_of_heads(_heads(v_term, heads), hw)
+        # the convolution's parameters in the values' dtype, as the convolution's autocast casts them
+        conv = weight.to(v_term.dtype), None if conv_bias is None else conv_bias.to(v_term.dtype)
+        total = _convolve(maps, *conv, False, False, residual=_maps_of_heads(out, hw))  # in out's layout
+        ctx.save_for_backward(*saved, maps, conv[0])
+        ctx.config, ctx.layout = config, (heads, hw)
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in (scale, power, weight, conv_bias))
+        return _tokens(total.permute(0, 1, 3, 4, 2).flatten(2, 3))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        *saved, maps, conv_weight = ctx.saved_tensors
+        (heads, hw), (scale_dtype, power_dtype, weight_dtype, conv_bias_dtype) = ctx.layout, ctx.dtypes
+        needs = ctx.needs_input_grad
+        grad_heads = _heads(grad, heads)
+        grad_maps, grad_weight, grad_conv_bias = _depthwise_backward(
+            maps, conv_weight, _maps_of_heads(grad_heads, hw), conv_bias_dtype is not None, False,
+            (needs[3], needs[7], needs[8]))
+        dq, dk, dv, ds, dp, dbias = _pola_backward(saved, ctx.config, grad_heads)
+        grad_v_term = None if grad_maps is None else _tokens(grad_maps.permute(0, 1, 3, 4, 2).flatten(2, 3))
+        return (_tokens(dq), _tokens(dk), _tokens(dv), grad_v_term, _tokens(ds).to(scale_dtype) if needs[4] else None,
+                dp.to(power_dtype) if needs[5] else None, None if dbias is None else _tokens(dbias),
+                None if grad_weight is None else grad_weight.to(weight_dtype),
+                None if grad_conv_bias is None else grad_conv_bias.to(conv_bias_dtype), None, None, None, None)
+
+
+def pola_value_term_triton(q, k, v, v_term, power, scale, dwc_weight, dwc_bias, hw, alpha=4.0, eps=1e-6,
+                           key_bias=None):
+    """Pola attention and its depthwise value term on the operands in the tokens' layout, in one autograd
+    Function: what Pola attention computes on a grid whose keys are its tokens, without prefix tokens.
+
+    q, k, v, v_term: (B, N, C) tokens of H x W = ``hw`` (any strides with the channels innermost, e.g. views of
+    a projection; v_term: the values for the term, v itself or a second view of it); power: the raw exponent
+    logit (1, h, 1, d), which gives the heads h; scale: the raw temperature logit (1, 1, C); key_bias: None or
+    the keys' encoding (1, N, C) in k's dtype; dwc_weight (d, 1, k, k) and dwc_bias (d, ) or None: the
+    depthwise convolution shared by the heads, read in the values' dtype. Returns (B, N, C) in q's dtype:
+    per head, :func:`pola_attention_triton` of q, k + key_bias, v plus the convolution of v_term's map, with
+    the heads merged; q, k, v and v_term in one dtype (the kernels compute in float32).
+
+    The same kernels and arithmetic as :func:`pola_attention_triton` followed by
+    :func:`~mmpola.ops.depthwise_triton.depthwise_conv2d_triton` with the attention's output as its residual
+    (whose results these are, bit for bit): the head views, the parameters' casts and the merge of the heads
+    happen inside, so that autograd records one node where it records some thirty between those two calls
+    (views, casts, broadcasts: each an operator and a node, whose cost on the host a GPU waits for)."""
+    heads = power.shape[1]
+    B, N, C = q.shape
+    if not (k.shape == v.shape == v_term.shape == q.shape and C % heads == 0 and hw[0] * hw[1] == N):
+        raise ValueError(f'pola_value_term_triton takes q, k, v and v_term (B, H*W, C) of one shape on the grid '
+                         f'{tuple(hw)}, C a multiple of the heads {heads}; got q {tuple(q.shape)}, k {tuple(k.shape)}, '
+                         f'v {tuple(v.shape)}, v_term {tuple(v_term.shape)}')
+    if len({q.dtype, k.dtype, v.dtype, v_term.dtype}) > 1:
+        raise TypeError(f'pola_value_term_triton takes q, k, v and v_term of one dtype, got {q.dtype}, {k.dtype}, '
+                        f'{v.dtype}, {v_term.dtype}')
+    if tuple(scale.shape) != (1, 1, C) or tuple(power.shape) != (1, heads, 1, C // heads):
+        raise ValueError(f'pola_value_term_triton takes scale (1, 1, {C}) and power (1, h, 1, {C} / h); got '
+                         f'{tuple(scale.shape)} and {tuple(power.shape)}')
+    if key_bias is not None and (tuple(key_bias.shape) != (1, N, C) or key_bias.dtype != k.dtype):
+        raise ValueError(f'pola_value_term_triton takes key_bias (1, {N}, {C}) in the keys\' dtype {k.dtype}; got '
+                         f'{tuple(key_bias.shape)} {key_bias.dtype}')
+    reason = triton_unsupported(q.device, q.dtype, head_dim=C // heads)
+    if reason is not None:
+        raise AttnImplUnavailable(f'pola_value_term_triton cannot run here: {reason}')
+    with autocast_off(q.device.type):  # as the core's dispatch runs it (mmpola.ops.dispatch)
+        return _PolaValueTermTriton.apply(q, k, v, v_term, scale, power, key_bias, dwc_weight, dwc_bias, heads,
+                                          tuple(hw), float(alpha), float(eps))
 
 
 attention_op('pola').register('triton', pola_attention_triton, supports=triton_unsupported, preferred_on=('cuda', ),

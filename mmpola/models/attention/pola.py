@@ -3,10 +3,14 @@ import torch
 import torch.nn as nn
 from timm.layers import register_notrace_module
 
-from mmpola.ops import check_attn_impl, pola_attention
+from mmpola.ops import attention_op, check_attn_impl, depthwise_conv_impl, pola_attention
+from mmpola.ops.depthwise import auto_impl
+from mmpola.ops.dispatch import autocast_dtype
+from mmpola.ops.pola_triton import pola_value_term_triton
+from mmpola.ops.triton_support import triton_unsupported
 from mmpola.registry import ATTENTIONS
 
-from ..layers import DepthwiseConv2d
+from ..layers import DepthwiseConv2d, hooked
 from .grid_terms import KeyPositionalEncoding, add_to_patches, depthwise_value_heads, depthwise_value_term
 from .projections import QKVProjections, check_attention_args, reduced_grid
 
@@ -32,9 +36,10 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     resized (align_corners False) to the real key grid when the two differ; the core
     (:func:`mmpola.ops.pola_attention`) mixes same-sign and opposite-sign branches; a depthwise conv
     ``dwc`` (d channels, shared by the heads) runs on v with the real (H, W); the sum is gated by
-    the linear projection g and projected by ``proj``. Prefix tokens (``num_prefix_tokens``, the
-    ViT's class token) take part in the core and the gate; the positional encoding and ``dwc`` act on
-    the grid tokens only.
+    the linear projection g and projected by ``proj`` (where the core and ``dwc`` both run in their Triton
+    kernels, through one autograd Function: :func:`~mmpola.ops.pola_triton.pola_value_term_triton`). Prefix
+    tokens (``num_prefix_tokens``, the ViT's class token) take part in the core and the gate; the positional
+    encoding and ``dwc`` act on the grid tokens only.
 
     Args:
         dim: channels C.
@@ -114,6 +119,13 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         heads, head_dim = self.num_heads, C // self.num_heads
         n = k.shape[1]
 
+        if not P and n == N and self._value_term_in_kernels(q, k, v, v_term):
+            # the core and the depthwise term in the Triton kernels as below, with the head views and the
+            # merge of the heads inside one autograd Function (pola_value_term_triton)
+            out = pola_value_term_triton(q, k, v, v_term, self.power, self.scale, self.dwc.weight, self.dwc.bias,
+                                         (H, W), alpha=self.alpha, key_bias=self.key_bias(kv_hw, k.dtype))
+            out = self._project_gated_output(out, g)
+            return (s, out) if returns_x else out
         # per-head views (B, h, N, d) of the projections, not copied: every implementation of the op
         # takes strided tensors (the fp32 island's cast, the feature maps and the products lay out
         # their own outputs; the reference copies to the official contiguous layout), and so does the
@@ -141,6 +153,25 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
             out = out.transpose(1, 2).reshape(B, N, C)
         out = self._project_gated_output(out, g)
         return (s, out) if returns_x else out
+
+    def _value_term_in_kernels(self, q, k, v, v_term):
+        """Whether the core and the depthwise term run in the Triton kernels for these operands, where
+        :func:`~mmpola.ops.pola_triton.pola_value_term_triton` computes both: the core's implementation
+        (``attn_impl``) and the convolution's (``MMPOLA_DEPTHWISE_CONV``) resolve to them, they take the operands
+        as they are (one dtype, in which the convolution reads its parameters: the autocast dtype under autocast),
+        the core's kernels do not turn the head dim down, and no hook of ``dwc`` expects its own call."""
+        if q.numel() == 0 or k.numel() == 0 or hooked(self.dwc) or len({q.dtype, k.dtype, v.dtype, v_term.dtype}) > 1:
+            return False
+        device = q.device
+        core_dtype = torch.float32 if self.fp32_attn else q.dtype
+        if attention_op(self.op).choose(self.attn_impl, device, core_dtype) != 'triton':
+            return False
+        conv_impl = depthwise_conv_impl()
+        if conv_impl == 'torch' or conv_impl == 'auto' and auto_impl(v_term) != 'triton':
+            return False
+        if (autocast_dtype(device.type) or self.dwc.weight.dtype) != v_term.dtype:
+            return False
+        return triton_unsupported(device, q.dtype, head_dim=q.shape[-1] // self.num_heads) is None
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '
