@@ -53,10 +53,12 @@ that block and a block stops at its chunk's end, so the partial sums do not depe
 """
 import torch
 
+from .depthwise import auto_impl
 from .depthwise_triton import _convolve, _depthwise_backward
 from .dispatch import (
     AttnImplUnavailable,
     attention_op,
+    autocast_dtype,
     autocast_off,
     empty_attention,
     key_bias_gradient,
@@ -77,7 +79,7 @@ from .triton_support import (
 if triton_available() is None:
     from .triton_support import add_key_bias, batch_and_head, sigmoid_parts, softplus
 
-__all__ = ['pola_attention_triton', 'pola_value_term_triton']
+__all__ = ['pola_attention_triton', 'pola_value_term_triton', 'value_term_joins']
 
 if triton_available() is None:
     import triton
@@ -628,6 +630,24 @@ class _PolaValueTermTriton(torch.autograd.Function):
                 dp.to(power_dtype) if needs[5] else None, None if dbias is None else _tokens(dbias),
                 None if grad_weight is None else grad_weight.to(weight_dtype),
                 None if grad_conv_bias is None else grad_conv_bias.to(conv_bias_dtype), None, None, None, None)
+
+
+def value_term_joins(attn_impl, fp32, conv_impl, q, k, v, v_term, conv_weight, heads):
+    """Whether :func:`pola_value_term_triton` computes what the two ops called apart compute for these operands
+    (tokens (B, N, C) of h = ``heads`` heads): ``pola_attention(..., impl=attn_impl, fp32=fp32)`` and the
+    depthwise convolution by ``conv_impl`` (``'auto'``, ``'torch'`` or ``'triton'``) both resolve to their Triton
+    kernels, which take the operands as they are (one dtype, with elements; the convolution reads its weight in
+    it: the autocast dtype under autocast), and the core's kernels do not turn the head dim down."""
+    if q.numel() == 0 or k.numel() == 0 or len({q.dtype, k.dtype, v.dtype, v_term.dtype}) > 1:
+        return False
+    device = q.device
+    if attention_op('pola').choose(attn_impl, device, torch.float32 if fp32 else q.dtype) != 'triton':
+        return False
+    if conv_impl == 'torch' or conv_impl == 'auto' and auto_impl(v_term) != 'triton':
+        return False
+    if (autocast_dtype(device.type) or conv_weight.dtype) != v_term.dtype:
+        return False
+    return triton_unsupported(device, q.dtype, head_dim=q.shape[-1] // heads) is None
 
 
 def pola_value_term_triton(q, k, v, v_term, power, scale, dwc_weight, dwc_bias, hw, alpha=4.0, eps=1e-6,

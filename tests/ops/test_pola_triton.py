@@ -9,7 +9,7 @@ import torch
 from mmpola.ops import OPS, pola_attention, pola_attention_reference, pola_attention_triton
 from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from mmpola.ops.pola_triton import pola_value_term_triton
+from mmpola.ops.pola_triton import pola_value_term_triton, value_term_joins
 from tests.fixtures.ops import DispatchedOps, forward_backward, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -413,3 +413,23 @@ def test_joined_function_checks_its_operands():
         pola_value_term_triton(q, k, v, v_term, power, scale, weight, bias, (4, 6), key_bias=encoding.double())
 
 
+def test_the_joined_function_applies_where_both_ops_resolve_to_their_kernels_on_these_operands():
+    """value_term_joins: both implementations resolve to the Triton kernels ('triton', or 'auto' where they run)
+    and the kernels take the operands as they are; otherwise the ops are called apart."""
+    leaves, _ = _value_term_inputs(1, 2, (4, 6), 8, torch.float32)
+    projection, _, _, _, weight, _ = leaves
+    q, k, v, v_term = _split(projection.detach(), 16)
+
+    def joins(attn_impl='triton', conv_impl='triton', operands=(q, k, v, v_term), conv_weight=weight, fp32=True):
+        return value_term_joins(attn_impl, fp32, conv_impl, *operands, conv_weight, 2)
+
+    assert joins() and joins(fp32=False)
+    assert not joins(attn_impl='fast') and not joins(conv_impl='torch')
+    if DEVICE == 'cpu':  # 'auto' picks the library convolution on the CPU
+        assert not joins(conv_impl='auto')
+    assert not joins(operands=(q, k, v.double(), v_term))  # operands of two dtypes
+    assert not joins(conv_weight=weight.double())  # a weight the convolution would not read in the values' dtype
+    assert not joins(operands=(q[:, :0], k[:, :0], v[:, :0], v_term[:, :0]))  # nothing to launch
+    with torch.autocast(torch.device(DEVICE).type, torch.bfloat16):
+        assert not joins()  # float32 values under bf16 autocast: the convolution would cast them
+        assert joins(operands=tuple(t.bfloat16() for t in (q, k, v, v_term)))

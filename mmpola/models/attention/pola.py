@@ -3,11 +3,8 @@ import torch
 import torch.nn as nn
 from timm.layers import register_notrace_module
 
-from mmpola.ops import attention_op, check_attn_impl, depthwise_conv_impl, pola_attention
-from mmpola.ops.depthwise import auto_impl
-from mmpola.ops.dispatch import autocast_dtype
-from mmpola.ops.pola_triton import pola_value_term_triton
-from mmpola.ops.triton_support import triton_unsupported
+from mmpola.ops import check_attn_impl, depthwise_conv_impl, pola_attention
+from mmpola.ops.pola_triton import pola_value_term_triton, value_term_joins
 from mmpola.registry import ATTENTIONS
 
 from ..layers import DepthwiseConv2d, hooked
@@ -156,22 +153,11 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
 
     def _value_term_in_kernels(self, q, k, v, v_term):
         """Whether the core and the depthwise term run in the Triton kernels for these operands, where
-        :func:`~mmpola.ops.pola_triton.pola_value_term_triton` computes both: the core's implementation
-        (``attn_impl``) and the convolution's (``MMPOLA_DEPTHWISE_CONV``) resolve to them, they take the operands
-        as they are (one dtype, in which the convolution reads its parameters: the autocast dtype under autocast),
-        the core's kernels do not turn the head dim down, and no hook of ``dwc`` expects its own call."""
-        if q.numel() == 0 or k.numel() == 0 or hooked(self.dwc) or len({q.dtype, k.dtype, v.dtype, v_term.dtype}) > 1:
-            return False
-        device = q.device
-        core_dtype = torch.float32 if self.fp32_attn else q.dtype
-        if attention_op(self.op).choose(self.attn_impl, device, core_dtype) != 'triton':
-            return False
-        conv_impl = depthwise_conv_impl()
-        if conv_impl == 'torch' or conv_impl == 'auto' and auto_impl(v_term) != 'triton':
-            return False
-        if (autocast_dtype(device.type) or self.dwc.weight.dtype) != v_term.dtype:
-            return False
-        return triton_unsupported(device, q.dtype, head_dim=q.shape[-1] // self.num_heads) is None
+        :func:`~mmpola.ops.pola_triton.pola_value_term_triton` computes both (``attn_impl`` and
+        ``MMPOLA_DEPTHWISE_CONV`` resolve to them: :func:`~mmpola.ops.pola_triton.value_term_joins`), and no hook
+        of ``dwc`` expects its own call."""
+        return not hooked(self.dwc) and value_term_joins(self.attn_impl, self.fp32_attn, depthwise_conv_impl(), q, k,
+                                                         v, v_term, self.dwc.weight, self.num_heads)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '
