@@ -25,7 +25,7 @@ from .depthwise_triton import depthwise_conv2d_triton
 from .dispatch import implementation_from_env, recording
 from .triton_support import dry_running, triton_unsupported
 
-__all__ = ['DEPTHWISE_IMPLS', 'auto_impl', 'depthwise_conv2d', 'depthwise_conv_impl', 'library_conv']
+__all__ = ['DEPTHWISE_IMPLS', 'auto_impl', 'depthwise_conv2d', 'depthwise_conv_impl', 'heads_as_maps', 'library_conv']
 
 DEPTHWISE_IMPLS = ('auto', 'torch', 'triton')
 ENV = 'MMPOLA_DEPTHWISE_CONV'
@@ -52,6 +52,12 @@ def _check(x, weight, bias, per_sample):
     if bias is not None and tuple(bias.shape) != ((B, C) if per_sample else (C, )):
         raise ValueError(f'depthwise_conv2d expects a bias of shape {(B, C) if per_sample else (C, )}, got '
                          f'{tuple(bias.shape)}')
+
+
+def heads_as_maps(t, hw):
+    """(B, h, H*W, d) per-head tokens -> their (B, h, d, H, W) maps, a view: the G = h maps per image that
+    :func:`depthwise_conv2d` convolves by the same kernels (the attentions' values, one map per head)."""
+    return t.unflatten(2, hw).permute(0, 1, 4, 2, 3)
 
 
 def auto_impl(x):

@@ -53,7 +53,7 @@ that block and a block stops at its chunk's end, so the partial sums do not depe
 """
 import torch
 
-from .depthwise import auto_impl
+from .depthwise import auto_impl, heads_as_maps
 from .depthwise_triton import _convolve, _depthwise_backward
 from .dispatch import (
     AttnImplUnavailable,
@@ -585,11 +585,6 @@ def _tokens(t):
     return t.transpose(1, 2).flatten(2)
 
 
-def _maps_of_heads(t, hw):
-    """(B, h, H*W, d) heads -> their (B, h, d, H, W) maps, a view."""
-    return t.unflatten(2, hw).permute(0, 1, 4, 2, 3)
-
-
 class _PolaValueTermTriton(torch.autograd.Function):
     """:func:`pola_value_term_triton`'s autograd: the head views of the token-layout operands and of the raw
     parameters, the casts of the parameters to the dtypes the kernels read them in, and the merge of the heads
@@ -605,10 +600,10 @@ class _PolaValueTermTriton(torch.autograd.Function):
         p = _per_head(power.to(compute), (B, heads), d, 'power')
         out, (saved, config) = _pola_forward(_heads(q, heads), _heads(k, heads), _heads(v, heads), s, p,
                                              None if bias is None else _heads(bias, heads), alpha, eps)
-        maps = _maps_of_heads(_heads(v_term, heads), hw)
+        maps = heads_as_maps(_heads(v_term, heads), hw)
         # the convolution's parameters in the values' dtype, as the convolution's autocast casts them
         conv = weight.to(v_term.dtype), None if conv_bias is None else conv_bias.to(v_term.dtype)
-        total = _convolve(maps, *conv, False, False, residual=_maps_of_heads(out, hw))  # in out's layout
+        total = _convolve(maps, *conv, False, False, residual=heads_as_maps(out, hw))  # in out's layout
         ctx.save_for_backward(*saved, maps, conv[0])
         ctx.config, ctx.layout = config, (heads, hw)
         ctx.dtypes = tuple(None if t is None else t.dtype for t in (scale, power, weight, conv_bias))
@@ -622,7 +617,7 @@ class _PolaValueTermTriton(torch.autograd.Function):
         needs = ctx.needs_input_grad
         grad_heads = _heads(grad, heads)
         grad_maps, grad_weight, grad_conv_bias = _depthwise_backward(
-            maps, conv_weight, _maps_of_heads(grad_heads, hw), conv_bias_dtype is not None, False,
+            maps, conv_weight, heads_as_maps(grad_heads, hw), conv_bias_dtype is not None, False,
             (needs[3], needs[7], needs[8]))
         dq, dk, dv, ds, dp, dbias = _pola_backward(saved, ctx.config, grad_heads)
         grad_v_term = None if grad_maps is None else _tokens(grad_maps.permute(0, 1, 3, 4, 2).flatten(2, 3))
@@ -655,9 +650,9 @@ def pola_value_term_triton(q, k, v, v_term, power, scale, dwc_weight, dwc_bias, 
     """Pola attention and its depthwise value term on the operands in the tokens' layout, in one autograd
     Function: what Pola attention computes on a grid whose keys are its tokens, without prefix tokens.
 
-    q, k, v, v_term: (B, N, C) tokens of H x W = ``hw`` (any strides with the channels innermost, e.g. views of
-    a projection; v_term: the values for the term, v itself or a second view of it); power: the raw exponent
-    logit (1, h, 1, d), which gives the heads h; scale: the raw temperature logit (1, 1, C); key_bias: None or
+    q, k, v, v_term: (B, N, C) tokens of H x W = ``hw`` (any strides, e.g. views of a projection; v_term: the
+    values for the term, v itself or a second view of it); power: the raw exponent logit (1, h, 1, d), which
+    gives the heads h; scale: the raw temperature logit (1, 1, C); key_bias: None or
     the keys' encoding (1, N, C) in k's dtype; dwc_weight (d, 1, k, k) and dwc_bias (d, ) or None: the
     depthwise convolution shared by the heads, read in the values' dtype. Returns (B, N, C) in q's dtype:
     per head, :func:`pola_attention_triton` of q, k + key_bias, v plus the convolution of v_term's map, with
@@ -666,8 +661,8 @@ def pola_value_term_triton(q, k, v, v_term, power, scale, dwc_weight, dwc_bias, 
     The same kernels and arithmetic as :func:`pola_attention_triton` followed by
     :func:`~mmpola.ops.depthwise_triton.depthwise_conv2d_triton` with the attention's output as its residual
     (whose results these are, bit for bit): the head views, the parameters' casts and the merge of the heads
-    happen inside, so that autograd records one node where it records some thirty between those two calls
-    (views, casts, broadcasts: each an operator and a node, whose cost on the host a GPU waits for)."""
+    happen inside, so that autograd records one node where it records two Functions and the views, transposes,
+    broadcasts and casts around them (each an operator and a node, whose cost on the host a GPU waits for)."""
     heads = power.shape[1]
     B, N, C = q.shape
     if not (k.shape == v.shape == v_term.shape == q.shape and C % heads == 0 and hw[0] * hw[1] == N):

@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmpola.ops.depthwise import heads_as_maps
+
 from ..layers import ResizedEmbeddingCache, hooked
 
 __all__ = ['KeyPositionalEncoding', 'upsample_values', 'depthwise_value_heads', 'depthwise_value_term',
@@ -61,11 +63,6 @@ def upsample_values(v, kv_hw, hw, mode):
     return v.reshape(B, heads, head_dim, N).transpose(-2, -1)
 
 
-def _heads_as_maps(t, hw):
-    """(B, h, H*W, d) per-head tokens -> their (B, h, d, H, W) maps, a view."""
-    return t.unflatten(2, hw).permute(0, 1, 4, 2, 3)
-
-
 def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d', residual=None):
     """The ``dwc`` term of Pola / FLatten attention per head: a depthwise conv over each head's values.
 
@@ -91,7 +88,7 @@ def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d', residual=Non
     H, W = hw
     if n != H * W:
         v = upsample_values(v, kv_hw, hw, v_upsample)
-    maps = dwc(_heads_as_maps(v, hw), None if residual is None else _heads_as_maps(residual, hw))
+    maps = dwc(heads_as_maps(v, hw), None if residual is None else heads_as_maps(residual, hw))
     return maps.permute(0, 1, 3, 4, 2).reshape(B, heads, H * W, head_dim)
 
 
