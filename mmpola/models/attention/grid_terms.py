@@ -84,12 +84,10 @@ def depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample='linear1d', residual=Non
     """
     if residual is not None and hooked(dwc):  # its hooks see the term alone
         return residual + depthwise_value_heads(dwc, v, kv_hw, hw, v_upsample)
-    B, heads, n, head_dim = v.shape
-    H, W = hw
-    if n != H * W:
+    if v.shape[2] != hw[0] * hw[1]:
         v = upsample_values(v, kv_hw, hw, v_upsample)
     maps = dwc(heads_as_maps(v, hw), None if residual is None else heads_as_maps(residual, hw))
-    return maps.permute(0, 1, 3, 4, 2).reshape(B, heads, H * W, head_dim)
+    return maps.permute(0, 1, 3, 4, 2).flatten(2, 3)  # (B, h, H*W, d): a view of a channels-last output
 
 
 def depthwise_value_term(dwc, v, kv_hw, hw, v_upsample='linear1d', residual=None):

@@ -106,23 +106,27 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         self._init_positional_encoding(dim, reduced_grid(pe_grid, sr_ratio))
 
     def forward(self, x, hw, num_prefix_tokens=0, norm=None, branch=None, drop_path=None, stream=False, **context):
-        H, W = hw
         P = num_prefix_tokens
         projected = self._project_inputs(x, hw, norm, value_twice=True, branch=branch, drop_path=drop_path,
                                          stream=stream)
         returns_x = branch is not None or stream
         s, (q, k, v, g, v_term), kv_hw = projected if returns_x else (None, *projected)
+        if not P and k.shape[1] == q.shape[1] and self._value_term_in_kernels(q, k, v, v_term):
+            # the core and the depthwise term in the Triton kernels, with the head views and the merge of the
+            # heads inside one autograd Function
+            out = pola_value_term_triton(q, k, v, v_term, self.power, self.scale, self.dwc.weight, self.dwc.bias,
+                                         hw, alpha=self.alpha, key_bias=self.key_bias(kv_hw, k.dtype))
+        else:
+            out = self._core_and_value_term(q, k, v, v_term, kv_hw, hw, P)
+        out = self._project_gated_output(out, g)
+        return (s, out) if returns_x else out
+
+    def _core_and_value_term(self, q, k, v, v_term, kv_hw, hw, P):
+        """The core (:func:`mmpola.ops.pola_attention`) and the depthwise term of the projections q (B, N, C), k,
+        v, v_term (B, n, C) as two ops, on their heads' views; returns (B, N, C)."""
         B, N, C = q.shape
         heads, head_dim = self.num_heads, C // self.num_heads
         n = k.shape[1]
-
-        if not P and n == N and self._value_term_in_kernels(q, k, v, v_term):
-            # the core and the depthwise term in the Triton kernels as below, with the head views and the
-            # merge of the heads inside one autograd Function (pola_value_term_triton)
-            out = pola_value_term_triton(q, k, v, v_term, self.power, self.scale, self.dwc.weight, self.dwc.bias,
-                                         (H, W), alpha=self.alpha, key_bias=self.key_bias(kv_hw, k.dtype))
-            out = self._project_gated_output(out, g)
-            return (s, out) if returns_x else out
         # per-head views (B, h, N, d) of the projections, not copied: every implementation of the op
         # takes strided tensors (the fp32 island's cast, the feature maps and the products lay out
         # their own outputs; the reference copies to the official contiguous layout), and so does the
@@ -141,15 +145,12 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
                              impl=self.attn_impl, key_bias=key_bias)
         if P:
             out = out.transpose(1, 2).reshape(B, N, C)
-            term = depthwise_value_term(self.dwc, v_term[:, :, P:], kv_hw, (H, W), self.v_upsample)
-            out = add_to_patches(out, term, P)
-        else:
-            # the term added to the core's output (in the tokens' layout) where the conv writes it; merging the
-            # heads is a view
-            out = depthwise_value_heads(self.dwc, v_term, kv_hw, (H, W), self.v_upsample, residual=out)
-            out = out.transpose(1, 2).reshape(B, N, C)
-        out = self._project_gated_output(out, g)
-        return (s, out) if returns_x else out
+            term = depthwise_value_term(self.dwc, v_term[:, :, P:], kv_hw, hw, self.v_upsample)
+            return add_to_patches(out, term, P)
+        # the term added to the core's output (in the tokens' layout) where the conv writes it; merging the
+        # heads is a view
+        out = depthwise_value_heads(self.dwc, v_term, kv_hw, hw, self.v_upsample, residual=out)
+        return out.transpose(1, 2).reshape(B, N, C)
 
     def _value_term_in_kernels(self, q, k, v, v_term):
         """Whether the core and the depthwise term run in the Triton kernels for these operands, where
