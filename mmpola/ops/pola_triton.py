@@ -576,8 +576,11 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6, key_bias=N
 
 
 def _heads(t, heads):
-    """(B, N, C) tokens -> the (B, h, N, d) view of their heads."""
-    return t.unflatten(-1, (heads, t.shape[-1] // heads)).transpose(1, 2)
+    """(B, N, C) tokens -> the (B, h, N, d) view of their heads (one view operator: inside the Function, where
+    autograd does not record it)."""
+    (B, N, C), (sb, sn, sc) = t.shape, t.stride()
+    d = C // heads
+    return t.as_strided((B, heads, N, d), (sb, d * sc, sn, sc))
 
 
 def _tokens(t):
