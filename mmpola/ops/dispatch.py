@@ -64,12 +64,13 @@ _fx_tracing = getattr(torch.fx._symbolic_trace, 'is_fx_symbolic_tracing',
 
 
 def recording():
-    """True while torch.compile, torch.jit.trace, an ONNX export or torch.fx's symbolic tracing (timm's
-    feature extraction) records the model: they take the ops' PyTorch bodies into their graphs, so ``'auto'``
-    runs the default implementation then (never a Triton launch, which they cannot record or export) and
-    caches keep nothing."""
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-            or _fx_tracing())
+    """True while torch.compile, torch.export, torch.jit.trace or torch.fx's symbolic tracing (timm's feature
+    extraction) records the model: they take the ops' PyTorch bodies into their graphs, so ``'auto'`` runs the
+    default implementation then (never a Triton launch, which they cannot record or export) and caches keep
+    nothing. An ONNX export records through one of them (the TorchScript exporter traces with torch.jit.trace,
+    the dynamo exporter with torch.export), so ``torch.onnx.is_in_onnx_export``, which imports the exporters'
+    modules at each call, is not asked: the models ask this in every block of every step."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or _fx_tracing()
 
 
 class AttnImplUnavailable(MMPolaUserError, ValueError):

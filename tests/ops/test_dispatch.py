@@ -1,6 +1,8 @@
 """The implementation tables of the attention ops (mmpola.ops.dispatch): every registered
 implementation of every op against the reference (forward and input gradients), and an extra
 implementation registered from this file, selected with ``attn_impl=`` on a backbone."""
+import io
+
 import pytest
 import torch
 
@@ -223,6 +225,28 @@ def test_auto_runs_the_default_while_a_tracer_records(monkeypatch):
         assert op.choose('auto', torch.device('cuda'), torch.float32) == op.default
     monkeypatch.undo()
     assert OPS['pola'].choose('auto', torch.device('cpu'), torch.float32) == 'fast'
+
+
+def test_recording_while_torch_export_or_an_onnx_export_runs_the_model():
+    """torch.export (and with it the dynamo ONNX exporter) and the TorchScript ONNX exporter run the model's
+    forward while :func:`recording` says so; outside them it does not."""
+    from mmpola.ops.dispatch import recording
+    seen = []
+
+    class Noting(torch.nn.Module):
+        def forward(self, x):
+            seen.append(recording())
+            return x * 2
+
+    Noting()(torch.randn(2, 3))
+    torch.export.export(Noting(), (torch.randn(2, 3), ))
+    assert seen[0] is False and seen[1:] and all(seen[1:]), seen
+    seen.clear()
+    try:  # the exporter traces the forward first; without the onnx package it fails after that
+        torch.onnx.export(Noting(), (torch.randn(2, 3), ), io.BytesIO(), dynamo=False)
+    except torch.onnx.OnnxExporterError:
+        pass
+    assert seen and all(seen), seen
 
 
 @pytest.mark.parametrize('variable, read, what', [
