@@ -70,10 +70,10 @@ def narrowed(type_name, kwargs):
     return type_name, dict(kwargs, arch=arch)
 
 
-# the backbones host times: mmpola's PVT-T and Swin-T layouts (Pola's and softmax), mmdet's, and PVTv2-b2's softmax
-# layout with timm's
+# the backbones host times: mmpola's PVT-T and Swin-T layouts (Pola's and softmax), mmdet's, PVTv2-b2's softmax
+# layout with timm's, and FLatten's PVT-T and Swin-T
 HOST_BACKBONES = ('pola-pvt-t', 'softmax-pvt-t', 'pvt-t', 'pola-swin-t', 'softmax-swin-t', 'swin-t', 'softmax-pvtv2-b2',
-                  'timm-pvt-v2-b2')
+                  'timm-pvt-v2-b2', 'flatten-pvt-t', 'flatten-swin-t')
 
 
 def build_narrowed(type_name, kwargs):

@@ -388,86 +388,98 @@ def _token_stats(x, scale, focus, bias=None):
     return stats
 
 
+def _flatten_forward(q, k, v, scale, bias, num_heads, focusing_factor, eps):
+    """The forward kernels on q (B, N, C), k, v (B, n, C) of any strides, the raw scale (C, ) in float32 and the
+    key bias (:func:`~mmpola.ops.dispatch.key_bias_operand`) or None; returns (the output (B, N, C) in q's dtype,
+    what :func:`_flatten_backward` takes)."""
+    B, N, C = q.shape
+    n, H = k.shape[1], num_heads
+    d = C // H
+    focus = _focus_args(focusing_factor)
+    block_t, block_d, _ = _blocks(d)
+    keys, queries, _ = _defaults(d, q.device)
+    stats_q, stats_k = _token_stats(q, scale, focus), _token_stats(k, scale, focus, bias)
+    chunks, per = _chunks(n, block_t, B * H, q.device)
+    # per key chunk: KV / n (d x d) and M / n (d) as one record, summed over the chunks once
+    parts = torch.empty((B * H, chunks, d * d + d), device=q.device, dtype=torch.float32)
+    bias_ptr, bias_strides = key_bias_args(bias, k)
+    launch(_key_reduce_kernel, (B * H, chunks), k, bias_ptr, v, scale, stats_k, parts, n, d, H, per, 1.0 / n,
+           *k.stride(), *bias_strides, *v.stride(), **focus, BLOCK_D=block_d, default=keys, BIAS=bias is not None)
+    summary = parts.sum(1)
+    out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
+    launch(_query_kernel, lambda meta: (B * H, cdiv(N, meta['BLOCK_T'])), q, scale, stats_q, summary, out,
+           N, d, H, eps, *q.stride(), *out.stride(), **focus, BLOCK_D=block_d, default=queries)
+    return out, ((q, k, v, scale, stats_q, stats_k, summary, bias), (H, focusing_factor, eps))
+
+
+def _flatten_backward(saved, options, g):
+    """(dL/dq, dL/dk, dL/dv, dL/dscale (C, ) in float32, dL/dbias or None) from the output's gradient g (any
+    strides) and what :func:`_flatten_forward` returned beside the output."""
+    q, k, v, scale, stats_q, stats_k, summary, bias = saved
+    H, focusing_factor, eps = options
+    B, N, C = q.shape
+    n, d = k.shape[1], C // H
+    dev, f32 = q.device, torch.float32
+    focus = _focus_args(focusing_factor)
+    block_t, block_d, _ = _blocks(d)
+    blocks = dict(BLOCK_D=block_d, default=_defaults(d, dev)[2])
+    one = H == 1
+
+    # queries: dKV, dM (and dden per head), then dq and their part of dL/ds
+    chunks, per = _chunks(N, block_t, B * H, dev)
+    dparts = torch.empty((B * H, chunks, d * d + d), device=dev, dtype=f32)
+    chunks_k, per_k = _chunks(n, block_t, B * H, dev)
+    # each head's records of dL/dscale: its query chunks', then its key chunks'
+    ds_parts = torch.empty((B, H, chunks + chunks_k, d), device=dev, dtype=f32)
+    dden = dq = torch.empty((B, N, C), device=dev, dtype=q.dtype)
+    if not one:
+        dden = torch.empty((B, N, H), device=dev, dtype=f32)
+    args = (q, g, scale, stats_q, summary, dparts, dden, dq, ds_parts, chunks + chunks_k, N, d, H, eps, per,
+            *q.stride(), *g.stride(), *dq.stride())
+    grid = (B * H, chunks)
+    if one:
+        launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
+    else:
+        launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
+        dden_sum = dden.sum(-1)
+        args = args[:6] + (dden_sum,) + args[7:]
+        launch(_query_backward_kernel, grid, *args, REDUCE=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
+    dsummary = dparts.sum(1)
+
+    # keys: dv (and G per head), then dk and their part of dL/ds
+    dk = torch.empty((B, n, C), device=dev, dtype=k.dtype)
+    dv = torch.empty((B, n, C), device=dev, dtype=v.dtype)
+    gk = dk if one else torch.empty((B, n, H), device=dev, dtype=f32)
+    bias_ptr, bias_strides = key_bias_args(bias, k)
+    args = (k, bias_ptr, v, scale, stats_k, dsummary, gk, dk, dv, ds_parts[:, :, chunks:], chunks + chunks_k, n, d,
+            H, per_k, 1.0 / n, *k.stride(), *bias_strides, *v.stride(), *dk.stride(), *dv.stride())
+    grid = (B * H, chunks_k)
+    keys = dict(blocks, BIAS=bias is not None)
+    longest = _one_head_key_block(block_d, k.dtype)
+    if one and longest and kernel_target(dev).gpu:  # the interpreter keeps _blocks'
+        keys['default'] = dict(BLOCK_T=longest, num_warps=_GPU_ONE_HEAD_KEY_WARPS)
+    if one:
+        launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **keys)
+    else:
+        launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **keys)
+        args = args[:6] + (gk.sum(-1),) + args[7:]
+        launch(_key_backward_kernel, grid, *args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **keys)
+    return dq, dk, dv, ds_parts.sum((0, 2)).reshape(C), None if bias is None else key_bias_gradient(dk, bias)
+
+
 class _FlattenTriton(torch.autograd.Function):
     """Focused linear attention; forward and backward in the Triton kernels of this module."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, bias, num_heads, focusing_factor, eps):
-        B, N, C = q.shape
-        n, H = k.shape[1], num_heads
-        d = C // H
-        focus = _focus_args(focusing_factor)
-        block_t, block_d, _ = _blocks(d)
-        keys, queries, _ = _defaults(d, q.device)
-        stats_q, stats_k = _token_stats(q, scale, focus), _token_stats(k, scale, focus, bias)
-        chunks, per = _chunks(n, block_t, B * H, q.device)
-        # per key chunk: KV / n (d x d) and M / n (d) as one record, summed over the chunks once
-        parts = torch.empty((B * H, chunks, d * d + d), device=q.device, dtype=torch.float32)
-        bias_ptr, bias_strides = key_bias_args(bias, k)
-        launch(_key_reduce_kernel, (B * H, chunks), k, bias_ptr, v, scale, stats_k, parts, n, d, H, per, 1.0 / n,
-               *k.stride(), *bias_strides, *v.stride(), **focus, BLOCK_D=block_d, default=keys, BIAS=bias is not None)
-        summary = parts.sum(1)
-        out = torch.empty((B, N, C), device=q.device, dtype=q.dtype)
-        launch(_query_kernel, lambda meta: (B * H, cdiv(N, meta['BLOCK_T'])), q, scale, stats_q, summary, out,
-               N, d, H, eps, *q.stride(), *out.stride(), **focus, BLOCK_D=block_d, default=queries)
-        ctx.save_for_backward(q, k, v, scale, stats_q, stats_k, summary, bias)
-        ctx.options = (H, focusing_factor, eps)
+        out, (saved, ctx.options) = _flatten_forward(q, k, v, scale, bias, num_heads, focusing_factor, eps)
+        ctx.save_for_backward(*saved)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, scale, stats_q, stats_k, summary, bias = ctx.saved_tensors
-        H, focusing_factor, eps = ctx.options
-        B, N, C = q.shape
-        n, d = k.shape[1], C // H
-        dev, f32 = q.device, torch.float32
-        focus = _focus_args(focusing_factor)
-        block_t, block_d, _ = _blocks(d)
-        blocks = dict(BLOCK_D=block_d, default=_defaults(d, dev)[2])
-        one = H == 1
-
-        # queries: dKV, dM (and dden per head), then dq and their part of dL/ds
-        chunks, per = _chunks(N, block_t, B * H, dev)
-        dparts = torch.empty((B * H, chunks, d * d + d), device=dev, dtype=f32)
-        chunks_k, per_k = _chunks(n, block_t, B * H, dev)
-        # each head's records of dL/dscale: its query chunks', then its key chunks'
-        ds_parts = torch.empty((B, H, chunks + chunks_k, d), device=dev, dtype=f32)
-        dden = dq = torch.empty((B, N, C), device=dev, dtype=q.dtype)
-        if not one:
-            dden = torch.empty((B, N, H), device=dev, dtype=f32)
-        args = (q, g, scale, stats_q, summary, dparts, dden, dq, ds_parts, chunks + chunks_k, N, d, H, eps, per,
-                *q.stride(), *g.stride(), *dq.stride())
-        grid = (B * H, chunks)
-        if one:
-            launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=True, LOCAL_G=True, **focus, **blocks)
-        else:
-            launch(_query_backward_kernel, grid, *args, REDUCE=True, WRITE_DX=False, LOCAL_G=False, **focus, **blocks)
-            dden_sum = dden.sum(-1)
-            args = args[:6] + (dden_sum,) + args[7:]
-            launch(_query_backward_kernel, grid, *args, REDUCE=False, WRITE_DX=True, LOCAL_G=False, **focus, **blocks)
-        dsummary = dparts.sum(1)
-
-        # keys: dv (and G per head), then dk and their part of dL/ds
-        dk = torch.empty((B, n, C), device=dev, dtype=k.dtype)
-        dv = torch.empty((B, n, C), device=dev, dtype=v.dtype)
-        gk = dk if one else torch.empty((B, n, H), device=dev, dtype=f32)
-        bias_ptr, bias_strides = key_bias_args(bias, k)
-        args = (k, bias_ptr, v, scale, stats_k, dsummary, gk, dk, dv, ds_parts[:, :, chunks:], chunks + chunks_k, n, d,
-                H, per_k, 1.0 / n, *k.stride(), *bias_strides, *v.stride(), *dk.stride(), *dv.stride())
-        grid = (B * H, chunks_k)
-        keys = dict(blocks, BIAS=bias is not None)
-        longest = _one_head_key_block(block_d, k.dtype)
-        if one and longest and kernel_target(dev).gpu:  # the interpreter keeps _blocks'
-            keys['default'] = dict(BLOCK_T=longest, num_warps=_GPU_ONE_HEAD_KEY_WARPS)
-        if one:
-            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=True, LOCAL_G=True, **focus, **keys)
-        else:
-            launch(_key_backward_kernel, grid, *args, WRITE_DV=True, WRITE_DX=False, LOCAL_G=False, **focus, **keys)
-            args = args[:6] + (gk.sum(-1),) + args[7:]
-            launch(_key_backward_kernel, grid, *args, WRITE_DV=False, WRITE_DX=True, LOCAL_G=False, **focus, **keys)
-        return (dq, dk, dv, ds_parts.sum((0, 2)).reshape(C), None if bias is None else key_bias_gradient(dk, bias),
-                None, None, None)
+        return (*_flatten_backward(ctx.saved_tensors, ctx.options, g), None, None, None)
 
 
 def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6, key_bias=None):

@@ -53,13 +53,9 @@ that block and a block stops at its chunk's end, so the partial sums do not depe
 """
 import torch
 
-from .depthwise import auto_impl, heads_as_maps
-from .depthwise_triton import _convolve, _depthwise_backward
 from .dispatch import (
     AttnImplUnavailable,
     attention_op,
-    autocast_dtype,
-    autocast_off,
     empty_attention,
     key_bias_gradient,
     key_bias_operand,
@@ -79,7 +75,7 @@ from .triton_support import (
 if triton_available() is None:
     from .triton_support import add_key_bias, batch_and_head, sigmoid_parts, softplus
 
-__all__ = ['pola_attention_triton', 'pola_value_term_triton', 'value_term_joins']
+__all__ = ['pola_attention_triton']
 
 if triton_available() is None:
     import triton
@@ -573,120 +569,6 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6, key_bias=N
     scale = _per_head(scale.to(compute), lead, d, 'scale')
     power = _per_head(power.to(compute), lead, d, 'power')
     return _PolaTriton.apply(q, k, v, scale, power, key_bias, float(alpha), float(eps)).reshape(*lead, N, d)
-
-
-def _heads(t, heads):
-    """(B, N, C) tokens -> the (B, h, N, d) view of their heads (one view operator: inside the Function, where
-    autograd does not record it)."""
-    (B, N, C), (sb, sn, sc) = t.shape, t.stride()
-    d = C // heads
-    return t.as_strided((B, heads, N, d), (sb, d * sc, sn, sc))
-
-
-def _tokens(t):
-    """(B, h, N, d) heads -> (B, N, h * d) tokens (a view where the heads are a view of tokens)."""
-    return t.transpose(1, 2).flatten(2)
-
-
-class _PolaValueTermTriton(torch.autograd.Function):
-    """:func:`pola_value_term_triton`'s autograd: the head views of the token-layout operands and of the raw
-    parameters, the casts of the parameters to the dtypes the kernels read them in, and the merge of the heads
-    are made here, without autograd, and their gradients come back in the inputs' shapes and dtypes."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, v_term, scale, power, bias, weight, conv_bias, heads, hw, alpha, eps):
-        B, N, C = q.shape
-        d = C // heads
-        wide = any(t is not None and t.dtype == torch.float64 for t in (q, k, v, bias))
-        compute = torch.float64 if wide else torch.float32
-        s = _per_head(_heads(scale.to(compute), heads), (B, heads), d, 'scale')
-        p = _per_head(power.to(compute), (B, heads), d, 'power')
-        out, (saved, config) = _pola_forward(_heads(q, heads), _heads(k, heads), _heads(v, heads), s, p,
-                                             None if bias is None else _heads(bias, heads), alpha, eps)
-        maps = heads_as_maps(_heads(v_term, heads), hw)
-        # the convolution's parameters in the values' dtype, as the convolution's autocast casts them
-        conv = weight.to(v_term.dtype), None if conv_bias is None else conv_bias.to(v_term.dtype)
-        total = _convolve(maps, *conv, False, False, residual=heads_as_maps(out, hw))  # in out's layout
-        ctx.save_for_backward(*saved, maps, conv[0])
-        ctx.config, ctx.layout = config, (heads, hw)
-        ctx.dtypes = tuple(None if t is None else t.dtype for t in (scale, power, weight, conv_bias))
-        return _tokens(total.permute(0, 1, 3, 4, 2).flatten(2, 3))
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        *saved, maps, conv_weight = ctx.saved_tensors
-        (heads, hw), (scale_dtype, power_dtype, weight_dtype, conv_bias_dtype) = ctx.layout, ctx.dtypes
-        needs = ctx.needs_input_grad
-        grad_heads = _heads(grad, heads)
-        grad_maps, grad_weight, grad_conv_bias = _depthwise_backward(
-            maps, conv_weight, heads_as_maps(grad_heads, hw), conv_bias_dtype is not None, False,
-            (needs[3], needs[7], needs[8]))
-        dq, dk, dv, ds, dp, dbias = _pola_backward(saved, ctx.config, grad_heads)
-        grad_v_term = None if grad_maps is None else _tokens(grad_maps.permute(0, 1, 3, 4, 2).flatten(2, 3))
-        return (_tokens(dq), _tokens(dk), _tokens(dv), grad_v_term, _tokens(ds).to(scale_dtype) if needs[4] else None,
-                dp.to(power_dtype) if needs[5] else None, None if dbias is None else _tokens(dbias),
-                None if grad_weight is None else grad_weight.to(weight_dtype),
-                None if grad_conv_bias is None else grad_conv_bias.to(conv_bias_dtype), None, None, None, None)
-
-
-def value_term_joins(attn_impl, fp32, conv_impl, q, k, v, v_term, conv_weight, heads):
-    """Whether :func:`pola_value_term_triton` computes what the two ops called apart compute for these operands
-    (tokens (B, N, C) of h = ``heads`` heads): ``pola_attention(..., impl=attn_impl, fp32=fp32)`` and the
-    depthwise convolution by ``conv_impl`` (``'auto'``, ``'torch'`` or ``'triton'``) both resolve to their Triton
-    kernels, which take the operands as they are (one dtype, with elements; the convolution reads its weight in
-    it: the autocast dtype under autocast), and the core's kernels do not turn the head dim down."""
-    if q.numel() == 0 or k.numel() == 0 or len({q.dtype, k.dtype, v.dtype, v_term.dtype}) > 1:
-        return False
-    device = q.device
-    if attention_op('pola').choose(attn_impl, device, torch.float32 if fp32 else q.dtype) != 'triton':
-        return False
-    if conv_impl == 'torch' or conv_impl == 'auto' and auto_impl(v_term) != 'triton':
-        return False
-    if (autocast_dtype(device.type) or conv_weight.dtype) != v_term.dtype:
-        return False
-    return triton_unsupported(device, q.dtype, head_dim=q.shape[-1] // heads) is None
-
-
-def pola_value_term_triton(q, k, v, v_term, power, scale, dwc_weight, dwc_bias, hw, alpha=4.0, eps=1e-6,
-                           key_bias=None):
-    """Pola attention and its depthwise value term on the operands in the tokens' layout, in one autograd
-    Function: what Pola attention computes on a grid whose keys are its tokens, without prefix tokens.
-
-    q, k, v, v_term: (B, N, C) tokens of H x W = ``hw`` (any strides, e.g. views of a projection; v_term: the
-    values for the term, v itself or a second view of it); power: the raw exponent logit (1, h, 1, d), which
-    gives the heads h; scale: the raw temperature logit (1, 1, C); key_bias: None or
-    the keys' encoding (1, N, C) in k's dtype; dwc_weight (d, 1, k, k) and dwc_bias (d, ) or None: the
-    depthwise convolution shared by the heads, read in the values' dtype. Returns (B, N, C) in q's dtype:
-    per head, :func:`pola_attention_triton` of q, k + key_bias, v plus the convolution of v_term's map, with
-    the heads merged; q, k, v and v_term in one dtype (the kernels compute in float32).
-
-    The same kernels and arithmetic as :func:`pola_attention_triton` followed by
-    :func:`~mmpola.ops.depthwise_triton.depthwise_conv2d_triton` with the attention's output as its residual
-    (whose results these are, bit for bit): the head views, the parameters' casts and the merge of the heads
-    happen inside, so that autograd records one node where it records two Functions and the views, transposes,
-    broadcasts and casts around them (each an operator and a node, whose cost on the host a GPU waits for)."""
-    heads = power.shape[1]
-    B, N, C = q.shape
-    if not (k.shape == v.shape == v_term.shape == q.shape and C % heads == 0 and hw[0] * hw[1] == N):
-        raise ValueError(f'pola_value_term_triton takes q, k, v and v_term (B, H*W, C) of one shape on the grid '
-                         f'{tuple(hw)}, C a multiple of the heads {heads}; got q {tuple(q.shape)}, k {tuple(k.shape)}, '
-                         f'v {tuple(v.shape)}, v_term {tuple(v_term.shape)}')
-    if len({q.dtype, k.dtype, v.dtype, v_term.dtype}) > 1:
-        raise TypeError(f'pola_value_term_triton takes q, k, v and v_term of one dtype, got {q.dtype}, {k.dtype}, '
-                        f'{v.dtype}, {v_term.dtype}')
-    if tuple(scale.shape) != (1, 1, C) or tuple(power.shape) != (1, heads, 1, C // heads):
-        raise ValueError(f'pola_value_term_triton takes scale (1, 1, {C}) and power (1, h, 1, {C} / h); got '
-                         f'{tuple(scale.shape)} and {tuple(power.shape)}')
-    if key_bias is not None and (tuple(key_bias.shape) != (1, N, C) or key_bias.dtype != k.dtype):
-        raise ValueError(f'pola_value_term_triton takes key_bias (1, {N}, {C}) in the keys\' dtype {k.dtype}; got '
-                         f'{tuple(key_bias.shape)} {key_bias.dtype}')
-    reason = triton_unsupported(q.device, q.dtype, head_dim=C // heads)
-    if reason is not None:
-        raise AttnImplUnavailable(f'pola_value_term_triton cannot run here: {reason}')
-    with autocast_off(q.device.type):  # as the core's dispatch runs it (mmpola.ops.dispatch)
-        return _PolaValueTermTriton.apply(q, k, v, v_term, scale, power, key_bias, dwc_weight, dwc_bias, heads,
-                                          tuple(hw), float(alpha), float(eps))
 
 
 attention_op('pola').register('triton', pola_attention_triton, supports=triton_unsupported, preferred_on=('cuda', ),

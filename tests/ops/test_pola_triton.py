@@ -1,15 +1,12 @@
 """Pola attention core in Triton ('triton'): output and the gradients of q, k, v, power and scale against
 the float64 reference, odd token grids, spatially reduced keys, strided views, broadcast parameters, half
-precision, and where 'auto' picks it; and the core joined with the depthwise value term in one autograd
-Function (pola_value_term_triton), bit for bit the two ops called apart. Without a GPU the kernels run through
-Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
+precision, and where 'auto' picks it. Without a GPU the kernels run through Triton's interpreter
+(tests/conftest.py sets TRITON_INTERPRET=1)."""
 import pytest
 import torch
 
 from mmpola.ops import OPS, pola_attention, pola_attention_reference, pola_attention_triton
-from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from mmpola.ops.pola_triton import pola_value_term_triton, value_term_joins
 from tests.fixtures.ops import DispatchedOps, forward_backward, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -310,126 +307,3 @@ def test_every_tuned_config_matches_the_reference(index):
     with fixed_config(index):
         actual = forward_backward(pola_attention_triton, inputs, grad_out)
     assert_matches(actual, float64_reference(inputs, grad_out), 1e-5, f'config {index}')
-
-
-# Pola attention and its depthwise value term in one autograd Function (pola_value_term_triton)
-
-
-def _value_term_inputs(B, heads, hw, d, dtype, seed=0, kernel=5):
-    """Token-layout operands as views of one projection (q, k, v, v_term: v_term a view of its own of v's
-    channels), the raw parameters, a key encoding in the keys' dtype and the depthwise conv's weight and bias."""
-    g = torch.Generator().manual_seed(seed)
-    N, C = hw[0] * hw[1], heads * d
-    projection = torch.randn(B, N, 4 * C, generator=g)
-    power = torch.randn(1, heads, 1, d, generator=g) * 0.5
-    scale = torch.randn(1, 1, C, generator=g) * 0.3
-    encoding = torch.randn(1, N, C, generator=g) * 0.5
-    weight = torch.randn(d, 1, kernel, kernel, generator=g) * 0.2
-    bias = torch.randn(d, generator=g) * 0.1
-    leaves = [projection.to(DEVICE, dtype), power.to(DEVICE), scale.to(DEVICE), encoding.to(DEVICE, dtype),
-              weight.to(DEVICE), bias.to(DEVICE)]
-    return [t.requires_grad_() for t in leaves], torch.randn(B, N, C, generator=g).to(DEVICE, dtype)
-
-
-def _split(projection, C):
-    q, k, v, _ = projection.unflatten(-1, (4, C)).unbind(-2)
-    return q, k, v, v.view_as(v)
-
-
-def _joined(leaves, hw, heads, with_bias=True, with_conv_bias=True):
-    projection, power, scale, encoding, weight, bias = leaves
-    q, k, v, v_term = _split(projection, scale.shape[-1])
-    return pola_value_term_triton(q, k, v, v_term, power, scale, weight, bias if with_conv_bias else None, hw,
-                                  key_bias=encoding if with_bias else None)
-
-
-def _apart(leaves, hw, heads, with_bias=True, with_conv_bias=True):
-    """What the attention module runs without the joined Function: the core on head views, then the conv of the
-    values' maps with the core's output as its residual, the heads merged."""
-    projection, power, scale, encoding, weight, bias = leaves
-    B, N, C = projection.shape[0], projection.shape[1], scale.shape[-1]
-    d = C // heads
-
-    def split(t):
-        return t.reshape(t.shape[0], t.shape[1], heads, d).transpose(1, 2)
-
-    q, k, v, v_term = _split(projection, C)
-    out = pola_attention_triton(split(q), split(k), split(v), power, split(scale),
-                                key_bias=split(encoding) if with_bias else None)
-
-    def maps(t):
-        return t.unflatten(2, hw).permute(0, 1, 4, 2, 3)
-
-    conv_weight = weight.view(d, *weight.shape[2:], 1).permute(0, 3, 1, 2)  # as DepthwiseConv2d passes it
-    dtype = projection.dtype
-    total = depthwise_conv2d_triton(maps(split(v_term)), conv_weight.to(dtype),
-                                    bias.to(dtype) if with_conv_bias else None, residual=maps(out))
-    return total.permute(0, 1, 3, 4, 2).reshape(B, heads, N, d).transpose(1, 2).reshape(B, N, C)
-
-
-def _forward_backward(fn, leaves, grad, *args, **kwargs):
-    for t in leaves:
-        t.grad = None
-    out = fn(leaves, *args, **kwargs)
-    out.backward(grad)
-    return [out.detach()] + [None if t.grad is None else t.grad.clone() for t in leaves]
-
-
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['float32', 'bfloat16'])
-@pytest.mark.parametrize('case', [(2, 2, (5, 7), 16, True, True), (1, 3, (4, 6), 8, False, False),
-                                  (1, 1, (9, 5), 32, True, False)],
-                         ids=['B2-h2-5x7-d16', 'h3-no-biases', 'h1-d32-no-conv-bias'])
-def test_joined_function_gives_the_two_ops_results_bit_for_bit(case, dtype):
-    """The output and every gradient (the projection's, with v's two uses added; the raw power's and scale's, the
-    encoding's, the conv's weight and bias) equal those of pola_attention_triton followed by
-    depthwise_conv2d_triton, in the same dtypes and strides."""
-    B, heads, hw, d, with_bias, with_conv_bias = case
-    leaves, grad = _value_term_inputs(B, heads, hw, d, dtype)
-    joined = _forward_backward(_joined, leaves, grad, hw, heads, with_bias, with_conv_bias)
-    apart = _forward_backward(_apart, leaves, grad, hw, heads, with_bias, with_conv_bias)
-    names = ['out', 'projection', 'power', 'scale', 'encoding', 'weight', 'bias']
-    for name, a, e in zip(names, joined, apart):
-        if e is None:
-            assert a is None, name
-            continue
-        assert a.dtype == e.dtype and a.shape == e.shape, name
-        assert torch.equal(a, e), f'{name}: differs by {(a.float() - e.float()).abs().max().item():.3g}'
-    assert joined[0].dtype == dtype
-
-
-def test_joined_function_checks_its_operands():
-    leaves, _ = _value_term_inputs(1, 2, (4, 6), 8, torch.float32)
-    projection, power, scale, encoding, weight, bias = leaves
-    q, k, v, v_term = _split(projection, 16)
-    with pytest.raises(ValueError, match='grid'):
-        pola_value_term_triton(q, k, v, v_term, power, scale, weight, bias, (5, 6))
-    with pytest.raises(ValueError, match='one shape'):
-        pola_value_term_triton(q, k[:, :12], v, v_term, power, scale, weight, bias, (4, 6))
-    with pytest.raises(TypeError, match='one dtype'):
-        pola_value_term_triton(q, k, v.double(), v_term, power, scale, weight, bias, (4, 6))
-    with pytest.raises(ValueError, match='scale'):
-        pola_value_term_triton(q, k, v, v_term, power, scale.view(1, 2, 1, 8), weight, bias, (4, 6))
-    with pytest.raises(ValueError, match='key_bias'):
-        pola_value_term_triton(q, k, v, v_term, power, scale, weight, bias, (4, 6), key_bias=encoding.double())
-
-
-def test_the_joined_function_applies_where_both_ops_resolve_to_their_kernels_on_these_operands():
-    """value_term_joins: both implementations resolve to the Triton kernels ('triton', or 'auto' where they run)
-    and the kernels take the operands as they are; otherwise the ops are called apart."""
-    leaves, _ = _value_term_inputs(1, 2, (4, 6), 8, torch.float32)
-    projection, _, _, _, weight, _ = leaves
-    q, k, v, v_term = _split(projection.detach(), 16)
-
-    def joins(attn_impl='triton', conv_impl='triton', operands=(q, k, v, v_term), conv_weight=weight, fp32=True):
-        return value_term_joins(attn_impl, fp32, conv_impl, *operands, conv_weight, 2)
-
-    assert joins() and joins(fp32=False)
-    assert not joins(attn_impl='fast') and not joins(conv_impl='torch')
-    if DEVICE == 'cpu':  # 'auto' picks the library convolution on the CPU
-        assert not joins(conv_impl='auto')
-    assert not joins(operands=(q, k, v.double(), v_term))  # operands of two dtypes
-    assert not joins(conv_weight=weight.double())  # a weight the convolution would not read in the values' dtype
-    assert not joins(operands=(q[:, :0], k[:, :0], v[:, :0], v_term[:, :0]))  # nothing to launch
-    with torch.autocast(torch.device(DEVICE).type, torch.bfloat16):
-        assert not joins()  # float32 values under bf16 autocast: the convolution would cast them
-        assert joins(operands=tuple(t.bfloat16() for t in (q, k, v, v_term)))

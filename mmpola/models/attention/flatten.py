@@ -4,10 +4,11 @@ import torch.nn as nn
 from timm.layers import register_notrace_module
 
 from mmpola.ops import check_attn_impl, flatten_attention
+from mmpola.ops.value_term_triton import flatten_value_term_triton
 from mmpola.registry import ATTENTIONS
 
 from ..layers import DepthwiseConv2d
-from .grid_terms import KeyPositionalEncoding, add_to_patches, depthwise_value_term
+from .grid_terms import JoinedValueTerm, KeyPositionalEncoding, add_to_patches, depthwise_value_term
 from .projections import QKVProjections, check_attention_args, reduced_grid
 
 __all__ = ['FocusedLinearAttention']
@@ -15,7 +16,7 @@ __all__ = ['FocusedLinearAttention']
 
 @ATTENTIONS.register_module(name='flatten')
 @register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
-class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
+class FocusedLinearAttention(JoinedValueTerm, KeyPositionalEncoding, QKVProjections, nn.Module):
     """Focused linear attention over one whole H x W token grid.
 
     * ``qkv_layout='fused'`` (FLatten-Swin, the ViT): ``qkv`` Linear(C, 3C) gives q, k, v.
@@ -27,7 +28,9 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     k gets the learned ``positional_encoding`` (stored on the pretraining key grid, bilinearly
     resized to the real key grid when they differ); the core (:func:`mmpola.ops.flatten_attention`)
     applies the focusing feature map with the per-channel temperature ``softplus(scale)``; a
-    depthwise conv ``dwc`` (d channels, shared by the heads) on v is added, then ``proj``.
+    depthwise conv ``dwc`` (d channels, shared by the heads) on v is added, then ``proj`` (where the core and
+    ``dwc`` both run in their Triton kernels, through one autograd Function:
+    :func:`~mmpola.ops.value_term_triton.flatten_value_term_triton`).
 
     Prefix tokens (``num_prefix_tokens`` in the call context, the ViT's class token): they take part
     in the core as queries and keys; the positional encoding and ``dwc`` act on the grid tokens only.
@@ -83,17 +86,29 @@ class FocusedLinearAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
                                          stream=stream)
         returns_x = branch is not None or stream
         s, (q, k, v, v_term), kv_hw = projected if returns_x else (None, *projected)
+        if self._value_term_in_kernels(q, k, v, v_term, P):
+            # the core and the depthwise term in the Triton kernels, with the head views and the merge of the
+            # heads inside one autograd Function
+            out = flatten_value_term_triton(q, k, v, v_term, self.scale, self.num_heads, self.dwc.weight,
+                                            self.dwc.bias, hw, self.focusing_factor,
+                                            key_bias=self.key_bias(kv_hw, k.dtype))
+        else:
+            out = self._core_and_value_term(q, k, v, v_term, kv_hw, hw, P)
+        out = self._project_output(out)
+        return (s, out) if returns_x else out
+
+    def _core_and_value_term(self, q, k, v, v_term, kv_hw, hw, P):
+        """The core (:func:`mmpola.ops.flatten_attention`) and the depthwise term of the projections q (B, N, C), k,
+        v, v_term (B, n, C) as two ops; returns (B, N, C)."""
         B, n, C = k.shape
         # the positional encoding as the keys' bias: the Triton kernels add it where they read the keys
         out = flatten_attention(q, k, v, self.scale, self.num_heads, self.focusing_factor, fp32=self.fp32_attn,
                                 impl=self.attn_impl, key_bias=self.key_bias(kv_hw, k.dtype, P))
         v = v_term[:, P:].reshape(B, n - P, self.num_heads, C // self.num_heads).transpose(1, 2)
         if P:
-            out = add_to_patches(out, depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample), P)
-        else:  # the term added to the core's output where the conv writes it, in the output's layout
-            out = depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample, residual=out)
-        out = self._project_output(out)
-        return (s, out) if returns_x else out
+            return add_to_patches(out, depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample), P)
+        # the term added to the core's output where the conv writes it, in the output's layout
+        return depthwise_value_term(self.dwc, v, kv_hw, hw, self.v_upsample, residual=out)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '

@@ -6,12 +6,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmpola.ops import depthwise_conv_impl
 from mmpola.ops.depthwise import heads_as_maps
+from mmpola.ops.value_term_triton import value_term_joins
 
 from ..layers import ResizedEmbeddingCache, hooked
 
-__all__ = ['KeyPositionalEncoding', 'upsample_values', 'depthwise_value_heads', 'depthwise_value_term',
-           'split_prefix', 'add_to_patches']
+__all__ = ['KeyPositionalEncoding', 'JoinedValueTerm', 'upsample_values', 'depthwise_value_heads',
+           'depthwise_value_term', 'split_prefix', 'add_to_patches']
 
 
 class KeyPositionalEncoding:
@@ -45,6 +47,21 @@ class KeyPositionalEncoding:
         if num_prefix_tokens:
             encoding = F.pad(encoding, (0, 0, num_prefix_tokens, 0))
         return encoding
+
+
+class JoinedValueTerm:
+    """Mixin of the attentions whose depthwise value term (``dwc``) can run with their core in one autograd
+    Function (:mod:`mmpola.ops.value_term_triton`): Pola and FLatten, whose op is ``op``, implementation
+    ``attn_impl`` and fp32 island ``fp32_attn``."""
+
+    def _value_term_in_kernels(self, q, k, v, v_term, num_prefix_tokens):
+        """Whether the joined Function computes the core and the depthwise term of these projections (B, N, C): the
+        keys are the grid's tokens (no prefix tokens, no spatial reduction), both run in their Triton kernels
+        (``attn_impl`` and ``MMPOLA_DEPTHWISE_CONV`` resolve to them:
+        :func:`~mmpola.ops.value_term_triton.value_term_joins`), and no hook of ``dwc`` expects its own call."""
+        return (not num_prefix_tokens and k.shape[1] == q.shape[1] and not hooked(self.dwc)
+                and value_term_joins(self.op, self.attn_impl, self.fp32_attn, depthwise_conv_impl(), q, k, v, v_term,
+                                     self.dwc.weight, self.num_heads))
 
 
 def upsample_values(v, kv_hw, hw, mode):

@@ -3,12 +3,18 @@ import torch
 import torch.nn as nn
 from timm.layers import register_notrace_module
 
-from mmpola.ops import check_attn_impl, depthwise_conv_impl, pola_attention
-from mmpola.ops.pola_triton import pola_value_term_triton, value_term_joins
+from mmpola.ops import check_attn_impl, pola_attention
+from mmpola.ops.value_term_triton import pola_value_term_triton
 from mmpola.registry import ATTENTIONS
 
-from ..layers import DepthwiseConv2d, hooked
-from .grid_terms import KeyPositionalEncoding, add_to_patches, depthwise_value_heads, depthwise_value_term
+from ..layers import DepthwiseConv2d
+from .grid_terms import (
+    JoinedValueTerm,
+    KeyPositionalEncoding,
+    add_to_patches,
+    depthwise_value_heads,
+    depthwise_value_term,
+)
 from .projections import QKVProjections, check_attention_args, reduced_grid
 
 __all__ = ['PolaAttention']
@@ -16,7 +22,7 @@ __all__ = ['PolaAttention']
 
 @ATTENTIONS.register_module(name='pola')
 @register_notrace_module  # torch.fx leaf: custom autograd core, size-dependent resize and cache
-class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
+class PolaAttention(JoinedValueTerm, KeyPositionalEncoding, QKVProjections, nn.Module):
     """Polarity-aware linear attention over one whole H x W token grid (docs/design.md).
 
     The projection layouts:
@@ -34,7 +40,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
     (:func:`mmpola.ops.pola_attention`) mixes same-sign and opposite-sign branches; a depthwise conv
     ``dwc`` (d channels, shared by the heads) runs on v with the real (H, W); the sum is gated by
     the linear projection g and projected by ``proj`` (where the core and ``dwc`` both run in their Triton
-    kernels, through one autograd Function: :func:`~mmpola.ops.pola_triton.pola_value_term_triton`). Prefix
+    kernels, through one autograd Function: :func:`~mmpola.ops.value_term_triton.pola_value_term_triton`). Prefix
     tokens (``num_prefix_tokens``, the ViT's class token) take part in the core and the gate; the positional
     encoding and ``dwc`` act on the grid tokens only.
 
@@ -111,7 +117,7 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
                                          stream=stream)
         returns_x = branch is not None or stream
         s, (q, k, v, g, v_term), kv_hw = projected if returns_x else (None, *projected)
-        if not P and k.shape[1] == q.shape[1] and self._value_term_in_kernels(q, k, v, v_term):
+        if self._value_term_in_kernels(q, k, v, v_term, P):
             # the core and the depthwise term in the Triton kernels, with the head views and the merge of the
             # heads inside one autograd Function
             out = pola_value_term_triton(q, k, v, v_term, self.power, self.scale, self.dwc.weight, self.dwc.bias,
@@ -151,14 +157,6 @@ class PolaAttention(KeyPositionalEncoding, QKVProjections, nn.Module):
         # heads is a view
         out = depthwise_value_heads(self.dwc, v_term, kv_hw, hw, self.v_upsample, residual=out)
         return out.transpose(1, 2).reshape(B, N, C)
-
-    def _value_term_in_kernels(self, q, k, v, v_term):
-        """Whether the core and the depthwise term run in the Triton kernels for these operands, where
-        :func:`~mmpola.ops.pola_triton.pola_value_term_triton` computes both (``attn_impl`` and
-        ``MMPOLA_DEPTHWISE_CONV`` resolve to them: :func:`~mmpola.ops.pola_triton.value_term_joins`), and no hook
-        of ``dwc`` expects its own call."""
-        return not hooked(self.dwc) and value_term_joins(self.attn_impl, self.fp32_attn, depthwise_conv_impl(), q, k,
-                                                         v, v_term, self.dwc.weight, self.num_heads)
 
     def extra_repr(self):
         return (f'dim={self.dim}, num_heads={self.num_heads}, pe_grid={self.pe_grid}, sr_ratio={self.sr_ratio}, '

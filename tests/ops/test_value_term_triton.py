@@ -1,0 +1,156 @@
+"""Pola's and FLatten's attention cores joined with their depthwise value term in one autograd Function
+(mmpola.ops.value_term_triton): bit for bit the two ops called apart, the operands' checks, and where the joined
+Function applies. Without a GPU the kernels run through Triton's interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1)."""
+import pytest
+import torch
+
+from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
+from mmpola.ops.flatten_triton import flatten_attention_triton
+from mmpola.ops.pola_triton import pola_attention_triton
+from mmpola.ops.value_term_triton import flatten_value_term_triton, pola_value_term_triton, value_term_joins
+
+DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+OPS = ('pola', 'flatten')
+
+
+def _inputs(op, B, heads, hw, d, dtype, seed=0, kernel=5):
+    """Token-layout operands as views of one projection (q, k, v, v_term: v_term a view of its own of v's
+    channels), the raw parameters (Pola: scale and power; FLatten: scale), a key encoding in the keys' dtype and
+    the depthwise conv's weight and bias; and the output's gradient."""
+    g = torch.Generator().manual_seed(seed)
+    N, C = hw[0] * hw[1], heads * d
+    projection = torch.randn(B, N, 4 * C, generator=g)
+    scale = torch.randn(1, 1, C, generator=g) * 0.3
+    power = torch.randn(1, heads, 1, d, generator=g) * 0.5
+    encoding = torch.randn(1, N, C, generator=g) * 0.5
+    weight = torch.randn(d, 1, kernel, kernel, generator=g) * 0.2
+    bias = torch.randn(d, generator=g) * 0.1
+    params = [scale.to(DEVICE), power.to(DEVICE)] if op == 'pola' else [scale.to(DEVICE)]
+    leaves = [projection.to(DEVICE, dtype), *params, encoding.to(DEVICE, dtype), weight.to(DEVICE), bias.to(DEVICE)]
+    return [t.requires_grad_() for t in leaves], torch.randn(B, N, C, generator=g).to(DEVICE, dtype)
+
+
+def _split(projection, C):
+    q, k, v, _ = projection.unflatten(-1, (4, C)).unbind(-2)
+    return q, k, v, v.view_as(v)
+
+
+def _joined(op, leaves, hw, heads, with_bias=True, with_conv_bias=True):
+    projection, *params, encoding, weight, bias = leaves
+    q, k, v, v_term = _split(projection, params[0].shape[-1])
+    conv_bias, key_bias = bias if with_conv_bias else None, encoding if with_bias else None
+    if op == 'pola':
+        scale, power = params
+        return pola_value_term_triton(q, k, v, v_term, power, scale, weight, conv_bias, hw, key_bias=key_bias)
+    return flatten_value_term_triton(q, k, v, v_term, params[0], heads, weight, conv_bias, hw, key_bias=key_bias)
+
+
+def _apart(op, leaves, hw, heads, with_bias=True, with_conv_bias=True):
+    """What the attention modules run without the joined Function: the core (Pola: on head views; FLatten: on the
+    tokens), then the conv of the values' maps with the core's output as its residual, the heads merged."""
+    projection, *params, encoding, weight, bias = leaves
+    B, N, C = projection.shape[0], projection.shape[1], params[0].shape[-1]
+    d = C // heads
+
+    def split(t):
+        return t.reshape(t.shape[0], t.shape[1], heads, d).transpose(1, 2)
+
+    q, k, v, v_term = _split(projection, C)
+    if op == 'pola':
+        scale, power = params
+        out = pola_attention_triton(split(q), split(k), split(v), power, split(scale),
+                                    key_bias=split(encoding) if with_bias else None)
+    else:
+        out = split(flatten_attention_triton(q, k, v, params[0], heads, key_bias=encoding if with_bias else None))
+
+    def maps(t):
+        return t.unflatten(2, hw).permute(0, 1, 4, 2, 3)
+
+    conv_weight = weight.view(d, *weight.shape[2:], 1).permute(0, 3, 1, 2)  # as DepthwiseConv2d passes it
+    dtype = projection.dtype
+    total = depthwise_conv2d_triton(maps(split(v_term)), conv_weight.to(dtype),
+                                    bias.to(dtype) if with_conv_bias else None, residual=maps(out))
+    return total.permute(0, 1, 3, 4, 2).reshape(B, heads, N, d).transpose(1, 2).reshape(B, N, C)
+
+
+def _forward_backward(fn, op, leaves, grad, *args, **kwargs):
+    for t in leaves:
+        t.grad = None
+    out = fn(op, leaves, *args, **kwargs)
+    out.backward(grad)
+    return [out.detach()] + [None if t.grad is None else t.grad.clone() for t in leaves]
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['float32', 'bfloat16'])
+@pytest.mark.parametrize('case', [(2, 2, (5, 7), 16, True, True), (1, 3, (4, 6), 8, False, False),
+                                  (1, 1, (9, 5), 32, True, False)],
+                         ids=['B2-h2-5x7-d16', 'h3-no-biases', 'h1-d32-no-conv-bias'])
+@pytest.mark.parametrize('op', OPS)
+def test_joined_function_gives_the_two_ops_results_bit_for_bit(op, case, dtype):
+    """The output and every gradient (the projection's, with v's two uses added; the raw parameters', the
+    encoding's, the conv's weight and bias) equal those of the core's Triton op followed by
+    depthwise_conv2d_triton, in the same dtypes and strides (one head: FLatten's single-kernel backward)."""
+    B, heads, hw, d, with_bias, with_conv_bias = case
+    leaves, grad = _inputs(op, B, heads, hw, d, dtype)
+    joined = _forward_backward(_joined, op, leaves, grad, hw, heads, with_bias, with_conv_bias)
+    apart = _forward_backward(_apart, op, leaves, grad, hw, heads, with_bias, with_conv_bias)
+    names = ['out', 'projection', *(['scale', 'power'] if op == 'pola' else ['scale']), 'encoding', 'weight', 'bias']
+    assert len(names) == len(joined) == len(apart)
+    for name, a, e in zip(names, joined, apart):
+        if e is None:
+            assert a is None, name
+            continue
+        assert a.dtype == e.dtype and a.shape == e.shape and a.stride() == e.stride(), name
+        assert torch.equal(a, e), f'{name}: differs by {(a.float() - e.float()).abs().max().item():.3g}'
+    assert joined[0].dtype == dtype
+
+
+@pytest.mark.parametrize('op', OPS)
+def test_joined_function_checks_its_operands(op):
+    leaves, _ = _inputs(op, 1, 2, (4, 6), 8, torch.float32)
+    projection, scale, *rest = leaves
+    encoding, weight, bias = rest[-3:]
+    q, k, v, v_term = _split(projection, 16)
+    if op == 'pola':
+        def call(q=q, k=k, v=v, scale=scale, hw=(4, 6), key_bias=None):
+            return pola_value_term_triton(q, k, v, v_term, rest[0], scale, weight, bias, hw, key_bias=key_bias)
+    else:
+        def call(q=q, k=k, v=v, scale=scale, hw=(4, 6), key_bias=None):
+            return flatten_value_term_triton(q, k, v, v_term, scale, 2, weight, bias, hw, key_bias=key_bias)
+    with pytest.raises(ValueError, match='grid'):
+        call(hw=(5, 6))
+    with pytest.raises(ValueError, match='one shape'):
+        call(k=k[:, :12])
+    with pytest.raises(TypeError, match='one dtype'):
+        call(v=v.double())
+    with pytest.raises(ValueError, match='scale'):
+        call(scale=scale.view(1, 2, 1, 8))
+    with pytest.raises(ValueError, match='key_bias'):
+        call(key_bias=encoding.double())
+    if op == 'flatten':
+        with pytest.raises(ValueError, match='focusing_factor'):
+            flatten_value_term_triton(q, k, v, v_term, scale, 2, weight, bias, (4, 6), focusing_factor=0)
+
+
+@pytest.mark.parametrize('op', OPS)
+def test_the_joined_function_applies_where_both_ops_resolve_to_their_kernels_on_these_operands(op):
+    """value_term_joins: both implementations resolve to the Triton kernels ('triton', or 'auto' where they run)
+    and the kernels take the operands as they are; otherwise the ops are called apart."""
+    leaves, _ = _inputs(op, 1, 2, (4, 6), 8, torch.float32)
+    projection, weight = leaves[0], leaves[-2]
+    q, k, v, v_term = _split(projection.detach(), 16)
+
+    def joins(attn_impl='triton', conv_impl='triton', operands=(q, k, v, v_term), conv_weight=weight, fp32=True):
+        return value_term_joins(op, attn_impl, fp32, conv_impl, *operands, conv_weight, 2)
+
+    assert joins() and joins(fp32=False)
+    assert not joins(attn_impl='fast') and not joins(conv_impl='torch')
+    if DEVICE == 'cpu':  # 'auto' picks the library convolution on the CPU
+        assert not joins(conv_impl='auto')
+    assert not joins(operands=(q, k, v.double(), v_term))  # operands of two dtypes
+    assert not joins(conv_weight=weight.double())  # a weight the convolution would not read in the values' dtype
+    assert not joins(operands=(q[:, :0], k[:, :0], v[:, :0], v_term[:, :0]))  # nothing to launch
+    with torch.autocast(torch.device(DEVICE).type, torch.bfloat16):
+        assert not joins()  # float32 values under bf16 autocast: the convolution would cast them
+        assert joins(operands=tuple(t.bfloat16() for t in (q, k, v, v_term)))
