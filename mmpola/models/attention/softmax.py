@@ -326,12 +326,16 @@ class StripeAttention(nn.Module):
         B, N, _, C = x.shape
         H, W = hw
         hsp, wsp = self.stripe(hw)
-        maps = x[:, :, :3].permute(0, 2, 3, 1).reshape(B, 3, C, H, W)
         pad_h, pad_w = (-H) % hsp, (-W) % wsp
         top, left = pad_h // 2, pad_w // 2
-        if pad_h or pad_w:
-            maps = F.pad(maps, (left, pad_w - left, top, pad_h - top))
         Hp, Wp = H + pad_h, W + pad_w
+        x = x[:, :, :3]
+        if pad_h or pad_w:
+            # padded in the tokens' layout, the channels innermost: padded as (B, 3, C, H, W) maps, q, k and v
+            # would have a head dim of stride Hp * Wp, which the fused kernels of scaled_dot_product_attention
+            # (flash, memory-efficient, cuDNN) refuse, so that its math path would run
+            x = F.pad(x.reshape(B, H, W, 3, C), (0, 0, 0, 0, left, pad_w - left, top, pad_h - top)).flatten(1, 2)
+        maps = x.permute(0, 2, 3, 1).reshape(B, 3, C, Hp, Wp)
         q, k, v = maps.unbind(1)
         heads, d, L = self.num_heads, C // self.num_heads, hsp * wsp
         q = _stripe_tokens(q, hsp, wsp).reshape(-1, L, heads, d).permute(0, 2, 1, 3)

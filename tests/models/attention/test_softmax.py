@@ -23,7 +23,7 @@ def sdpa_calls(monkeypatch):
     original = F.scaled_dot_product_attention
 
     def counting(q, k, v, attn_mask=None, **kwargs):
-        calls.append(dict(kwargs, attn_mask=attn_mask, q=q))
+        calls.append(dict(kwargs, attn_mask=attn_mask, q=q, k=k, v=v))
         return original(q, k, v, attn_mask=attn_mask, **kwargs)
 
     monkeypatch.setattr(F, 'scaled_dot_product_attention', counting)
@@ -151,6 +151,15 @@ def test_softmax_kinds_call_sdpa_and_match_the_formula(sdpa_calls, case, dtype):
         assert call['attn_mask'] is None
     assert out.dtype == dtype and out.shape == expected.shape
     assert (out.double() - expected).abs().max() <= TOL[dtype]
+    _assert_fused_kernels_take(call)
+
+
+def _assert_fused_kernels_take(call):
+    """The operands' head dim is their innermost (stride 1): scaled_dot_product_attention's fused kernels (flash,
+    memory-efficient, cuDNN on CUDA; flash on the CPU) refuse others, and its math path, which holds every
+    score, would run."""
+    strides = {name: call[name].stride() for name in 'qkv'}
+    assert all(stride[-1] == 1 for stride in strides.values()), strides
 
 
 def test_attention_dropout_is_sdpa_dropout_in_training_only(sdpa_calls):
@@ -246,12 +255,18 @@ def _stripes_one_by_one(attn, qkv, hw):
     return out.flatten(2).transpose(1, 2)
 
 
+@pytest.mark.parametrize('batch', [1, 2])
 @pytest.mark.parametrize('hw', [(14, 14), (6, 9), (13, 20)], ids=lambda s: f'{s[0]}x{s[1]}')
 @pytest.mark.parametrize('orientation', StripeAttention.ORIENTATIONS)
-def test_cswin_stripes_pad_symmetrically_as_the_official_dense_code(orientation, hw):
+def test_cswin_stripes_pad_symmetrically_as_the_official_dense_code(orientation, hw, batch, sdpa_calls):
+    """The padded maps too hand scaled_dot_product_attention operands its fused kernels take (a CSWin stage
+    whose map is no multiple of its stripes' width, most detection sizes at the third stage; one image: the
+    horizontal stripes of a padded map were views of it, its channels the outermost axis)."""
     torch.manual_seed(0)
     attn = StripeAttention(8, 2, split_size=4, orientation=orientation).eval()
-    qkv = torch.randn(2, hw[0] * hw[1], 3, 8)
+    qkv = torch.randn(batch, hw[0] * hw[1], 4, 8)[:, :, :3]  # a view of a projection, as the CSWin block's
     with torch.no_grad():
         assert torch.allclose(attn(qkv, hw), _stripes_one_by_one(attn, qkv, hw), atol=1e-5)
+    assert len(sdpa_calls) == 1
+    _assert_fused_kernels_take(sdpa_calls[0])
 
