@@ -392,6 +392,8 @@ def _flatten_forward(q, k, v, scale, bias, num_heads, focusing_factor, eps):
     """The forward kernels on q (B, N, C), k, v (B, n, C) of any strides, the raw scale (C, ) in float32 and the
     key bias (:func:`~mmpola.ops.dispatch.key_bias_operand`) or None; returns (the output (B, N, C) in q's dtype,
     what :func:`_flatten_backward` takes)."""
+    if focusing_factor <= 0:
+        raise ValueError(f'focusing_factor must be positive, got {focusing_factor}')
     B, N, C = q.shape
     n, H = k.shape[1], num_heads
     d = C // H
@@ -495,8 +497,6 @@ def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1
     empty = empty_attention('flatten_attention', (q, k, v, scale, key_bias))
     if empty is not None:
         return empty
-    if focusing_factor <= 0:
-        raise ValueError(f'focusing_factor must be positive, got {focusing_factor}')
     raw = scale.float().reshape(-1).contiguous()  # the kernels apply softplus
     key_bias = key_bias_operand('flatten_attention', k, key_bias)
     return _FlattenTriton.apply(q, k, v, raw, key_bias, num_heads, focusing_factor, float(eps))

@@ -197,7 +197,5 @@ def flatten_value_term_triton(q, k, v, v_term, scale, num_heads, dwc_weight, dwc
     C = q.shape[-1]
     if tuple(scale.shape) != (1, 1, C):
         raise ValueError(f'flatten_value_term_triton takes scale (1, 1, {C}); got {tuple(scale.shape)}')
-    if focusing_factor <= 0:
-        raise ValueError(f'focusing_factor must be positive, got {focusing_factor}')
     return _joined('flatten_value_term_triton', 'flatten', q, k, v, v_term, (scale, ), num_heads, dwc_weight,
                    dwc_bias, hw, (focusing_factor, float(eps)), key_bias)
