@@ -10,9 +10,11 @@ channels (the channels are the contiguous axis of a channels-last map, so each l
 whole rows of channels):
 
 1. ``_dw_conv_kernel``: for each of the k * k taps, the shifted tile (zeros outside the image) times
-   the tap's weights, accumulated in float32, plus the bias (and, given one, the tile of a residual tensor
-   of the output's shape, the sum written in the residual's layout: an attention's output with the value
-   term added where the term is written); written channels-last in x's dtype. The
+   the tap's weights, accumulated in float32 (the tile's pointers made once, each row of taps moving them
+   a row and each tap a column: one offset per tap, the same for every pixel), plus the bias (and, given
+   one, the tile of a residual tensor of the output's shape, the sum written in the residual's layout: an
+   attention's output with the value term added where the term is written); written channels-last in x's
+   dtype. The
    input gradient is the same kernel on the output gradient with the kernel flipped (``FLIP``): for an
    odd kernel with ``k // 2`` padding, the transposed convolution is the convolution by the flipped
    kernel. It is written in the input's layout when the input's channels are its contiguous axis (the
@@ -27,9 +29,10 @@ whole rows of channels):
 The grids and the loops take the map size as data and the kernels do not specialise on it: they are
 compiled once per dtype, kernel size and channel bucket (up to 32 channels, or more), so a new input
 size launches the compiled kernels as they are. On a GPU each kernel is tuned (triton_support.tunable)
-over its tile, channel block and warps, keyed on the kernel size and the channel bucket. Inputs of any
-strides (channels-last views are read in place); float32, float16 or bfloat16, accumulated in float32
-(float64 under the interpreter, for tests, accumulated in float32 too).
+over its tile, channel block and warps, keyed on the kernel size and the channel bucket; untuned, it runs
+tiles of 8 x 8 pixels, and Triton's interpreter tiles of 16 x 16. Inputs of any strides (channels-last
+views are read in place); float32, float16 or bfloat16, accumulated in float32 (float64 under the
+interpreter, for tests, accumulated in float32 too).
 """
 import torch
 
@@ -54,6 +57,9 @@ if triton_available() is None:
     # in flight need registers of their own); channel blocks no wider than the channels' bucket (CB)
     _TUNED = [triton.Config({'BLOCK_H': bh, 'BLOCK_W': bw, 'BLOCK_C': bc}, num_warps=bh * bw * bc // 512)
               for bh, bw in ((8, 8), (4, 16), (4, 8)) for bc in (32, 64)]
+    # the interpreter's tile where no config is forced: 16 x 16 pixels (maps up to that size in one program,
+    # larger ones in several), its time going per program and per operation rather than per pixel
+    _INTERPRETER_TILE = dict(BLOCK_H=16, BLOCK_W=16)
 
     def _fitting(configs, named_args, **kwargs):
         return [config for config in configs if config.kwargs['BLOCK_C'] <= kwargs['CB']]
@@ -75,15 +81,21 @@ if triton_available() is None:
         return ptr + (b // G) * sb + (b % G) * sg
 
     @triton.jit
-    def _shifted(base, y, x, dy, dx, H, W, cmask, sh, sw):
-        """The tile's pixels shifted by (dy, dx), all channels of the block, in float32 (zeros outside)."""
+    def _row(pixels, y, dy, H, sh):
+        """The pointers ``pixels`` (the tile's pixels, all channels of the block) moved dy rows, and which of
+        the tile's pixels that row shift keeps inside the map."""
         yy = y + dy
-        xx = x + dx
-        ok = (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
-        return tl.load(base + yy[:, None] * sh + xx[:, None] * sw, mask=ok[:, None] & cmask[None, :],
-                       other=0.).to(tl.float32)
+        return pixels + dy * sh, (yy >= 0) & (yy < H)
 
-    @tunable(_TUNED, ['CB', 'K', 'FLIP'], _fitting)
+    @triton.jit
+    def _shifted(row, inside, x, dx, W, cm, sw):
+        """The pixels of a row shift (:func:`_row`: its pointers and pixels inside) moved dx columns, in float32
+        (zeros outside the map and at the channels outside ``cm``, the block's (1, BLOCK_C) channel mask)."""
+        xx = x + dx
+        ok = inside & (xx >= 0) & (xx < W)
+        return tl.load(row + dx * sw, mask=ok[:, None] & cm, other=0.).to(tl.float32)
+
+    @tunable(_TUNED, ['CB', 'K', 'FLIP'], _fitting, interpreter=_INTERPRETER_TILE)
     @triton.jit(do_not_specialize=['G', 'H', 'W'])
     def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, r_ptr, out_ptr, G, C, H, W, sxb, sxg, sxc, sxh, sxw, swb, swc, swy,
                         swx, sbb, srb, srg, src, srh, srw, sob, sog, soc, soh, sow,
@@ -95,17 +107,16 @@ if triton_available() is None:
         b, y, x = _tile(tl.program_id(0), H, W, BLOCK_H, BLOCK_W)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = c < C
-        base = _image(x_ptr, b, G, sxb, sxg) + c[None, :] * sxc
-        w_ptr += b * swb
+        cm = cmask[None, :]
+        pixels = _image(x_ptr, b, G, sxb, sxg) + c[None, :] * sxc + y[:, None] * sxh + x[:, None] * sxw
+        taps = w_ptr + b * swb + c * swc
         acc = tl.zeros((BLOCK_H * BLOCK_W, BLOCK_C), dtype=tl.float32)
         for ky in range(K):  # a loop over the rows of taps, unrolled along each row (registers for K loads)
+            row, inside_row = _row(pixels, y, ky - K // 2, H, sxh)
+            taps_row = taps + ((K - 1 - ky) if FLIP else ky) * swy
             for kx in tl.static_range(K):
-                if FLIP:
-                    tap = w_ptr + c * swc + (K - 1 - ky) * swy + (K - 1 - kx) * swx
-                else:
-                    tap = w_ptr + c * swc + ky * swy + kx * swx
-                weight = tl.load(tap, mask=cmask, other=0.).to(tl.float32)
-                acc += _shifted(base, y, x, ky - K // 2, kx - K // 2, H, W, cmask, sxh, sxw) * weight[None, :]
+                weight = tl.load(taps_row + ((K - 1 - kx) if FLIP else kx) * swx, mask=cmask, other=0.)
+                acc += _shifted(row, inside_row, x, kx - K // 2, W, cm, sxw) * weight.to(tl.float32)[None, :]
         if HAS_BIAS:
             acc += tl.load(bias_ptr + b * sbb + c, mask=cmask, other=0.).to(tl.float32)[None, :]
         inside = (y < H) & (x < W)
@@ -115,7 +126,7 @@ if triton_available() is None:
         out = _image(out_ptr, b, G, sob, sog) + y[:, None] * soh + x[:, None] * sow + c[None, :] * soc
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside[:, None] & cmask[None, :])
 
-    @tunable(_TUNED, ['CB', 'K', 'PER_SAMPLE'], _fitting)
+    @tunable(_TUNED, ['CB', 'K', 'PER_SAMPLE'], _fitting, interpreter=_INTERPRETER_TILE)
     @triton.jit(do_not_specialize=['B', 'G', 'H', 'W'])
     def _dw_weight_grad_kernel(x_ptr, g_ptr, part_ptr, B, G, C, H, W, sxb, sxg, sxc, sxh, sxw, sgb, sgg, sgc, sgh,
                                sgw,
@@ -129,7 +140,8 @@ if triton_available() is None:
         programs = tl.num_programs(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = c < C
-        tap = tl.arange(0, TAPS)
+        cm = cmask[None, :]
+        taps = tl.arange(0, TAPS)[:, None]
         acc = tl.zeros((TAPS, BLOCK_C), dtype=tl.float32)
         tiles_hw = tl.cdiv(H, BLOCK_H) * tl.cdiv(W, BLOCK_W)
         if PER_SAMPLE:
@@ -143,15 +155,15 @@ if triton_available() is None:
             b, y, x = _tile(tile, H, W, BLOCK_H, BLOCK_W)
             inside = (y < H) & (x < W)
             g = tl.load(_image(g_ptr, b, G, sgb, sgg) + c[None, :] * sgc + y[:, None] * sgh + x[:, None] * sgw,
-                        mask=inside[:, None] & cmask[None, :], other=0.).to(tl.float32)
-            acc += tl.where(tap[:, None] == K * K, tl.sum(g, axis=0)[None, :], 0.)
-            base = _image(x_ptr, b, G, sxb, sxg) + c[None, :] * sxc
+                        mask=inside[:, None] & cm, other=0.).to(tl.float32)
+            acc += tl.where(taps == K * K, tl.sum(g, axis=0)[None, :], 0.)
+            pixels = _image(x_ptr, b, G, sxb, sxg) + c[None, :] * sxc + y[:, None] * sxh + x[:, None] * sxw
             for ky in range(K):
+                row, inside_row = _row(pixels, y, ky - K // 2, H, sxh)
                 for kx in tl.static_range(K):
-                    shifted = _shifted(base, y, x, ky - K // 2, kx - K // 2, H, W, cmask, sxh, sxw)
-                    acc += tl.where(tap[:, None] == ky * K + kx, tl.sum(g * shifted, axis=0)[None, :], 0.)
-        rows = tap[:, None] < K * K + 1
-        tl.store(part_ptr + (prog * TAPS + tap[:, None]) * C + c[None, :], acc, mask=rows & cmask[None, :])
+                    shifted = _shifted(row, inside_row, x, kx - K // 2, W, cm, sxw)
+                    acc += tl.where(taps == ky * K + kx, tl.sum(g * shifted, axis=0)[None, :], 0.)
+        tl.store(part_ptr + (prog * TAPS + taps) * C + c[None, :], acc, mask=(taps < K * K + 1) & cm)
 
 
 def _channel_bucket(channels):

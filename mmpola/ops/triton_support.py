@@ -216,16 +216,25 @@ class _DryRun:
 _DRY_RUNS = []
 
 
-def tunable(configs, key, prune=None):
+_INTERPRETER_DEFAULTS = {}  # tunable kernel: what Triton's interpreter runs over its launch's default
+
+
+def tunable(configs, key, prune=None, interpreter=None):
     """Decorator of a ``triton.jit`` kernel: ``triton.autotune`` over ``configs`` (``triton.Config`` of
     its tuned compile-time arguments and warps), keyed on the kernel arguments named in ``key`` and the
     tensors' dtypes; ``prune(configs, named_args, **kwargs)`` keeps those worth timing for a launch (e.g.
-    the blocks that fit a head dim). Launch it with :func:`launch` and ``default=``."""
+    the blocks that fit a head dim). Launch it with :func:`launch` and ``default=``. ``interpreter``:
+    compile-time arguments that Triton's interpreter runs instead of the default's (larger blocks: its time
+    goes per program and per operation, not per element); a GPU, a dry run and :func:`fixed_config` never
+    see them."""
     import triton
 
     def wrap(fn):
         prune_by = None if prune is None else {'early_config_prune': prune}
-        return triton.autotune(configs=list(configs), key=list(key), prune_configs_by=prune_by)(fn)
+        tuner = triton.autotune(configs=list(configs), key=list(key), prune_configs_by=prune_by)(fn)
+        if interpreter:
+            _INTERPRETER_DEFAULTS[tuner] = dict(interpreter)
+        return tuner
 
     return wrap
 
@@ -256,8 +265,9 @@ def launch(kernel, grid, *args, default=None, **kwargs):
     """``kernel[grid](*args, **kwargs)``; inside :func:`dry_run` the launch is recorded instead.
 
     A :func:`tunable` kernel takes ``default``, the config (compile-time arguments and ``num_warps``)
-    that runs where no timing may choose (:func:`autotuning`); :func:`fixed_config` picks one of its
-    configs instead. When the default needs more shared memory than the GPU gives a block, the first of
+    that runs where no timing may choose (:func:`autotuning`; in the interpreter with the kernel's own
+    ``interpreter`` arguments over it, where it has them); :func:`fixed_config` picks one of its configs
+    instead. When the default needs more shared memory than the GPU gives a block, the first of
     the kernel's configs that fits runs instead (the launch fails before any work, and every config
     gives the same chunks). ``grid`` may be a function of the config's compile-time arguments
     (``lambda meta: (heads, cdiv(tokens, meta['BLOCK_N']))``).
@@ -288,6 +298,8 @@ def _launch(kernel, grid, args, kwargs, default):
             kwargs = {**kwargs, **(default if config is None else config.all_kwargs())}
             kernel = kernel.fn
         elif not autotuning():
+            if kernel in _INTERPRETER_DEFAULTS and interpreting():
+                default = {**default, **_INTERPRETER_DEFAULTS[kernel]}
             _launch_first_fitting(kernel, grid, args, kwargs, default)
             return
     kernel[grid](*args, **kwargs)

@@ -150,6 +150,27 @@ def test_every_tuned_config_matches_the_library(index):
     assert_matches(actual, expected, 1e-5, f'config {index}')
 
 
+def test_default_tile_is_the_gpus_in_a_dry_run_and_larger_in_the_interpreter(monkeypatch):
+    """Where no timing chooses, a GPU runs the widest tuned tile (8 x 8 pixels, one of the configs above); the
+    interpreter, whose time goes per program and per operation, tiles of 16 x 16 (the maps of CASES larger than
+    that still take several) in the forward and both backward kernels, with the same results
+    (test_triton_matches_the_library_convolution)."""
+    from mmpola.ops import triton_support
+    from mmpola.ops.depthwise_triton import _TUNED
+    x, weight, bias, g = make_inputs(1, 80, 9, 17, 5)
+    with triton_support.dry_run(triton_support.KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+        depthwise_conv2d_triton(x, weight, bias)
+    (gpu, ) = launches
+    tile = {key: gpu.default[key] for key in ('BLOCK_H', 'BLOCK_W', 'BLOCK_C')}
+    assert tile == dict(BLOCK_H=8, BLOCK_W=8, BLOCK_C=64) and any(c.kwargs == tile for c in _TUNED)
+    if DEVICE == 'cpu':
+        seen, first_fitting = [], triton_support._launch_first_fitting
+        monkeypatch.setattr(triton_support, '_launch_first_fitting', lambda tuner, grid, args, kwargs, default: (
+            seen.append(default) or first_fitting(tuner, grid, args, kwargs, default)))
+        forward_backward(depthwise_conv2d_triton, [x, weight, bias], g)
+        assert [(d['BLOCK_H'], d['BLOCK_W'], d['BLOCK_C']) for d in seen] == [(16, 16, 64)] * 3
+
+
 def test_empty_batch():
     """An input without elements runs on the library convolution (nothing to launch), gradients included."""
     x, weight, bias, _ = make_inputs(1, 16, 5, 5, 3)
