@@ -50,7 +50,7 @@ addition): the token count is data, not a specialisation.
 """
 import torch
 
-from .triton_support import cdiv, kernel_target, launch, next_power_of_2, triton_available
+from .triton_support import _DRY_RUNS, cdiv, kernel_target, launch, next_power_of_2, triton_available
 
 __all__ = ['NORM_MAX_CHANNELS', 'OPERANDS_MAX', 'add_layer_norm_rows', 'gate_and_gate_backward', 'gelu_rows',
            'layer_norm_rows', 'norm_add_rows', 'operand_grads', 'residual_cast', 'residual_cast_backward']
@@ -283,14 +283,21 @@ if triton_available() is None:
 _BLOCK_ELEMENTS = 1024  # elements per row block of the GELU's and the operands' kernels: 8 per thread at 4 warps
 _SUMMING_PROGRAMS_PER_SM = 4  # their programs per multiprocessor where they sum columns, the column blocks together
 _GATE_BLOCKS = dict(BLOCK_M=16, BLOCK_C=64, num_warps=4)  # 1024 elements per program, rows of 64 channels
+# Triton's interpreter runs row blocks of this many times the rows: its time goes per program and per operation,
+# not per element. Where the tensors are on the CPU outside a dry run (whose launches are a GPU's) the kernels can
+# only run there; the test reads an attribute and a list, no Python call, so that a GPU's and a dry run's launch
+# code stay as they are.
+_INTERPRETER_ROWS = 16
 
 
 def _column_blocks(M, C, device, summing):
     """(compile-time options, grid, row blocks per program) of a kernel over rows (M, C) in blocks of
-    ``_BLOCK_ELEMENTS`` (up to 64 columns a block); ``summing`` (a program sums its columns over its rows): a
-    fixed number of programs per column block, each taking a share of the row blocks, else one row block each."""
+    ``_BLOCK_ELEMENTS`` (up to 64 columns a block; ``_INTERPRETER_ROWS`` times the rows in Triton's interpreter);
+    ``summing`` (a program sums its columns over its rows): a fixed number of programs per column block, each
+    taking a share of the row blocks, else one row block each."""
     block_c = min(64, max(16, next_power_of_2(C)))
-    options = dict(BLOCK_M=_BLOCK_ELEMENTS // block_c, BLOCK_C=block_c, num_warps=4)
+    rows = _BLOCK_ELEMENTS // block_c * (1 if device.type == 'cuda' or _DRY_RUNS else _INTERPRETER_ROWS)
+    options = dict(BLOCK_M=rows, BLOCK_C=block_c, num_warps=4)
     blocks, columns = cdiv(M, options['BLOCK_M']), cdiv(C, block_c)
     per_program = 1
     if summing:
@@ -371,14 +378,16 @@ _NORM_PROGRAMS_PER_SM = 4  # programs of the backward per multiprocessor, each s
 # its share of the row blocks
 
 
-def _norm_options(C, backward):
-    """The LayerNorm kernel's compile-time blocks and warps for rows of C channels."""
+def _norm_options(C, backward, device):
+    """The LayerNorm kernel's compile-time blocks and warps for rows of C channels on ``device``'s tensors (in
+    Triton's interpreter ``_INTERPRETER_ROWS`` times the rows a block)."""
     if C > NORM_MAX_CHANNELS:
         raise ValueError(f'the LayerNorm kernel takes rows of up to {NORM_MAX_CHANNELS} channels, got {C}')
     block_c = max(16, next_power_of_2(C))
     # 8 warps for the backward's tensors (4 spill on some GPUs) and for wider rows than a block's elements
     warps = 8 if backward or block_c > _NORM_ELEMENTS else 4
-    return dict(BLOCK_M=max(1, _NORM_ELEMENTS // block_c), BLOCK_C=block_c, num_warps=warps)
+    rows = max(1, _NORM_ELEMENTS // block_c) * (1 if device.type == 'cuda' or _DRY_RUNS else _INTERPRETER_ROWS)
+    return dict(BLOCK_M=rows, BLOCK_C=block_c, num_warps=warps)
 
 
 def _norm_backward_programs(blocks, C, device):
@@ -404,7 +413,7 @@ def layer_norm_rows(x, weight, bias, eps, out_dtype, grad=None, residual=None):
     ``branch_dtype`` None: no branch (x itself went on to the layers after the LayerNorm): grad_x is the
     LayerNorm's plus ``grad_sum``, and there is no fifth result."""
     M, C = x.shape
-    options = _norm_options(C, grad is not None)
+    options = _norm_options(C, grad is not None, x.device)
     y = torch.empty(M, C, dtype=out_dtype, device=x.device)
     blocks = cdiv(M, options['BLOCK_M'])
     if grad is None:
@@ -433,7 +442,7 @@ def add_layer_norm_rows(x, branch, scale, tokens, weight, bias, eps, out_dtype):
     the LayerNorm of s (``weight``, ``bias`` (C, )) in ``out_dtype``. One kernel; its backward is
     :func:`layer_norm_rows` with ``residual``."""
     M, C = x.shape
-    options = _norm_options(C, False)
+    options = _norm_options(C, False, x.device)
     s = torch.empty(M, C, dtype=torch.result_type(x, branch), device=x.device)
     y = torch.empty(M, C, dtype=out_dtype, device=x.device)
     blocks = cdiv(M, options['BLOCK_M'])
@@ -452,7 +461,7 @@ def norm_add_rows(x, weight, bias, eps, addend, out_dtype, grad=None):
     backward, one sum of the programs' partial sums of the two parameter gradients)."""
     B, N, C = x.shape
     M = B * N
-    options = _norm_options(C, grad is not None)
+    options = _norm_options(C, grad is not None, x.device)
     blocks = cdiv(M, options['BLOCK_M'])
     strides = x.stride()
     if grad is None:

@@ -8,6 +8,8 @@ float64 (output and every gradient), half precision, autocast, strided gates, wh
 kernels, the choice of implementation and the modules that use them (blocks, blocks handing their residual
 connection to the next through run_blocks, and the last one to the sum and its copy). Without a GPU the kernels
 run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1)."""
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -1413,6 +1415,49 @@ def test_layer_norm_add_errors(monkeypatch):
         monkeypatch.delenv('TRITON_INTERPRET')
         with pytest.raises(AttnImplUnavailable, match='layer_norm_add cannot run here.*MMPOLA_RECOMPUTE=torch'):
             layer_norm_add(tokens, weight, bias, 1e-5, encoding, 'triton')
+
+
+def test_row_blocks_are_the_gpus_in_a_dry_run_and_larger_in_the_interpreter(monkeypatch):
+    """The GELU's (and the operands') and the LayerNorm's kernels take row blocks of 1024 and 2048 elements in a dry
+    run for a GPU, what a GPU runs, and ``_INTERPRETER_ROWS`` times the rows where Triton's interpreter runs them
+    (its time goes per program and per operation)."""
+    from mmpola.ops import recompute_triton, triton_support
+    h, weight, bias, grad = make_inputs((4, 2049), 24)
+    seen = []
+    if DEVICE == 'cpu':
+        real = triton_support._launch
+        monkeypatch.setattr(triton_support, '_launch', lambda kernel, grid, args, kwargs, default: (
+            seen.append(kwargs['BLOCK_M']) or real(kernel, grid, args, kwargs, default)))
+    *norm_leaves, norm_grad = make_norm_inputs((4, 2049, 24), 17)
+    for target in (H100, None):
+        with (dry_run(target) if target else contextlib.nullcontext()) as launches:
+            forward_backward(triton_path, [h, weight, bias], grad)
+            forward_backward(norm_triton, norm_leaves, norm_grad)
+        if target:  # the GELU's backward (64 columns a block); the LayerNorm's forward and backward (32 columns)
+            assert [launch.kwargs['BLOCK_M'] for launch in launches] == [1024 // 64, 2048 // 32, 2048 // 32]
+    if DEVICE == 'cpu':
+        assert seen == [recompute_triton._INTERPRETER_ROWS * rows for rows in (1024 // 64, 2048 // 32, 2048 // 32)]
+
+
+MULTI_BLOCK_CASES = {  # the tests above at sizes of several of a GPU's row blocks, and of programs summing them
+    'gelu': lambda: test_triton_matches_the_library((4, 2049)),
+    'gelu-input-bias': lambda: test_input_bias_matches_the_library((3000, 40)),
+    'norm-linear': lambda: test_layer_norm_linear_matches_the_library((4, 2049, 24)),
+    'norm-operands': lambda: test_layer_norm_linear_operands_match_the_library(OPERAND_CASES[1]),
+    'add-norm-linear': lambda: test_add_layer_norm_linear_matches_the_library((4, 33, 24), True, True),
+    'norm-add': lambda: test_layer_norm_add_matches_the_library('nhwc', (33, 65)),
+}
+
+
+@pytest.mark.skipif(DEVICE != 'cpu', reason="a GPU runs its own row blocks in every test")
+@pytest.mark.parametrize('case', list(MULTI_BLOCK_CASES))
+def test_the_gpus_row_blocks_in_the_interpreter(monkeypatch, case):
+    """The interpreter running the row blocks that a GPU runs (the tests above run larger ones there): the same
+    results within the same tolerances, with the masked tails and the programs' shares of the row blocks of a
+    GPU's launch."""
+    from mmpola.ops import recompute_triton
+    monkeypatch.setattr(recompute_triton, '_INTERPRETER_ROWS', 1)
+    MULTI_BLOCK_CASES[case]()
 
 
 @pytest.mark.parametrize('hooked', [False, True])
