@@ -446,8 +446,11 @@ def _config(d, device):
     mode; triton_support.launch); on a GPU the kernels are tuned over ``_TUNED``. The chunks of the token
     reductions are multiples of the granule, the largest block that can run."""
     block_j = max(16, next_power_of_2(d // 2))
-    if not kernel_target(device).gpu:  # the interpreter: small blocks exercise the masked tails and the chunks
-        default = dict(BLOCK_N=16, num_warps=4)
+    if not kernel_target(device).gpu:
+        # the interpreter: chunks of a small granule (several at the tests' sizes) and 64-token blocks, which
+        # stop at a chunk's end (masked tails); its time goes per program and per operation, and the op's tests
+        # run every tuned config, the 16-token blocks among them
+        default = dict(BLOCK_N=64, num_warps=4)
         return block_j, 'ieee', default, default, 16
     # fp32 products in full precision (the test's 1e-5). The forward keeps its tiles in registers with 32
     # tokens a block; the backward kernels hold more tiles and spill with 32 from head dim 32 on, 16 tokens
