@@ -444,7 +444,8 @@ def _config(d, device):
 
     The default configs (BLOCK_N, num_warps) run where no timing chooses (the interpreter, deterministic
     mode; triton_support.launch); on a GPU the kernels are tuned over ``_TUNED``. The chunks of the token
-    reductions are multiples of the granule, the largest block that can run."""
+    reductions are multiples of the granule: on a GPU the largest block that can run (in the interpreter a
+    smaller one: a block stops at its chunk's end)."""
     block_j = max(16, next_power_of_2(d // 2))
     if not kernel_target(device).gpu:
         # the interpreter: chunks of a small granule (several at the tests' sizes) and 64-token blocks, which
