@@ -32,7 +32,8 @@ from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'pola-pvt_demo-imagenet-64x64.py')
 # The pass/fail check of the default run (demo.check_learned): trained top-1 in %. Measured 80.2 - 87.5 on
-# one CPU with its AVX-512 and its generic kernels, 1 and 2 threads (docs/classification.md); chance 16.7.
+# two CPUs with their own (AVX-512, AVX2) and the generic kernels, 1 and 2 threads (docs/classification.md);
+# chance 16.7.
 LEARNED = {'accuracy/top1': 60.0}
 
 
