@@ -708,6 +708,7 @@ def bench_config(spec, args, device):
         model_device = next(_unwrap_model(runner.model).parameters()).device
         if model_device.type != device.type:
             raise TrainBenchError(f'the Runner put the model on {model_device}, not on {device} as asked')
+        cli.check_train_batches(runner)  # a training set (--data-root) smaller than one batch: its row says so
         runner.train()
         hooks = [type(h).__name__ for h in runner.hooks if type(h).__module__ != __name__]
         batch = cfg.train_dataloader.batch_size

@@ -57,9 +57,13 @@ def build_config(args):
         cfg.train_cfg.max_epochs = epochs
         cfg.train_cfg.val_interval = epochs
         cfg.default_hooks.checkpoint.interval = epochs
-        cosine = cfg.param_scheduler[-1]
-        cosine.end = epochs
-        cosine.T_max = max(1, epochs - cosine.begin)
+        warmup, cosine = cfg.param_scheduler
+        if epochs <= cosine.begin:  # no epoch after the warm-up's: the warm-up alone, over the run
+            warmup.end = epochs
+            cfg.param_scheduler = [warmup]
+        else:
+            cosine.end = epochs
+            cosine.T_max = epochs - cosine.begin
     notes = demo.prepare_demo_config(cfg, args.work_dir, args.data_root.rstrip('/') + '/', args.seed)
     return cfg, notes
 

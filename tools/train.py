@@ -118,6 +118,7 @@ def main(argv=None):
     with cli.exit_on_user_error():
         runner = build_runner(args)
     with cli.exit_on_user_error(runner.logger):  # e.g. a NaN loss: the message says it all
+        cli.check_train_batches(runner)
         with stopped_cleanly(runner):  # a second Ctrl-C, or what follows a stop signal: one line, no traceback
             runner.train()
     del runner  # released while the process group still exists (launch.end_distributed)

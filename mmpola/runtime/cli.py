@@ -20,7 +20,7 @@ from .launch import check_launch, init_distributed
 
 __all__ = ['exit_on_user_error', 'user_message', 'check_launch_main', 'add_launch_args', 'add_check_args',
            'parse_tool_args',
-           'enable_test_dump', 'enable_tta', 'enable_test_visualization', 'build_runner']
+           'enable_test_dump', 'enable_tta', 'enable_test_visualization', 'build_runner', 'check_train_batches']
 
 
 @contextlib.contextmanager
@@ -187,3 +187,27 @@ def build_runner(cfg, launcher='none', notes=()):
     for note in notes:
         runner.logger.info(f'[mmpola] {note}')
     return runner
+
+
+def check_train_batches(runner):
+    """Refuse an epoch-based training whose data loader gives no batch (:class:`UserError`), before the Runner
+    trains: a training set smaller than one batch per process, whose incomplete last batch the loader drops
+    (``drop_last=True``, as the ImageNet recipes' loaders). mmengine would otherwise stop in its scheduler set-up
+    with an assertion about ``epoch_length``, or, without schedulers that count iterations, run every epoch
+    without a step. Builds the Runner's train loop (its data loader), which ``runner.train()`` then uses as
+    it is. An iteration-based loop samples without end and is left alone."""
+    from mmengine.runner import EpochBasedTrainLoop
+    loop = runner.train_loop
+    if not isinstance(loop, EpochBasedTrainLoop) or len(loop.dataloader) > 0:
+        return
+    loader = loop.dataloader
+    samples = len(loader.dataset)
+    if not loader.drop_last:
+        raise UserError(f'train_dataloader gives no batch: the training set has {samples} samples; check the '
+                        "dataset's files and filters")
+    per_process = getattr(loader.sampler, 'num_samples', None)
+    share = '' if per_process is None or per_process == samples else f' ({per_process} per process)'
+    raise UserError(f'train_dataloader gives no batch: the training set has {samples} samples{share}, fewer than '
+                    f'one batch of {loader.batch_size}, and the loader drops an incomplete last batch '
+                    f'(drop_last=True); use a smaller batch (--cfg-options train_dataloader.batch_size=N) or more '
+                    'training data')

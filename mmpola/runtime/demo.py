@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .cli import build_runner
+from .cli import build_runner, check_train_batches, exit_on_user_error
 from .config import move_data_root
 from .config_check import check_config
 from .initial_evaluation import InitialEvaluationHook
@@ -62,6 +62,8 @@ def run_demo(cfg, notes, description, before_train=None):
     """
     lock_work_dir(cfg.work_dir)  # one run per work dir
     runner = build_runner(cfg, 'none', notes)
+    with exit_on_user_error(runner.logger):
+        check_train_batches(runner)
     runner.logger.info(description(runner) if callable(description) else description)
     seen = before_train(runner) if before_train is not None else None
     start = time.time()

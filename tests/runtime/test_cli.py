@@ -56,3 +56,31 @@ def test_user_error_of_a_running_run_is_printed_once_and_logged(tmp_path, capsys
     assert len(logged) == 1 and ' - ERROR - ' in logged[0] and logged[0].endswith('[mmpola] the problem and its fix')
     assert any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
                for h in logger.handlers)  # the terminal handler that no longer gets the line
+
+
+def test_a_training_set_smaller_than_one_batch_is_refused_before_training(tmp_path, capsys):
+    """tools/train.py on 6 images with the classification demo's batch of 16, whose loader drops the incomplete last
+    batch: one line naming the sizes and the fix (mmengine would stop in its scheduler set-up on an assertion about
+    ``epoch_length``); no checkpoint written. With a batch that fits, the same data trains (the check lets it
+    through)."""
+    from mmpola.classification.demo_imagenet import make_demo_imagenet
+    from tests.fixtures.paths import REPO
+    from tests.fixtures.tools import live_logger, load_tool, refused, run_main
+    root = str(tmp_path / 'data')
+    make_demo_imagenet(root, num_train=1, num_val=1, size=64, seed=0)
+    config = osp.join(REPO, 'configs', 'demo', 'pola-pvt_demo-imagenet-64x64.py')
+    train = load_tool('train')
+    options = [f'data_root={root}/', f'train_dataloader.dataset.data_root={root}/',
+               f'val_dataloader.dataset.data_root={root}/', f'test_dataloader.dataset.data_root={root}/',
+               'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False']
+    message = refused(train, [config, '--work-dir', str(tmp_path / 'work'), '--cfg-options', *options], capsys,
+                      work_dir=tmp_path / 'work')
+    assert message == ('train_dataloader gives no batch: the training set has 6 samples, fewer than one batch of 16, '
+                       'and the loader drops an incomplete last batch (drop_last=True); use a smaller batch '
+                       '(--cfg-options train_dataloader.batch_size=N) or more training data'), message
+    run_main(train, [config, '--work-dir', str(tmp_path / 'fits'), '--cfg-options', *options,
+                     'train_dataloader.batch_size=2', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
+                     'param_scheduler=[]', 'default_hooks.checkpoint.interval=1'])
+    assert osp.isfile(tmp_path / 'fits' / 'epoch_1.pth')
+    with capsys.disabled():  # the runs' loggers write to this test's capture, closed after it
+        live_logger()

@@ -13,7 +13,7 @@ from mmengine.logging import MMLogger
 from mmpola.runtime import UserError, check_data_files
 from tests.fixtures.bad_data import coco_dataset_cfg, config, make_bad_coco, scoped
 from tests.fixtures.paths import REPO
-from tests.fixtures.tools import load_tool, refused, run_main
+from tests.fixtures.tools import live_logger, load_tool, refused, run_main
 
 DET_DEMO = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 SEG_DEMO = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
@@ -42,6 +42,7 @@ def test_check_data_files_names_the_missing_path_and_the_hint(tmp_path):
 
 
 def test_missing_and_empty_images_are_reported_before_training(coco, tmp_path, capsys):
+    live_logger()  # the dataset built below logs; stderr is checked at the end
     cfg = config(DET_DEMO, 'mmdet')
     root = tmp_path / 'coco'
     os.makedirs(root / 'img')
