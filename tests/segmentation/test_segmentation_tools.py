@@ -159,7 +159,6 @@ def test_demo_default_run_that_did_not_learn_exits_with_one_line_after_writing_i
     under the minimum it exits 1 with one line naming the metric, once the summary and the figure are written
     (shortened to two iterations, with a minimum no run reaches: :func:`demo_that_did_not_learn`)."""
     demo = load_tool('demo_segmentation')
-    assert demo.LEARNED.keys() <= {label for _, label in demo.REPORTED}  # the check names metrics the run reports
     work_dir = tmp_path / 'demo'
     demo_that_did_not_learn(demo, ['--data-root', str(tmp_path / 'data'), '--work-dir', str(work_dir), '--num-train',
                                    '4', '--num-val', '2', '--size', '64', '--num-figure-images', '2', '--threads',

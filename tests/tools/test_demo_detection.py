@@ -14,7 +14,6 @@ def test_demo_runs_reports_before_and_after_and_checks_that_it_learned(tmp_path,
     (:func:`demo_that_did_not_learn`): it writes its results, then ends in the one line that names the box and
     mask mAP."""
     demo = load_tool('demo_detection')
-    assert demo.LEARNED.keys() <= {label for _, label in demo.REPORTED}  # the check names metrics the run reports
     demo_that_did_not_learn(demo, ['--work-dir', str(tmp_path / 'work'), '--data-root', str(tmp_path / 'data'),
                                    '--num-train', '4', '--num-val', '2', '--num-figure-images', '2'], 'epochs', 1,
                             monkeypatch)
