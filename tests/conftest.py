@@ -52,6 +52,24 @@ def _no_compile(monkeypatch):
     monkeypatch.setenv('MMPOLA_NO_COMPILE', '1')
 
 
+@pytest.fixture(autouse=True)
+def _no_stale_logger():
+    """After each test, a logger of the live output streams if mmengine's latest writes to a closed one. Each
+    mmengine logger keeps the streams it saw when it was made, and what is logged outside a Runner goes to the
+    latest: one made under ``capsys`` (a Runner, a tool's run) would write every later test's logging to that
+    test's closed capture, a "Logging error" traceback on stderr. Torn down after ``capsys``, which restores
+    the streams first."""
+    yield
+    import sys
+    if 'mmengine.logging' not in sys.modules:
+        return
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    if any(getattr(getattr(h, 'stream', None), 'closed', False) for h in logger.handlers):
+        from tests.fixtures.tools import live_logger
+        live_logger()
+
+
 _GOLDEN_CACHE = {}
 
 

@@ -65,7 +65,7 @@ def test_a_training_set_smaller_than_one_batch_is_refused_before_training(tmp_pa
     through)."""
     from mmpola.classification.demo_imagenet import make_demo_imagenet
     from tests.fixtures.paths import REPO
-    from tests.fixtures.tools import live_logger, load_tool, refused, run_main
+    from tests.fixtures.tools import load_tool, refused, run_main
     root = str(tmp_path / 'data')
     make_demo_imagenet(root, num_train=1, num_val=1, size=64, seed=0)
     config = osp.join(REPO, 'configs', 'demo', 'pola-pvt_demo-imagenet-64x64.py')
@@ -82,5 +82,3 @@ def test_a_training_set_smaller_than_one_batch_is_refused_before_training(tmp_pa
                      'train_dataloader.batch_size=2', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
                      'param_scheduler=[]', 'default_hooks.checkpoint.interval=1'])
     assert osp.isfile(tmp_path / 'fits' / 'epoch_1.pth')
-    with capsys.disabled():  # the runs' loggers write to this test's capture, closed after it
-        live_logger()

@@ -7,7 +7,7 @@ import os.path as osp
 import pytest
 
 from mmpola.classification.demo_imagenet import DEMO_CLASSES
-from tests.fixtures.tools import demo_that_did_not_learn, live_logger, load_tool
+from tests.fixtures.tools import demo_that_did_not_learn, load_tool
 
 
 def test_demo_runs_reports_before_and_after_and_checks_that_it_learned(tmp_path, monkeypatch):
@@ -40,5 +40,3 @@ def test_fewer_training_images_than_one_batch_are_refused_in_one_line(tmp_path, 
     assert err.startswith('error: train_dataloader gives no batch: the training set has 12 samples, fewer than one '
                           'batch of 16'), err
     assert not list((tmp_path / 'work').rglob('*.pth'))  # nothing trained
-    with capsys.disabled():  # the run's logger writes to this test's capture, closed after it
-        live_logger()
