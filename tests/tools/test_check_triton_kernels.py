@@ -167,35 +167,38 @@ from benchmark import all_backbones
 from benchmark_host import build_narrowed
 from mmpola.ops.triton_support import dry_run
 gpu = tool.GPUS['sm_90']
-model = build_narrowed(*all_backbones()[sys.argv[1]])  # Triton attention, train mode, 16 channels per head
-seen = {}
-for height, width in [(256, 384), (288, 416), (320, 352), (352, 480), (224, 352)]:
-    with dry_run(gpu.kernel_target()) as launches:
-        outs = model(torch.randn(2, 3, height, width))
-        sum(out.float().mean() for out in outs).backward()
-    found = tool.specialisations(launches, gpu)
-    new = sum(len(attrs - seen.get(key, set())) for key, attrs in found.items())
-    for key, attrs in found.items():
-        seen.setdefault(key, set()).update(attrs)
-    print('SIZE', height, width, 'new', new)
-print('KERNELS', sorted({key[0] for key in seen}))
-print('MOST', max(len(attrs) for attrs in seen.values()))
+for name in sys.argv[1:]:
+    model = build_narrowed(*all_backbones()[name])  # Triton attention, train mode, 16 channels per head
+    seen = {}
+    for height, width in [(256, 384), (288, 416), (320, 352), (352, 480), (224, 352)]:
+        with dry_run(gpu.kernel_target()) as launches:
+            outs = model(torch.randn(2, 3, height, width))
+            sum(out.float().mean() for out in outs).backward()
+        found = tool.specialisations(launches, gpu)
+        new = sum(len(attrs - seen.get(key, set())) for key, attrs in found.items())
+        for key, attrs in found.items():
+            seen.setdefault(key, set()).update(attrs)
+        print(name, 'SIZE', height, width, 'new', new)
+    print(name, 'KERNELS', sorted({key[0] for key in seen}))
+    print(name, 'MOST', max(len(attrs) for attrs in seen.values()))
 """
 
-
-@pytest.mark.parametrize('model', ['pola-pvt-t', 'pola-swin-t', 'flatten-pvt-t'])
-def test_new_detector_input_sizes_compile_no_new_kernel_variants_after_the_first_few(model, tmp_path):
+def test_new_detector_input_sizes_compile_no_new_kernel_variants_after_the_first_few(tmp_path):
     """A detector's batches change the input size at every iteration; Triton compiles a kernel config again
     for each new combination of its arguments' divisibility by 16. The attention and depthwise kernels
     take that only from token counts (their strides are multiples of the channels): at most two variants
     of a config, all met in the first sizes, never a compilation per iteration. The backbones are the host
     benchmark's narrowed layouts (the same layers, kernels and token counts, 16 channels per head, so that the
-    library's operators around the recorded launches cost little on the CPU)."""
-    log = run_tool([PYTHON, '-c', SIZES_SCRIPT, model],
+    library's operators around the recorded launches cost little on the CPU), all three in one process."""
+    models = ['pola-pvt-t', 'pola-swin-t', 'flatten-pvt-t']
+    log = run_tool([PYTHON, '-c', SIZES_SCRIPT, *models],
                    env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0', MMPOLA_DEPTHWISE_CONV='triton',
                             MMPOLA_NO_COMPILE='1'))
-    new = [int(line.split()[-1]) for line in log.splitlines() if line.startswith('SIZE ')]
-    kernels = next(line for line in log.splitlines() if line.startswith('KERNELS '))
-    assert len(new) == 5 and new[0] > 0 and new[2:] == [0, 0, 0], log[-3000:]
-    assert '_dw_conv_kernel' in kernels, kernels
-    assert int(log.split('MOST ')[1].split()[0]) <= 2, log[-3000:]
+    for model in models:
+        lines = [line.split(' ', 1)[1] for line in log.splitlines() if line.startswith(f'{model} ')]
+        new = [int(line.split()[-1]) for line in lines if line.startswith('SIZE ')]
+        kernels = next(line for line in lines if line.startswith('KERNELS '))
+        assert len(new) == 5 and new[0] > 0 and new[2:] == [0, 0, 0], (model, log[-3000:])
+        assert '_dw_conv_kernel' in kernels, (model, kernels)
+        most = next(line for line in lines if line.startswith('MOST '))
+        assert int(most.split()[1]) <= 2, (model, log[-3000:])
