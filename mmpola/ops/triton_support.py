@@ -1,6 +1,6 @@
 """What the ``'triton'`` implementations of the attention ops share: where they run, and launch helpers.
 
-The kernels run on CUDA tensors. With ``TRITON_INTERPRET=1`` (set before Triton is imported) Triton
+The kernels run on CUDA tensors. With ``TRITON_INTERPRET=1`` (set before mmpola.ops is imported) Triton
 runs them on the CPU through its interpreter, slowly but with the same arithmetic: that is how the
 test suite checks them on machines without a GPU (tests/conftest.py sets it there).
 
@@ -46,9 +46,16 @@ __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTY
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# Triton makes a kernel an interpreted one where ``TRITON_INTERPRET=1`` when the kernel is defined (``triton.jit``
+# reads it then), and mmpola's kernels are defined when mmpola.ops is imported: the variable as it was then.
+_INTERPRETING = os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
+
+
 def interpreting():
-    """True when Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
+    """True when Triton runs mmpola's kernels through its CPU interpreter: ``TRITON_INTERPRET=1`` when they were
+    defined, at the import of mmpola.ops (setting it later changes neither them nor this answer). The launch
+    code asks at every launch and check; the environment is not read again."""
+    return _INTERPRETING
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ from mmpola.models.layers import DepthwiseConv2d
 from mmpola.ops import depthwise_conv2d
 from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import DispatchedOps, forward_backward, relative_error
+from tests.fixtures.ops import DispatchedOps, forward_backward, kernels_compiled, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
@@ -197,7 +197,7 @@ def test_public_function_and_its_choices():
 
 
 def test_cpu_tensors_without_the_interpreter_are_a_clear_error(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    kernels_compiled(monkeypatch)
     x = torch.randn(1, 16, 5, 5)
     with pytest.raises(AttnImplUnavailable, match=r"cannot run here: .*CUDA tensors.*impl='torch' "
                        r'\(MMPOLA_DEPTHWISE_CONV=torch\)'):

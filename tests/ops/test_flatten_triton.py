@@ -6,7 +6,7 @@ import torch
 
 from mmpola.ops import OPS, flatten_attention, flatten_attention_reference, flatten_attention_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import DispatchedOps
+from tests.fixtures.ops import DispatchedOps, kernels_compiled
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ['out', 'q', 'k', 'v', 'scale']
@@ -199,7 +199,7 @@ def test_auto_picks_triton_on_cuda_and_fast_on_the_cpu():
 
 
 def test_triton_on_cpu_tensors_without_the_interpreter_is_one_clear_error(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    kernels_compiled(monkeypatch)
     inputs, _ = make_inputs(1, (3, 3), (3, 3), 1, 16)
     with pytest.raises(AttnImplUnavailable, match=r"attn_impl='triton' \(flatten_attention\) cannot run here: .*CUDA"):
         flatten_attention(*inputs, 1, impl='triton')

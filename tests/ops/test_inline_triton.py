@@ -6,7 +6,7 @@ import torch
 
 from mmpola.ops import OPS, inline_attention, inline_attention_reference, inline_attention_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import forward_backward, relative_error
+from tests.fixtures.ops import forward_backward, kernels_compiled, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
@@ -101,7 +101,7 @@ def test_auto_picks_triton_on_cuda_and_fast_on_cpu():
 
 
 def test_cpu_tensors_without_the_interpreter_are_a_clear_error(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    kernels_compiled(monkeypatch)
     q = torch.randn(1, 6, 16)
     with pytest.raises(AttnImplUnavailable, match=r"attn_impl='triton'.*run on CUDA tensors.*'fast'"):
         inline_attention(q, q, q, 2, impl='triton')

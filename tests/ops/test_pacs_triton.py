@@ -8,7 +8,7 @@ import torch
 
 from mmpola.ops import OPS, pacs_attention, pacs_attention_reference, pacs_attention_triton, rope_angles, rope_tables
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import DispatchedOps
+from tests.fixtures.ops import DispatchedOps, kernels_compiled
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ['out', 'grad_q', 'grad_k', 'grad_v', 'grad_s_same', 'grad_s_opp']
@@ -133,7 +133,7 @@ def test_auto_prefers_triton_on_cuda_and_fast_on_cpu():
 
 def test_cpu_tensors_without_the_interpreter_fail_clearly(monkeypatch):
     inputs, tables, _ = make_inputs(1, 1, 2, 2, 8)
-    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    kernels_compiled(monkeypatch)
     cpu = [t.cpu() for t in inputs] + [t.cpu() for t in tables]
     with pytest.raises(AttnImplUnavailable, match="attn_impl='triton'.*run on CUDA tensors.*'fast'"):
         pacs_attention(*cpu, impl='triton')

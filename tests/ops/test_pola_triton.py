@@ -7,7 +7,7 @@ import torch
 
 from mmpola.ops import OPS, pola_attention, pola_attention_reference, pola_attention_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import DispatchedOps, forward_backward, relative_error
+from tests.fixtures.ops import DispatchedOps, forward_backward, kernels_compiled, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ('out', 'grad_q', 'grad_k', 'grad_v', 'grad_power', 'grad_scale')
@@ -248,7 +248,7 @@ def test_auto_prefers_triton_on_cuda_and_fast_on_cpu():
 
 
 def test_triton_on_cpu_without_interpreter_is_one_clear_error(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    kernels_compiled(monkeypatch)
     (q, k, v, power, scale), _ = make_inputs(1, 1, 4, 4, 8)
     q, k, v = q.cpu(), k.cpu(), v.cpu()
     with pytest.raises(AttnImplUnavailable, match=r"attn_impl='triton' \(pola_attention\) cannot run here: .*CUDA"):

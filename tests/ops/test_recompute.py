@@ -27,7 +27,7 @@ from mmpola.ops import (
 from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.triton_support import KernelTarget, dry_run
-from tests.fixtures.ops import DispatchedOps, forward_backward, max_scaled_error, relative_error
+from tests.fixtures.ops import DispatchedOps, forward_backward, kernels_compiled, max_scaled_error, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 H100 = KernelTarget(True, (9, 0), 132, 227 * 1024)
@@ -266,7 +266,7 @@ def test_choices_and_errors(monkeypatch):
     with pytest.raises(ValueError, match=r'gated_linear expects s and g of one shape, got \(2, 5, 16\) and '
                        r'\(2, 1, 16\)'):
         gated_linear(h, h[:, :1], weight, bias)
-    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    kernels_compiled(monkeypatch)
     with pytest.raises(AttnImplUnavailable, match=r"backward of gelu_linear cannot run here: .*CUDA tensors.*"
                        r"impl='torch' \(MMPOLA_RECOMPUTE=torch\)"):
         gelu_linear(h.cpu(), weight.cpu(), bias.cpu(), impl='triton')
@@ -546,7 +546,7 @@ def test_layer_norm_linear_choices_and_errors(monkeypatch):
     with pytest.raises(ValueError, match='takes a tuple of linear layers, or repeats operands, with the chunk size'):
         norm_linear(torch.nn.LayerNorm(16), linears[0], x.cpu(), repeat=(0, ))
     assert [t.shape for t in norm_linear(torch.nn.LayerNorm(16), linears, x.cpu(), chunk=16)] == [(2, 5, 16)] * 3
-    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    kernels_compiled(monkeypatch)
     with pytest.raises(AttnImplUnavailable, match=r"backward of layer_norm_linear cannot run here: .*CUDA "
                        r"tensors.*impl='torch' \(MMPOLA_RECOMPUTE=torch\)"):
         layer_norm_linear(x.cpu(), norm_weight.cpu(), norm_bias.cpu(), 1e-5, weight.cpu(), bias.cpu(),
@@ -1240,7 +1240,7 @@ def test_add_residual_and_cast_errors(monkeypatch):
         add_residual_and_cast(x, x[..., :8], torch.bfloat16)
     with pytest.raises(ValueError, match=r'expects a scale of shape \(2, \) \(one factor per sample\), got \(5,\)'):
         add_residual_and_cast(x, x, torch.bfloat16, torch.ones(5))
-    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    kernels_compiled(monkeypatch)
     if not torch.cuda.is_available():
         with pytest.raises(AttnImplUnavailable, match=r"add_residual_and_cast cannot run here: .*; use impl='torch' "
                            r"\(MMPOLA_RECOMPUTE=torch\)"):
@@ -1412,7 +1412,7 @@ def test_layer_norm_add_errors(monkeypatch):
     with pytest.raises(ValueError, match=r'one row of 40 channels per token \(35, 40\), got \(1, 34, 40\)'):
         layer_norm_add(tokens, weight, bias, 1e-5, encoding[:, :34], 'triton')
     if DEVICE == 'cpu':
-        monkeypatch.delenv('TRITON_INTERPRET')
+        kernels_compiled(monkeypatch)
         with pytest.raises(AttnImplUnavailable, match='layer_norm_add cannot run here.*MMPOLA_RECOMPUTE=torch'):
             layer_norm_add(tokens, weight, bias, 1e-5, encoding, 'triton')
 

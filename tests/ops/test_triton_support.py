@@ -16,6 +16,7 @@ from mmpola.ops.triton_support import (
     on_the_tensors_device,
     shared_memory_unsupported,
 )
+from tests.fixtures.ops import kernels_compiled
 
 INTERPRETER = triton_support.INTERPRETER
 FULL_SHARED_MEMORY = triton_support.FULL_SHARED_MEMORY
@@ -80,8 +81,18 @@ def test_every_op_turns_down_what_does_not_fit_before_any_launch(op_name):
             launches.clear()
 
 
+def test_the_interpreter_is_decided_when_the_kernels_are_defined(monkeypatch):
+    """Triton makes a kernel an interpreted one where TRITON_INTERPRET=1 when the kernel is defined; ``interpreting``
+    answers what mmpola's kernels are, whatever the variable says later (it is not read at each launch)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    interpreted = isinstance(triton_support.batch_and_head, InterpretedFunction)
+    assert triton_support.interpreting() is interpreted
+    monkeypatch.setenv('TRITON_INTERPRET', '0' if interpreted else '1')
+    assert triton_support.interpreting() is interpreted
+
+
 def test_autotuning_is_off_where_nothing_may_time_and_when_asked(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    kernels_compiled(monkeypatch)
     monkeypatch.delenv('MMPOLA_TRITON_AUTOTUNE', raising=False)
     assert autotuning()
     for off in ('0', 'false', 'OFF'):
@@ -95,7 +106,7 @@ def test_autotuning_is_off_where_nothing_may_time_and_when_asked(monkeypatch):
         assert not autotuning()
     finally:
         torch.use_deterministic_algorithms(deterministic)
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    kernels_compiled(monkeypatch, False)
     assert not autotuning()
 
 
