@@ -8,7 +8,7 @@ import torch
 
 from mmpola.models.backbones import PRESETS
 from mmpola.ops import OPS, pola_attention_reference, register_attention_impl
-from tests.fixtures.ops import op_tables_restored
+from tests.fixtures.ops import kernels_compiled, op_tables_restored
 from tests.fixtures.tools import load_tool
 
 BENCH = load_tool('benchmark')
@@ -66,7 +66,7 @@ def test_operator_count_sees_forward_backward_kernels_and_host_reads():
 
 
 def test_runnable_implementations_skip_those_for_another_device_with_the_reason(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    kernels_compiled(monkeypatch)
     impls, skipped = BENCH.runnable_impls('pola', ['reference', 'fast', 'triton'], torch.device('cpu'), torch.float32)
     assert impls == ['reference', 'fast']
     assert len(skipped) == 1 and skipped[0].startswith('pola triton: the Triton kernels run on CUDA tensors')
@@ -88,7 +88,7 @@ def test_layers_times_the_value_conv_in_both_layouts_and_implementations(capsys,
     rows = [line.split('|') for line in capsys.readouterr().out.splitlines() if line.startswith('| dwconv 5x5 |')]
     assert [(row[5].strip(), row[6].strip()) for row in rows] == list(BENCH.LAYER_VARIANTS)
     assert all(float(row[-2]) > 0 for row in rows)  # the new shapes' column
-    monkeypatch.setenv('TRITON_INTERPRET', '0')  # where the kernels cannot run: their rows are left out, with why
+    kernels_compiled(monkeypatch)  # where the kernels cannot run: their rows are left out, with why
     BENCH.main(common + ['--new-shapes', '0'])
     out = capsys.readouterr().out
     assert [line.split('|')[5].strip() for line in out.splitlines() if line.startswith('| dwconv 5x5 |')] == \
