@@ -10,7 +10,7 @@ from mmengine.optim.scheduler import LinearLR, MultiStepLR
 
 from mmpola.errors import UserError
 from mmpola.runtime.param_groups import MERGED_CONSTRUCTOR, merge_param_groups, merge_saved_param_groups
-from tests.fixtures.toy_runs import load, toy_config, train
+from tests.fixtures.toy_runs import load, toy_config, train_here
 
 
 class Net(torch.nn.Module):
@@ -191,7 +191,7 @@ optim_wrapper = dict(optimizer=dict(type='AdamW', lr=0.05, weight_decay=0.01),
 """
 
 
-def test_a_run_with_one_group_per_parameter_resumes_with_the_merged_groups(tmp_path):
+def test_a_run_with_one_group_per_parameter_resumes_with_the_merged_groups(tmp_path, capsys):
     """tools/train.py: a run started with mmengine's constructor (one group per parameter) and resumed with
     the merging one ends with the weights of the run that went on without stopping; one line says so. Resumed with
     AdamW's fused implementation too (as the shipped configs run it), it goes on with the checkpoint's (foreach:
@@ -199,11 +199,11 @@ def test_a_run_with_one_group_per_parameter_resumes_with_the_merged_groups(tmp_p
     config = toy_config(tmp_path)
     with open(config, 'a') as f:
         f.write(PARAMWISE)
-    train(config, tmp_path / 'straight')
+    train_here(capsys, config, tmp_path / 'straight')
     work = tmp_path / 'resumed'
-    train(config, work, '--cfg-options', 'train_cfg.max_epochs=1')
-    _, out = train(config, work, '--resume', '--cfg-options', f'optim_wrapper.constructor={MERGED_CONSTRUCTOR}',
-                   'optim_wrapper.optimizer.fused=True')
+    train_here(capsys, config, work, '--cfg-options', 'train_cfg.max_epochs=1')
+    out = train_here(capsys, config, work, '--resume', '--cfg-options',
+                     f'optim_wrapper.constructor={MERGED_CONSTRUCTOR}', 'optim_wrapper.optimizer.fused=True')
     assert "[mmpola] --resume: the checkpoint's 2 optimizer parameter groups (one per parameter) merged into the " \
         "run's 1" in out, out[-3000:]
     expected, resumed = load(tmp_path / 'straight' / 'epoch_3.pth'), load(work / 'epoch_3.pth')

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmpola.runtime import find_resumable_checkpoint
-from tests.fixtures.toy_runs import load, train
+from tests.fixtures.toy_runs import load, train_here
 
 
 def test_find_resumable_checkpoint_falls_back_to_the_newest_readable(tmp_path):
@@ -25,7 +25,7 @@ def test_find_resumable_checkpoint_falls_back_to_the_newest_readable(tmp_path):
 
 
 @pytest.mark.parametrize('damage', ['missing', 'truncated'])
-def test_resume_skips_a_missing_or_truncated_latest_checkpoint(straight, tmp_path, damage):
+def test_resume_skips_a_missing_or_truncated_latest_checkpoint(straight, tmp_path, damage, capsys):
     work = tmp_path / 'work'
     shutil.copytree(straight['work'], work)
     latest = work / 'epoch_3.pth'
@@ -36,7 +36,7 @@ def test_resume_skips_a_missing_or_truncated_latest_checkpoint(straight, tmp_pat
     else:
         data = latest.read_bytes()
         latest.write_bytes(data[:len(data) // 2])
-    _, out = train(straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=4')
+    out = train_here(capsys, straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=4')
     assert f'--resume: last_checkpoint names {latest}, which is {damage if damage == "missing" else "unread"}' \
         in out, out[-3000:]
     assert f'Auto resumed from the latest checkpoint {work / "epoch_2.pth"}' in out
@@ -76,21 +76,21 @@ def test_resume_into_a_mistyped_work_dir_through_the_tool(straight, tmp_path, ca
         'resume_or_start=True).')
     assert not typo.exists()
     work = tmp_path / 'work'
-    _, out = train(straight['config'], work, '--resume-or-start', '--cfg-options', 'train_cfg.max_epochs=1')
+    out = train_here(capsys, straight['config'], work, '--resume-or-start', '--cfg-options', 'train_cfg.max_epochs=1')
     assert f'--resume: no checkpoint in {work} yet; a new run starts there (resume_or_start=True)' in out
-    _, out = train(straight['config'], work, '--resume-or-start', '--cfg-options', 'train_cfg.max_epochs=2')
+    out = train_here(capsys, straight['config'], work, '--resume-or-start', '--cfg-options', 'train_cfg.max_epochs=2')
     assert f'Auto resumed from the latest checkpoint {work / "epoch_1.pth"}' in out
     assert load(work / 'epoch_2.pth')['meta']['iter'] == 10
 
 
-def test_resume_after_changing_the_lr_says_the_checkpoints_lr_wins(straight, tmp_path):
+def test_resume_after_changing_the_lr_says_the_checkpoints_lr_wins(straight, tmp_path, capsys):
     """The checkpoint's optimizer and scheduler states are restored, lr included (mmengine's behaviour): the
     resumed run goes on with the old lr; one warning says so and how to train with the new one."""
     work = tmp_path / 'work'
     shutil.copytree(straight['work'], work)
     (work / 'last_checkpoint').write_text(str(work / 'epoch_2.pth'))
-    _, out = train(straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=3',
-                   'optim_wrapper.optimizer.lr=0.01')
+    out = train_here(capsys, straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=3',
+                     'optim_wrapper.optimizer.lr=0.01')
     note = (f"--resume: the config's lr is 0.01, but the run in {work / 'epoch_2.pth'} started with 0.05: resuming "
             "restores the checkpoint's optimizer and lr scheduler states, lr included, so this run goes on with 0.05 "
             'and its schedule; the new lr is not used. To train with the new lr, start a new run from the '
@@ -100,5 +100,5 @@ def test_resume_after_changing_the_lr_says_the_checkpoints_lr_wins(straight, tmp
     saved = load(work / 'epoch_3.pth')['optimizer']['param_groups'][0]
     assert saved['initial_lr'] == pytest.approx(0.05) and saved['lr'] == pytest.approx(0.05)  # as said
     # the same lr: no word
-    _, out = train(straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=4')
+    out = train_here(capsys, straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=4')
     assert "the config's lr" not in out

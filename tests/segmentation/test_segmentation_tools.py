@@ -1,6 +1,6 @@
-"""UperNet + Pola-Swin-T end to end on a tiny generated ADE-style dataset: tools/train.py and
-tools/test.py (whole image, --out, --tta) in subprocesses with IoUMetric, the data generator, and
-the demo script."""
+"""UperNet + Pola-Swin-T end to end on a tiny generated ADE-style dataset: tools/train.py (in a subprocess) and
+tools/test.py (whole image, --out, --tta; in this process) with IoUMetric, the data generator, and the demo
+script."""
 import json
 import os
 import os.path as osp
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.fixtures.segmentation import REPO, load_config
-from tests.fixtures.tools import demo_that_did_not_learn, load_tool
+from tests.fixtures.tools import demo_that_did_not_learn, load_tool, run_main_logged
 
 PYTHON = sys.executable
 DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'upernet_pola-swin-t_demo-ade-128x128.py')
@@ -27,6 +27,12 @@ def _run(cmd, timeout=300):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f'{cmd} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}'
     return proc.stdout + proc.stderr
+
+
+def _test_in_process(argv, work_dir):
+    """The log of tools/test.py ``argv --work-dir work_dir``, run in this process (what the tests check is the run's
+    log and files; tools/train.py runs in a process of its own, as a user's run)."""
+    return run_main_logged(load_tool('test'), [*argv, '--work-dir', str(work_dir)], work_dir)[1]
 
 
 def _miou(log):
@@ -110,8 +116,8 @@ def test_train_validates_with_iou_metric(trained):
 
 def test_test_reports_miou_and_writes_prediction_maps(tiny, trained):
     out = trained['work_dir'] / 'pred_maps'
-    log = _run([PYTHON, 'tools/test.py', tiny['config'], str(trained['work_dir'] / 'iter_4.pth'),
-                '--work-dir', str(trained['work_dir'] / 'test'), '--out', str(out)])
+    log = _test_in_process([tiny['config'], str(trained['work_dir'] / 'iter_4.pth'), '--out', str(out)],
+                           trained['work_dir'] / 'test')
     # same weights and data as the validation at the end of training -> the same mIoU
     assert _miou(log) == pytest.approx(_miou(trained['log']), abs=0.01)
     maps = sorted(out.glob('*.png'))
@@ -124,16 +130,16 @@ def test_test_reports_miou_and_writes_prediction_maps(tiny, trained):
 
 def test_test_tta_multi_scale_flip(tiny, trained):
     """--tta: mmseg's SegTTAModel over the config's tta_pipeline (6 scales x flip), still IoUMetric."""
-    log = _run([PYTHON, 'tools/test.py', tiny['config'], str(trained['work_dir'] / 'iter_4.pth'),
-                '--work-dir', str(trained['work_dir'] / 'test_tta'), '--tta'])
+    log = _test_in_process([tiny['config'], str(trained['work_dir'] / 'iter_4.pth'), '--tta'],
+                           trained['work_dir'] / 'test_tta')
     assert 0 <= _miou(log) <= 100
 
 
 def test_data_root_option_moves_every_dataset(tiny, trained):
     """The demo config (data_root data/demo_ade) on the tiny data, with only --cfg-options data_root:
     the same mIoU as the tiny config (same weights, images and test pipeline)."""
-    log = _run([PYTHON, 'tools/test.py', DEMO_CONFIG, str(trained['work_dir'] / 'iter_4.pth'), '--work-dir',
-                str(trained['work_dir'] / 'test_data_root'), '--cfg-options', f"data_root={tiny['root']}"])
+    log = _test_in_process([DEMO_CONFIG, str(trained['work_dir'] / 'iter_4.pth'), '--cfg-options',
+                            f"data_root={tiny['root']}"], trained['work_dir'] / 'test_data_root')
     assert _miou(log) == pytest.approx(_miou(trained['log']), abs=0.01)
 
 

@@ -1,6 +1,7 @@
 """tools/test.py end to end on the checkpoint of the tiny tools/train.py run: COCO bbox and segm
-metrics, --out predictions, --show-dir figures, --tta with masks, --cfg-options data_root, two CPU
-processes (tools/dist_test.sh) giving the metrics of one; a missing checkpoint is one line."""
+metrics, --out predictions, --show-dir figures, --tta with masks, --cfg-options data_root (in this process:
+what they check is the run's log and files), two CPU processes (tools/dist_test.sh) giving the metrics of one;
+a missing checkpoint is one line."""
 import os.path as osp
 import pickle
 import re
@@ -13,15 +14,18 @@ import torch
 from tests.fixtures.bad_data import split_with_float_tiff
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import DEMO_CONFIG, coco_metrics, free_port, run_tool
-from tests.fixtures.tools import load_tool, refused, run_main
+from tests.fixtures.tools import load_tool, refused, run_main, run_main_logged
 
 
 @pytest.fixture(scope='module')
 def tested(tiny, trained):
+    """tools/test.py CONFIG CHECKPOINT --out --show-dir, in this process (its log as a subprocess's output)."""
     out = trained['work_dir'] / 'predictions.pkl'
     show_dir = trained['work_dir'] / 'show'
-    log = run_tool([PYTHON, 'tools/test.py', tiny['config'], str(trained['work_dir'] / 'epoch_2.pth'),
-                '--work-dir', str(trained['work_dir'] / 'test'), '--out', str(out), '--show-dir', str(show_dir)])
+    work_dir = trained['work_dir'] / 'test'
+    _, log = run_main_logged(load_tool('test'), [tiny['config'], str(trained['work_dir'] / 'epoch_2.pth'),
+                                                 '--work-dir', str(work_dir), '--out', str(out), '--show-dir',
+                                                 str(show_dir)], work_dir)
     return dict(log=log, out=out, show_dir=show_dir)
 
 
@@ -36,8 +40,9 @@ def test_test_reports_bbox_and_segm_and_dumps_and_draws_predictions(tested):
 
 def test_test_tta_flips_and_scales_with_masks(tiny, trained):
     """--tta: PolaDetTTAModel over the demo config's tta_pipeline (3 scales x 2 flips), bbox and segm."""
-    log = run_tool([PYTHON, 'tools/test.py', tiny['config'], str(trained['work_dir'] / 'epoch_2.pth'),
-                '--work-dir', str(trained['work_dir'] / 'test_tta'), '--tta'])
+    work_dir = trained['work_dir'] / 'test_tta'
+    _, log = run_main_logged(load_tool('test'), [tiny['config'], str(trained['work_dir'] / 'epoch_2.pth'),
+                                                 '--work-dir', str(work_dir), '--tta'], work_dir)
     assert all(0 <= v <= 1 for v in coco_metrics(log).values())
 
 
@@ -49,9 +54,10 @@ def test_data_root_option_moves_datasets_and_evaluator(tiny, tmp_path):
     torch.manual_seed(0)
     torch.save(dict(state_dict=build_detector(load_config(DEMO_CONFIG)).state_dict()), checkpoint)
     out = tmp_path / 'predictions.pkl'
-    log = run_tool([PYTHON, 'tools/test.py', DEMO_CONFIG, str(checkpoint), '--work-dir',
-                str(tmp_path), '--out', str(out), '--cfg-options', f"data_root={tiny['root']}/",
-                'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False'])
+    _, log = run_main_logged(load_tool('test'), [DEMO_CONFIG, str(checkpoint), '--work-dir', str(tmp_path), '--out',
+                                                 str(out), '--cfg-options', f"data_root={tiny['root']}/",
+                                                 'test_dataloader.num_workers=0',
+                                                 'test_dataloader.persistent_workers=False'], tmp_path)
     # the evaluator reads the moved file (the Runner dumps its config into the work dir)
     from mmengine.config import Config
     dumped = Config.fromfile(str(tmp_path / osp.basename(DEMO_CONFIG)))

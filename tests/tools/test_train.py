@@ -12,7 +12,7 @@ import torch
 from tests.fixtures.bad_data import split_with_float_tiff
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import coco_metrics, free_port, run_tool
-from tests.fixtures.tools import load_tool, own_run, refused, run_main
+from tests.fixtures.tools import load_tool, own_run, refused, run_main, run_main_logged
 
 NO_VALIDATION = ('val_dataloader=None', 'val_cfg=None', 'val_evaluator=None')
 
@@ -67,8 +67,8 @@ def test_resume_restores_weights_optimizer_and_iteration(tiny, trained, tmp_path
 def test_resume_auto_finds_the_latest_checkpoint(tiny, trained, tmp_path):
     work_dir = tmp_path / 'auto'
     shutil.copytree(trained['work_dir'], work_dir, ignore=shutil.ignore_patterns('test', '*.pkl'))
-    log = run_tool([PYTHON, 'tools/train.py', tiny['config'], '--work-dir', str(work_dir), '--resume',
-                '--cfg-options', 'train_cfg.max_epochs=3', *NO_VALIDATION])
+    _, log = run_main_logged(load_tool('train'), [tiny['config'], '--work-dir', str(work_dir), '--resume',
+                                                  '--cfg-options', 'train_cfg.max_epochs=3', *NO_VALIDATION], work_dir)
     assert 'resumed epoch: 2, iter: 4' in log
     assert 'Epoch(train) [3][2/2]' in log and 'Epoch(train) [1]' not in log
     assert torch.load(work_dir / 'epoch_3.pth', weights_only=True)['meta']['iter'] == 6
