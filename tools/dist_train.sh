@@ -8,32 +8,6 @@
 # Without usable CUDA, or with fewer GPUs than GPUS, it stops with the cause before torchrun starts; with
 # --device cpu, GPUS CPU processes train over gloo. PYTHON selects the interpreter (default: the
 # repository's .venv if present, else python).
-set -e
-if [ $# -lt 2 ]; then
-    echo "usage: $0 CONFIG GPUS [tools/train.py options ...]" >&2
-    exit 2
-fi
-CONFIG=$1
-GPUS=$2
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-PORT=${PORT:-29500}
-MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-if [ -z "$PYTHON" ]; then
-    if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python; fi
-fi
-
-# Checked once here, before torchrun starts GPUS processes (each would stop with the same error, then
-# torchrun would add its failure report): CUDA is usable and shows GPUS GPUs. --device cpu skips it.
-PYTHONPATH="$ROOT":$PYTHONPATH "$PYTHON" -c \
-    'from mmpola.runtime.cli import check_launch_main; check_launch_main()' "$GPUS" "${@:3}"
-
-PYTHONPATH="$ROOT":$PYTHONPATH \
-exec "$PYTHON" -m torch.distributed.run \
-    --nnodes="$NNODES" \
-    --node_rank="$NODE_RANK" \
-    --master_addr="$MASTER_ADDR" \
-    --nproc_per_node="$GPUS" \
-    --master_port="$PORT" \
-    "$ROOT/tools/train.py" "$CONFIG" --launcher pytorch "${@:3}"
+source "$(dirname "$0")/_launch.sh"
+usage_unless 2 "$0 CONFIG GPUS [tools/train.py options ...]" "$@"
+torchrun_tool train.py "$2" "$1" -- "${@:3}"

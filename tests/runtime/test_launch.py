@@ -267,6 +267,55 @@ def test_dist_scripts_without_cuda_stop_once_before_torchrun(script, tmp_path):
     assert proc.stdout == '' and not (tmp_path / 'work').exists()
 
 
+def _fake_command(tmp_path, name):
+    """A directory for PATH holding ``name``: a command that writes its arguments, one a line, to
+    ``tmp_path / name``; returns that directory."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / name
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path / name}"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return bin_dir
+
+
+@pytest.mark.parametrize('script, positional, tool_args', [
+    ('slurm_train.sh', ['CONF.py', 'WORK DIR'], ['tools/train.py', 'CONF.py', '--work-dir=WORK DIR']),
+    ('slurm_test.sh', ['CONF.py', 'CK.pth'], ['tools/test.py', 'CONF.py', 'CK.pth'])])
+@pytest.mark.parametrize('gpus, per_node, expected_per_node', [(16, '8', '8'), (4, None, '4'), (None, None, '8')])
+def test_slurm_scripts_start_one_task_per_gpu_through_srun(script, positional, tool_args, gpus, per_node,
+                                                           expected_per_node, tmp_path):
+    """srun gets the partition, job name, tasks, GPUs per node (by default GPUS, at most 8), CPUs per task and
+    SRUN_ARGS, then the tool with its arguments, --launcher=slurm and the options given, each word as given."""
+    env = dict(os.environ, PATH=f"{_fake_command(tmp_path, 'srun')}:{os.environ['PATH']}", PYTHON='/opt/py/python',
+               SRUN_ARGS='--quotatype=auto --exclusive', CPUS_PER_TASK='6')
+    for name, value in (('GPUS', gpus), ('GPUS_PER_NODE', per_node)):
+        env.pop(name, None)
+        if value is not None:
+            env[name] = str(value)
+    proc = subprocess.run(['bash', osp.join('tools', script), 'PART', 'JOB', *positional, '--cfg-options', 'a=1 2'],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    tasks = str(gpus or 8)
+    assert (tmp_path / 'srun').read_text().splitlines() == [
+        '-p', 'PART', '--job-name=JOB', f'--gres=gpu:{expected_per_node}', f'--ntasks={tasks}',
+        f'--ntasks-per-node={expected_per_node}', '--cpus-per-task=6', '--kill-on-bad-exit=1', '--quotatype=auto',
+        '--exclusive', '/opt/py/python', '-u', osp.join(REPO, tool_args[0]), *tool_args[1:], '--launcher=slurm',
+        '--cfg-options', 'a=1 2']
+
+
+@pytest.mark.parametrize('script, usage', [
+    ('dist_train.sh', 'CONFIG GPUS [tools/train.py options ...]'),
+    ('dist_test.sh', 'CONFIG CHECKPOINT GPUS [tools/test.py options ...]'),
+    ('slurm_train.sh', 'PARTITION JOB_NAME CONFIG WORK_DIR [tools/train.py options ...]'),
+    ('slurm_test.sh', 'PARTITION JOB_NAME CONFIG CHECKPOINT [tools/test.py options ...]')])
+def test_launch_scripts_with_too_few_arguments_print_their_usage(script, usage, tmp_path):
+    env = dict(os.environ, PATH=f"{_fake_command(tmp_path, 'srun')}:{os.environ['PATH']}")
+    proc = subprocess.run(['bash', osp.join('tools', script), 'CONFIG'], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, '', f'usage: tools/{script} {usage}\n')
+    assert not (tmp_path / 'srun').exists()
+
+
 def test_train_tool_with_launcher_and_no_cuda_stops_at_once(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO, RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
                MASTER_PORT=free_port(), CUDA_VISIBLE_DEVICES='')

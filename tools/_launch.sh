@@ -1,0 +1,60 @@
+# Sourced by tools/dist_train.sh, dist_test.sh, slurm_train.sh and slurm_test.sh (not a command of its own): the
+# interpreter they run a tool with and the two ways they start its processes.
+#
+# PYTHON selects the interpreter (default: the repository's .venv if present, else python).
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -z "$PYTHON" ]; then
+    if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python; fi
+fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+# usage_unless MIN USAGE ARGS...: exit 2 with the usage line when ARGS are fewer than MIN.
+usage_unless() {
+    local min=$1 usage=$2
+    shift 2
+    if [ $# -lt "$min" ]; then
+        echo "usage: $usage" >&2
+        exit 2
+    fi
+}
+
+# torchrun_tool TOOL GPUS ARGS... -- OPTIONS...: tools/TOOL ARGS --launcher pytorch OPTIONS in GPUS processes on
+# this machine through torchrun (several machines: NNODES, NODE_RANK, MASTER_ADDR, PORT). Checked once first,
+# before torchrun starts the processes (each would stop with the same error, then torchrun would add its failure
+# report): CUDA is usable and shows GPUS GPUs; --device cpu among OPTIONS skips that.
+torchrun_tool() {
+    local tool=$1 gpus=$2 args=()
+    shift 2
+    while [ "$1" != -- ]; do args+=("$1"); shift; done
+    shift
+    "$PYTHON" -c 'from mmpola.runtime.cli import check_launch_main; check_launch_main()' "$gpus" "$@" || exit
+    exec "$PYTHON" -m torch.distributed.run \
+        --nnodes="${NNODES:-1}" \
+        --node_rank="${NODE_RANK:-0}" \
+        --master_addr="${MASTER_ADDR:-127.0.0.1}" \
+        --nproc_per_node="$gpus" \
+        --master_port="${PORT:-29500}" \
+        "$ROOT/tools/$tool" "${args[@]}" --launcher pytorch "$@"
+}
+
+# srun_tool TOOL PARTITION JOB_NAME ARGS...: tools/TOOL ARGS in GPUS slurm tasks (default 8), one per GPU,
+# GPUS_PER_NODE of them per node (default GPUS, at most 8), each with CPUS_PER_TASK CPUs (default 5); SRUN_ARGS
+# are passed to srun. ARGS end with the tool's --launcher=slurm.
+srun_tool() {
+    local tool=$1 partition=$2 job_name=$3
+    shift 3
+    local gpus=${GPUS:-8}
+    local per_node=${GPUS_PER_NODE:-$(( gpus < 8 ? gpus : 8 ))}
+    set -x
+    # shellcheck disable=SC2086  # SRUN_ARGS: options of srun, split as words
+    exec srun -p "$partition" \
+        --job-name="$job_name" \
+        --gres=gpu:"$per_node" \
+        --ntasks="$gpus" \
+        --ntasks-per-node="$per_node" \
+        --cpus-per-task="${CPUS_PER_TASK:-5}" \
+        --kill-on-bad-exit=1 \
+        ${SRUN_ARGS} \
+        "$PYTHON" -u "$ROOT/tools/$tool" "$@"
+}
