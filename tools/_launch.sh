@@ -7,7 +7,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -z "$PYTHON" ]; then
     if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python; fi
 fi
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# the repository first; with PYTHONPATH unset the empty entry after it keeps the working directory importable (as in
+# mmdet's scripts: a project's own modules for its custom_imports)
+export PYTHONPATH="$ROOT":$PYTHONPATH
 
 # usage_unless MIN USAGE ARGS...: exit 2 with the usage line when ARGS are fewer than MIN.
 usage_unless() {

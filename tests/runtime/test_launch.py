@@ -303,6 +303,25 @@ def test_slurm_scripts_start_one_task_per_gpu_through_srun(script, positional, t
         '--cfg-options', 'a=1 2']
 
 
+@pytest.mark.parametrize('pythonpath, expected', [(None, f'{REPO}:'), ('/my/lib', f'{REPO}:/my/lib')])
+def test_slurm_tasks_import_the_repository_then_the_working_directory_or_pythonpath(pythonpath, expected, tmp_path):
+    """The repository first; with PYTHONPATH unset an empty entry follows, which Python reads as the working
+    directory: a project's own modules there stay importable for its config's custom_imports (as with mmdet's
+    scripts)."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'srun').write_text(f'#!/bin/sh\nprintf "%s" "$PYTHONPATH" > "{tmp_path / "pythonpath"}"\n')
+    (bin_dir / 'srun').chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env.pop('PYTHONPATH', None)
+    if pythonpath:
+        env['PYTHONPATH'] = pythonpath
+    proc = subprocess.run(['bash', 'tools/slurm_train.sh', 'PART', 'JOB', 'CONF.py', 'WORK'], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / 'pythonpath').read_text() == expected
+
+
 @pytest.mark.parametrize('script, usage', [
     ('dist_train.sh', 'CONFIG GPUS [tools/train.py options ...]'),
     ('dist_test.sh', 'CONFIG CHECKPOINT GPUS [tools/test.py options ...]'),
