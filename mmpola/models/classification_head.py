@@ -8,15 +8,12 @@ so the classifier's state dict keeps the official names (``backbone.<official na
 module (pvt.py, swin.py, ...) and is registered under the architecture's family name::
 
     @register_classification_head('swin')
-    class SwinHead(ClassificationHead):
+    class SwinHead(FinalNormHead):                                 # a final LayerNorm
         backbone_kwargs = dict(out_norm=False, clamp_shift=True)   # fixed by the official forward
-
-        @classmethod
-        def neck(cls, backbone):                                   # the final LayerNorm
-            return {'norm': nn.LayerNorm(backbone.embed_dims[-1])}, backbone.embed_dims[-1]
 
 :class:`ClassificationHead` itself is PVT's head (no final norm, mean over the tokens, a linear
 ``head``), the default of every hook; an architecture without a registered head gets it.
+:class:`FinalNormHead` adds a final LayerNorm (Swin, CSWin, the ViT).
 """
 import torch.nn as nn
 
@@ -24,7 +21,7 @@ from mmpola.registry import CLASSIFICATION_HEADS
 
 from .layers import trunc_normal_init
 
-__all__ = ['ClassificationHead', 'register_classification_head', 'classification_head_of']
+__all__ = ['ClassificationHead', 'FinalNormHead', 'register_classification_head', 'classification_head_of']
 
 
 def register_classification_head(family):
@@ -111,3 +108,18 @@ class ClassificationHead:
         attention's options), the official attn_type string or None)``, or None when they are not
         this architecture's (``architecture``: its backbone class)."""
         return None
+
+
+class FinalNormHead(ClassificationHead):
+    """A head with a final LayerNorm ``norm`` over the last stage's width (Swin, CSWin, the ViT), which
+    ``forward_intermediates(norm=True)`` applies to the last stage map too; ``norm_eps``: its eps."""
+
+    norm_eps = 1e-5
+
+    @classmethod
+    def neck(cls, backbone):
+        return {'norm': nn.LayerNorm(backbone.embed_dims[-1], eps=cls.norm_eps)}, backbone.embed_dims[-1]
+
+    @classmethod
+    def stage_norm(cls, neck):
+        return neck.norm

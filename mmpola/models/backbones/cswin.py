@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from ..attention import attention_class
 from ..checks import PolaConfigError, square_pretrain_size
-from ..classification_head import ClassificationHead, register_classification_head
+from ..classification_head import FinalNormHead, register_classification_head
 from ..layers import DepthwiseConv2d, DropPath, Mlp, norm_linear, residual_mlp, tokens_as_map
 from .base import DenseBackbone, drop_path_rates, register_architecture, tokens_to_nchw
 
@@ -284,18 +284,10 @@ class CSWinBackbone(DenseBackbone):
 
 
 @register_classification_head('cswin')
-class CSWinHead(ClassificationHead):
+class CSWinHead(FinalNormHead):
     """The official CSWin classifier: final LayerNorm ``norm``, mean over the tokens, linear ``head``."""
 
     backbone_kwargs = dict(out_norm=False)
-
-    @classmethod
-    def neck(cls, backbone):
-        return {'norm': nn.LayerNorm(backbone.embed_dims[-1])}, backbone.embed_dims[-1]
-
-    @classmethod
-    def stage_norm(cls, neck):
-        return neck.norm
 
     @classmethod
     def official_kwargs(cls, architecture, kwargs):

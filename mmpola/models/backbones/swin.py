@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..checks import square_pretrain_size
-from ..classification_head import ClassificationHead, register_classification_head
+from ..classification_head import FinalNormHead, register_classification_head
 from ..layers import PatchEmbed, PatchMerging, PreNormBlock
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
@@ -170,18 +170,10 @@ class SwinBackbone(DenseBackbone):
 
 
 @register_classification_head('swin')
-class SwinHead(ClassificationHead):
+class SwinHead(FinalNormHead):
     """The official Swin classifier: final LayerNorm ``norm``, average pool, linear ``head``."""
 
     backbone_kwargs = dict(out_norm=False, clamp_shift=True)
-
-    @classmethod
-    def neck(cls, backbone):
-        return {'norm': nn.LayerNorm(backbone.embed_dims[-1])}, backbone.embed_dims[-1]
-
-    @classmethod
-    def stage_norm(cls, neck):
-        return neck.norm
 
     @classmethod
     def pool(cls, backbone, x, global_pool='avg'):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module, trunc_normal_
 
 from ..checks import PolaConfigError
-from ..classification_head import ClassificationHead, register_classification_head
+from ..classification_head import FinalNormHead, register_classification_head
 from ..layers import PreNormBlock, resize_grid_embedding, to_2tuple_int
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
@@ -225,15 +225,12 @@ class ViTBackbone(DenseBackbone):
 
 
 @register_classification_head('vit')
-class ViTHead(ClassificationHead):
+class ViTHead(FinalNormHead):
     """The official DeiT classifier: final LayerNorm ``norm``, the class token, linear ``head``."""
 
     backbone_kwargs = dict(final_norm=False)
     global_pools = ('token', 'avg', '')
-
-    @classmethod
-    def neck(cls, backbone):
-        return {'norm': nn.LayerNorm(backbone.embed_dims[-1], eps=1e-6)}, backbone.embed_dims[-1]
+    norm_eps = 1e-6
 
     @classmethod
     def features(cls, backbone, neck, stage):
@@ -247,10 +244,6 @@ class ViTHead(ClassificationHead):
     def pool_size(cls, architecture, img_size, patch_size=16):
         """The (1, 1 + h*w) map of :meth:`features` at ``img_size``."""
         return 1, architecture.num_prefix_tokens + (img_size // patch_size) ** 2
-
-    @classmethod
-    def stage_norm(cls, neck):
-        return neck.norm
 
     @classmethod
     def pool(cls, backbone, x, global_pool='token'):
