@@ -22,21 +22,24 @@ usage_unless() {
 }
 
 # torchrun_tool TOOL GPUS ARGS... -- OPTIONS...: tools/TOOL ARGS --launcher pytorch OPTIONS in GPUS processes on
-# this machine through torchrun (several machines: NNODES, NODE_RANK, MASTER_ADDR, PORT). Checked once first,
-# before torchrun starts the processes (each would stop with the same error, then torchrun would add its failure
-# report): CUDA is usable and shows GPUS GPUs; --device cpu among OPTIONS skips that.
+# this machine through torchrun. Several machines: NNODES, NODE_RANK, MASTER_ADDR, PORT (default 29500). One
+# machine: the processes meet on a free port (torchrun --standalone), so that runs side by side on one machine
+# do not collide; PORT or MASTER_ADDR set a fixed address instead. Checked once first, before torchrun starts the
+# processes (each would stop with the same error, then torchrun would add its failure report): CUDA is usable
+# and shows GPUS GPUs; --device cpu among OPTIONS skips that.
 torchrun_tool() {
-    local tool=$1 gpus=$2 args=()
+    local tool=$1 gpus=$2 args=() rendezvous
     shift 2
     while [ "$1" != -- ]; do args+=("$1"); shift; done
     shift
     "$PYTHON" -c 'from mmpola.runtime.cli import check_launch_main; check_launch_main()' "$gpus" "$@" || exit
-    exec "$PYTHON" -m torch.distributed.run \
-        --nnodes="${NNODES:-1}" \
-        --node_rank="${NODE_RANK:-0}" \
-        --master_addr="${MASTER_ADDR:-127.0.0.1}" \
-        --nproc_per_node="$gpus" \
-        --master_port="${PORT:-29500}" \
+    if [ "${NNODES:-1}" = 1 ] && [ -z "$PORT" ] && [ -z "$MASTER_ADDR" ]; then
+        rendezvous=(--standalone)
+    else
+        rendezvous=(--nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" --master_addr="${MASTER_ADDR:-127.0.0.1}"
+                    --master_port="${PORT:-29500}")
+    fi
+    exec "$PYTHON" -m torch.distributed.run "${rendezvous[@]}" --nproc_per_node="$gpus" \
         "$ROOT/tools/$tool" "${args[@]}" --launcher pytorch "$@"
 }
 

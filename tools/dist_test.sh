@@ -3,7 +3,7 @@
 #
 #   tools/dist_test.sh CONFIG CHECKPOINT GPUS [tools/test.py options ...]
 #
-# Several machines: NNODES, NODE_RANK, MASTER_ADDR, PORT as for tools/dist_train.sh.
+# One machine: a free port, as for tools/dist_train.sh; several machines: NNODES, NODE_RANK, MASTER_ADDR, PORT.
 # Without usable CUDA, or with fewer GPUs than GPUS, it stops with the cause before torchrun starts; with
 # --device cpu, GPUS CPU processes test over gloo. PYTHON selects the interpreter.
 source "$(dirname "$0")/_launch.sh"

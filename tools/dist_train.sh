@@ -3,6 +3,7 @@
 #
 #   tools/dist_train.sh CONFIG GPUS [tools/train.py options ...]
 #
+# One machine: the processes meet on a free port (PORT sets a fixed one), so runs side by side do not collide.
 # Several machines: run on each, with the same MASTER_ADDR/PORT and its own NODE_RANK:
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 PORT=29500 tools/dist_train.sh CONFIG 8
 # Without usable CUDA, or with fewer GPUs than GPUS, it stops with the cause before torchrun starts; with

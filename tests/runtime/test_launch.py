@@ -7,6 +7,7 @@ machines with and without a GPU.
 import multiprocessing
 import os
 import os.path as osp
+import socket
 import stat
 import subprocess
 import sys
@@ -236,9 +237,24 @@ def test_without_a_process_group_the_check_just_runs(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # through the tool: a torchrun-style launch where CUDA is not usable stops before any work
 
-def test_dist_train_on_cpu_stops_every_rank_with_rank0s_data_error(tmp_path):
-    """Two CPU processes (--device cpu), data missing: rank 0 checks, both exit with its message."""
-    env = dict(os.environ, PYTHONPATH=REPO, PYTHON=sys.executable, PORT=free_port(), OMP_NUM_THREADS='1')
+@pytest.fixture
+def default_port_taken():
+    """torchrun's default port (29500) in use while the test runs, as by another run on the machine."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(('127.0.0.1', 29500))
+            sock.listen()
+        except OSError:  # in use already
+            pass
+        yield
+
+
+def test_dist_train_on_cpu_stops_every_rank_with_rank0s_data_error(tmp_path, default_port_taken):
+    """Two CPU processes (--device cpu), data missing: rank 0 checks, both exit with its message. No PORT
+    given and the default port taken: the processes of one machine meet on a free port."""
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHON=sys.executable, OMP_NUM_THREADS='1')
+    for name in ('PORT', 'MASTER_ADDR', 'NNODES'):
+        env.pop(name, None)
     proc = subprocess.run(['bash', 'tools/dist_train.sh', DEMO_CONFIG, '2', '--device', 'cpu', '--work-dir',
                            str(tmp_path / 'work'), '--cfg-options', 'train_dataloader.dataset.data_root=/nonexistent/'],
                           cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
