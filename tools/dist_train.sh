@@ -9,6 +9,6 @@
 # Without usable CUDA, or with fewer GPUs than GPUS, it stops with the cause before torchrun starts; with
 # --device cpu, GPUS CPU processes train over gloo. PYTHON selects the interpreter (default: the
 # repository's .venv if present, else python).
-source "$(dirname "$0")/_launch.sh"
+source "$(dirname "$(readlink -f "$0")")/_launch.sh" || exit 2
 usage_unless 2 "$0 CONFIG GPUS [tools/train.py options ...]" "$@"
 torchrun_tool train.py "$2" "$1" -- "${@:3}"

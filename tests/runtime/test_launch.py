@@ -315,11 +315,24 @@ def test_slurm_scripts_start_one_task_per_gpu_through_srun(script, positional, t
     assert (tmp_path / 'srun').read_text().splitlines() == [
         '-p', 'PART', '--job-name=JOB', f'--gres=gpu:{expected_per_node}', f'--ntasks={tasks}',
         f'--ntasks-per-node={expected_per_node}', '--cpus-per-task=6', '--kill-on-bad-exit=1', '--quotatype=auto',
-        '--exclusive', '/opt/py/python', '-u', osp.join(REPO, tool_args[0]), *tool_args[1:], '--launcher=slurm',
-        '--cfg-options', 'a=1 2']
+        '--exclusive', '/opt/py/python', '-u', osp.join(osp.realpath(REPO), tool_args[0]), *tool_args[1:],
+        '--launcher=slurm', '--cfg-options', 'a=1 2']
 
 
-@pytest.mark.parametrize('pythonpath, expected', [(None, f'{REPO}:'), ('/my/lib', f'{REPO}:/my/lib')])
+def test_a_launch_script_linked_elsewhere_runs_the_repositorys_tool(tmp_path):
+    """A link to the script (a user's bin directory) still finds the repository: its tools and its .venv."""
+    link = tmp_path / 'slurm_train.sh'
+    link.symlink_to(osp.join(REPO, 'tools', 'slurm_train.sh'))
+    env = dict(os.environ, PATH=f"{_fake_command(tmp_path, 'srun')}:{os.environ['PATH']}", PYTHON='python3')
+    proc = subprocess.run(['bash', str(link), 'PART', 'JOB', 'CONF.py', 'WORK'], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / 'srun').read_text().splitlines()[-5:] == [
+        '-u', osp.join(osp.realpath(REPO), 'tools', 'train.py'), 'CONF.py', '--work-dir=WORK', '--launcher=slurm']
+
+
+@pytest.mark.parametrize('pythonpath, expected', [(None, f'{osp.realpath(REPO)}:'),
+                                                   ('/my/lib', f'{osp.realpath(REPO)}:/my/lib')])
 def test_slurm_tasks_import_the_repository_then_the_working_directory_or_pythonpath(pythonpath, expected, tmp_path):
     """The repository first; with PYTHONPATH unset an empty entry follows, which Python reads as the working
     directory: a project's own modules there stay importable for its config's custom_imports (as with mmdet's
