@@ -45,12 +45,15 @@ torchrun_tool() {
 
 # srun_tool TOOL PARTITION JOB_NAME ARGS...: tools/TOOL ARGS in GPUS slurm tasks (default 8), one per GPU,
 # GPUS_PER_NODE of them per node (default GPUS, at most 8), each with CPUS_PER_TASK CPUs (default 5); SRUN_ARGS
-# are passed to srun. ARGS end with the tool's --launcher=slurm.
+# are passed to srun. ARGS end with the tool's --launcher=slurm. The tasks meet on the job's first node at
+# MASTER_PORT: by default a port drawn for this launch from 20000-31999 (below Linux's ephemeral ports), so that
+# two jobs whose first node is the same machine do not both take torch's default 29500.
 srun_tool() {
     local tool=$1 partition=$2 job_name=$3
     shift 3
     local gpus=${GPUS:-8}
     local per_node=${GPUS_PER_NODE:-$(( gpus < 8 ? gpus : 8 ))}
+    export MASTER_PORT=${MASTER_PORT:-$(( 20000 + RANDOM % 12000 ))}
     set -x
     # shellcheck disable=SC2086  # SRUN_ARGS: options of srun, split as words
     exec srun -p "$partition" \

@@ -331,6 +331,23 @@ def test_a_launch_script_linked_elsewhere_runs_the_repositorys_tool(tmp_path):
         '-u', osp.join(osp.realpath(REPO), 'tools', 'train.py'), 'CONF.py', '--work-dir=WORK', '--launcher=slurm']
 
 
+def test_slurm_tasks_meet_on_a_port_drawn_per_launch_unless_master_port_is_set(tmp_path):
+    """Two jobs whose first node is the same machine would both take torch's 29500: the tasks get a port drawn
+    for the launch, below Linux's ephemeral ports; MASTER_PORT given is kept."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'srun').write_text(f'#!/bin/sh\necho "$MASTER_PORT" >> "{tmp_path / "ports"}"\n')
+    (bin_dir / 'srun').chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env.pop('MASTER_PORT', None)
+    for extra in ({}, {}, {}, {'MASTER_PORT': '12345'}):
+        proc = subprocess.run(['bash', 'tools/slurm_test.sh', 'PART', 'JOB', 'CONF.py', 'CK.pth'], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, env=dict(env, **extra))
+        assert proc.returncode == 0, proc.stderr
+    *drawn, given = [int(p) for p in (tmp_path / 'ports').read_text().split()]
+    assert all(20000 <= p < 32000 for p in drawn) and len(set(drawn)) > 1 and given == 12345
+
+
 @pytest.mark.parametrize('pythonpath, expected', [(None, f'{osp.realpath(REPO)}:'),
                                                    ('/my/lib', f'{osp.realpath(REPO)}:/my/lib')])
 def test_slurm_tasks_import_the_repository_then_the_working_directory_or_pythonpath(pythonpath, expected, tmp_path):
