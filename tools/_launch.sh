@@ -34,7 +34,7 @@ torchrun_tool() {
     shift
     "$PYTHON" -c 'from mmpola.runtime.cli import check_launch_main; check_launch_main()' "$gpus" "$@" || exit
     if [ "${NNODES:-1}" = 1 ] && [ -z "$PORT" ] && [ -z "$MASTER_ADDR" ]; then
-        rendezvous=(--standalone)
+        rendezvous=(--standalone --local-addr=127.0.0.1)  # the processes connect over loopback: no name lookup
     else
         rendezvous=(--nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" --master_addr="${MASTER_ADDR:-127.0.0.1}"
                     --master_port="${PORT:-29500}")
