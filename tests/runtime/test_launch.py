@@ -283,13 +283,13 @@ def test_dist_scripts_without_cuda_stop_once_before_torchrun(script, tmp_path):
     assert proc.stdout == '' and not (tmp_path / 'work').exists()
 
 
-def _fake_command(tmp_path, name):
-    """A directory for PATH holding ``name``: a command that writes its arguments, one a line, to
-    ``tmp_path / name``; returns that directory."""
+def _fake_command(tmp_path, name, records='"$@"'):
+    """A directory for PATH holding ``name``: a command that adds what it sees (``records``, shell words: by
+    default its arguments), one word a line, to ``tmp_path / name``; returns that directory."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / name
-    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path / name}"\n')
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" {records} >> "{tmp_path / name}"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     return bin_dir
 
@@ -334,17 +334,14 @@ def test_a_launch_script_linked_elsewhere_runs_the_repositorys_tool(tmp_path):
 def test_slurm_tasks_meet_on_a_port_drawn_per_launch_unless_master_port_is_set(tmp_path):
     """Two jobs whose first node is the same machine would both take torch's 29500: the tasks get a port drawn
     for the launch, below Linux's ephemeral ports; MASTER_PORT given is kept."""
-    bin_dir = tmp_path / 'bin'
-    bin_dir.mkdir()
-    (bin_dir / 'srun').write_text(f'#!/bin/sh\necho "$MASTER_PORT" >> "{tmp_path / "ports"}"\n')
-    (bin_dir / 'srun').chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    fake_bin = _fake_command(tmp_path, 'srun', '"$MASTER_PORT"')
+    env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}")
     env.pop('MASTER_PORT', None)
     for extra in ({}, {}, {}, {'MASTER_PORT': '12345'}):
         proc = subprocess.run(['bash', 'tools/slurm_test.sh', 'PART', 'JOB', 'CONF.py', 'CK.pth'], cwd=REPO,
                               capture_output=True, text=True, timeout=60, env=dict(env, **extra))
         assert proc.returncode == 0, proc.stderr
-    *drawn, given = [int(p) for p in (tmp_path / 'ports').read_text().split()]
+    *drawn, given = [int(p) for p in (tmp_path / 'srun').read_text().split()]
     assert all(20000 <= p < 32000 for p in drawn) and len(set(drawn)) > 1 and given == 12345
 
 
@@ -354,18 +351,15 @@ def test_slurm_tasks_import_the_repository_then_the_working_directory_or_pythonp
     """The repository first; with PYTHONPATH unset an empty entry follows, which Python reads as the working
     directory: a project's own modules there stay importable for its config's custom_imports (as with mmdet's
     scripts)."""
-    bin_dir = tmp_path / 'bin'
-    bin_dir.mkdir()
-    (bin_dir / 'srun').write_text(f'#!/bin/sh\nprintf "%s" "$PYTHONPATH" > "{tmp_path / "pythonpath"}"\n')
-    (bin_dir / 'srun').chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    fake_bin = _fake_command(tmp_path, 'srun', '"$PYTHONPATH"')
+    env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}")
     env.pop('PYTHONPATH', None)
     if pythonpath:
         env['PYTHONPATH'] = pythonpath
     proc = subprocess.run(['bash', 'tools/slurm_train.sh', 'PART', 'JOB', 'CONF.py', 'WORK'], cwd=REPO,
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / 'pythonpath').read_text() == expected
+    assert (tmp_path / 'srun').read_text() == expected + '\n'
 
 
 @pytest.mark.parametrize('script, usage', [
