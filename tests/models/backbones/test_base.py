@@ -26,7 +26,7 @@ from mmpola.models import (
     SwinBackbone,
     ViTBackbone,
 )
-from mmpola.models.attention import attention_letter, registered_attention_kinds
+from mmpola.models.attention import PolaAttention, attention_letter, registered_attention_kinds
 from mmpola.models.backbones import drop_path_rates, parse_attn_type, tokens_to_nchw
 from mmpola.models.checks import PolaConfigError
 from mmpola.registry import ARCHITECTURES
@@ -180,6 +180,45 @@ def test_stage_boundaries_copy_nothing(cls, kwargs, last):
     assert seen['input'].data_ptr() == seen['tokens'].data_ptr()
     assert seen['input'].is_contiguous(memory_format=torch.channels_last)
     assert seen['norm_input'].is_contiguous() and seen['norm_input'].data_ptr() == seen['output'].data_ptr()
+
+
+
+@pytest.mark.parametrize('hooked_kind', ['attention', 'mlp', 'norm'])
+def test_hooks_on_one_kind_of_module_leave_the_model_unchanged(hooked_kind):
+    """Forward hooks on the attentions only (as a user visualising them adds), on the MLPs only or on the blocks'
+    LayerNorms only: a block whose neighbours have no hooks still hands them its residual connection, and the
+    hooked module is called on the normalised tokens instead. The hooks run, and the outputs and the
+    parameters' gradients equal the model's without hooks."""
+    torch.manual_seed(0)
+    model = PolaPVT(arch=dict(TINY_PVT, depths=[2, 2, 2, 2])).train()  # blocks that hand on their residuals
+    x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(1))
+
+    def step():
+        model.zero_grad()
+        torch.manual_seed(3)  # the same drop-path draws
+        outs = model(x)
+        g = torch.Generator().manual_seed(2)
+        sum((o * torch.randn(o.shape, generator=g)).mean() for o in outs).backward()
+        return [o.detach() for o in outs], {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    expected_outs, expected = step()
+    chosen = {'attention': lambda name, m: isinstance(m, PolaAttention),
+              'mlp': lambda name, m: name.endswith('.mlp'),
+              'norm': lambda name, m: name.rsplit('.', 1)[-1] in ('norm1', 'norm2')}[hooked_kind]
+    modules = [m for name, m in model.named_modules() if chosen(name, m)]
+    assert len(modules) >= 8
+    seen = []
+    handles = [m.register_forward_hook(lambda m, args, out: seen.append(m)) for m in modules]
+    try:
+        outs, grads = step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert {id(m) for m in seen} == {id(m) for m in modules}
+    for a, e in zip(outs, expected_outs):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, expected[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_misspelled_pretrained_init_cfg_key_is_refused_not_ignored(tmp_path):
