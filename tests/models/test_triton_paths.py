@@ -9,7 +9,7 @@ through Triton's interpreter on the CPU."""
 import pytest
 import torch
 
-from tests.fixtures.backbones import build_family_model
+from tests.fixtures.backbones import build_family_model, hooks_training_step
 from tests.fixtures.ops import DispatchedOps, relative_error
 
 # the families whose models run Triton kernels (InLine: its value conv once per image)
@@ -219,19 +219,11 @@ def test_backward_hooks_run_on_the_fused_paths(monkeypatch, no_tf32):
     model.set_attn_impl('triton')
     x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1)).to(DEVICE)
 
-    def step():
-        model.zero_grad()
-        torch.manual_seed(3)
-        outs = model(x)
-        g = torch.Generator().manual_seed(2)
-        sum((o.float() * torch.randn(o.shape, generator=g).to(DEVICE)).mean() for o in outs).backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    expected = step()
+    _, expected = hooks_training_step(model, x)
     weighted = {n: m for n, m in model.named_modules() if m is not model and list(m.parameters(recurse=False))}
     ran = set()
     for name, module in weighted.items():
         module.register_full_backward_hook(lambda module, grad_in, grad_out, name=name: ran.add(name))
-    errors = _gradient_errors(step(), expected)
+    errors = _gradient_errors(hooks_training_step(model, x)[1], expected)
     assert set(weighted) - ran == set()
     assert max(errors.values()) <= 1e-5, max(errors.items(), key=lambda item: item[1])

@@ -38,6 +38,7 @@ from tests.fixtures.backbones import (
     TINY_SWIN,
     TINY_VIT,
     expected_stage_sizes,
+    hooks_training_step,
 )
 
 TINY_POLAPP = dict(embed_dims=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratios=[2] * 4,
@@ -182,7 +183,6 @@ def test_stage_boundaries_copy_nothing(cls, kwargs, last):
     assert seen['norm_input'].is_contiguous() and seen['norm_input'].data_ptr() == seen['output'].data_ptr()
 
 
-
 @pytest.mark.parametrize('hooked_kind', ['attention', 'mlp', 'norm'])
 def test_hooks_on_one_kind_of_module_leave_the_model_unchanged(hooked_kind):
     """Forward hooks on the attentions only (as a user visualising them adds), on the MLPs only or on the blocks'
@@ -193,15 +193,8 @@ def test_hooks_on_one_kind_of_module_leave_the_model_unchanged(hooked_kind):
     model = PolaPVT(arch=dict(TINY_PVT, depths=[2, 2, 2, 2])).train()  # blocks that hand on their residuals
     x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(1))
 
-    def step():
-        model.zero_grad()
-        torch.manual_seed(3)  # the same drop-path draws
-        outs = model(x)
-        g = torch.Generator().manual_seed(2)
-        sum((o * torch.randn(o.shape, generator=g)).mean() for o in outs).backward()
-        return [o.detach() for o in outs], {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    expected_outs, expected = step()
+    expected_outs, expected = hooks_training_step(model, x)
+    assert len(expected) == len(list(model.parameters()))  # every parameter has its gradient
     chosen = {'attention': lambda name, m: isinstance(m, PolaAttention),
               'mlp': lambda name, m: name.endswith('.mlp'),
               'norm': lambda name, m: name.rsplit('.', 1)[-1] in ('norm1', 'norm2')}[hooked_kind]
@@ -210,7 +203,7 @@ def test_hooks_on_one_kind_of_module_leave_the_model_unchanged(hooked_kind):
     seen = []
     handles = [m.register_forward_hook(lambda m, args, out: seen.append(m)) for m in modules]
     try:
-        outs, grads = step()
+        outs, grads = hooks_training_step(model, x)
     finally:
         for handle in handles:
             handle.remove()
