@@ -45,6 +45,7 @@ def parse_args(argv=None):
 
 
 def build_test_config(args):
+    config.check_config_file(args.config)  # a wrong path is the one thing said
     launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
     cfg = config.load_config(args.config, args.cfg_options)
     scope = config.register_task_modules(cfg)

@@ -65,6 +65,7 @@ def build_train_config(args):
 
     mmpola's hooks (safe checkpoints, RNG states, the non-finite loss guard, the checkpoint fit check)
     come from the config itself (configs/_base_/runtime.py); this tool adds none and replaces none."""
+    config.check_config_file(args.config)  # a wrong path is the one thing said
     launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
     cfg = config.load_config(args.config, args.cfg_options)
     scope = config.register_task_modules(cfg)

@@ -45,7 +45,7 @@ from .cli import (
     exit_on_user_error,
     parse_tool_args,
 )
-from .config import is_url, load_config, move_data_root, register_task_modules, set_work_dir
+from .config import check_config_file, is_url, load_config, move_data_root, register_task_modules, set_work_dir
 from .config_check import check_config
 from .dump_results import ResultsSaveError, check_out_path
 from .fit_check import CheckpointFitHook
@@ -72,8 +72,8 @@ __all__ = [
     'CheckpointSaveError', 'ResultsSaveError', 'TrainingInterrupted', 'NonFiniteLossError', 'NonFinitePixelsError',
     'WorkDirInUseError', 'WorkDirHook',
     # what the tools call
-    'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir', 'is_url', 'check_config',
-    'run_preflight', 'check_data_files', 'check_dataset_images', 'find_resumable_checkpoint',
+    'check_config_file', 'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir', 'is_url',
+    'check_config', 'run_preflight', 'check_data_files', 'check_dataset_images', 'find_resumable_checkpoint',
     'adapt_cfg_to_machine', 'check_device', 'init_distributed', 'replace_sync_bn', 'setup_amp', 'lock_work_dir',
     'add_launch_args', 'add_check_args', 'parse_tool_args', 'build_runner', 'exit_on_user_error',
     'enable_test_dump', 'enable_tta', 'enable_test_visualization', 'check_out_path',

@@ -8,11 +8,19 @@ from mmengine.config import Config
 
 from mmpola.errors import UserError
 
-__all__ = ['is_url', 'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir']
+__all__ = ['is_url', 'check_config_file', 'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir']
 
 
 def is_url(path):
     return isinstance(path, str) and '://' in path
+
+
+def check_config_file(path):
+    """:class:`UserError` naming ``path`` when no config file is there. The tools ask it first, before
+    they decide the device (whose warning would otherwise come before the error that stops the run)."""
+    if not osp.isfile(path):
+        raise UserError(f'config file {path!r} does not exist (configs live in configs/detection, '
+                        'configs/segmentation, configs/classification and configs/demo)')
 
 
 def load_config(path, cfg_options=None):
@@ -21,9 +29,7 @@ def load_config(path, cfg_options=None):
     The config's text (``pretty_text``: the log's copy, the one written to the work dir, each checkpoint's) is
     mmengine's without yapf's formatting (``format_python_code=False``): the same Python, one item per line,
     which yapf would otherwise format anew for each copy (four at the start of a run, one per checkpoint)."""
-    if not osp.isfile(path):
-        raise UserError(f'config file {path!r} does not exist (configs live in configs/detection, '
-                        'configs/segmentation, configs/classification and configs/demo)')
+    check_config_file(path)
     try:
         cfg = Config.fromfile(path, format_python_code=False)
     except ModuleNotFoundError as e:  # e.g. `mmdet::` bases without mmdet installed

@@ -7,6 +7,7 @@ import os.path as osp
 import shutil
 
 import mmdet  # noqa: F401  (required: a broken install fails here)
+import pytest
 import torch
 
 from tests.fixtures.bad_data import split_with_float_tiff
@@ -85,9 +86,18 @@ def test_dist_train_two_processes_with_amp(tiny, tmp_path):
     assert osp.isfile(tmp_path / 'epoch_2.pth')
 
 
-def test_missing_config(capsys):
-    err = refused(load_tool('train'), ['configs/detection/no-such-config.py'], capsys)
-    assert 'does not exist' in err
+@pytest.mark.parametrize('tool, more', [('train', []), ('test', ['epoch_1.pth'])])
+def test_missing_config_is_the_one_thing_said(tool, more, monkeypatch, capsys):
+    """A wrong config path stops the tool with one line naming it, before the device is decided: on a machine
+    without a GPU the "running on the CPU" warning (stdout) would otherwise come first."""
+    monkeypatch.delenv('MMPOLA_DEVICE', raising=False)
+    monkeypatch.setattr('mmpola.runtime.launch.probe_cuda', lambda *a, **k: pytest.fail('the device was probed'))
+    with pytest.raises(SystemExit) as exc:
+        run_main(load_tool(tool), ['configs/detection/no-such-config.py', *more])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and out == ''
+    assert err == ("error: config file 'configs/detection/no-such-config.py' does not exist (configs live in "
+                   'configs/detection, configs/segmentation, configs/classification and configs/demo)\n')
 
 
 def test_training_skips_an_image_with_nan_pixels_when_asked(tiny, tmp_path, capsys):
