@@ -119,7 +119,10 @@ class _RecomputedLinear(torch.autograd.Function):
             x = F.gelu(inputs[0])
         else:  # the GELU of h and its bias: the kernel the backward recomputes it with
             x = gelu_rows(_rows(inputs[0]).contiguous(), inputs[1], weight.dtype)[0]
-        return F.linear(x.to(weight.dtype), weight, bias).view(*inputs[0].shape[:-1], weight.shape[0])
+        out = F.linear(x if x.dtype == weight.dtype else x.to(weight.dtype), weight, bias)
+        if out.dim() == inputs[0].dim():  # x had the input's shape: so has the output (no view to record)
+            return out
+        return out.view(*inputs[0].shape[:-1], weight.shape[0])  # the GELU kernel's rows
 
     @staticmethod
     @torch.autograd.function.once_differentiable
