@@ -40,6 +40,8 @@ The models (:func:`mmpola.models.layers.gelu_fc2`, :func:`mmpola.models.layers.g
 :func:`mmpola.models.layers.norm_linear`, ``PatchEmbed.embed_and_add``) pass the implementation that the
 environment variable ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset).
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -226,7 +228,7 @@ class _AddNormLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, branch, scale, norm_weight, norm_bias, eps, weight, bias, chunk=None, repeat=()):
-        tokens = x[0].numel() // x.shape[-1]  # rows per sample
+        tokens = math.prod(x.shape[1:-1])  # rows per sample (of the shape: x[0] would be an operator)
         if branch is None:  # x goes on as it is: its gradient from the layers after joins the LayerNorm's
             s = _rows(x).contiguous()
             y = layer_norm_rows(s, norm_weight, norm_bias, eps, weight.dtype)[0]
