@@ -121,7 +121,7 @@ class _RecomputedLinear(torch.autograd.Function):
             x = F.gelu(inputs[0])
         else:  # the GELU of h and its bias: the kernel the backward recomputes it with
             x = gelu_rows(_rows(inputs[0]).contiguous(), inputs[1], weight.dtype)[0]
-        out = F.linear(x if x.dtype == weight.dtype else x.to(weight.dtype), weight, bias)
+        out = F.linear(x.to(weight.dtype), weight, bias)
         if out.dim() == inputs[0].dim():  # x had the input's shape: so has the output (no view to record)
             return out
         return out.view(*inputs[0].shape[:-1], weight.shape[0])  # the GELU kernel's rows
@@ -228,7 +228,7 @@ class _AddNormLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, branch, scale, norm_weight, norm_bias, eps, weight, bias, chunk=None, repeat=()):
-        tokens = math.prod(x.shape[1:-1])  # rows per sample (of the shape: x[0] would be an operator)
+        tokens = math.prod(x.shape[1:-1])  # rows per sample, from the shape (x[0] would dispatch an operator)
         if branch is None:  # x goes on as it is: its gradient from the layers after joins the LayerNorm's
             s = _rows(x).contiguous()
             y = layer_norm_rows(s, norm_weight, norm_bias, eps, weight.dtype)[0]
