@@ -32,7 +32,7 @@ torchrun_tool() {
     shift 2
     while [ "$1" != -- ]; do args+=("$1"); shift; done
     shift
-    "$PYTHON" -c 'from mmpola.runtime.cli import check_launch_main; check_launch_main()' "$gpus" "$@" || exit
+    "$PYTHON" "$ROOT/tools/_mmpola_tools.py" "$gpus" "$@" || exit
     if [ "${NNODES:-1}" = 1 ] && [ -z "$PORT" ] && [ -z "$MASTER_ADDR" ]; then
         rendezvous=(--standalone --local-addr=127.0.0.1)  # the processes connect over loopback: no name lookup
     else

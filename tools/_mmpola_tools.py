@@ -15,7 +15,8 @@
   with torch (your own environment, activated or named: ``/path/to/python tools/train.py``) is kept.
 
 Everything after torch is loaded (config loading, checks, runner construction) lives in
-:mod:`mmpola.runtime.cli`.
+:mod:`mmpola.runtime.cli`. Run as a script (``NPROC [tool options ...]``), it is tools/dist_*.sh's check before
+torchrun starts the processes.
 """
 import importlib.util
 import os
@@ -55,3 +56,12 @@ if _cpu_requested(sys.argv[1:]):
 
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
+
+
+if __name__ == '__main__':
+    # ``NPROC [tool options ...]``: tools/dist_*.sh's check before torchrun
+    # (:func:`mmpola.runtime.cli.check_launch_main`). Where the CPU is asked for it checks nothing but NPROC, so a
+    # valid NPROC with ``--device cpu`` returns here, before mmpola (and torch) would take seconds to import.
+    if not (sys.argv[1:] and sys.argv[1].isdigit() and int(sys.argv[1]) >= 1 and _cpu_requested(sys.argv[2:])):
+        from mmpola.runtime.cli import check_launch_main
+        check_launch_main()

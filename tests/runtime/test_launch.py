@@ -283,6 +283,36 @@ def test_dist_scripts_without_cuda_stop_once_before_torchrun(script, tmp_path):
     assert proc.stdout == '' and not (tmp_path / 'work').exists()
 
 
+# tools/dist_*.sh's check before torchrun, as they run it, then whether it imported torch
+PRE_CHECK = ('import runpy, sys; sys.argv = ["tools/_mmpola_tools.py"] + sys.argv[1:]; '
+             'runpy.run_path("tools/_mmpola_tools.py", run_name="__main__"); print("torch" in sys.modules)')
+
+
+@pytest.mark.parametrize('args, env, code, out, error', [
+    (['2', 'CONFIG', '--device', 'cpu'], {}, 0, 'False', None),  # nothing to check: no torch, no mmpola
+    (['2', 'CONFIG', '--device=cpu'], {}, 0, 'False', None),
+    (['2', 'CONFIG'], {launch.DEVICE_ENV: 'cpu'}, 0, 'False', None),
+    (['0', 'CONFIG', '--device', 'cpu'], {}, 2, '', "the number of processes per machine must be a positive integer, "
+                                                    "got '0'"),
+    (['x', 'CONFIG'], {launch.DEVICE_ENV: 'cpu'}, 2, '', "the number of processes per machine must be a positive "
+                                                         "integer, got 'x'"),
+    (['2', 'CONFIG', '--device', 'cuda'], {'CUDA_VISIBLE_DEVICES': ''}, 2, '', 'CUDA is not usable here')])
+def test_launch_check_before_torchrun(args, env, code, out, error):
+    """The check that tools/dist_*.sh run once: with the CPU asked for, only the process count is checked, without
+    importing torch or mmpola (seconds a launch); a bad process count or an unusable GPU is one error line."""
+    environ = {k: v for k, v in os.environ.items() if k != launch.DEVICE_ENV}
+    environ.update(PYTHONPATH=REPO, **env)
+    proc = subprocess.run([sys.executable, '-c', PRE_CHECK, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=environ)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert proc.stdout.strip() == out
+    if error is None:
+        assert proc.stderr == ''
+    else:
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith('error: ') and error in lines[0], proc.stderr[-3000:]
+
+
 def _fake_command(tmp_path, name, records='"$@"'):
     """A directory for PATH holding ``name``: a command that adds what it sees (``records``, shell words: by
     default its arguments), one word a line, to ``tmp_path / name``; returns that directory."""
