@@ -62,6 +62,6 @@ if __name__ == '__main__':
     # ``NPROC [tool options ...]``: tools/dist_*.sh's check before torchrun
     # (:func:`mmpola.runtime.cli.check_launch_main`). Where the CPU is asked for it checks nothing but NPROC, so a
     # valid NPROC with ``--device cpu`` returns here, before mmpola (and torch) would take seconds to import.
-    if not (sys.argv[1:] and sys.argv[1].isdigit() and int(sys.argv[1]) >= 1 and _cpu_requested(sys.argv[2:])):
+    if not (sys.argv[1:] and sys.argv[1].isdecimal() and int(sys.argv[1]) >= 1 and _cpu_requested(sys.argv[2:])):
         from mmpola.runtime.cli import check_launch_main
         check_launch_main()

@@ -76,7 +76,7 @@ def check_launch_main(argv=None):
     (:func:`mmpola.runtime.launch.check_launch`); a problem is one ``error:`` line and a non-zero exit."""
     argv = sys.argv[1:] if argv is None else argv
     with exit_on_user_error():
-        if not argv or not argv[0].isdigit() or int(argv[0]) < 1:
+        if not argv or not argv[0].isdecimal() or int(argv[0]) < 1:
             raise UserError(f'the number of processes per machine must be a positive integer, got '
                             f'{argv[0] if argv else None!r}')
         check_launch(int(argv[0]), argv[1:])

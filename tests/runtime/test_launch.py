@@ -296,6 +296,8 @@ PRE_CHECK = ('import runpy, sys; sys.argv = ["tools/_mmpola_tools.py"] + sys.arg
                                                     "got '0'"),
     (['x', 'CONFIG'], {launch.DEVICE_ENV: 'cpu'}, 2, '', "the number of processes per machine must be a positive "
                                                          "integer, got 'x'"),
+    (['\u00b2', 'CONFIG', '--device', 'cpu'], {}, 2, '', 'the number of processes per machine must be a positive '
+                                                           "integer, got '\u00b2'"),  # a digit int() does not read
     (['2', 'CONFIG', '--device', 'cuda'], {'CUDA_VISIBLE_DEVICES': ''}, 2, '', 'CUDA is not usable here')])
 def test_launch_check_before_torchrun(args, env, code, out, error):
     """The check that tools/dist_*.sh run once: with the CPU asked for, only the process count is checked, without
