@@ -241,56 +241,67 @@ def _reduce(partials):
     return partials[:, 0] if partials.shape[1] == 1 else partials.sum(dim=1)
 
 
+def _inline_forward(q, k, v, num_heads):
+    """The forward kernels on q (B, N, C), k, v (B, n, C) of any strides: (the output (B, N, C) in q's dtype,
+    (the tensors :func:`_inline_backward` reads, its state))."""
+    B, N, C = q.shape
+    n = k.shape[1]
+    d = C // num_heads
+    plan = _Launch(q.device, B, N, n, num_heads, d)
+    bd, bh = plan.bd, B * num_heads
+    common = plan.kwargs()
+    key_chunk, key_chunks = plan.key
+    kv = q.new_empty(bh, key_chunks, bd, bd, dtype=torch.float32)
+    sums = q.new_empty(bh, key_chunks, 2, bd, dtype=torch.float32)
+    launch(_inline_kv_kernel, (bh, key_chunks), k, v, kv, sums, n, num_heads, d, key_chunk, *k.stride(),
+           *v.stride(), **common)
+    kv, sums = _reduce(kv), _reduce(sums)
+    out = q.new_empty(B, N, C)
+    query_chunk, query_chunks = plan.query
+    launch(_inline_out_kernel, (bh, query_chunks), q, kv, sums, out, N, num_heads, d, query_chunk, 1.0 / n,
+           d ** -0.5, *q.stride(), **common)
+    return out, ((q, k, v, kv, sums), (num_heads, plan))
+
+
+def _inline_backward(saved, state, g):
+    """(dL/dq, dL/dk, dL/dv) in the inputs' dtypes, contiguous, from the output's gradient g (any strides) and what
+    :func:`_inline_forward` returned beside the output."""
+    q, k, v, kv, sums = saved
+    num_heads, plan = state
+    B, N, C = q.shape
+    n = k.shape[1]
+    d = C // num_heads
+    bd, bh = plan.bd, B * num_heads
+    common = plan.kwargs()
+    inv_n, scale = 1.0 / n, d ** -0.5
+    query_chunk, query_chunks = plan.query
+    grad_q = torch.empty(B, N, C, dtype=q.dtype, device=q.device)
+    dm = q.new_empty(bh, query_chunks, bd, bd, dtype=torch.float32)
+    g_sum = q.new_empty(bh, query_chunks, bd, dtype=torch.float32)
+    launch(_inline_bwd_query_kernel, (bh, query_chunks), q, g, kv, sums, grad_q, dm, g_sum, N, num_heads, d,
+           query_chunk, inv_n, scale, *q.stride(), *g.stride(), **common)
+    dm, g_sum = _reduce(dm), _reduce(g_sum)
+    key_chunk, key_chunks = plan.key
+    grad_k = torch.empty(B, n, C, dtype=k.dtype, device=k.device)
+    grad_v = torch.empty(B, n, C, dtype=v.dtype, device=v.device)
+    launch(_inline_bwd_key_kernel, (bh, key_chunks), k, v, sums, dm, g_sum, grad_k, grad_v, n, num_heads, d,
+           key_chunk, inv_n, scale, *k.stride(), *v.stride(), **common)
+    return grad_q, grad_k, grad_v
+
+
 class _InLineTriton(torch.autograd.Function):
     """Forward and backward of the InLine core in Triton kernels (see the module docstring)."""
 
     @staticmethod
     def forward(ctx, q, k, v, num_heads):
-        B, N, C = q.shape
-        n = k.shape[1]
-        d = C // num_heads
-        plan = _Launch(q.device, B, N, n, num_heads, d)
-        bd, bh = plan.bd, B * num_heads
-        common = plan.kwargs()
-        key_chunk, key_chunks = plan.key
-        kv = q.new_empty(bh, key_chunks, bd, bd, dtype=torch.float32)
-        sums = q.new_empty(bh, key_chunks, 2, bd, dtype=torch.float32)
-        launch(_inline_kv_kernel, (bh, key_chunks), k, v, kv, sums, n, num_heads, d, key_chunk, *k.stride(),
-               *v.stride(), **common)
-        kv, sums = _reduce(kv), _reduce(sums)
-        out = q.new_empty(B, N, C)
-        query_chunk, query_chunks = plan.query
-        launch(_inline_out_kernel, (bh, query_chunks), q, kv, sums, out, N, num_heads, d, query_chunk, 1.0 / n,
-               d ** -0.5, *q.stride(), **common)
-        ctx.save_for_backward(q, k, v, kv, sums)
-        ctx.num_heads = num_heads
-        ctx.plan = plan
+        out, (saved, ctx.state) = _inline_forward(q, k, v, num_heads)
+        ctx.save_for_backward(*saved)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, kv, sums = ctx.saved_tensors
-        num_heads, plan = ctx.num_heads, ctx.plan
-        B, N, C = q.shape
-        n = k.shape[1]
-        d = C // num_heads
-        bd, bh = plan.bd, B * num_heads
-        common = plan.kwargs()
-        inv_n, scale = 1.0 / n, d ** -0.5
-        query_chunk, query_chunks = plan.query
-        grad_q = torch.empty(B, N, C, dtype=q.dtype, device=q.device)
-        dm = q.new_empty(bh, query_chunks, bd, bd, dtype=torch.float32)
-        g_sum = q.new_empty(bh, query_chunks, bd, dtype=torch.float32)
-        launch(_inline_bwd_query_kernel, (bh, query_chunks), q, g, kv, sums, grad_q, dm, g_sum, N, num_heads, d,
-               query_chunk, inv_n, scale, *q.stride(), *g.stride(), **common)
-        dm, g_sum = _reduce(dm), _reduce(g_sum)
-        key_chunk, key_chunks = plan.key
-        grad_k = torch.empty(B, n, C, dtype=k.dtype, device=k.device)
-        grad_v = torch.empty(B, n, C, dtype=v.dtype, device=v.device)
-        launch(_inline_bwd_key_kernel, (bh, key_chunks), k, v, sums, dm, g_sum, grad_k, grad_v, n, num_heads, d,
-               key_chunk, inv_n, scale, *k.stride(), *v.stride(), **common)
-        return grad_q, grad_k, grad_v, None
+        return (*_inline_backward(ctx.saved_tensors, ctx.state, g), None)
 
 
 def inline_attention_triton(q, k, v, num_heads):
