@@ -71,9 +71,9 @@ def narrowed(type_name, kwargs):
 
 
 # the backbones host times: mmpola's PVT-T and Swin-T layouts (Pola's and softmax), mmdet's, PVTv2-b2's softmax
-# layout with timm's, and FLatten's PVT-T and Swin-T
+# layout with timm's, FLatten's PVT-T and Swin-T and InLine's PVT-T
 HOST_BACKBONES = ('pola-pvt-t', 'softmax-pvt-t', 'pvt-t', 'pola-swin-t', 'softmax-swin-t', 'swin-t', 'softmax-pvtv2-b2',
-                  'timm-pvt-v2-b2', 'flatten-pvt-t', 'flatten-swin-t')
+                  'timm-pvt-v2-b2', 'flatten-pvt-t', 'flatten-swin-t', 'inline-pvt-t')
 
 
 def build_narrowed(type_name, kwargs):

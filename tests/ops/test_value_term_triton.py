@@ -1,14 +1,21 @@
-"""Pola's and FLatten's attention cores joined with their depthwise value term in one autograd Function
-(mmpola.ops.value_term_triton): bit for bit the two ops called apart, the operands' checks, and where the joined
-Function applies. Without a GPU the kernels run through Triton's interpreter (tests/conftest.py sets
-TRITON_INTERPRET=1)."""
+"""Pola's and FLatten's attention cores joined with their depthwise value term, and InLine's with its local residual,
+in one autograd Function (mmpola.ops.value_term_triton): bit for bit the two ops called apart, the operands'
+checks, and where the joined Function applies. Without a GPU the kernels run through Triton's interpreter
+(tests/conftest.py sets TRITON_INTERPRET=1)."""
 import pytest
 import torch
 
 from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
 from mmpola.ops.flatten_triton import flatten_attention_triton
+from mmpola.ops.inline_triton import inline_attention_triton
 from mmpola.ops.pola_triton import pola_attention_triton
-from mmpola.ops.value_term_triton import flatten_value_term_triton, pola_value_term_triton, value_term_joins
+from mmpola.ops.value_term_triton import (
+    flatten_value_term_triton,
+    inline_value_term_triton,
+    pola_value_term_triton,
+    tokens_view,
+    value_term_joins,
+)
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 OPS = ('pola', 'flatten')
@@ -106,6 +113,17 @@ def test_joined_function_gives_the_two_ops_results_bit_for_bit(op, case, dtype):
     assert joined[0].dtype == dtype
 
 
+def _check_the_tokens(call, k, v):
+    """A joined Function's ``call`` (the keyword arguments q, k, v and hw default to valid operands of a 4 x 6 grid)
+    turns down another grid, operands of two shapes and of two dtypes, each with a clear error."""
+    with pytest.raises(ValueError, match='grid'):
+        call(hw=(5, 6))
+    with pytest.raises(ValueError, match='one shape'):
+        call(k=k[:, :12])
+    with pytest.raises(TypeError, match='one dtype'):
+        call(v=v.double())
+
+
 @pytest.mark.parametrize('op', OPS)
 def test_joined_function_checks_its_operands(op):
     leaves, _ = _inputs(op, 1, 2, (4, 6), 8, torch.float32)
@@ -118,12 +136,7 @@ def test_joined_function_checks_its_operands(op):
     else:
         def call(q=q, k=k, v=v, scale=scale, hw=(4, 6), key_bias=None):
             return flatten_value_term_triton(q, k, v, v_term, scale, 2, weight, bias, hw, key_bias=key_bias)
-    with pytest.raises(ValueError, match='grid'):
-        call(hw=(5, 6))
-    with pytest.raises(ValueError, match='one shape'):
-        call(k=k[:, :12])
-    with pytest.raises(TypeError, match='one dtype'):
-        call(v=v.double())
+    _check_the_tokens(call, k, v)
     with pytest.raises(ValueError, match='scale'):
         call(scale=scale.view(1, 2, 1, 8))
     with pytest.raises(ValueError, match='key_bias'):
@@ -154,3 +167,119 @@ def test_the_joined_function_applies_where_both_ops_resolve_to_their_kernels_on_
     with torch.autocast(torch.device(DEVICE).type, torch.bfloat16):
         assert not joins()  # float32 values under bf16 autocast: the convolution would cast them
         assert joins(operands=tuple(t.bfloat16() for t in (q, k, v, v_term)))
+
+
+def _inline_inputs(B, heads, hw, d, dtype, seed=0, kernel=3):
+    """InLine's operands: one projection (q, k, v, v_term as in :func:`_split`), the residual's kernels per image
+    and channel (float32, as the module's small network makes them without autocast), the output's gradient."""
+    g = torch.Generator().manual_seed(seed)
+    N, C = hw[0] * hw[1], heads * d
+    projection = torch.randn(B, N, 4 * C, generator=g).to(DEVICE, dtype)
+    kernels = (torch.randn(B, C, kernel, kernel, generator=g) * 0.3).to(DEVICE)
+    return [projection.requires_grad_(), kernels.requires_grad_()], torch.randn(B, N, C, generator=g).to(DEVICE, dtype)
+
+
+def _layout(t):
+    """t's strides where they matter: those of its dims of more than one element (one image's output: the stride of
+    its batch dim is arbitrary, and the library's empty_like chooses it otherwise for a 4-D map than a 5-D one)."""
+    return tuple(stride for size, stride in zip(t.shape, t.stride()) if size > 1)
+
+
+def _inline_joined(leaves, hw, heads):
+    projection, kernels = leaves
+    q, k, v, v_term = _split(projection, kernels.shape[1])
+    return inline_value_term_triton(q, k, v, v_term, heads, kernels, hw)
+
+
+def _inline_apart(leaves, hw, heads):
+    """What InLine attention runs without the joined Function: the core, then the convolution of the values' map by
+    each image's kernels with the core's output as its residual."""
+    projection, kernels = leaves
+    B, C = projection.shape[0], kernels.shape[1]
+    q, k, v, v_term = _split(projection, C)
+    out = inline_attention_triton(q, k, v, heads)
+    total = depthwise_conv2d_triton(v_term.reshape(B, *hw, C).permute(0, 3, 1, 2), kernels.to(v.dtype), None,
+                                    per_sample=True, residual=out.transpose(1, 2).unflatten(2, hw))
+    return total.flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['float32', 'bfloat16'])
+@pytest.mark.parametrize('case', [(2, 2, (5, 7), 16, 3), (1, 3, (4, 6), 8, 3), (2, 1, (9, 5), 32, 5)],
+                         ids=['B2-h2-5x7-d16', 'h3-d8', 'B2-h1-d32-k5'])
+def test_inline_joined_function_gives_the_two_ops_results_bit_for_bit(case, dtype):
+    """InLine's core and its local residual (kernels per image): the output and the gradients of the projection
+    (v's two uses added) and of the kernels equal those of inline_attention_triton followed by
+    depthwise_conv2d_triton(per_sample=True), in the same dtypes and strides."""
+    B, heads, hw, d, kernel = case
+    leaves, grad = _inline_inputs(B, heads, hw, d, dtype, kernel=kernel)
+    joined = _forward_backward(lambda op, leaves: _inline_joined(leaves, hw, heads), 'inline', leaves, grad)
+    apart = _forward_backward(lambda op, leaves: _inline_apart(leaves, hw, heads), 'inline', leaves, grad)
+    for name, a, e in zip(['out', 'projection', 'kernels'], joined, apart):
+        assert a is not None and e is not None, name
+        assert a.dtype == e.dtype and a.shape == e.shape and _layout(a) == _layout(e), name
+        assert torch.equal(a, e), f'{name}: differs by {(a.float() - e.float()).abs().max().item():.3g}'
+    assert joined[0].dtype == dtype and joined[2].dtype == torch.float32
+
+
+def test_inline_joined_function_checks_its_operands():
+    (projection, kernels), _ = _inline_inputs(2, 2, (4, 6), 8, torch.float32)
+    q, k, v, v_term = _split(projection, 16)
+
+    def call(q=q, k=k, v=v, kernels=kernels, hw=(4, 6)):
+        return inline_value_term_triton(q, k, v, v_term, 2, kernels, hw)
+
+    _check_the_tokens(call, k, v)
+    for wrong in (kernels[:1], kernels[:, :8], kernels[..., :2], kernels[..., :2, :2], kernels[0]):
+        with pytest.raises(ValueError, match='kernels'):
+            call(kernels=wrong)
+
+
+def test_the_inline_joined_function_applies_where_both_ops_resolve_to_their_kernels():
+    """value_term_joins for InLine: its core's and the convolution's implementations resolve to the Triton kernels,
+    and the kernels per image are read in the values' dtype (the autocast dtype under autocast)."""
+    (projection, kernels), _ = _inline_inputs(1, 2, (4, 6), 8, torch.float32)
+    q, k, v, v_term = _split(projection.detach(), 16)
+
+    def joins(attn_impl='triton', conv_impl='triton', operands=(q, k, v, v_term), conv_weight=kernels):
+        return value_term_joins('inline', attn_impl, True, conv_impl, *operands, conv_weight, 2)
+
+    assert joins()
+    assert not joins(attn_impl='fast') and not joins(attn_impl='reference') and not joins(conv_impl='torch')
+    assert not joins(conv_weight=kernels.double())
+    with torch.autocast(torch.device(DEVICE).type, torch.bfloat16):
+        assert joins(operands=tuple(t.bfloat16() for t in (q, k, v, v_term)))
+
+
+def _strided(shape, order, seed):
+    """A tensor of ``shape`` whose dims are laid out in memory in ``order`` (outermost first), a view of a wider
+    buffer for a gap between two dims where the seed says so."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = [shape[i] for i in order]
+    widen = int(torch.randint(0, len(sizes), (1, ), generator=g))
+    padded = list(sizes)
+    padded[widen] += int(torch.randint(0, 2, (1, ), generator=g))
+    buffer = torch.randn(padded, generator=g)
+    t = buffer[tuple(slice(0, n) for n in sizes)]
+    return t.permute([order.index(i) for i in range(len(shape))])
+
+
+@pytest.mark.parametrize('seed', range(40))
+def test_the_joined_functions_views_have_the_library_views_sizes_and_strides(seed):
+    """tokens_view of heads and the maps' tokens (one view operator where they can) give the sizes and strides of
+    the library's transposes and flattens they replace, for any layout and with dims of one element (whose strides
+    the library's view chooses): the Function's output and its parameters' gradients keep them."""
+    from mmpola.ops.value_term_triton import _maps_as_tokens
+    g = torch.Generator().manual_seed(1000 + seed)
+    for _ in range(20):
+        B, G, d, H, W = (int(n) for n in torch.randint(1, 4, (5, ), generator=g))
+        heads_order = [int(i) for i in torch.randperm(4, generator=g)]
+        heads = _strided((B, G, H * W, d), heads_order, seed)
+        expected = heads.transpose(1, 2).flatten(2)
+        got = tokens_view(heads)
+        assert got.shape == expected.shape and got.stride() == expected.stride(), (heads.shape, heads.stride())
+        assert torch.equal(got, expected)
+        maps = _strided((B, G, d, H, W), [int(i) for i in torch.randperm(5, generator=g)], seed)
+        expected = maps.permute(0, 1, 3, 4, 2).flatten(2, 3).transpose(1, 2).flatten(2)
+        got = _maps_as_tokens(maps)
+        assert got.shape == expected.shape and got.stride() == expected.stride(), (maps.shape, maps.stride())
+        assert torch.equal(got, expected)

@@ -3,6 +3,7 @@ import torch.nn as nn
 from timm.layers import register_notrace_module
 
 from mmpola.ops import check_attn_impl, depthwise_conv2d, depthwise_conv_impl, inline_attention
+from mmpola.ops.value_term_triton import inline_value_term_triton, value_term_joins
 from mmpola.registry import ATTENTIONS
 
 from .grid_terms import add_to_patches
@@ -27,6 +28,11 @@ class InLineAttention(QKVProjections, nn.Module):
     a 3x3 depthwise conv over v whose kernels are predicted per image and channel from the mean
     token by ``residual`` (grouped 1x1 Conv1d(C, C) -> GELU -> Conv1d(C, 9C)); then ``proj``. There
     is no positional encoding and no spatial reduction (the official model has none in any release).
+
+    Where the core and the depthwise convolution both run in their Triton kernels (a GPU's default) and no prefix
+    tokens come first, the module calls them through one autograd Function
+    (:func:`~mmpola.ops.value_term_triton.inline_value_term_triton`), as Pola and FLatten attention their value
+    term.
 
     Prefix tokens (``num_prefix_tokens``, the ViT's class token, as the official InLine-DeiT): they
     take part in the core and in the mean token; the residual conv runs on the grid tokens' v and is
@@ -83,6 +89,9 @@ class InLineAttention(QKVProjections, nn.Module):
         if x_mean is None:
             x_mean = x.mean(dim=1)
         kernels = self.residual(x_mean.unsqueeze(-1)).reshape(B, C, 3, 3)
+        if not P and value_term_joins(self.op, self.attn_impl, self.fp32_attn, depthwise_conv_impl(), q, k, v, v,
+                                      kernels, self.num_heads):
+            return self._project_output(inline_value_term_triton(q, k, v, v, self.num_heads, kernels, hw))
         out = inline_attention(q, k, v, self.num_heads, fp32=self.fp32_attn, impl=self.attn_impl)
         v = v[:, P:].reshape(B, H, W, C).permute(0, 3, 1, 2)
         # the kernels of each image on its own channels (MMPOLA_DEPTHWISE_CONV picks the implementation)

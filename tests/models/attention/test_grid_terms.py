@@ -1,9 +1,9 @@
 """The linear kinds' terms on the token grid (mmpola.models.attention.grid_terms): the key positional
 encoding resized to the real grid, the depthwise value term (reduced values upsampled first), terms
 added to the grid tokens only, the prefix tokens unchanged, and Pola's and FLatten's modules calling their core
-and value term through one autograd Function (mmpola.ops.value_term_triton) where both run in their Triton
-kernels, with the results of the two ops called apart (without a GPU the kernels run through Triton's
-interpreter: tests/conftest.py sets TRITON_INTERPRET=1)."""
+and value term (InLine's: its core and local residual) through one autograd Function
+(mmpola.ops.value_term_triton) where both run in their Triton kernels, with the results of the two ops called
+apart (without a GPU the kernels run through Triton's interpreter: tests/conftest.py sets TRITON_INTERPRET=1)."""
 import contextlib
 
 import pytest
@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmpola.models.attention import inline as inline_attention_module
 from mmpola.models.attention.flatten import FocusedLinearAttention
 from mmpola.models.attention.grid_terms import (
     JoinedValueTerm,
@@ -21,6 +22,7 @@ from mmpola.models.attention.grid_terms import (
     split_prefix,
     upsample_values,
 )
+from mmpola.models.attention.inline import InLineAttention
 from mmpola.models.attention.pola import PolaAttention
 from mmpola.models.layers import DepthwiseConv2d
 
@@ -165,10 +167,13 @@ def _module(kind, layout='fused', sr_ratio=1, seed=0):
 
 def _run_module(module, x, hw, amp=None, joined=True, monkeypatch=None, **kwargs):
     """Output, the input's and the parameters' gradients, and the autograd nodes' names of one step; with
-    ``joined=False`` the module's choice of the joined Function is turned off."""
+    ``joined=False`` the module's choice of the joined Function is turned off (Pola's and FLatten's mixin, InLine's
+    module's call of value_term_joins)."""
     context = contextlib.nullcontext() if joined else monkeypatch.context()
     with context as patch:
-        if not joined:
+        if not joined and isinstance(module, InLineAttention):
+            patch.setattr(inline_attention_module, 'value_term_joins', lambda *args: False)
+        elif not joined:
             patch.setattr(JoinedValueTerm, '_value_term_in_kernels', lambda self, *args: False)
         module.zero_grad()
         x = x.detach().clone().requires_grad_()
@@ -216,6 +221,54 @@ def test_attention_module_calls_the_ops_apart_where_the_joined_function_does_not
         module.attn_impl = 'fast'
     if case == 'dwc hooked':
         module.dwc.register_forward_hook(lambda *args: None)
+    prefix = 1 if case == 'prefix tokens' else 0
+    x = torch.randn(2, prefix + 24, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    *_, nodes = _run_module(module, x, (4, 6), num_prefix_tokens=prefix)
+    assert JOINED_NODE not in nodes
+
+
+# InLine's module: the core and its local residual (kernels per image) in the same Function
+
+def _inline_module(layout, seed=0):
+    torch.manual_seed(seed)
+    module = InLineAttention(32, 2, qkv_layout=layout, attn_impl='triton').to(DEVICE)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.3)
+    return module
+
+
+@pytest.mark.parametrize('amp', [None, torch.bfloat16], ids=['float32', 'bf16-autocast'])
+@pytest.mark.parametrize('layout', ['fused', 'separate'])
+def test_inline_module_joins_core_and_local_residual_with_the_same_results(layout, amp, monkeypatch):
+    """With the Triton kernels for the core and the conv, InLine attention runs the joined Function (no node of
+    its core's nor of the convolution's own Function) and gives the results of the two ops called apart, bit for
+    bit: the output, the input's gradient (through the projections and the mean token its kernels come from) and
+    every parameter's, with their strides."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'triton')
+    module = _inline_module(layout)
+    x = torch.randn(2, 24, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    out, grad_x, grads, nodes = _run_module(module, x, (4, 6), amp)
+    assert JOINED_NODE in nodes
+    assert not {'_InLineTritonBackward', '_DepthwiseTritonBackward'} & nodes
+    expected_out, expected_grad_x, expected_grads, expected_nodes = _run_module(
+        module, x, (4, 6), amp, joined=False, monkeypatch=monkeypatch)
+    assert JOINED_NODE not in expected_nodes and '_InLineTritonBackward' in expected_nodes
+    assert torch.equal(out, expected_out) and torch.equal(grad_x, expected_grad_x)
+    assert grads.keys() == expected_grads.keys() and 'residual.2.weight' in grads
+    for name, grad in grads.items():
+        assert torch.equal(grad, expected_grads[name]), name
+        assert grad.stride() == expected_grads[name].stride(), name
+
+
+@pytest.mark.parametrize('case', ['prefix tokens', "attn_impl='fast'", 'library conv'])
+def test_inline_module_calls_the_ops_apart_where_the_joined_function_does_not_apply(case, monkeypatch):
+    """A class token first (its residual reaches the grid tokens only), another implementation of the core or of
+    the conv keep the two ops apart."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'torch' if case == 'library conv' else 'triton')
+    module = _inline_module('fused')
+    if case == "attn_impl='fast'":
+        module.attn_impl = 'fast'
     prefix = 1 if case == 'prefix tokens' else 0
     x = torch.randn(2, prefix + 24, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     *_, nodes = _run_module(module, x, (4, 6), num_prefix_tokens=prefix)
