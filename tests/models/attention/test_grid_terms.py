@@ -273,3 +273,21 @@ def test_inline_module_calls_the_ops_apart_where_the_joined_function_does_not_ap
     x = torch.randn(2, prefix + 24, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     *_, nodes = _run_module(module, x, (4, 6), num_prefix_tokens=prefix)
     assert JOINED_NODE not in nodes
+
+
+def test_inline_module_joins_on_the_projected_layout_of_stripes(monkeypatch):
+    """The 'projected' layout (InLine-CSWin: the block hands the module its q, k, v and the mean token) on stripes
+    cut from an image, the operands strided views of a permuted copy: joined and apart give the same bits."""
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'triton')
+    module = _inline_module('projected')
+    g = torch.Generator().manual_seed(1)
+    image = torch.randn(2, 8, 12, 3, 32, generator=g).to(DEVICE)  # (B, H, W, q k v, C)
+    x_mean = torch.randn(6, 32, generator=g).to(DEVICE)
+    stripes = image.reshape(2, 8, 3, 4, 3, 32).permute(0, 2, 1, 3, 4, 5).reshape(6, 32, 3, 32)  # stripes 4 wide
+    joined = _run_module(module, stripes, (8, 4), x_mean=x_mean)
+    apart = _run_module(module, stripes, (8, 4), joined=False, monkeypatch=monkeypatch, x_mean=x_mean)
+    assert JOINED_NODE in joined[3] and JOINED_NODE not in apart[3]
+    assert torch.equal(joined[0], apart[0]) and torch.equal(joined[1], apart[1])
+    assert joined[2].keys() == apart[2].keys()
+    for name, grad in joined[2].items():
+        assert torch.equal(grad, apart[2][name]), name
