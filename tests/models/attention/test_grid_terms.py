@@ -156,13 +156,19 @@ def _node_names(out):
     return names
 
 
-def _module(kind, layout='fused', sr_ratio=1, seed=0):
+def _randomised(build, seed=0):
+    """The module ``build()`` makes (seeded), on DEVICE, its parameters drawn from N(0, 0.3^2)."""
     torch.manual_seed(seed)
-    module = KINDS[kind][0](32, 2, (4, 4), qkv_layout=layout, sr_ratio=sr_ratio, attn_impl='triton').to(DEVICE)
+    module = build().to(DEVICE)
     with torch.no_grad():
         for p in module.parameters():
             p.normal_(0, 0.3)
     return module
+
+
+def _module(kind, layout='fused', sr_ratio=1, seed=0):
+    return _randomised(lambda: KINDS[kind][0](32, 2, (4, 4), qkv_layout=layout, sr_ratio=sr_ratio,
+                                              attn_impl='triton'), seed)
 
 
 def _run_module(module, x, hw, amp=None, joined=True, monkeypatch=None, **kwargs):
@@ -230,12 +236,7 @@ def test_attention_module_calls_the_ops_apart_where_the_joined_function_does_not
 # InLine's module: the core and its local residual (kernels per image) in the same Function
 
 def _inline_module(layout, seed=0):
-    torch.manual_seed(seed)
-    module = InLineAttention(32, 2, qkv_layout=layout, attn_impl='triton').to(DEVICE)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_(0, 0.3)
-    return module
+    return _randomised(lambda: InLineAttention(32, 2, qkv_layout=layout, attn_impl='triton'), seed)
 
 
 @pytest.mark.parametrize('amp', [None, torch.bfloat16], ids=['float32', 'bf16-autocast'])
