@@ -365,7 +365,8 @@ def _launch_config(d):
     """(head dim block, (token block, warps) of the forward kernels, (token block, warps) of the backward
     kernels) for head dim d. The backward kernels keep four d x d tiles live besides their token tiles,
     hence their shorter token blocks. With :func:`_dot_precision` and one stage, no kernel needs more than
-    160 KiB of shared memory (H100 / H200: 227 KiB, A100: 163 KiB); GPUs with less (99 KiB: sm_86, sm_89)
+    160 KiB of shared memory (H100 / H200, B200: 227 KiB, A100: 163 KiB); GPUs with less (99 KiB: sm_86, sm_89,
+    sm_120)
     run float16 / bfloat16 inputs up to d = 64 and float32 up to d = 32 (triton_support.SMALL_SHARED_MEMORY
     turns the rest down there)."""
     bd = max(16, next_power_of_2(d))
@@ -397,12 +398,15 @@ def _join_weight_grads(bd, device):
     Triton gives the products of a kernel the warp layout of one of them, and a square product such as
     x+^T g (BD x BD) lines the warps up along its rows; every token tile then holds all its columns in
     every warp, more than the registers hold. Joined, the product is BD x 2 BD and the warps split the
-    columns: at head dims up to 32, and up to 64 on GPUs without warpgroup products (compute capability
-    < 9.0), ``make check-kernels`` shows no spills where there were hundreds to thousands of bytes
+    columns: at head dims up to 32, and up to 64 where the products are one warp's each
+    (:attr:`~mmpola.ops.triton_support.KernelTarget.warp_products`: compute capability 8.x and 12.x) and in the
+    interpreter, ``make check-kernels`` shows no spills where there were hundreds to thousands of bytes
     (docs/development.md). On sm_90 at head dims >= 64 the square products are warpgroup products, which
     leave the other products their column split (the joined one does not compile there for float16 /
-    bfloat16 inputs with Triton 3.7); at head dim 128 the joined accumulator alone is too large."""
-    return bd <= 32 or (bd <= 64 and kernel_target(device).capability < (9, 0))
+    bfloat16 inputs with Triton 3.7), and on sm_100 the products are in tensor memory; at head dim 128 the
+    joined accumulator alone is too large."""
+    target = kernel_target(device)
+    return bd <= 32 or (bd <= 64 and (target.warp_products or not target.gpu))
 
 
 def _dot_precision(dtype, bd):

@@ -135,14 +135,15 @@ def autocast_operands(device_type, *tensors):
 
 
 # The shared memory a block may use that the kernels' launch configs are made for: an A100's 163 KiB
-# (H100 / H200: 227 KiB). ``make check-kernels`` holds every config of every kernel to it on sm_80 and sm_90.
+# (H100 / H200, B200: 227 KiB). ``make check-kernels`` holds every config of every kernel to it on sm_80, sm_90 and
+# sm_100.
 FULL_SHARED_MEMORY = 163 * 1024
 
 # GPUs that give a block less (A10, A40, RTX 30xx / 40xx / 50xx, L4, L40: 99 KiB): per amount of shared
 # memory, the widest head dim (its power-of-two block) at which every kernel of every op has a config that
 # fits, for float16 / bfloat16 inputs and for float32 inputs (whose three-TF32 products keep split operands
 # in shared memory); an op whose kernels fit wider heads passes its own table (``small_shared_memory``).
-# ``make check-kernels`` compiles the kernels for such GPUs (sm_86, sm_89) and fails where a table admits a
+# ``make check-kernels`` compiles the kernels for such GPUs (sm_86, sm_89, sm_120) and fails where a table admits a
 # kernel that does not fit.
 SMALL_SHARED_MEMORY = ((99 * 1024, {'half': 64, 'float32': 32}), )
 
@@ -177,6 +178,15 @@ class KernelTarget(NamedTuple):
     capability: tuple  # (major, minor) compute capability of the GPU; (0, 0) in the interpreter
     sm_count: int  # streaming multiprocessors of the GPU; the interpreter counts as 2
     shared_memory: int = 0  # bytes of shared memory a block may use (opt-in); 0: no limit (the interpreter)
+
+    @property
+    def warp_products(self):
+        """Whether Triton runs the kernels' tensor-core products one warp each (``mma.sync``, the accumulator tile
+        split over a warp's registers) whatever their tiles: GPUs of compute capability 8.x (A100, A10, RTX 30xx /
+        40xx, L4, L40) and 12.x (RTX 50xx, RTX PRO Blackwell, DGX Spark). On 9.x (H100 / H200) it runs the tiles
+        that allow it as warpgroup products and on 10.x and 11.x (B200, B300, GB200, Thor) in tensor memory, which
+        lay out a kernel's registers otherwise. False in the interpreter."""
+        return self.gpu and self.capability[0] not in (9, 10, 11)
 
 
 INTERPRETER = KernelTarget(False, (0, 0), 2)

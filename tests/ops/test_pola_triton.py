@@ -70,6 +70,33 @@ def test_both_forms_of_the_weight_gradient_product(case, join, monkeypatch):
     assert_matches(actual, float64_reference(inputs, grad_out), 1e-5, str(case))
 
 
+@pytest.mark.parametrize('d, joined_on', [
+    (32, {'A100', 'H100', 'B200', 'RTX 4090', 'RTX 5090'}), (64, {'A100', 'RTX 4090', 'RTX 5090'}), (128, set())])
+def test_the_query_backward_joins_its_weight_gradient_products_where_the_gpus_products_are_one_warps(d, joined_on):
+    """The launch code's JOIN, recorded in a dry run for each GPU: joined at head dims up to 32, and at 64 where the
+    tensor-core products are one warp's each (compute capability 8.x and 12.x, the RTX 50xx among them), not where
+    they are a warpgroup's (sm_90) or in tensor memory (sm_100)."""
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+    targets = {'A100': KernelTarget(True, (8, 0), 108, 163 * 1024), 'H100': KernelTarget(True, (9, 0), 132, 227 * 1024),
+               'B200': KernelTarget(True, (10, 0), 148, 227 * 1024),
+               'RTX 4090': KernelTarget(True, (8, 9), 128, 99 * 1024),
+               'RTX 5090': KernelTarget(True, (12, 0), 170, 99 * 1024)}
+    joined = set()
+    for name, target in targets.items():
+        if d > 64 and target.shared_memory < 227 * 1024:
+            continue  # turned down there (half inputs run up to head dim 64)
+        inputs, grad_out = make_inputs(1, 1, 20, 20, d, dtype=torch.bfloat16)
+        inputs = [t.cpu().requires_grad_() for t in inputs]
+        with dry_run(target) as launches:
+            out = pola_attention_triton(*inputs)
+            del launches[:]
+            torch.autograd.grad(out, inputs, grad_out.cpu())
+        (join, ), = {launch.kwargs['JOIN'] for launch in launches if 'JOIN' in launch.kwargs},
+        if join:
+            joined.add(name)
+    assert joined == joined_on
+
+
 def test_zeros_in_queries_and_keys_give_finite_exact_gradients():
     """x = 0 exactly: features 0, gradients 0 there (no 0/0, no 0 * log 0), the rest as the reference."""
     inputs, grad_out = make_inputs(2, 2, 40, 40, 16, zeros=True)

@@ -25,10 +25,12 @@ pytestmark = pytest.mark.skipif(triton_support.triton_available() is not None, r
 
 A100 = KernelTarget(True, (8, 0), 108, 163 * 1024)
 H100 = KernelTarget(True, (9, 0), 132, 227 * 1024)
+B200 = KernelTarget(True, (10, 0), 148, 227 * 1024)
 RTX_4090 = KernelTarget(True, (8, 9), 128, 99 * 1024)
+RTX_5090 = KernelTarget(True, (12, 0), 170, 99 * 1024)
 
 
-@pytest.mark.parametrize('target', [A100, H100, INTERPRETER], ids=['A100', 'H100', 'interpreter'])
+@pytest.mark.parametrize('target', [A100, H100, B200, INTERPRETER], ids=['A100', 'H100', 'B200', 'interpreter'])
 def test_gpus_the_launch_configs_are_made_for_run_every_head_dim_and_dtype(target):
     assert target.shared_memory == 0 or target.shared_memory >= FULL_SHARED_MEMORY
     for head_dim in (8, 16, 24, 32, 48, 64, 96, 128):
@@ -40,6 +42,9 @@ def test_gpus_with_99_kib_run_what_fits_and_say_why_not_otherwise():
     fits = [(32, torch.float32), (16, torch.float32), (64, torch.bfloat16), (64, torch.float16), (40, torch.float16)]
     for head_dim, dtype in fits:
         assert shared_memory_unsupported(RTX_4090, head_dim, dtype) is None, (head_dim, dtype)
+        assert shared_memory_unsupported(RTX_5090, head_dim, dtype) is None, (head_dim, dtype)
+    assert shared_memory_unsupported(RTX_5090, 64, torch.float32) == shared_memory_unsupported(
+        RTX_4090, 64, torch.float32)
     assert shared_memory_unsupported(RTX_4090, None, torch.float32) is None  # head dim unknown: no verdict
     reason = shared_memory_unsupported(RTX_4090, 64, torch.float32)
     assert reason == ('this GPU gives a block 99 KiB of shared memory, too little for the Triton kernels at head '
@@ -48,6 +53,16 @@ def test_gpus_with_99_kib_run_what_fits_and_say_why_not_otherwise():
     assert '(they run float16 / bfloat16 inputs up to head dim 64 there)' in shared_memory_unsupported(
         RTX_4090, 128, torch.bfloat16)
     assert shared_memory_unsupported(RTX_4090, 48, torch.float32) is not None  # a 64-channel block
+
+
+@pytest.mark.parametrize('capability, warp_products', [
+    ((8, 0), True), ((8, 6), True), ((8, 9), True), ((12, 0), True), ((12, 1), True),
+    ((9, 0), False), ((10, 0), False), ((10, 3), False), ((11, 0), False)])
+def test_the_targets_whose_tensor_core_products_are_one_warps_each(capability, warp_products):
+    """mma.sync on Ampere, Ada and the Blackwell of the RTX 50xx (12.x); warpgroup or tensor-memory products on
+    Hopper and the datacenter Blackwell (9.x, 10.x, 11.x): the launch code picks a kernel's form by it."""
+    assert KernelTarget(True, capability, 100, 99 * 1024).warp_products is warp_products
+    assert INTERPRETER.warp_products is False
 
 
 # on a 99 KiB GPU: a float32 head dim each op turns down, and (head dim, dtype) it runs. PaCS's tiles are half the
