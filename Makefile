@@ -6,8 +6,8 @@
 #   make -k bench-gpu - the GPU tests and tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
 #   make -k bench-gpu-quick, then make bench-gpu-quick-train - the rows of the GPU targets only, for a short turn
 #   make docs-check - the params / GMACs figures of the docs counted again (tools/docs_figures.py) and compared
-#   make check-kernels - every Triton kernel compiled for sm_80, sm_90, sm_86 and sm_89 (no GPU needed): shared
-#                   memory, registers, spills; fails on a kernel that does not compile or fit
+#   make check-kernels - every Triton kernel compiled for sm_80, sm_90, sm_100, sm_86, sm_89 and sm_120 (no GPU
+#                   needed): shared memory, registers, spills; fails on a kernel that does not compile or fit
 # Use an existing environment (e.g. your CUDA torch build) instead of .venv:
 #   make test PY=/path/to/env/bin/python SETUP_ARGS="--python /path/to/env/bin/python"
 PY ?= .venv/bin/python

@@ -32,16 +32,19 @@ Token grids: one head of many tokens (several token blocks per chunk) and two he
 of a few tokens (one block): launch code that takes another path for one head (FLatten) compiles both.
 A kernel is compiled once per set of compile-time options and argument types.
 
-Targets: the GPUs the launch configs are made for, sm_80 (A100, 163 KiB of shared memory per block) and
-sm_90 (H100 / H200, 227 KiB), and GPUs that give a block 99 KiB, sm_86 (A10, A40, RTX 30xx) and sm_89
-(L4, L40, RTX 40xx), where the ops turn down the head dims and dtypes whose kernels do not fit
-(mmpola.ops.triton_support.SMALL_SHARED_MEMORY, or an op's own table: PaCS's; 'auto' runs the fast path
-for them).
+Targets: the GPUs the launch configs are made for, sm_80 (A100, 163 KiB of shared memory per block), sm_90
+(H100 / H200, 227 KiB) and sm_100 (B200, B300, GB200: 227 KiB), and GPUs that give a block 99 KiB, sm_86 (A10,
+A40, RTX 30xx), sm_89 (L4, L40, RTX 40xx) and sm_120 (RTX 50xx, RTX PRO Blackwell), where the ops turn down the
+head dims and dtypes whose kernels do not fit (mmpola.ops.triton_support.SMALL_SHARED_MEMORY, or an op's own
+table: PaCS's; 'auto' runs the fast path for them). The tensor-core products differ by generation (one warp's
+each on sm_80, sm_86, sm_89 and sm_120; a warpgroup's on sm_90 and in tensor memory on sm_100 where the tiles
+allow), and with them the kernels' registers: the launch code picks a kernel's form by that where it matters
+(Pola's query backward: ``_join_weight_grads`` in mmpola/ops/pola_triton.py).
 
 Prints one Markdown row per compiled kernel: dynamic shared memory, registers per thread, spilled
 bytes (local memory), warps and stages, and one row per (op, dtype, head dim) an op turns down on a
 target. Exits with status 1 when a kernel does not compile, when a config needs more shared memory than
-sm_80 / sm_90 give a block, or when no config of a launch fits a 99 KiB target (the tuning skips the
+sm_80 / sm_90 / sm_100 give a block, or when no config of a launch fits a 99 KiB target (the tuning skips the
 configs that do not fit, so one that fits is enough there). Spills are reported, not failed. Compiled
 kernels land in Triton's cache (TRITON_CACHE_DIR), so a second run of unchanged kernels takes seconds.
 
@@ -106,10 +109,12 @@ class GPU:
         return KernelTarget(True, divmod(self.arch, 10), self.sm_count, self.shared_limit)
 
 
-# A100 (sm_80): 163 KiB of shared memory per block, 108 SMs; H100 (sm_90): 227 KiB, 132 SMs; RTX 3090
-# (sm_86; A10, A40 alike): 99 KiB, 82 SMs; RTX 4090 (sm_89; L4, L40 alike): 99 KiB, 128 SMs
+# A100 (sm_80): 163 KiB of shared memory per block, 108 SMs; H100 (sm_90): 227 KiB, 132 SMs; B200 (sm_100; B300,
+# GB200 alike): 227 KiB, 148 SMs; RTX 3090 (sm_86; A10, A40 alike): 99 KiB, 82 SMs; RTX 4090 (sm_89; L4, L40
+# alike): 99 KiB, 128 SMs; RTX 5090 (sm_120; RTX PRO 6000 Blackwell alike): 99 KiB, 170 SMs
 GPUS = {'sm_80': GPU('sm_80', 80, 32, 163, 108), 'sm_90': GPU('sm_90', 90, 32, 227, 132),
-        'sm_86': GPU('sm_86', 86, 32, 99, 82), 'sm_89': GPU('sm_89', 89, 32, 99, 128)}
+        'sm_100': GPU('sm_100', 100, 32, 227, 148), 'sm_86': GPU('sm_86', 86, 32, 99, 82),
+        'sm_89': GPU('sm_89', 89, 32, 99, 128), 'sm_120': GPU('sm_120', 120, 32, 99, 170)}
 
 
 def parse_args(argv=None):

@@ -82,6 +82,22 @@ def test_untuned_compiles_the_default_configs_and_counts_their_spills(tmp_path):
     assert '0 of the 2 configs that run without tuning spill registers' in log, log
 
 
+def test_the_pola_query_backward_compiles_for_the_blackwell_gpus_in_the_form_each_takes(tmp_path):
+    """sm_100 (B200) and sm_120 (RTX 50xx) are targets of the tool. At Pola-PVT's head dim 64 the query backward
+    runs its two weight-gradient products as one on sm_120, whose tensor-core products are one warp's each as on
+    sm_8x (``KernelTarget.warp_products``): its default config there spills a few bytes (8 with Triton 3.7), where
+    with the two square products it spilled about 2 KB per thread; sm_100 keeps the two."""
+    log = run_tool([PYTHON, 'tools/check_triton_kernels.py', '--untuned', '--ops', 'pola', '--targets', 'sm_100',
+                    'sm_120', '--head-dims', '64', '--dtypes', 'bfloat16', '--kernels', '_pola_bwd_queries'],
+                   env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
+    rows = {row[3].strip(): row for row in (line.split('|') for line in log.splitlines())
+            if row[1:3] == [' pola ', ' _pola_bwd_queries ']}
+    assert set(rows) == {'sm_100', 'sm_120'}, log
+    assert 'JOIN=True' in rows['sm_120'][6] and 'JOIN' not in rows['sm_100'][6], log  # a False flag is not shown
+    assert int(rows['sm_120'][9]) <= 64 and rows['sm_120'][10].strip().startswith('ok'), log
+    assert ' 0 failed' in log, log
+
+
 def test_every_kernel_passes_tritons_front_end_for_sm_80_and_sm_90(tmp_path):
     """What the interpreter lets pass and a GPU's compiler refuses (a value whose type changes inside a loop,
     a compile-time branch of one target) fails here: every kernel of every op, through Triton's front end,
