@@ -377,13 +377,14 @@ def _launch_config(d):
     return bd, (32, 8), (16, 8)
 
 
-def _key_defaults(bd, dtype, forward, backward, device):
+def _key_defaults(bd, dtype, forward, backward, target):
     """The default (token block, warps) of the forward and backward key kernels: on a GPU, shorter token
     blocks than the query kernels' where theirs spill registers (float32 inputs in the forward at head dims
     32 and 64, every dtype in the backward up to 32), so that untuned runs (triton_support.autotuning) take
     a config that keeps its tiles in registers (``tools/check_triton_kernels.py --untuned`` lists the
-    defaults' spills). Elsewhere (the interpreter) the query kernels' blocks."""
-    if not kernel_target(device).gpu:
+    defaults' spills). Elsewhere (the interpreter) the query kernels' blocks. ``target``: the
+    :class:`~mmpola.ops.triton_support.KernelTarget` they run on."""
+    if not target.gpu:
         return forward, backward
     if dtype == torch.float32 and bd in (32, 64):
         forward = (32 if bd == 32 else 16, forward[1])
@@ -392,7 +393,7 @@ def _key_defaults(bd, dtype, forward, backward, device):
     return forward, backward
 
 
-def _join_weight_grads(bd, device):
+def _join_weight_grads(bd, target):
     """Whether the query backward computes dL/dW+ and dL/dW- as one product (its ``JOIN``).
 
     Triton gives the products of a kernel the warp layout of one of them, and a square product such as
@@ -404,9 +405,11 @@ def _join_weight_grads(bd, device):
     (docs/development.md). On sm_90 at head dims >= 64 the square products are warpgroup products, which
     leave the other products their column split (the joined one does not compile there for float16 /
     bfloat16 inputs with Triton 3.7), and on sm_100 the products are in tensor memory; at head dim 128 the
-    joined accumulator alone is too large."""
-    target = kernel_target(device)
-    return bd <= 32 or (bd <= 64 and (target.warp_products or not target.gpu))
+    joined accumulator alone is too large. ``target``: the :class:`~mmpola.ops.triton_support.KernelTarget` it
+    runs on."""
+    if bd <= 32 or bd > 64:
+        return bd <= 32
+    return target.warp_products or not target.gpu
 
 
 def _dot_precision(dtype, bd):
@@ -436,7 +439,8 @@ def _pola_forward(q, k, v, scale, power, bias, alpha, eps):
     bh = B * H
     bd, (block, warps), backward = _launch_config(d)
     wide = torch.float64 in (q.dtype, k.dtype, v.dtype, k.dtype if bias is None else bias.dtype)
-    key_forward, key_backward = _key_defaults(bd, k.dtype, (block, warps), backward, q.device)
+    target = kernel_target(q.device)
+    key_forward, key_backward = _key_defaults(bd, k.dtype, (block, warps), backward, target)
     acc = tl.float64 if wide else tl.float32
     options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
     # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
@@ -456,7 +460,8 @@ def _pola_forward(q, k, v, scale, power, bias, alpha, eps):
         _pola_fwd_queries, lambda meta: (bh, cdiv(N, meta['BLOCK_M'])), q, scale, power, sums, out, H, N,
         d, d // 2, 1.0 / n, eps, alpha, *q.stride(), *out.stride(), *params,
         default=dict(BLOCK_M=block, **config), **options)
-    return out, ((q, k, v, scale, power, sums, bias), (alpha, eps, backward, key_backward, options))
+    return out, ((q, k, v, scale, power, sums, bias),
+                 (alpha, eps, backward, key_backward, _join_weight_grads(bd, target), options))
 
 
 def _pola_backward(saved, config, grad_out):
@@ -464,7 +469,7 @@ def _pola_backward(saved, config, grad_out):
     what :func:`_pola_forward` returned beside the output; the gradients of q, k, v in their strides, those of the
     parameters of their views' shapes."""
     q, k, v, scale, power, sums, bias = saved
-    alpha, eps, (block, warps), key_backward, options = config
+    alpha, eps, (block, warps), key_backward, join, options = config
     B, H, N, d = q.shape
     n = k.shape[2]
     bh, bd = B * H, options['BD']
@@ -476,7 +481,7 @@ def _pola_backward(saved, config, grad_out):
     launch(
         _pola_bwd_queries, (bh, chunks), q, grad_out, scale, power, sums, dq, parts, H, N, d, d // 2, 1.0 / n,
         eps, chunk, alpha, *q.stride(), *grad_out.stride(), *dq.stride(), *params,
-        JOIN=_join_weight_grads(bd, q.device), default=dict(BLOCK_M=block, num_warps=warps, num_stages=1),
+        JOIN=join, default=dict(BLOCK_M=block, num_warps=warps, num_stages=1),
         **options)
     query_sums = parts.sum(1)
     chunk, chunks = _chunking(n, bh, block, q.device)
