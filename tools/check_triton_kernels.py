@@ -33,7 +33,7 @@ of a few tokens (one block): launch code that takes another path for one head (F
 A kernel is compiled once per set of compile-time options and argument types.
 
 Targets: the GPUs the launch configs are made for, sm_80 (A100, 163 KiB of shared memory per block), sm_90
-(H100 / H200, 227 KiB) and sm_100 (B200, B300, GB200: 227 KiB), and GPUs that give a block 99 KiB, sm_86 (A10,
+(H100 / H200, 227 KiB) and sm_100 (B200, GB200: 227 KiB), and GPUs that give a block 99 KiB, sm_86 (A10,
 A40, RTX 30xx), sm_89 (L4, L40, RTX 40xx) and sm_120 (RTX 50xx, RTX PRO Blackwell), where the ops turn down the
 head dims and dtypes whose kernels do not fit (mmpola.ops.triton_support.SMALL_SHARED_MEMORY, or an op's own
 table: PaCS's; 'auto' runs the fast path for them). The tensor-core products differ by generation (one warp's
@@ -109,7 +109,7 @@ class GPU:
         return KernelTarget(True, divmod(self.arch, 10), self.sm_count, self.shared_limit)
 
 
-# A100 (sm_80): 163 KiB of shared memory per block, 108 SMs; H100 (sm_90): 227 KiB, 132 SMs; B200 (sm_100; B300,
+# A100 (sm_80): 163 KiB of shared memory per block, 108 SMs; H100 (sm_90): 227 KiB, 132 SMs; B200 (sm_100;
 # GB200 alike): 227 KiB, 148 SMs; RTX 3090 (sm_86; A10, A40 alike): 99 KiB, 82 SMs; RTX 4090 (sm_89; L4, L40
 # alike): 99 KiB, 128 SMs; RTX 5090 (sm_120; RTX PRO 6000 Blackwell alike): 99 KiB, 170 SMs
 GPUS = {'sm_80': GPU('sm_80', 80, 32, 163, 108), 'sm_90': GPU('sm_90', 90, 32, 227, 132),
