@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.fixtures.backbones import build_family_model, hooks_training_step
-from tests.fixtures.ops import DispatchedOps, relative_error
+from tests.fixtures.ops import H100, DispatchedOps, relative_error
 
 # the families whose models run Triton kernels (InLine: its value conv once per image)
 FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax', 'InLinePVT', 'FLattenCSWin']
@@ -125,7 +125,7 @@ def test_pvt_stages_hand_the_next_their_input_in_the_autocast_dtype(training, mo
     import mmpola.models
     import mmpola.ops.recompute as recompute
     from mmpola.models.backbones.pvt import PVTBackbone
-    from mmpola.ops.triton_support import KernelTarget, dry_run
+    from mmpola.ops.triton_support import dry_run
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'triton')
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'torch')
     calls = []
@@ -156,7 +156,7 @@ def test_pvt_stages_hand_the_next_their_input_in_the_autocast_dtype(training, mo
         assert a.dtype == e.dtype and torch.equal(a, e)
     counts = []
     for handoff in (True, False):
-        with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)), DispatchedOps() as ops:
+        with dry_run(H100), DispatchedOps() as ops:
             run(handoff)
         counts.append([ops.kernels().count(op) for op in ('_to_copy', 'clone')])
     assert [b - a for a, b in zip(*counts)] == ([9, 6] if training else [3, 3]), counts

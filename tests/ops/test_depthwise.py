@@ -13,7 +13,7 @@ from mmpola.models.layers import DepthwiseConv2d
 from mmpola.ops import depthwise_conv2d
 from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import DispatchedOps, forward_backward, kernels_compiled, relative_error
+from tests.fixtures.ops import H100, DispatchedOps, forward_backward, kernels_compiled, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
@@ -158,7 +158,7 @@ def test_default_tile_is_the_gpus_in_a_dry_run_and_larger_in_the_interpreter(mon
     from mmpola.ops import triton_support
     from mmpola.ops.depthwise_triton import _TUNED
     x, weight, bias, g = make_inputs(1, 80, 9, 17, 5)
-    with triton_support.dry_run(triton_support.KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+    with triton_support.dry_run(H100) as launches:
         depthwise_conv2d_triton(x, weight, bias)
     (gpu, ) = launches
     tile = {key: gpu.default[key] for key in ('BLOCK_H', 'BLOCK_W', 'BLOCK_C')}
@@ -262,10 +262,10 @@ def test_auto_runs_the_kernels_on_a_gpu_and_the_library_elsewhere(monkeypatch):
     """'auto': the Triton kernels for CUDA tensors (and inside a dry run, as on its GPU), the library
     convolution on the CPU (also under the interpreter), for float64, and while a tracer records."""
     from mmpola.ops.depthwise import auto_impl
-    from mmpola.ops.triton_support import KernelTarget, dry_run
+    from mmpola.ops.triton_support import dry_run
     x = torch.randn(1, 16, 5, 5)
     assert auto_impl(x) == 'torch'
-    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)):
+    with dry_run(H100):
         assert auto_impl(x) == 'triton'
         assert auto_impl(x.half()) == 'triton'
         assert auto_impl(x.double()) == 'torch'
@@ -299,7 +299,7 @@ def test_maps_per_image_read_in_place(impl):
     projection (in the values' slot only), weight and bias; the Triton kernels read the maps where they are
     (no copy: counted in a dry run for an H100, since the interpreter copies every argument), the library
     convolution copies them once, channels-last."""
-    from mmpola.ops.triton_support import KernelTarget, dry_run
+    from mmpola.ops.triton_support import dry_run
 
     B, G, C, H, W, k = 2, 3, 20, 7, 9, 5
     gen = torch.Generator().manual_seed(0)
@@ -324,7 +324,7 @@ def test_maps_per_image_read_in_place(impl):
     assert_matches([out, *grads], [expected, *expected_grads], 1e-5, impl)
     assert grads[0][:, :, [0, 1, 3]].abs().max() == 0
     assert out.permute(0, 1, 3, 4, 2).is_contiguous()  # channels-last per map: the heads' layout as a view
-    counting = dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) if impl == 'triton' else contextlib.nullcontext()
+    counting = dry_run(H100) if impl == 'triton' else contextlib.nullcontext()
     with counting, DispatchedOps() as ops:
         depthwise_conv2d(values(projection), weight, bias, impl=impl)
     copies = sum(name in ('clone', 'copy_', '_to_copy') for name in ops.names)
@@ -371,7 +371,7 @@ def test_residual_is_added_in_its_layout(impl):
     weight, bias and residual (the output's gradient itself); the Triton output is in the residual's layout
     (merging the heads after it is a view), and in a dry run for an H100 the forward runs the convolution's
     kernel and no addition."""
-    from mmpola.ops.triton_support import KernelTarget, dry_run
+    from mmpola.ops.triton_support import dry_run
 
     B, G, C, H, W, k = 2, 3, 20, 7, 9, 5
     gen = torch.Generator().manual_seed(0)
@@ -396,7 +396,7 @@ def test_residual_is_added_in_its_layout(impl):
         assert a.shape == e.shape and relative_error(a, e) <= 1e-5, name
     if impl == 'triton':
         assert actual[0].permute(0, 3, 4, 1, 2).is_contiguous()  # the residual's (tokens') layout
-        with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches, DispatchedOps() as ops:
+        with dry_run(H100) as launches, DispatchedOps() as ops:
             depthwise_conv2d(maps(projection[:, :, 2]), weight, bias, impl=impl, residual=maps(core))
         assert len(launches) == 1 and 'add' not in ops.names, ops.names
         # a residual of another dtype: added after the kernel, in the promoted dtype

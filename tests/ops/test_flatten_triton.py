@@ -6,7 +6,7 @@ import torch
 
 from mmpola.ops import OPS, flatten_attention, flatten_attention_reference, flatten_attention_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import DispatchedOps, kernels_compiled
+from tests.fixtures.ops import A100, H100, DispatchedOps, kernels_compiled
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ['out', 'q', 'k', 'v', 'scale']
@@ -142,12 +142,12 @@ def test_a_key_bias_is_no_tensor_of_its_own():
     """Launched as on an H100 (a dry run), with the bias of a (1, n, C) encoding: the forward runs the torch
     kernels it runs without one (no k + bias tensor is made or kept), the backward one sum more (the bias's
     gradient, over the batch); the key launches get the bias, the query ones do not."""
-    from mmpola.ops.triton_support import KernelTarget, dry_run
+    from mmpola.ops.triton_support import dry_run
 
     inputs, grad_out = make_inputs(2, (7, 9), (7, 9), 2, 16)
     inputs = [t.to(DEVICE).requires_grad_() for t in inputs]
     encoding = torch.randn(1, 7 * 9, 32).to(DEVICE).requires_grad_()
-    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+    with dry_run(H100) as launches:
         with DispatchedOps() as plain:
             plain_out = flatten_attention_triton(*inputs, 2)
         with DispatchedOps() as without:
@@ -168,13 +168,12 @@ def test_one_head_key_backward_in_float32_at_head_dim_128_fits_an_a100():
     float32 is tuned over, and defaults to, 16-token blocks (32-token ones need 177 KiB of shared memory, more than
     the 163 KiB an A100 gives a block: ``make check-kernels`` compiles them); in half precision and with several
     heads it is tuned over 32-token blocks too. The backward kernels' defaults at 128 take 16-token blocks."""
-    from mmpola.ops.triton_support import KernelTarget, dry_run, tuned_configs
+    from mmpola.ops.triton_support import dry_run, tuned_configs
 
-    a100 = KernelTarget(True, (8, 0), 108, 163 * 1024)
     for heads, dtype, longest in [(1, torch.float32, 16), (1, torch.bfloat16, 32), (2, torch.float32, 32)]:
         inputs, grad_out = make_inputs(1, (9, 10), (9, 10), heads, 128)
         leaves = [t.to(dtype).requires_grad_() for t in inputs[:3]] + [inputs[3].requires_grad_()]
-        with dry_run(a100) as launches:
+        with dry_run(A100) as launches:
             flatten_attention_triton(*leaves, heads).backward(grad_out.to(dtype))
         keys = [launch for launch in launches if launch.kernel.fn.__name__ == '_key_backward_kernel']
         assert len(keys) == (1 if heads == 1 else 2)

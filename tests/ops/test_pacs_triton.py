@@ -8,7 +8,7 @@ import torch
 
 from mmpola.ops import OPS, pacs_attention, pacs_attention_reference, pacs_attention_triton, rope_angles, rope_tables
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import DispatchedOps, kernels_compiled
+from tests.fixtures.ops import H100, DispatchedOps, kernels_compiled
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ['out', 'grad_q', 'grad_k', 'grad_v', 'grad_s_same', 'grad_s_opp']
@@ -180,13 +180,13 @@ def test_only_the_sums_run_around_the_kernels():
     torch kernel in the forward and three in the backward: the sums of the chunks' partial records and of
     the two flows' parts of q's gradient (in float32, written in q's dtype). The logits' sigmoid and its
     derivative, the rotary tables' even channels and the divisions by N happen in the kernels."""
-    from mmpola.ops.triton_support import KernelTarget, dry_run
+    from mmpola.ops.triton_support import dry_run
 
     inputs, tables, grad_out = make_inputs(2, 2, 8, 8, 32)
     q, k, v = (t.bfloat16().requires_grad_() for t in inputs[:3])
     logits = [s.requires_grad_() for s in inputs[3:]]
     grad_out = grad_out.bfloat16()
-    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)) as launches:
+    with dry_run(H100) as launches:
         with DispatchedOps() as forward:
             out = pacs_attention_triton(q, k, v, *logits, *tables)
         with DispatchedOps() as backward:

@@ -7,7 +7,17 @@ import torch
 
 from mmpola.ops import OPS, pola_attention, pola_attention_reference, pola_attention_triton
 from mmpola.ops.dispatch import AttnImplUnavailable
-from tests.fixtures.ops import DispatchedOps, forward_backward, kernels_compiled, relative_error
+from tests.fixtures.ops import (
+    A100,
+    B200,
+    H100,
+    RTX_4090,
+    RTX_5090,
+    DispatchedOps,
+    forward_backward,
+    kernels_compiled,
+    relative_error,
+)
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 NAMES = ('out', 'grad_q', 'grad_k', 'grad_v', 'grad_power', 'grad_scale')
@@ -76,11 +86,8 @@ def test_the_query_backward_joins_its_weight_gradient_products_where_the_gpus_pr
     """The launch code's JOIN, recorded in a dry run for each GPU: joined at head dims up to 32, and at 64 where the
     tensor-core products are one warp's each (compute capability 8.x and 12.x, the RTX 50xx among them), not where
     they are a warpgroup's (sm_90) or in tensor memory (sm_100)."""
-    from mmpola.ops.triton_support import KernelTarget, dry_run
-    targets = {'A100': KernelTarget(True, (8, 0), 108, 163 * 1024), 'H100': KernelTarget(True, (9, 0), 132, 227 * 1024),
-               'B200': KernelTarget(True, (10, 0), 148, 227 * 1024),
-               'RTX 4090': KernelTarget(True, (8, 9), 128, 99 * 1024),
-               'RTX 5090': KernelTarget(True, (12, 0), 170, 99 * 1024)}
+    from mmpola.ops.triton_support import dry_run
+    targets = {'A100': A100, 'H100': H100, 'B200': B200, 'RTX 4090': RTX_4090, 'RTX 5090': RTX_5090}
     joined = set()
     for name, target in targets.items():
         if d > 64 and target.shared_memory < 227 * 1024:
@@ -218,13 +225,13 @@ def test_a_key_bias_is_no_tensor_of_its_own():
     the models pass it: the forward runs no torch kernel on the keys (no k + bias tensor is made or kept),
     the backward one sum of k's gradient over the batch, written in the encoding's layout (no copy on its
     way to the encoding)."""
-    from mmpola.ops.triton_support import KernelTarget, dry_run
+    from mmpola.ops.triton_support import dry_run
 
     inputs, grad_out = make_inputs(2, 2, 7 * 9, 7 * 9, 16)
     inputs = [t.requires_grad_() for t in inputs]
     encoding = torch.randn(1, 7 * 9, 2 * 16).to(DEVICE).requires_grad_()
     bias = encoding.unflatten(-1, (2, 16)).transpose(1, 2)
-    with dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024)):
+    with dry_run(H100):
         with DispatchedOps() as plain:
             plain_out = pola_attention_triton(*inputs)
         with DispatchedOps() as forward:

@@ -26,11 +26,10 @@ from mmpola.ops import (
 )
 from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.recompute import resolve_recompute_impl
-from mmpola.ops.triton_support import KernelTarget, dry_run
-from tests.fixtures.ops import DispatchedOps, forward_backward, kernels_compiled, max_scaled_error, relative_error
+from mmpola.ops.triton_support import dry_run
+from tests.fixtures.ops import H100, DispatchedOps, forward_backward, kernels_compiled, max_scaled_error, relative_error
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
-H100 = KernelTarget(True, (9, 0), 132, 227 * 1024)
 
 
 def make_inputs(shape, out_features, dtype=torch.float32, seed=0):

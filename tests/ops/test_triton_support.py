@@ -16,18 +16,13 @@ from mmpola.ops.triton_support import (
     on_the_tensors_device,
     shared_memory_unsupported,
 )
-from tests.fixtures.ops import kernels_compiled
+from tests.fixtures.ops import A100, B200, H100, RTX_4090, RTX_5090, kernels_compiled
 
 INTERPRETER = triton_support.INTERPRETER
 FULL_SHARED_MEMORY = triton_support.FULL_SHARED_MEMORY
 
 pytestmark = pytest.mark.skipif(triton_support.triton_available() is not None, reason='triton is not installed')
 
-A100 = KernelTarget(True, (8, 0), 108, 163 * 1024)
-H100 = KernelTarget(True, (9, 0), 132, 227 * 1024)
-B200 = KernelTarget(True, (10, 0), 148, 227 * 1024)
-RTX_4090 = KernelTarget(True, (8, 9), 128, 99 * 1024)
-RTX_5090 = KernelTarget(True, (12, 0), 170, 99 * 1024)
 
 
 @pytest.mark.parametrize('target', [A100, H100, B200, INTERPRETER], ids=['A100', 'H100', 'B200', 'interpreter'])

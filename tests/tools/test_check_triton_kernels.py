@@ -7,10 +7,9 @@ import torch
 
 from mmpola.ops import OPS
 from mmpola.ops.triton_support import KernelTarget, dry_run
+from tests.fixtures.ops import H100
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import run_tool
-
-H100 = KernelTarget(True, (9, 0), 132, 227 * 1024)
 
 
 def _record(op_name, target, dtype=torch.bfloat16, head_dim=64, hw=(5, 7)):
