@@ -31,11 +31,13 @@ Saved for the backward: q, k, v (the inputs, no copies) and ``A`` and the sums (
    ``dk = v dA^T + d mean(k) / n`` and ``dv = k dA + d mean(v) / n`` for its keys.
 
 The chunks split the token reductions so that the grid fills the GPU when B h is small (PVT stage 1
-at detection resolution has B h = 2 and tens of thousands of tokens). On GPUs with TF32 the float32
-products of heads up to 64 channels use ``tf32x3`` (three TF32 tensor-core products, float32
-accuracy), elsewhere ``ieee`` (wider heads: ``tf32x3`` needs more shared memory than the GPU has in
-the key backward). float64 inputs (CPU interpreter only, for tests) are computed in float32 like
-the others.
+at detection resolution has B h = 2 and tens of thousands of tokens). On a GPU the products' input
+precision is :func:`~mmpola.ops.triton_support.dot_precision`'s, as in the Pola kernels: float32 inputs
+of heads up to 64 channels use ``tf32x3`` (three TF32 tensor-core products, float32 accuracy), wider
+ones ``ieee`` (``tf32x3`` needs more shared memory than the GPU has in the key backward); float16 /
+bfloat16 inputs use one TF32 product (their values are exact in TF32: only M and dA, made in the
+kernels, are rounded to TF32). float64 inputs (CPU interpreter only, for tests) are computed in float32
+like the others.
 """
 import math
 
@@ -43,7 +45,16 @@ import torch
 
 from .dispatch import AttnImplUnavailable, attention_op, empty_attention
 from .inline import _check_shapes
-from .triton_support import cdiv, kernel_target, launch, next_power_of_2, triton_available, triton_unsupported, tunable
+from .triton_support import (
+    cdiv,
+    dot_precision,
+    kernel_target,
+    launch,
+    next_power_of_2,
+    triton_available,
+    triton_unsupported,
+    tunable,
+)
 
 if triton_available() is None:
     from .triton_support import batch_and_head
@@ -203,7 +214,7 @@ class _Launch:
     chunks are multiples of the granule, the largest block that can run (a block stops at its chunk's
     end in any case)."""
 
-    def __init__(self, device, B, N, n, num_heads, head_dim):
+    def __init__(self, device, dtype, B, N, n, num_heads, head_dim):
         self.bd = max(16, next_power_of_2(head_dim))
         self.default = dict(BLOCK=64 if self.bd <= 64 else 32, num_warps=4 if self.bd <= 64 else 8)
         target = kernel_target(device)
@@ -212,7 +223,7 @@ class _Launch:
             # (``tools/check_triton_kernels.py --untuned``)
             self.default = _GPU_DEFAULTS.get(self.bd, self.default)
             self.programs = 4 * target.sm_count  # enough programs to fill the GPU with a few waves
-            self.precision = 'tf32x3' if target.capability[0] >= 8 and self.bd <= 64 else 'ieee'
+            self.precision = dot_precision(dtype, self.bd)
             self.granule = max(c.kwargs['BLOCK'] for c in _fitting(_TUNED, None, BD=self.bd))
         else:  # the interpreter: few programs (each costs Python), but several chunks once N is large
             self.programs = 4
@@ -247,7 +258,8 @@ def _inline_forward(q, k, v, num_heads):
     B, N, C = q.shape
     n = k.shape[1]
     d = C // num_heads
-    plan = _Launch(q.device, B, N, n, num_heads, d)
+    dtype = q.dtype if q.dtype == k.dtype == v.dtype else torch.float32  # mixed inputs: the float32 rule
+    plan = _Launch(q.device, dtype, B, N, n, num_heads, d)
     bd, bh = plan.bd, B * num_heads
     common = plan.kwargs()
     key_chunk, key_chunks = plan.key

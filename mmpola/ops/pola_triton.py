@@ -63,6 +63,7 @@ from .dispatch import (
 from .pola import _check_shapes
 from .triton_support import (
     cdiv,
+    dot_precision,
     kernel_target,
     key_bias_args,
     launch,
@@ -364,11 +365,10 @@ _PROGRAMS_PER_SM = 4
 def _launch_config(d):
     """(head dim block, (token block, warps) of the forward kernels, (token block, warps) of the backward
     kernels) for head dim d. The backward kernels keep four d x d tiles live besides their token tiles,
-    hence their shorter token blocks. With :func:`_dot_precision` and one stage, no kernel needs more than
-    160 KiB of shared memory (H100 / H200, B200: 227 KiB, A100: 163 KiB); GPUs with less (99 KiB: sm_86, sm_89,
-    sm_120)
-    run float16 / bfloat16 inputs up to d = 64 and float32 up to d = 32 (triton_support.SMALL_SHARED_MEMORY
-    turns the rest down there)."""
+    hence their shorter token blocks. With triton_support's ``dot_precision`` and one stage, no kernel needs
+    more than 160 KiB of shared memory (H100 / H200, B200: 227 KiB, A100: 163 KiB); GPUs with less (99 KiB:
+    sm_86, sm_89, sm_120) run float16 / bfloat16 inputs up to d = 64 and float32 up to d = 32
+    (triton_support.SMALL_SHARED_MEMORY turns the rest down there)."""
     bd = max(16, next_power_of_2(d))
     if bd <= 32:
         return bd, (64, 4), (32, 8)
@@ -412,15 +412,6 @@ def _join_weight_grads(bd, target):
     return target.warp_products or not target.gpu
 
 
-def _dot_precision(dtype, bd):
-    """tl.dot's input precision: three TF32 products (about fp32 accuracy, on tensor cores) for float32
-    inputs, one TF32 product for float16 / bfloat16 inputs (coarser themselves), IEEE for float64 and for
-    float32 at head dims above 64 (the split operands of three products would not fit in shared memory)."""
-    if dtype == torch.float64 or (dtype == torch.float32 and bd > 64):
-        return 'ieee'
-    return 'tf32x3' if dtype == torch.float32 else 'tf32'
-
-
 def _chunking(tokens, heads, block, device):
     """(tokens per chunk, number of chunks) splitting ``tokens`` so that heads x chunks programs fill
     the device; a chunk is a multiple of ``block`` tokens."""
@@ -442,7 +433,7 @@ def _pola_forward(q, k, v, scale, power, bias, alpha, eps):
     target = kernel_target(q.device)
     key_forward, key_backward = _key_defaults(bd, k.dtype, (block, warps), backward, target)
     acc = tl.float64 if wide else tl.float32
-    options = dict(BD=bd, ACC=acc, PREC=_dot_precision(torch.float64 if wide else q.dtype, bd))
+    options = dict(BD=bd, ACC=acc, PREC=dot_precision(torch.float64 if wide else q.dtype, bd))
     # the default config (triton_support.launch); one stage: no prefetch buffers in shared memory
     config = dict(num_warps=warps, num_stages=1)
     params = (*_head_strides(scale), *_head_strides(power))

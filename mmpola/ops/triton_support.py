@@ -40,7 +40,7 @@ from .dispatch import AttnImplUnavailable, autocast_dtype
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
            'kernel_target', 'launch', 'dry_run', 'dry_running', 'Launch', 'tunable', 'fixed_config', 'autotuning',
            'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs', 'key_bias_args',
-           'on_the_tensors_device', 'require_triton', 'autocast_operands']
+           'on_the_tensors_device', 'require_triton', 'autocast_operands', 'dot_precision']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -372,6 +372,18 @@ def key_bias_args(bias, k):
     one, k (a pointer the kernels do not read: their ``BIAS`` is False) and zeros."""
     return (k, (0, ) * k.dim()) if bias is None else (bias, bias.expand(k.shape).stride())
 
+
+
+def dot_precision(dtype, bd):
+    """``tl.dot``'s input precision for a kernel whose tiles are loaded from ``dtype`` inputs and computed in
+    float32, at head dim block ``bd``: three TF32 products (about float32's accuracy, on tensor cores) for
+    float32 inputs, one TF32 product for float16 / bfloat16 inputs (their values are exact in TF32, so only
+    the kernels' own float32 operands, such as a head's summary matrix, are rounded, to finer than the half
+    output they make), IEEE for float64 (the interpreter) and for float32 above head dim 64 (the split operands
+    of three products would not fit in shared memory)."""
+    if dtype == torch.float64 or (dtype == torch.float32 and bd > 64):
+        return 'ieee'
+    return 'tf32x3' if dtype == torch.float32 else 'tf32'
 
 
 def cdiv(a, b):

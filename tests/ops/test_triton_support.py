@@ -10,6 +10,7 @@ from mmpola.ops.triton_support import (
     KernelTarget,
     autotuning,
     cdiv,
+    dot_precision,
     dry_run,
     launch,
     next_power_of_2,
@@ -58,6 +59,40 @@ def test_the_targets_whose_tensor_core_products_are_one_warps_each(capability, w
     Hopper and the datacenter Blackwell (9.x, 10.x, 11.x): the launch code picks a kernel's form by it."""
     assert KernelTarget(True, capability, 100, 99 * 1024).warp_products is warp_products
     assert INTERPRETER.warp_products is False
+
+
+def test_half_inputs_are_exact_in_tf32_so_one_tf32_product_rounds_only_the_kernels_own_operands():
+    """dot_precision's premise: every float16 / bfloat16 value (all 65536 bit patterns, subnormals, infinities
+    and NaNs among them) has at most TF32's 10 fraction bits and its exponent range once cast to float32 (the
+    low 13 bits are zero), so a single TF32 product is exact on the loaded tiles; float32 values are not."""
+    for dtype in (torch.float16, torch.bfloat16):
+        values = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+        assert values.unique().numel() > 60000 and values.isnan().any() and (values[values != 0].abs() <
+                                                                             torch.finfo(dtype).tiny).any()
+        assert not (values.float().view(torch.int32) & 0x1FFF).any(), dtype
+    assert (torch.randn(4096).view(torch.int32) & 0x1FFF).any()
+    assert [dot_precision(dtype, 64) for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)] == \
+        ['tf32x3', 'tf32', 'tf32', 'ieee']
+    assert [dot_precision(dtype, 128) for dtype in (torch.float32, torch.bfloat16)] == ['ieee', 'tf32']
+
+
+@pytest.mark.parametrize('op_name, option', [('pola', 'PREC'), ('inline', 'PRECISION')])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_the_attention_kernels_take_their_products_precision_from_one_rule(op_name, option, dtype):
+    """Pola's and InLine's kernels load their tiles into float32 and multiply on tensor cores at the precision
+    ``dot_precision`` gives for the inputs' dtype and head dim block, on every GPU (a dry run of the forward and
+    backward); the interpreter computes every product in IEEE float32 whatever it is asked."""
+    op = OPS[op_name]
+    for target in (A100, H100, B200):
+        for head_dim in (32, 64, 128):
+            tensors, options = op.example_inputs(1, 2, (3, 5), head_dim, torch.Generator().manual_seed(0))
+            tensors = [t.to(dtype).requires_grad_() if i < 3 else t for i, t in enumerate(tensors)]
+            with dry_run(target) as launches:
+                out = op.impls['triton'](*tensors, *options)
+                torch.autograd.grad(out, tensors[:3], torch.ones_like(out))
+            assert len(launches) >= 4, (target, head_dim)
+            precisions = {launch.kwargs[option] for launch in launches if option in launch.kwargs}
+            assert precisions == {dot_precision(dtype, max(16, next_power_of_2(head_dim)))}, (target, head_dim)
 
 
 # on a 99 KiB GPU: a float32 head dim each op turns down, and (head dim, dtype) it runs. PaCS's tiles are half the
