@@ -39,6 +39,7 @@ bfloat16 inputs use one TF32 product (their values are exact in TF32: only M and
 kernels, are rounded to TF32). float64 inputs (CPU interpreter only, for tests) are computed in float32
 like the others.
 """
+import functools
 import math
 
 import torch
@@ -206,6 +207,22 @@ if triton_available() is None:
 _GPU_DEFAULTS = {32: dict(BLOCK=64, num_warps=8), 64: dict(BLOCK=32, num_warps=8)}
 
 
+def _default(bd):
+    """The default config of head dim block ``bd`` in the interpreter, and on a GPU where _GPU_DEFAULTS has none."""
+    return dict(BLOCK=64 if bd <= 64 else 32, num_warps=4 if bd <= 64 else 8)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_choices(dtype, bd):
+    """(default config, dot precision, token granule) of the kernels on a GPU for inputs of ``dtype`` at head dim
+    block ``bd`` (asked once per pair: each call is Python on the host's side of every attention layer)."""
+    # the backward kernels spill registers with 4 warps at head dim 32, and with 64 rows at 64
+    # (``tools/check_triton_kernels.py --untuned``)
+    default = _GPU_DEFAULTS.get(bd) or _default(bd)
+    granule = max(c.kwargs['BLOCK'] for c in _fitting(_TUNED, None, BD=bd))
+    return default, dot_precision(dtype, bd), granule
+
+
 class _Launch:
     """Head block, chunks, dot precision and default config of one call (same for forward and backward).
 
@@ -216,16 +233,12 @@ class _Launch:
 
     def __init__(self, device, dtype, B, N, n, num_heads, head_dim):
         self.bd = max(16, next_power_of_2(head_dim))
-        self.default = dict(BLOCK=64 if self.bd <= 64 else 32, num_warps=4 if self.bd <= 64 else 8)
         target = kernel_target(device)
         if target.gpu:
-            # the backward kernels spill registers with 4 warps at head dim 32, and with 64 rows at 64
-            # (``tools/check_triton_kernels.py --untuned``)
-            self.default = _GPU_DEFAULTS.get(self.bd, self.default)
+            self.default, self.precision, self.granule = _gpu_choices(dtype, self.bd)
             self.programs = 4 * target.sm_count  # enough programs to fill the GPU with a few waves
-            self.precision = dot_precision(dtype, self.bd)
-            self.granule = max(c.kwargs['BLOCK'] for c in _fitting(_TUNED, None, BD=self.bd))
         else:  # the interpreter: few programs (each costs Python), but several chunks once N is large
+            self.default = _default(self.bd)
             self.programs = 4
             self.precision = 'ieee'
             self.granule = self.default['BLOCK']
