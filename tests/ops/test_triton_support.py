@@ -76,6 +76,29 @@ def test_half_inputs_are_exact_in_tf32_so_one_tf32_product_rounds_only_the_kerne
     assert [dot_precision(dtype, 128) for dtype in (torch.float32, torch.bfloat16)] == ['ieee', 'tf32']
 
 
+def _tf32(x):
+    """x rounded to TF32 (10 fraction bits, to nearest, ties away from zero, as the GPUs' conversion), as float64."""
+    bits = x.float().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).double()
+
+
+@pytest.mark.parametrize('dtype, share', [(torch.float16, 1.0), (torch.bfloat16, 0.2)], ids=str)
+def test_one_tf32_product_rounds_finer_than_the_half_output(dtype, share):
+    """What one TF32 product costs half inputs: with InLine's summary matrix M rounded to TF32 (the only rounded
+    operand of ``q M`` and ``g M^T``, q and g being exact), the output and q's gradient move by less than rounding
+    them to the inputs' dtype does (float16), a fifth of it (bfloat16); computed in float64 on the CPU."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, grad = [torch.randn(2, 143, 64, generator=g).to(dtype).double() for _ in range(4)]
+    n, d = k.shape[1], k.shape[2]
+    m = (k.transpose(1, 2) @ v / n - k.mean(1)[:, :, None] * v.mean(1)[:, None, :]) * d ** -0.5
+    for exact, rounded in ((v.mean(1, keepdim=True) + q @ m, v.mean(1, keepdim=True) + q @ _tf32(m)),
+                           (grad @ m.transpose(1, 2), grad @ _tf32(m).transpose(1, 2))):
+        largest = exact.abs().max()
+        tf32_error = (rounded - exact).abs().max() / largest
+        output_rounding = (exact.to(dtype).double() - exact).abs().max() / largest
+        assert 0 < tf32_error < share * output_rounding, (tf32_error, output_rounding)
+
+
 @pytest.mark.parametrize('op_name, option', [('pola', 'PREC'), ('inline', 'PRECISION')])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_the_attention_kernels_take_their_products_precision_from_one_rule(op_name, option, dtype):
