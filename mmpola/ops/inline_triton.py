@@ -216,8 +216,9 @@ def _default(bd):
 def _gpu_choices(dtype, bd):
     """(default config, dot precision, token granule) of the kernels on a GPU for inputs of ``dtype`` at head dim
     block ``bd`` (asked once per pair: each call is Python on the host's side of every attention layer)."""
-    # the backward kernels spill registers with 4 warps at head dim 32, and with 64 rows at 64
-    # (``tools/check_triton_kernels.py --untuned``)
+    # in float32 (three TF32 products) the backward kernels spill registers with 4 warps at head dim 32, and
+    # with 64 rows at 64 (``tools/check_triton_kernels.py --untuned``); with half inputs these defaults spill
+    # nothing either
     default = _GPU_DEFAULTS.get(bd) or _default(bd)
     granule = max(c.kwargs['BLOCK'] for c in _fitting(_TUNED, None, BD=bd))
     return default, dot_precision(dtype, bd), granule
