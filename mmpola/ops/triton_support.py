@@ -373,7 +373,6 @@ def key_bias_args(bias, k):
     return (k, (0, ) * k.dim()) if bias is None else (bias, bias.expand(k.shape).stride())
 
 
-
 def dot_precision(dtype, bd):
     """``tl.dot``'s input precision for a kernel whose tiles are loaded from ``dtype`` inputs and computed in
     float32, at head dim block ``bd``: three TF32 products (about float32's accuracy, on tensor cores) for
