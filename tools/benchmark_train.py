@@ -556,10 +556,12 @@ def summarize_profile(profiler, wall_seconds, device):
     from torch.autograd import DeviceType
     events = list(profiler.prof.events())
     cpu_events = [e for e in events if e.device_type == DeviceType.CPU]
-    # record_function ranges also appear on the device's timeline (gpu_user_annotation): not kernels
+    # record_function ranges also appear on the device's timeline (gpu_user_annotation): not kernels (the
+    # events of torch 2.11 have no activity type: there such a range is known by its name alone)
     annotations = {e.name for e in cpu_events if e.is_user_annotation}
     device_events = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation
-                     and e.name not in annotations and 'user_annotation' not in str(e.activity_type)]
+                     and e.name not in annotations
+                     and 'user_annotation' not in str(getattr(e, 'activity_type', None) or '')]
     labels = set(profiler.labels)
     summary = dict(device=device.type, wall_ms=1e3 * wall_seconds)
 

@@ -174,6 +174,10 @@ def test_profile_summary_of_a_cuda_iteration():
                                labels=['model.backbone', 'optim_wrapper.backward'])
 
     summary = TRAIN.summarize_profile(profiler, 0.001, torch.device('cuda'))
+    # torch 2.11's events have no activity type: the same summary
+    for e in events:
+        e.__dict__.pop('activity_type', None)
+    assert TRAIN.summarize_profile(profiler, 0.001, torch.device('cuda')) == summary
     assert summary['device_ms'] == pytest.approx(0.095) and summary['kernels'] == 2
     assert summary['parts']['model.backbone'] == dict(calls=1, cpu_ms=pytest.approx(0.1), device_ms=pytest.approx(0.03))
     assert summary['parts']['optim_wrapper.backward']['device_ms'] == pytest.approx(0.06)
