@@ -677,6 +677,44 @@ def write_profile(profiler, clock, device, spec, out_dir, title):
 # --------------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def triton_compilations(counting):
+    """Yield a list that gets the name of each Triton kernel compiled inside (or loaded from Triton's disk
+    cache: a kernel, config and specialisation new to the process) while ``counting()`` is true, through
+    Triton's public ``jit_post_compile_hook`` (a hook already set still runs, and is set again after); a list
+    that stays empty where Triton, or that hook, is missing. Training iterations that compile kernels pay
+    for it in their time: at changing detection image sizes, a kernel specialised on a size would."""
+    compiled = []
+    try:
+        from triton import knobs
+        runtime = knobs.runtime
+        previous = runtime.jit_post_compile_hook
+    except (ImportError, AttributeError):
+        yield compiled
+        return
+
+    def hook(**kwargs):
+        if counting():
+            compiled.append(getattr(kwargs.get('fn'), 'name', '?'))
+        return previous(**kwargs) if previous is not None else None
+
+    runtime.jit_post_compile_hook = hook
+    try:
+        yield compiled
+    finally:
+        runtime.jit_post_compile_hook = previous
+
+
+def compilations_text(names):
+    """'0', or the count and each kernel's: '3 (_pola_fwd_keys x2, _dw_conv_kernel)'."""
+    if not names:
+        return '0'
+    counts = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return f"{len(names)} ({', '.join(n if c == 1 else f'{n} x{c}' for n, c in sorted(counts.items()))})"
+
+
 def _median(values):
     values = sorted(values)
     mid = len(values) // 2
@@ -711,7 +749,8 @@ def bench_config(spec, args, device):
         if model_device.type != device.type:
             raise TrainBenchError(f'the Runner put the model on {model_device}, not on {device} as asked')
         cli.check_train_batches(runner)  # a training set (--data-root) smaller than one batch: its row says so
-        runner.train()
+        with triton_compilations(lambda: clock.timed) as compiled:
+            runner.train()
         hooks = [type(h).__name__ for h in runner.hooks if type(h).__module__ != __name__]
         batch = cfg.train_dataloader.batch_size
         if len(clock.iter_times) < args.iters:
@@ -720,7 +759,7 @@ def bench_config(spec, args, device):
         row = dict(config=config_label(spec), device=_device_name(device), amp=amp_label(cfg), batch=batch,
                    median=_median(clock.iter_times), min=min(clock.iter_times), data=_median(clock.data_times),
                    peak=clock.peak_mib, peak_reset=clock.peak_reset, hooks=hooks, data_info=info['data'],
-                   notes=info['notes'])
+                   notes=info['notes'], compiled=compiled)
         row['images_per_s'] = batch / row['median']
         row['trend'] = steadiness(clock.iter_times)
         if profiler is not None:
@@ -762,7 +801,8 @@ def bench_train(args, device):
             r = rows[-1]  # at once, so that a run stopped before the table keeps the configs it finished
             peak = f"{r['peak']:.0f} MiB" if r['peak'] is not None else '-'
             print(f"[{i}/{len(args.configs)}] {r['config']}: {r['median']:.3f} s/iter (median; min {r['min']:.3f}), "
-                  f"peak {peak}", flush=True)
+                  f"peak {peak}" + (f", Triton kernels compiled while timed: {len(r['compiled'])}"
+                                    if r['device'] == 'cuda' else ''), flush=True)
     if not rows:
         for line in skipped:
             print(f'skipped {line}')
@@ -790,7 +830,9 @@ def bench_train(args, device):
                   f"{r['trend']:.2f}): not yet a steady state; raise --warmup (and --iters)")
     for r in rows:
         print(f"- {r['config']}: data: {r['data_info']}; hooks: {', '.join(r['hooks'])}"
-              + ('' if r['peak_reset'] else '; peak memory over the whole process (no reset)'))
+              + ('' if r['peak_reset'] else '; peak memory over the whole process (no reset)')
+              + (f"; Triton kernels compiled during the timed iterations: {compilations_text(r['compiled'])}"
+                 if r['device'] == 'cuda' else ''))
         for note in r['notes']:
             print(f'  - {note}')
     for r in rows:

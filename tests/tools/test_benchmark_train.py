@@ -189,6 +189,41 @@ def test_profile_summary_of_a_cuda_iteration():
     assert '- kernels launched: 2' in text and '| optim_wrapper.backward | 1 | 0.2 | 0.1 | 63.2 |' in text
 
 
+def test_triton_compilations_are_counted_while_asked_and_the_hook_restored():
+    """The count of kernels Triton compiles in the timed iterations: through Triton's public post-compile hook,
+    only while ``counting()`` is true, with a hook already set still called and set again afterwards."""
+    pytest.importorskip('triton')
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    earlier = []
+
+    def previous(**kwargs):
+        earlier.append(kwargs['fn'].name)
+
+    def compile_kernel(name):  # what Triton's JIT does after each compilation
+        knobs.runtime.jit_post_compile_hook(key='k', repr=name, fn=SimpleNamespace(name=name), compile={},
+                                            is_manual_warmup=False, already_compiled=False)
+
+    timed = [False]
+    knobs.runtime.jit_post_compile_hook = previous
+    try:
+        with TRAIN.triton_compilations(lambda: timed[0]) as compiled:
+            compile_kernel('_warm_up_kernel')
+            timed[0] = True
+            compile_kernel('_pola_fwd_keys')
+            compile_kernel('_pola_fwd_keys')
+            compile_kernel('_dw_conv_kernel')
+        assert knobs.runtime.jit_post_compile_hook is previous
+    finally:
+        knobs.runtime.jit_post_compile_hook = None
+    assert compiled == ['_pola_fwd_keys', '_pola_fwd_keys', '_dw_conv_kernel']
+    assert earlier == ['_warm_up_kernel', '_pola_fwd_keys', '_pola_fwd_keys', '_dw_conv_kernel']
+    assert TRAIN.compilations_text(compiled) == '3 (_dw_conv_kernel, _pola_fwd_keys x2)'
+    assert TRAIN.compilations_text([]) == '0'
+
+
 def test_steadiness_tells_a_falling_run_from_a_steady_one():
     steady = TRAIN.steadiness([1.0, 1.1, 0.9, 1.0, 1.05, 0.95])
     assert steady == pytest.approx(1.0, abs=0.06)
