@@ -4,7 +4,8 @@
 #   make lint   - ruff (pyflakes, pycodestyle, isort rules; ruff.toml)
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
 #   make -k bench-gpu - the GPU tests and tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
-#   make -k bench-gpu-quick, then make bench-gpu-quick-train - the rows of the GPU targets only, for a short turn
+#   make bench-gpu-quick-compile, make bench-gpu-quick-train, make -k bench-gpu-quick - the GPU targets' rows only,
+#                   for a short turn
 #   make docs-check - the params / GMACs figures of the docs counted again (tools/docs_figures.py) and compared
 #   make check-kernels - every Triton kernel compiled for sm_80, sm_90, sm_100, sm_86, sm_89 and sm_120 (no GPU
 #                   needed): shared memory, registers, spills; fails on a kernel that does not compile or fit
@@ -14,7 +15,7 @@ PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
 .PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu test-gpu bench-gpu-warm bench-gpu-ops \
-	bench-gpu-train bench-gpu-quick bench-gpu-quick-train docs-check docs-figures check-kernels
+	bench-gpu-train bench-gpu-quick-compile bench-gpu-quick bench-gpu-quick-train docs-check docs-figures check-kernels
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)
@@ -153,37 +154,54 @@ bench-gpu-train:
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
 
-# The rows that decide the targets of docs/benchmarks.md first, for a short turn on a GPU (meant for about ten
-# minutes on a fresh machine, with mmcv building meanwhile): make -k bench-gpu-quick PY=python3 (no mmcv
-# needed), then make bench-gpu-quick-train PY=python3. First, in parallel: the kernels of the two Pola backbones compile
-# (the timed runs tune again: only Triton's disk cache is shared) and the models' Triton paths are checked against the
-# library's (GPU_MODEL_TESTS, needs pytest; the log in work_dirs/gpu_model_tests.log).
+# A short turn on a GPU (about ten minutes on a fresh machine, mmcv building with CUDA ops for about five of them):
+# while mmcv builds, make bench-gpu-quick-compile PY=python3 (no mmcv needed, nothing timed: the compiler's processes
+# slow the host side of every step, and at batch 2 the host sets the pace of these backbones); after it,
+# make bench-gpu-quick-train PY=python3 (the detectors of the targets first), then make -k bench-gpu-quick PY=python3
+# (the backbones) as time allows. The compile stage, in parallel: the kernels of the two Pola backbones in bf16 and in
+# fp16 (the detectors' --amp; the timed runs tune again: only Triton's disk cache is shared) and the models' Triton
+# paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in work_dirs/gpu_model_tests.log).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
-bench-gpu-quick:
+bench-gpu-quick-compile:
 	@mkdir -p work_dirs; \
 	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) >work_dirs/gpu_model_tests.log 2>&1 & \
 	tests=$$!; \
 	for model in pola-pvt-t pola-swin-t; do \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
 			--amp bfloat16 --repeat 1 --no-memory >/dev/null 2>&1 & \
+		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
+			--amp float16 --repeat 1 --no-memory >/dev/null 2>&1 & \
 	done; \
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --impls triton --repeat 1 --no-memory \
 		--no-error >/dev/null 2>&1 & \
 	wait $$tests; rc=$$?; wait; \
 	tail -n 12 work_dirs/gpu_model_tests.log; \
 	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) failed (above): the Triton paths against the library's on this GPU"
+
+bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
 		--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl torch
-	$(PY) tools/benchmark.py host --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t --compare-recompute
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
+		--backward --amp bfloat16 --repeat 10 --attn-impl fast
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344
+	$(PY) tools/benchmark.py host --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t --compare-recompute
 
+# The detectors: the four of the targets (and a profile of one more iteration of each); Pola-Swin-T's Mask R-CNN, whose
+# multi-scale crops give nearly every iteration new image sizes, with the depthwise convolutions on the library's
+# convolution and with the attention's fast path (where its time at new sizes goes); the Pola detectors with the
+# library's linear layers; the mmdet detectors with mmpola's optimizer step.
+POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py
 bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
 		--profile work_dirs/benchmark_profile
+	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+		--dwconv-impl torch
+	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+		--attn-impl fast
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
 		--warmup 20 --recompute-impl torch
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \

@@ -446,7 +446,8 @@ def _makefile_benchmark_commands(*targets):
 def test_every_benchmark_command_of_the_makefile_parses():
     """The GPU targets run only where a GPU is: their benchmark commands take the tool's own cases, models and
     options (argparse exits on any other)."""
-    commands = _makefile_benchmark_commands('bench', 'bench-gpu', 'bench-gpu-quick', 'bench-gpu-quick-train')
+    commands = _makefile_benchmark_commands('bench', 'bench-gpu', 'bench-gpu-quick-compile', 'bench-gpu-quick',
+                                            'bench-gpu-quick-train')
     assert {argv[0] for argv in commands} == {'attention', 'backbone', 'scaling', 'amp', 'layers', 'train', 'host',
                                               'optim'}
     # the warm-up loops: one command per model (and per case)
