@@ -18,7 +18,8 @@ Two hooks of their own time the iterations: one with the highest priority at ``b
 one with the lowest at ``after_train_iter``, each synchronising the device first. An iteration's time
 runs from the end of the previous one to its own end: loading its batch, every hook, the forward and
 backward passes, the optimizer step; its data time from the end of the previous iteration to its
-first hook.
+first hook. The peak memory of the timed iterations is read in each of them by both hooks (mmengine's logger
+resets the CUDA peak where it logs, between the two).
 """
 import contextlib
 import copy
@@ -428,13 +429,21 @@ class IterationClock:
             self.profiler.start(runner)
             self._profile_start = time.perf_counter()
 
+    def observe_peak(self):
+        """Keep the largest peak memory read in a timed iteration. Read at the first of the iteration's
+        ``after_train_iter`` hooks too, before mmengine's logger reads the CUDA peak and resets it (each
+        logging iteration), and again at the last (what the hooks after the logger allocate)."""
+        if self.timed:
+            peak = _peak_mib(self.device)
+            self.peak_mib = peak if self.peak_mib is None else max(self.peak_mib, peak)
+
     def end(self, runner):
         _synchronize(self.device)
         now = time.perf_counter()
         if self.timed:
             self.iter_times.append(now - self.last_end)
+            self.observe_peak()
             if self.index == self.warmup + self.iters - 1:
-                self.peak_mib = _peak_mib(self.device)
                 if self.profiler is None:
                     runner.train_loop.stop_training = True
         elif self.index == self.warmup + self.iters:  # the profiled iteration
@@ -449,7 +458,8 @@ class IterationClock:
 
 def timing_hooks(clock):
     """Two hooks around each iteration: the first of its ``before_train_iter`` and the last of its
-    ``after_train_iter`` hooks."""
+    ``after_train_iter`` hooks (the first hook's ``after_train_iter`` reads the peak memory:
+    :meth:`IterationClock.observe_peak`)."""
     from mmengine.hooks import Hook
 
     class IterationStart(Hook):
@@ -457,6 +467,9 @@ def timing_hooks(clock):
 
         def before_train_iter(self, runner, batch_idx, data_batch=None):
             clock.begin(runner)
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            clock.observe_peak()
 
     class IterationEnd(Hook):
         priority = 'LOWEST'

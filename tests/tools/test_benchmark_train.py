@@ -224,6 +224,30 @@ def test_triton_compilations_are_counted_while_asked_and_the_hook_restored():
     assert TRAIN.compilations_text([]) == '0'
 
 
+def test_the_peak_memory_survives_mmengines_logger_resetting_it(monkeypatch):
+    """mmengine's logger reads the CUDA peak and resets it at each logging iteration, after the step and before the
+    timing's last hook: the peak of the timed iterations is read before the logger too (at the first hook)."""
+    from types import SimpleNamespace
+
+    import torch
+    state = dict(peak=0, current=100)  # MiB: the peak since the last reset, and what stays allocated
+    monkeypatch.setattr(TRAIN, '_peak_mib', lambda device: state['peak'])
+    monkeypatch.setattr(TRAIN, '_reset_peak', lambda device: state.update(peak=state['current']) or True)
+    monkeypatch.setattr(TRAIN, '_synchronize', lambda device: None)
+    clock = TRAIN.IterationClock(torch.device('cpu'), warmup=1, iters=3)
+    first, last = TRAIN.timing_hooks(clock)
+    runner = SimpleNamespace(train_loop=SimpleNamespace(stop_training=False))
+    last.before_train(runner)
+    for i, step_peak in enumerate([900, 500, 700, 400]):  # a warm-up iteration, then the timed ones
+        first.before_train_iter(runner, i)
+        state['peak'] = max(state['peak'], step_peak)  # the step's activations
+        first.after_train_iter(runner, i)
+        if i % 2 == 1:  # the logger, as mmengine's get_max_cuda_memory
+            state['peak'] = state['current']
+        last.after_train_iter(runner, i)
+    assert clock.peak_mib == 700 and len(clock.iter_times) == 3 and runner.train_loop.stop_training
+
+
 def test_steadiness_tells_a_falling_run_from_a_steady_one():
     steady = TRAIN.steadiness([1.0, 1.1, 0.9, 1.0, 1.05, 0.95])
     assert steady == pytest.approx(1.0, abs=0.06)
