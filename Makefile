@@ -178,6 +178,9 @@ bench-gpu-quick-compile:
 	tail -n 12 work_dirs/gpu_model_tests.log; \
 	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) failed (above): the Triton paths against the library's on this GPU"
 
+# bench-gpu-quick's last rows: the backbones' steps at 64x96, where the device has almost nothing to do, so that the
+# time is the host's on that machine with the real launches (host, before them, records the Triton launches in a
+# dry run instead of making them: the difference is Triton's own cost of the launches).
 bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
@@ -189,6 +192,10 @@ bench-gpu-quick:
 		--amp float16 --repeat 10
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344
 	$(PY) tools/benchmark.py host --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t --compare-recompute
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
+		--sizes 64x96 --batch 2 --backward --amp bfloat16 --repeat 20 --no-memory
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 64x96 \
+		--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl torch
 
 # The detectors: the four of the targets (and a profile of one more iteration of each); Pola-Swin-T's Mask R-CNN, whose
 # multi-scale crops give nearly every iteration new image sizes, with the depthwise convolutions on the library's
