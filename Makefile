@@ -156,7 +156,7 @@ bench-gpu-train:
 
 # A short turn on a GPU (about ten minutes on a fresh machine, mmcv building with CUDA ops for about five of them):
 # while mmcv builds, make bench-gpu-quick-compile PY=python3 (no mmcv needed, nothing timed: the compiler's processes
-# slow the host side of every step, and at batch 2 the host sets the pace of these backbones); after it,
+# slow the host side of every step, which at batch 2 takes about as long as these backbones' steps); after it,
 # make bench-gpu-quick-train PY=python3 (the detectors of the targets first), then make -k bench-gpu-quick PY=python3
 # (the backbones) as time allows. The compile stage, in parallel: the kernels of the two Pola backbones in bf16 and in
 # fp16 (the detectors' --amp; the timed runs tune again: only Triton's disk cache is shared) and the models' Triton
