@@ -672,11 +672,17 @@ def render_profile(summary, title):
 
 def write_profile(profiler, clock, device, spec, out_dir, title):
     """Write the chrome trace and the summary (Markdown and JSON) of the profiled iteration; returns the
-    summary's Markdown."""
+    summary's Markdown (a line saying why there is none where torch's profiler events lack what the summary
+    reads: the timed rows and the trace stay)."""
     os.makedirs(out_dir, exist_ok=True)
     stem = file_stem(spec)
-    profiler.prof.export_chrome_trace(osp.join(out_dir, f'{stem}_trace.json'))
-    summary = summarize_profile(profiler, clock.profiled_seconds, device)
+    trace = osp.join(out_dir, f'{stem}_trace.json')
+    profiler.prof.export_chrome_trace(trace)
+    try:
+        summary = summarize_profile(profiler, clock.profiled_seconds, device)
+    except (AttributeError, KeyError, TypeError) as err:  # events of a torch version the summary does not know
+        first = (str(err).strip().splitlines() or [''])[0][:200]
+        return f'{title}: no profile summary ({type(err).__name__}: {first}); the chrome trace: {trace}'
     text = render_profile(summary, title)
     with open(osp.join(out_dir, f'{stem}_profile.md'), 'w') as f:
         f.write(text)

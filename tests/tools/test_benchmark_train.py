@@ -248,6 +248,24 @@ def test_the_peak_memory_survives_mmengines_logger_resetting_it(monkeypatch):
     assert clock.peak_mib == 700 and len(clock.iter_times) == 3 and runner.train_loop.stop_training
 
 
+def test_a_profile_summary_that_fails_leaves_the_trace_and_says_why(tmp_path, monkeypatch):
+    """Where torch's profiler events lack what the summary reads, the config's row and the chrome trace stay and
+    the summary is one line saying why (the timed iterations are not lost to the profile)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    def summary_of_other_events(*args):
+        raise AttributeError("'FunctionEvent' object has no attribute 'device_time_total'")
+
+    monkeypatch.setattr(TRAIN, 'summarize_profile', summary_of_other_events)
+    profiler = SimpleNamespace(prof=SimpleNamespace(export_chrome_trace=lambda path: open(path, 'w').write('{}')))
+    clock = SimpleNamespace(profiled_seconds=0.1)
+    text = TRAIN.write_profile(profiler, clock, torch.device('cuda'), 'configs/x/a_b.py', str(tmp_path), 'a_b')
+    assert (tmp_path / 'a_b_trace.json').is_file()
+    assert text.startswith('a_b: no profile summary (AttributeError: ') and str(tmp_path) in text
+
+
 def test_steadiness_tells_a_falling_run_from_a_steady_one():
     steady = TRAIN.steadiness([1.0, 1.1, 0.9, 1.0, 1.05, 0.95])
     assert steady == pytest.approx(1.0, abs=0.06)
