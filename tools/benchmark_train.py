@@ -586,6 +586,15 @@ def summarize_profile(profiler, wall_seconds, device):
     if device.type == 'cuda':
         summary['device_ms'] = sum(e.time_range.elapsed_us() for e in device_events) / 1e3
         summary['kernels'] = sum(1 for e in device_events if not e.name.startswith(('Memcpy', 'Memset')))
+        kernels = {}  # name: [launches, device time us] (the Triton kernels under their own names)
+        for e in device_events:
+            entry = kernels.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us()
+        device_us = max(1e3 * summary['device_ms'], 1e-9)
+        summary['top_kernels'] = [dict(name=name, calls=calls, ms=us / 1e3, percent=100 * us / device_us)
+                                  for name, (calls, us) in sorted(kernels.items(), key=lambda item: -item[1][1])
+                                  [:TOP_OPS]]
         for e in cpu_events:
             if e.name not in labels and not e.is_async and e.self_device_time_total > 0:
                 entry = ops.setdefault(e.name, [0, 0.0])
@@ -650,6 +659,12 @@ def render_profile(summary, title):
     for op in summary['top_ops']:
         name = op['name'] if len(op['name']) <= 90 else op['name'][:87] + '...'
         lines.append(f"| {name.replace('|', '/')} | {op['calls']} | {op['self_ms']:.2f} | {op['percent']:.1f} |")
+    if cuda:
+        lines += ['', f'### Top {TOP_OPS} kernels by device time', '', '| kernel | launches | device ms | % of total |',
+                  '|---|---:|---:|---:|']
+        for k in summary['top_kernels']:
+            name = k['name'] if len(k['name']) <= 90 else k['name'][:87] + '...'
+            lines.append(f"| {name.replace('|', '/')} | {k['calls']} | {k['ms']:.2f} | {k['percent']:.1f} |")
     lines += ['', '### Time per part of the iteration', '',
               '| part | calls | CPU ms (wall of the range) |' + (' device ms |' if cuda else '') + ' % of iteration |',
               '|---|---:|---:|' + ('---:|' if cuda else '') + '---:|']

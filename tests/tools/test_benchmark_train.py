@@ -179,6 +179,8 @@ def test_profile_summary_of_a_cuda_iteration():
         e.__dict__.pop('activity_type', None)
     assert TRAIN.summarize_profile(profiler, 0.001, torch.device('cuda')) == summary
     assert summary['device_ms'] == pytest.approx(0.095) and summary['kernels'] == 2
+    assert [(k['name'], k['calls'], round(k['ms'], 3)) for k in summary['top_kernels']] == [
+        ('gemm_b', 1, 0.06), ('gemm_a', 1, 0.03), ('Memcpy DtoH (Device -> Pageable)', 1, 0.005)]
     assert summary['parts']['model.backbone'] == dict(calls=1, cpu_ms=pytest.approx(0.1), device_ms=pytest.approx(0.03))
     assert summary['parts']['optim_wrapper.backward']['device_ms'] == pytest.approx(0.06)
     assert summary['syncs']['aten::_local_scalar_dense'] == 1 and summary['syncs']['Memcpy DtoH'] == 1
@@ -187,6 +189,7 @@ def test_profile_summary_of_a_cuda_iteration():
                                          percent=pytest.approx(100 * 90 / 95))
     text = TRAIN.render_profile(summary, 'made-up')
     assert '- kernels launched: 2' in text and '| optim_wrapper.backward | 1 | 0.2 | 0.1 | 63.2 |' in text
+    assert '| gemm_b | 1 | 0.06 | 63.2 |' in text
 
 
 def test_triton_compilations_are_counted_while_asked_and_the_hook_restored():
