@@ -740,7 +740,7 @@ def triton_compilations(counting):
 
 
 def compilations_text(names):
-    """'0', or the count and each kernel's: '3 (_pola_fwd_keys x2, _dw_conv_kernel)'."""
+    """'0', or the count and each kernel's: '3 (_dw_conv_kernel, _pola_fwd_keys x2)'."""
     if not names:
         return '0'
     counts = {}
