@@ -21,6 +21,7 @@ backward passes, the optimizer step; its data time from the end of the previous 
 first hook. The peak memory of the timed iterations is read in each of them by both hooks (mmengine's logger
 resets the CUDA peak where it logs, between the two).
 """
+import collections
 import contextlib
 import copy
 import gc
@@ -564,6 +565,17 @@ class IterationProfiler:
         self._patched = []
 
 
+def _top_by_time(named_times):
+    """(name, count, total us) of the ``TOP_OPS`` names with the most time, from (name, us) pairs."""
+    totals = {}  # name: [count, us]
+    for name, us in named_times:
+        entry = totals.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += us
+    ranked = sorted(totals.items(), key=lambda item: -item[1][1])[:TOP_OPS]
+    return [(name, count, us) for name, (count, us) in ranked]
+
+
 def summarize_profile(profiler, wall_seconds, device):
     """The numbers of the profile summary (a dict; times in ms)."""
     from torch.autograd import DeviceType
@@ -582,38 +594,24 @@ def summarize_profile(profiler, wall_seconds, device):
     syncs['Memcpy DtoH'] = sum(1 for e in device_events if 'DtoH' in e.name)
     summary['syncs'] = syncs
 
-    ops = {}  # name: [calls, self time us]
     if device.type == 'cuda':
         summary['device_ms'] = sum(e.time_range.elapsed_us() for e in device_events) / 1e3
         summary['kernels'] = sum(1 for e in device_events if not e.name.startswith(('Memcpy', 'Memset')))
-        kernels = {}  # name: [launches, device time us] (the Triton kernels under their own names)
-        for e in device_events:
-            entry = kernels.setdefault(e.name, [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.time_range.elapsed_us()
-        device_us = max(1e3 * summary['device_ms'], 1e-9)
-        summary['top_kernels'] = [dict(name=name, calls=calls, ms=us / 1e3, percent=100 * us / device_us)
-                                  for name, (calls, us) in sorted(kernels.items(), key=lambda item: -item[1][1])
-                                  [:TOP_OPS]]
-        for e in cpu_events:
-            if e.name not in labels and not e.is_async and e.self_device_time_total > 0:
-                entry = ops.setdefault(e.name, [0, 0.0])
-                entry[0] += 1
-                entry[1] += e.self_device_time_total
         total_us = 1e3 * summary['device_ms']
+        # the kernels under their own names (Triton's included), and the ops that launched them
+        summary['top_kernels'] = [dict(name=name, calls=calls, ms=us / 1e3, percent=100 * us / max(total_us, 1e-9))
+                                  for name, calls, us in _top_by_time((e.name, e.time_range.elapsed_us())
+                                                                      for e in device_events)]
+        op_times = ((e.name, e.self_device_time_total) for e in cpu_events
+                    if e.name not in labels and not e.is_async and e.self_device_time_total > 0)
     else:
         aten = [e for e in cpu_events if e.name.startswith('aten::')]
         summary['aten_ops'] = len(aten)
         summary['self_cpu_ms'] = sum(e.self_cpu_time_total for e in cpu_events if not e.is_async) / 1e3
-        for e in cpu_events:
-            if e.name not in labels and not e.is_async:
-                entry = ops.setdefault(e.name, [0, 0.0])
-                entry[0] += 1
-                entry[1] += e.self_cpu_time_total
         total_us = 1e3 * summary['self_cpu_ms']
-    top = sorted(ops.items(), key=lambda item: -item[1][1])[:TOP_OPS]
+        op_times = ((e.name, e.self_cpu_time_total) for e in cpu_events if e.name not in labels and not e.is_async)
     summary['top_ops'] = [dict(name=name, calls=calls, self_ms=us / 1e3, percent=100 * us / max(total_us, 1e-9))
-                          for name, (calls, us) in top]
+                          for name, calls, us in _top_by_time(op_times)]
 
     # the parts: CPU time = the range's wall time; device time = kernels launched inside it, on its thread
     # and (backward on CUDA runs on autograd's own thread) by top-level ops of other threads that start in it
@@ -743,10 +741,8 @@ def compilations_text(names):
     """'0', or the count and each kernel's: '3 (_dw_conv_kernel, _pola_fwd_keys x2)'."""
     if not names:
         return '0'
-    counts = {}
-    for name in names:
-        counts[name] = counts.get(name, 0) + 1
-    return f"{len(names)} ({', '.join(n if c == 1 else f'{n} x{c}' for n, c in sorted(counts.items()))})"
+    counts = sorted(collections.Counter(names).items())
+    return f"{len(names)} ({', '.join(n if c == 1 else f'{n} x{c}' for n, c in counts)})"
 
 
 def _median(values):
