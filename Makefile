@@ -141,12 +141,16 @@ bench-gpu-ops:
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t softmax-pvtv2-b2 \
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5 --dwconv-impl torch
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t softmax-pvtv2-b2 \
+		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5 --sdpa-impl torch
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
 
 bench-gpu-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--profile work_dirs/benchmark_profile
+	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
+		--sdpa-impl torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --dwconv-impl torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
@@ -178,12 +182,19 @@ bench-gpu-quick-compile:
 	tail -n 12 work_dirs/gpu_model_tests.log; \
 	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) failed (above): the Triton paths against the library's on this GPU"
 
-# bench-gpu-quick's last rows: the backbones' steps at 64x96, where the device has almost nothing to do, so that the
-# time is the host's on that machine with the real launches (host, before them, records the Triton launches in a
-# dry run instead of making them: the difference is Triton's own cost of the launches).
+# bench-gpu-quick's second and third commands: the backbones with softmax stages at new input sizes (a detector's
+# every iteration), with cuDNN's attention left out ('auto') and with torch's choice (--sdpa-impl torch: cuDNN's
+# first on compute capability 9.0 / 10.0, which builds a graph per new size). Its last rows: the backbones' steps
+# at 64x96, where the device has almost nothing to do, so that the time is the host's on that machine with the real
+# launches (host, before them, records the Triton launches in a dry run instead of making them: the difference is
+# Triton's own cost of the launches).
 bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t softmax-pvtv2-b2 \
+		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 5 --new-sizes 3 --no-memory
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t softmax-pvtv2-b2 \
+		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 5 --new-sizes 3 --no-memory --sdpa-impl torch
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
 		--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl torch
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
@@ -198,17 +209,18 @@ bench-gpu-quick:
 		--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl torch
 
 # The detectors: the four of the targets (and a profile of one more iteration of each); Pola-Swin-T's Mask R-CNN, whose
-# multi-scale crops give nearly every iteration new image sizes, with the depthwise convolutions on the library's
-# convolution and with the attention's fast path (where its time at new sizes goes); the Pola detectors with the
+# multi-scale crops give nearly every iteration new image sizes, with torch's own choice of attention backend for its
+# softmax stages (cuDNN's first on compute capability 9.0 / 10.0: a graph built per new size) and with the depthwise
+# convolutions on the library's convolution (where its time at new sizes goes); the Pola detectors with the
 # library's linear layers; the mmdet detectors with mmpola's optimizer step.
 POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py
 bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
 		--profile work_dirs/benchmark_profile
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--dwconv-impl torch
+		--sdpa-impl torch
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--attn-impl fast
+		--dwconv-impl torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
 		--warmup 20 --recompute-impl torch
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \

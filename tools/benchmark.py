@@ -250,7 +250,7 @@ def cpu_name():
 
 
 def environment_lines(args, device):
-    from mmpola.ops import depthwise_conv_impl, pola, recompute_impl
+    from mmpola.ops import depthwise_conv_impl, pola, recompute_impl, sdpa_impl
     lines = [f'torch {torch.__version__}, python {platform.python_version()}, {platform.system()}']
     if device.type == 'cuda':
         lines.append(f'device: {torch.cuda.get_device_name(device)}')
@@ -272,6 +272,9 @@ def environment_lines(args, device):
     lines.append(f"linear layers of the MLPs and gates, and after LayerNorms: {recompute_impl()} (MMPOLA_RECOMPUTE; "
                  "'auto': on CUDA the backward recomputes their input in Triton kernels, elsewhere the library's "
                  "layers)")
+    lines.append(f"the softmax kinds' scaled_dot_product_attention: {sdpa_impl()} (MMPOLA_SDPA; 'auto': on CUDA "
+                 "torch's backends without cuDNN's attention, which builds a graph per input size; 'torch': torch's "
+                 "choice)")
     if device.type == 'cpu':
         lines.append(f'glibc malloc tuning (mmpola.runtime.allocator): {getattr(args, "malloc_state", "n/a")}')
     if args.command == 'train':
@@ -1238,6 +1241,10 @@ def kernel_options(parser):
                         help="implementation of the linear layers that recompute their input in the backward "
                         "(mmpola's MLPs, gated attentions and the linear layers after a LayerNorm; sets "
                         "MMPOLA_RECOMPUTE; 'torch': autograd keeps it; default: the environment's, 'auto' when unset)")
+    parser.add_argument('--sdpa-impl', default=None, choices=['auto', 'torch'],
+                        help="backends of the softmax kinds' scaled_dot_product_attention (sets MMPOLA_SDPA; 'auto': "
+                        "cuDNN's attention left out on CUDA, 'torch': torch's choice; default: the environment's, "
+                        "'auto' when unset)")
 
 
 def parse_args(argv=None):
@@ -1408,6 +1415,8 @@ def main(argv=None):
         os.environ['MMPOLA_DEPTHWISE_CONV'] = args.dwconv_impl
     if getattr(args, 'recompute_impl', None):  # read by the models' MLPs and gates (and the _peak children)
         os.environ['MMPOLA_RECOMPUTE'] = args.recompute_impl
+    if getattr(args, 'sdpa_impl', None):  # read by the softmax kinds at each call (and the _peak children)
+        os.environ['MMPOLA_SDPA'] = args.sdpa_impl
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.command == '_peak':

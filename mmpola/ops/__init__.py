@@ -18,7 +18,8 @@ keeping it; :func:`add_residual_and_cast`, a stage's last residual connection wr
 the dtype the next stage reads; and :func:`layer_norm_add`, a patch embedding's LayerNorm with the positional
 encoding added. mmpola/ops/value_term_triton.py joins Pola's and FLatten's Triton cores with their depthwise value
 term, and InLine's with its local residual, in one autograd Function, which their attention modules call where
-both run in Triton.
+both run in Triton. :func:`scaled_dot_product_attention` (mmpola/ops/sdpa.py), through which the softmax kinds
+attend, is torch's with cuDNN's attention left out on CUDA by default (it builds a graph per input size).
 """
 from .depthwise import DEPTHWISE_IMPLS, depthwise_conv2d, depthwise_conv_impl
 from .dispatch import OPS, attention_impls, attention_op, check_attn_impl, register_attention_impl
@@ -55,6 +56,7 @@ from .recompute import (
     layer_norm_linear,
     recompute_impl,
 )
+from .sdpa import SDPA_IMPLS, scaled_dot_product_attention, sdpa_impl
 
 __all__ = [
     'OPS', 'attention_op', 'attention_impls', 'register_attention_impl', 'check_attn_impl',
@@ -66,5 +68,5 @@ __all__ = [
     'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
     'rope_tables', 'rope_rotate', 'rope_rotate_fast', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl',
     'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'gelu_linear', 'gated_linear',
-    'layer_norm_add', 'layer_norm_linear', 'recompute_impl'
+    'layer_norm_add', 'layer_norm_linear', 'recompute_impl', 'SDPA_IMPLS', 'scaled_dot_product_attention', 'sdpa_impl'
 ]

@@ -10,10 +10,17 @@ Both take the RoPE tables of the stage map from the architecture as context
 """
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.layers import register_notrace_module
 
-from mmpola.ops import check_attn_impl, pacs_attention, rope_angles, rope_rotate, rope_rotate_fast, rope_tables
+from mmpola.ops import (
+    check_attn_impl,
+    pacs_attention,
+    rope_angles,
+    rope_rotate,
+    rope_rotate_fast,
+    rope_tables,
+    scaled_dot_product_attention,
+)
 from mmpola.registry import ATTENTIONS
 
 from ..layers import DepthwiseConv2d, SizeCache, gated_proj
@@ -109,7 +116,7 @@ class RoPESoftmaxAttention(nn.Module):
 
     ``qkvo`` projects to queries, keys, values and an output gate; ``lepe`` as in
     :class:`PaCSAttention`. ``attn_impl='reference'`` runs the official op order, any other
-    ``F.scaled_dot_product_attention`` (same function, memory-efficient kernels).
+    torch's ``scaled_dot_product_attention`` (same function, fused kernels; :mod:`mmpola.ops.sdpa`).
 
     Shapes: ``forward(x, hw, rope_head=...)``: x (B, N, C), tables (2, N, head_dim) -> (B, N, C).
     """
@@ -141,7 +148,7 @@ class RoPESoftmaxAttention(nn.Module):
             x = torch.softmax(self.scale * q @ k.transpose(-1, -2), dim=-1) @ v
         else:
             q, k = rope_rotate_fast(q, sin, cos), rope_rotate_fast(k, sin, cos)
-            x = F.scaled_dot_product_attention(q, k, v.contiguous(), scale=self.scale)
+            x = scaled_dot_product_attention(q, k, v.contiguous(), scale=self.scale)
         x = x.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2) + lepe
         return self.proj(x.reshape(B, C, N).transpose(1, 2) * o)
 

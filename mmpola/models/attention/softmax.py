@@ -4,8 +4,9 @@ attention (kind ``'window_softmax'``) and CSWin's cross-shaped stripes with LePE
 ``'stripe_softmax'``).
 
 Every kind attends through :func:`torch.nn.functional.scaled_dot_product_attention` (flash or
-memory-efficient kernels on CUDA, no (N, N) score matrix in memory); Swin's relative position bias
-and shift mask are its one additive float ``attn_mask``.
+memory-efficient kernels on CUDA, no (N, N) score matrix in memory; cuDNN's attention left out by default:
+:mod:`mmpola.ops.sdpa`); Swin's relative position bias and shift mask are its one additive float
+``attn_mask``.
 """
 import functools
 
@@ -14,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module, trunc_normal_
 
+from mmpola.ops import scaled_dot_product_attention
 from mmpola.registry import ATTENTIONS
 
 from ..layers import DepthwiseConv2d, crop_map
@@ -25,7 +27,8 @@ __all__ = ['SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 's
 
 def softmax_attention(q, k, v, scale, attn_drop, attn_mask=None):
     """softmax(q k^T * scale + attn_mask) v with dropout on the attention weights, through
-    :func:`torch.nn.functional.scaled_dot_product_attention`.
+    :func:`torch.nn.functional.scaled_dot_product_attention` (:func:`mmpola.ops.sdpa.scaled_dot_product_attention`:
+    on CUDA, without cuDNN's attention, which builds a graph for every new input size).
 
     Args:
         q, k, v: (B, heads, N, d), (B, heads, n, d), (B, heads, n, d).
@@ -44,7 +47,7 @@ def softmax_attention(q, k, v, scale, attn_drop, attn_mask=None):
         attn = attn_drop(attn.softmax(dim=-1))
         return (attn @ v.flatten(0, -3)).view(*q.shape[:-1], v.shape[-1])
     dropout_p = attn_drop.p if attn_drop.training else 0.0
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
 
 @ATTENTIONS.register_module(name='softmax')

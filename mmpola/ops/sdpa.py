@@ -1,0 +1,56 @@
+"""torch's ``scaled_dot_product_attention`` for the softmax kinds, with the choice of its backends made for
+inputs whose shapes change.
+
+On GPUs of compute capability 9.0 and 10.0 (H100, H200, B200) recent torch releases try cuDNN's attention
+first. cuDNN builds an execution graph for every new combination of the operands' shapes and strides, and
+that build takes far longer than the attention itself (a few hundred milliseconds for a forward or a
+backward is commonly reported). A detector's input size changes at nearly every training iteration with
+multi-scale resizing and cropping, and with it the number of windows of a Swin stage, the token count of a
+spatial-reduction or global stage, and so every softmax block's shapes: with cuDNN first, each new size pays
+those builds, for every block shape, forward and backward.
+
+:func:`scaled_dot_product_attention` is ``F.scaled_dot_product_attention`` with these implementations,
+named by the environment variable ``MMPOLA_SDPA`` (``'auto'`` when unset):
+
+* ``'auto'``: on CUDA tensors, torch's backends without cuDNN's attention (flash, memory-efficient and
+  the unfused math, in torch's order; on GPUs where torch does not put cuDNN first this is torch's own
+  choice), each enabled only as far as the user's settings (``torch.backends.cuda.enable_*_sdp``) enable
+  it; elsewhere, and while torch.compile, torch.export or a tracer records the model
+  (:func:`~mmpola.ops.dispatch.recording`: the graph they record makes its own choice), torch's choice;
+* ``'torch'``: torch's choice everywhere (cuDNN first where torch puts it first), e.g. for inputs of
+  fixed shapes, where cuDNN builds its graphs once.
+
+docs/benchmarks.md has the commands that compare the two in training.
+"""
+import torch
+import torch.nn.functional as F
+
+from .dispatch import implementation_from_env, recording
+
+__all__ = ['SDPA_IMPLS', 'scaled_dot_product_attention', 'sdpa_impl']
+
+SDPA_IMPLS = ('auto', 'torch')
+ENV = 'MMPOLA_SDPA'
+
+
+def sdpa_impl():
+    """The implementation asked for by ``MMPOLA_SDPA`` (``'auto'`` when unset); an unknown name is one clear
+    error."""
+    return implementation_from_env(ENV, SDPA_IMPLS, "the softmax kinds' scaled_dot_product_attention")
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=None, impl=None):
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)``,
+    under ``impl`` (:func:`sdpa_impl` when None): with ``'auto'``, on CUDA tensors, cuDNN's attention is left
+    out of torch's choice of backend for this call (the backward runs the backend of its forward). Eager
+    mode only: torch's switch is a process-wide flag, set back when the call returns or raises."""
+    if impl is not None and impl not in SDPA_IMPLS:
+        raise ValueError(f'impl must be one of {", ".join(SDPA_IMPLS)}, got {impl!r}')
+    if q.is_cuda and torch.backends.cuda.cudnn_sdp_enabled() and not recording() and \
+            (impl or sdpa_impl()) == 'auto':
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        try:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)

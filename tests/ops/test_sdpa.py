@@ -1,0 +1,127 @@
+"""mmpola.ops.sdpa: torch's scaled_dot_product_attention with cuDNN's attention left out on CUDA under 'auto'
+(it builds a graph for every new input size), torch's own choice under MMPOLA_SDPA=torch, on other devices and
+while a tracer records; the switch is set back after every call, also when the call raises, and a user's own
+setting is kept."""
+import pathlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmpola.ops import SDPA_IMPLS, scaled_dot_product_attention, sdpa_impl
+from mmpola.ops.dispatch import AttnImplUnavailable
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+class _CudaClaiming(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: what the wrapper asks before it chooses (torch's function is
+    replaced by a spy in these tests, so nothing runs on a device)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+@pytest.fixture
+def cudnn_seen(monkeypatch):
+    """Whether cuDNN's attention was enabled inside each F.scaled_dot_product_attention call."""
+    seen = []
+    original = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        plain = (t.as_subclass(torch.Tensor) if isinstance(t, _CudaClaiming) else t for t in (q, k, v))
+        return original(*plain, **kwargs)
+
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', spy)
+    monkeypatch.delenv('MMPOLA_SDPA', raising=False)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    yield seen
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # every test leaves torch's switch as it found it
+
+
+def _operands(cuda=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 3, 10, 8, generator=g) for _ in range(3))
+    mask = torch.randn(1, 3, 10, 10, generator=g)
+    if cuda:
+        q = q.as_subclass(_CudaClaiming)
+    return q, k, v, mask
+
+
+def test_on_the_cpu_it_is_torch_s_function_and_leaves_cudnn_alone(cudnn_seen):
+    q, k, v, mask = _operands()
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3))
+    assert cudnn_seen == [True, True]
+
+
+def test_auto_leaves_cudnn_out_on_cuda_tensors_and_sets_it_back(cudnn_seen):
+    q, k, v, mask = _operands(cuda=True)
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=0.3)
+    plain = q.as_subclass(torch.Tensor)
+    torch.testing.assert_close(out.as_subclass(torch.Tensor),
+                               F.scaled_dot_product_attention(plain, k, v, attn_mask=mask, scale=0.3))
+    assert cudnn_seen[0] is False and torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_torch_keeps_torch_s_choice_from_the_environment_or_the_argument(cudnn_seen, monkeypatch):
+    q, k, v, _ = _operands(cuda=True)
+    scaled_dot_product_attention(q, k, v, impl='torch')
+    monkeypatch.setenv('MMPOLA_SDPA', ' Torch ')
+    assert sdpa_impl() == 'torch'
+    scaled_dot_product_attention(q, k, v)
+    scaled_dot_product_attention(q, k, v, impl='auto')  # the argument over the environment
+    assert cudnn_seen == [True, True, False]
+
+
+def test_the_switch_is_set_back_when_the_call_raises(monkeypatch, cudnn_seen):
+    q, k, v, _ = _operands(cuda=True)
+
+    def failing(*args, **kwargs):
+        cudnn_seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        raise RuntimeError('no kernel')
+
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', failing)
+    with pytest.raises(RuntimeError, match='no kernel'):
+        scaled_dot_product_attention(q, k, v)
+    assert cudnn_seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_a_user_who_turned_cudnn_off_keeps_it_off(cudnn_seen):
+    q, k, v, _ = _operands(cuda=True)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        scaled_dot_product_attention(q, k, v)
+        scaled_dot_product_attention(q, k, v, impl='torch')
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    assert cudnn_seen == [False, False]
+
+
+def test_while_a_tracer_records_torch_chooses(cudnn_seen, monkeypatch):
+    """torch.compile / torch.export record torch's function into their graph, which chooses its backend when it
+    runs: no process-wide switch is flipped while they trace."""
+    q, k, v, _ = _operands(cuda=True)
+    monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
+    scaled_dot_product_attention(q, k, v)
+    assert cudnn_seen == [True]
+
+
+def test_an_unknown_implementation_is_one_clear_error(monkeypatch):
+    q, k, v, _ = _operands(cuda=True)
+    monkeypatch.setenv('MMPOLA_SDPA', 'cudnn')
+    with pytest.raises(AttnImplUnavailable, match=r"MMPOLA_SDPA='cudnn' is not an implementation .* auto, torch"):
+        scaled_dot_product_attention(q, k, v)
+    with pytest.raises(ValueError, match='impl must be one of auto, torch'):
+        scaled_dot_product_attention(q, k, v, impl='flash')
+    assert SDPA_IMPLS == ('auto', 'torch')
+
+
+def test_the_models_call_torch_s_attention_through_this_function_only():
+    """One place chooses the backends: no other file of the package calls torch's function itself."""
+    callers = [str(path.relative_to(REPO)) for path in (REPO / 'mmpola').rglob('*.py')
+               if path.name != 'sdpa.py' and 'F.scaled_dot_product_attention(' in path.read_text()]
+    assert callers == []
