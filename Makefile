@@ -122,6 +122,7 @@ bench-gpu-warm:
 # with every Triton path, what 'auto' runs on a GPU, against the library's path on the same GPU.
 GPU_TEST_JOBS ?= 4
 GPU_MODEL_TESTS = tests/models/test_triton_paths.py
+GPU_SDPA_TESTS = tests/ops/test_sdpa.py
 test-gpu:
 	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter 0,$(GPU_TEST_JOBS)),,-n $(GPU_TEST_JOBS) --dist loadfile) \
 		tests/ops $(GPU_MODEL_TESTS)
@@ -164,11 +165,12 @@ bench-gpu-train:
 # make bench-gpu-quick-train PY=python3 (the detectors of the targets first), then make -k bench-gpu-quick PY=python3
 # (the backbones) as time allows. The compile stage, in parallel: the kernels of the two Pola backbones in bf16 and in
 # fp16 (the detectors' --amp; the timed runs tune again: only Triton's disk cache is shared) and the models' Triton
-# paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in work_dirs/gpu_model_tests.log).
+# paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in work_dirs/gpu_model_tests.log), with
+# the softmax kinds' attention backends (GPU_SDPA_TESTS).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
 bench-gpu-quick-compile:
 	@mkdir -p work_dirs; \
-	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) >work_dirs/gpu_model_tests.log 2>&1 & \
+	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) >work_dirs/gpu_model_tests.log 2>&1 & \
 	tests=$$!; \
 	for model in pola-pvt-t pola-swin-t; do \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
@@ -180,7 +182,7 @@ bench-gpu-quick-compile:
 		--no-error >/dev/null 2>&1 & \
 	wait $$tests; rc=$$?; wait; \
 	tail -n 12 work_dirs/gpu_model_tests.log; \
-	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) failed (above): the Triton paths against the library's on this GPU"
+	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) failed (above): checks of this GPU's paths"
 
 # bench-gpu-quick's second and third commands: the backbones with softmax stages at new input sizes (a detector's
 # every iteration), with cuDNN's attention left out ('auto') and with torch's choice (--sdpa-impl torch: cuDNN's
