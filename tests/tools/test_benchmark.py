@@ -123,6 +123,14 @@ def test_kernel_options(monkeypatch):
     assert BENCH.parse_args(['train', 'x.py', '--dwconv-impl', 'torch']).dwconv_impl == 'torch'
     assert BENCH.parse_args(['train', 'x.py', '--recompute-impl', 'triton']).recompute_impl == 'triton'
     assert BENCH.parse_args(['ops']).dwconv_impl is None and BENCH.parse_args(['ops']).recompute_impl is None
+    assert BENCH.parse_args(['train', 'x.py', '--sdpa-impl', 'torch']).sdpa_impl == 'torch'
+    assert BENCH.parse_args(['backbone']).sdpa_impl is None
+    # each option sets the variable the models read (for the whole run); restored after the test
+    monkeypatch.setenv('MMPOLA_SDPA', 'auto')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    with pytest.raises(SystemExit, match='--device cuda'):
+        BENCH.main(['backbone', '--device', 'cuda', '--models', 'pvt-t', '--sdpa-impl', 'torch', '--malloc', 'default'])
+    assert os.environ['MMPOLA_SDPA'] == 'torch'
 
 
 def test_an_implementation_that_turns_a_case_down_is_left_out_with_its_reason(capsys):
@@ -214,6 +222,7 @@ def test_operator_count_with_the_recomputing_linear_layers(capsys, monkeypatch):
     channels 64, 128, 320, 512)."""
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    monkeypatch.delenv('MMPOLA_SDPA', raising=False)
     cells = {}
     for impl in ('torch', 'auto'):
         BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl',
@@ -222,6 +231,8 @@ def test_operator_count_with_the_recomputing_linear_layers(capsys, monkeypatch):
         row = next(line for line in out.splitlines() if line.startswith('| pola-pvt-t |'))
         cells[impl] = [cell.strip() for cell in row.strip('|').split('|')]
     assert "linear layers of the MLPs and gates, and after LayerNorms: auto (MMPOLA_RECOMPUTE" in out
+    assert "the softmax kinds' scaled_dot_product_attention: auto (MMPOLA_SDPA; 'auto': on CUDA torch's backends " \
+        "without cuDNN's attention" in out
     # forward, per block: two LayerNorms and a matrix product fewer, the two concatenations more, and the GELU
     # a launch of its kernel (which adds fc1's bias); the attention's output added to the residual stream by the
     # MLP's LayerNorm's kernel, with its drop-path factor (7 blocks of a nonzero rate): 8 additions and 7
@@ -262,6 +273,7 @@ def test_operator_count_of_inference(capsys, monkeypatch):
     addition of its positional encoding one launch (4 norms and 4 additions fewer); no backward columns."""
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'auto')  # restored after the test
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    monkeypatch.delenv('MMPOLA_SDPA', raising=False)
     cells = {}
     for impl in ('torch', 'auto'):
         BENCH.main(['ops', '--models', 'pola-pvt-t', '--size', '64x96', '--attn-impl', 'triton', '--dwconv-impl',
