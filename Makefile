@@ -151,11 +151,9 @@ bench-gpu-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--profile work_dirs/benchmark_profile
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
-		--sdpa-impl torch
+		--also-with MMPOLA_SDPA=torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
-		--warmup 20 --dwconv-impl torch
-	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
-		--warmup 20 --recompute-impl torch
+		--warmup 20 --also-with MMPOLA_RECOMPUTE=torch --also-with MMPOLA_DEPTHWISE_CONV=torch
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
 
@@ -211,19 +209,20 @@ bench-gpu-quick:
 		--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl torch
 
 # The detectors: the four of the targets (and a profile of one more iteration of each); Pola-Swin-T's Mask R-CNN, whose
-# multi-scale crops give nearly every iteration new image sizes, with torch's own choice of attention backend for its
-# softmax stages (cuDNN's first on compute capability 9.0 / 10.0: a graph built per new size) and with the depthwise
-# convolutions on the library's convolution (where its time at new sizes goes); the Pola detectors with the
-# library's linear layers; the mmdet detectors with mmpola's optimizer step.
+# multi-scale crops give nearly every iteration new image sizes, and right after it in the same process with torch's
+# own choice of attention backend for its softmax stages (cuDNN's first on compute capability 9.0 / 10.0: a graph
+# built per new size); the Pola detectors, each with the library's linear layers right after (--also-with: side by
+# side); the mmdet detectors with mmpola's optimizer step; last, Pola-Swin-T's Mask R-CNN with the depthwise
+# convolutions on the library's convolution.
 POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py
 bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
 		--profile work_dirs/benchmark_profile
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--sdpa-impl torch
-	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--dwconv-impl torch
+		--also-with MMPOLA_SDPA=torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
-		--warmup 20 --recompute-impl torch
+		--warmup 20 --also-with MMPOLA_RECOMPUTE=torch
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
 		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
+	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+		--dwconv-impl torch

@@ -1397,6 +1397,11 @@ def parse_args(argv=None):
     train.add_argument('--profile', metavar='DIR', default=None,
                        help='after the timed iterations, profile one more and write DIR/<config>_trace.json '
                        '(chrome trace) and DIR/<config>_profile.md / .json (summary)')
+    train.add_argument('--also-with', action='append', default=[], metavar='VARIABLE=VALUE',
+                       help="also time each config, right after its own row, with one of mmpola's implementation "
+                       "variables set (repeatable: one more row per use; MMPOLA_RECOMPUTE, MMPOLA_DEPTHWISE_CONV, "
+                       "MMPOLA_SDPA, MMPOLA_TRITON_AUTOTUNE), e.g. MMPOLA_RECOMPUTE=torch: ratios measured side by "
+                       "side in one process (--profile profiles the configs' own rows)")
     train.add_argument('--threads', type=int, default=None, help='torch threads (default: torch default)')
     train.add_argument('--seed', type=int, default=0)
     train.add_argument('--malloc', default='tuned', choices=['tuned', 'default'],

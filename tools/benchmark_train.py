@@ -14,6 +14,10 @@ optimizer wrapper, parameter schedulers and hooks), with these changes, the same
   checkpoint hook; the other hooks as ``--hooks`` says (:func:`apply_hooks`);
 * the run stops after ``--warmup`` + ``--iters`` (+ 1 profiled) iterations.
 
+``--also-with VARIABLE=VALUE`` times each config once more, right after its own row and in the same process,
+with one of mmpola's implementation variables set for that row (read by the models at each call): a ratio of two
+implementations measured side by side, where separate commands would be minutes apart.
+
 Two hooks of their own time the iterations: one with the highest priority at ``before_train_iter``,
 one with the lowest at ``after_train_iter``, each synchronising the device first. An iteration's time
 runs from the end of the previous one to its own end: loading its batch, every hook, the forward and
@@ -765,8 +769,63 @@ def steadiness(times):
     return _median(times[-half:]) / _median(times[:half])
 
 
-def bench_config(spec, args, device):
-    """Build, run and time one config; returns its table row (a dict)."""
+def _also_with_readers():
+    """{variable: the function that reads and checks it, or None} of the variables ``--also-with`` may set."""
+    from mmpola.ops import depthwise_conv_impl, recompute_impl, sdpa_impl
+    return {'MMPOLA_RECOMPUTE': recompute_impl, 'MMPOLA_DEPTHWISE_CONV': depthwise_conv_impl,
+            'MMPOLA_SDPA': sdpa_impl, 'MMPOLA_TRITON_AUTOTUNE': None}
+
+
+def variants(args):
+    """[None, (variable, value) ...]: each config's own row and one per ``--also-with``, each checked before any
+    config runs (an unknown variable or value is one line)."""
+    from mmpola.errors import MMPolaUserError
+    readers = _also_with_readers()
+    found = [None]
+    for text in getattr(args, 'also_with', None) or ():
+        variable, sep, value = text.partition('=')
+        variable, value = variable.strip(), value.strip()
+        if not sep or variable not in readers or not value:
+            raise SystemExit(f'error: --also-with takes VARIABLE=VALUE with one of {", ".join(readers)}, got {text!r}')
+        if readers[variable] is not None:
+            with _environment(variable, value):
+                try:
+                    readers[variable]()
+                except MMPolaUserError as error:
+                    raise SystemExit(f'error: --also-with {text}: {error}') from None
+        found.append((variable, value))
+    return found
+
+
+@contextlib.contextmanager
+def _environment(variable, value):
+    """``os.environ[variable] = value`` inside (nothing for variable None), the previous state restored."""
+    previous = os.environ.get(variable) if variable else None
+    if variable:
+        os.environ[variable] = value
+    try:
+        yield
+    finally:
+        if variable and previous is None:
+            os.environ.pop(variable, None)
+        elif variable:
+            os.environ[variable] = previous
+
+
+def bench_config(spec, args, device, variant=None):
+    """Build, run and time one config (with ``variant``, a (variable, value) of ``--also-with``, set in the
+    environment while it runs); returns its table row (a dict)."""
+    if variant is None:
+        return _bench_config(spec, args, device)
+    unprofiled = copy.copy(args)
+    unprofiled.profile = None  # the config's own row has the profile
+    with _environment(*variant):
+        row = _bench_config(spec, unprofiled, device)
+    row['config'] += f', {variant[0]}={variant[1]}'
+    return row
+
+
+def _bench_config(spec, args, device):
     from mmpola.runtime import cli
     with tempfile.TemporaryDirectory(prefix='mmpola_trainbench_') as work_dir:
         cfg, scope, info = prepare_config(spec, args, work_dir)
@@ -825,12 +884,15 @@ def bench_train(args, device):
     ours, _ = mmpola_runtime_hooks()
     hook_text = HOOK_MODE_TEXT[args.hooks].format(hooks=', '.join(_hook_type_name(h) for h in ours))
     rows, skipped = [], []
-    for i, spec in enumerate(args.configs, 1):
-        with _one_line_errors(spec, skipped):
-            rows.append(bench_config(spec, args, device))
+    rows_of_a_config = variants(args)
+    runs = [(spec, variant) for spec in args.configs for variant in rows_of_a_config]
+    for i, (spec, variant) in enumerate(runs, 1):
+        label = spec if variant is None else f'{spec} with {variant[0]}={variant[1]}'
+        with _one_line_errors(label, skipped):
+            rows.append(bench_config(spec, args, device, variant))
             r = rows[-1]  # at once, so that a run stopped before the table keeps the configs it finished
             peak = f"{r['peak']:.0f} MiB" if r['peak'] is not None else '-'
-            print(f"[{i}/{len(args.configs)}] {r['config']}: {r['median']:.3f} s/iter (median; min {r['min']:.3f}), "
+            print(f"[{i}/{len(runs)}] {r['config']}: {r['median']:.3f} s/iter (median; min {r['min']:.3f}), "
                   f"peak {peak}" + (f", Triton kernels compiled while timed: {len(r['compiled'])}"
                                     if r['device'] == 'cuda' else ''), flush=True)
     if not rows:

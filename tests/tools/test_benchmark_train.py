@@ -4,10 +4,12 @@ an image; a config of a package that is not installed is one line; the CUDA prof
 made-up event list as it should (no timing is asserted)."""
 import argparse
 import json
+import os
 import os.path as osp
 import re
 
 import pytest
+import torch
 
 from tests.fixtures.paths import CONFIGS, PYTHON
 from tests.fixtures.runs import run_tool
@@ -275,3 +277,38 @@ def test_steadiness_tells_a_falling_run_from_a_steady_one():
     falling = TRAIN.steadiness([3.0, 2.5, 2.0, 1.2, 1.0, 1.0])
     assert falling < TRAIN.STILL_FALLING
     assert TRAIN.steadiness([1.0, 1.0, 1.0]) is None
+
+
+def test_also_with_times_each_config_again_with_the_variable_set_right_after_its_row(tmp_path, monkeypatch, capsys):
+    """--also-with VARIABLE=VALUE: one more row per use, right after the config's own, with the variable set while
+    it runs only (the models read it at each call); the profile is the config's own row's."""
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    seen = []
+    real = TRAIN._bench_config
+
+    def recording(spec, args, device):
+        seen.append((os.environ.get('MMPOLA_RECOMPUTE'), os.environ.get('MMPOLA_SDPA'), args.profile))
+        return real(spec, args, device)
+
+    monkeypatch.setattr(TRAIN, '_bench_config', recording)
+    monkeypatch.delenv('MMPOLA_SDPA', raising=False)
+    args = bench_args(img_scale=(160, 128), batch_size=1, configs=[RETINANET],
+                      also_with=['MMPOLA_RECOMPUTE=torch', ' MMPOLA_SDPA = torch'], profile=str(tmp_path / 'profile'))
+    TRAIN.bench_train(args, torch.device('cpu'))
+    assert seen == [('auto', None, str(tmp_path / 'profile')), ('torch', None, None), ('auto', 'torch', None)]
+    assert os.environ['MMPOLA_RECOMPUTE'] == 'auto' and 'MMPOLA_SDPA' not in os.environ
+    out = capsys.readouterr().out
+    stem = 'retinanet_pola-pvt-t_fpn_1x_coco'
+    rows = [line.split('|')[1].strip() for line in out.splitlines() if line.startswith(f'| {stem}')]
+    assert rows == [stem, f'{stem}, MMPOLA_RECOMPUTE=torch', f'{stem}, MMPOLA_SDPA=torch'], out[-2000:]
+    assert f'[3/3] {stem}, MMPOLA_SDPA=torch: ' in out
+    assert sorted(p.name for p in (tmp_path / 'profile').iterdir()) == [
+        f'{stem}_profile.json', f'{stem}_profile.md', f'{stem}_trace.json']
+
+
+@pytest.mark.parametrize('value, message', [
+    ('MMPOLA_RECOMPUTE', 'takes VARIABLE=VALUE'), ('MMPOLA_FOO=1', 'takes VARIABLE=VALUE with one of MMPOLA_RECOMPUTE'),
+    ('MMPOLA_SDPA=cudnn', "--also-with MMPOLA_SDPA=cudnn: MMPOLA_SDPA='cudnn' is not an implementation")])
+def test_also_with_refuses_an_unknown_variable_or_value_before_anything_runs(value, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        TRAIN.variants(bench_args(also_with=[value]))
