@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
+from unittest import mock
 
 import torch
 from benchmark_host import SYNC_OPS as HOST_READ_OPS
@@ -788,28 +789,13 @@ def variants(args):
         if not sep or variable not in readers or not value:
             raise SystemExit(f'error: --also-with takes VARIABLE=VALUE with one of {", ".join(readers)}, got {text!r}')
         if readers[variable] is not None:
-            with _environment(variable, value):
+            with mock.patch.dict(os.environ, {variable: value}):
                 try:
                     readers[variable]()
                 except MMPolaUserError as error:
                     raise SystemExit(f'error: --also-with {text}: {error}') from None
         found.append((variable, value))
     return found
-
-
-@contextlib.contextmanager
-def _environment(variable, value):
-    """``os.environ[variable] = value`` inside (nothing for variable None), the previous state restored."""
-    previous = os.environ.get(variable) if variable else None
-    if variable:
-        os.environ[variable] = value
-    try:
-        yield
-    finally:
-        if variable and previous is None:
-            os.environ.pop(variable, None)
-        elif variable:
-            os.environ[variable] = previous
 
 
 def bench_config(spec, args, device, variant=None):
@@ -819,7 +805,7 @@ def bench_config(spec, args, device, variant=None):
         return _bench_config(spec, args, device)
     unprofiled = copy.copy(args)
     unprofiled.profile = None  # the config's own row has the profile
-    with _environment(*variant):
+    with mock.patch.dict(os.environ, dict([variant])):
         row = _bench_config(spec, unprofiled, device)
     row['config'] += f', {variant[0]}={variant[1]}'
     return row
