@@ -808,6 +808,7 @@ def bench_config(spec, args, device, variant=None):
     with mock.patch.dict(os.environ, dict([variant])):
         row = _bench_config(spec, unprofiled, device)
     row['config'] += f', {variant[0]}={variant[1]}'
+    row['variant'] = variant
     return row
 
 
@@ -831,7 +832,8 @@ def _bench_config(spec, args, device):
         if len(clock.iter_times) < args.iters:
             raise TrainBenchError(f'the training data gave {clock.index} iterations, fewer than the '
                                   f'{needed_iterations(args)} asked for')
-        row = dict(config=config_label(spec), device=_device_name(device), amp=amp_label(cfg), batch=batch,
+        row = dict(config=config_label(spec), spec=spec, variant=None, device=_device_name(device), amp=amp_label(cfg),
+                   batch=batch,
                    median=_median(clock.iter_times), min=min(clock.iter_times), data=_median(clock.data_times),
                    peak=clock.peak_mib, peak_reset=clock.peak_reset, hooks=hooks, data_info=info['data'],
                    notes=info['notes'], compiled=compiled)
@@ -889,19 +891,27 @@ def bench_train(args, device):
     print(f'\nTraining throughput: {args.warmup} warm-up + {args.iters} timed iterations, device synchronised '
           f'around each; resize scale: {scale}; no validation, no checkpoints; hooks (--hooks {args.hooks}): '
           f'{hook_text}.')
+    compared = len(rows_of_a_config) > 1
     print('\n| config | device | amp | batch | s/iter median | s/iter min | images/s | data s/iter (median) | '
-          'peak MiB | 2nd half / 1st half |')
-    print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|')
+          'peak MiB | 2nd half / 1st half |' + (' median vs own row |' if compared else ''))
+    print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|' + ('---:|' if compared else ''))
+    own = {}
     for r in rows:
         peak = f"{r['peak']:.0f}" if r['peak'] is not None else '-'
         trend = f"{r['trend']:.2f}" if r['trend'] is not None else '-'
+        ratio = ''
+        if compared:
+            base = own.setdefault(r['spec'], r) if r['variant'] is None else own.get(r['spec'])
+            ratio = ' - |' if base is r or base is None else f" {r['median'] / base['median']:.2f}x |"
         print(f"| {r['config']} | {r['device']} | {r['amp']} | {r['batch']} | {r['median']:.3f} | {r['min']:.3f} | "
-              f"{r['images_per_s']:.2f} | {r['data']:.3f} | {peak} | {trend} |")
+              f"{r['images_per_s']:.2f} | {r['data']:.3f} | {peak} | {trend} |{ratio}")
     print(f"\ns/iter: from the end of one iteration to the end of the next (its batch's loading, every hook, "
           f"forward, backward, optimizer step). images/s: batch / median s/iter. data: from the end of the "
           f"previous iteration to the first hook of this one. peak: {MEMORY_TEXT[device.type]}. 2nd half / 1st "
           f"half: median s/iter of the last half of the timed iterations over that of the first half (1.00: "
-          f"steady; below {STILL_FALLING}: still getting faster).")
+          f"steady; below {STILL_FALLING}: still getting faster)." + (
+              ' median vs own row: the median s/iter of a row with --also-with over that of its config\'s own row, '
+              'timed just before it in this process.' if compared else ''))
     for r in rows:
         if r['trend'] is not None and r['trend'] < STILL_FALLING:
             print(f"- {r['config']}: still getting faster over the timed iterations (2nd half / 1st half "

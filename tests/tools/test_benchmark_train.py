@@ -299,8 +299,13 @@ def test_also_with_times_each_config_again_with_the_variable_set_right_after_its
     assert os.environ['MMPOLA_RECOMPUTE'] == 'auto' and 'MMPOLA_SDPA' not in os.environ
     out = capsys.readouterr().out
     stem = 'retinanet_pola-pvt-t_fpn_1x_coco'
-    rows = [line.split('|')[1].strip() for line in out.splitlines() if line.startswith(f'| {stem}')]
-    assert rows == [stem, f'{stem}, MMPOLA_RECOMPUTE=torch', f'{stem}, MMPOLA_SDPA=torch'], out[-2000:]
+    rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
+            for line in out.splitlines() if line.startswith(f'| {stem}')}
+    assert list(rows) == [stem, f'{stem}, MMPOLA_RECOMPUTE=torch', f'{stem}, MMPOLA_SDPA=torch'], out[-2000:]
+    assert '| 2nd half / 1st half | median vs own row |' in out and rows[stem][10] == '-'
+    for name in list(rows)[1:]:  # each variant's median over its config's own row's
+        ratio = float(rows[name][10].rstrip('x'))
+        assert ratio == pytest.approx(float(rows[name][4]) / float(rows[stem][4]), abs=0.01), rows
     assert f'[3/3] {stem}, MMPOLA_SDPA=torch: ' in out
     assert sorted(p.name for p in (tmp_path / 'profile').iterdir()) == [
         f'{stem}_profile.json', f'{stem}_profile.md', f'{stem}_trace.json']
