@@ -249,11 +249,26 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
+def cuda_device_line(device):
+    """The GPU, its compute capability and the CUDA, cuDNN and Triton versions the figures were made with (which
+    kernels torch and Triton choose depends on them: e.g. torch tries cuDNN's attention first on compute capability
+    9.0 / 10.0 with a recent cuDNN)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = 'not installed'
+    return (f'device: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}), CUDA '
+            f'{torch.version.cuda}, cuDNN {cudnn}, Triton {triton_version}')
+
+
 def environment_lines(args, device):
     from mmpola.ops import depthwise_conv_impl, pola, recompute_impl, sdpa_impl
     lines = [f'torch {torch.__version__}, python {platform.python_version()}, {platform.system()}']
     if device.type == 'cuda':
-        lines.append(f'device: {torch.cuda.get_device_name(device)}')
+        lines.append(cuda_device_line(device))
     else:
         lines.append(f'device: CPU {cpu_name()} ({os.cpu_count()} logical cores)')
         if hasattr(os, 'getloadavg'):

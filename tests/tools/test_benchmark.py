@@ -616,6 +616,18 @@ def test_host_counts_of_a_training_step_stay_within_their_budgets(monkeypatch):
         assert sum(counts[ours][2:4]) < counts[theirs][2], (ours, counts[ours], theirs, counts[theirs])
 
 
+def test_the_cuda_device_line_names_the_gpu_and_the_versions_that_choose_kernels(monkeypatch):
+    """GPU figures say where they were made: the GPU, its compute capability, CUDA, cuDNN and Triton."""
+    import triton
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'NVIDIA H200')
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.backends.cudnn, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, 'version', lambda: 91900)
+    monkeypatch.setattr(torch.version, 'cuda', '13.0')
+    assert BENCH.cuda_device_line(torch.device('cuda')) == (
+        f'device: NVIDIA H200 (compute capability 9.0), CUDA 13.0, cuDNN 91900, Triton {triton.__version__}')
+
+
 def test_cuda_asked_where_it_is_unusable_is_one_line_with_the_cause_and_fix(monkeypatch):
     """--device cuda with a CPU-only torch build (a GPU machine's usual mistake): the cause and its fix, as the
     training tools say them, not only that CUDA is off."""
