@@ -142,15 +142,15 @@ bench-gpu-ops:
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t softmax-pvtv2-b2 \
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5 --dwconv-impl torch
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t softmax-pvtv2-b2 \
-		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5 --sdpa-impl torch
+	$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
+		--amp float16 --repeat 10 --new-sizes 5 --sdpa-impl torch
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
 
 bench-gpu-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--profile work_dirs/benchmark_profile
-	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
+	$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--also-with MMPOLA_SDPA=torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --also-with MMPOLA_RECOMPUTE=torch --also-with MMPOLA_DEPTHWISE_CONV=torch
@@ -166,6 +166,9 @@ bench-gpu-train:
 # paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in work_dirs/gpu_model_tests.log), with
 # the softmax kinds' attention backends (GPU_SDPA_TESTS).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
+# backbones with softmax stages whose mask needs no gradient in training (PVTv2's spatial reduction, CSWin's stripes,
+# PolaFormer++'s RoPE softmax): what torch sends to cuDNN's attention first on compute capability 9.0 / 10.0
+SDPA_BACKBONES = softmax-pvtv2-b2 flatten-cswin-t polaformer++-b2
 bench-gpu-quick-compile:
 	@mkdir -p work_dirs; \
 	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) >work_dirs/gpu_model_tests.log 2>&1 & \
@@ -182,19 +185,25 @@ bench-gpu-quick-compile:
 	tail -n 12 work_dirs/gpu_model_tests.log; \
 	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) failed (above): checks of this GPU's paths"
 
-# bench-gpu-quick's second and third commands: the backbones with softmax stages at new input sizes (a detector's
-# every iteration), with cuDNN's attention left out ('auto') and with torch's choice (--sdpa-impl torch: cuDNN's
-# first on compute capability 9.0 / 10.0, which builds a graph per new size). Its last rows: the backbones' steps
+# bench-gpu-quick's second to fifth commands: backbones whose softmax stages torch would send to cuDNN's attention on
+# compute capability 9.0 / 10.0 (which builds a graph per new size) at new input sizes (a detector's every
+# iteration), with cuDNN's attention left out ('auto') and with torch's choice (--sdpa-impl torch): in training those
+# without a learned mask (SDPA_BACKBONES), and Pola-Swin-T's forward (evaluation: its windows' mask needs no gradient
+# there). Its last rows: the backbones' steps
 # at 64x96, where the device has almost nothing to do, so that the time is the host's on that machine with the real
 # launches (host, before them, records the Triton launches in a dry run instead of making them: the difference is
 # Triton's own cost of the launches).
 bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t softmax-pvtv2-b2 \
-		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 5 --new-sizes 3 --no-memory
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t softmax-pvtv2-b2 \
-		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 5 --new-sizes 3 --no-memory --sdpa-impl torch
+	$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
+		--amp float16 --repeat 5 --new-sizes 3 --no-memory
+	$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
+		--amp float16 --repeat 5 --new-sizes 3 --no-memory --sdpa-impl torch
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
+		--new-sizes 3 --no-memory
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
+		--new-sizes 3 --no-memory --sdpa-impl torch
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
 		--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl torch
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
@@ -209,20 +218,24 @@ bench-gpu-quick:
 		--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl torch
 
 # The detectors: the four of the targets (and a profile of one more iteration of each); Pola-Swin-T's Mask R-CNN, whose
-# multi-scale crops give nearly every iteration new image sizes, and right after it in the same process with torch's
-# own choice of attention backend for its softmax stages (cuDNN's first on compute capability 9.0 / 10.0: a graph
-# built per new size); the Pola detectors, each with the library's linear layers right after (--also-with: side by
-# side); the mmdet detectors with mmpola's optimizer step; last, Pola-Swin-T's Mask R-CNN with the depthwise
-# convolutions on the library's convolution.
+# multi-scale crops give nearly every iteration new image sizes, and right after it in the same process with the
+# depthwise convolutions on the library's convolution (--also-with: side by side); RetinaNet Pola-PVT-T, then with the
+# library's linear layers; the mmdet detectors with mmpola's optimizer step; Pola-Swin-T's Mask R-CNN with the
+# attention's fast path; last, a detector whose softmax stages (PolaFormer++'s RoPE softmax, no learned mask) torch
+# would send to cuDNN's attention on compute capability 9.0 / 10.0 (a graph built per new size), then with torch's
+# choice.
 POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py
+SDPA_TRAIN = configs/detection/mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py
 bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
 		--profile work_dirs/benchmark_profile
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--also-with MMPOLA_SDPA=torch
-	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
+		--also-with MMPOLA_DEPTHWISE_CONV=torch
+	$(PY) tools/benchmark.py train $(firstword $(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
 		--warmup 20 --also-with MMPOLA_RECOMPUTE=torch
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
 		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--dwconv-impl torch
+		--attn-impl fast
+	$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+		--also-with MMPOLA_SDPA=torch

@@ -2,12 +2,15 @@
 inputs whose shapes change.
 
 On GPUs of compute capability 9.0 and 10.0 (H100, H200, B200) recent torch releases try cuDNN's attention
-first. cuDNN builds an execution graph for every new combination of the operands' shapes and strides, and
+first wherever the mask needs no gradient: in training the kinds without a learned mask (PVT's and PVTv2's
+spatial reduction, CSWin's stripes, PolaFormer++'s RoPE softmax, the ViT; Swin's windows add their learned
+relative position bias, which cuDNN's attention does not differentiate), in evaluation and inference every
+kind. cuDNN builds an execution graph for every new combination of the operands' shapes and strides, and
 that build takes far longer than the attention itself (a few hundred milliseconds for a forward or a
 backward is commonly reported). A detector's input size changes at nearly every training iteration with
-multi-scale resizing and cropping, and with it the number of windows of a Swin stage, the token count of a
-spatial-reduction or global stage, and so every softmax block's shapes: with cuDNN first, each new size pays
-those builds, for every block shape, forward and backward.
+multi-scale resizing and cropping, and from image to image at test time with keep-ratio resizing, and with it
+the token count of a stage, the number of its windows or stripes, and so every softmax block's shapes: with
+cuDNN first, each new size pays those builds, for every block shape.
 
 :func:`scaled_dot_product_attention` is ``F.scaled_dot_product_attention`` with these implementations,
 named by the environment variable ``MMPOLA_SDPA`` (``'auto'`` when unset):

@@ -129,23 +129,28 @@ def test_the_models_call_torch_s_attention_through_this_function_only():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 @pytest.mark.parametrize('impl', ['auto', 'torch'])
-def test_on_a_gpu_auto_runs_a_backend_other_than_cudnn_s_and_both_agree(impl):
-    """A Swin window softmax under fp16 (Pola-Swin-T's last stages in a detector's AMP training: 49 tokens, head
-    dim 32, the learned bias and shift mask as one float mask): 'auto' runs no cuDNN attention (the backward's node
-    names the forward's backend), and both implementations match the explicit formula in float32."""
+@pytest.mark.parametrize('case', ['keys', 'masked'])
+def test_on_a_gpu_auto_runs_a_backend_other_than_cudnn_s_and_both_agree(impl, case):
+    """What torch would send to cuDNN's attention first on compute capability 9.0 / 10.0, under fp16: attention
+    without a mask (PVT's spatial reduction, CSWin's stripes, PolaFormer++'s RoPE softmax in training: 80 queries,
+    56 keys, head dim 64) and a Swin window's with its mask, which needs no gradient (evaluation: 49 tokens, head dim
+    32). 'auto' runs no cuDNN attention (the backward's node names the forward's backend), and both implementations
+    match the explicit formula in float32."""
     g = torch.Generator(device='cuda').manual_seed(0)
-    q, k, v = (torch.randn(16, 3, 49, 32, device='cuda', generator=g).half().requires_grad_() for _ in range(3))
-    mask = (torch.randn(1, 3, 49, 49, device='cuda', generator=g) * 3).half().requires_grad_()
-    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=32 ** -0.5, impl=impl)
+    n, m, d = (49, 49, 32) if case == 'masked' else (80, 56, 64)
+    q = torch.randn(16, 3, n, d, device='cuda', generator=g).half().requires_grad_()
+    k, v = (torch.randn(16, 3, m, d, device='cuda', generator=g).half().requires_grad_() for _ in range(2))
+    mask = (torch.randn(1, 3, n, m, device='cuda', generator=g) * 3).half() if case == 'masked' else None
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d ** -0.5, impl=impl)
     backend = type(out.grad_fn).__name__
-    print(f'{impl}: {backend}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}')
+    print(f'{case}, {impl}: {backend}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}')
     if impl == 'auto':
         assert 'Cudnn' not in backend, backend
     out.float().square().sum().backward()
-    grads = [t.grad.float() for t in (q, k, v, mask)]
-    leaves = [t.detach().float().requires_grad_() for t in (q, k, v, mask)]
-    expected = ((leaves[0] @ leaves[1].transpose(-2, -1)) * 32 ** -0.5 + leaves[3]).softmax(-1) @ leaves[2]
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    scores = (leaves[0] @ leaves[1].transpose(-2, -1)) * d ** -0.5
+    expected = (scores if mask is None else scores + mask.float()).softmax(-1) @ leaves[2]
     expected.square().sum().backward()
     torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
-    for got, leaf in zip(grads, leaves):
-        torch.testing.assert_close(got, leaf.grad, atol=2e-2, rtol=2e-2)
+    for tensor, leaf in zip((q, k, v), leaves):
+        torch.testing.assert_close(tensor.grad.float(), leaf.grad, atol=2e-2, rtol=2e-2)
