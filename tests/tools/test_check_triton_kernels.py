@@ -174,6 +174,7 @@ def test_a_launch_none_of_whose_configs_fits_fails(tmp_path):
 # (kernel configs x Triton's specialisation attributes) not needed at an earlier size, and the most
 # attribute sets of one kernel config
 SIZES_SCRIPT = """
+import contextlib
 import sys
 sys.path.insert(0, 'tools')
 import torch
@@ -183,10 +184,15 @@ from benchmark_host import build_narrowed
 from mmpola.ops.triton_support import dry_run
 gpu = tool.GPUS['sm_90']
 for name in sys.argv[1:]:
-    model = build_narrowed(*all_backbones()[name])  # Triton attention, train mode, 16 channels per head
+    arch, _, amp = name.partition('@')  # NAME@float16: under autocast, as a detector's --amp trains
+    model = build_narrowed(*all_backbones()[arch])  # Triton attention, train mode, 16 channels per head
+    autocast = torch.autocast('cpu', getattr(torch, amp)) if amp else contextlib.nullcontext()
     seen = {}
-    for height, width in [(256, 384), (288, 416), (320, 352), (352, 480), (224, 352)]:
-        with dry_run(gpu.kernel_target()) as launches:
+    sizes = [(256, 384), (288, 416), (320, 352), (352, 480), (224, 352)]
+    if amp:  # the CPU computes in half slowly: smaller maps, their token counts as varied
+        sizes = [(128, 192), (160, 224), (96, 288), (192, 160), (224, 96)]
+    for height, width in sizes:
+        with dry_run(gpu.kernel_target()) as launches, autocast:
             outs = model(torch.randn(2, 3, height, width))
             sum(out.float().mean() for out in outs).backward()
         found = tool.specialisations(launches, gpu)
@@ -204,8 +210,9 @@ def test_new_detector_input_sizes_compile_no_new_kernel_variants_after_the_first
     take that only from token counts (their strides are multiples of the channels): at most two variants
     of a config, all met in the first sizes, never a compilation per iteration. The backbones are the host
     benchmark's narrowed layouts (the same layers, kernels and token counts, 16 channels per head, so that the
-    library's operators around the recorded launches cost little on the CPU), all three in one process."""
-    models = ['pola-pvt-t', 'pola-swin-t', 'flatten-pvt-t']
+    library's operators around the recorded launches cost little on the CPU), all in one process; Pola-Swin-T also
+    under float16 autocast, where the kernels read and write half tensors and casts join the launches."""
+    models = ['pola-pvt-t', 'pola-swin-t', 'flatten-pvt-t', 'pola-swin-t@float16']
     log = run_tool([PYTHON, '-c', SIZES_SCRIPT, *models],
                    env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0', MMPOLA_DEPTHWISE_CONV='triton',
                             MMPOLA_NO_COMPILE='1'))
