@@ -1431,12 +1431,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if getattr(args, 'dwconv_impl', None):  # read by the models' depthwise convolutions (and the _peak children)
-        os.environ['MMPOLA_DEPTHWISE_CONV'] = args.dwconv_impl
-    if getattr(args, 'recompute_impl', None):  # read by the models' MLPs and gates (and the _peak children)
-        os.environ['MMPOLA_RECOMPUTE'] = args.recompute_impl
-    if getattr(args, 'sdpa_impl', None):  # read by the softmax kinds at each call (and the _peak children)
-        os.environ['MMPOLA_SDPA'] = args.sdpa_impl
+    # kernel_options: the variables the models read at each call, for the whole run (and the _peak children)
+    for option, variable in (('dwconv_impl', 'MMPOLA_DEPTHWISE_CONV'), ('recompute_impl', 'MMPOLA_RECOMPUTE'),
+                             ('sdpa_impl', 'MMPOLA_SDPA')):
+        if getattr(args, option, None):
+            os.environ[variable] = getattr(args, option)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.command == '_peak':
