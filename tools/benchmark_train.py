@@ -23,7 +23,8 @@ one with the lowest at ``after_train_iter``, each synchronising the device first
 runs from the end of the previous one to its own end: loading its batch, every hook, the forward and
 backward passes, the optimizer step; its data time from the end of the previous iteration to its
 first hook. The peak memory of the timed iterations is read in each of them by both hooks (mmengine's logger
-resets the CUDA peak where it logs, between the two).
+resets the CUDA peak where it logs, between the two). The first hook also notes the batch's input size and
+whether an earlier iteration had it (:func:`sizes_summary`).
 """
 import collections
 import contextlib
@@ -409,6 +410,24 @@ def _peak_mib(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB (lifetime peak)
 
 
+def batch_input_size(model, data_batch):
+    """(height, width) of the batch the model's data preprocessor makes of ``data_batch``'s images (each padded to
+    the largest, rounded up to the preprocessor's divisor, at least its fixed ``size``), or None where the batch
+    holds no images. Kernels, execution plans and compiled graphs chosen per input shape see this size."""
+    inputs = data_batch.get('inputs') if isinstance(data_batch, dict) else None
+    if torch.is_tensor(inputs):
+        inputs = list(inputs)
+    if not inputs or not all(torch.is_tensor(t) and t.dim() >= 2 for t in inputs):
+        return None
+    height, width = (max(t.shape[axis] for t in inputs) for axis in (-2, -1))
+    preprocessor = getattr(model, 'data_preprocessor', None)
+    fixed = getattr(preprocessor, 'size', None)  # mmseg: pad to the crop size
+    if fixed:
+        height, width = max(height, fixed[0]), max(width, fixed[1])
+    divisor = getattr(preprocessor, 'pad_size_divisor', None) or getattr(preprocessor, 'size_divisor', None) or 1
+    return -(-height // divisor) * divisor, -(-width // divisor) * divisor
+
+
 class IterationClock:
     """State shared by the two timing hooks (:func:`timing_hooks`)."""
 
@@ -417,6 +436,10 @@ class IterationClock:
         self.index = 0  # iterations begun
         self.last_end = None
         self.iter_times, self.data_times = [], []
+        # the batch input size of each timed iteration, and whether no earlier iteration (warm-up included) had it
+        self.iter_sizes, self.iter_new = [], []
+        self.sizes_seen = set()
+        self._size = self._new = None
         self.peak_mib = None
         self.peak_reset = True
         self.profiled_seconds = None
@@ -426,11 +449,14 @@ class IterationClock:
     def timed(self):
         return self.warmup <= self.index < self.warmup + self.iters
 
-    def begin(self, runner):
+    def begin(self, runner, data_batch=None):
         _synchronize(self.device)
         now = time.perf_counter()
         if self.timed:
             self.data_times.append(now - self.last_end)
+        self._size = batch_input_size(_unwrap_model(runner.model), data_batch) if data_batch is not None else None
+        self._new = self._size is not None and self._size not in self.sizes_seen
+        self.sizes_seen.add(self._size)
         if self.profiler is not None and self.index == self.warmup + self.iters:
             self.profiler.start(runner)
             self._profile_start = time.perf_counter()
@@ -448,6 +474,8 @@ class IterationClock:
         now = time.perf_counter()
         if self.timed:
             self.iter_times.append(now - self.last_end)
+            self.iter_sizes.append(self._size)
+            self.iter_new.append(self._new)
             self.observe_peak()
             if self.index == self.warmup + self.iters - 1:
                 if self.profiler is None:
@@ -472,7 +500,7 @@ def timing_hooks(clock):
         priority = 'HIGHEST'
 
         def before_train_iter(self, runner, batch_idx, data_batch=None):
-            clock.begin(runner)
+            clock.begin(runner, data_batch)
 
         def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
             clock.observe_peak()
@@ -688,6 +716,16 @@ def render_profile(summary, title):
     return '\n'.join(lines) + '\n'
 
 
+def write_iterations(clock, spec, out_dir):
+    """``{stem}_iterations.json``: each timed iteration's s/iter, data s/iter, batch input size and whether the
+    size was new to the run (beside the profile)."""
+    os.makedirs(out_dir, exist_ok=True)
+    rows = [dict(seconds=t, data_seconds=d, size=list(size) if size is not None else None, new=bool(new))
+            for t, d, size, new in zip(clock.iter_times, clock.data_times, clock.iter_sizes, clock.iter_new)]
+    with open(osp.join(out_dir, f'{file_stem(spec)}_iterations.json'), 'w') as f:
+        json.dump(dict(config=spec, warmup=clock.warmup, iterations=rows), f, indent=1)
+
+
 def write_profile(profiler, clock, device, spec, out_dir, title):
     """Write the chrome trace and the summary (Markdown and JSON) of the profiled iteration; returns the
     summary's Markdown (a line saying why there is none where torch's profiler events lack what the summary
@@ -770,6 +808,41 @@ def steadiness(times):
     return _median(times[-half:]) / _median(times[:half])
 
 
+def _size_text(size):
+    return '?' if size is None else f'{size[0]}x{size[1]}'
+
+
+def sizes_summary(times, sizes, new):
+    """What the timed iterations' batch input sizes say about their times (a dict): how many distinct sizes, the
+    median s/iter of the iterations at a size new to the run and of those at a size seen before (None where there
+    are none), and the slowest and fastest iterations with their sizes. Work redone for each new input shape
+    (execution plans, kernel variants, compiled graphs) shows as new-size iterations slower than seen-size ones."""
+    runs = list(zip(times, sizes, new))
+    at_new = [t for t, _, n in runs if n]
+    at_seen = [t for t, _, n in runs if not n]
+    ranked = sorted(runs, key=lambda run: -run[0])
+    return dict(distinct=len(set(sizes)), iterations=len(runs), new=len(at_new),
+                new_median=_median(at_new) if at_new else None, seen_median=_median(at_seen) if at_seen else None,
+                slowest=ranked[:3], fastest=ranked[-1] if ranked else None)
+
+
+def sizes_text(summary):
+    """One line of :func:`sizes_summary`."""
+    def median(value):
+        return '-' if value is None else f'{value:.3f}'
+
+    def run(item):
+        time_s, size, new = item
+        return f"{time_s:.3f} s at {_size_text(size)} ({'new' if new else 'seen'})"
+
+    seen = summary['iterations'] - summary['new']
+    return (f"batch input sizes: {summary['distinct']} distinct over {summary['iterations']} timed iterations; "
+            f"{summary['new']} at a size new to the run (median {median(summary['new_median'])} s/iter), {seen} at a "
+            f"size seen before (median {median(summary['seen_median'])}); slowest "
+            + ', '.join(run(item) for item in summary['slowest'])
+            + (f"; fastest {run(summary['fastest'])}" if summary['fastest'] is not None else ''))
+
+
 def _also_with_readers():
     """{variable: the function that reads and checks it, or None} of the variables ``--also-with`` may set."""
     from mmpola.ops import depthwise_conv_impl, recompute_impl, sdpa_impl
@@ -839,9 +912,12 @@ def _bench_config(spec, args, device):
                    notes=info['notes'], compiled=compiled)
         row['images_per_s'] = batch / row['median']
         row['trend'] = steadiness(clock.iter_times)
+        row['sizes'] = sizes_summary(clock.iter_times, clock.iter_sizes, clock.iter_new)
         if profiler is not None:
-            title = f"{row['config']} ({row['device']}, amp {row['amp']}, batch {batch})"
+            title = (f"{row['config']} ({row['device']}, amp {row['amp']}, batch {batch}, input "
+                     f"{_size_text(clock._size)}, {'a size new to the run' if clock._new else 'a size seen before'})")
             row['profile'] = write_profile(profiler, clock, device, spec, args.profile, title)
+            write_iterations(clock, spec, args.profile)
         del runner, profiler
     gc.collect()
     if device.type == 'cuda':
@@ -921,6 +997,8 @@ def bench_train(args, device):
               + ('' if r['peak_reset'] else '; peak memory over the whole process (no reset)')
               + (f"; Triton kernels compiled during the timed iterations: {compilations_text(r['compiled'])}"
                  if r['device'] == 'cuda' else ''))
+        if r.get('sizes'):
+            print(f"  - {sizes_text(r['sizes'])}")
         for note in r['notes']:
             print(f'  - {note}')
     for r in rows:

@@ -41,6 +41,7 @@ def test_train_prints_the_table_and_writes_the_profile(tmp_path):
     assert cells[9] == '-'  # too few timed iterations to tell a trend
     assert f'[1/1] retinanet_pola-pvt-t_fpn_1x_coco: {median:.3f} s/iter (median; min {fastest:.3f}), peak ' in log
     assert 'hooks: RuntimeInfoHook, RandomStateHook, NonFiniteLossHook' in log and 'CheckpointHook' not in log
+    assert re.search(r'batch input sizes: 1 distinct over 1 timed iterations; ', log)
 
     stem = 'retinanet_pola-pvt-t_fpn_1x_coco'
     with open(tmp_path / f'{stem}_trace.json') as f:
@@ -59,6 +60,10 @@ def test_train_prints_the_table_and_writes_the_profile(tmp_path):
         assert parts[name]['cpu_ms'] > 0 and parts[name]['calls'] == 1
     assert sum(p['cpu_ms'] for p in parts.values()) <= numbers['wall_ms'] * 1.01  # the parts do not overlap
     assert len(numbers['top_ops']) == 15 and numbers['syncs']['aten::_local_scalar_dense'] > 0
+    with open(tmp_path / f'{stem}_iterations.json') as f:
+        (iteration,) = json.load(f)['iterations']
+    assert iteration['seconds'] == pytest.approx(median, abs=6e-4) and len(iteration['size']) == 2
+    assert all(side % 32 == 0 and side <= 160 for side in iteration['size'])  # mmdet pads to a multiple of 32
 
 
 @pytest.mark.parametrize('mode', ['mmpola', 'library'])
@@ -251,6 +256,44 @@ def test_the_peak_memory_survives_mmengines_logger_resetting_it(monkeypatch):
             state['peak'] = state['current']
         last.after_train_iter(runner, i)
     assert clock.peak_mib == 700 and len(clock.iter_times) == 3 and runner.train_loop.stop_training
+
+
+def test_the_batch_input_size_is_the_padded_size_the_data_preprocessor_makes():
+    from mmdet.models.data_preprocessors import DetDataPreprocessor
+    from mmseg.models.data_preprocessor import SegDataPreProcessor
+    images = [torch.zeros(3, 100, 130, dtype=torch.uint8), torch.zeros(3, 90, 150, dtype=torch.uint8)]
+    model = torch.nn.Module()
+    model.data_preprocessor = DetDataPreprocessor(pad_size_divisor=32)
+    assert TRAIN.batch_input_size(model, dict(inputs=images, data_samples=[])) == (128, 160)
+    assert model.data_preprocessor(dict(inputs=images, data_samples=None))['inputs'].shape[-2:] == (128, 160)
+    model.data_preprocessor = SegDataPreProcessor(size=(128, 128))  # a segmentation crop: padded to it
+    assert TRAIN.batch_input_size(model, dict(inputs=images)) == (128, 150)
+    assert TRAIN.batch_input_size(model, dict(inputs=[])) is None and TRAIN.batch_input_size(model, None) is None
+
+
+def test_iterations_at_a_new_size_are_told_from_those_at_a_size_seen_before(monkeypatch):
+    """Each timed iteration keeps its batch input size and whether an earlier one (warm-up included) had it; the
+    summary sets the medians of the two groups side by side and names the slowest and fastest with their sizes."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(TRAIN, '_synchronize', lambda device: None)
+    now = [0.0]
+    monkeypatch.setattr(TRAIN.time, 'perf_counter', lambda: now[0])
+    model = torch.nn.Module()  # no data preprocessor: the largest image's size
+    runner = SimpleNamespace(model=model, train_loop=SimpleNamespace(stop_training=False))
+    clock = TRAIN.IterationClock(torch.device('cpu'), warmup=1, iters=3)
+    clock.last_end = 0.0
+    for side, seconds in ((64, 3.0), (96, 2.0), (64, 0.5), (128, 1.0)):  # a warm-up iteration, then the timed ones
+        clock.begin(runner, dict(inputs=[torch.zeros(3, side, side), torch.zeros(3, 32, side)]))
+        now[0] += seconds
+        clock.end(runner)
+    assert clock.iter_sizes == [(96, 96), (64, 64), (128, 128)] and clock.iter_new == [True, False, True]
+    summary = TRAIN.sizes_summary(clock.iter_times, clock.iter_sizes, clock.iter_new)
+    assert (summary['distinct'], summary['new']) == (3, 2)
+    assert summary['new_median'] == pytest.approx((2.0 + 1.0) / 2) and summary['seen_median'] == pytest.approx(0.5)
+    assert TRAIN.sizes_text(summary) == (
+        'batch input sizes: 3 distinct over 3 timed iterations; 2 at a size new to the run (median 1.500 s/iter), '
+        '1 at a size seen before (median 0.500); slowest 2.000 s at 96x96 (new), 1.000 s at 128x128 (new), '
+        '0.500 s at 64x64 (seen); fastest 0.500 s at 64x64 (seen)')
 
 
 def test_a_profile_summary_that_fails_leaves_the_trace_and_says_why(tmp_path, monkeypatch):
