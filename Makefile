@@ -137,7 +137,7 @@ bench-gpu-ops:
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10 --attn-impl fast
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
-		--sizes 800x1344 --batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl torch
+		--sizes 800x1344 --batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl triton
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t softmax-pvtv2-b2 \
@@ -153,7 +153,7 @@ bench-gpu-train:
 	$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--also-with MMPOLA_SDPA=torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
-		--warmup 20 --also-with MMPOLA_RECOMPUTE=torch --also-with MMPOLA_DEPTHWISE_CONV=torch
+		--warmup 20 --also-with MMPOLA_RECOMPUTE=triton --also-with MMPOLA_DEPTHWISE_CONV=torch
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
 
@@ -205,7 +205,7 @@ bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
 		--new-sizes 3 --no-memory --sdpa-impl torch
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
-		--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl torch
+		--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl triton
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10 --attn-impl fast
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
@@ -215,13 +215,13 @@ bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
 		--sizes 64x96 --batch 2 --backward --amp bfloat16 --repeat 20 --no-memory
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 64x96 \
-		--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl torch
+		--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl triton
 
 # The detectors: the four of the targets (and a profile of one more iteration of each); Pola-Swin-T's Mask R-CNN, whose
 # multi-scale crops give nearly every iteration new image sizes, and right after it in the same process with the
 # depthwise convolutions on the library's convolution (--also-with: side by side); RetinaNet Pola-PVT-T, then with the
-# library's linear layers; the mmdet detectors with mmpola's optimizer step; Pola-Swin-T's Mask R-CNN with the
-# attention's fast path; last, a detector whose softmax stages (PolaFormer++'s RoPE softmax, no learned mask) torch
+# linear layers that recompute their input (MMPOLA_RECOMPUTE=triton; the default runs the library's); the mmdet
+# detectors with mmpola's optimizer step; Pola-Swin-T's Mask R-CNN with the attention's fast path; last, a detector whose softmax stages (PolaFormer++'s RoPE softmax, no learned mask) torch
 # would send to cuDNN's attention on compute capability 9.0 / 10.0 (a graph built per new size), then with torch's
 # choice.
 POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py
@@ -232,7 +232,7 @@ bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
 		--also-with MMPOLA_DEPTHWISE_CONV=torch
 	$(PY) tools/benchmark.py train $(firstword $(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
-		--warmup 20 --also-with MMPOLA_RECOMPUTE=torch
+		--warmup 20 --also-with MMPOLA_RECOMPUTE=triton
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
 		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \

@@ -285,8 +285,8 @@ def environment_lines(args, device):
     lines.append(f"mmpola's depthwise convolutions: {depthwise_conv_impl()} (MMPOLA_DEPTHWISE_CONV; 'auto': Triton "
                  'kernels on CUDA, the library convolution elsewhere)')
     lines.append(f"linear layers of the MLPs and gates, and after LayerNorms: {recompute_impl()} (MMPOLA_RECOMPUTE; "
-                 "'auto': on CUDA the backward recomputes their input in Triton kernels, elsewhere the library's "
-                 "layers)")
+                 "'auto': the library's layers; 'triton': on CUDA the backward recomputes their input in Triton "
+                 "kernels, keeping less)")
     lines.append(f"the softmax kinds' scaled_dot_product_attention: {sdpa_impl()} (MMPOLA_SDPA; 'auto': on CUDA "
                  "torch's backends without cuDNN's attention, which builds a graph per input size; 'torch': torch's "
                  "choice)")
@@ -925,8 +925,8 @@ def bench_host(args, device):
     height, width = parse_size(args.size)
     specs = all_backbones()
     rows = [(name, None) for name in args.models]
-    if args.compare_recompute:  # mmpola's backbones once more with the library's linear layers
-        rows += [(name, 'torch') for name in args.models if not specs[name][0].startswith(('mmdet.', 'timm:'))]
+    if args.compare_recompute:  # mmpola's backbones once more with the recomputing linear layers
+        rows += [(name, 'triton') for name in args.models if not specs[name][0].startswith(('mmdet.', 'timm:'))]
     steps = {row: backbone_pass(build_narrowed(*specs[row[0]]), torch.randn(args.batch, 3, height, width),
                                 backward=True, amp=args.amp) for row in rows}
     times = {row: [] for row in rows}
@@ -1255,7 +1255,8 @@ def kernel_options(parser):
     parser.add_argument('--recompute-impl', default=None, choices=['auto', 'torch', 'triton'],
                         help="implementation of the linear layers that recompute their input in the backward "
                         "(mmpola's MLPs, gated attentions and the linear layers after a LayerNorm; sets "
-                        "MMPOLA_RECOMPUTE; 'torch': autograd keeps it; default: the environment's, 'auto' when unset)")
+                        "MMPOLA_RECOMPUTE; 'auto' and 'torch': the library's layers, autograd keeps it; 'triton': "
+                        "the kernels recompute it; default: the environment's, 'auto' when unset)")
     parser.add_argument('--sdpa-impl', default=None, choices=['auto', 'torch'],
                         help="backends of the softmax kinds' scaled_dot_product_attention (sets MMPOLA_SDPA; 'auto': "
                         "cuDNN's attention left out on CUDA, 'torch': torch's choice; default: the environment's, "
@@ -1343,8 +1344,8 @@ def parse_args(argv=None):
     host.add_argument('--repeat', type=int, default=30)
     host.add_argument('--warmup', type=int, default=5)
     host.add_argument('--compare-recompute', action='store_true',
-                      help="also time mmpola's backbones with the library's linear layers (MMPOLA_RECOMPUTE=torch), "
-                      'in turn with the other rows')
+                      help="also time mmpola's backbones with the linear layers that recompute their input "
+                      "(MMPOLA_RECOMPUTE=triton), in turn with the other rows")
     kernel_options(host)
 
     optim = sub.add_parser('optim', help="the host's time of an optimizer step with each config's parameter groups, "
@@ -1415,7 +1416,7 @@ def parse_args(argv=None):
     train.add_argument('--also-with', action='append', default=[], metavar='VARIABLE=VALUE',
                        help="also time each config, right after its own row, with one of mmpola's implementation "
                        "variables set (repeatable: one more row per use; MMPOLA_RECOMPUTE, MMPOLA_DEPTHWISE_CONV, "
-                       "MMPOLA_SDPA, MMPOLA_TRITON_AUTOTUNE), e.g. MMPOLA_RECOMPUTE=torch: ratios measured side by "
+                       "MMPOLA_SDPA, MMPOLA_TRITON_AUTOTUNE), e.g. MMPOLA_RECOMPUTE=triton: ratios measured side by "
                        "side in one process (--profile profiles the configs' own rows)")
     train.add_argument('--threads', type=int, default=None, help='torch threads (default: torch default)')
     train.add_argument('--seed', type=int, default=0)

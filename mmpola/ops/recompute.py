@@ -31,10 +31,12 @@ encoding, where the library (under autocast) casts, copies, normalises and adds.
 The implementations (``impl``):
 
 * ``'torch'``: the library's layers; autograd keeps both tensors.
-* ``'triton'``: the recomputing backward, on CUDA (and under ``TRITON_INTERPRET=1`` on the CPU, for tests).
-* ``'auto'``: ``'triton'`` on CUDA tensors where the kernels run (not while a tracer records the model:
-  :func:`~mmpola.ops.dispatch.recording`), else ``'torch'``: the CPU keeps the library's path, which does
-  the least work there.
+* ``'triton'``: the recomputing backward, on CUDA (and under ``TRITON_INTERPRET=1`` on the CPU, for tests): less
+  activation memory, for a run that needs it.
+* ``'auto'``: ``'torch'`` on every device. Each fused layer is a custom autograd Function with its launch code
+  and a Python backward in place of two or three library operators: it saves device memory and a few kernels
+  but costs the host more Python calls and Triton launches, and the training steps of mmpola's detection
+  backbones on a GPU are set by their host (docs/benchmarks.md, "The host's time of a step").
 
 The models (:func:`mmpola.models.layers.gelu_fc2`, :func:`mmpola.models.layers.gated_proj`,
 :func:`mmpola.models.layers.norm_linear`, ``PatchEmbed.embed_and_add``) pass the implementation that the
@@ -45,7 +47,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .dispatch import autocast_dtype, autocast_off, implementation_from_env, recording
+from .dispatch import autocast_dtype, autocast_off, implementation_from_env
 from .recompute_triton import (
     NORM_MAX_CHANNELS,
     OPERANDS_MAX,
@@ -58,7 +60,7 @@ from .recompute_triton import (
     residual_cast,
     residual_cast_backward,
 )
-from .triton_support import autocast_operands, dry_running, require_triton, triton_unsupported
+from .triton_support import autocast_operands, require_triton
 
 __all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'gated_linear', 'gelu_linear',
            'layer_norm_add', 'layer_norm_linear', 'recompute_impl', 'resolve_recompute_impl']
@@ -74,17 +76,11 @@ def recompute_impl():
 
 
 def resolve_recompute_impl(impl, x):
-    """``'torch'`` or ``'triton'``: ``impl``, with ``'auto'`` resolved for tensor ``x`` (``'triton'`` for CUDA
-    tensors of float32 / float16 / bfloat16 where the kernels run, and inside
-    :func:`~mmpola.ops.triton_support.dry_run` as on its GPU, unless a tracer records the call:
-    :func:`~mmpola.ops.dispatch.recording`)."""
+    """``'torch'`` or ``'triton'``: ``impl``, with ``'auto'`` resolved for tensor ``x``: ``'torch'`` (the module
+    doc says why)."""
     if impl not in RECOMPUTE_IMPLS:
         raise ValueError(f'impl must be one of {", ".join(RECOMPUTE_IMPLS)}, got {impl!r}')
-    if impl != 'auto':
-        return impl
-    if recording() or not (x.is_cuda or dry_running()):  # a tracer's proxy first: it has no device to ask
-        return 'torch'
-    return 'triton' if triton_unsupported(x.device, x.dtype) is None else 'torch'
+    return 'torch' if impl == 'auto' else impl
 
 
 def _rows(t):

@@ -1,8 +1,8 @@
 """Whole models on each Triton path against the library's path: the depthwise convolutions
 (MMPOLA_DEPTHWISE_CONV=triton), the linear layers that recompute their input (MMPOLA_RECOMPUTE=triton: the
 MLPs' fc1 with its LayerNorm and fc2, the gated attentions' proj), and all of them at once with the attention's
-kernels, what ``'auto'`` runs on a GPU: outputs, gradients and the gradients' strides, in float32 and under
-bf16 autocast.
+kernels (what ``'auto'`` runs on a GPU, with the recomputing layers that ``MMPOLA_RECOMPUTE=triton`` adds):
+outputs, gradients and the gradients' strides, in float32 and under bf16 autocast.
 
 On a GPU (`make test-gpu`) both paths run there, compiled, with TF32 off; without one the Triton paths run
 through Triton's interpreter on the CPU."""
