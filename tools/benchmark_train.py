@@ -397,6 +397,26 @@ def _reset_peak(device):
         return False
 
 
+# the CUDA caching allocator's events (torch.cuda.memory_stats) counted over the timed iterations: memory asked of
+# the driver (cudaMalloc), given back (cudaFree: the cache emptied after a failed request), the failed requests
+# (retries) and the synchronisations of every stream they cost; each makes the host wait for the device
+ALLOCATOR_EVENTS = {'num_device_alloc': 'cudaMalloc', 'num_device_free': 'cudaFree',
+                    'num_alloc_retries': 'retries', 'num_sync_all_streams': 'syncs of all streams'}
+
+
+def _allocator_events(device):
+    """{event: count so far} of the CUDA caching allocator (:data:`ALLOCATOR_EVENTS`); None off CUDA."""
+    if device.type != 'cuda':
+        return None
+    stats = torch.cuda.memory_stats(device)
+    return {key: int(stats.get(key, 0)) for key in ALLOCATOR_EVENTS}
+
+
+def allocator_text(events):
+    """'12 cudaMalloc, 0 cudaFree, 0 retries, 0 syncs of all streams'."""
+    return ', '.join(f'{events[key]} {label}' for key, label in ALLOCATOR_EVENTS.items())
+
+
 def _peak_mib(device):
     if device.type == 'cuda':
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -442,6 +462,8 @@ class IterationClock:
         self._size = self._new = None
         self.peak_mib = None
         self.peak_reset = True
+        self.allocator = None  # the allocator's events over the timed iterations (CUDA)
+        self._allocator_start = None
         self.profiled_seconds = None
         self._profile_start = None
 
@@ -478,6 +500,9 @@ class IterationClock:
             self.iter_new.append(self._new)
             self.observe_peak()
             if self.index == self.warmup + self.iters - 1:
+                events = _allocator_events(self.device)
+                if events is not None and self._allocator_start is not None:
+                    self.allocator = {key: events[key] - self._allocator_start[key] for key in events}
                 if self.profiler is None:
                     runner.train_loop.stop_training = True
         elif self.index == self.warmup + self.iters:  # the profiled iteration
@@ -486,6 +511,7 @@ class IterationClock:
             runner.train_loop.stop_training = True
         if self.index == self.warmup - 1:
             self.peak_reset = _reset_peak(self.device)
+            self._allocator_start = _allocator_events(self.device)
         self.last_end = time.perf_counter()
         self.index += 1
 
@@ -909,7 +935,7 @@ def _bench_config(spec, args, device):
                    batch=batch,
                    median=_median(clock.iter_times), min=min(clock.iter_times), data=_median(clock.data_times),
                    peak=clock.peak_mib, peak_reset=clock.peak_reset, hooks=hooks, data_info=info['data'],
-                   notes=info['notes'], compiled=compiled)
+                   notes=info['notes'], compiled=compiled, allocator=clock.allocator)
         row['images_per_s'] = batch / row['median']
         row['trend'] = steadiness(clock.iter_times)
         row['sizes'] = sizes_summary(clock.iter_times, clock.iter_sizes, clock.iter_new)
@@ -999,6 +1025,8 @@ def bench_train(args, device):
                  if r['device'] == 'cuda' else ''))
         if r.get('sizes'):
             print(f"  - {sizes_text(r['sizes'])}")
+        if r.get('allocator'):
+            print(f"  - CUDA caching allocator during the timed iterations: {allocator_text(r['allocator'])}")
         for note in r['notes']:
             print(f'  - {note}')
     for r in rows:

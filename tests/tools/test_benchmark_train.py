@@ -296,6 +296,31 @@ def test_iterations_at_a_new_size_are_told_from_those_at_a_size_seen_before(monk
         '0.500 s at 64x64 (seen); fastest 0.500 s at 64x64 (seen)')
 
 
+def test_the_allocators_events_are_counted_over_the_timed_iterations_only(monkeypatch):
+    """On CUDA each row counts what the caching allocator asked of the driver during the timed iterations (each
+    cudaMalloc or cudaFree makes the host wait): the counts after the last timed iteration less those at the end of
+    the warm-up. Here the allocator's counters are made up, one cudaMalloc per iteration and a retry in the
+    second timed one."""
+    from types import SimpleNamespace
+    counters = dict(num_device_alloc=0, num_device_free=0, num_alloc_retries=0, num_sync_all_streams=0)
+    monkeypatch.setattr(TRAIN, '_synchronize', lambda device: None)
+    monkeypatch.setattr(TRAIN, '_reset_peak', lambda device: True)
+    monkeypatch.setattr(TRAIN, '_peak_mib', lambda device: 1.0)
+    monkeypatch.setattr(TRAIN.torch.cuda, 'memory_stats', lambda device=None: dict(counters))
+    clock = TRAIN.IterationClock(torch.device('cuda'), warmup=2, iters=3)
+    runner = SimpleNamespace(model=torch.nn.Module(), train_loop=SimpleNamespace(stop_training=False))
+    clock.last_end = 0.0
+    for i in range(5):
+        clock.begin(runner)
+        counters['num_device_alloc'] += 1
+        if i == 3:
+            counters.update(num_alloc_retries=1, num_device_free=4, num_sync_all_streams=1)
+        clock.end(runner)
+    assert clock.allocator == dict(num_device_alloc=3, num_device_free=4, num_alloc_retries=1, num_sync_all_streams=1)
+    assert TRAIN.allocator_text(clock.allocator) == '3 cudaMalloc, 4 cudaFree, 1 retries, 1 syncs of all streams'
+    assert TRAIN._allocator_events(torch.device('cpu')) is None
+
+
 def test_a_profile_summary_that_fails_leaves_the_trace_and_says_why(tmp_path, monkeypatch):
     """Where torch's profiler events lack what the summary reads, the config's row and the chrome trace stay and
     the summary is one line saying why (the timed iterations are not lost to the profile)."""
