@@ -286,9 +286,10 @@ def _recomputes(x, linear):
 
 def _gelu_recomputes(mlp, x):
     """Whether :func:`gelu_fc2` runs ``mlp``'s GELU and fc2 through :func:`mmpola.ops.gelu_linear` for the tokens
-    ``x`` (or the hidden tokens made from them): where it recomputes (``_recomputes``; on a GPU by default),
-    unless the dropout between them is on, the activation is not the exact GELU, or a module whose call the
-    kernel replaces has hooks (the GELU, the dropout, fc1 whose bias the kernel adds)."""
+    ``x`` (or the hidden tokens made from them): where it recomputes (``_recomputes``; with
+    ``MMPOLA_RECOMPUTE=triton`` on a GPU), unless the dropout between them is on, the activation is not the exact
+    GELU, or a module whose call the kernel replaces has hooks (the GELU, the dropout, fc1 whose bias the kernel
+    adds)."""
     return (_recomputes(x, mlp.fc2) and not (mlp.training and mlp.drop.p > 0) and type(mlp.act) is nn.GELU
             and mlp.act.approximate == 'none' and not hooked(mlp.act, mlp.drop, getattr(mlp, 'fc1', None)))
 
@@ -426,7 +427,7 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
 def add_and_cast(x, branch, drop_path, dtype, as_map=False):
     """``(s, s.to(dtype))`` for the residual connection ``s = x + drop_path(branch)`` (``drop_path`` timm's
     ``DropPath``, an ``nn.Identity`` or None): a stage's last, whose sum the next stage reads in ``dtype``. Where
-    the kernels of :mod:`mmpola.ops.recompute` run (``MMPOLA_RECOMPUTE``; on a GPU by default) and ``drop_path`` is
+    the kernels of :mod:`mmpola.ops.recompute` run (``MMPOLA_RECOMPUTE=triton``, on a GPU) and ``drop_path`` is
     of those types, one kernel writes both (with the factor per sample of stochastic depth,
     :func:`drop_path_scale`; :func:`mmpola.ops.add_residual_and_cast`), s in the layout of its map with ``as_map``
     (tokens (B, H*W, C) that are a view of it); else the module and the library's addition and cast."""
@@ -581,7 +582,7 @@ class PatchEmbed(nn.Module):
     def embed_and_add(self, x, encoding, dropout=None):
         """``(dropout(tokens + encoding(hw)), hw)`` for ``tokens, hw = self(x)``: ``encoding`` gives the tokens'
         positional encoding ((1, H'*W', C) or (H'*W', C)) for their map size. Where the kernels of
-        :mod:`mmpola.ops.recompute` run (``MMPOLA_RECOMPUTE``; on a GPU by default), the norm is an ``nn.LayerNorm``
+        :mod:`mmpola.ops.recompute` run (``MMPOLA_RECOMPUTE=triton``, on a GPU), the norm is an ``nn.LayerNorm``
         and nothing is hooked or dropped, :func:`mmpola.ops.layer_norm_add` normalises the convolution's output
         where it wrote it and adds the encoding in one kernel; else the modules and the library's addition."""
         norm = self.norm  # the implementation first: 'torch' while a tracer records (its proxies have no values)
