@@ -871,9 +871,8 @@ def sizes_text(summary):
 
 def _also_with_readers():
     """{variable: the function that reads and checks it, or None} of the variables ``--also-with`` may set."""
-    from mmpola.ops import depthwise_conv_impl, recompute_impl, sdpa_impl
-    return {'MMPOLA_RECOMPUTE': recompute_impl, 'MMPOLA_DEPTHWISE_CONV': depthwise_conv_impl,
-            'MMPOLA_SDPA': sdpa_impl, 'MMPOLA_TRITON_AUTOTUNE': None}
+    from mmpola.ops import IMPLEMENTATION_VARIABLES
+    return {**IMPLEMENTATION_VARIABLES, 'MMPOLA_TRITON_AUTOTUNE': None}
 
 
 def variants(args):

@@ -18,6 +18,7 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 # mmpola first: it registers the backbones, mmpola's hooks and the checkpoint allowlist
 import mmpola  # noqa: E402,F401
 from mmpola.errors import UserError  # noqa: E402
+from mmpola.ops import implementation_note  # noqa: E402
 from mmpola.runtime import cli, config, launch  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 from mmpola.runtime.config_check import check_config, runtime_hook_notes  # noqa: E402
@@ -67,7 +68,8 @@ def build_test_config(args):
     if args.out:
         cli.enable_test_dump(cfg, args.out, scope)
 
-    notes = launch.adapt_cfg_to_machine(cfg, args.launcher)
+    notes = [implementation_note()]
+    notes += launch.adapt_cfg_to_machine(cfg, args.launcher)
     notes += runtime_hook_notes(cfg, training=False)
     if not args.skip_config_check:
         check_config(cfg, training=False)  # misspelled types and arguments (what a test run builds)

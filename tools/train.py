@@ -26,6 +26,7 @@ import _mmpola_tools  # noqa: E402,F401  (first: environment defaults before tor
 # mmpola first: it registers the backbones, mmpola's hooks and the checkpoint allowlist
 import mmpola  # noqa: E402,F401
 from mmpola.errors import UserError  # noqa: E402
+from mmpola.ops import implementation_note  # noqa: E402
 from mmpola.runtime import cli, config, launch  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 from mmpola.runtime.config_check import check_config, runtime_hook_notes  # noqa: E402
@@ -67,12 +68,12 @@ def build_train_config(args):
     come from the config itself (configs/_base_/runtime.py); this tool adds none and replaces none."""
     config.check_config_file(args.config)  # a wrong path is the one thing said
     launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
+    notes = [implementation_note()]  # an unknown MMPOLA_* implementation: one line, before anything is built
     cfg = config.load_config(args.config, args.cfg_options)
     scope = config.register_task_modules(cfg)
     config.set_work_dir(cfg, args.config, args.work_dir)
     check_work_dir(cfg.work_dir)  # a file, or not writable: before anything is built
 
-    notes = []
     if args.amp:
         notes.append(launch.setup_amp(cfg, args.amp_dtype))
     if args.auto_scale_lr:

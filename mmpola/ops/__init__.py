@@ -57,6 +57,21 @@ from .recompute import (
     recompute_impl,
 )
 from .sdpa import SDPA_IMPLS, scaled_dot_product_attention, sdpa_impl
+from .triton_support import autotune_asked
+
+# the environment variables that choose an implementation of mmpola's ops for a whole run, each with the function
+# that reads it (and refuses an unknown value in one line)
+IMPLEMENTATION_VARIABLES = {'MMPOLA_DEPTHWISE_CONV': depthwise_conv_impl, 'MMPOLA_RECOMPUTE': recompute_impl,
+                            'MMPOLA_SDPA': sdpa_impl}
+
+
+def implementation_note():
+    """One line for a run's log: the implementation each of :data:`IMPLEMENTATION_VARIABLES` chooses ('auto' where
+    unset) and whether Triton's kernels tune (``MMPOLA_TRITON_AUTOTUNE``). Speed and memory depend on them, and a
+    log that names them tells two runs apart. An unknown value raises its one-line error, before anything runs."""
+    chosen = ', '.join(f'{variable}={read()}' for variable, read in IMPLEMENTATION_VARIABLES.items())
+    return (f"op implementations: {chosen}; Triton's tuning {'on' if autotune_asked() else 'off'} "
+            '(MMPOLA_TRITON_AUTOTUNE)')
 
 __all__ = [
     'OPS', 'attention_op', 'attention_impls', 'register_attention_impl', 'check_attn_impl',
@@ -68,5 +83,6 @@ __all__ = [
     'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
     'rope_tables', 'rope_rotate', 'rope_rotate_fast', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl',
     'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'gelu_linear', 'gated_linear',
-    'layer_norm_add', 'layer_norm_linear', 'recompute_impl', 'SDPA_IMPLS', 'scaled_dot_product_attention', 'sdpa_impl'
+    'layer_norm_add', 'layer_norm_linear', 'recompute_impl', 'SDPA_IMPLS', 'scaled_dot_product_attention', 'sdpa_impl',
+    'IMPLEMENTATION_VARIABLES', 'implementation_note'
 ]

@@ -270,12 +270,18 @@ def fixed_config(index):
         _FIXED.pop()
 
 
+def autotune_asked():
+    """Whether the environment leaves Triton's tuning on: False for ``MMPOLA_TRITON_AUTOTUNE`` 0 / false / no /
+    off, True otherwise (unset included)."""
+    return os.environ.get('MMPOLA_TRITON_AUTOTUNE', '1').strip().lower() not in ('0', 'false', 'no', 'off')
+
+
 def autotuning():
     """False where a tunable kernel runs its launch code's default config without timing others: under
     the interpreter, in torch's deterministic mode and with ``MMPOLA_TRITON_AUTOTUNE=0``."""
     if interpreting() or torch.are_deterministic_algorithms_enabled():
         return False
-    return os.environ.get('MMPOLA_TRITON_AUTOTUNE', '1').strip().lower() not in ('0', 'false', 'no', 'off')
+    return autotune_asked()
 
 
 def launch(kernel, grid, *args, default=None, **kwargs):

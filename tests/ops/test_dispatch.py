@@ -249,6 +249,23 @@ def test_recording_while_torch_export_or_an_onnx_export_runs_the_model():
     assert seen and all(seen), seen
 
 
+def test_the_implementation_note_names_every_variables_choice(monkeypatch):
+    """One line with each implementation variable's choice and Triton's tuning, for a run's log (the tools add
+    it); the variables are the ones the train benchmark's --also-with may set."""
+    from mmpola.ops import IMPLEMENTATION_VARIABLES, implementation_note, sdpa_impl
+    assert IMPLEMENTATION_VARIABLES == {'MMPOLA_DEPTHWISE_CONV': depthwise_conv_impl,
+                                        'MMPOLA_RECOMPUTE': recompute_impl, 'MMPOLA_SDPA': sdpa_impl}
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'torch')
+    monkeypatch.delenv('MMPOLA_RECOMPUTE', raising=False)
+    monkeypatch.setenv('MMPOLA_SDPA', ' Torch ')
+    monkeypatch.setenv('MMPOLA_TRITON_AUTOTUNE', 'off')
+    assert implementation_note() == ("op implementations: MMPOLA_DEPTHWISE_CONV=torch, MMPOLA_RECOMPUTE=auto, "
+                                     "MMPOLA_SDPA=torch; Triton's tuning off (MMPOLA_TRITON_AUTOTUNE)")
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'fused')
+    with pytest.raises(AttnImplUnavailable, match="MMPOLA_RECOMPUTE='fused' is not an implementation"):
+        implementation_note()
+
+
 @pytest.mark.parametrize('variable, read, what', [
     ('MMPOLA_DEPTHWISE_CONV', depthwise_conv_impl, 'the depthwise convolution'),
     ('MMPOLA_RECOMPUTE', recompute_impl, 'the linear layers that recompute their input')])

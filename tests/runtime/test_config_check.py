@@ -89,6 +89,24 @@ def test_the_check_can_be_skipped(coco, tmp_path):
     assert cfg.train_dataloader.dataset.type == 'CocoDatset'
 
 
+def test_the_run_notes_its_op_implementations_and_refuses_an_unknown_one(coco, tmp_path, capsys, monkeypatch):
+    """The train tool's notes (which the Runner logs into the run's log) name the implementation each of mmpola's
+    MMPOLA_* variables chooses, so that two runs' logs say what ran; an unknown value stops the run in one line
+    before anything is built."""
+    for variable in ('MMPOLA_DEPTHWISE_CONV', 'MMPOLA_SDPA', 'MMPOLA_TRITON_AUTOTUNE'):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'triton')
+    _, _, notes = TRAIN.build_train_config(TRAIN.parse_args([DET_DEMO, '--work-dir', str(tmp_path / 'a')]
+                                                            + coco_options(coco)))
+    assert notes[0] == ("op implementations: MMPOLA_DEPTHWISE_CONV=auto, MMPOLA_RECOMPUTE=triton, MMPOLA_SDPA=auto; "
+                        "Triton's tuning on (MMPOLA_TRITON_AUTOTUNE)")
+    monkeypatch.setenv('MMPOLA_SDPA', 'cudnn')
+    work = str(tmp_path / 'b')
+    err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + coco_options(coco), capsys, [], work)
+    assert err.startswith("MMPOLA_SDPA='cudnn' is not an implementation of the softmax kinds' "
+                          'scaled_dot_product_attention; use one of auto, torch'), err
+
+
 def test_no_false_alarm_on_the_shipped_configs(monkeypatch):
     """Every task config passes the config check and the pre-flight model checks (classes vs
     num_classes, channels); the channel check really sees every dense backbone's outputs."""

@@ -381,7 +381,8 @@ def test_also_with_times_each_config_again_with_the_variable_set_right_after_its
 
 
 @pytest.mark.parametrize('value, message', [
-    ('MMPOLA_RECOMPUTE', 'takes VARIABLE=VALUE'), ('MMPOLA_FOO=1', 'takes VARIABLE=VALUE with one of MMPOLA_RECOMPUTE'),
+    ('MMPOLA_RECOMPUTE', 'takes VARIABLE=VALUE'),
+    ('MMPOLA_FOO=1', 'takes VARIABLE=VALUE with one of MMPOLA_DEPTHWISE_CONV, MMPOLA_RECOMPUTE, MMPOLA_SDPA'),
     ('MMPOLA_SDPA=cudnn', "--also-with MMPOLA_SDPA=cudnn: MMPOLA_SDPA='cudnn' is not an implementation")])
 def test_also_with_refuses_an_unknown_variable_or_value_before_anything_runs(value, message):
     with pytest.raises(SystemExit, match=re.escape(message)):
