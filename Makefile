@@ -221,9 +221,9 @@ bench-gpu-quick:
 # multi-scale crops give nearly every iteration new image sizes, and right after it in the same process with the
 # depthwise convolutions on the library's convolution (--also-with: side by side); RetinaNet Pola-PVT-T, then with the
 # linear layers that recompute their input (MMPOLA_RECOMPUTE=triton; the default runs the library's); the mmdet
-# detectors with mmpola's optimizer step; Pola-Swin-T's Mask R-CNN with the attention's fast path; last, a detector whose softmax stages (PolaFormer++'s RoPE softmax, no learned mask) torch
-# would send to cuDNN's attention on compute capability 9.0 / 10.0 (a graph built per new size), then with torch's
-# choice.
+# detectors with mmpola's optimizer step; Pola-Swin-T's Mask R-CNN with the attention's fast path; last, a detector
+# whose softmax stages (PolaFormer++'s RoPE softmax, no learned mask) torch would send to cuDNN's attention on compute
+# capability 9.0 / 10.0 (a graph built per new size), then with torch's choice.
 POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py
 SDPA_TRAIN = configs/detection/mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py
 bench-gpu-quick-train:
