@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..ops import implementation_note
 from .cli import build_runner, check_train_batches, exit_on_user_error
 from .config import move_data_root
 from .config_check import check_config
@@ -35,7 +36,8 @@ class DemoResult:
 
 
 def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
-    """What every demo does to its config; returns the notes of :func:`adapt_cfg_to_machine`.
+    """What every demo does to its config; returns the notes to log (the op implementations of the environment,
+    :func:`mmpola.ops.implementation_note`, and those of :func:`adapt_cfg_to_machine`).
 
     Work dir and seed; ``data_root`` for the train/val/test datasets and evaluators; the backbone from
     ``pretrained`` when that file exists; the initial evaluation (:class:`InitialEvaluationHook`); the
@@ -49,7 +51,7 @@ def prepare_demo_config(cfg, work_dir, data_root, seed, pretrained=None):
     if pretrained and osp.isfile(pretrained):
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=pretrained)
     cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='mmpola.InitialEvaluationHook')]
-    notes = adapt_cfg_to_machine(cfg, 'none')
+    notes = [implementation_note()] + adapt_cfg_to_machine(cfg, 'none')
     check_config(cfg)  # misspelled types and arguments
     run_preflight(cfg, ['train_dataloader', 'val_dataloader'], training=True)  # data, checkpoints, channels
     return notes

@@ -28,8 +28,9 @@ def test_prepare_demo_config_adds_the_initial_evaluation_only(tmp_path):
     from mmpola.runtime.demo import prepare_demo_config
     cfg = Config(dict(model=dict(type='mmpola.PolaPVT', arch='tiny'), data_root='data/toy/',
                       custom_hooks=[dict(type='mmpola.NonFiniteLossHook')]))
-    prepare_demo_config(cfg, str(tmp_path), str(tmp_path), seed=0)
+    notes = prepare_demo_config(cfg, str(tmp_path), str(tmp_path), seed=0)
     assert [h['type'] for h in cfg.custom_hooks] == ['mmpola.NonFiniteLossHook', 'mmpola.InitialEvaluationHook']
+    assert notes[0].startswith('op implementations: MMPOLA_DEPTHWISE_CONV=')  # logged by the Runner (run_demo)
 
 
 def test_check_learned_passes_a_run_that_learned_and_names_what_fell_short():
