@@ -459,7 +459,7 @@ class IterationClock:
         # the batch input size of each timed iteration, and whether no earlier iteration (warm-up included) had it
         self.iter_sizes, self.iter_new = [], []
         self.sizes_seen = set()
-        self._size = self._new = None
+        self.size = self.size_is_new = None  # those of the iteration begun last (the profiled one, after the run)
         self.peak_mib = None
         self.peak_reset = True
         self.allocator = None  # the allocator's events over the timed iterations (CUDA)
@@ -476,9 +476,9 @@ class IterationClock:
         now = time.perf_counter()
         if self.timed:
             self.data_times.append(now - self.last_end)
-        self._size = batch_input_size(_unwrap_model(runner.model), data_batch) if data_batch is not None else None
-        self._new = self._size is not None and self._size not in self.sizes_seen
-        self.sizes_seen.add(self._size)
+        self.size = batch_input_size(_unwrap_model(runner.model), data_batch) if data_batch is not None else None
+        self.size_is_new = self.size is not None and self.size not in self.sizes_seen
+        self.sizes_seen.add(self.size)
         if self.profiler is not None and self.index == self.warmup + self.iters:
             self.profiler.start(runner)
             self._profile_start = time.perf_counter()
@@ -496,8 +496,8 @@ class IterationClock:
         now = time.perf_counter()
         if self.timed:
             self.iter_times.append(now - self.last_end)
-            self.iter_sizes.append(self._size)
-            self.iter_new.append(self._new)
+            self.iter_sizes.append(self.size)
+            self.iter_new.append(self.size_is_new)
             self.observe_peak()
             if self.index == self.warmup + self.iters - 1:
                 events = _allocator_events(self.device)
@@ -939,8 +939,9 @@ def _bench_config(spec, args, device):
         row['trend'] = steadiness(clock.iter_times)
         row['sizes'] = sizes_summary(clock.iter_times, clock.iter_sizes, clock.iter_new)
         if profiler is not None:
+            seen = 'a size new to the run' if clock.size_is_new else 'a size seen before'
             title = (f"{row['config']} ({row['device']}, amp {row['amp']}, batch {batch}, input "
-                     f"{_size_text(clock._size)}, {'a size new to the run' if clock._new else 'a size seen before'})")
+                     f"{_size_text(clock.size)}, {seen})")
             row['profile'] = write_profile(profiler, clock, device, spec, args.profile, title)
             write_iterations(clock, spec, args.profile)
         del runner, profiler

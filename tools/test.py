@@ -48,6 +48,7 @@ def parse_args(argv=None):
 def build_test_config(args):
     config.check_config_file(args.config)  # a wrong path is the one thing said
     launch.check_device(args.launcher, args.device)  # never a silent CPU run (--device cpu asks for one)
+    implementations = implementation_note()  # an unknown MMPOLA_* implementation: one line, before anything is built
     cfg = config.load_config(args.config, args.cfg_options)
     scope = config.register_task_modules(cfg)
     config.set_work_dir(cfg, args.config, args.work_dir)
@@ -68,8 +69,7 @@ def build_test_config(args):
     if args.out:
         cli.enable_test_dump(cfg, args.out, scope)
 
-    notes = [implementation_note()]
-    notes += launch.adapt_cfg_to_machine(cfg, args.launcher)
+    notes = [implementations] + launch.adapt_cfg_to_machine(cfg, args.launcher)
     notes += runtime_hook_notes(cfg, training=False)
     if not args.skip_config_check:
         check_config(cfg, training=False)  # misspelled types and arguments (what a test run builds)
