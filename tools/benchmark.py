@@ -25,6 +25,12 @@
                                                         # training throughput of whole configs, e.g.
     python tools/benchmark.py train configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py \
         mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py --device cpu --iters 3 --warmup 1 --img-scale 320 256
+    python tools/benchmark.py memory configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py \
+        mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py --pairs --batch-size 2 --also-with MMPOLA_RECOMPUTE=triton
+                                                        # what a training step of each config keeps on a GPU
+                                                        # (parameters, gradients, optimizer state, saved
+                                                        # activations by part), counted on the CPU in a dry
+                                                        # run (tools/benchmark_memory.py)
 
 Prints Markdown tables (and the environment: torch, device, threads, dtype, seed, load) and asserts
 nothing. Times are taken over --repeat runs after one warm-up (attention: more runs for fast cases);
@@ -97,10 +103,11 @@ from benchmark_host import (  # noqa: E402
     build_narrowed,
     count_dispatched_ops,
     denormals_flushed,
+    h100_dry_run,
     python_calls,
-    recompute_impl_set,
     step_counts,
 )
+from benchmark_memory import bench_memory, saved_for_backward  # noqa: E402
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -796,29 +803,6 @@ def _launches_recorded(attn_impl, device):
     return h100_dry_run()
 
 
-def h100_dry_run():
-    """mmpola.ops.triton_support.dry_run for an H100 (sm_90, 132 multiprocessors, 227 KiB of shared memory a
-    block): a context yielding the list of the Triton launches made inside, recorded instead of made."""
-    from mmpola.ops.triton_support import KernelTarget, dry_run
-    return dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024))
-
-
-def saved_for_backward(fn):
-    """Run ``fn`` and return (its result, the bytes of the distinct storages that autograd saves for
-    backward meanwhile): the activation memory a training step holds from its forward to its backward,
-    whatever the device (the tensors of a dry run included: their storages exist, uninitialised)."""
-    storages = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        storages.setdefault(storage.data_ptr(), storage.nbytes())
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        result = fn()
-    return result, sum(storages.values())
-
-
 def bench_ops(args, device):
     """Operators dispatched by one training-mode forward and its backward of each backbone (eager: a
     torch.compile kernel is one opaque call, so the fast path's compilation is off here), and the bytes
@@ -894,6 +878,7 @@ def bench_ops(args, device):
         # a forward of its own: saved-tensor hooks add operators to the backward
         with _launches_recorded(attn_impl, device), autocast():
             _, saved = saved_for_backward(lambda: model(image))
+            saved = sum(saved.values())
         print(f'| {name} | {height}x{width} | {args.batch} | {fwd[0]} | {fwd[1]}{triton[0]} | {bwd[0]} | '
               f'{bwd[1]}{triton[1]} | {fwd[2] + bwd[2]} | {saved / 2**20:.1f} |' + cells)
         tops.append((name, [('fwd', fwd_bound), ('bwd', bwd_bound)]))
@@ -915,18 +900,30 @@ def bench_ops(args, device):
         print_roofline(peaks, tops, args.top)
 
 
+def host_variants(args):
+    """``benchmark_train.variants`` of ``host``'s ``--also-with``, ``--compare-recompute`` adding
+    ``MMPOLA_RECOMPUTE=triton``."""
+    from benchmark_train import variants
+    recompute = 'MMPOLA_RECOMPUTE=triton'
+    if args.compare_recompute and recompute not in args.also_with:
+        args.also_with = list(args.also_with) + [recompute]
+    return variants(args)
+
+
 def bench_host(args, device):
     """The host's time of a training step of each backbone, its compute taken out (tools/benchmark_host.py): a
     narrowed layout's step on the CPU (min and median of ``args.repeat`` after a warm-up, the rows in turn), its
     Python calls, dispatched operators and Triton launches."""
+    from benchmark_train import variant_set
     if device.type != 'cpu':
         raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
                          'prints the host time of each pass beside its time')
     height, width = parse_size(args.size)
     specs = all_backbones()
     rows = [(name, None) for name in args.models]
-    if args.compare_recompute:  # mmpola's backbones once more with the recomputing linear layers
-        rows += [(name, 'triton') for name in args.models if not specs[name][0].startswith(('mmdet.', 'timm:'))]
+    # mmpola's backbones once more per --also-with (--compare-recompute: with the recomputing linear layers)
+    rows += [(name, variant) for variant in host_variants(args)[1:] for name in args.models
+             if not specs[name][0].startswith(('mmdet.', 'timm:'))]
     steps = {row: backbone_pass(build_narrowed(*specs[row[0]]), torch.randn(args.batch, 3, height, width),
                                 backward=True, amp=args.amp) for row in rows}
     times = {row: [] for row in rows}
@@ -934,21 +931,21 @@ def bench_host(args, device):
     print('|---|---|---:|---:|---:|---:|---:|---:|')
     with h100_dry_run() as launches, denormals_flushed():
         for row, step in steps.items():
-            with recompute_impl_set(row[1]):
+            with variant_set(row[1]):
                 for _ in range(args.warmup):
                     step()
                     del launches[:]
         for _ in range(args.repeat):  # in turn: a slower moment of the machine falls on every row alike
             for row, step in steps.items():
-                with recompute_impl_set(row[1]):
+                with variant_set(row[1]):
                     start = time.perf_counter()
                     step()
                     times[row].append(time.perf_counter() - start)
                 del launches[:]  # a GPU keeps no record of its launches (nor their tensors, for the collector to walk)
         for row, step in steps.items():
-            with recompute_impl_set(row[1]):
+            with variant_set(row[1]):
                 calls, ops, _, launched, _ = step_counts(step, launches)
-            name = row[0] + ('' if row[1] is None else f', MMPOLA_RECOMPUTE={row[1]}')
+            name = row[0] + ('' if row[1] is None else f', {row[1][0]}={row[1][1]}')
             print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times[row]):.2f} | '
                   f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {launched} |')
     print(f'\nOne training step (forward and backward of the sum of the outputs\' means, train mode) of each '
@@ -1343,9 +1340,13 @@ def parse_args(argv=None):
     host.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
     host.add_argument('--repeat', type=int, default=30)
     host.add_argument('--warmup', type=int, default=5)
+    host.add_argument('--also-with', action='append', default=[], metavar='VARIABLE=VALUE',
+                      help="also time mmpola's backbones with one of mmpola's implementation variables set "
+                      '(repeatable: one more row per backbone and use), in turn with the other rows, e.g. '
+                      'MMPOLA_DEPTHWISE_CONV=torch')
     host.add_argument('--compare-recompute', action='store_true',
-                      help="also time mmpola's backbones with the linear layers that recompute their input "
-                      "(MMPOLA_RECOMPUTE=triton), in turn with the other rows")
+                      help="--also-with MMPOLA_RECOMPUTE=triton: mmpola's backbones with the linear layers that "
+                      'recompute their input')
     kernel_options(host)
 
     optim = sub.add_parser('optim', help="the host's time of an optimizer step with each config's parameter groups, "
@@ -1424,6 +1425,28 @@ def parse_args(argv=None):
                        help="'tuned': what mmpola's tools do (mmpola.runtime.allocator.tune_malloc); "
                        "'default': glibc's defaults")
 
+    memory = sub.add_parser('memory', help='what a training step of whole configs keeps on a GPU (parameters, '
+                            'gradients, optimizer state, saved activations by part), counted on the CPU in a dry run '
+                            '(tools/benchmark_memory.py)')
+    memory.add_argument('configs', nargs='+', metavar='CONFIG', help="as for 'train'")
+    memory.add_argument('--pairs', action='store_true',
+                        help='the configs two by two, each followed by its counterpart (e.g. a Pola detector and '
+                        "mmdet's): ratios of each config's rows to its counterpart's")
+    memory.add_argument('--cfg-options', nargs='+', default=None, metavar='KEY=VALUE', help="as for 'train'")
+    memory.add_argument('--amp', default='float16', choices=['bfloat16', 'float16'],
+                        help="autocast dtype of the forward (default: float16, as tools/train.py --amp on CUDA)")
+    memory.add_argument('--batch-size', type=int, default=None, help="images per iteration (default: the config's)")
+    memory.add_argument('--img-scale', type=int, nargs=2, default=None, metavar=('W', 'H'),
+                        help="resize scale of the training pipeline (default: the config's)")
+    memory.add_argument('--also-with', action='append', default=[], metavar='VARIABLE=VALUE',
+                        help="also count each config with one of mmpola's implementation variables set (repeatable), "
+                        'e.g. MMPOLA_RECOMPUTE=triton')
+    memory.add_argument('--device', default='cpu', choices=['cpu'])
+    memory.add_argument('--threads', type=int, default=None, help='torch threads (default: torch default)')
+    memory.add_argument('--seed', type=int, default=0)
+    memory.add_argument('--malloc', default='tuned', choices=['tuned', 'default'], help=argparse.SUPPRESS)
+    memory.set_defaults(memory=False, repeat=1)
+
     peak = sub.add_parser('_peak', help=argparse.SUPPRESS)  # internal: one memory measurement
     peak.add_argument('spec')
     peak.add_argument('--threads', type=int, default=None)
@@ -1467,7 +1490,7 @@ def main(argv=None):
         return
     {'attention': bench_attention, 'backbone': bench_backbone, 'scaling': bench_scaling, 'ops': bench_ops,
      'amp': bench_amp, 'layers': bench_layers, 'host': bench_host,
-     'optim': bench_optim}[args.command](args, device)
+     'optim': bench_optim, 'memory': bench_memory}[args.command](args, device)
 
 
 if __name__ == '__main__':

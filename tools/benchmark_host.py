@@ -27,9 +27,7 @@ Python calls (functions entered, counted by ``sys.setprofile``) and dispatched o
 on every machine; the times depend on the CPU's speed, so compare rows of one run.
 """
 import contextlib
-import os
 import sys
-from unittest import mock
 
 SYNC_OPS = ('_local_scalar_dense', 'item', 'is_nonzero', 'nonzero')
 # operators that launch no kernel on a GPU though the dispatcher does not flag them as views: bare allocations,
@@ -40,6 +38,13 @@ HEAD_DIM = 16  # the Triton attention kernels' smallest head dim
 
 # the heads of timm's layouts (its defaults for these models), which the names' build kwargs do not list
 _TIMM_HEADS = {'pvt_v2_b2': (1, 2, 5, 8)}
+
+
+def h100_dry_run():
+    """mmpola.ops.triton_support.dry_run for an H100 (sm_90, 132 multiprocessors, 227 KiB of shared memory a
+    block): a context yielding the list of the Triton launches made inside, recorded instead of made."""
+    from mmpola.ops.triton_support import KernelTarget, dry_run
+    return dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024))
 
 
 def narrowed(type_name, kwargs):
@@ -157,8 +162,3 @@ def denormals_flushed():
         yield
     finally:
         torch.set_flush_denormal(False)
-
-
-def recompute_impl_set(impl):
-    """A context with ``MMPOLA_RECOMPUTE`` set to ``impl`` (None: as it is), restored after."""
-    return contextlib.nullcontext() if impl is None else mock.patch.dict(os.environ, MMPOLA_RECOMPUTE=impl)

@@ -207,7 +207,7 @@ def needed_iterations(args):
     return args.warmup + args.iters + (1 if args.profile else 0)
 
 
-def _takes_attn_impl(backbone_cfg):
+def builds_mmpola_backbone(backbone_cfg):
     """Whether a backbone config builds one of mmpola's backbones (they take ``attn_impl``)."""
     import inspect
 
@@ -266,7 +266,7 @@ def prepare_config(spec, args, work_dir):
 
     hooks = apply_hooks(cfg, args.hooks)
     attn_impl = getattr(args, 'attn_impl', None)
-    if attn_impl and model.get('backbone') is not None and _takes_attn_impl(model.backbone):
+    if attn_impl and model.get('backbone') is not None and builds_mmpola_backbone(model.backbone):
         model.backbone.attn_impl = attn_impl
 
     loader = cfg.train_dataloader
@@ -290,7 +290,7 @@ def prepare_config(spec, args, work_dir):
         data = generate_data(dataset, scope, needed, osp.join(work_dir, 'data'), args.seed)
 
     notes = [f"--cfg-options {' '.join(args.cfg_options)}"] if options else []
-    if attn_impl and model.get('backbone') is not None and _takes_attn_impl(model.backbone):
+    if attn_impl and model.get('backbone') is not None and builds_mmpola_backbone(model.backbone):
         notes.append(f'attention implementation of the backbone: {attn_impl}')
     if args.amp:
         notes.append(launch.setup_amp(cfg, None))
@@ -896,6 +896,12 @@ def variants(args):
     return found
 
 
+def variant_set(variant):
+    """A context with ``variant`` (a (variable, value) of :func:`variants`) set in the environment (None: as it
+    is), restored after."""
+    return contextlib.nullcontext() if variant is None else mock.patch.dict(os.environ, dict([variant]))
+
+
 def bench_config(spec, args, device, variant=None):
     """Build, run and time one config (with ``variant``, a (variable, value) of ``--also-with``, set in the
     environment while it runs); returns its table row (a dict)."""
@@ -903,7 +909,7 @@ def bench_config(spec, args, device, variant=None):
         return _bench_config(spec, args, device)
     unprofiled = copy.copy(args)
     unprofiled.profile = None  # the config's own row has the profile
-    with mock.patch.dict(os.environ, dict([variant])):
+    with variant_set(variant):
         row = _bench_config(spec, unprofiled, device)
     row['config'] += f', {variant[0]}={variant[1]}'
     row['variant'] = variant

@@ -532,11 +532,13 @@ def test_a_training_pass_sets_the_gradients_to_none_without_walking_the_modules(
 
 def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
     """One row per backbone: times, Python calls, operators and (mmpola's) Triton launches of a training step, the
-    rows timed in turn; --compare-recompute adds mmpola's backbones with the recomputing linear layers (more
-    launches, the environment's choice restored after); every step runs with denormals flushed to zero (the dry
+    rows timed in turn; --also-with adds mmpola's backbones with a variable set (--compare-recompute: the
+    recomputing linear layers, more launches; the library's depthwise convolutions, fewer), the environment's
+    choice restored after; every step runs with denormals flushed to zero (the dry
     run's uninitialised outputs), torch's default restored after; on a GPU it sends the user to `backbone`'s host
     column."""
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'auto')
+    monkeypatch.delenv('MMPOLA_DEPTHWISE_CONV', raising=False)
     flushes = torch.set_flush_denormal(False)  # torch's default; False where the CPU cannot flush
     flushed, make_pass = [], BENCH.backbone_pass
 
@@ -550,22 +552,25 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
     monkeypatch.setattr(BENCH, 'backbone_pass', checked_pass)
     threads = torch.get_num_threads()
     try:
-        BENCH.main(['host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '2', '--warmup', '1', '--compare-recompute'])
+        BENCH.main(['host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '2', '--warmup', '1', '--compare-recompute',
+                    '--also-with', 'MMPOLA_DEPTHWISE_CONV=torch'])
     finally:
         torch.set_num_threads(threads)  # host runs on one thread; the tests after it keep theirs
     out = capsys.readouterr().out
     assert '- threads: 1,' in out and 'peak memory' not in out  # one thread; no memory measured
     rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
             for line in out.splitlines() if line.startswith(('| pola-pvt-t', '| pvt-t'))}
-    assert list(rows) == ['pola-pvt-t', 'pvt-t', 'pola-pvt-t, MMPOLA_RECOMPUTE=triton']
+    assert list(rows) == ['pola-pvt-t', 'pvt-t', 'pola-pvt-t, MMPOLA_DEPTHWISE_CONV=torch',
+                          'pola-pvt-t, MMPOLA_RECOMPUTE=triton']
     for name, cells in rows.items():
         assert cells[1] == '64x96' and cells[2] == '1'
         assert 0 < float(cells[3]) <= float(cells[4])
         assert int(cells[5]) > 1000 and int(cells[6]) > 1000, cells
     assert rows['pvt-t'][7] == '0'
     assert 0 < int(rows['pola-pvt-t'][7]) < int(rows['pola-pvt-t, MMPOLA_RECOMPUTE=triton'][7])
-    assert os.environ['MMPOLA_RECOMPUTE'] == 'auto'
-    assert len(flushed) > 3 * (2 + 1) and all(flushed) == flushes, flushed
+    assert int(rows['pola-pvt-t, MMPOLA_DEPTHWISE_CONV=torch'][7]) < int(rows['pola-pvt-t'][7])  # library convs
+    assert os.environ['MMPOLA_RECOMPUTE'] == 'auto' and 'MMPOLA_DEPTHWISE_CONV' not in os.environ
+    assert len(flushed) > 4 * (2 + 1) and all(flushed) == flushes, flushed
     assert torch.tensor([1e-39]).mul(2).item() != 0
     with pytest.raises(SystemExit, match='backbone --device cuda'):
         BENCH.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))
