@@ -61,14 +61,19 @@ check-kernels: setup
 OPTIM_CONFIGS = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py \
 	mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py configs/segmentation/upernet_pola-swin-t_8xb2-160k_ade20k-512x512.py \
 	configs/classification/pola-swin-t_8xb128_in1k.py configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py
+# the detectors whose training step docs/benchmarks.md counts (memory), each followed by its mmdet counterpart
+MEMORY_PAIRS = configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py \
+	configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py
 bench: setup
 	$(PY) tools/benchmark.py attention
 	$(PY) tools/benchmark.py backbone
 	$(PY) tools/benchmark.py scaling
 	$(PY) tools/benchmark.py amp
-	$(PY) tools/benchmark.py host --compare-recompute
+	$(PY) tools/benchmark.py host --compare-recompute --also-with MMPOLA_DEPTHWISE_CONV=torch
 	$(PY) tools/benchmark.py host --compare-recompute --amp bfloat16
 	$(PY) tools/benchmark.py optim $(OPTIM_CONFIGS)
+	$(PY) tools/benchmark.py memory $(MEMORY_PAIRS) --pairs --batch-size 2 --img-scale 1333 800 \
+		--also-with MMPOLA_RECOMPUTE=triton
 
 # One CUDA GPU, in the environment at hand (no set-up):
 #   make -k bench-gpu PY=python3
