@@ -260,7 +260,7 @@ def _mib(nbytes):
 
 
 def bench_memory(args, device):
-    from benchmark_train import variants
+    from benchmark_train import TrainBenchError, variants
     from mmengine.logging import MMLogger
 
     from mmpola.errors import MMPolaUserError
@@ -279,7 +279,7 @@ def bench_memory(args, device):
             try:
                 row = step_memory(spec, args, variant)
                 gc.collect()  # the model and its saved tensors, before the next config's
-            except (MMPolaUserError, RuntimeError, ValueError) as error:
+            except (TrainBenchError, MMPolaUserError, RuntimeError, ValueError) as error:
                 first = (str(error).strip().splitlines() or [''])[0][:300]
                 raise SystemExit(f'error: {spec}: {type(error).__name__}: {first}') from None
             if row is None:

@@ -242,7 +242,7 @@ def prepare_config(spec, args, work_dir):
     cfg = config_tools.load_config(resolve_config(spec), options)
     scope = config_tools.register_task_modules(cfg)
     if scope not in ('mmdet', 'mmseg'):
-        raise TrainBenchError(f"default_scope {scope!r}: the train benchmark takes detection (mmdet) and "
+        raise TrainBenchError(f"default_scope {scope!r}: the train and memory benchmarks take detection (mmdet) and "
                               'segmentation (mmseg) configs')
     cfg.work_dir = work_dir
     # the Runner's logger, visualizer and scope are process-wide instances named by these: one set per run
