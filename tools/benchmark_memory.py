@@ -227,7 +227,7 @@ def step_memory(spec, args, variant=None):
     built_args.hooks, built_args.data_root, built_args.attn_impl = 'config', None, 'triton'
     amp_dtype = getattr(torch, args.amp)
     with tempfile.TemporaryDirectory(prefix='mmpola_memory_') as work_dir, variant_set(variant):
-        cfg, _, _ = prepare_config(spec, built_args, work_dir)
+        cfg, _, info = prepare_config(spec, built_args, work_dir)
         if variant is not None and not builds_mmpola_backbone(cfg.model.get('backbone') or {}):
             return None  # another library's backbone reads none of mmpola's variables: the same row again
         loader_cfg = copy.deepcopy(cfg.train_dataloader)
@@ -248,7 +248,8 @@ def step_memory(spec, args, variant=None):
             _, saved = saved_for_backward(lambda: model(**data, mode='loss'), part, aliases)
     label = config_label(spec) + ('' if variant is None else f', {variant[0]}={variant[1]}')
     return dict(config=label, input=f'{height}x{width}', batch=cfg.train_dataloader.batch_size, params=params,
-                grads=grads, state=state, saved={p: saved.get(p, 0) for p in PARTS})
+                grads=grads, state=state, saved={p: saved.get(p, 0) for p in PARTS},
+                notes=[note for note in info['notes'] if note.startswith('--cfg-options')])
 
 
 def total(row):
@@ -310,3 +311,5 @@ def bench_memory(args, device):
           'allocator\'s rounding come on top).' + (
               ' vs its pair\'s: over the next config\'s own row (--pairs: each config followed by its counterpart).'
               if args.pairs else ''))
+    for note in dict.fromkeys(note for group in groups for r in group for note in r['notes']):
+        print(f'- every config: {note}')

@@ -29,7 +29,7 @@ from mmpola.errors import UserError  # noqa: E402
 from mmpola.ops import implementation_note  # noqa: E402
 from mmpola.runtime import cli, config, launch  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
-from mmpola.runtime.config_check import check_config, runtime_hook_notes  # noqa: E402
+from mmpola.runtime.config_check import backbone_implementation_notes, check_config, runtime_hook_notes  # noqa: E402
 from mmpola.runtime.preflight import run_preflight  # noqa: E402
 from mmpola.runtime.resume import RESUME_OR_START  # noqa: E402
 from mmpola.runtime.signals import stopped_cleanly  # noqa: E402
@@ -95,7 +95,7 @@ def build_train_config(args):
         cfg.load_from = args.resume
 
     notes += launch.adapt_cfg_to_machine(cfg, args.launcher)
-    notes += runtime_hook_notes(cfg)
+    notes += runtime_hook_notes(cfg) + backbone_implementation_notes(cfg)
     if not args.skip_config_check:
         check_config(cfg)  # misspelled types and arguments, with the close matches
     # (an empty val_cfg=dict() is a validation loop too, as mmengine builds one)

@@ -50,18 +50,22 @@ from .recompute import (
     RECOMPUTE_IMPLS,
     add_layer_norm_linear,
     add_residual_and_cast,
+    check_recompute_impl,
     gated_linear,
     gelu_linear,
     layer_norm_add,
     layer_norm_linear,
     recompute_impl,
+    recompute_impl_from_env,
+    recompute_scope,
 )
 from .sdpa import SDPA_IMPLS, scaled_dot_product_attention, sdpa_impl
 from .triton_support import autotune_asked
 
 # the environment variables that choose an implementation of mmpola's ops for a whole run, each with the function
-# that reads it (and refuses an unknown value in one line)
-IMPLEMENTATION_VARIABLES = {'MMPOLA_DEPTHWISE_CONV': depthwise_conv_impl, 'MMPOLA_RECOMPUTE': recompute_impl,
+# that reads it (and refuses an unknown value in one line); a backbone's ``recompute`` argument overrides
+# MMPOLA_RECOMPUTE for that backbone
+IMPLEMENTATION_VARIABLES = {'MMPOLA_DEPTHWISE_CONV': depthwise_conv_impl, 'MMPOLA_RECOMPUTE': recompute_impl_from_env,
                             'MMPOLA_SDPA': sdpa_impl}
 
 
@@ -82,7 +86,8 @@ __all__ = [
     'inline_attention', 'inline_attention_reference', 'inline_attention_fast', 'inline_attention_triton',
     'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
     'rope_tables', 'rope_rotate', 'rope_rotate_fast', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl',
-    'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'gelu_linear', 'gated_linear',
-    'layer_norm_add', 'layer_norm_linear', 'recompute_impl', 'SDPA_IMPLS', 'scaled_dot_product_attention', 'sdpa_impl',
+    'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'check_recompute_impl', 'gelu_linear',
+    'gated_linear', 'layer_norm_add', 'layer_norm_linear', 'recompute_impl', 'recompute_impl_from_env',
+    'recompute_scope', 'SDPA_IMPLS', 'scaled_dot_product_attention', 'sdpa_impl',
     'IMPLEMENTATION_VARIABLES', 'implementation_note'
 ]

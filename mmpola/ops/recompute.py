@@ -40,8 +40,11 @@ The implementations (``impl``):
 
 The models (:func:`mmpola.models.layers.gelu_fc2`, :func:`mmpola.models.layers.gated_proj`,
 :func:`mmpola.models.layers.norm_linear`, ``PatchEmbed.embed_and_add``) pass the implementation that the
-environment variable ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset).
+environment variable ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset), or, for a backbone built with a
+``recompute`` argument, that one (:func:`recompute_scope`): a config can choose per model, where the
+variable chooses for every model of a run.
 """
+import contextlib
 import math
 
 import torch
@@ -62,17 +65,58 @@ from .recompute_triton import (
 )
 from .triton_support import autocast_operands, require_triton
 
-__all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'gated_linear', 'gelu_linear',
-           'layer_norm_add', 'layer_norm_linear', 'recompute_impl', 'resolve_recompute_impl']
+__all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'check_recompute_impl',
+           'current_recompute_scope', 'gated_linear', 'gelu_linear', 'layer_norm_add', 'layer_norm_linear',
+           'recompute_impl', 'recompute_impl_from_env', 'recompute_scope', 'resolve_recompute_impl']
 
 RECOMPUTE_IMPLS = ('auto', 'torch', 'triton')
 ENV = 'MMPOLA_RECOMPUTE'
 
 
+_SCOPES = []  # the implementations of the recompute_scope()s entered, innermost last
+
+
 def recompute_impl():
-    """The implementation asked for by ``MMPOLA_RECOMPUTE`` (``'auto'`` when unset); an unknown name is one
-    clear error."""
+    """The implementation asked for: inside :func:`recompute_scope` its implementation (a backbone's ``recompute``
+    argument), else the one that ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset); an unknown name is one clear
+    error."""
+    return _SCOPES[-1] if _SCOPES else recompute_impl_from_env()
+
+
+def recompute_impl_from_env():
+    """The implementation that ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset); an unknown name is one clear
+    error."""
     return implementation_from_env(ENV, RECOMPUTE_IMPLS, 'the linear layers that recompute their input')
+
+
+def check_recompute_impl(impl, error=ValueError):
+    """``impl`` if it is None or one of :data:`RECOMPUTE_IMPLS`, else ``error`` naming them."""
+    if impl is not None and impl not in RECOMPUTE_IMPLS:
+        raise error(f'recompute must be one of {", ".join(map(repr, RECOMPUTE_IMPLS))} or None (MMPOLA_RECOMPUTE '
+                    f'decides), got {impl!r}')
+    return impl
+
+
+def recompute_scope(impl):
+    """A context in which :func:`recompute_impl` gives ``impl`` whatever ``MMPOLA_RECOMPUTE`` says (``impl`` None:
+    no change, ``contextlib.nullcontext``, which compilers and tracers take as it is): a backbone's ``recompute``
+    argument around its blocks, in their forward and in the forward that gradient checkpointing runs again in the
+    backward."""
+    return contextlib.nullcontext() if impl is None else _scope(check_recompute_impl(impl))
+
+
+@contextlib.contextmanager
+def _scope(impl):
+    _SCOPES.append(impl)
+    try:
+        yield
+    finally:
+        _SCOPES.pop()
+
+
+def current_recompute_scope():
+    """The implementation of the innermost :func:`recompute_scope` entered, or None."""
+    return _SCOPES[-1] if _SCOPES else None
 
 
 def resolve_recompute_impl(impl, x):

@@ -283,6 +283,17 @@ def _hook_name(entry):
     return getattr(kind, '__name__', str(kind)).rpartition('.')[2]
 
 
+def backbone_implementation_notes(cfg):
+    """A note where the config's backbone chooses its linear layers itself (``recompute``), which the run's
+    ``op implementations`` line (the environment's choice) does not say."""
+    backbone = (cfg.get('model') or {}).get('backbone') or {}
+    recompute = backbone.get('recompute') if isinstance(backbone, dict) else None
+    if recompute is None:
+        return []
+    return [f'model.backbone.recompute={recompute!r}: the backbone\'s choice of its linear layers, in place of '
+            "MMPOLA_RECOMPUTE's"]
+
+
 def runtime_hook_notes(cfg, training=True):
     """One note per mmpola hook the config does not use (the tools log them: nothing is added)."""
     present = {_hook_name(h) for h in (cfg.get('custom_hooks') or [])}

@@ -15,6 +15,8 @@ from mmpola.ops import (
     pola_attention,
     pola_attention_reference,
     recompute_impl,
+    recompute_impl_from_env,
+    recompute_scope,
     register_attention_impl,
 )
 from mmpola.ops.dispatch import AttnImplUnavailable, autocast_dtype, autocast_off, key_bias_operand
@@ -254,7 +256,7 @@ def test_the_implementation_note_names_every_variables_choice(monkeypatch):
     it); the variables are the ones the train benchmark's --also-with may set."""
     from mmpola.ops import IMPLEMENTATION_VARIABLES, implementation_note, sdpa_impl
     assert IMPLEMENTATION_VARIABLES == {'MMPOLA_DEPTHWISE_CONV': depthwise_conv_impl,
-                                        'MMPOLA_RECOMPUTE': recompute_impl, 'MMPOLA_SDPA': sdpa_impl}
+                                        'MMPOLA_RECOMPUTE': recompute_impl_from_env, 'MMPOLA_SDPA': sdpa_impl}
     monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'torch')
     monkeypatch.delenv('MMPOLA_RECOMPUTE', raising=False)
     monkeypatch.setenv('MMPOLA_SDPA', ' Torch ')
@@ -268,7 +270,8 @@ def test_the_implementation_note_names_every_variables_choice(monkeypatch):
 
 @pytest.mark.parametrize('variable, read, what', [
     ('MMPOLA_DEPTHWISE_CONV', depthwise_conv_impl, 'the depthwise convolution'),
-    ('MMPOLA_RECOMPUTE', recompute_impl, 'the linear layers that recompute their input')])
+    ('MMPOLA_RECOMPUTE', recompute_impl, 'the linear layers that recompute their input'),
+    ('MMPOLA_RECOMPUTE', recompute_impl_from_env, 'the linear layers that recompute their input')])
 def test_environment_switches(monkeypatch, variable, read, what):
     """The variables that pick an implementation for a whole run: 'auto' when unset or empty, case and spaces
     ignored, an unknown name one error naming the variable, what it picks for and the choices."""
@@ -282,6 +285,23 @@ def test_environment_switches(monkeypatch, variable, read, what):
     with pytest.raises(AttnImplUnavailable, match=rf"^{variable}='cudnn' is not an implementation of {what}; "
                        r'use one of auto, torch, triton \(or unset it\)$'):
         read()
+
+
+def test_a_recompute_scope_overrides_the_variable_inside_it_only(monkeypatch):
+    """A backbone's ``recompute`` argument: inside its scope ``recompute_impl`` gives it whatever the variable
+    says (the innermost scope wins; None changes nothing); the variable's own reader is not swayed."""
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'torch')
+    with recompute_scope('triton'):
+        assert recompute_impl() == 'triton' and recompute_impl_from_env() == 'torch'
+        with recompute_scope('auto'):
+            assert recompute_impl() == 'auto'
+        with recompute_scope(None):
+            assert recompute_impl() == 'triton'
+    assert recompute_impl() == 'torch'
+    with pytest.raises(ValueError, match="recompute must be one of 'auto', 'torch', 'triton' or None"):
+        with recompute_scope('fused'):
+            pass
+    assert recompute_impl() == 'torch'
 
 
 def test_autocast_helpers_know_device_types_without_autocast():

@@ -100,6 +100,12 @@ def test_the_run_notes_its_op_implementations_and_refuses_an_unknown_one(coco, t
                                                             + coco_options(coco)))
     assert notes[0] == ("op implementations: MMPOLA_DEPTHWISE_CONV=auto, MMPOLA_RECOMPUTE=triton, MMPOLA_SDPA=auto; "
                         "Triton's tuning on (MMPOLA_TRITON_AUTOTUNE)")
+    assert not any('model.backbone.recompute' in note for note in notes)
+    # a backbone's own choice of its linear layers, which the line above does not say, is a note of its own
+    _, _, notes = TRAIN.build_train_config(TRAIN.parse_args([DET_DEMO, '--work-dir', str(tmp_path / 'c')]
+                                                            + coco_options(coco) + ['model.backbone.recompute=torch']))
+    assert ("model.backbone.recompute='torch': the backbone's choice of its linear layers, in place of "
+            "MMPOLA_RECOMPUTE's") in notes
     monkeypatch.setenv('MMPOLA_SDPA', 'cudnn')
     work = str(tmp_path / 'b')
     err = refused(TRAIN, [DET_DEMO, '--work-dir', work] + coco_options(coco), capsys, [], work)

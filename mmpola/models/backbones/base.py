@@ -60,8 +60,9 @@ import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 
 from mmpola.checkpoint import KeySignature, load_checkpoint
-from mmpola.ops import check_attn_impl
+from mmpola.ops import check_attn_impl, check_recompute_impl, recompute_scope
 from mmpola.ops.dispatch import recording
+from mmpola.ops.recompute import current_recompute_scope
 from mmpola.registry import ARCHITECTURES, MODELS
 
 from ..attention import (
@@ -162,7 +163,9 @@ def run_blocks(blocks, x, hw, with_cp=False, cast=None, as_map=False, **context)
     pending = {}
     for block, following in zip(blocks, blocks[1:] + [None]):
         if with_cp and torch.is_grad_enabled() and x.requires_grad:
-            x = cp.checkpoint(block, x, hw, use_reentrant=False, **context)
+            # the backward runs the block's forward again outside this call: in the same recompute_scope
+            x = cp.checkpoint(_in_recompute_scope(block, current_recompute_scope()), x, hw, use_reentrant=False,
+                              **context)
         elif not with_cp and _hands_residual(block, following, cast is not None):
             x, branch, drop_path = block(x, hw, defer=True, **pending, **context)
             if following is None:
@@ -171,6 +174,17 @@ def run_blocks(blocks, x, hw, with_cp=False, cast=None, as_map=False, **context)
         else:
             x, pending = block(x, hw, **pending, **context), {}
     return x if cast is None else (x, x.to(cast))
+
+
+def _in_recompute_scope(fn, impl):
+    """``fn`` run inside ``recompute_scope(impl)`` (``impl`` None: ``fn`` itself)."""
+    if impl is None:
+        return fn
+
+    def run(*args, **kwargs):
+        with recompute_scope(impl):
+            return fn(*args, **kwargs)
+    return run
 
 
 def _hands_residual(block, following, casting=False):
@@ -233,6 +247,11 @@ class DenseBackbone(BaseModule):
             Frozen parts stay in eval mode and without gradients through ``train()``.
         norm_eval: accepted for API compatibility; a no-op for LayerNorm-only architectures.
         with_cp: gradient checkpointing of every block.
+        recompute: the linear layers that can recompute their input in the backward (the MLPs' second layer,
+            the gated attentions' projection, the linear layers after a LayerNorm): ``'triton'`` (on a GPU the
+            backward recomputes it in Triton kernels: less activation memory, more host work per step),
+            ``'torch'`` (the library's layers) or ``'auto'``; None (default): as ``MMPOLA_RECOMPUTE`` says for
+            the whole run (:func:`mmpola.ops.recompute_scope`).
         attn: the attention kind of the linear letter and its options: ``'pola'`` or
             ``dict(type='pola', alpha=4.0)`` (any kind registered in
             :data:`mmpola.registry.ATTENTIONS`; its options: :func:`mmpola.models.attention.attention_options`).
@@ -282,8 +301,8 @@ class DenseBackbone(BaseModule):
     first_conv = None  # the stem convolution, below ``backbone.`` (timm's pretrained_cfg)
 
     def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None,
-                 frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_type=None, attn_impl='auto',
-                 fp32_attn=True, unexpected=None, init_cfg=None):
+                 frozen_stages=-1, norm_eval=False, with_cp=False, recompute=None, attn=None, attn_type=None,
+                 attn_impl='auto', fp32_attn=True, unexpected=None, init_cfg=None):
         super().__init__(init_cfg=init_cfg)
         name = type(self).__name__
         self.arch = resolve_arch(arch, self.arch_settings, self.arch_keys, name)
@@ -297,6 +316,7 @@ class DenseBackbone(BaseModule):
         self.out_norm = self.default_out_norm if out_norm is None else bool(out_norm)
         self.norm_eval = norm_eval
         self.with_cp = with_cp
+        self.recompute = check_recompute_impl(recompute, PolaConfigError)
         self.attn_impl = check_attn_impl(attn_impl, PolaConfigError)
         self.fp32_attn = fp32_attn
         self.attn_kind, self.attn_options = self._resolve_attention(attn, unexpected or {})
@@ -614,18 +634,20 @@ class DenseBackbone(BaseModule):
         """
         check_input(x, self.in_channels, self.min_input_size, type(self).__name__, self.min_input_reason)
         last_stage = self.num_stages - 1 if last_stage is None else last_stage
-        x, hw = self._stem(x)
-        outs = []
-        for i in range(last_stage + 1):
-            x, hw = self._enter_stage(i, x, hw)
-            # (a tracer's proxy has no dtype to ask, and the traced graph keeps the plain stages)
-            cast = self._handoff_dtype(i, x) if i < last_stage and not recording() else None
-            x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, i in maps, **self._block_context(i, x, hw))
-            x, copy = x if cast is not None else (x, None)
-            x = self._exit_stage(i, x, hw)
-            outs.append(self._stage_output(x, hw))
-            if copy is not None:  # what the next stage reads
-                x = copy
+        with recompute_scope(self.recompute):
+            x, hw = self._stem(x)
+            outs = []
+            for i in range(last_stage + 1):
+                x, hw = self._enter_stage(i, x, hw)
+                # (a tracer's proxy has no dtype to ask, and the traced graph keeps the plain stages)
+                cast = self._handoff_dtype(i, x) if i < last_stage and not recording() else None
+                x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, i in maps,
+                               **self._block_context(i, x, hw))
+                x, copy = x if cast is not None else (x, None)
+                x = self._exit_stage(i, x, hw)
+                outs.append(self._stage_output(x, hw))
+                if copy is not None:  # what the next stage reads
+                    x = copy
         return outs
 
     def _handoff_dtype(self, i, x):

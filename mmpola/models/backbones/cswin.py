@@ -159,7 +159,7 @@ class CSWinBackbone(DenseBackbone):
             the official dense backbone; the classifier builds without them).
         frozen_stages: -1 none; 0 freezes ``stage1_conv_embed``; k >= 1 also stages 1..k (their
             blocks, the merge before them and their output norm).
-        norm_eval, with_cp, attn_impl, fp32_attn: see
+        norm_eval, with_cp, recompute, attn_impl, fp32_attn: see
             :class:`~mmpola.models.backbones.DenseBackbone`.
         init_cfg: see :class:`~mmpola.models.backbones.DenseBackbone`; ``map_final_norm=True`` copies
             the trained classification ``norm`` into ``norm4``.
@@ -190,10 +190,11 @@ class CSWinBackbone(DenseBackbone):
 
     def __init__(self, arch='tiny', pretrain_img_size=None, in_channels=3, out_indices=(0, 1, 2, 3), attn_type=None,
                  la_split_size=None, mlp_ratio=4., qkv_bias=True, qk_scale=None, drop_rate=0., attn_drop_rate=0.,
-                 drop_path_rate=0.1, out_norm=None, frozen_stages=-1, norm_eval=False, with_cp=False, attn=None,
-                 attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
+                 drop_path_rate=0.1, out_norm=None, frozen_stages=-1, norm_eval=False, with_cp=False, recompute=None,
+                 attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
-                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
+                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, recompute=recompute,
+                         attn=attn,
                          attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, unexpected=unexpected,
                          init_cfg=init_cfg)
         name = type(self).__name__

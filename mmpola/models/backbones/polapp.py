@@ -165,7 +165,7 @@ class PolaPPBackbone(DenseBackbone):
         norm_eval: keep every BatchNorm (stem, patch merging) in eval mode while training, freezing
             its running statistics. Off by default: the official dense code trains them (its
             ``norm_eval`` argument is ignored there).
-        with_cp, attn_impl, fp32_attn: see :class:`~mmpola.models.backbones.DenseBackbone`
+        with_cp, recompute, attn_impl, fp32_attn: see :class:`~mmpola.models.backbones.DenseBackbone`
             (``attn_impl``: PaCS implementations; the softmax runs SDPA unless ``'reference'``).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL, prefix=None, use_ema=True)``
             loads official classification (``state_dict_ema`` when present and ``use_ema``) or
@@ -202,10 +202,11 @@ class PolaPPBackbone(DenseBackbone):
     first_conv = 'patch_embed.proj.0'
 
     def __init__(self, arch='b2', in_channels=3, out_indices=(0, 1, 2, 3), attn_type=None, drop_rate=0.,
-                 drop_path_rate=0.1, out_norm=True, frozen_stages=-1, norm_eval=False, with_cp=False, attn=None,
-                 attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
+                 drop_path_rate=0.1, out_norm=True, frozen_stages=-1, norm_eval=False, with_cp=False, recompute=None,
+                 attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
-                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
+                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, recompute=recompute,
+                         attn=attn,
                          attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, unexpected=unexpected,
                          init_cfg=init_cfg)
         self.init_stages()

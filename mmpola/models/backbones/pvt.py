@@ -60,7 +60,7 @@ class PVTBackbone(DenseBackbone):
         frozen_stages: -1 none; 0 freezes ``patch_embed1`` and ``pos_embed1``; k >= 1 freezes
             stages 1..k entirely (``patch_embed{i}``, ``pos_embed{i}``, ``block{i}`` and its
             ``norm{i-1}``).
-        norm_eval, with_cp, attn_impl, fp32_attn, init_cfg: see
+        norm_eval, with_cp, recompute, attn_impl, fp32_attn, init_cfg: see
             :class:`~mmpola.models.backbones.DenseBackbone`.
         **unexpected: an error naming the attention options, which go in ``attn``.
 
@@ -93,12 +93,12 @@ class PVTBackbone(DenseBackbone):
     def __init__(self, arch='tiny', pretrain_img_size=224, in_channels=3, out_indices=(0, 1, 2, 3),
                  attn_type=None, la_sr_ratios='1111', sr_ratios=(8, 4, 2, 1), qkv_bias=True, qk_scale=None,
                  drop_rate=0., attn_drop_rate=0., drop_path_rate=0.1, out_norm=None,
-                 frozen_stages=-1, norm_eval=False, with_cp=False, attn=None, attn_impl='auto', fp32_attn=True,
-                 init_cfg=None, **unexpected):
+                 frozen_stages=-1, norm_eval=False, with_cp=False, recompute=None, attn=None, attn_impl='auto',
+                 fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
                          frozen_stages=frozen_stages, norm_eval=norm_eval,
-                         with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
-                         unexpected=unexpected, init_cfg=init_cfg)
+                         with_cp=with_cp, recompute=recompute, attn=attn, attn_type=attn_type, attn_impl=attn_impl,
+                         fp32_attn=fp32_attn, unexpected=unexpected, init_cfg=init_cfg)
         self.init_stages()
         self.la_sr_ratios, self.sr_ratios, self.pretrain_img_size, grids = pvt_stage_settings(
             self.num_stages, la_sr_ratios, sr_ratios, pretrain_img_size)

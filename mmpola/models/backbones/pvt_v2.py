@@ -121,7 +121,7 @@ class PVTv2Backbone(DenseBackbone):
         qkv_bias, qk_scale, drop_rate, attn_drop_rate, drop_path_rate: as in PVTv2.
         frozen_stages: -1 none; 0 freezes ``patch_embed1``; k >= 1 also stages 1..k (their patch
             embedding, blocks and stage norm).
-        norm_eval, with_cp, attn_impl, fp32_attn, init_cfg: see
+        norm_eval, with_cp, recompute, attn_impl, fp32_attn, init_cfg: see
             :class:`~mmpola.models.backbones.DenseBackbone`.
         **unexpected: an error naming the attention options, which go in ``attn``.
 
@@ -156,13 +156,14 @@ class PVTv2Backbone(DenseBackbone):
     def __init__(self, arch='b0', pretrain_img_size=224, in_channels=3, out_indices=(0, 1, 2, 3), attn_type=None,
                  la_sr_ratios='1111', sr_ratios=(8, 4, 2, 1), qkv_bias=True, qk_scale=None, drop_rate=0.,
                  attn_drop_rate=0., drop_path_rate=0.1, out_norm=None, frozen_stages=-1, norm_eval=False,
-                 with_cp=False, attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None,
+                 with_cp=False, recompute=None, attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None,
                  **unexpected):
         if out_norm:
             raise PolaConfigError(f'{type(self).__name__}: out_norm=True is not available: every PVTv2 stage output '
                                   'already goes through its trained stage norm norm1..norm4 (the official outputs)')
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=False,
-                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
+                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, recompute=recompute,
+                         attn=attn,
                          attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, unexpected=unexpected,
                          init_cfg=init_cfg)
         self.init_stages()

@@ -71,7 +71,7 @@ class SwinBackbone(DenseBackbone):
             :class:`~mmpola.models.attention.WindowAttention`).
         frozen_stages: -1 none; 0 freezes ``patch_embed``; k >= 1 also ``layers[0..k-1]`` (blocks
             and their downsample) and ``norm{i}`` for i < k (mmdet's rule).
-        norm_eval, with_cp, attn_impl, fp32_attn: see
+        norm_eval, with_cp, recompute, attn_impl, fp32_attn: see
             :class:`~mmpola.models.backbones.DenseBackbone`.
         init_cfg: see :class:`~mmpola.models.backbones.DenseBackbone`; ``map_final_norm=True`` copies
             the trained classification ``norm`` into ``norm3``.
@@ -101,12 +101,12 @@ class SwinBackbone(DenseBackbone):
     def __init__(self, arch='tiny', pretrain_img_size=224, in_channels=3, window_size=None,
                  softmax_window_size=None, mlp_ratio=4., attn_type=None, qkv_bias=True, qk_scale=None,
                  drop_rate=0., attn_drop_rate=0., drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=None,
-                 clamp_shift=False, frozen_stages=-1, norm_eval=False, with_cp=False,
+                 clamp_shift=False, frozen_stages=-1, norm_eval=False, with_cp=False, recompute=None,
                  attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
                          frozen_stages=frozen_stages, norm_eval=norm_eval,
-                         with_cp=with_cp, attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
-                         unexpected=unexpected, init_cfg=init_cfg)
+                         with_cp=with_cp, recompute=recompute, attn=attn, attn_type=attn_type, attn_impl=attn_impl,
+                         fp32_attn=fp32_attn, unexpected=unexpected, init_cfg=init_cfg)
         name = type(self).__name__
         settings = self.arch
         embed_dims = settings['embed_dims']

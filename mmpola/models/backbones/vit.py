@@ -99,7 +99,7 @@ class ViTBackbone(DenseBackbone):
         mlp_ratio, qkv_bias, qk_scale, drop_rate, attn_drop_rate, drop_path_rate: as in DeiT.
         frozen_stages: -1 none; 0 freezes the patch embedding, the class token and ``pos_embed``;
             k >= 1 also blocks 0..k-1.
-        norm_eval, with_cp, attn_impl, fp32_attn, init_cfg: see
+        norm_eval, with_cp, recompute, attn_impl, fp32_attn, init_cfg: see
             :class:`~mmpola.models.backbones.DenseBackbone`.
         **unexpected: an error naming the attention options, which go in ``attn``.
 
@@ -125,10 +125,11 @@ class ViTBackbone(DenseBackbone):
 
     def __init__(self, arch='tiny', pretrain_img_size=None, patch_size=16, in_channels=3, out_indices=None,
                  final_norm=False, attn_type=None, mlp_ratio=4., qkv_bias=True, qk_scale=None, drop_rate=0.,
-                 attn_drop_rate=0., drop_path_rate=0.1, frozen_stages=-1, norm_eval=False, with_cp=False, attn=None,
-                 attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
+                 attn_drop_rate=0., drop_path_rate=0.1, frozen_stages=-1, norm_eval=False, with_cp=False,
+                 recompute=None, attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=False,
-                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, attn=attn,
+                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, recompute=recompute,
+                         attn=attn,
                          attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, unexpected=unexpected,
                          init_cfg=init_cfg)
         name = type(self).__name__

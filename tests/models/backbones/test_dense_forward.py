@@ -109,6 +109,43 @@ def test_with_cp_gives_same_outputs_and_grads(recompute, monkeypatch):
     assert pvt.block4[0].attn.qg.weight.grad is not None
 
 
+def test_a_backbone_s_recompute_argument_overrides_the_variable(monkeypatch):
+    """``recompute='triton'`` in a config: the backbone's linear layers recompute their input (its forward keeps
+    less for the backward) whatever MMPOLA_RECOMPUTE says, also in the forward that checkpointed blocks run again
+    in the backward (the same gradients); ``recompute='torch'`` the other way round; anything else is a config
+    error that names the choices (the kernels in the interpreter)."""
+    from mmpola.models.checks import PolaConfigError
+    torch.manual_seed(0)
+    base = PolaPVT(arch=TINY_PVT, drop_path_rate=0.)
+    x = torch.randn(1, 3, 64, 64)
+
+    def run(recompute, with_cp=False):
+        model = copy.deepcopy(base)
+        model.recompute, model.with_cp = recompute, with_cp
+        model.train()
+        storages = {}
+
+        def pack(t):
+            storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            outs = model(x)
+        saved = sum(storage.nbytes() for storage in storages.values())
+        sum(o.sum() for o in outs).backward()
+        return saved, [p.grad for p in model.parameters()]
+
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'torch')
+    plain_saved, plain_grads = run(None)
+    for saved, grads in (run('triton'), run('triton', with_cp=True)):
+        for a, b in zip(grads, plain_grads):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert run('triton')[0] < plain_saved
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'triton')
+    assert run('torch')[0] == plain_saved and run(None)[0] == run('triton')[0]
+    with pytest.raises(PolaConfigError, match="recompute must be one of 'auto', 'torch', 'triton' or None"):
+        PolaPVT(arch=TINY_PVT, recompute='fused')
+
+
 def test_out_indices_and_out_norm():
     model = PolaPVT(arch=TINY_PVT, out_indices=(1, 3), out_norm=True).eval()
     assert model.out_channels == [32, 64]
