@@ -185,17 +185,11 @@ def roi_layers_on_torchvision(node):
     it); returns how many. mmcv's CPU kernel takes float32 features only, torchvision's ``roi_align`` takes
     them under autocast (computing in float32, returning the features' dtype); both keep the regions for the
     backward, not the features."""
-    changed = 0
-    if isinstance(node, dict):
-        if node.get('type') == 'RoIAlign':
-            node['use_torchvision'] = True
-            changed += 1
-        for value in node.values():
-            changed += roi_layers_on_torchvision(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            changed += roi_layers_on_torchvision(value)
-    return changed
+    from mmpola.runtime.config import config_dicts
+    found = [entry for entry in config_dicts(node) if entry.get('type') == 'RoIAlign']
+    for entry in found:
+        entry['use_torchvision'] = True
+    return len(found)
 
 
 def same_weights_beyond_the_backbone(model, seed):

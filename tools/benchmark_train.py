@@ -180,26 +180,21 @@ def _dataset_class(dataset_cfg, scope):
 def override_scale(node, width, height):
     """``--img-scale W H``: every resize scale of a pipeline becomes (W, H) (each of the choices of a
     multi-scale resize), every absolute crop size at most (H, W). In place; returns the count changed."""
+    from mmpola.runtime.config import config_dicts
     changed = 0
-    if isinstance(node, dict):
-        kind = str(node.get('type', ''))
-        if 'Resize' in kind and node.get('scale') is not None:
-            node['scale'] = (width, height)
+    for entry in config_dicts(node):
+        kind = str(entry.get('type', ''))
+        if 'Resize' in kind and entry.get('scale') is not None:
+            entry['scale'] = (width, height)
             changed += 1
-        if 'Resize' in kind and node.get('scales') is not None:
-            node['scales'] = [(width, height)]
+        if 'Resize' in kind and entry.get('scales') is not None:
+            entry['scales'] = [(width, height)]
             changed += 1
-        if 'Crop' in kind and node.get('crop_size') is not None and \
-                node.get('crop_type', 'absolute') in ('absolute', 'absolute_range'):
-            crop_h, crop_w = node['crop_size']
-            node['crop_size'] = (min(crop_h, height), min(crop_w, width))
+        if 'Crop' in kind and entry.get('crop_size') is not None and \
+                entry.get('crop_type', 'absolute') in ('absolute', 'absolute_range'):
+            crop_h, crop_w = entry['crop_size']
+            entry['crop_size'] = (min(crop_h, height), min(crop_w, width))
             changed += 1
-        for value in node.values():
-            if isinstance(value, (dict, list, tuple)):
-                changed += override_scale(value, width, height)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            changed += override_scale(value, width, height)
     return changed
 
 

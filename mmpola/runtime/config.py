@@ -8,7 +8,20 @@ from mmengine.config import Config
 
 from mmpola.errors import UserError
 
-__all__ = ['is_url', 'check_config_file', 'load_config', 'move_data_root', 'register_task_modules', 'set_work_dir']
+__all__ = ['is_url', 'check_config_file', 'config_dicts', 'load_config', 'move_data_root', 'register_task_modules',
+           'set_work_dir']
+
+
+def config_dicts(node):
+    """Every dict below ``node`` (a config or a part of it), ``node`` itself first, through nested dicts, lists and
+    tuples: where a config's entries of some type are found and changed in place."""
+    if isinstance(node, dict):
+        yield node
+        for value in list(node.values()):
+            yield from config_dicts(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            yield from config_dicts(value)
 
 
 def is_url(path):

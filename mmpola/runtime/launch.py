@@ -33,17 +33,11 @@ _SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')
 
 def replace_sync_bn(node):
     """Rewrite every ``type='SyncBN'``-like norm config below ``node`` to plain ``BN`` (in place)."""
-    count = 0
-    if isinstance(node, dict):
-        if node.get('type') in _SYNC_BN_TYPES:
-            node['type'] = 'BN'
-            count += 1
-        for value in node.values():
-            count += replace_sync_bn(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            count += replace_sync_bn(value)
-    return count
+    from .config import config_dicts
+    found = [entry for entry in config_dicts(node) if entry.get('type') in _SYNC_BN_TYPES]
+    for entry in found:
+        entry['type'] = 'BN'
+    return len(found)
 
 
 
