@@ -80,7 +80,10 @@ def recompute_impl():
     """The implementation asked for: inside :func:`recompute_scope` its implementation (a backbone's ``recompute``
     argument), else the one that ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset); an unknown name is one clear
     error."""
-    return _SCOPES[-1] if _SCOPES else recompute_impl_from_env()
+    if _SCOPES:
+        return _SCOPES[-1]
+    # (the variable read here rather than through recompute_impl_from_env: this runs at every fused layer's call)
+    return implementation_from_env(ENV, RECOMPUTE_IMPLS, 'the linear layers that recompute their input')
 
 
 def recompute_impl_from_env():

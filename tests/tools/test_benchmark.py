@@ -461,7 +461,7 @@ def test_every_benchmark_command_of_the_makefile_parses():
     commands = _makefile_benchmark_commands('bench', 'bench-gpu', 'bench-gpu-quick-compile', 'bench-gpu-quick',
                                             'bench-gpu-quick-train')
     assert {argv[0] for argv in commands} == {'attention', 'backbone', 'scaling', 'amp', 'layers', 'train', 'host',
-                                              'optim'}
+                                              'optim', 'memory'}
     # the warm-up loops: one command per model (and per case)
     warm = [argv[argv.index('--models') + 1] for argv in commands
             if argv[0] == 'backbone' and '--repeat' in argv and argv[argv.index('--repeat') + 1] == '1']

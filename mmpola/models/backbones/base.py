@@ -632,22 +632,23 @@ class DenseBackbone(BaseModule):
             maps for an architecture whose blocks work on maps (:meth:`stage_map` turns either
             into NCHW).
         """
+        if self.recompute is not None and current_recompute_scope() != self.recompute:
+            with recompute_scope(self.recompute):  # the backbone's own choice (None: MMPOLA_RECOMPUTE's)
+                return self.forward_stages(x, last_stage, maps)
         check_input(x, self.in_channels, self.min_input_size, type(self).__name__, self.min_input_reason)
         last_stage = self.num_stages - 1 if last_stage is None else last_stage
-        with recompute_scope(self.recompute):
-            x, hw = self._stem(x)
-            outs = []
-            for i in range(last_stage + 1):
-                x, hw = self._enter_stage(i, x, hw)
-                # (a tracer's proxy has no dtype to ask, and the traced graph keeps the plain stages)
-                cast = self._handoff_dtype(i, x) if i < last_stage and not recording() else None
-                x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, i in maps,
-                               **self._block_context(i, x, hw))
-                x, copy = x if cast is not None else (x, None)
-                x = self._exit_stage(i, x, hw)
-                outs.append(self._stage_output(x, hw))
-                if copy is not None:  # what the next stage reads
-                    x = copy
+        x, hw = self._stem(x)
+        outs = []
+        for i in range(last_stage + 1):
+            x, hw = self._enter_stage(i, x, hw)
+            # (a tracer's proxy has no dtype to ask, and the traced graph keeps the plain stages)
+            cast = self._handoff_dtype(i, x) if i < last_stage and not recording() else None
+            x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, i in maps, **self._block_context(i, x, hw))
+            x, copy = x if cast is not None else (x, None)
+            x = self._exit_stage(i, x, hw)
+            outs.append(self._stage_output(x, hw))
+            if copy is not None:  # what the next stage reads
+                x = copy
         return outs
 
     def _handoff_dtype(self, i, x):
