@@ -900,29 +900,20 @@ def bench_ops(args, device):
         print_roofline(peaks, tops, args.top)
 
 
-def host_variants(args):
-    """``benchmark_train.variants`` of ``host``'s ``--also-with``, ``--compare-recompute`` adding
-    ``MMPOLA_RECOMPUTE=triton``."""
-    from benchmark_train import variants
-    recompute = 'MMPOLA_RECOMPUTE=triton'
-    if args.compare_recompute and recompute not in args.also_with:
-        args.also_with = list(args.also_with) + [recompute]
-    return variants(args)
-
-
 def bench_host(args, device):
     """The host's time of a training step of each backbone, its compute taken out (tools/benchmark_host.py): a
     narrowed layout's step on the CPU (min and median of ``args.repeat`` after a warm-up, the rows in turn), its
     Python calls, dispatched operators and Triton launches."""
-    from benchmark_train import variant_set
+    from benchmark_train import variant_set, variants
     if device.type != 'cpu':
         raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
                          'prints the host time of each pass beside its time')
     height, width = parse_size(args.size)
     specs = all_backbones()
     rows = [(name, None) for name in args.models]
-    # mmpola's backbones once more per --also-with (--compare-recompute: with the recomputing linear layers)
-    rows += [(name, variant) for variant in host_variants(args)[1:] for name in args.models
+    # mmpola's backbones once more per --also-with (--compare-recompute: with the recomputing linear layers, last)
+    asked = list(args.also_with) + (['MMPOLA_RECOMPUTE=triton'] if args.compare_recompute else [])
+    rows += [(name, variant) for variant in variants(argparse.Namespace(also_with=asked))[1:] for name in args.models
              if not specs[name][0].startswith(('mmdet.', 'timm:'))]
     steps = {row: backbone_pass(build_narrowed(*specs[row[0]]), torch.randn(args.batch, 3, height, width),
                                 backward=True, amp=args.amp) for row in rows}

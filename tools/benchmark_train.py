@@ -887,7 +887,8 @@ def variants(args):
                     readers[variable]()
                 except MMPolaUserError as error:
                     raise SystemExit(f'error: --also-with {text}: {error}') from None
-        found.append((variable, value))
+        if (variable, value) not in found:  # asked twice: one row
+            found.append((variable, value))
     return found
 
 

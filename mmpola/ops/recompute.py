@@ -71,6 +71,7 @@ __all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 
 
 RECOMPUTE_IMPLS = ('auto', 'torch', 'triton')
 ENV = 'MMPOLA_RECOMPUTE'
+WHAT = 'the linear layers that recompute their input'  # in the variable's error message
 
 
 _SCOPES = []  # the implementations of the recompute_scope()s entered, innermost last
@@ -83,13 +84,13 @@ def recompute_impl():
     if _SCOPES:
         return _SCOPES[-1]
     # (the variable read here rather than through recompute_impl_from_env: this runs at every fused layer's call)
-    return implementation_from_env(ENV, RECOMPUTE_IMPLS, 'the linear layers that recompute their input')
+    return implementation_from_env(ENV, RECOMPUTE_IMPLS, WHAT)
 
 
 def recompute_impl_from_env():
     """The implementation that ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset); an unknown name is one clear
     error."""
-    return implementation_from_env(ENV, RECOMPUTE_IMPLS, 'the linear layers that recompute their input')
+    return implementation_from_env(ENV, RECOMPUTE_IMPLS, WHAT)
 
 
 def check_recompute_impl(impl, error=ValueError):

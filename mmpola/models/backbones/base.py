@@ -60,9 +60,8 @@ import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 
 from mmpola.checkpoint import KeySignature, load_checkpoint
-from mmpola.ops import check_attn_impl, check_recompute_impl, recompute_scope
+from mmpola.ops import check_attn_impl, check_recompute_impl, current_recompute_scope, recompute_scope
 from mmpola.ops.dispatch import recording
-from mmpola.ops.recompute import current_recompute_scope
 from mmpola.registry import ARCHITECTURES, MODELS
 
 from ..attention import (

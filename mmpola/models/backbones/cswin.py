@@ -194,9 +194,8 @@ class CSWinBackbone(DenseBackbone):
                  attn=None, attn_impl='auto', fp32_attn=True, init_cfg=None, **unexpected):
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=out_norm,
                          frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, recompute=recompute,
-                         attn=attn,
-                         attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, unexpected=unexpected,
-                         init_cfg=init_cfg)
+                         attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
+                         unexpected=unexpected, init_cfg=init_cfg)
         name = type(self).__name__
         settings = self.arch
         embed_dims = settings['embed_dims']

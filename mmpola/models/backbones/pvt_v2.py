@@ -163,9 +163,8 @@ class PVTv2Backbone(DenseBackbone):
                                   'already goes through its trained stage norm norm1..norm4 (the official outputs)')
         super().__init__(arch=arch, in_channels=in_channels, out_indices=out_indices, out_norm=False,
                          frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp, recompute=recompute,
-                         attn=attn,
-                         attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn, unexpected=unexpected,
-                         init_cfg=init_cfg)
+                         attn=attn, attn_type=attn_type, attn_impl=attn_impl, fp32_attn=fp32_attn,
+                         unexpected=unexpected, init_cfg=init_cfg)
         self.init_stages()
         self.la_sr_ratios, self.sr_ratios, self.pretrain_img_size, grids = pvt_stage_settings(
             self.num_stages, la_sr_ratios, sr_ratios, pretrain_img_size)
