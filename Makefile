@@ -69,11 +69,12 @@ bench: setup
 	$(PY) tools/benchmark.py backbone
 	$(PY) tools/benchmark.py scaling
 	$(PY) tools/benchmark.py amp
-	$(PY) tools/benchmark.py host --compare-recompute --also-with MMPOLA_DEPTHWISE_CONV=torch
+	$(PY) tools/benchmark.py host --compare-recompute --also-with MMPOLA_DEPTHWISE_CONV=torch \
+		--also-with MMPOLA_RECOMPUTE=elementwise
 	$(PY) tools/benchmark.py host --compare-recompute --amp bfloat16
 	$(PY) tools/benchmark.py optim $(OPTIM_CONFIGS)
 	$(PY) tools/benchmark.py memory $(MEMORY_PAIRS) --pairs --batch-size 2 --img-scale 1333 800 \
-		--also-with MMPOLA_RECOMPUTE=triton
+		--also-with MMPOLA_RECOMPUTE=elementwise --also-with MMPOLA_RECOMPUTE=triton
 
 # One CUDA GPU, in the environment at hand (no set-up):
 #   make -k bench-gpu PY=python3
@@ -143,6 +144,8 @@ bench-gpu-ops:
 		--backward --amp bfloat16 --repeat 10 --attn-impl fast
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
 		--sizes 800x1344 --batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl triton
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
+		--backward --amp bfloat16 --repeat 10 --recompute-impl elementwise
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
 		--sizes 800x1344 --batch 2 --backward --amp float16 --repeat 10 --new-sizes 5
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t softmax-pvtv2-b2 \
@@ -158,7 +161,8 @@ bench-gpu-train:
 	$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--also-with MMPOLA_SDPA=torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
-		--warmup 20 --also-with MMPOLA_RECOMPUTE=triton --also-with MMPOLA_DEPTHWISE_CONV=torch
+		--warmup 20 --also-with MMPOLA_RECOMPUTE=elementwise --also-with MMPOLA_RECOMPUTE=triton \
+		--also-with MMPOLA_DEPTHWISE_CONV=torch
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
 		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
 
@@ -212,6 +216,8 @@ bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
 		--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl triton
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
+		--backward --amp bfloat16 --repeat 10 --recompute-impl elementwise
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10 --attn-impl fast
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
 		--amp float16 --repeat 10
@@ -224,8 +230,9 @@ bench-gpu-quick:
 
 # The detectors: the four of the targets (and a profile of one more iteration of each); Pola-Swin-T's Mask R-CNN, whose
 # multi-scale crops give nearly every iteration new image sizes, and right after it in the same process with the
-# depthwise convolutions on the library's convolution (--also-with: side by side); RetinaNet Pola-PVT-T, then with the
-# linear layers that recompute their input (MMPOLA_RECOMPUTE=triton; the default runs the library's); the mmdet
+# depthwise convolutions on the library's convolution (--also-with: side by side) and with the MLPs' and gates' linear
+# layers recomputing their input (MMPOLA_RECOMPUTE=elementwise); RetinaNet Pola-PVT-T, then with those and with every
+# linear layer that recomputes its input (MMPOLA_RECOMPUTE=triton; the default runs the library's); the mmdet
 # detectors with mmpola's optimizer step; Pola-Swin-T's Mask R-CNN with the attention's fast path; last, a detector
 # whose softmax stages (PolaFormer++'s RoPE softmax, no learned mask) torch would send to cuDNN's attention on compute
 # capability 9.0 / 10.0 (a graph built per new size), then with torch's choice.
@@ -235,9 +242,9 @@ bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
 		--profile work_dirs/benchmark_profile
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--also-with MMPOLA_DEPTHWISE_CONV=torch
+		--also-with MMPOLA_DEPTHWISE_CONV=torch --also-with MMPOLA_RECOMPUTE=elementwise
 	$(PY) tools/benchmark.py train $(firstword $(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
-		--warmup 20 --also-with MMPOLA_RECOMPUTE=triton
+		--warmup 20 --also-with MMPOLA_RECOMPUTE=elementwise --also-with MMPOLA_RECOMPUTE=triton
 	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
 		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \

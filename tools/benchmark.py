@@ -293,7 +293,7 @@ def environment_lines(args, device):
                  'kernels on CUDA, the library convolution elsewhere)')
     lines.append(f"linear layers of the MLPs and gates, and after LayerNorms: {recompute_impl()} (MMPOLA_RECOMPUTE; "
                  "'auto': the library's layers; 'triton': on CUDA the backward recomputes their input in Triton "
-                 "kernels, keeping less)")
+                 "kernels, keeping less; 'elementwise': the kernels for the MLPs' GELU and the gates only)")
     lines.append(f"the softmax kinds' scaled_dot_product_attention: {sdpa_impl()} (MMPOLA_SDPA; 'auto': on CUDA "
                  "torch's backends without cuDNN's attention, which builds a graph per input size; 'torch': torch's "
                  "choice)")
@@ -1240,11 +1240,12 @@ def kernel_options(parser):
     parser.add_argument('--dwconv-impl', default=None, choices=['auto', 'torch', 'triton'],
                         help="implementation of mmpola's depthwise convolutions (sets MMPOLA_DEPTHWISE_CONV; default: "
                         "the environment's, 'auto' when unset)")
-    parser.add_argument('--recompute-impl', default=None, choices=['auto', 'torch', 'triton'],
+    parser.add_argument('--recompute-impl', default=None, choices=['auto', 'torch', 'triton', 'elementwise'],
                         help="implementation of the linear layers that recompute their input in the backward "
                         "(mmpola's MLPs, gated attentions and the linear layers after a LayerNorm; sets "
                         "MMPOLA_RECOMPUTE; 'auto' and 'torch': the library's layers, autograd keeps it; 'triton': "
-                        "the kernels recompute it; default: the environment's, 'auto' when unset)")
+                        "the kernels recompute it; 'elementwise': the kernels for the MLPs' GELU and the gates only, "
+                        "the library's LayerNorms; default: the environment's, 'auto' when unset)")
     parser.add_argument('--sdpa-impl', default=None, choices=['auto', 'torch'],
                         help="backends of the softmax kinds' scaled_dot_product_attention (sets MMPOLA_SDPA; 'auto': "
                         "cuDNN's attention left out on CUDA, 'torch': torch's choice; default: the environment's, "

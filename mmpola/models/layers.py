@@ -22,10 +22,9 @@ from mmpola.ops import (
     gelu_linear,
     layer_norm_add,
     layer_norm_linear,
-    recompute_impl,
 )
 from mmpola.ops.dispatch import autocast_dtype, recording
-from mmpola.ops.recompute import resolve_recompute_impl
+from mmpola.ops.recompute import recompute_layers_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'ParameterCache', 'PatchEmbed', 'PatchMerging', 'PreNormBlock',
@@ -272,24 +271,27 @@ def hooked(*modules):
                for module in modules)
 
 
-def _fused(x, *linears):
+def _fused(x, *linears, elementwise=False):
     """Whether the input of linear layers made from ``x`` goes to the kernels of :mod:`mmpola.ops.recompute`:
-    ``linears`` are ``nn.Linear`` s without hooks and ``MMPOLA_RECOMPUTE`` resolves to ``'triton'`` for x."""
+    ``linears`` are ``nn.Linear`` s without hooks and the recompute choice in force (``MMPOLA_RECOMPUTE`` or the
+    backbone's) gives the LayerNorm's layers (the layers after an element-wise op with ``elementwise``)
+    ``'triton'`` (:func:`mmpola.ops.recompute.recompute_layers_impl`)."""
     return (all(type(linear) is nn.Linear for linear in linears) and not hooked(*linears)
-            and resolve_recompute_impl(recompute_impl(), x) == 'triton')
+            and recompute_layers_impl(elementwise) == 'triton')
 
 
 def _recomputes(x, linear):
-    """:func:`_fused` where autograd records the call (the backward is what recomputes)."""
-    return torch.is_grad_enabled() and _fused(x, linear)
+    """:func:`_fused` for a linear layer after an element-wise op, where autograd records the call (the backward is
+    what recomputes)."""
+    return torch.is_grad_enabled() and _fused(x, linear, elementwise=True)
 
 
 def _gelu_recomputes(mlp, x):
     """Whether :func:`gelu_fc2` runs ``mlp``'s GELU and fc2 through :func:`mmpola.ops.gelu_linear` for the tokens
     ``x`` (or the hidden tokens made from them): where it recomputes (``_recomputes``; with
-    ``MMPOLA_RECOMPUTE=triton`` on a GPU), unless the dropout between them is on, the activation is not the exact
-    GELU, or a module whose call the kernel replaces has hooks (the GELU, the dropout, fc1 whose bias the kernel
-    adds)."""
+    ``MMPOLA_RECOMPUTE=triton`` or ``elementwise`` on a GPU), unless the dropout between them is on, the activation
+    is not the exact GELU, or a module whose call the kernel replaces has hooks (the GELU, the dropout, fc1 whose
+    bias the kernel adds)."""
     return (_recomputes(x, mlp.fc2) and not (mlp.training and mlp.drop.p > 0) and type(mlp.act) is nn.GELU
             and mlp.act.approximate == 'none' and not hooked(mlp.act, mlp.drop, getattr(mlp, 'fc1', None)))
 
@@ -307,8 +309,9 @@ def gelu_fc2(mlp, h, fc1_bias=None, recomputes=None):
 
 
 def gated_proj(s, g, proj):
-    """``proj(s * g)``: :func:`mmpola.ops.gated_linear` where it recomputes (``_recomputes``; on a GPU by
-    default: the backward keeps s and g only, one kernel gives both their gradients); else the module."""
+    """``proj(s * g)``: :func:`mmpola.ops.gated_linear` where it recomputes (``_recomputes``; with
+    ``MMPOLA_RECOMPUTE=triton`` or ``elementwise`` on a GPU: the backward keeps s and g only, one kernel gives both
+    their gradients); else the module."""
     if _recomputes(s, proj):
         return gated_linear(s, g, proj.weight, proj.bias, 'triton')
     return proj(s * g)
@@ -364,10 +367,11 @@ def _kernel_norm(norm):
 
 
 def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=None, repeat=(), stream=False):
-    """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; on a GPU by
-    default: the LayerNorm's kernel writes the rows in the linear layer's dtype, also without autograd, and the
-    backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm`` of x's last dim with a
-    weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules. ``norm`` None: ``linear(x)``.
+    """``linear(norm(x))``: :func:`mmpola.ops.layer_norm_linear` where its kernels run (``_fused``; with
+    ``MMPOLA_RECOMPUTE=triton`` on a GPU: the LayerNorm's kernel writes the rows in the linear layer's dtype, also
+    without autograd, and the backward keeps x only and normalises it again) and ``norm`` is an ``nn.LayerNorm``
+    of x's last dim with a weight and a bias, of at most ``NORM_MAX_CHANNELS`` channels; else the modules. ``norm``
+    None: ``linear(x)``.
 
     ``linear`` may also be a tuple of linear layers of the normalised tokens, and ``chunk`` a channel count:
     then the operands of ``chunk`` channels that their outputs hold, one after another, as views (``chunk`` also
@@ -431,7 +435,7 @@ def add_and_cast(x, branch, drop_path, dtype, as_map=False):
     of those types, one kernel writes both (with the factor per sample of stochastic depth,
     :func:`drop_path_scale`; :func:`mmpola.ops.add_residual_and_cast`), s in the layout of its map with ``as_map``
     (tokens (B, H*W, C) that are a view of it); else the module and the library's addition and cast."""
-    if _draws_factors(drop_path) and resolve_recompute_impl(recompute_impl(), x) == 'triton':
+    if _draws_factors(drop_path) and recompute_layers_impl(False) == 'triton':
         return add_residual_and_cast(x, branch, dtype, drop_path_scale(drop_path, branch), 'triton', as_map)
     s = x + (branch if drop_path is None else drop_path(branch))
     return s, s.to(dtype)
@@ -586,7 +590,7 @@ class PatchEmbed(nn.Module):
         and nothing is hooked or dropped, :func:`mmpola.ops.layer_norm_add` normalises the convolution's output
         where it wrote it and adds the encoding in one kernel; else the modules and the library's addition."""
         norm = self.norm  # the implementation first: 'torch' while a tracer records (its proxies have no values)
-        if (resolve_recompute_impl(recompute_impl(), x) != 'triton' or not _kernel_norm(norm)
+        if (recompute_layers_impl(False) != 'triton' or not _kernel_norm(norm)
                 or hooked(self, dropout) or (dropout is not None and dropout.training and dropout.p > 0)):
             x, hw = self(x)
             x = x + encoding(hw)

@@ -47,6 +47,7 @@ from .pola import (
 )
 from .pola_triton import pola_attention_triton
 from .recompute import (
+    RECOMPUTE_CHOICES,
     RECOMPUTE_IMPLS,
     add_layer_norm_linear,
     add_residual_and_cast,
@@ -87,7 +88,7 @@ __all__ = [
     'inline_attention', 'inline_attention_reference', 'inline_attention_fast', 'inline_attention_triton',
     'pacs_attention', 'pacs_attention_reference', 'pacs_attention_fast', 'pacs_attention_triton', 'rope_angles',
     'rope_tables', 'rope_rotate', 'rope_rotate_fast', 'DEPTHWISE_IMPLS', 'depthwise_conv2d', 'depthwise_conv_impl',
-    'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'check_recompute_impl',
+    'RECOMPUTE_CHOICES', 'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'check_recompute_impl',
     'current_recompute_scope', 'gelu_linear', 'gated_linear', 'layer_norm_add', 'layer_norm_linear', 'recompute_impl',
     'recompute_impl_from_env', 'recompute_scope', 'SDPA_IMPLS', 'scaled_dot_product_attention', 'sdpa_impl',
     'IMPLEMENTATION_VARIABLES', 'implementation_note'

@@ -28,7 +28,7 @@ library's autograd adds, stacks and sums them in three. :func:`add_residual_and_
 :func:`layer_norm_add` normalises a patch embedding's output where the convolution wrote it and adds a positional
 encoding, where the library (under autocast) casts, copies, normalises and adds.
 
-The implementations (``impl``):
+The implementations (``impl`` of the functions here):
 
 * ``'torch'``: the library's layers; autograd keeps both tensors.
 * ``'triton'``: the recomputing backward, on CUDA (and under ``TRITON_INTERPRET=1`` on the CPU, for tests): less
@@ -39,10 +39,16 @@ The implementations (``impl``):
   backbones on a GPU are set by their host (docs/benchmarks.md, "The host's time of a step").
 
 The models (:func:`mmpola.models.layers.gelu_fc2`, :func:`mmpola.models.layers.gated_proj`,
-:func:`mmpola.models.layers.norm_linear`, ``PatchEmbed.embed_and_add``) pass the implementation that the
-environment variable ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset), or, for a backbone built with a
-``recompute`` argument, that one (:func:`recompute_scope`): a config can choose per model, where the
-variable chooses for every model of a run.
+:func:`mmpola.models.layers.norm_linear`, ``PatchEmbed.embed_and_add``, :func:`mmpola.models.layers.add_and_cast`)
+ask :func:`recompute_layers_impl` for theirs. It follows the choice that the environment variable
+``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset), or, for a backbone built with a ``recompute`` argument, that
+one (:func:`recompute_scope`): a config can choose per model (and per stage), where the variable chooses for
+every model of a run. A choice is one of the implementations, for every layer here, or ``'elementwise'``: the
+kernels for the two layers whose input is an element-wise op's output (:func:`gelu_linear`, :func:`gated_linear`:
+an MLP's hidden activation, the largest tensor a block keeps, and the gate's product) and the library's for the
+LayerNorms (:func:`layer_norm_linear` and the other LayerNorm and residual kernels). The element-wise kernels
+replace one library kernel each way, so they keep most of the memory saved for less than half of the host's work
+(docs/benchmarks.md, "What a training step keeps").
 """
 import contextlib
 import math
@@ -65,11 +71,16 @@ from .recompute_triton import (
 )
 from .triton_support import autocast_operands, require_triton
 
-__all__ = ['RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast', 'check_recompute_impl',
-           'current_recompute_scope', 'gated_linear', 'gelu_linear', 'layer_norm_add', 'layer_norm_linear',
-           'recompute_impl', 'recompute_impl_from_env', 'recompute_scope', 'resolve_recompute_impl']
+__all__ = ['RECOMPUTE_CHOICES', 'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast',
+           'check_recompute_impl', 'current_recompute_scope', 'gated_linear', 'gelu_linear', 'layer_norm_add',
+           'layer_norm_linear', 'recompute_impl', 'recompute_impl_from_env', 'recompute_layers_impl',
+           'recompute_scope', 'resolve_recompute_impl']
 
 RECOMPUTE_IMPLS = ('auto', 'torch', 'triton')
+# what MMPOLA_RECOMPUTE and a backbone's recompute argument take: an implementation for every layer, or the kernels
+# for the layers after an element-wise op only (recompute_layers_impl)
+RECOMPUTE_CHOICES = (*RECOMPUTE_IMPLS, 'elementwise')
+AUTO = 'torch'  # what 'auto' resolves to, on every device (the module doc says why)
 ENV = 'MMPOLA_RECOMPUTE'
 WHAT = 'the linear layers that recompute their input'  # in the variable's error message
 
@@ -84,19 +95,19 @@ def recompute_impl():
     if _SCOPES:
         return _SCOPES[-1]
     # (the variable read here rather than through recompute_impl_from_env: this runs at every fused layer's call)
-    return implementation_from_env(ENV, RECOMPUTE_IMPLS, WHAT)
+    return implementation_from_env(ENV, RECOMPUTE_CHOICES, WHAT)
 
 
 def recompute_impl_from_env():
     """The implementation that ``MMPOLA_RECOMPUTE`` names (``'auto'`` when unset); an unknown name is one clear
     error."""
-    return implementation_from_env(ENV, RECOMPUTE_IMPLS, WHAT)
+    return implementation_from_env(ENV, RECOMPUTE_CHOICES, WHAT)
 
 
 def check_recompute_impl(impl, error=ValueError):
-    """``impl`` if it is None or one of :data:`RECOMPUTE_IMPLS`, else ``error`` naming them."""
-    if impl is not None and impl not in RECOMPUTE_IMPLS:
-        raise error(f'recompute must be one of {", ".join(map(repr, RECOMPUTE_IMPLS))} or None (MMPOLA_RECOMPUTE '
+    """``impl`` if it is None or one of :data:`RECOMPUTE_CHOICES`, else ``error`` naming them."""
+    if impl is not None and impl not in RECOMPUTE_CHOICES:
+        raise error(f'recompute must be one of {", ".join(map(repr, RECOMPUTE_CHOICES))} or None (MMPOLA_RECOMPUTE '
                     f'decides), got {impl!r}')
     return impl
 
@@ -128,7 +139,18 @@ def resolve_recompute_impl(impl, x):
     doc says why)."""
     if impl not in RECOMPUTE_IMPLS:
         raise ValueError(f'impl must be one of {", ".join(RECOMPUTE_IMPLS)}, got {impl!r}')
-    return 'torch' if impl == 'auto' else impl
+    return AUTO if impl == 'auto' else impl
+
+
+def recompute_layers_impl(elementwise):
+    """``'torch'`` or ``'triton'``: the implementation that the choice in force (:func:`recompute_impl`) gives the
+    layers after an element-wise op (``elementwise`` True: :func:`gelu_linear`, :func:`gated_linear`) or the
+    LayerNorm's layers (False: :func:`layer_norm_linear`, :func:`add_layer_norm_linear`,
+    :func:`add_residual_and_cast`, :func:`layer_norm_add`)."""
+    choice = recompute_impl()
+    if choice == 'elementwise':
+        return 'triton' if elementwise else 'torch'
+    return AUTO if choice == 'auto' else choice
 
 
 def _rows(t):

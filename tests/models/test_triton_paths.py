@@ -1,8 +1,9 @@
 """Whole models on each Triton path against the library's path: the depthwise convolutions
 (MMPOLA_DEPTHWISE_CONV=triton), the linear layers that recompute their input (MMPOLA_RECOMPUTE=triton: the
-MLPs' fc1 with its LayerNorm and fc2, the gated attentions' proj), and all of them at once with the attention's
-kernels (what ``'auto'`` runs on a GPU, with the recomputing layers that ``MMPOLA_RECOMPUTE=triton`` adds):
-outputs, gradients and the gradients' strides, in float32 and under bf16 autocast.
+MLPs' fc1 with its LayerNorm and fc2, the gated attentions' proj; =elementwise: fc2 and proj only), and all of
+them at once with the attention's kernels (what ``'auto'`` runs on a GPU, with the recomputing layers that
+``MMPOLA_RECOMPUTE=triton`` adds): outputs, gradients and the gradients' strides, in float32 and under bf16
+autocast.
 
 On a GPU (`make test-gpu`) both paths run there, compiled, with TF32 off; without one the Triton paths run
 through Triton's interpreter on the CPU."""
@@ -16,9 +17,11 @@ from tests.fixtures.ops import H100, DispatchedOps, relative_error
 FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax', 'InLinePVT', 'FLattenCSWin']
 DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
 LIBRARY = {'MMPOLA_DEPTHWISE_CONV': 'torch', 'MMPOLA_RECOMPUTE': 'torch'}
-# each case: the variables set to 'triton' and the attention's implementation
-TRITON_PATHS = {'MMPOLA_DEPTHWISE_CONV': (['MMPOLA_DEPTHWISE_CONV'], 'fast'),
-                'MMPOLA_RECOMPUTE': (['MMPOLA_RECOMPUTE'], 'fast'), 'all': (list(LIBRARY), 'triton')}
+# each case: the variables set, with their values, and the attention's implementation
+TRITON_PATHS = {'MMPOLA_DEPTHWISE_CONV': ({'MMPOLA_DEPTHWISE_CONV': 'triton'}, 'fast'),
+                'MMPOLA_RECOMPUTE': ({'MMPOLA_RECOMPUTE': 'triton'}, 'fast'),
+                'MMPOLA_RECOMPUTE=elementwise': ({'MMPOLA_RECOMPUTE': 'elementwise'}, 'fast'),
+                'all': (dict.fromkeys(LIBRARY, 'triton'), 'triton')}
 
 
 @pytest.fixture
@@ -57,14 +60,15 @@ def _gradient_errors(actual, expected):
 @pytest.mark.parametrize('name', FAMILIES)
 def test_triton_paths(name, paths, monkeypatch, no_tf32):
     """The Triton depthwise convolution, or the linear layers that recompute their input (the MLPs' fc1 with
-    its LayerNorm and fc2, the gated attentions' proj), or all of them with the attention's kernels, against
-    the library's path: outputs, gradients, and the gradients' strides."""
+    its LayerNorm and fc2, the gated attentions' proj; or only fc2 and proj, after an element-wise op), or all of
+    them with the attention's kernels, against the library's path: outputs, gradients, and the gradients'
+    strides."""
     variables, attn_impl = TRITON_PATHS[paths]
     for variable, impl in LIBRARY.items():
         monkeypatch.setenv(variable, impl)
     outs, grads, _ = _run(name)
-    for variable in variables:
-        monkeypatch.setenv(variable, 'triton')
+    for variable, impl in variables.items():
+        monkeypatch.setenv(variable, impl)
     triton_outs, triton_grads, model = _run(name, attn_impl)
     for a, e in zip(triton_outs, outs):
         assert relative_error(a, e) <= 1e-5

@@ -268,11 +268,13 @@ def test_the_implementation_note_names_every_variables_choice(monkeypatch):
         implementation_note()
 
 
-@pytest.mark.parametrize('variable, read, what', [
-    ('MMPOLA_DEPTHWISE_CONV', depthwise_conv_impl, 'the depthwise convolution'),
-    ('MMPOLA_RECOMPUTE', recompute_impl, 'the linear layers that recompute their input'),
-    ('MMPOLA_RECOMPUTE', recompute_impl_from_env, 'the linear layers that recompute their input')])
-def test_environment_switches(monkeypatch, variable, read, what):
+@pytest.mark.parametrize('variable, read, what, choices', [
+    ('MMPOLA_DEPTHWISE_CONV', depthwise_conv_impl, 'the depthwise convolution', 'auto, torch, triton'),
+    ('MMPOLA_RECOMPUTE', recompute_impl, 'the linear layers that recompute their input',
+     'auto, torch, triton, elementwise'),
+    ('MMPOLA_RECOMPUTE', recompute_impl_from_env, 'the linear layers that recompute their input',
+     'auto, torch, triton, elementwise')])
+def test_environment_switches(monkeypatch, variable, read, what, choices):
     """The variables that pick an implementation for a whole run: 'auto' when unset or empty, case and spaces
     ignored, an unknown name one error naming the variable, what it picks for and the choices."""
     monkeypatch.delenv(variable, raising=False)
@@ -283,7 +285,7 @@ def test_environment_switches(monkeypatch, variable, read, what):
     assert read() == 'triton'
     monkeypatch.setenv(variable, 'cudnn')
     with pytest.raises(AttnImplUnavailable, match=rf"^{variable}='cudnn' is not an implementation of {what}; "
-                       r'use one of auto, torch, triton \(or unset it\)$'):
+                       rf'use one of {choices} \(or unset it\)$'):
         read()
 
 
@@ -297,8 +299,10 @@ def test_a_recompute_scope_overrides_the_variable_inside_it_only(monkeypatch):
             assert recompute_impl() == 'auto'
         with recompute_scope(None):
             assert recompute_impl() == 'triton'
+        with recompute_scope('elementwise'):
+            assert recompute_impl() == 'elementwise'
     assert recompute_impl() == 'torch'
-    with pytest.raises(ValueError, match="recompute must be one of 'auto', 'torch', 'triton' or None"):
+    with pytest.raises(ValueError, match="recompute must be one of 'auto', 'torch', 'triton', 'elementwise' or None"):
         with recompute_scope('fused'):
             pass
     assert recompute_impl() == 'torch'

@@ -299,6 +299,46 @@ def test_mlps_run_the_implementation_the_environment_names(monkeypatch, mlp_type
     assert 'gelu_backward' in ops.names
 
 
+
+def test_elementwise_runs_the_kernels_after_element_wise_ops_and_the_librarys_layer_norms(monkeypatch):
+    """MMPOLA_RECOMPUTE=elementwise: a Pola block's MLP (GELU and fc2) and gated projection recompute their input in
+    the kernels, its LayerNorms stay the library's (their backward runs); the library's output and gradients, and
+    the block keeps less than with the library's layers and more than with every kernel ('triton')."""
+    from mmpola.models.attention.pola import PolaAttention
+    from mmpola.ops.recompute import recompute_layers_impl
+    for choice, expected in {'auto': ('torch', 'torch'), 'torch': ('torch', 'torch'), 'triton': ('triton', 'triton'),
+                             'elementwise': ('triton', 'torch')}.items():
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', choice)
+        assert (recompute_layers_impl(True), recompute_layers_impl(False)) == expected, choice
+    torch.manual_seed(0)
+    hw, dim = (5, 6), 24
+    block = PreNormBlock(dim, PolaAttention(dim, 2, hw)).to(DEVICE).train()
+    x = torch.randn(2, 30, dim, device=DEVICE, requires_grad=True)
+    results, ops_of, saved = [], {}, {}
+    for choice in ('torch', 'elementwise', 'triton'):
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', choice)
+        block.zero_grad()
+        x.grad = None
+        storages = {}
+
+        def pack(t):
+            storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
+            return t
+        with DispatchedOps() as ops:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = block(x, hw)
+            saved[choice] = sum(storage.nbytes() for storage in storages.values())
+            out.square().sum().backward()
+        ops_of[choice] = ops.names
+        results.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in block.parameters()])
+    for other in results[1:]:
+        for a, e in zip(other, results[0]):
+            assert relative_error(a, e) <= 1e-5, relative_error(a, e)
+    assert 'gelu_backward' in ops_of['torch'] and 'gelu_backward' not in ops_of['elementwise']
+    norms = {choice: names.count('native_layer_norm_backward') for choice, names in ops_of.items()}
+    assert norms['elementwise'] == norms['torch'] == 2 and norms['triton'] == 0, norms
+    assert saved['torch'] > saved['elementwise'] > saved['triton'], saved
+
 # the gate: s (B, N, C) and g seen in a projection of 4 C channels per token (Pola's fused layout: row stride 4 C)
 def make_gate_inputs(B, N, C, out_features, dtype=torch.float32, seed=0):
     """s (B, N, C), g (B, N, C) (a view of a (B, N, 4 C) projection), weight, bias, dL/dout."""

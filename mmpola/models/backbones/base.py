@@ -175,6 +175,27 @@ def run_blocks(blocks, x, hw, with_cp=False, cast=None, as_map=False, **context)
     return x if cast is None else (x, x.to(cast))
 
 
+def check_stage_recompute(recompute, num_stages, name):
+    """A backbone's ``recompute``: None or one of :data:`~mmpola.ops.RECOMPUTE_IMPLS` as it is, or a list or tuple of
+    one of them (or None) per stage as a tuple; anything else is a config error naming the choices."""
+    if recompute is None or isinstance(recompute, str):
+        return check_recompute_impl(recompute, PolaConfigError)
+    if not isinstance(recompute, (list, tuple)) or len(recompute) != num_stages:
+        raise PolaConfigError(f'{name}: recompute takes one value for the whole backbone or a list of one per stage '
+                              f'({num_stages} here), got {recompute!r}')
+    return tuple(check_recompute_impl(impl, PolaConfigError) for impl in recompute)
+
+
+def _next_stage_scope(previous, impl):
+    """The entered :func:`~mmpola.ops.recompute_scope` of the next stage's ``impl``, ``previous`` (the last stage's,
+    or None) left first."""
+    if previous is not None:
+        previous.__exit__(None, None, None)
+    scope = recompute_scope(impl)
+    scope.__enter__()
+    return scope
+
+
 def _in_recompute_scope(fn, impl):
     """``fn`` run inside ``recompute_scope(impl)`` (``impl`` None: ``fn`` itself)."""
     if impl is None:
@@ -250,7 +271,9 @@ class DenseBackbone(BaseModule):
             the gated attentions' projection, the linear layers after a LayerNorm): ``'triton'`` (on a GPU the
             backward recomputes it in Triton kernels: less activation memory, more host work per step),
             ``'torch'`` (the library's layers) or ``'auto'``; None (default): as ``MMPOLA_RECOMPUTE`` says for
-            the whole run (:func:`mmpola.ops.recompute_scope`).
+            the whole run (:func:`mmpola.ops.recompute_scope`). A tuple of one such value per stage chooses
+            for each stage (its patch embedding, blocks and stage norm), e.g. ``('triton', None, None, None)``:
+            the kernels where the maps are largest and the host's work per byte saved is least.
         attn: the attention kind of the linear letter and its options: ``'pola'`` or
             ``dict(type='pola', alpha=4.0)`` (any kind registered in
             :data:`mmpola.registry.ATTENTIONS`; its options: :func:`mmpola.models.attention.attention_options`).
@@ -315,7 +338,7 @@ class DenseBackbone(BaseModule):
         self.out_norm = self.default_out_norm if out_norm is None else bool(out_norm)
         self.norm_eval = norm_eval
         self.with_cp = with_cp
-        self.recompute = check_recompute_impl(recompute, PolaConfigError)
+        self.recompute = check_stage_recompute(recompute, self.num_stages, name)
         self.attn_impl = check_attn_impl(attn_impl, PolaConfigError)
         self.fp32_attn = fp32_attn
         self.attn_kind, self.attn_options = self._resolve_attention(attn, unexpected or {})
@@ -631,23 +654,37 @@ class DenseBackbone(BaseModule):
             maps for an architecture whose blocks work on maps (:meth:`stage_map` turns either
             into NCHW).
         """
-        if self.recompute is not None and current_recompute_scope() != self.recompute:
-            with recompute_scope(self.recompute):  # the backbone's own choice (None: MMPOLA_RECOMPUTE's)
+        recompute = self.recompute
+        if isinstance(recompute, str) and current_recompute_scope() != recompute:
+            with recompute_scope(recompute):  # the backbone's own choice (None: MMPOLA_RECOMPUTE's)
                 return self.forward_stages(x, last_stage, maps)
         check_input(x, self.in_channels, self.min_input_size, type(self).__name__, self.min_input_reason)
         last_stage = self.num_stages - 1 if last_stage is None else last_stage
-        x, hw = self._stem(x)
-        outs = []
-        for i in range(last_stage + 1):
-            x, hw = self._enter_stage(i, x, hw)
-            # (a tracer's proxy has no dtype to ask, and the traced graph keeps the plain stages)
-            cast = self._handoff_dtype(i, x) if i < last_stage and not recording() else None
-            x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, i in maps, **self._block_context(i, x, hw))
-            x, copy = x if cast is not None else (x, None)
-            x = self._exit_stage(i, x, hw)
-            outs.append(self._stage_output(x, hw))
-            if copy is not None:  # what the next stage reads
-                x = copy
+        # one choice per stage: each stage runs inside its own scope (entered here rather than in a `with`
+        # around a helper, so that a backbone without one makes no Python call more per step)
+        per_stage = recompute if isinstance(recompute, (list, tuple)) else None
+        scope = None
+        try:
+            if per_stage is not None:
+                scope = _next_stage_scope(scope, per_stage[0])
+            x, hw = self._stem(x)
+            outs = []
+            for i in range(last_stage + 1):
+                if per_stage is not None and i > 0:
+                    scope = _next_stage_scope(scope, per_stage[i])
+                x, hw = self._enter_stage(i, x, hw)
+                # (a tracer's proxy has no dtype to ask, and the traced graph keeps the plain stages)
+                cast = self._handoff_dtype(i, x) if i < last_stage and not recording() else None
+                x = run_blocks(self._stage_blocks(i), x, hw, self.with_cp, cast, i in maps,
+                               **self._block_context(i, x, hw))
+                x, copy = x if cast is not None else (x, None)
+                x = self._exit_stage(i, x, hw)
+                outs.append(self._stage_output(x, hw))
+                if copy is not None:  # what the next stage reads
+                    x = copy
+        finally:
+            if scope is not None:
+                scope.__exit__(None, None, None)
         return outs
 
     def _handoff_dtype(self, i, x):

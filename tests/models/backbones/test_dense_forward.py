@@ -109,41 +109,79 @@ def test_with_cp_gives_same_outputs_and_grads(recompute, monkeypatch):
     assert pvt.block4[0].attn.qg.weight.grad is not None
 
 
+def _saved_and_grads(base, x, recompute, with_cp=False):
+    """(bytes autograd keeps for the backward, parameter gradients) of a training step of a copy of ``base`` with
+    ``recompute`` and ``with_cp`` set."""
+    model = copy.deepcopy(base)
+    model.recompute, model.with_cp = recompute, with_cp
+    model.train()
+    storages = {}
+
+    def pack(t):
+        storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outs = model(x)
+    saved = sum(storage.nbytes() for storage in storages.values())
+    sum(o.sum() for o in outs).backward()
+    return saved, [p.grad for p in model.parameters()]
+
+
 def test_a_backbone_s_recompute_argument_overrides_the_variable(monkeypatch):
     """``recompute='triton'`` in a config: the backbone's linear layers recompute their input (its forward keeps
     less for the backward) whatever MMPOLA_RECOMPUTE says, also in the forward that checkpointed blocks run again
-    in the backward (the same gradients); ``recompute='torch'`` the other way round; anything else is a config
-    error that names the choices (the kernels in the interpreter)."""
+    in the backward (the same gradients); ``recompute='torch'`` the other way round; ``'elementwise'`` keeps less
+    than the library's layers and more than every kernel; anything else is a config error that names the choices
+    (the kernels in the interpreter)."""
     from mmpola.models.checks import PolaConfigError
     torch.manual_seed(0)
     base = PolaPVT(arch=TINY_PVT, drop_path_rate=0.)
     x = torch.randn(1, 3, 64, 64)
 
     def run(recompute, with_cp=False):
-        model = copy.deepcopy(base)
-        model.recompute, model.with_cp = recompute, with_cp
-        model.train()
-        storages = {}
-
-        def pack(t):
-            storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            outs = model(x)
-        saved = sum(storage.nbytes() for storage in storages.values())
-        sum(o.sum() for o in outs).backward()
-        return saved, [p.grad for p in model.parameters()]
+        return _saved_and_grads(base, x, recompute, with_cp)
 
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'torch')
     plain_saved, plain_grads = run(None)
-    for saved, grads in (run('triton'), run('triton', with_cp=True)):
+    for saved, grads in (run('triton'), run('triton', with_cp=True), run('elementwise')):
         for a, b in zip(grads, plain_grads):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
-    assert run('triton')[0] < plain_saved
+    assert run('triton')[0] < run('elementwise')[0] < plain_saved
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'triton')
     assert run('torch')[0] == plain_saved and run(None)[0] == run('triton')[0]
-    with pytest.raises(PolaConfigError, match="recompute must be one of 'auto', 'torch', 'triton' or None"):
+    with pytest.raises(PolaConfigError, match="recompute must be one of 'auto', 'torch', 'triton', 'elementwise' or "
+                       "None"):
         PolaPVT(arch=TINY_PVT, recompute='fused')
+
+
+@pytest.mark.parametrize('cls, arch', [(PolaPVT, TINY_PVT), (PolaSwin, TINY_SWIN)], ids=['pvt', 'swin'])
+def test_a_recompute_per_stage_chooses_for_each_stage(monkeypatch, cls, arch):
+    """``recompute`` with one value per stage (a config's list): each stage runs its own choice, None following the
+    variable; what the stages keep adds up (the first stage with the kernels and the rest with the library's
+    layers, and the other way round, keep together what the two choices keep for the whole backbone), the
+    gradients are the library's, also with checkpointed blocks; a list of another length is a config error that
+    says how many stages there are (the kernels in the interpreter)."""
+    from mmpola.models.checks import PolaConfigError
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'torch')
+    torch.manual_seed(0)
+    base = cls(arch=arch, drop_path_rate=0.)
+    x = torch.randn(1, 3, 64, 64)
+    plain_saved, plain_grads = _saved_and_grads(base, x, None)
+    kernels_saved = _saved_and_grads(base, x, 'triton')[0]
+    first, first_grads = _saved_and_grads(base, x, ['triton', None, None, None])
+    rest = _saved_and_grads(base, x, (None, 'triton', 'triton', 'triton'))[0]
+    assert kernels_saved < first < plain_saved and kernels_saved < rest < plain_saved
+    assert first + rest == plain_saved + kernels_saved
+    for grads in (first_grads, _saved_and_grads(base, x, ('triton', None, None, None), with_cp=True)[1]):
+        for a, b in zip(grads, plain_grads):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert cls(arch=arch, recompute=['triton', None, 'elementwise', 'torch']).recompute == (
+        'triton', None, 'elementwise', 'torch')
+    with pytest.raises(PolaConfigError, match=r"recompute takes one value for the whole backbone or a list of one "
+                       r"per stage \(4 here\), got \['triton', None\]"):
+        cls(arch=arch, recompute=['triton', None])
+    with pytest.raises(PolaConfigError, match="recompute must be one of"):
+        cls(arch=arch, recompute=['triton', None, None, 'fused'])
 
 
 def test_out_indices_and_out_norm():
