@@ -283,7 +283,7 @@ def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False, residual=Non
     convolution). ``per_sample``: weight (B, C, k, k), bias None or (B, C): each image its own kernels.
     ``residual``: a tensor of the output's shape added to it; in the output's dtype, where the kernel writes it,
     the sum in the residual's layout (its gradient is the output's, no copy), else after the kernel."""
-    require_triton(x, 'the Triton depthwise convolution', 'MMPOLA_DEPTHWISE_CONV')
+    require_triton(x, 'the Triton depthwise convolution', 'MMPOLA_DEPTHWISE_CONV=torch')
     x, weight, bias = autocast_operands(x.device.type, x, weight, bias)
     if not (x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)):
         raise TypeError(f'depthwise_conv2d expects x, weight and bias of one dtype, got {x.dtype}, {weight.dtype}'

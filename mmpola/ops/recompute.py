@@ -129,6 +129,15 @@ def _scope(impl):
         _SCOPES.pop()
 
 
+def _switch():
+    """What turns the kernels off where they cannot run (:func:`~mmpola.ops.triton_support.require_triton`'s
+    message): inside a backbone's scope its ``recompute`` argument, which wins over the variable, else the
+    variable."""
+    if _SCOPES:
+        return "the backbone's recompute='torch', model.backbone.recompute in a config"
+    return f'{ENV}=torch'
+
+
 def current_recompute_scope():
     """The implementation of the innermost :func:`recompute_scope` entered, or None."""
     return _SCOPES[-1] if _SCOPES else None
@@ -220,7 +229,7 @@ def _linear_operands(inputs, weight, bias, impl, what):
     impl = resolve_recompute_impl(impl, x)
     if impl == 'torch' or x.numel() == 0:
         return None
-    require_triton(x, f'the Triton backward of {what}', ENV)
+    require_triton(x, f'the Triton backward of {what}', _switch)
     device_type = x.device.type
     weight, bias = autocast_operands(device_type, weight, bias)
     dtypes = {t.dtype for t in (weight, bias) if t is not None}
@@ -507,7 +516,7 @@ def add_residual_and_cast(x, branch, dtype, scale=None, impl='auto', as_map=Fals
     if resolve_recompute_impl(impl, x) == 'torch' or x.numel() == 0:
         s = x + _scaled(branch, scale)
         return s, s.to(dtype)
-    require_triton(x, 'the Triton kernels of add_residual_and_cast', ENV)
+    require_triton(x, 'the Triton kernels of add_residual_and_cast', _switch)
     with autocast_off(x.device.type):
         s, copy = _ResidualCast.apply(x.reshape(x.shape[0], -1, x.shape[-1]), branch.reshape(
             x.shape[0], -1, x.shape[-1]), scale, dtype, as_map)
@@ -569,7 +578,7 @@ def layer_norm_add(x, weight, bias, eps, addend, impl='auto'):
                          f'{tuple(addend.shape)}')
     if resolve_recompute_impl(impl, x) == 'torch' or x.numel() == 0:
         return F.layer_norm(x, (C, ), weight, bias, eps) + addend
-    require_triton(x, 'the Triton kernel of layer_norm_add', ENV)
+    require_triton(x, 'the Triton kernel of layer_norm_add', _switch)
     if C > NORM_MAX_CHANNELS:
         raise ValueError(f'layer_norm_add\'s kernel takes rows of up to {NORM_MAX_CHANNELS} channels, got {C}')
     norm_dtype = torch.float32 if autocast_dtype(x.device.type) is not None else x.dtype

@@ -115,14 +115,16 @@ def triton_unsupported(device, dtype=None, head_dim=None, small_shared_memory=No
     return reason
 
 
-def require_triton(tensor, what, variable):
+def require_triton(tensor, what, switch):
     """Raise :class:`~mmpola.ops.dispatch.AttnImplUnavailable` when the Triton kernels of ``what`` cannot run on
-    ``tensor`` (:func:`triton_unsupported`), naming the library path as the way out: ``impl='torch'`` or the
-    environment variable ``variable`` that switches a whole run."""
+    ``tensor`` (:func:`triton_unsupported`), naming the library path as the way out: ``impl='torch'`` or what
+    chose the kernels, ``switch`` (e.g. ``'MMPOLA_DEPTHWISE_CONV=torch'``, the environment variable that switches a
+    whole run; a function that says it, called only for the message)."""
     reason = triton_unsupported(tensor.device, tensor.dtype)
     if reason is not None:
         reason = reason.split('; use ')[0]  # the alternative here is the library's path
-        raise AttnImplUnavailable(f"{what} cannot run here: {reason}; use impl='torch' ({variable}=torch)")
+        switch = switch() if callable(switch) else switch
+        raise AttnImplUnavailable(f"{what} cannot run here: {reason}; use impl='torch' ({switch})")
 
 
 def autocast_operands(device_type, *tensors):

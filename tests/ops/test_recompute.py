@@ -269,6 +269,25 @@ def test_choices_and_errors(monkeypatch):
         gelu_linear(h.cpu(), weight.cpu(), bias.cpu(), impl='triton')
 
 
+
+def test_kernels_a_backbone_asks_for_where_they_cannot_run_name_its_argument(monkeypatch):
+    """A backbone's recompute (a config's choice, which wins over MMPOLA_RECOMPUTE) asking for the kernels on CPU
+    tensors without Triton's interpreter: the error names that argument as the way out, not the variable, which
+    would change nothing; the variable's own choice names the variable."""
+    from mmpola.models import PolaPVT
+    from tests.fixtures.backbones import TINY_PVT
+    kernels_compiled(monkeypatch)
+    x = torch.randn(1, 3, 64, 64)
+    for choice in ('elementwise', 'triton'):
+        with pytest.raises(AttnImplUnavailable, match=r"cannot run here: .*CUDA tensors.*; use impl='torch' \(the "
+                           r"backbone's recompute='torch', model.backbone.recompute in a config\)$"):
+            PolaPVT(arch=TINY_PVT, recompute=choice).train()(x)
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'elementwise')
+    with pytest.raises(AttnImplUnavailable, match=r"cannot run here: .*; use impl='torch' \(MMPOLA_RECOMPUTE=torch\)$"):
+        PolaPVT(arch=TINY_PVT).train()(x)
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'torch')
+    assert all(o.isfinite().all() for o in PolaPVT(arch=TINY_PVT).train()(x))
+
 @pytest.mark.parametrize('mlp_type', ['mlp', 'conv_mlp'])
 def test_mlps_run_the_implementation_the_environment_names(monkeypatch, mlp_type):
     """mmpola's MLPs keep their modules and keys; MMPOLA_RECOMPUTE=triton runs their GELU and fc2 through

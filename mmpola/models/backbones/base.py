@@ -176,7 +176,7 @@ def run_blocks(blocks, x, hw, with_cp=False, cast=None, as_map=False, **context)
 
 
 def check_stage_recompute(recompute, num_stages, name):
-    """A backbone's ``recompute``: None or one of :data:`~mmpola.ops.RECOMPUTE_IMPLS` as it is, or a list or tuple of
+    """A backbone's ``recompute``: None or one of :data:`~mmpola.ops.RECOMPUTE_CHOICES` as it is, or a list or tuple of
     one of them (or None) per stage as a tuple; anything else is a config error naming the choices."""
     if recompute is None or isinstance(recompute, str):
         return check_recompute_impl(recompute, PolaConfigError)
