@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.fixtures.backbones import build_family_model, hooks_training_step
-from tests.fixtures.ops import H100, DispatchedOps, relative_error
+from tests.fixtures.ops import H100, DispatchedOps, compile_time_arguments, relative_error
 
 # the families whose models run Triton kernels (InLine: its value conv once per image)
 FAMILIES = ['PolaPVT', 'PolaSwin', 'PolaPP', 'FLattenPVTv2', 'PVTv2-softmax', 'InLinePVT', 'FLattenCSWin']
@@ -116,6 +116,30 @@ def test_triton_paths_in_inference(name, monkeypatch, no_tf32):
     for a, e in zip(*outputs):
         assert relative_error(a, e) <= 1e-5
 
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_new_input_sizes_compile_no_new_triton_kernels(name, monkeypatch):
+    """A detector's or segmentor's input size changes from one iteration to the next: a training step's Triton
+    launches at new sizes (every kernel: the attention's, the depthwise convolutions', the LayerNorms' and the
+    recomputing layers') take the compile-time arguments of the first size's launches, so that Triton compiles
+    no kernel for them beyond what its integer arguments' divisibility by 16 adds to a kernel's key (a bound,
+    whatever the sizes). Counted in a dry run for an H100, under bf16 autocast and in float32."""
+    from mmpola.ops.triton_support import dry_run
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'triton')
+    torch.manual_seed(0)
+    model = build_family_model(name).train()
+    model.set_attn_impl('triton')
+    for amp in (torch.bfloat16, None):
+        compiled = []
+        for h, w in ((64, 96), (72, 104), (96, 64), (104, 136)):
+            with dry_run(H100) as launches, torch.autocast('cpu', amp, enabled=amp is not None):
+                outs = model(torch.randn(1, 3, h, w))
+                sum(o.float().mean() for o in outs).backward()
+            compiled.append({compile_time_arguments(launch) for launch in launches})
+        assert compiled[0], 'no Triton launch'
+        for (h, w), kernels in zip(((72, 104), (96, 64), (104, 136)), compiled[1:]):
+            assert kernels <= compiled[0], ((h, w), kernels - compiled[0])
 
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_pvt_stages_hand_the_next_their_input_in_the_autocast_dtype(training, monkeypatch):
