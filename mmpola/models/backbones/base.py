@@ -270,10 +270,12 @@ class DenseBackbone(BaseModule):
         recompute: the linear layers that can recompute their input in the backward (the MLPs' second layer,
             the gated attentions' projection, the linear layers after a LayerNorm): ``'triton'`` (on a GPU the
             backward recomputes it in Triton kernels: less activation memory, more host work per step),
-            ``'torch'`` (the library's layers) or ``'auto'``; None (default): as ``MMPOLA_RECOMPUTE`` says for
-            the whole run (:func:`mmpola.ops.recompute_scope`). A tuple of one such value per stage chooses
-            for each stage (its patch embedding, blocks and stage norm), e.g. ``('triton', None, None, None)``:
-            the kernels where the maps are largest and the host's work per byte saved is least.
+            ``'elementwise'`` (the kernels for the MLPs' second layer and the gated projections only, the
+            library's LayerNorms: most of that memory for less of that work), ``'torch'`` (the library's layers)
+            or ``'auto'``; None (default): as ``MMPOLA_RECOMPUTE`` says for the whole run
+            (:func:`mmpola.ops.recompute_scope`). A list or tuple of one such value per stage chooses for each
+            stage (its patch embedding, blocks and stage norm), e.g. ``('triton', None, None, None)``: the
+            kernels where the maps are largest.
         attn: the attention kind of the linear letter and its options: ``'pola'`` or
             ``dict(type='pola', alpha=4.0)`` (any kind registered in
             :data:`mmpola.registry.ATTENTIONS`; its options: :func:`mmpola.models.attention.attention_options`).
