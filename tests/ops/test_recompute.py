@@ -27,7 +27,15 @@ from mmpola.ops import (
 from mmpola.ops.dispatch import AttnImplUnavailable
 from mmpola.ops.recompute import resolve_recompute_impl
 from mmpola.ops.triton_support import dry_run
-from tests.fixtures.ops import H100, DispatchedOps, forward_backward, kernels_compiled, max_scaled_error, relative_error
+from tests.fixtures.ops import (
+    H100,
+    DispatchedOps,
+    forward_backward,
+    kernels_compiled,
+    max_scaled_error,
+    relative_error,
+    saved_for_backward,
+)
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
@@ -201,15 +209,7 @@ def test_input_bias_sums_its_gradient_in_the_gelus_kernel():
 
 
 def saved_bytes(fn, *tensors):
-    saved = {}
-
-    def pack(t):
-        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*tensors)
-    return sum(saved.values())
+    return saved_for_backward(fn, *tensors)[1]
 
 
 def test_the_backward_keeps_the_gelus_input_only():
@@ -338,15 +338,8 @@ def test_elementwise_runs_the_kernels_after_element_wise_ops_and_the_librarys_la
         monkeypatch.setenv('MMPOLA_RECOMPUTE', choice)
         block.zero_grad()
         x.grad = None
-        storages = {}
-
-        def pack(t):
-            storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
-            return t
         with DispatchedOps() as ops:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = block(x, hw)
-            saved[choice] = sum(storage.nbytes() for storage in storages.values())
+            out, saved[choice] = saved_for_backward(block, x, hw)
             out.square().sum().backward()
         ops_of[choice] = ops.names
         results.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in block.parameters()])

@@ -10,6 +10,7 @@ import torch
 
 from mmpola.models import PolaAttention, PolaPVT, PolaSwin
 from tests.fixtures.backbones import TINY_PVT, TINY_SWIN, expected_stage_sizes
+from tests.fixtures.ops import saved_for_backward
 
 SIZES = [(800, 1216), (513, 677), (64, 64), (32, 480)]
 
@@ -115,14 +116,7 @@ def _saved_and_grads(base, x, recompute, with_cp=False):
     model = copy.deepcopy(base)
     model.recompute, model.with_cp = recompute, with_cp
     model.train()
-    storages = {}
-
-    def pack(t):
-        storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        outs = model(x)
-    saved = sum(storage.nbytes() for storage in storages.values())
+    outs, saved = saved_for_backward(model, x)
     sum(o.sum() for o in outs).backward()
     return saved, [p.grad for p in model.parameters()]
 
