@@ -266,9 +266,11 @@ def hooked(*modules):
     if (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
             or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks):
         return any(module is not None for module in modules)
-    return any(getattr(module, '_forward_hooks', None) or getattr(module, '_forward_pre_hooks', None)
-               or getattr(module, '_backward_hooks', None) or getattr(module, '_backward_pre_hooks', None)
-               for module in modules)
+    for module in modules:  # a loop, not a generator: this runs several times in every block of every step
+        if (getattr(module, '_forward_hooks', None) or getattr(module, '_forward_pre_hooks', None)
+                or getattr(module, '_backward_hooks', None) or getattr(module, '_backward_pre_hooks', None)):
+            return True
+    return False
 
 
 def _fused(x, *linears, elementwise=False):
@@ -276,8 +278,9 @@ def _fused(x, *linears, elementwise=False):
     ``linears`` are ``nn.Linear`` s without hooks and the recompute choice in force (``MMPOLA_RECOMPUTE`` or the
     backbone's) gives the LayerNorm's layers (the layers after an element-wise op with ``elementwise``)
     ``'triton'`` (:func:`mmpola.ops.recompute.recompute_layers_impl`)."""
-    return (all(type(linear) is nn.Linear for linear in linears) and not hooked(*linears)
-            and recompute_layers_impl(elementwise) == 'triton')
+    # the choice first: with the library's layers (the default) the step asks nothing more
+    return (recompute_layers_impl(elementwise) == 'triton' and all(type(linear) is nn.Linear for linear in linears)
+            and not hooked(*linears))
 
 
 def _recomputes(x, linear):
@@ -418,13 +421,13 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
                                            repeat)
         return s, (result[0] if chunk is None else tuple(result))
     y = x if norm is None else norm(x)
-    outs = tuple(layer(y) if bias else F.linear(y, layer.weight) for layer in layers)
+    outs = [layer(y) if bias else F.linear(y, layer.weight) for layer in layers]
     if chunk is None:
         result = outs[0]
     else:
-        result = tuple(operand for out in outs for operand in (
-            (out, ) if out.shape[-1] == chunk else out.unflatten(-1, (-1, chunk)).unbind(-2)))
-        result = (*result, *(result[i] for i in repeat))
+        result = [operand for out in outs for operand in (
+            (out, ) if out.shape[-1] == chunk else out.unflatten(-1, (-1, chunk)).unbind(-2))]
+        result = (*result, *[result[i] for i in repeat])
     return (x, result) if returns_x else result
 
 

@@ -93,7 +93,7 @@ def _pola_core(q, k, v, bias, params, heads, options):
     scale, power = params
     B, _, C = q.shape
     d = C // heads
-    wide = any(t is not None and t.dtype == torch.float64 for t in (q, k, v, bias))
+    wide = torch.float64 in (q.dtype, k.dtype, v.dtype, None if bias is None else bias.dtype)
     compute = torch.float64 if wide else torch.float32
     s = _per_head(heads_view(scale.to(compute), heads), (B, heads), d, 'scale')
     p = _per_head(power.to(compute), (B, heads), d, 'power')
