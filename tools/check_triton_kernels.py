@@ -179,24 +179,30 @@ def record_depthwise_launches(gpu, channels, dtype):
     """The kernel launches of one forward and backward of the Triton depthwise convolution on ``gpu``, with
     ``channels`` channels, at each kernel size of DEPTHWISE_KERNELS (and 3 with kernels per image, 5 on the
     heads' maps in their projection, both with a residual added, as InLine's and Pola's / FLatten's value terms
-    run them) and every grid of SHAPES."""
+    run them) and every grid of SHAPES; in a half ``dtype`` also with float32 weights and bias under autocast (the
+    models' parameters, read as they are)."""
     from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
     from mmpola.ops.triton_support import dry_run
     launches = []
     for batch, heads, (height, width) in SHAPES:
         images = batch * heads
-        variants = [(k, False, False) for k in DEPTHWISE_KERNELS] + [(3, True, False), (5, False, True)]
-        for k, per_sample, in_projection in variants:
+        variants = [(k, False, False, dtype) for k in DEPTHWISE_KERNELS] + [(3, True, False, dtype),
+                                                                              (5, False, True, dtype)]
+        if dtype != torch.float32:  # the models' float32 weights under autocast, read as they are
+            variants += [(k, False, in_projection, torch.float32) for k, per_sample, in_projection, _ in variants
+                         if not per_sample]
+        for k, per_sample, in_projection, weight_dtype in variants:
             if in_projection:  # (B, h, C, H, W), a view of the (B, H*W, 4, h, C) projection
                 x = torch.zeros(batch, height * width, 4, heads, channels, dtype=dtype).requires_grad_()
                 x = x[:, :, 2].unflatten(1, (height, width)).permute(0, 3, 4, 1, 2)
             else:
                 x = torch.zeros(images, height, width, channels, dtype=dtype).permute(0, 3, 1, 2).requires_grad_()
             shape = (images, channels) if per_sample else (channels, 1)
-            weight = torch.zeros(*shape, k, k, dtype=dtype).requires_grad_()
-            bias = None if per_sample else torch.zeros(channels, dtype=dtype).requires_grad_()
+            weight = torch.zeros(*shape, k, k, dtype=weight_dtype).requires_grad_()
+            bias = None if per_sample else torch.zeros(channels, dtype=weight_dtype).requires_grad_()
             residual = torch.zeros_like(x).requires_grad_() if per_sample or in_projection else None
-            with dry_run(gpu.kernel_target()) as recorded:
+            with dry_run(gpu.kernel_target()) as recorded, \
+                    torch.autocast('cpu', dtype, enabled=weight_dtype != dtype):
                 out = depthwise_conv2d_triton(x, weight, bias, per_sample=per_sample, residual=residual)
                 out.backward(torch.zeros_like(out))
             launches += recorded

@@ -36,6 +36,7 @@ interpreter, for tests, accumulated in float32 too).
 """
 import torch
 
+from .dispatch import autocast_dtype
 from .triton_support import (
     autocast_operands,
     cdiv,
@@ -281,11 +282,19 @@ def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False, residual=Non
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` (weight (C, 1, k, k), k odd) in Triton kernels,
     forward and backward; output channels-last in x's dtype (under autocast: the autocast dtype, as the
     convolution). ``per_sample``: weight (B, C, k, k), bias None or (B, C): each image its own kernels.
+    Under autocast float32 weights and bias are read as they are (in float32, not rounded to the autocast dtype)
+    and their gradients come in float32.
     ``residual``: a tensor of the output's shape added to it; in the output's dtype, where the kernel writes it,
     the sum in the residual's layout (its gradient is the output's, no copy), else after the kernel."""
     require_triton(x, 'the Triton depthwise convolution', 'MMPOLA_DEPTHWISE_CONV=torch')
-    x, weight, bias = autocast_operands(x.device.type, x, weight, bias)
-    if not (x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)):
+    dtype = autocast_dtype(x.device.type)
+    if dtype is not None:  # x in the autocast dtype, as the library convolution casts it
+        x = x.to(dtype)
+        # float32 weights and bias as they are: the kernels read them in float32, where the library convolution's
+        # autocast convolves by copies rounded to x's dtype (two casts in the forward, two in the backward)
+        if weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+            weight, bias = autocast_operands(x.device.type, weight, bias)
+    if not ((x.dtype == weight.dtype or dtype is not None) and (bias is None or bias.dtype == weight.dtype)):
         raise TypeError(f'depthwise_conv2d expects x, weight and bias of one dtype, got {x.dtype}, {weight.dtype}'
                         f'{", " + str(bias.dtype) if bias is not None else ""}')
     if residual is not None and residual.shape != x.shape:

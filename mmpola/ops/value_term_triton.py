@@ -160,13 +160,12 @@ class _ValueTermTriton(torch.autograd.Function):
         groups = 1 if per_sample else heads  # the maps per image
         out, saved, state = core(q, k, v, bias, params, heads, options)
         maps = _maps(v_term, hw, groups)
-        # the convolution's parameters in the values' dtype, as the convolution's autocast casts them
-        conv = weight.to(v_term.dtype), None if conv_bias is None else conv_bias.to(v_term.dtype)
+        # the convolution's parameters as they are: the kernels read them in float32 (no copy rounded to the
+        # values' dtype, as the library convolution's autocast would make) and give their gradients in their dtype
         residual = _maps(out, hw, groups if out.dim() == 3 else None)
-        total = _convolve(maps, *conv, False, per_sample, residual=residual)  # in out's layout
-        ctx.save_for_backward(*saved, maps, conv[0])
-        ctx.op, ctx.state, ctx.layout = op, state, (groups, hw)
-        ctx.dtypes = weight.dtype, None if conv_bias is None else conv_bias.dtype
+        total = _convolve(maps, weight, conv_bias, False, per_sample, residual=residual)  # in out's layout
+        ctx.save_for_backward(*saved, maps, weight)
+        ctx.op, ctx.state, ctx.layout, ctx.has_bias = op, state, (groups, hw), conv_bias is not None
         return _maps_as_tokens(total)
 
     @staticmethod
@@ -174,16 +173,12 @@ class _ValueTermTriton(torch.autograd.Function):
     def backward(ctx, grad):
         groups, hw = ctx.layout
         *saved, maps, conv_weight = ctx.saved_tensors
-        weight_dtype, conv_bias_dtype = ctx.dtypes
         needs = ctx.needs_input_grad
         grad_maps, grad_weight, grad_conv_bias = _depthwise_backward(
-            maps, conv_weight, _maps(grad, hw, groups), conv_bias_dtype is not None, _CORES[ctx.op][2],
-            (needs[9], needs[4], needs[5]))
+            maps, conv_weight, _maps(grad, hw, groups), ctx.has_bias, _CORES[ctx.op][2], (needs[9], needs[4], needs[5]))
         dq, dk, dv, dbias, dparams = _CORES[ctx.op][1](saved, ctx.state, grad, needs[11:])
         grad_v_term = None if grad_maps is None else _maps_as_tokens(grad_maps)
-        return (None, None, None, None, None if grad_weight is None else grad_weight.to(weight_dtype),
-                None if grad_conv_bias is None else grad_conv_bias.to(conv_bias_dtype), dq, dk, dv, grad_v_term,
-                dbias, *dparams)
+        return (None, None, None, None, grad_weight, grad_conv_bias, dq, dk, dv, grad_v_term, dbias, *dparams)
 
 
 def _joined(function, op, q, k, v, v_term, params, heads, dwc_weight, dwc_bias, hw, options, key_bias):
@@ -216,7 +211,7 @@ def pola_value_term_triton(q, k, v, v_term, power, scale, dwc_weight, dwc_bias, 
     values for the term, v itself or a second view of it); power: the raw exponent logit (1, h, 1, d), which
     gives the heads h; scale: the raw temperature logit (1, 1, C); key_bias: None or the keys' encoding
     (1, N, C) in k's dtype; dwc_weight (d, 1, k, k) and dwc_bias (d, ) or None: the depthwise convolution
-    shared by the heads, read in the values' dtype. Returns (B, N, C) in q's dtype: per head,
+    shared by the heads, read as they are (in float32 by the kernels). Returns (B, N, C) in q's dtype: per head,
     :func:`~mmpola.ops.pola_triton.pola_attention_triton` of q, k + key_bias, v plus the convolution of
     v_term's map, with the heads merged; q, k, v and v_term in one dtype (the kernels compute in float32).
     The results of the two ops called apart, bit for bit (module docstring)."""
@@ -238,7 +233,7 @@ def flatten_value_term_triton(q, k, v, v_term, scale, num_heads, dwc_weight, dwc
     q, k, v, v_term: (B, N, C) tokens of H x W = ``hw`` (any strides; v_term: the values for the term, v itself
     or a second view of it); scale: the raw temperature logit (1, 1, C); num_heads: h; key_bias: None or the
     keys' encoding (1, N, C) in k's dtype; dwc_weight (d, 1, k, k) and dwc_bias (d, ) or None: the depthwise
-    convolution shared by the heads, read in the values' dtype. Returns (B, N, C) in q's dtype:
+    convolution shared by the heads, read as they are (in float32 by the kernels). Returns (B, N, C) in q's dtype:
     :func:`~mmpola.ops.flatten_triton.flatten_attention_triton` of q, k + key_bias, v plus, per head, the
     convolution of v_term's map; q, k, v and v_term in one dtype (the kernels compute in float32). The results
     of the two ops called apart, bit for bit (module docstring)."""
@@ -255,7 +250,7 @@ def inline_value_term_triton(q, k, v, v_term, num_heads, kernels, hw):
 
     q, k, v, v_term: (B, N, C) tokens of H x W = ``hw`` (any strides; v_term: the values for the residual, v itself
     or a second view of it); num_heads: h; kernels: (B, C, k, k), k odd, the residual's depthwise kernels of each
-    image and channel, read in the values' dtype. Returns (B, N, C) in q's dtype:
+    image and channel, read as they are (in float32 by the kernels). Returns (B, N, C) in q's dtype:
     :func:`~mmpola.ops.inline_triton.inline_attention_triton` of q, k, v plus the convolution of v_term's map by
     each image's kernels (:func:`~mmpola.ops.depthwise.depthwise_conv2d` with ``per_sample=True``); q, k, v and
     v_term in one dtype (the kernels compute in float32). The results of the two ops called apart, bit for bit

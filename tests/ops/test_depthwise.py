@@ -116,18 +116,34 @@ def test_half_precision_inputs(dtype, tol):
 
 
 def test_autocast_computes_in_the_autocast_dtype():
-    """Under autocast the kernels take the autocast dtype, as the convolution does; the parameters'
-    gradients come back in their own dtype."""
+    """Under autocast the kernels take the input in the autocast dtype and give the output in it, as the
+    convolution does; float32 weights and bias are read as they are, not rounded to the autocast dtype (no cast
+    dispatched either way: the convolution's autocast casts them forward and their gradients back), and their
+    gradients come back in float32, summed in float32 without rounding to the autocast dtype."""
     x, weight, bias, g = make_inputs(1, 32, 7, 9, 5)
+    weight = weight + 2 ** -12  # values that bfloat16 does not hold
     dtype = torch.bfloat16
     leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    grad = g.to(dtype)
+    with DispatchedOps() as ops:
+        with torch.autocast(DEVICE, dtype=dtype):
+            out = depthwise_conv2d_triton(*leaves)
+        out.backward(grad)
+    casts = [shape for name, shape in zip(ops.names, ops.shapes) if name == '_to_copy']
+    assert casts == [x.shape] * 2, casts  # the input's, as the convolution casts it, and its gradient's back
     with torch.autocast(DEVICE, dtype=dtype):
-        out = depthwise_conv2d_triton(*leaves)
         expected = library(x, weight, bias)
     assert out.dtype == expected.dtype == dtype
     assert relative_error(out, expected) <= 3e-2
-    out.backward(g.to(dtype))
     assert [t.grad.dtype for t in leaves] == [torch.float32] * 3
+    # against float64 on the rounded input and gradient: the weights unrounded, their gradients summed in float32
+    xr, gr = x.to(dtype).double().requires_grad_(), g.to(dtype).double()
+    wd, bd = weight.double().requires_grad_(), bias.double().requires_grad_()
+    exact = library(xr, wd, bd)
+    exact.backward(gr)
+    assert relative_error(out, exact) <= 2 ** -8  # the output's own rounding
+    assert relative_error(leaves[0].grad, xr.grad) <= 2 ** -7  # rounded to bfloat16 on the way back, as the input
+    assert relative_error(leaves[1].grad, wd.grad) <= 1e-5 and relative_error(leaves[2].grad, bd.grad) <= 1e-5
 
 
 def test_deterministic():

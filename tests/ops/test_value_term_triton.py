@@ -38,6 +38,11 @@ def _inputs(op, B, heads, hw, d, dtype, seed=0, kernel=5):
     return [t.requires_grad_() for t in leaves], torch.randn(B, N, C, generator=g).to(DEVICE, dtype)
 
 
+def _autocast(dtype):
+    """Autocast to ``dtype`` on the tests' device, where it is not float32."""
+    return torch.autocast(torch.device(DEVICE).type, dtype, enabled=dtype != torch.float32)
+
+
 def _split(projection, C):
     q, k, v, _ = projection.unflatten(-1, (4, C)).unbind(-2)
     return q, k, v, v.view_as(v)
@@ -75,9 +80,9 @@ def _apart(op, leaves, hw, heads, with_bias=True, with_conv_bias=True):
         return t.unflatten(2, hw).permute(0, 1, 4, 2, 3)
 
     conv_weight = weight.view(d, *weight.shape[2:], 1).permute(0, 3, 1, 2)  # as DepthwiseConv2d passes it
-    dtype = projection.dtype
-    total = depthwise_conv2d_triton(maps(split(v_term)), conv_weight.to(dtype),
-                                    bias.to(dtype) if with_conv_bias else None, residual=maps(out))
+    with _autocast(projection.dtype):  # as the modules run it: the float32 weights read as they are
+        total = depthwise_conv2d_triton(maps(split(v_term)), conv_weight, bias if with_conv_bias else None,
+                                        residual=maps(out))
     return total.permute(0, 1, 3, 4, 2).reshape(B, heads, N, d).transpose(1, 2).reshape(B, N, C)
 
 
@@ -198,8 +203,9 @@ def _inline_apart(leaves, hw, heads):
     B, C = projection.shape[0], kernels.shape[1]
     q, k, v, v_term = _split(projection, C)
     out = inline_attention_triton(q, k, v, heads)
-    total = depthwise_conv2d_triton(v_term.reshape(B, *hw, C).permute(0, 3, 1, 2), kernels.to(v.dtype), None,
-                                    per_sample=True, residual=out.transpose(1, 2).unflatten(2, hw))
+    with _autocast(v.dtype):  # the float32 kernels read as they are
+        total = depthwise_conv2d_triton(v_term.reshape(B, *hw, C).permute(0, 3, 1, 2), kernels, None,
+                                        per_sample=True, residual=out.transpose(1, 2).unflatten(2, hw))
     return total.flatten(2).transpose(1, 2)
 
 
