@@ -73,8 +73,9 @@ def value_term_joins(op, attn_impl, fp32, conv_impl, q, k, v, v_term, conv_weigh
     the two ops called apart compute for these operands (tokens (B, N, C) of h = ``heads`` heads; ``conv_weight``:
     the convolution's shared weight, or InLine's kernels per image): the op with ``impl=attn_impl, fp32=fp32`` and
     the depthwise convolution by ``conv_impl`` (``'auto'``, ``'torch'`` or ``'triton'``) both resolve to their
-    Triton kernels, which take the operands as they are (one dtype, with elements; the convolution reads its
-    weight in it: the autocast dtype under autocast), and the core's kernels do not turn the head dim down."""
+    Triton kernels, which take the operands as they are (one dtype, with elements: the autocast dtype under
+    autocast, where the convolution reads a float32 weight as it is; else the weight's), and the core's kernels do
+    not turn the head dim down."""
     if q.numel() == 0 or k.numel() == 0 or len({q.dtype, k.dtype, v.dtype, v_term.dtype}) > 1:
         return False
     device = q.device
@@ -82,7 +83,9 @@ def value_term_joins(op, attn_impl, fp32, conv_impl, q, k, v, v_term, conv_weigh
         return False
     if conv_impl == 'torch' or conv_impl == 'auto' and auto_impl(v_term) != 'triton':
         return False
-    if (autocast_dtype(device.type) or conv_weight.dtype) != v_term.dtype:
+    dtype = autocast_dtype(device.type)
+    if dtype is None and conv_weight.dtype != v_term.dtype or \
+            dtype is not None and (v_term.dtype != dtype or conv_weight.dtype not in (dtype, torch.float32)):
         return False
     return triton_unsupported(device, q.dtype, head_dim=q.shape[-1] // heads) is None
 

@@ -171,7 +171,9 @@ def test_the_joined_function_applies_where_both_ops_resolve_to_their_kernels_on_
     assert not joins(operands=(q[:, :0], k[:, :0], v[:, :0], v_term[:, :0]))  # nothing to launch
     with torch.autocast(torch.device(DEVICE).type, torch.bfloat16):
         assert not joins()  # float32 values under bf16 autocast: the convolution would cast them
-        assert joins(operands=tuple(t.bfloat16() for t in (q, k, v, v_term)))
+        half = tuple(t.bfloat16() for t in (q, k, v, v_term))
+        assert joins(operands=half) and joins(operands=half, conv_weight=weight.bfloat16())  # read as they are
+        assert not joins(operands=half, conv_weight=weight.half())  # the convolution would cast it
 
 
 def _inline_inputs(B, heads, hw, d, dtype, seed=0, kernel=3):
