@@ -84,8 +84,10 @@ def value_term_joins(op, attn_impl, fp32, conv_impl, q, k, v, v_term, conv_weigh
     if conv_impl == 'torch' or conv_impl == 'auto' and auto_impl(v_term) != 'triton':
         return False
     dtype = autocast_dtype(device.type)
-    if dtype is None and conv_weight.dtype != v_term.dtype or \
-            dtype is not None and (v_term.dtype != dtype or conv_weight.dtype not in (dtype, torch.float32)):
+    if dtype is None:  # the weight in the values' dtype
+        if conv_weight.dtype != v_term.dtype:
+            return False
+    elif v_term.dtype != dtype or conv_weight.dtype not in (dtype, torch.float32):  # a float32 weight read as it is
         return False
     return triton_unsupported(device, q.dtype, head_dim=q.shape[-1] // heads) is None
 
