@@ -69,6 +69,7 @@ OBJECTS_PER_IMAGE = (5, 15)
 SYNC_OPS = tuple(f'aten::{name}' for name in HOST_READ_OPS) + ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
                                                               'cudaEventSynchronize')
 TOP_OPS = 15
+HOST_OWN_CODE = ' (own code)'  # a part's range in the host table: its time outside the ops and calls it made
 MEMORY_TEXT = {
     'cuda': 'torch.cuda.max_memory_allocated() over the timed iterations (weights, gradients, optimizer state, '
             'activations)',
@@ -658,6 +659,13 @@ def summarize_profile(profiler, wall_seconds, device):
                                                                       for e in device_events)]
         op_times = ((e.name, e.self_device_time_total) for e in cpu_events
                     if e.name not in labels and not e.is_async and e.self_device_time_total > 0)
+        # the host's side: what the CPU spent in each op, CUDA runtime call (launches, cudaMalloc, syncs) and
+        # part's own code (a part's range's self time: Python, Triton's launches and compilations, hooks)
+        host = [(e.name + (HOST_OWN_CODE if e.name in labels else ''), e.self_cpu_time_total) for e in cpu_events
+                if not e.is_async]
+        summary['top_host'] = [dict(name=name, calls=calls, self_ms=us / 1e3,
+                                    percent=100 * us / max(1e3 * summary['wall_ms'], 1e-9))
+                               for name, calls, us in _top_by_time(host)]
     else:
         aten = [e for e in cpu_events if e.name.startswith('aten::')]
         summary['aten_ops'] = len(aten)
@@ -689,6 +697,11 @@ def summarize_profile(profiler, wall_seconds, device):
     return summary
 
 
+def _name_cell(name):
+    """An op's or kernel's name as a table cell: at most 90 characters, no column separator."""
+    return (name if len(name) <= 90 else name[:87] + '...').replace('|', '/')
+
+
 def render_profile(summary, title):
     cuda = summary['device'] == 'cuda'
     lines = [f'## Profile of one training iteration: {title}', '']
@@ -709,14 +722,20 @@ def render_profile(summary, title):
     lines += ['', f'### Top {TOP_OPS} ops by {what}', '', f'| op | calls | {what} ms | % of total |',
               '|---|---:|---:|---:|']
     for op in summary['top_ops']:
-        name = op['name'] if len(op['name']) <= 90 else op['name'][:87] + '...'
-        lines.append(f"| {name.replace('|', '/')} | {op['calls']} | {op['self_ms']:.2f} | {op['percent']:.1f} |")
+        lines.append(f"| {_name_cell(op['name'])} | {op['calls']} | {op['self_ms']:.2f} | {op['percent']:.1f} |")
     if cuda:
         lines += ['', f'### Top {TOP_OPS} kernels by device time', '', '| kernel | launches | device ms | % of total |',
                   '|---|---:|---:|---:|']
         for k in summary['top_kernels']:
-            name = k['name'] if len(k['name']) <= 90 else k['name'][:87] + '...'
-            lines.append(f"| {name.replace('|', '/')} | {k['calls']} | {k['ms']:.2f} | {k['percent']:.1f} |")
+            lines.append(f"| {_name_cell(k['name'])} | {k['calls']} | {k['ms']:.2f} | {k['percent']:.1f} |")
+        lines += ['', f'### Top {TOP_OPS} by host time', '',
+                  "The CPU's self time of each op, CUDA runtime call and part's own code "
+                  f"({HOST_OWN_CODE.strip()}: its Python, Triton's launches and compilations, its hooks; the "
+                  "backward's also its wait for autograd's thread, whose ops are rows of their own): where the "
+                  "host's share of a slow iteration goes.", '',
+                  '| op, call or part | calls | self host ms | % of wall time |', '|---|---:|---:|---:|']
+        for op in summary['top_host']:
+            lines.append(f"| {_name_cell(op['name'])} | {op['calls']} | {op['self_ms']:.2f} | {op['percent']:.1f} |")
     lines += ['', '### Time per part of the iteration', '',
               '| part | calls | CPU ms (wall of the range) |' + (' device ms |' if cuda else '') + ' % of iteration |',
               '|---|---:|---:|' + ('---:|' if cuda else '') + '---:|']

@@ -147,7 +147,8 @@ def test_a_config_of_a_missing_package_is_one_line(capsys):
 def test_profile_summary_of_a_cuda_iteration():
     """The CUDA summary from a made-up event list (this suite has no GPU): kernels and device time come
     from the device's events (range annotations on its timeline are not kernels), a part's device time
-    includes the kernels of backward ops on autograd's own thread, and each kind of sync is counted."""
+    includes the kernels of backward ops on autograd's own thread, each kind of sync is counted, and the host's
+    table has the CPU's self time of ops, runtime calls and each part's own code."""
     from types import SimpleNamespace
 
     import torch
@@ -197,6 +198,14 @@ def test_profile_summary_of_a_cuda_iteration():
     text = TRAIN.render_profile(summary, 'made-up')
     assert '- kernels launched: 2' in text and '| optim_wrapper.backward | 1 | 0.2 | 0.1 | 63.2 |' in text
     assert '| gemm_b | 1 | 0.06 | 63.2 |' in text
+    # the host's side: self CPU time of ops, runtime calls and the parts' own code (wall time 1 ms)
+    host = {entry['name']: (entry['calls'], round(entry['self_ms'], 3)) for entry in summary['top_host']}
+    assert host == {'aten::mm': (2, 0.1), 'optim_wrapper.backward (own code)': (1, 0.2),
+                    'model.backbone (own code)': (1, 0.06), 'cudaDeviceSynchronize': (1, 0.01),
+                    'aten::_local_scalar_dense': (1, 0.01),
+                    'autograd::engine::evaluate_function: MmBackward0': (1, 0.02)}, host
+    assert [entry['name'] for entry in summary['top_host']][:2] == ['optim_wrapper.backward (own code)', 'aten::mm']
+    assert '### Top 15 by host time' in text and '| optim_wrapper.backward (own code) | 1 | 0.20 | 20.0 |' in text
 
 
 def test_triton_compilations_are_counted_while_asked_and_the_hook_restored():
