@@ -106,6 +106,7 @@ from benchmark_host import (  # noqa: E402
     h100_dry_run,
     python_calls,
     step_counts,
+    triton_launch_seconds,
 )
 from benchmark_memory import bench_memory, saved_for_backward  # noqa: E402
 
@@ -903,8 +904,11 @@ def bench_ops(args, device):
 def bench_host(args, device):
     """The host's time of a training step of each backbone, its compute taken out (tools/benchmark_host.py): a
     narrowed layout's step on the CPU (min and median of ``args.repeat`` after a warm-up, the rows in turn), its
-    Python calls, dispatched operators and Triton launches."""
+    Python calls, dispatched operators and Triton launches, and the time of those launches down Triton's own
+    launch path (:func:`benchmark_host.triton_launch_seconds`)."""
     from benchmark_train import variant_set, variants
+
+    from mmpola.ops.triton_support import interpreting
     if device.type != 'cpu':
         raise SystemExit("host measures the host's share on the CPU; on a GPU, `backbone --device cuda --backward` "
                          'prints the host time of each pass beside its time')
@@ -918,8 +922,10 @@ def bench_host(args, device):
     steps = {row: backbone_pass(build_narrowed(*specs[row[0]]), torch.randn(args.batch, 3, height, width),
                                 backward=True, amp=args.amp) for row in rows}
     times = {row: [] for row in rows}
-    print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches |')
-    print('|---|---|---:|---:|---:|---:|---:|---:|')
+    triton_path = not interpreting()  # the interpreter's kernels would run, not launch
+    print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches | '
+          "Triton's launch path ms |")
+    print('|---|---|---:|---:|---:|---:|---:|---:|---:|')
     with h100_dry_run() as launches, denormals_flushed():
         for row, step in steps.items():
             with variant_set(row[1]):
@@ -936,16 +942,25 @@ def bench_host(args, device):
         for row, step in steps.items():
             with variant_set(row[1]):
                 calls, ops, _, launched, _ = step_counts(step, launches)
+                # the step's launches, made once more down Triton's launch path to a stand-in driver
+                triton_ms = (f'{1e3 * triton_launch_seconds(list(launches), args.repeat):.2f}' if triton_path
+                             else '-')
+            del launches[:]
             name = row[0] + ('' if row[1] is None else f', {row[1][0]}={row[1][1]}')
             print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times[row]):.2f} | '
-                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {launched} |')
+                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {launched} | {triton_ms} |')
     print(f'\nOne training step (forward and backward of the sum of the outputs\' means, train mode) of each '
           f'backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
           f'{args.amp or "off"}, denormals flushed to zero; mmpola\'s backbones in a dry run for an H100 (their '
-          f'Triton launches recorded, not made; counted in the last column). host ms: the fastest of {args.repeat} '
+          f'Triton launches recorded, not made; counted under Triton launches). host ms: the fastest of {args.repeat} '
           f'steps after {args.warmup} (the rows\' steps in turn); Python calls: functions entered (sys.setprofile); '
           'ops: aten operators dispatched. The time is what the host spends on the step where the device does the '
-          'work (tools/benchmark_host.py).')
+          "work (tools/benchmark_host.py). Triton's launch path ms: the step's Triton launches made once more, from "
+          "mmpola's launch call down Triton's own path (its autotuners, argument binding and specialisation, kernel "
+          'cache, grid, launcher) to a driver that stands in for an H100\'s and launches nothing (the fastest of '
+          f'{args.repeat}): what a GPU\'s host pays for them beside the host ms, but for its driver\'s launch calls'
+          + ('' if triton_path else '; not measured under Triton\'s interpreter (TRITON_INTERPRET=1), whose '
+             'kernels run instead of launching') + '.')
 
 
 def bench_optim(args, device):

@@ -20,8 +20,11 @@ column). This command measures the host's share on a machine without a GPU:
   the dispatch and autograd, and the library operators' CPU kernels at these sizes (a few microseconds each,
   about what a GPU's launch of one costs the host), with denormal floats flushed to zero
   (``denormals_flushed``: the dry run's uninitialised outputs would otherwise slow mmpola's rows alone).
-  Triton's own launch path (a few microseconds more per launch on a GPU) is not in it: the launches are
-  counted apart.
+  Triton's own launch path is not in it: the launches are counted apart, and then made once more down
+  Triton's launch path (its autotuners, the binding and specialisation of the arguments, the kernel cache, the
+  grid) to a driver that stands in for the GPU's and launches nothing (:func:`stand_in_driver`,
+  :func:`triton_launch_seconds`), which times the host's cost of the launches but for the launcher's C code and
+  the driver's launch call.
 
 Python calls (functions entered, counted by ``sys.setprofile``) and dispatched operators are counts, the same
 on every machine; the times depend on the CPU's speed, so compare rows of one run.
@@ -40,11 +43,104 @@ HEAD_DIM = 16  # the Triton attention kernels' smallest head dim
 _TIMM_HEADS = {'pvt_v2_b2': (1, 2, 5, 8)}
 
 
+H100 = dict(gpu=True, capability=(9, 0), sm_count=132, shared_memory=227 * 1024)
+
+
 def h100_dry_run():
     """mmpola.ops.triton_support.dry_run for an H100 (sm_90, 132 multiprocessors, 227 KiB of shared memory a
     block): a context yielding the list of the Triton launches made inside, recorded instead of made."""
     from mmpola.ops.triton_support import KernelTarget, dry_run
-    return dry_run(KernelTarget(True, (9, 0), 132, 227 * 1024))
+    return dry_run(KernelTarget(**H100))
+
+
+class _StandInUtils:
+    """What Triton's launch path asks of its CUDA driver's utilities, answered for a GPU that is not there."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_device_properties(self, device):
+        return dict(max_shared_mem=self.target['shared_memory'], multiprocessor_count=self.target['sm_count'],
+                    max_num_regs=65536, warpSize=32)
+
+    def load_binary(self, name, kernel, shared, device):
+        return 1, 1, 0, 0, 1024  # stand-ins of the module and function handles, registers, spills, threads a block
+
+
+class _StandInLauncher:
+    """In the place of Triton's launcher of a compiled kernel, which packs the arguments in C and calls the CUDA
+    driver's launch (a GPU machine's share that this measure leaves out): nothing."""
+
+    def __init__(self, src, metadata):
+        pass
+
+    def __call__(self, *args):
+        pass
+
+
+def stand_in_driver(target=H100):
+    """A context in which Triton's active driver stands in for a CUDA GPU of ``target`` (:data:`H100`): Triton's
+    launch path runs as on that GPU (its autotuners, the binding and specialisation of the arguments, the kernel
+    cache, the grid, its launcher's Python side), compiling each kernel for it at its first launch (as
+    tools/check_triton_kernels.py does; Triton's cache keeps them), but nothing is launched: the host's cost of
+    Triton's launches on a machine without a GPU, but for its launcher's C code and the driver's launch call. The
+    stand-in's benchmarker times nothing, so each autotuner keeps the first config that its pruning leaves. A
+    subclass of Triton's CUDA driver: where this Triton has none of the same shape, the error says so."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime import driver
+
+    class StandInCudaDriver(CudaDriver):
+
+        def __init__(self):  # no CUDA: none of CudaDriver's set-up, which loads the driver's library
+            self.utils = _StandInUtils(target)
+            self.launcher_cls = _StandInLauncher
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            major, minor = target['capability']
+            return GPUTarget('cuda', 10 * major + minor, 32)
+
+        def get_benchmarker(self):
+            return lambda kernel_call, quantiles=None, **kwargs: [1.0] * len(quantiles) if quantiles else 1.0
+
+    @contextlib.contextmanager
+    def active():
+        try:
+            previous = driver.active
+        except RuntimeError:  # no GPU here: Triton makes its driver again when one is asked for
+            previous = None
+        driver.set_active(StandInCudaDriver())
+        try:
+            yield
+        finally:
+            driver.set_active(previous)
+
+    return active()
+
+
+def triton_launch_seconds(launches, repeat):
+    """The fastest of ``repeat`` runs of ``launches`` (the :class:`~mmpola.ops.triton_support.Launch` es of one step,
+    recorded in a dry run for an H100) down mmpola's and Triton's launch paths to the stand-in driver
+    (:func:`stand_in_driver`), after one run that compiles the kernels; inside a dry run for an H100, so that the
+    launch code's choices (the autotuners' pruning) are those of the step."""
+    import time
+
+    from mmpola.ops.triton_support import relaunch
+    best = float('inf')
+    with stand_in_driver(), h100_dry_run():
+        for index in range(repeat + 1):
+            start = time.perf_counter()
+            for recorded in launches:
+                relaunch(recorded)
+            if index:
+                best = min(best, time.perf_counter() - start)
+    return best if launches else 0.0
 
 
 def narrowed(type_name, kwargs):

@@ -40,7 +40,7 @@ from .dispatch import AttnImplUnavailable, autocast_dtype
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
            'kernel_target', 'launch', 'dry_run', 'dry_running', 'Launch', 'tunable', 'fixed_config', 'autotuning',
            'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs', 'key_bias_args',
-           'on_the_tensors_device', 'require_triton', 'autocast_operands', 'dot_precision']
+           'on_the_tensors_device', 'require_triton', 'autocast_operands', 'dot_precision', 'relaunch']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -302,6 +302,13 @@ def launch(kernel, grid, *args, default=None, **kwargs):
         return
     with on_the_tensors_device(args):
         _launch(kernel, grid, args, kwargs, default)
+
+
+def relaunch(recorded):
+    """Make a :class:`Launch` that :func:`dry_run` recorded, as :func:`launch` makes one outside a dry run (Triton
+    launches it on the current device): for a benchmark that sends a step's launches down Triton's own launch
+    path to a driver that stands in for a GPU's (tools/benchmark_host.py)."""
+    _launch(recorded.kernel, recorded.grid, recorded.args, recorded.kwargs, recorded.default)
 
 
 def on_the_tensors_device(args):

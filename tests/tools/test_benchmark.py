@@ -9,6 +9,8 @@ import torch
 from mmpola.models.backbones import PRESETS
 from mmpola.ops import OPS, pola_attention_reference, register_attention_impl
 from tests.fixtures.ops import kernels_compiled, op_tables_restored
+from tests.fixtures.paths import PYTHON
+from tests.fixtures.runs import run_tool
 from tests.fixtures.tools import load_tool
 
 BENCH = load_tool('benchmark')
@@ -567,6 +569,7 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
         assert 0 < float(cells[3]) <= float(cells[4])
         assert int(cells[5]) > 1000 and int(cells[6]) > 1000, cells
     assert rows['pvt-t'][7] == '0'
+    assert all(cells[8] == '-' for cells in rows.values())  # the interpreter's kernels would run: not timed
     assert 0 < int(rows['pola-pvt-t'][7]) < int(rows['pola-pvt-t, MMPOLA_RECOMPUTE=triton'][7])
     assert int(rows['pola-pvt-t, MMPOLA_DEPTHWISE_CONV=torch'][7]) < int(rows['pola-pvt-t'][7])  # library convs
     assert os.environ['MMPOLA_RECOMPUTE'] == 'auto' and 'MMPOLA_DEPTHWISE_CONV' not in os.environ
@@ -574,6 +577,38 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
     assert torch.tensor([1e-39]).mul(2).item() != 0
     with pytest.raises(SystemExit, match='backbone --device cuda'):
         BENCH.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))
+
+
+def test_host_times_the_triton_launches_down_triton_s_own_launch_path(tmp_path):
+    """Outside the interpreter, `host` makes each step's Triton launches once more down Triton's launch path (the
+    autotuners, the binding of the arguments, the kernel cache) to a driver standing in for an H100's, compiling
+    the kernels for it: the host's cost of the launches that the dry run only records. The library's backbones
+    launch none."""
+    out = run_tool([PYTHON, 'tools/benchmark.py', 'host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '1',
+                    '--warmup', '1'], env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
+    rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
+            for line in out.splitlines() if line.startswith(('| pola-pvt-t', '| pvt-t'))}
+    assert int(rows['pola-pvt-t'][7]) > 0 and float(rows['pola-pvt-t'][8]) > 0, out
+    assert rows['pvt-t'][7] == '0' and float(rows['pvt-t'][8]) == 0, out
+    assert "down Triton's own path" in out
+
+
+def test_the_stand_in_driver_is_triton_s_driver_inside_only():
+    """Inside, Triton's active driver answers for an H100 (compute capability 9.0) on a machine without one; after,
+    Triton's own driver is back (on a machine without a GPU: made again when asked for)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    def active():
+        try:
+            return driver.active
+        except RuntimeError:  # no GPU here
+            return None
+    before = active()
+    with HOST.stand_in_driver():
+        assert driver.active.get_current_target() == GPUTarget('cuda', 90, 32)
+        assert driver.active.utils.get_device_properties(0)['max_shared_mem'] == 227 * 1024
+    assert type(active()) is type(before)
 
 
 # What one training step of each of mmpola's backbones costs the host, as `host` counts it (its narrowed layout,
