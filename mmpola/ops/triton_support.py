@@ -14,7 +14,8 @@ A kernel whose blocks are worth tuning (:func:`tunable`) is a ``triton.autotune`
 keyed on its compile-time head dim block and the arguments' dtypes, never on the token count (it
 changes at every detection iteration). :func:`launch` with ``default=`` runs it: on a GPU Triton picks
 the fastest config at the first launch of a key (it compiles and times each config once per process;
-compiled kernels stay in Triton's disk cache for later processes); under the interpreter, in torch's
+compiled kernels stay in Triton's disk cache for later processes), and later launches of the key run that
+config without the autotuner (:func:`tuning_key`); under the interpreter, in torch's
 deterministic mode (``torch.use_deterministic_algorithms(True)``), with ``MMPOLA_TRITON_AUTOTUNE=0`` and
 inside :func:`fixed_config` it runs one given config (the launch code's ``default``, or the named one)
 without timing. The launch code makes the grids and the partial-sum buffers independent of the config
@@ -40,7 +41,8 @@ from .dispatch import AttnImplUnavailable, autocast_dtype
 __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTYPES', 'KernelTarget',
            'kernel_target', 'launch', 'dry_run', 'dry_running', 'Launch', 'tunable', 'fixed_config', 'autotuning',
            'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs', 'key_bias_args',
-           'on_the_tensors_device', 'require_triton', 'autocast_operands', 'dot_precision', 'relaunch']
+           'on_the_tensors_device', 'require_triton', 'autocast_operands', 'dot_precision', 'relaunch',
+           'tuning_key']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -334,7 +336,48 @@ def _launch(kernel, grid, args, kwargs, default):
                 default = {**default, **_INTERPRETER_DEFAULTS[kernel]}
             _launch_first_fitting(kernel, grid, args, kwargs, default)
             return
+        else:
+            _launch_tuned(kernel, grid, args, kwargs)
+            return
     kernel[grid](*args, **kwargs)
+
+
+# the config each tunable kernel's autotuner chose, by what it keys the choice on (:func:`tuning_key`): the
+# autotuner computes its key from every argument at each launch, a host cost about that of the launch itself, so
+# a launch of a key it has chosen for goes to the kernel with that config directly
+_CHOSEN = {}
+_TENSOR_POSITIONS = {}  # (tunable kernel, number of arguments): where its launches pass tensors (its pointers)
+
+
+def tuning_key(tuner, args, kwargs):
+    """What autotuner ``tuner`` keys its choice of config on for a launch with ``args`` and ``kwargs``: the
+    values of its key arguments and the dtypes of the tensor arguments (found at the positions of the kernel's
+    first launch with as many arguments, its pointers; all are looked at where those hold no tensor)."""
+    key = [kwargs[name] if name in kwargs else args[tuner.arg_names.index(name)] for name in tuner.keys]
+    positions = _TENSOR_POSITIONS.get((tuner, len(args)))
+    if positions is None:
+        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        _TENSOR_POSITIONS[tuner, len(args)] = positions
+    try:
+        key += [args[i].dtype for i in positions]
+    except AttributeError:
+        key += [None] + [a.dtype for a in args if isinstance(a, torch.Tensor)]
+    key += [v.dtype for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    return tuple(key)
+
+
+def _launch_tuned(tuner, grid, args, kwargs):
+    """Launch tunable kernel ``tuner`` with the config its autotuner chose for this launch's key: through the
+    autotuner the first time (it compiles and times its configs where it has not chosen yet), then directly."""
+    key = (tuner, tuning_key(tuner, args, kwargs))
+    chosen = _CHOSEN.get(key)
+    if chosen is not None:
+        tuner.fn[grid](*args, **kwargs, **chosen)
+        return
+    tuner[grid](*args, **kwargs)
+    config = tuner.best_config
+    if config.pre_hook is None:  # a config's hook runs at each launch: those keep the autotuner's path
+        _CHOSEN[key] = config.all_kwargs()
 
 
 def tuned_configs(tuner, args, kwargs):

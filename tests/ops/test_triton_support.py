@@ -220,6 +220,48 @@ def test_a_default_config_that_does_not_fit_gives_way_to_the_first_that_does(mon
     assert tuner.fn.calls == [64, 64, 16, 32]
 
 
+class _Autotuner:
+    """What launch reads of a triton.autotune that times: its key, argument names, jit function and, after a
+    launch through it, the config it chose (the first whose BLOCK is at least the key's ``d``, as its timing
+    would pick; ``hook``: the configs' pre-launch hook)."""
+
+    def __init__(self, hook=None):
+        import triton
+        self.fn = _Kernel(fits=1024)
+        self.configs = [triton.Config({'BLOCK': block}, num_warps=4, pre_hook=hook) for block in (16, 32, 64)]
+        self.keys, self.arg_names = ['d'], ['x', 'd', 'scale']
+        self.tuned = []  # the keys of the launches made through the autotuner
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.tuned.append((args[1], args[0].dtype))
+            self.best_config = next(c for c in self.configs if c.kwargs['BLOCK'] >= args[1])
+            self.fn[grid](*args, **kwargs, **self.best_config.all_kwargs())
+        return run
+
+
+def test_a_tuned_launch_goes_through_the_autotuner_once_per_key(monkeypatch):
+    """Triton's autotuner computes its key from every argument at each launch, a host cost of the order of the
+    launch itself: where it times configs, a launch of a key it has chosen for (the values of its key arguments,
+    the tensors' dtypes) goes to the kernel with the chosen config directly, the same config it would run."""
+    monkeypatch.setattr(triton_support, 'autotuning', lambda: True)
+    tuner = _Autotuner()
+    x, half = torch.zeros(2), torch.zeros(2, dtype=torch.float16)
+    for args in ((x, 20, 1.0), (x, 20, 2.0), (x, 20, 1.0), (half, 20, 1.0), (x, 40, 1.0), (x, 40, 3.0),
+                 (half, 20, 1.0)):
+        launch(tuner, (1, ), *args, default=dict(BLOCK=16, num_warps=4))
+    # the autotuner chose once per key: d and the tensors' dtypes, not the other scalars
+    assert tuner.tuned == [(20, torch.float32), (20, torch.float16), (40, torch.float32)]
+    assert tuner.fn.calls == [32, 32, 32, 32, 64, 64, 32]  # each launch with its key's config
+    assert triton_support.tuning_key(tuner, (x, 20, 1.0), {}) == (20, torch.float32)
+    assert triton_support.tuning_key(tuner, (x, ), dict(d=20, scale=x.half())) == (20, torch.float32, torch.float16)
+    # configs with a pre-launch hook (run at each launch by the autotuner) keep its path
+    hooked = _Autotuner(hook=lambda args: None)
+    for _ in range(3):
+        launch(hooked, (1, ), x, 20, 1.0, default=dict(BLOCK=16, num_warps=4))
+    assert len(hooked.tuned) == 3
+
+
 def test_kernels_launch_on_their_tensors_device(monkeypatch):
     """Triton launches on the current CUDA device: a launch whose first CUDA tensor is on another device (a model
     on cuda:1 in a process whose current device is 0) makes that device current for the launch."""
