@@ -902,10 +902,10 @@ def bench_ops(args, device):
 
 
 def bench_host(args, device):
-    """The host's time of a training step of each backbone, its compute taken out (tools/benchmark_host.py): a
-    narrowed layout's step on the CPU (min and median of ``args.repeat`` after a warm-up, the rows in turn), its
-    Python calls, dispatched operators and Triton launches, and the time of those launches down Triton's own
-    launch path (:func:`benchmark_host.triton_launch_seconds`)."""
+    """The host's time of a training step (``--forward``: an inference forward) of each backbone, its compute taken
+    out (tools/benchmark_host.py): a narrowed layout's step on the CPU (min and median of ``args.repeat`` after a
+    warm-up, the rows in turn), its Python calls, dispatched operators and Triton launches, and the time of those
+    launches down Triton's own launch path (:func:`benchmark_host.triton_launch_seconds`)."""
     from benchmark_train import variant_set, variants
 
     from mmpola.ops.triton_support import interpreting
@@ -919,8 +919,12 @@ def bench_host(args, device):
     asked = list(args.also_with) + (['MMPOLA_RECOMPUTE=triton'] if args.compare_recompute else [])
     rows += [(name, variant) for variant in variants(argparse.Namespace(also_with=asked))[1:] for name in args.models
              if not specs[name][0].startswith(('mmdet.', 'timm:'))]
-    steps = {row: backbone_pass(build_narrowed(*specs[row[0]]), torch.randn(args.batch, 3, height, width),
-                                backward=True, amp=args.amp) for row in rows}
+    steps = {}
+    for row in rows:
+        model = build_narrowed(*specs[row[0]])
+        model.train(not args.forward)  # mmdet's Swin returns None from train()
+        steps[row] = backbone_pass(model, torch.randn(args.batch, 3, height, width), backward=not args.forward,
+                                   amp=args.amp)
     times = {row: [] for row in rows}
     triton_path = not interpreting()  # the interpreter's kernels would run, not launch
     print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches | '
@@ -949,8 +953,9 @@ def bench_host(args, device):
             name = row[0] + ('' if row[1] is None else f', {row[1][0]}={row[1][1]}')
             print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times[row]):.2f} | '
                   f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {launched} | {triton_ms} |')
-    print(f'\nOne training step (forward and backward of the sum of the outputs\' means, train mode) of each '
-          f'backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
+    what = ('One inference forward (eval mode, without autograd: what evaluation and inference run)' if args.forward
+            else 'One training step (forward and backward of the sum of the outputs\' means, train mode)')
+    print(f'\n{what} of each backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
           f'{args.amp or "off"}, denormals flushed to zero; mmpola\'s backbones in a dry run for an H100 (their '
           f'Triton launches recorded, not made; counted under Triton launches). host ms: the fastest of {args.repeat} '
           f'steps after {args.warmup} (the rows\' steps in turn); Python calls: functions entered (sys.setprofile); '
@@ -1337,14 +1342,18 @@ def parse_args(argv=None):
     kernel_options(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 
-    host = sub.add_parser('host', help="the host's time of a training step of each backbone, its compute taken out "
-                          '(on the CPU: layouts narrowed, Triton launches recorded; tools/benchmark_host.py)')
+    host = sub.add_parser('host', help="the host's time of a training step (or with --forward an inference forward) "
+                          'of each backbone, its compute taken out (on the CPU: layouts narrowed, Triton launches '
+                          'recorded; tools/benchmark_host.py)')
     common(host)
     host.set_defaults(threads=1, memory=False)  # the host's code runs on one thread; it measures no memory
     host.add_argument('--models', nargs='+', default=list(HOST_BACKBONES), choices=list(HOST_BACKBONES))
     host.add_argument('--size', default='64x96', help='S or HxW')
     host.add_argument('--batch', type=int, default=1)
     host.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype of the forward')
+    host.add_argument('--forward', action='store_true',
+                      help='time the forward alone, in eval mode without autograd (evaluation and inference) '
+                      'instead of a training step')
     host.add_argument('--repeat', type=int, default=30)
     host.add_argument('--warmup', type=int, default=5)
     host.add_argument('--also-with', action='append', default=[], metavar='VARIABLE=VALUE',

@@ -593,6 +593,23 @@ def test_host_times_the_triton_launches_down_triton_s_own_launch_path(tmp_path):
     assert "down Triton's own path" in out
 
 
+def test_host_forward_times_the_inference_forward(capsys):
+    """`host --forward` times what evaluation runs: the forward in eval mode without autograd, which dispatches
+    fewer operators and launches than a training step (mmdet's Swin, whose train() returns None, included)."""
+    threads = torch.get_num_threads()
+    try:
+        BENCH.main(['host', '--forward', '--models', 'pola-pvt-t', 'swin-t', '--repeat', '1', '--warmup', '1'])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
+            for line in out.splitlines() if line.startswith(('| pola-pvt-t', '| swin-t'))}
+    assert set(rows) == {'pola-pvt-t', 'swin-t'} and 'One inference forward (eval mode, without autograd' in out
+    counts = _host_counts('pola-pvt-t')  # a training step's (bf16)
+    assert 0 < int(rows['pola-pvt-t'][6]) < counts[1] / 2 and 0 < int(rows['pola-pvt-t'][7]) < counts[3] / 2
+    assert rows['swin-t'][7] == '0'
+
+
 def test_the_stand_in_driver_is_triton_s_driver_inside_only():
     """Inside, Triton's active driver answers for an H100 (compute capability 9.0) on a machine without one; after,
     Triton's own driver is back (on a machine without a GPU: made again when asked for)."""
