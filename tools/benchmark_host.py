@@ -53,6 +53,9 @@ def h100_dry_run():
     return dry_run(KernelTarget(**H100))
 
 
+STAND_IN_DEVICE = 'stand-in'  # the device the stand-in driver says is current
+
+
 class _StandInUtils:
     """What Triton's launch path asks of its CUDA driver's utilities, answered for a GPU that is not there."""
 
@@ -81,11 +84,14 @@ class _StandInLauncher:
 def stand_in_driver(target=H100):
     """A context in which Triton's active driver stands in for a CUDA GPU of ``target`` (:data:`H100`): Triton's
     launch path runs as on that GPU (its autotuners, the binding and specialisation of the arguments, the kernel
-    cache, the grid, its launcher's Python side), compiling each kernel for it at its first launch (as
-    tools/check_triton_kernels.py does; Triton's cache keeps them), but nothing is launched: the host's cost of
-    Triton's launches on a machine without a GPU, but for its launcher's C code and the driver's launch call. The
-    stand-in's benchmarker times nothing, so each autotuner keeps the first config that its pruning leaves. A
-    subclass of Triton's CUDA driver: where this Triton has none of the same shape, the error says so."""
+    cache, the grid, the launch metadata), compiling each kernel for it at its first launch (as
+    tools/check_triton_kernels.py does; Triton's disk cache keeps them), but nothing is launched: the host's cost
+    of Triton's launches on a machine without a GPU, but for its launcher (packing the arguments in C) and the
+    driver's launch call. The stand-in's benchmarker times nothing, so each autotuner keeps the first config
+    that its pruning leaves; those choices are forgotten after
+    (:func:`mmpola.ops.triton_support.choices_kept`), and Triton keeps the kernels loaded for the stand-in apart
+    from a real GPU's (:data:`STAND_IN_DEVICE`), so that a process with a GPU launches as before after it. A
+    subclass of Triton's CUDA driver (an older or newer Triton without one fails at the import)."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.driver import CudaDriver
     from triton.runtime import driver
@@ -97,7 +103,7 @@ def stand_in_driver(target=H100):
             self.launcher_cls = _StandInLauncher
 
         def get_current_device(self):
-            return 0
+            return STAND_IN_DEVICE  # Triton keeps its kernels per device: apart from a real GPU's
 
         def get_current_stream(self, device=None):
             return 0
@@ -111,13 +117,15 @@ def stand_in_driver(target=H100):
 
     @contextlib.contextmanager
     def active():
+        from mmpola.ops.triton_support import choices_kept
         try:
             previous = driver.active
         except RuntimeError:  # no GPU here: Triton makes its driver again when one is asked for
             previous = None
         driver.set_active(StandInCudaDriver())
         try:
-            yield
+            with choices_kept():  # the untimed choices made inside do not outlive it
+                yield
         finally:
             driver.set_active(previous)
 

@@ -42,7 +42,7 @@ __all__ = ['interpreting', 'triton_available', 'triton_unsupported', 'KERNEL_DTY
            'kernel_target', 'launch', 'dry_run', 'dry_running', 'Launch', 'tunable', 'fixed_config', 'autotuning',
            'FULL_SHARED_MEMORY', 'shared_memory_unsupported', 'tuned_configs', 'key_bias_args',
            'on_the_tensors_device', 'require_triton', 'autocast_operands', 'dot_precision', 'relaunch',
-           'tuning_key']
+           'tuning_key', 'choices_kept']
 
 # the input dtypes the kernels load (they accumulate in float32; float64 only in the interpreter)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -238,6 +238,7 @@ _DRY_RUNS = []
 
 
 _INTERPRETER_DEFAULTS = {}  # tunable kernel: what Triton's interpreter runs over its launch's default
+_TUNERS = []  # every tunable kernel
 
 
 def tunable(configs, key, prune=None, interpreter=None):
@@ -255,6 +256,7 @@ def tunable(configs, key, prune=None, interpreter=None):
         tuner = triton.autotune(configs=list(configs), key=list(key), prune_configs_by=prune_by)(fn)
         if interpreter:
             _INTERPRETER_DEFAULTS[tuner] = dict(interpreter)
+        _TUNERS.append(tuner)
         return tuner
 
     return wrap
@@ -304,6 +306,22 @@ def launch(kernel, grid, *args, default=None, **kwargs):
         return
     with on_the_tensors_device(args):
         _launch(kernel, grid, args, kwargs, default)
+
+
+@contextlib.contextmanager
+def choices_kept():
+    """A context after which the configs every tunable kernel has chosen are those it had chosen before it (its
+    autotuner's and :func:`launch`'s records): for a benchmark whose launches time nothing (a driver that stands in
+    for a GPU's: tools/benchmark_host.py), so that what it chose untimed is not what later launches run."""
+    chosen, tuned = dict(_CHOSEN), [dict(tuner.cache) for tuner in _TUNERS]
+    try:
+        yield
+    finally:
+        _CHOSEN.clear()
+        _CHOSEN.update(chosen)
+        for tuner, cache in zip(_TUNERS, tuned):
+            tuner.cache.clear()
+            tuner.cache.update(cache)
 
 
 def relaunch(recorded):

@@ -260,6 +260,13 @@ def test_a_tuned_launch_goes_through_the_autotuner_once_per_key(monkeypatch):
     for _ in range(3):
         launch(hooked, (1, ), x, 20, 1.0, default=dict(BLOCK=16, num_warps=4))
     assert len(hooked.tuned) == 3
+    # a benchmark whose launches time nothing leaves no choice behind
+    chosen, real = dict(triton_support._CHOSEN), triton_support._TUNERS[0]
+    with triton_support.choices_kept():
+        launch(_Autotuner(), (1, ), x, 20, 1.0, default=dict(BLOCK=16, num_warps=4))
+        real.cache[('made-up', )] = real.configs[0]
+        assert len(triton_support._CHOSEN) == len(chosen) + 1
+    assert triton_support._CHOSEN == chosen and ('made-up', ) not in real.cache
 
 
 def test_kernels_launch_on_their_tensors_device(monkeypatch):

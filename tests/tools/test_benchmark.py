@@ -624,6 +624,7 @@ def test_the_stand_in_driver_is_triton_s_driver_inside_only():
     before = active()
     with HOST.stand_in_driver():
         assert driver.active.get_current_target() == GPUTarget('cuda', 90, 32)
+        assert driver.active.get_current_device() == HOST.STAND_IN_DEVICE  # Triton's kernels kept apart from a GPU's
         assert driver.active.utils.get_device_properties(0)['max_shared_mem'] == 227 * 1024
     assert type(active()) is type(before)
 
