@@ -200,8 +200,9 @@ bench-gpu-quick-compile:
 # without a learned mask (SDPA_BACKBONES), and Pola-Swin-T's forward (evaluation: its windows' mask needs no gradient
 # there). Its last rows: the backbones' steps
 # at 64x96, where the device has almost nothing to do, so that the time is the host's on that machine with the real
-# launches (host, before them, records the Triton launches in a dry run instead of making them: the difference is
-# Triton's own cost of the launches).
+# launches (host, before them, records the Triton launches in a dry run instead of making them and times them apart
+# down Triton's launch path to a driver that launches nothing: the rest of the difference is the launcher's and the
+# driver's share of the launches).
 bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
