@@ -962,8 +962,9 @@ def bench_host(args, device):
           'ops: aten operators dispatched. The time is what the host spends on the step where the device does the '
           "work (tools/benchmark_host.py). Triton's launch path ms: the step's Triton launches made once more, from "
           "mmpola's launch call down Triton's own path (its autotuners, argument binding and specialisation, kernel "
-          'cache, grid, launcher) to a driver that stands in for an H100\'s and launches nothing (the fastest of '
-          f'{args.repeat}): what a GPU\'s host pays for them beside the host ms, but for its driver\'s launch calls'
+          'cache, grid, launch metadata) to a driver that stands in for an H100\'s and launches nothing (the fastest '
+          f'of {args.repeat}): what a GPU\'s host pays for them beside the host ms, but for the launcher\'s C code '
+          'and the driver\'s launch calls'
           + ('' if triton_path else '; not measured under Triton\'s interpreter (TRITON_INTERPRET=1), whose '
              'kernels run instead of launching') + '.')
 
