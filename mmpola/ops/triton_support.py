@@ -387,14 +387,17 @@ def tuning_key(tuner, args, kwargs):
 def _launch_tuned(tuner, grid, args, kwargs):
     """Launch tunable kernel ``tuner`` with the config its autotuner chose for this launch's key: through the
     autotuner the first time (it compiles and times its configs where it has not chosen yet), then directly."""
+    if not hasattr(tuner, 'keys'):  # a Triton whose autotuner does not say what it keys on: its own path
+        tuner[grid](*args, **kwargs)
+        return
     key = (tuner, tuning_key(tuner, args, kwargs))
     chosen = _CHOSEN.get(key)
     if chosen is not None:
         tuner.fn[grid](*args, **kwargs, **chosen)
         return
     tuner[grid](*args, **kwargs)
-    config = tuner.best_config
-    if config.pre_hook is None:  # a config's hook runs at each launch: those keep the autotuner's path
+    config = getattr(tuner, 'best_config', None)  # what it chose (a Triton that does not say: its path each time)
+    if config is not None and getattr(config, 'pre_hook', None) is None:  # a config's hook runs at each launch
         _CHOSEN[key] = config.all_kwargs()
 
 

@@ -223,10 +223,12 @@ def test_a_default_config_that_does_not_fit_gives_way_to_the_first_that_does(mon
 class _Autotuner:
     """What launch reads of a triton.autotune that times: its key, argument names, jit function and, after a
     launch through it, the config it chose (the first whose BLOCK is at least the key's ``d``, as its timing
-    would pick; ``hook``: the configs' pre-launch hook)."""
+    would pick; ``hook``: the configs' pre-launch hook; ``says_its_choice``: whether it keeps that config in
+    ``best_config``)."""
 
-    def __init__(self, hook=None):
+    def __init__(self, hook=None, says_its_choice=True):
         import triton
+        self.says_its_choice = says_its_choice
         self.fn = _Kernel(fits=1024)
         self.configs = [triton.Config({'BLOCK': block}, num_warps=4, pre_hook=hook) for block in (16, 32, 64)]
         self.keys, self.arg_names = ['d'], ['x', 'd', 'scale']
@@ -235,8 +237,10 @@ class _Autotuner:
     def __getitem__(self, grid):
         def run(*args, **kwargs):
             self.tuned.append((args[1], args[0].dtype))
-            self.best_config = next(c for c in self.configs if c.kwargs['BLOCK'] >= args[1])
-            self.fn[grid](*args, **kwargs, **self.best_config.all_kwargs())
+            config = next(c for c in self.configs if c.kwargs['BLOCK'] >= args[1])
+            if self.says_its_choice:
+                self.best_config = config
+            self.fn[grid](*args, **kwargs, **config.all_kwargs())
         return run
 
 
@@ -260,6 +264,14 @@ def test_a_tuned_launch_goes_through_the_autotuner_once_per_key(monkeypatch):
     for _ in range(3):
         launch(hooked, (1, ), x, 20, 1.0, default=dict(BLOCK=16, num_warps=4))
     assert len(hooked.tuned) == 3
+    # an autotuner that does not say what it keys on, or what it chose, is asked at every launch
+    for missing in ('keys', 'best_config'):
+        silent = _Autotuner(says_its_choice=missing != 'best_config')
+        if missing == 'keys':
+            del silent.keys
+        for _ in range(2):
+            launch(silent, (1, ), x, 20, 1.0, default=dict(BLOCK=16, num_warps=4))
+        assert len(silent.tuned) == 2 and silent.fn.calls == [32, 32], missing
     # a benchmark whose launches time nothing leaves no choice behind
     chosen, real = dict(triton_support._CHOSEN), triton_support._TUNERS[0]
     with triton_support.choices_kept():
