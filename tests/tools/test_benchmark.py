@@ -11,7 +11,7 @@ from mmpola.ops import IMPLEMENTATION_VARIABLES, OPS, pola_attention_reference, 
 from tests.fixtures.ops import kernels_compiled, op_tables_restored
 from tests.fixtures.paths import PYTHON
 from tests.fixtures.runs import run_tool
-from tests.fixtures.tools import load_tool
+from tests.fixtures.tools import load_tool, table_rows
 
 BENCH = load_tool('benchmark')
 
@@ -573,8 +573,7 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
         torch.set_num_threads(threads)  # host runs on one thread; the tests after it keep theirs
     out = capsys.readouterr().out
     assert '- threads: 1,' in out and 'peak memory' not in out  # one thread; no memory measured
-    rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
-            for line in out.splitlines() if line.startswith(('| pola-pvt-t', '| pvt-t'))}
+    rows = table_rows(out, 'pola-pvt-t', 'pvt-t')
     assert list(rows) == ['pola-pvt-t', 'pvt-t', 'pola-pvt-t, MMPOLA_DEPTHWISE_CONV=torch',
                           'pola-pvt-t, MMPOLA_RECOMPUTE=triton']
     for name, cells in rows.items():
@@ -599,8 +598,7 @@ def test_host_times_the_triton_launches_down_triton_s_own_launch_path(tmp_path):
     launch none."""
     out = run_tool([PYTHON, 'tools/benchmark.py', 'host', '--models', 'pola-pvt-t', 'pvt-t', '--repeat', '1',
                     '--warmup', '1'], env=dict(TRITON_CACHE_DIR=str(tmp_path), TRITON_INTERPRET='0'))
-    rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
-            for line in out.splitlines() if line.startswith(('| pola-pvt-t', '| pvt-t'))}
+    rows = table_rows(out, 'pola-pvt-t', 'pvt-t')
     assert int(rows['pola-pvt-t'][7]) > 0 and float(rows['pola-pvt-t'][8]) > 0, out
     assert rows['pvt-t'][7] == '0' and float(rows['pvt-t'][8]) == 0, out
     assert "down Triton's own path" in out
@@ -617,8 +615,7 @@ def test_host_forward_times_the_inference_forward(capsys, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
-    rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
-            for line in out.splitlines() if line.startswith(('| pola-pvt-t', '| swin-t'))}
+    rows = table_rows(out, 'pola-pvt-t', 'swin-t')
     assert set(rows) == {'pola-pvt-t', 'swin-t'} and 'One inference forward (eval mode, without autograd' in out
     counts = _host_counts('pola-pvt-t')  # a training step's (bf16)
     assert 0 < int(rows['pola-pvt-t'][6]) < counts[1] / 2 and 0 < int(rows['pola-pvt-t'][7]) < counts[3]

@@ -13,7 +13,7 @@ import torch
 
 from tests.fixtures.paths import CONFIGS, PYTHON
 from tests.fixtures.runs import run_tool
-from tests.fixtures.tools import load_tool
+from tests.fixtures.tools import load_tool, table_rows
 
 TRAIN = load_tool('benchmark_train')
 RETINANET = osp.join(CONFIGS, 'detection', 'retinanet_pola-pvt-t_fpn_1x_coco.py')
@@ -380,8 +380,7 @@ def test_also_with_times_each_config_again_with_the_variable_set_right_after_its
     assert os.environ['MMPOLA_RECOMPUTE'] == 'auto' and 'MMPOLA_SDPA' not in os.environ
     out = capsys.readouterr().out
     stem = 'retinanet_pola-pvt-t_fpn_1x_coco'
-    rows = {line.split('|')[1].strip(): [cell.strip() for cell in line.strip('|').split('|')]
-            for line in out.splitlines() if line.startswith(f'| {stem}')}
+    rows = table_rows(out, stem)
     assert list(rows) == [stem, f'{stem}, MMPOLA_RECOMPUTE=torch', f'{stem}, MMPOLA_SDPA=torch'], out[-2000:]
     assert '| 2nd half / 1st half | median vs own row |' in out and rows[stem][10] == '-'
     # each variant's median over its config's own row's (0.4 and 0.6 s over 0.2 s)
