@@ -311,14 +311,20 @@ def launch(kernel, grid, *args, default=None, **kwargs):
 @contextlib.contextmanager
 def choices_kept():
     """A context after which the configs every tunable kernel has chosen are those it had chosen before it (its
-    autotuner's and :func:`launch`'s records): for a benchmark whose launches time nothing (a driver that stands in
-    for a GPU's: tools/benchmark_host.py), so that what it chose untimed is not what later launches run."""
+    autotuner's and :func:`launch`'s records, the configs that ran where a default did not fit): for a benchmark
+    whose launches time nothing (a driver that stands in for a GPU's: tools/benchmark_host.py), so that what it
+    chose untimed is not what later launches run."""
     chosen, tuned = dict(_CHOSEN), [dict(tuner.cache) for tuner in _TUNERS]
+    fitting, did_not_fit = dict(_FITTING), set(_DID_NOT_FIT)
     try:
         yield
     finally:
         _CHOSEN.clear()
         _CHOSEN.update(chosen)
+        _FITTING.clear()
+        _FITTING.update(fitting)
+        _DID_NOT_FIT.clear()
+        _DID_NOT_FIT.update(did_not_fit)
         for tuner, cache in zip(_TUNERS, tuned):
             tuner.cache.clear()
             tuner.cache.update(cache)
@@ -409,21 +415,45 @@ def tuned_configs(tuner, args, kwargs):
     return tuner.early_config_prune(tuner.configs, dict(zip(tuner.arg_names, args)), **kwargs)
 
 
+# where a tunable kernel's default config did not fit the GPU's shared memory: the config that ran instead, by the
+# launch's tuning key, other compile-time arguments, default and device (the default fails before any work, but
+# only after Triton has looked it up and raised, at every launch, and the configs before the fitting one as well)
+_FITTING = {}
+_DID_NOT_FIT = set()  # the tunable kernels whose default has not fit (only their launches look up _FITTING)
+
+
+def _fitting_key(tuner, args, kwargs, default):
+    if not hasattr(tuner, 'keys'):  # a Triton whose autotuner does not say what it keys on: nothing remembered
+        return None
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    others = tuple((name, v) for name, v in kwargs.items() if not isinstance(v, torch.Tensor))
+    return tuner, tuning_key(tuner, args, kwargs), others, tuple(default.items()), device
+
+
 def _launch_first_fitting(tuner, grid, args, kwargs, default):
     """The default config of autotuner ``tuner``, else the first of its (pruned) configs that fits the
-    GPU's shared memory."""
+    GPU's shared memory (remembered for the launches like this one)."""
     from triton.runtime.errors import OutOfResources
+    key = _fitting_key(tuner, args, kwargs, default) if tuner in _DID_NOT_FIT else None
+    fitting = _FITTING.get(key) if key is not None else None
+    if fitting is not None:
+        tuner.fn[grid](*args, **{**kwargs, **fitting})
+        return
     try:
         tuner.fn[grid](*args, **{**kwargs, **default})
         return
     except OutOfResources as err:
         failed = err
+    _DID_NOT_FIT.add(tuner)
     for config in tuned_configs(tuner, args, kwargs):
         try:
             tuner.fn[grid](*args, **{**kwargs, **config.all_kwargs()})
-            return
         except OutOfResources:
             continue
+        key = _fitting_key(tuner, args, kwargs, default)
+        if key is not None:
+            _FITTING[key] = config.all_kwargs()
+        return
     raise failed
 
 

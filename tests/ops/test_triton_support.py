@@ -202,7 +202,7 @@ class _Tuner:
         self.fn = _Kernel(fits)
         self.configs = [triton.Config({'BLOCK': block}, num_warps=4) for block in (64, 16, 32)]
         self.early_config_prune = prune
-        self.arg_names = ['x']
+        self.arg_names, self.keys = ['x'], []
 
 
 def test_a_default_config_that_does_not_fit_gives_way_to_the_first_that_does(monkeypatch):
@@ -218,6 +218,37 @@ def test_a_default_config_that_does_not_fit_gives_way_to_the_first_that_does(mon
     with pytest.raises(OutOfResources):
         launch(tuner, (1, ), 'x', default=dict(BLOCK=64, num_warps=8))
     assert tuner.fn.calls == [64, 64, 16, 32]
+
+
+def test_the_config_that_fits_where_the_default_did_not_is_remembered(monkeypatch):
+    """A launch like one whose default did not fit runs the config that fitted then, without trying the default and
+    the configs before it again (each fails only after Triton has looked it up and raised); another tuning key,
+    other compile-time arguments or another default try again; nothing is remembered where the default fits."""
+    monkeypatch.setenv('MMPOLA_TRITON_AUTOTUNE', '0')
+    monkeypatch.setattr(triton_support, '_FITTING', {})
+    monkeypatch.setattr(triton_support, '_DID_NOT_FIT', set())
+    x, half = torch.zeros(2), torch.zeros(2, dtype=torch.float16)
+    fits = _Tuner(fits=64)
+    for _ in range(2):
+        launch(fits, (1, ), x, default=dict(BLOCK=64, num_warps=8))
+    assert fits.fn.calls == [64, 64] and not triton_support._FITTING
+    tuner = _Tuner(fits=32)
+    for _ in range(3):
+        launch(tuner, (1, ), x, default=dict(BLOCK=64, num_warps=8))
+    assert tuner.fn.calls == [64, 64, 16, 16, 16]  # the default, the first config, the second; then the second
+    del tuner.fn.calls[:]
+    launch(tuner, (1, ), half, default=dict(BLOCK=64, num_warps=8))  # another dtype: another key
+    launch(tuner, (1, ), x, FLIP=True, default=dict(BLOCK=64, num_warps=8))  # another compile-time argument
+    launch(tuner, (1, ), x, default=dict(BLOCK=32, num_warps=8))  # another default (it fits)
+    assert tuner.fn.calls == [64, 64, 16, 64, 64, 16, 32]
+    del tuner.fn.calls[:]
+    for args, kwargs in (((half, ), {}), ((x, ), dict(FLIP=True))):
+        launch(tuner, (1, ), *args, **kwargs, default=dict(BLOCK=64, num_warps=8))
+    assert tuner.fn.calls == [16, 16]
+    # a benchmark whose launches time nothing leaves nothing of this behind either
+    with triton_support.choices_kept():
+        launch(_Tuner(fits=16), (1, ), x, default=dict(BLOCK=64, num_warps=8))
+    assert len(triton_support._FITTING) == 3 and triton_support._DID_NOT_FIT == {tuner}
 
 
 class _Autotuner:
