@@ -252,12 +252,18 @@ def _depthwise_backward(x, weight, g, has_bias, per_sample, needs):
                part, B, G, C, H, W, *x_strides, *_maps(g)[1], TAPS=taps, PER_SAMPLE=per_sample,
                **_options(C, k))
         total = part[:, 0] if programs == 1 else part.sum(1)  # (images, taps, C)
+        (s_image, s_tap, s_channel), offset = total.stride(), total.storage_offset()
         if needs[1]:
             grad_w = torch.empty_like(weight)  # the weight's strides (channels-last for mmpola's convs)
-            taps_first = total[:, :k * k].transpose(1, 2)  # (images, C, k * k)
-            grad_w.copy_(taps_first.reshape(weight.shape))
-        if has_bias and needs[2]:
-            grad_b = (total[:, k * k] if per_sample else total[0, k * k]).to(weight.dtype)
+            # the taps' rows (images, C, k * k), one view operator
+            taps_first = total.as_strided((images, C, k * k), (s_image, s_channel, s_tap), offset)
+            if grad_w.is_contiguous():  # as (images, C, k * k): one copy
+                grad_w.view(taps_first.shape).copy_(taps_first)
+            else:
+                grad_w.copy_(taps_first.reshape(weight.shape))
+        if has_bias and needs[2]:  # the bias's row, (images, C) or (C, )
+            shape, strides = ((images, C), (s_image, s_channel)) if per_sample else ((C, ), (s_channel, ))
+            grad_b = total.as_strided(shape, strides, offset + k * k * s_tap).to(weight.dtype)
     return grad_x, grad_w, grad_b
 
 

@@ -446,7 +446,7 @@ def _pola_forward(q, k, v, scale, power, bias, alpha, eps):
            default=dict(BLOCK_N=key_forward[0], num_warps=key_forward[1], num_stages=1), **options)
     sums = parts.sum(1)
     # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the models merge the heads with a view
-    out = torch.empty(B, N, H, d, device=q.device, dtype=q.dtype).transpose(1, 2)
+    out = torch.empty_strided((B, H, N, d), (N * H * d, d, H * d, 1), device=q.device, dtype=q.dtype)
     launch(
         _pola_fwd_queries, lambda meta: (bh, cdiv(N, meta['BLOCK_M'])), q, scale, power, sums, out, H, N,
         d, d // 2, 1.0 / n, eps, alpha, *q.stride(), *out.stride(), *params,
@@ -515,10 +515,12 @@ def _summed_parameter_gradients(parts, scale_shape, power_shape):
     by_parameter = parts.permute(3, 0, 1, 2, 4)  # (2, B, h, chunks, BD)
     shared = scale_shape[0] == 1 and power_shape[0] == 1
     sums = by_parameter.sum((1, 3) if shared else 3)  # (2, h, BD) or (2, B, h, BD), contiguous
+    batch = 1 if shared else B
     grads = []
     for i, shape in enumerate((scale_shape, power_shape)):
-        grad = sums[i].reshape(1 if shared else B, H, 1, bd)[..., :d]
-        grads.append(grad if grad.shape[0] == shape[0] else grad.sum(0, keepdim=True))
+        # sums[i] seen as (B', h, 1, d), one view operator
+        grad = sums.as_strided((batch, H, 1, d), (H * bd, bd, bd, 1), sums.storage_offset() + i * batch * H * bd)
+        grads.append(grad if batch == shape[0] else grad.sum(0, keepdim=True))
     return grads
 
 
@@ -534,8 +536,11 @@ def _per_head(param, lead, d, name):
     sums its gradient over the batch itself); else B' = B, or the batch of q's leading dims when they are
     not (B, h)."""
     shared = len(lead) == 2 and (param.dim() < 4 or param.shape[0] == 1)
+    shape = (1, lead[1], 1, d) if shared else (*lead, 1, d)
+    if param.shape == shape:  # the models' parameters: the view as it is (no operator)
+        return param if len(lead) == 2 else param.reshape(-1, 1, 1, d)
     try:
-        full = torch.broadcast_to(param, (1, lead[1], 1, d) if shared else (*lead, 1, d))
+        full = torch.broadcast_to(param, shape)
     except RuntimeError:
         raise ValueError(f"pola_attention_triton takes {name} constant along the tokens, broadcastable to "
                          f"{(*lead, 1, d)}; got shape {tuple(param.shape)} (use impl='fast')") from None

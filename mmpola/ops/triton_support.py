@@ -478,8 +478,18 @@ def dry_run(target):
 def key_bias_args(bias, k):
     """(pointer, strides) of a key bias (mmpola.ops.dispatch.key_bias_operand) for the kernels that add it where
     they read the keys k: the bias and its strides broadcast to k (0 along the dims it is shared by); without
-    one, k (a pointer the kernels do not read: their ``BIAS`` is False) and zeros."""
-    return (k, (0, ) * k.dim()) if bias is None else (bias, bias.expand(k.shape).stride())
+    one, k (a pointer the kernels do not read: their ``BIAS`` is False) and zeros. The strides are those of
+    ``bias.expand(k.shape)``, worked out from the shapes (no operator)."""
+    if bias is None:
+        return k, (0, ) * k.dim()
+    lead = k.dim() - bias.dim()
+    strides = [0] * lead if lead > 0 else []
+    for size, full, stride in zip(bias.shape, k.shape[lead:], bias.stride()):  # a loop: no generator's calls
+        if size != full and size != 1 or lead < 0:
+            raise ValueError(f'a key bias of shape {tuple(bias.shape)} does not broadcast to the keys '
+                             f'{tuple(k.shape)}')
+        strides.append(0 if size != full else stride)
+    return bias, tuple(strides)
 
 
 def dot_precision(dtype, bd):

@@ -39,10 +39,12 @@ def heads_view(t, heads):
 def tokens_view(t):
     """(B, h, N, d) heads -> (B, N, h * d) tokens: ``t.transpose(1, 2).flatten(2)``, the same sizes and strides
     (those the library's view gives a dim of one element included), in one view operator where the heads are a
-    view of tokens (each head's channels after the previous head's) of more than one token and channel."""
+    view of tokens (each head's channels after the previous head's) of more than one channel."""
     (B, h, N, d), (sb, sh, sn, sd) = t.shape, t.stride()
-    if N > 1 and h * d > 1 and (h == 1 or d == 1 or sh == d * sd):
-        return t.as_strided((B, N, h * d), (sb if B > 1 else N * sn, sn, sd if d > 1 else sh))
+    if h * d > 1 and (h == 1 or d == 1 or sh == d * sd):
+        channel = sd if d > 1 else sh
+        token = sn if N > 1 else h * d * channel
+        return t.as_strided((B, N, h * d), (sb if B > 1 else N * token, token, channel))
     return t.transpose(1, 2).flatten(2)
 
 
