@@ -36,7 +36,7 @@ interpreter, for tests, accumulated in float32 too).
 """
 import torch
 
-from .dispatch import autocast_dtype
+from .dispatch import apply_function, autocast_dtype
 from .triton_support import (
     autocast_operands,
     cdiv,
@@ -310,5 +310,5 @@ def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False, residual=Non
         raise ValueError(f'depthwise_conv2d_triton takes inputs with elements, got {tuple(x.shape)} '
                          '(mmpola.ops.depthwise_conv2d runs empty inputs on the library convolution)')
     if residual is not None and residual.dtype != x.dtype:
-        return residual + _DepthwiseTriton.apply(x, weight, bias, per_sample, None)
-    return _DepthwiseTriton.apply(x, weight, bias, per_sample, residual)
+        return residual + apply_function(_DepthwiseTriton, x, weight, bias, per_sample, None)
+    return apply_function(_DepthwiseTriton, x, weight, bias, per_sample, residual)

@@ -53,7 +53,7 @@ from mmpola.errors import MMPolaUserError
 
 __all__ = ['AUTO', 'AttentionOp', 'AttnImplUnavailable', 'OPS', 'attention_op', 'register_attention_impl',
            'attention_impls', 'check_attn_impl', 'run_attention_op', 'empty_attention', 'recording',
-           'key_bias_operand', 'key_bias_gradient', 'implementation_from_env']
+           'key_bias_operand', 'key_bias_gradient', 'implementation_from_env', 'apply_function']
 
 AUTO = 'auto'  # the best implementation for the tensors' device ('triton' on CUDA, else 'fast')
 
@@ -341,6 +341,27 @@ def autocast_dtype(device_type):
     if device_type not in _AUTOCAST_DEVICES and not torch.amp.is_autocast_available(device_type):
         return None
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+class _UnrecordedContext:
+    """The context an autograd Function's forward gets from :func:`apply_function` where autograd records nothing:
+    it keeps what the forward sets on it and nothing for a backward."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+
+def apply_function(function, *args):
+    """``function.apply(*args)`` for an autograd Function of mmpola's kernels where autograd records the call (grad
+    mode on and a tensor argument that requires its gradient); elsewhere (inference, evaluation under no_grad, a
+    frozen module) the Function's forward alone, which computes the same outputs without what ``apply`` adds to
+    the host's time of every call for a backward that will not run. The forwards call nothing of their context
+    but ``save_for_backward``."""
+    if torch.is_grad_enabled():
+        for arg in args:
+            if isinstance(arg, torch.Tensor) and arg.requires_grad:
+                return function.apply(*args)
+    return function.forward(_UnrecordedContext(), *args)
 
 
 def autocast_off(device_type):

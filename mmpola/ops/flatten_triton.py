@@ -41,7 +41,14 @@ scale's gradient (dL/ds times ds/dscale = sigmoid(scale)) into one buffer, summe
 """
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op, empty_attention, key_bias_gradient, key_bias_operand
+from .dispatch import (
+    AttnImplUnavailable,
+    apply_function,
+    attention_op,
+    empty_attention,
+    key_bias_gradient,
+    key_bias_operand,
+)
 from .flatten import _KERNEL_EPS, _check_shapes
 from .triton_support import (
     cdiv,
@@ -499,7 +506,7 @@ def flatten_attention_triton(q, k, v, scale, num_heads, focusing_factor=3, eps=1
         return empty
     raw = scale.float().reshape(-1).contiguous()  # the kernels apply softplus
     key_bias = key_bias_operand('flatten_attention', k, key_bias)
-    return _FlattenTriton.apply(q, k, v, raw, key_bias, num_heads, focusing_factor, float(eps))
+    return apply_function(_FlattenTriton, q, k, v, raw, key_bias, num_heads, focusing_factor, float(eps))
 
 
 attention_op('flatten').register('triton', flatten_attention_triton, supports=triton_unsupported,

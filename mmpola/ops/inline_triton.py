@@ -44,7 +44,7 @@ import math
 
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op, empty_attention
+from .dispatch import AttnImplUnavailable, apply_function, attention_op, empty_attention
 from .inline import _check_shapes
 from .triton_support import (
     cdiv,
@@ -343,7 +343,7 @@ def inline_attention_triton(q, k, v, num_heads):
         return empty
     if not (q.device == k.device == v.device):
         raise ValueError(f'inline_attention expects q, k and v on one device, got {q.device}, {k.device}, {v.device}')
-    return _InLineTriton.apply(q, k, v, num_heads)
+    return apply_function(_InLineTriton, q, k, v, num_heads)
 
 
 attention_op('inline').register('triton', inline_attention_triton, supports=triton_unsupported,

@@ -46,7 +46,7 @@ import functools
 
 import torch
 
-from .dispatch import AttnImplUnavailable, attention_op, empty_attention
+from .dispatch import AttnImplUnavailable, apply_function, attention_op, empty_attention
 from .pacs import _check_shapes
 from .pola import _sum_to_shape
 from .triton_support import cdiv, kernel_target, launch, next_power_of_2, triton_available, triton_unsupported, tunable
@@ -595,7 +595,7 @@ def pacs_attention_triton(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):
     empty = empty_attention('pacs_attention', (q, k, v, s_same, s_opp))
     if empty is not None:
         return empty
-    return _PaCSTriton.apply(q, k, v, s_same, s_opp, sin, cos, eps)
+    return apply_function(_PaCSTriton, q, k, v, s_same, s_opp, sin, cos, eps)
 
 
 attention_op('pacs').register('triton', pacs_attention_triton, supports=_unsupported, preferred_on=('cuda',),

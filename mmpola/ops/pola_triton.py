@@ -55,6 +55,7 @@ import torch
 
 from .dispatch import (
     AttnImplUnavailable,
+    apply_function,
     attention_op,
     empty_attention,
     key_bias_gradient,
@@ -573,7 +574,8 @@ def pola_attention_triton(q, k, v, power, scale, alpha=4.0, eps=1e-6, key_bias=N
     compute = torch.float64 if wide else torch.float32
     scale = _per_head(scale.to(compute), lead, d, 'scale')
     power = _per_head(power.to(compute), lead, d, 'power')
-    return _PolaTriton.apply(q, k, v, scale, power, key_bias, float(alpha), float(eps)).reshape(*lead, N, d)
+    out = apply_function(_PolaTriton, q, k, v, scale, power, key_bias, float(alpha), float(eps))
+    return out.reshape(*lead, N, d)
 
 
 attention_op('pola').register('triton', pola_attention_triton, supports=triton_unsupported, preferred_on=('cuda', ),

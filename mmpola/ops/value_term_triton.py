@@ -18,7 +18,7 @@ import torch
 
 from .depthwise import auto_impl
 from .depthwise_triton import _convolve, _depthwise_backward
-from .dispatch import AttnImplUnavailable, attention_op, autocast_dtype, autocast_off
+from .dispatch import AttnImplUnavailable, apply_function, attention_op, autocast_dtype, autocast_off
 from .flatten_triton import _flatten_backward, _flatten_forward
 from .inline_triton import _inline_backward, _inline_forward
 from .pola_triton import _per_head, _pola_backward, _pola_forward
@@ -205,8 +205,8 @@ def _joined(function, op, q, k, v, v_term, params, heads, dwc_weight, dwc_bias, 
     if reason is not None:
         raise AttnImplUnavailable(f'{function} cannot run here: {reason}')
     with autocast_off(q.device.type):  # as the core's dispatch runs it (mmpola.ops.dispatch)
-        return _ValueTermTriton.apply(op, heads, tuple(hw), options, dwc_weight, dwc_bias, q, k, v, v_term, key_bias,
-                                      *params)
+        return apply_function(_ValueTermTriton, op, heads, tuple(hw), options, dwc_weight, dwc_bias, q, k, v, v_term,
+                              key_bias, *params)
 
 
 def pola_value_term_triton(q, k, v, v_term, power, scale, dwc_weight, dwc_bias, hw, alpha=4.0, eps=1e-6,

@@ -291,3 +291,32 @@ def test_the_joined_functions_views_have_the_library_views_sizes_and_strides(see
         got = _maps_as_tokens(maps)
         assert got.shape == expected.shape and got.stride() == expected.stride(), (maps.shape, maps.stride())
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize('op', OPS)
+def test_where_autograd_records_nothing_the_functions_run_their_forward_alone(op, monkeypatch):
+    """Under no_grad (inference, evaluation) and for inputs none of which needs a gradient (a frozen module), the
+    kernels' autograd Functions run their forward without ``Function.apply`` (what it adds to the host's time of
+    every call serves a backward that will not run): the same outputs, bit for bit, as where autograd records
+    them, with the same sizes and strides."""
+    from mmpola.ops import depthwise_triton, flatten_triton, pola_triton, value_term_triton
+
+    hw, heads = (4, 6), 2
+    leaves, grad = _inputs(op, 2, heads, hw, 8, torch.float32)
+    recorded = {name: fn(op, leaves, hw, heads) for name, fn in (('joined', _joined), ('apart', _apart))}
+    for function in (value_term_triton._ValueTermTriton, pola_triton._PolaTriton, flatten_triton._FlattenTriton,
+                     depthwise_triton._DepthwiseTriton):
+        def refuse(*args, function=function):
+            raise AssertionError(f'{function.__name__}.apply called where autograd records nothing')
+        monkeypatch.setattr(function, 'apply', refuse)
+    frozen = [t.detach() for t in leaves]
+    for context, operands in ((torch.no_grad(), leaves), (torch.enable_grad(), frozen)):
+        for name, fn in (('joined', _joined), ('apart', _apart)):
+            with context:
+                out = fn(op, operands, hw, heads)
+            expected = recorded[name]
+            assert not out.requires_grad and out.shape == expected.shape and out.stride() == expected.stride()
+            assert torch.equal(out, expected.detach()), name
+    # where autograd records the call, apply runs (and refuses here)
+    with pytest.raises(AssertionError, match='apply called'):
+        _joined(op, leaves, hw, heads)
