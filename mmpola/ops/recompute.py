@@ -69,7 +69,7 @@ from .recompute_triton import (
     residual_cast,
     residual_cast_backward,
 )
-from .triton_support import autocast_operands, require_triton
+from .triton_support import require_triton
 
 __all__ = ['RECOMPUTE_CHOICES', 'RECOMPUTE_IMPLS', 'add_layer_norm_linear', 'add_residual_and_cast',
            'check_recompute_impl', 'current_recompute_scope', 'gated_linear', 'gelu_linear', 'layer_norm_add',
@@ -226,16 +226,15 @@ def _linear_operands(inputs, weight, bias, impl, what):
     """The linear layer's weight and bias in the dtype it computes in (under autocast: the autocast dtype, as
     ``F.linear`` casts them) where ``impl`` resolves to the recomputing path for the inputs, else None."""
     x = inputs[0]
-    impl = resolve_recompute_impl(impl, x)
-    if impl == 'torch' or x.numel() == 0:
+    if resolve_recompute_impl(impl, x) == 'torch' or x.numel() == 0:
         return None
     require_triton(x, f'the Triton backward of {what}', _switch)
-    device_type = x.device.type
-    weight, bias = autocast_operands(device_type, weight, bias)
-    dtypes = {t.dtype for t in (weight, bias) if t is not None}
-    if autocast_dtype(device_type) is None:
-        dtypes |= {torch.result_type(*inputs) if len(inputs) > 1 else x.dtype}
-    if len(dtypes) > 1:
+    dtype = autocast_dtype(x.device.type)
+    if dtype is not None:  # as F.linear casts them
+        return weight.to(dtype), None if bias is None else bias.to(dtype)
+    x_dtype = x.dtype if len(inputs) == 1 or inputs[1].dtype == x.dtype else torch.result_type(*inputs)
+    if weight.dtype != x_dtype or (bias is not None and bias.dtype != x_dtype):
+        dtypes = {x_dtype, weight.dtype, *(() if bias is None else (bias.dtype, ))}
         raise TypeError(f'{what} expects its operands in one dtype (or autocast), got '
                         f'{", ".join(sorted(str(d).replace("torch.", "") for d in dtypes))}')
     return weight, bias
