@@ -485,7 +485,7 @@ def key_bias_args(bias, k):
     lead = k.dim() - bias.dim()
     strides = [0] * lead if lead > 0 else []
     for size, full, stride in zip(bias.shape, k.shape[lead:], bias.stride()):  # a loop: no generator's calls
-        if size != full and size != 1 or lead < 0:
+        if lead < 0 or (size != full and size != 1):
             raise ValueError(f'a key bias of shape {tuple(bias.shape)} does not broadcast to the keys '
                              f'{tuple(k.shape)}')
         strides.append(0 if size != full else stride)

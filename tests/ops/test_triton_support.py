@@ -369,3 +369,20 @@ def test_launch_arithmetic_is_tritons():
         assert next_power_of_2(a) == triton.next_power_of_2(a)
         assert all(cdiv(a, b) == triton.cdiv(a, b) for b in (1, 2, 3, 7, 16, 64, 299))
     assert next_power_of_2(2**40 + 1) == 2**41 and cdiv(2**40 + 1, 2**20) == 2**20 + 1
+
+
+def test_key_bias_strides_are_those_of_the_bias_expanded_to_the_keys():
+    """The kernels read a key bias with the strides that ``bias.expand(k.shape)`` has (0 along the dims it is shared
+    by), worked out from the shapes; a bias that does not broadcast to the keys is one clear error."""
+    k = torch.zeros(2, 3, 5, 4)
+    for shape in [(1, 3, 5, 4), (2, 3, 5, 4), (1, 1, 5, 4), (3, 5, 4), (5, 4), (1, 3, 1, 4), (2, 1, 5, 1)]:
+        bias = torch.zeros(shape)
+        for layout in (bias, bias.transpose(-1, -2).contiguous().transpose(-1, -2)):
+            assert triton_support.key_bias_args(layout, k) == (layout, layout.expand(k.shape).stride()), shape
+    one = torch.zeros(1, 3, 5, 4)
+    view = torch.zeros(1, 20, 12).as_strided((1, 3, 5, 4), (240, 4, 12, 1))
+    assert triton_support.key_bias_args(view, one)[1] == view.expand(one.shape).stride()
+    assert triton_support.key_bias_args(None, k) == (k, (0, 0, 0, 0))
+    for shape in [(3, 3, 5, 4), (1, 2, 3, 5, 4), (1, 3, 5, 2)]:
+        with pytest.raises(ValueError, match='does not broadcast to the keys'):
+            triton_support.key_bias_args(torch.zeros(shape), k)
