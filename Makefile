@@ -202,7 +202,8 @@ bench-gpu-quick-compile:
 # at 64x96, where the device has almost nothing to do, so that the time is the host's on that machine with the real
 # launches (host, before them, records the Triton launches in a dry run instead of making them and times them apart
 # down Triton's launch path to a driver that launches nothing: the rest of the difference is the launcher's and the
-# driver's share of the launches).
+# driver's share of the launches); then the same for the inference forward at batch 1 (host --forward, and the
+# backbones' forward at 64x96), the side of the 1600x2666 comparison that the host decides.
 bench-gpu-quick:
 	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
 		--backward --amp bfloat16 --repeat 10
@@ -228,6 +229,9 @@ bench-gpu-quick:
 		--sizes 64x96 --batch 2 --backward --amp bfloat16 --repeat 20 --no-memory
 	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 64x96 \
 		--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl triton
+	$(PY) tools/benchmark.py host --forward --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t
+	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t \
+		--sizes 64x96 --amp float16 --repeat 20 --no-memory
 
 # The detectors: the four of the targets (and a profile of one more iteration of each); Pola-Swin-T's Mask R-CNN, whose
 # multi-scale crops give nearly every iteration new image sizes, and right after it in the same process with the
