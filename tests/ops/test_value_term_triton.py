@@ -302,7 +302,7 @@ def test_where_autograd_records_nothing_the_functions_run_their_forward_alone(op
     from mmpola.ops import depthwise_triton, flatten_triton, pola_triton, value_term_triton
 
     hw, heads = (4, 6), 2
-    leaves, grad = _inputs(op, 2, heads, hw, 8, torch.float32)
+    leaves, _ = _inputs(op, 2, heads, hw, 8, torch.float32)
     recorded = {name: fn(op, leaves, hw, heads) for name, fn in (('joined', _joined), ('apart', _apart))}
     for function in (value_term_triton._ValueTermTriton, pola_triton._PolaTriton, flatten_triton._FlattenTriton,
                      depthwise_triton._DepthwiseTriton):
