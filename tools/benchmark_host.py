@@ -40,7 +40,7 @@ LAUNCH_FREE_OPS = ('empty', 'empty_like', 'empty_strided', 'new_empty', 'new_emp
 HEAD_DIM = 16  # the Triton attention kernels' smallest head dim
 
 # the heads of timm's layouts (its defaults for these models), which the names' build kwargs do not list
-_TIMM_HEADS = {'pvt_v2_b2': (1, 2, 5, 8)}
+_TIMM_HEADS = {'pvt_v2_b2': (1, 2, 5, 8), 'swin_tiny_patch4_window7_224': (3, 6, 12, 24)}
 
 
 H100 = dict(gpu=True, capability=(9, 0), sm_count=132, shared_memory=227 * 1024)
@@ -159,7 +159,10 @@ def narrowed(type_name, kwargs):
         heads = _TIMM_HEADS.get(type_name[5:])
         if heads is None:
             raise ValueError(f'no narrowed layout of {type_name}')
-        kwargs.update(embed_dims=[HEAD_DIM * h for h in heads], num_heads=heads)
+        if type_name[5:].startswith('swin'):  # one width, the first stage's, doubled with the heads
+            kwargs.update(embed_dim=HEAD_DIM * heads[0], num_heads=heads)
+        else:
+            kwargs.update(embed_dims=[HEAD_DIM * h for h in heads], num_heads=heads)
         return type_name, kwargs
     if type_name == 'mmdet.PyramidVisionTransformer':  # stage i has embed_dims * num_heads[i] channels
         kwargs['embed_dims'] = HEAD_DIM
@@ -179,10 +182,10 @@ def narrowed(type_name, kwargs):
     return type_name, dict(kwargs, arch=arch)
 
 
-# the backbones host times: mmpola's PVT-T and Swin-T layouts (Pola's and softmax), mmdet's, PVTv2-b2's softmax
-# layout with timm's, FLatten's PVT-T and Swin-T and InLine's PVT-T
-HOST_BACKBONES = ('pola-pvt-t', 'softmax-pvt-t', 'pvt-t', 'pola-swin-t', 'softmax-swin-t', 'swin-t', 'softmax-pvtv2-b2',
-                  'timm-pvt-v2-b2', 'flatten-pvt-t', 'flatten-swin-t', 'inline-pvt-t')
+# the backbones host times: mmpola's PVT-T and Swin-T layouts (Pola's and softmax), mmdet's and timm's Swin-T,
+# PVTv2-b2's softmax layout with timm's, FLatten's PVT-T and Swin-T and InLine's PVT-T
+HOST_BACKBONES = ('pola-pvt-t', 'softmax-pvt-t', 'pvt-t', 'pola-swin-t', 'softmax-swin-t', 'swin-t', 'timm-swin-t',
+                  'softmax-pvtv2-b2', 'timm-pvt-v2-b2', 'flatten-pvt-t', 'flatten-swin-t', 'inline-pvt-t')
 
 
 def build_narrowed(type_name, kwargs):
