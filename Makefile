@@ -5,7 +5,7 @@
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
 #   make -k bench-gpu - the GPU tests and tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
 #   make bench-gpu-quick-compile, make bench-gpu-quick-train, make -k bench-gpu-quick - the GPU targets' rows only,
-#                   for a short turn
+#                   for a short turn (make bench-gpu-turn: the last two, their output kept in GPU_LOG_DIR as it comes)
 #   make docs-check - the params / GMACs figures of the docs counted again (tools/docs_figures.py) and compared
 #   make check-kernels - every Triton kernel compiled for sm_80, sm_90, sm_100, sm_86, sm_89 and sm_120 (no GPU
 #                   needed): shared memory, registers, spills; fails on a kernel that does not compile or fit
@@ -15,7 +15,8 @@ PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
 .PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu test-gpu bench-gpu-warm bench-gpu-ops \
-	bench-gpu-train bench-gpu-quick-compile bench-gpu-quick bench-gpu-quick-train docs-check docs-figures check-kernels
+	bench-gpu-train bench-gpu-quick-compile bench-gpu-quick bench-gpu-quick-train bench-gpu-turn docs-check docs-figures \
+	check-kernels
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)
@@ -84,6 +85,8 @@ bench: setup
 # and bench-gpu-train (detectors: needs mmdet and mmcv built with CUDA ops). -k: every part runs even when
 # one fails. The parts that need no mmcv can run while mmcv builds:
 # make -k test-gpu bench-gpu-warm bench-gpu-ops PY=python3, then make bench-gpu-train PY=python3.
+# Where the GPU targets write their logs and the training runs' profiles
+GPU_LOG_DIR ?= work_dirs
 GPU_CASES = pvt-s1@800x1344 swin-s1@800x1344 pvt-s2@800x1344 swin-s2@800x1344
 GPU_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2 \
 	flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2 polaformer++-b4
@@ -157,7 +160,7 @@ bench-gpu-ops:
 
 bench-gpu-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
-		--profile work_dirs/benchmark_profile
+		--profile $(GPU_LOG_DIR)/benchmark_profile
 	$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--also-with MMPOLA_SDPA=torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
@@ -172,15 +175,15 @@ bench-gpu-train:
 # make bench-gpu-quick-train PY=python3 (the detectors of the targets first), then make -k bench-gpu-quick PY=python3
 # (the backbones) as time allows. The compile stage, in parallel: the kernels of the two Pola backbones in bf16 and in
 # fp16 (the detectors' --amp; the timed runs tune again: only Triton's disk cache is shared) and the models' Triton
-# paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in work_dirs/gpu_model_tests.log), with
+# paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in GPU_LOG_DIR/gpu_model_tests.log), with
 # the softmax kinds' attention backends (GPU_SDPA_TESTS).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
 # backbones with softmax stages whose mask needs no gradient in training (PVTv2's spatial reduction, CSWin's stripes,
 # PolaFormer++'s RoPE softmax): what torch sends to cuDNN's attention first on compute capability 9.0 / 10.0
 SDPA_BACKBONES = softmax-pvtv2-b2 flatten-cswin-t polaformer++-b2
 bench-gpu-quick-compile:
-	@mkdir -p work_dirs; \
-	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) >work_dirs/gpu_model_tests.log 2>&1 & \
+	@mkdir -p $(GPU_LOG_DIR); \
+	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) >$(GPU_LOG_DIR)/gpu_model_tests.log 2>&1 & \
 	tests=$$!; \
 	for model in pola-pvt-t pola-swin-t; do \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
@@ -191,7 +194,7 @@ bench-gpu-quick-compile:
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --impls triton --repeat 1 --no-memory \
 		--no-error >/dev/null 2>&1 & \
 	wait $$tests; rc=$$?; wait; \
-	tail -n 12 work_dirs/gpu_model_tests.log; \
+	tail -n 12 $(GPU_LOG_DIR)/gpu_model_tests.log; \
 	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) failed (above): checks of this GPU's paths"
 
 # bench-gpu-quick's second to fifth commands: backbones whose softmax stages torch would send to cuDNN's attention on
@@ -245,7 +248,7 @@ POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coc
 SDPA_TRAIN = configs/detection/mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py
 bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
-		--profile work_dirs/benchmark_profile
+		--profile $(GPU_LOG_DIR)/benchmark_profile
 	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
 		--also-with MMPOLA_DEPTHWISE_CONV=torch --also-with MMPOLA_RECOMPUTE=elementwise
 	$(PY) tools/benchmark.py train $(firstword $(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
@@ -256,3 +259,15 @@ bench-gpu-quick-train:
 		--attn-impl fast
 	$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
 		--also-with MMPOLA_SDPA=torch
+
+# The timed part of a short turn, after mmcv's build, as one command: bench-gpu-quick-train, then bench-gpu-quick, each
+# command's output written to GPU_LOG_DIR as it comes (bench-gpu-quick-train.log and bench-gpu-quick.log beside the
+# profiles), so that a turn cut short by its time limit keeps what it measured; e.g. on a machine that hands back
+# a folder: make bench-gpu-quick-compile PY=python3 GPU_LOG_DIR=DIR while mmcv builds, then make bench-gpu-turn
+# PY=python3 GPU_LOG_DIR=DIR.
+bench-gpu-turn:
+	@mkdir -p $(GPU_LOG_DIR)
+	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory bench-gpu-quick-train PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) 2>&1 \
+		| tee $(GPU_LOG_DIR)/bench-gpu-quick-train.log
+	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory -k bench-gpu-quick PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) 2>&1 \
+		| tee $(GPU_LOG_DIR)/bench-gpu-quick.log
