@@ -260,14 +260,14 @@ bench-gpu-quick-train:
 	$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
 		--also-with MMPOLA_SDPA=torch
 
-# The timed part of a short turn, after mmcv's build, as one command: bench-gpu-quick-train, then bench-gpu-quick, each
-# command's output written to GPU_LOG_DIR as it comes (bench-gpu-quick-train.log and bench-gpu-quick.log beside the
+# The timed part of a short turn, after mmcv's build, as one command: bench-gpu-quick-train, then bench-gpu-quick, every
+# command run whether the one before it failed or not (make -i), their output written to GPU_LOG_DIR as it comes (bench-gpu-quick-train.log and bench-gpu-quick.log beside the
 # profiles), so that a turn cut short by its time limit keeps what it measured; e.g. on a machine that hands back
 # a folder: make bench-gpu-quick-compile PY=python3 GPU_LOG_DIR=DIR while mmcv builds, then make bench-gpu-turn
 # PY=python3 GPU_LOG_DIR=DIR.
 bench-gpu-turn:
 	@mkdir -p $(GPU_LOG_DIR)
-	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory bench-gpu-quick-train PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) 2>&1 \
+	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory -i bench-gpu-quick-train PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) 2>&1 \
 		| tee $(GPU_LOG_DIR)/bench-gpu-quick-train.log
-	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory -k bench-gpu-quick PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) 2>&1 \
+	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory -i bench-gpu-quick PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) 2>&1 \
 		| tee $(GPU_LOG_DIR)/bench-gpu-quick.log
