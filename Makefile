@@ -173,8 +173,9 @@ bench-gpu-train:
 # while mmcv builds, make bench-gpu-quick-compile PY=python3 (no mmcv needed, nothing timed: the compiler's processes
 # slow the host side of every step, which at batch 2 takes about as long as these backbones' steps); after it,
 # make bench-gpu-quick-train PY=python3 (the detectors of the targets first), then make -k bench-gpu-quick PY=python3
-# (the backbones) as time allows. The compile stage, in parallel: the kernels of the two Pola backbones in bf16 and in
-# fp16 (the detectors' --amp; the timed runs tune again: only Triton's disk cache is shared) and the models' Triton
+# (the backbones) as time allows (make bench-gpu-turn runs both, below). The compile stage, in parallel: the kernels of the two Pola backbones in bf16 and in
+# fp16 (the detectors' --amp; the timed runs tune again: only Triton's disk cache is shared), in fp16 also with every
+# recomputing layer's kernels (those of the training rows' MMPOLA_RECOMPUTE variants) and the models' Triton
 # paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in GPU_LOG_DIR/gpu_model_tests.log), with
 # the softmax kinds' attention backends (GPU_SDPA_TESTS).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
@@ -190,6 +191,8 @@ bench-gpu-quick-compile:
 			--amp bfloat16 --repeat 1 --no-memory >/dev/null 2>&1 & \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
 			--amp float16 --repeat 1 --no-memory >/dev/null 2>&1 & \
+		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
+			--amp float16 --repeat 1 --no-memory --recompute-impl triton >/dev/null 2>&1 & \
 	done; \
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --impls triton --repeat 1 --no-memory \
 		--no-error >/dev/null 2>&1 & \
