@@ -173,11 +173,11 @@ bench-gpu-train:
 # while mmcv builds, make bench-gpu-quick-compile PY=python3 (no mmcv needed, nothing timed: the compiler's processes
 # slow the host side of every step, which at batch 2 takes about as long as these backbones' steps); after it,
 # make bench-gpu-quick-train PY=python3 (the detectors of the targets first), then make -k bench-gpu-quick PY=python3
-# (the backbones) as time allows (make bench-gpu-turn runs both, below). The compile stage, in parallel: the kernels of the two Pola backbones in bf16 and in
-# fp16 (the detectors' --amp; the timed runs tune again: only Triton's disk cache is shared), in fp16 also with every
-# recomputing layer's kernels (those of the training rows' MMPOLA_RECOMPUTE variants) and the models' Triton
-# paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in GPU_LOG_DIR/gpu_model_tests.log), with
-# the softmax kinds' attention backends (GPU_SDPA_TESTS).
+# (the backbones) as time allows (make bench-gpu-turn runs both, below). The compile stage, in parallel: the kernels of
+# the two Pola backbones in bf16 and in fp16 (the detectors' --amp; the timed runs tune again: only Triton's disk cache
+# is shared), in fp16 also with every recomputing layer's kernels (those of the training rows' MMPOLA_RECOMPUTE
+# variants), and the models' Triton paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in
+# GPU_LOG_DIR/gpu_model_tests.log), with the softmax kinds' attention backends (GPU_SDPA_TESTS).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
 # backbones with softmax stages whose mask needs no gradient in training (PVTv2's spatial reduction, CSWin's stripes,
 # PolaFormer++'s RoPE softmax): what torch sends to cuDNN's attention first on compute capability 9.0 / 10.0
@@ -264,10 +264,10 @@ bench-gpu-quick-train:
 		--also-with MMPOLA_SDPA=torch
 
 # The timed part of a short turn, after mmcv's build, as one command: bench-gpu-quick-train, then bench-gpu-quick, every
-# command run whether the one before it failed or not (make -i), their output written to GPU_LOG_DIR as it comes (bench-gpu-quick-train.log and bench-gpu-quick.log beside the
-# profiles), so that a turn cut short by its time limit keeps what it measured; e.g. on a machine that hands back
-# a folder: make bench-gpu-quick-compile PY=python3 GPU_LOG_DIR=DIR while mmcv builds, then make bench-gpu-turn
-# PY=python3 GPU_LOG_DIR=DIR.
+# command run whether the one before it failed or not (make -i), their output written to GPU_LOG_DIR as it comes
+# (bench-gpu-quick-train.log and bench-gpu-quick.log beside the profiles), so that a turn cut short by its time limit
+# keeps what it measured; e.g. on a machine that hands back a folder: make bench-gpu-quick-compile PY=python3
+# GPU_LOG_DIR=DIR while mmcv builds, then make bench-gpu-turn PY=python3 GPU_LOG_DIR=DIR.
 bench-gpu-turn:
 	@mkdir -p $(GPU_LOG_DIR)
 	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory -i bench-gpu-quick-train PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) 2>&1 \
