@@ -184,7 +184,8 @@ GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-
 SDPA_BACKBONES = softmax-pvtv2-b2 flatten-cswin-t polaformer++-b2
 bench-gpu-quick-compile:
 	@mkdir -p $(GPU_LOG_DIR); \
-	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) >$(GPU_LOG_DIR)/gpu_model_tests.log 2>&1 & \
+	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) \
+		>$(GPU_LOG_DIR)/gpu_model_tests.log 2>&1 & \
 	tests=$$!; \
 	for model in pola-pvt-t pola-swin-t; do \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
