@@ -450,7 +450,8 @@ def _launch_first_fitting(tuner, grid, args, kwargs, default):
             tuner.fn[grid](*args, **{**kwargs, **config.all_kwargs()})
         except OutOfResources:
             continue
-        key = _fitting_key(tuner, args, kwargs, default)
+        if key is None:  # the first launch whose default did not fit: the key not worked out above
+            key = _fitting_key(tuner, args, kwargs, default)
         if key is not None:
             _FITTING[key] = config.all_kwargs()
         return
