@@ -4,8 +4,9 @@
 #   make lint   - ruff (pyflakes, pycodestyle, isort rules; ruff.toml)
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
 #   make -k bench-gpu - the GPU tests and tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
-#   make bench-gpu-quick-compile, make bench-gpu-quick-train, make -k bench-gpu-quick - the GPU targets' rows only,
-#                   for a short turn (make bench-gpu-turn: the last two, their output kept in GPU_LOG_DIR as it comes)
+#   make bench-gpu-quick-compile, make bench-gpu-quick-train, make bench-gpu-quick - the GPU targets' rows only,
+#                   for a short turn (make bench-gpu-turn: the last two in one order of steps, resumable, their output
+#                   kept in GPU_LOG_DIR as it comes)
 #   make docs-check - the params / GMACs figures of the docs counted again (tools/docs_figures.py) and compared
 #   make check-kernels - every Triton kernel compiled for sm_80, sm_90, sm_100, sm_86, sm_89 and sm_120 (no GPU
 #                   needed): shared memory, registers, spills; fails on a kernel that does not compile or fit
@@ -85,8 +86,9 @@ bench: setup
 # and bench-gpu-train (detectors: needs mmdet and mmcv built with CUDA ops). -k: every part runs even when
 # one fails. The parts that need no mmcv can run while mmcv builds:
 # make -k test-gpu bench-gpu-warm bench-gpu-ops PY=python3, then make bench-gpu-train PY=python3.
-# Where the GPU targets write their logs and the training runs' profiles
+# Where the GPU targets write their logs, and the training runs' profiles
 GPU_LOG_DIR ?= work_dirs
+GPU_PROFILE_DIR ?= work_dirs/benchmark_profile
 GPU_CASES = pvt-s1@800x1344 swin-s1@800x1344 pvt-s2@800x1344 swin-s2@800x1344
 GPU_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2 \
 	flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2 polaformer++-b4
@@ -160,7 +162,7 @@ bench-gpu-ops:
 
 bench-gpu-train:
 	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
-		--profile $(GPU_LOG_DIR)/benchmark_profile
+		--profile $(GPU_PROFILE_DIR)
 	$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 50 --warmup 20 \
 		--also-with MMPOLA_SDPA=torch
 	$(PY) tools/benchmark.py train $(filter configs/%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 50 \
@@ -171,13 +173,13 @@ bench-gpu-train:
 
 # A short turn on a GPU (about ten minutes on a fresh machine, mmcv building with CUDA ops for about five of them):
 # while mmcv builds, make bench-gpu-quick-compile PY=python3 (no mmcv needed, nothing timed: the compiler's processes
-# slow the host side of every step, which at batch 2 takes about as long as these backbones' steps); after it,
-# make bench-gpu-quick-train PY=python3 (the detectors of the targets first), then make -k bench-gpu-quick PY=python3
-# (the backbones) as time allows (make bench-gpu-turn runs both, below). The compile stage, in parallel: the kernels of
-# the two Pola backbones in bf16 and in fp16 (the detectors' --amp; the timed runs tune again: only Triton's disk cache
-# is shared), in fp16 also with every recomputing layer's kernels (those of the training rows' MMPOLA_RECOMPUTE
-# variants), and the models' Triton paths checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in
-# GPU_LOG_DIR/gpu_model_tests.log), with the softmax kinds' attention backends (GPU_SDPA_TESTS).
+# slow the host side of every step, which at batch 2 takes about as long as these backbones' steps); after it, make
+# bench-gpu-turn PY=python3 (below: the detectors' and the backbones' steps, those that decide the targets first, as
+# time allows; a second call on the same machine goes on where the first stopped). The compile stage, in parallel: the
+# kernels of the two Pola backbones in bf16 and in fp16 (the detectors' --amp; the timed runs tune again: only Triton's
+# disk cache is shared), in fp16 also with every recomputing layer's kernels (those of the training rows'
+# MMPOLA_RECOMPUTE variants), and the models' Triton paths checked against the library's (GPU_MODEL_TESTS, needs pytest;
+# the log in GPU_LOG_DIR/gpu_model_tests.log), with the softmax kinds' attention backends (GPU_SDPA_TESTS).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
 # backbones with softmax stages whose mask needs no gradient in training (PVTv2's spatial reduction, CSWin's stripes,
 # PolaFormer++'s RoPE softmax): what torch sends to cuDNN's attention first on compute capability 9.0 / 10.0
@@ -201,77 +203,135 @@ bench-gpu-quick-compile:
 	tail -n 12 $(GPU_LOG_DIR)/gpu_model_tests.log; \
 	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) failed (above): checks of this GPU's paths"
 
-# bench-gpu-quick's second to fifth commands: backbones whose softmax stages torch would send to cuDNN's attention on
-# compute capability 9.0 / 10.0 (which builds a graph per new size) at new input sizes (a detector's every
-# iteration), with cuDNN's attention left out ('auto') and with torch's choice (--sdpa-impl torch): in training those
-# without a learned mask (SDPA_BACKBONES), and Pola-Swin-T's forward (evaluation: its windows' mask needs no gradient
-# there). Its last rows: the backbones' steps
-# at 64x96, where the device has almost nothing to do, so that the time is the host's on that machine with the real
-# launches (host, before them, records the Triton launches in a dry run instead of making them and times them apart
-# down Triton's launch path to a driver that launches nothing: the rest of the difference is the launcher's and the
-# driver's share of the launches); then the same for the inference forward at batch 1 (host --forward, and the
-# backbones' forward at 64x96), the side of the 1600x2666 comparison that the host decides.
-bench-gpu-quick:
-	$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
-		--backward --amp bfloat16 --repeat 10
-	$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
-		--amp float16 --repeat 5 --new-sizes 3 --no-memory
-	$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
-		--amp float16 --repeat 5 --new-sizes 3 --no-memory --sdpa-impl torch
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
-		--new-sizes 3 --no-memory
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
-		--new-sizes 3 --no-memory --sdpa-impl torch
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
-		--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl triton
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
-		--backward --amp bfloat16 --repeat 10 --recompute-impl elementwise
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
-		--backward --amp bfloat16 --repeat 10 --attn-impl fast
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
-		--amp float16 --repeat 10
-	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344
-	$(PY) tools/benchmark.py host --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t --compare-recompute
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
-		--sizes 64x96 --batch 2 --backward --amp bfloat16 --repeat 20 --no-memory
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 64x96 \
-		--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl triton
-	$(PY) tools/benchmark.py host --forward --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t
-	$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t \
-		--sizes 64x96 --amp float16 --repeat 20 --no-memory
+# The timed rows of a short turn as steps, each one or more benchmark commands (every command of a step runs, whether
+# the one before it failed or not). make bench-gpu-quick-train runs the detectors' steps, make bench-gpu-quick the
+# backbones' and ops'; make bench-gpu-turn runs them all in the order of GPU_TURN_STEPS (below), each once.
+define newline
 
-# The detectors: the four of the targets (and a profile of one more iteration of each); Pola-Swin-T's Mask R-CNN, whose
-# multi-scale crops give nearly every iteration new image sizes, and right after it in the same process with the
-# depthwise convolutions on the library's convolution (--also-with: side by side) and with the MLPs' and gates' linear
-# layers recomputing their input (MMPOLA_RECOMPUTE=elementwise); RetinaNet Pola-PVT-T, then with those and with every
-# linear layer that recomputes its input (MMPOLA_RECOMPUTE=triton; the default runs the library's); the mmdet
-# detectors with mmpola's optimizer step; Pola-Swin-T's Mask R-CNN with the attention's fast path; last, a detector
-# whose softmax stages (PolaFormer++'s RoPE softmax, no learned mask) torch would send to cuDNN's attention on compute
-# capability 9.0 / 10.0 (a graph built per new size), then with torch's choice.
+
+endef
+
+# The detectors: the four of the targets (and a profile of one more iteration of each, in GPU_PROFILE_DIR).
+define GPU_STEP_train-targets
+-$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
+	--profile $(GPU_PROFILE_DIR)
+endef
+# Pola-Swin-T's Mask R-CNN, whose multi-scale crops give nearly every iteration new image sizes, and right after it in
+# the same process with the depthwise convolutions on the library's convolution (--also-with: side by side) and with
+# the MLPs' and gates' linear layers recomputing their input (MMPOLA_RECOMPUTE=elementwise).
 POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py
+define GPU_STEP_train-pola-swin
+-$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+	--also-with MMPOLA_DEPTHWISE_CONV=torch --also-with MMPOLA_RECOMPUTE=elementwise
+endef
+# RetinaNet Pola-PVT-T, then with those and with every linear layer that recomputes its input
+# (MMPOLA_RECOMPUTE=triton; the default runs the library's).
+define GPU_STEP_train-recompute
+-$(PY) tools/benchmark.py train $(firstword $(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
+	--warmup 20 --also-with MMPOLA_RECOMPUTE=elementwise --also-with MMPOLA_RECOMPUTE=triton
+endef
+# The mmdet detectors with mmpola's optimizer step.
+define GPU_STEP_train-optimizer
+-$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
+	--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
+endef
+# Pola-Swin-T's Mask R-CNN with the attention's fast path.
+define GPU_STEP_train-fast
+-$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+	--attn-impl fast
+endef
+# A detector whose softmax stages (PolaFormer++'s RoPE softmax, no learned mask) torch would send to cuDNN's attention
+# on compute capability 9.0 / 10.0 (a graph built per new size), then with torch's choice.
 SDPA_TRAIN = configs/detection/mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py
-bench-gpu-quick-train:
-	$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
-		--profile $(GPU_LOG_DIR)/benchmark_profile
-	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--also-with MMPOLA_DEPTHWISE_CONV=torch --also-with MMPOLA_RECOMPUTE=elementwise
-	$(PY) tools/benchmark.py train $(firstword $(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
-		--warmup 20 --also-with MMPOLA_RECOMPUTE=elementwise --also-with MMPOLA_RECOMPUTE=triton
-	$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
-		--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
-	$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--attn-impl fast
-	$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-		--also-with MMPOLA_SDPA=torch
+define GPU_STEP_train-sdpa
+-$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+	--also-with MMPOLA_SDPA=torch
+endef
 
-# The timed part of a short turn, after mmcv's build, as one command: bench-gpu-quick-train, then bench-gpu-quick, every
-# command run whether the one before it failed or not (make -i), their output written to GPU_LOG_DIR as it comes
-# (bench-gpu-quick-train.log and bench-gpu-quick.log beside the profiles), so that a turn cut short by its time limit
-# keeps what it measured; e.g. on a machine that hands back a folder: make bench-gpu-quick-compile PY=python3
-# GPU_LOG_DIR=DIR while mmcv builds, then make bench-gpu-turn PY=python3 GPU_LOG_DIR=DIR.
+# The backbones of the target rows, bf16 fwd+bwd.
+define GPU_STEP_backbones
+-$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
+	--backward --amp bfloat16 --repeat 10
+endef
+# Pola-PVT-T, the softmax PVT-T and Pola-Swin-T with the recomputing linear layers, the Pola backbones with those of
+# the MLPs and gates only.
+define GPU_STEP_backbones-recompute
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
+	--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl triton
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
+	--backward --amp bfloat16 --repeat 10 --recompute-impl elementwise
+endef
+# The backbones' steps at 64x96, where the device has almost nothing to do, so that the time is the host's on that
+# machine with the real launches (host, before them, records the Triton launches in a dry run instead of making them
+# and times them apart down Triton's launch path to a driver that launches nothing: the rest of the difference is the
+# launcher's and the driver's share of the launches).
+define GPU_STEP_host
+-$(PY) tools/benchmark.py host --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t --compare-recompute
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
+	--sizes 64x96 --batch 2 --backward --amp bfloat16 --repeat 20 --no-memory
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 64x96 \
+	--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl triton
+endef
+# The forward at 800x1333 and 1600x2666, then the same for the inference forward at batch 1 as GPU_STEP_host (host
+# --forward, and the backbones' forward at 64x96): the side of the 1600x2666 comparison that the host decides.
+define GPU_STEP_forward
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
+	--amp float16 --repeat 10
+-$(PY) tools/benchmark.py host --forward --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t \
+	--sizes 64x96 --amp float16 --repeat 20 --no-memory
+endef
+# Backbones whose softmax stages torch would send to cuDNN's attention on compute capability 9.0 / 10.0 (which builds
+# a graph per new size) at new input sizes (a detector's every iteration), with cuDNN's attention left out ('auto') and
+# with torch's choice (--sdpa-impl torch): in training those without a learned mask (SDPA_BACKBONES), and Pola-Swin-T's
+# forward (evaluation: its windows' mask needs no gradient there).
+define GPU_STEP_new-sizes
+-$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
+	--amp float16 --repeat 5 --new-sizes 3 --no-memory
+-$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
+	--amp float16 --repeat 5 --new-sizes 3 --no-memory --sdpa-impl torch
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
+	--new-sizes 3 --no-memory
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
+	--new-sizes 3 --no-memory --sdpa-impl torch
+endef
+# The attention ops at PVT's first stage; the Pola backbones with the attention's fast path.
+define GPU_STEP_ops
+-$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
+	--backward --amp bfloat16 --repeat 10 --attn-impl fast
+endef
+
+GPU_TRAIN_STEPS = train-targets train-pola-swin train-recompute train-optimizer train-fast train-sdpa
+GPU_BACKBONE_STEPS = backbones new-sizes backbones-recompute ops host forward
+# A turn's order: what decides the targets first (the detectors' time, memory and profiles; the backbones' time), then
+# what explains them, then the rest.
+GPU_TURN_STEPS = train-targets backbones train-pola-swin train-recompute backbones-recompute host train-optimizer \
+	forward new-sizes ops train-fast train-sdpa
+bench-gpu-quick-train:
+	$(foreach step,$(GPU_TRAIN_STEPS),$(GPU_STEP_$(step))$(newline))
+
+bench-gpu-quick:
+	$(foreach step,$(GPU_BACKBONE_STEPS),$(GPU_STEP_$(step))$(newline))
+
+# make bench-gpu-turn PY=python3 GPU_LOG_DIR=DIR: the timed part of a short turn, after mmcv's build, as one command.
+# Every step of GPU_TURN_STEPS runs once: each leaves a mark in GPU_TURN_DONE when it has run, and the command run again
+# (on the same machine, e.g. after a turn cut short by its time limit) goes on with the steps not yet marked (rm -r
+# GPU_TURN_DONE starts over). The output is appended to DIR/bench-gpu-turn.log as it comes (Python's unbuffered), and
+# after each step the training runs' profiles are packed into two files in DIR, so that a machine that hands back only
+# a few files gives back all of them: profiles.tar.gz (the summaries and each iteration's time and size) and
+# traces.tar.gz (the chrome traces).
+GPU_TURN_DONE ?= work_dirs/gpu_turn_done
 bench-gpu-turn:
-	@mkdir -p $(GPU_LOG_DIR)
-	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory -i bench-gpu-quick-train PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) 2>&1 \
-		| tee $(GPU_LOG_DIR)/bench-gpu-quick-train.log
-	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory -i bench-gpu-quick PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) 2>&1 \
-		| tee $(GPU_LOG_DIR)/bench-gpu-quick.log
+	@mkdir -p $(GPU_LOG_DIR) $(GPU_TURN_DONE)
+	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory $(addprefix $(GPU_TURN_DONE)/,$(GPU_TURN_STEPS)) PY=$(PY) \
+		GPU_LOG_DIR=$(GPU_LOG_DIR) GPU_PROFILE_DIR=$(GPU_PROFILE_DIR) 2>&1 | tee -a $(GPU_LOG_DIR)/bench-gpu-turn.log
+
+$(GPU_TURN_DONE)/%:
+	@echo "== step $* ($$(date -u +%T))"
+	$(GPU_STEP_$*)
+	-@if [ -d $(GPU_PROFILE_DIR) ]; then \
+		tar czf $(GPU_LOG_DIR)/profiles.tar.gz -C $(GPU_PROFILE_DIR) --exclude='*_trace.json' . && \
+		(cd $(GPU_PROFILE_DIR) && find . -name '*_trace.json' | tar czf $(abspath $(GPU_LOG_DIR))/traces.tar.gz -T -); \
+	fi
+	@touch $@

@@ -470,24 +470,55 @@ def _makefile_benchmark_commands(*targets):
     return commands
 
 
-def test_the_gpu_turn_keeps_each_commands_output_in_the_log_folder_as_it_comes(tmp_path):
-    """`make bench-gpu-turn GPU_LOG_DIR=DIR` runs bench-gpu-quick-train and then bench-gpu-quick, every command of
-    both whether the one before it failed or not (make -i), with Python's output unbuffered, each target's output
-    written to its log in DIR as it comes and the training runs' profiles in DIR, so that a turn cut short keeps
-    what it measured."""
+def _make(*args, **kwargs):
     import subprocess
 
     from tests.fixtures.paths import REPO
-    logs = tmp_path  # (make -n does not run the recipe's mkdir)
-    text = subprocess.run(['make', '-n', 'bench-gpu-turn', 'PY=python3', f'GPU_LOG_DIR={logs}'], cwd=REPO, check=True,
-                          capture_output=True, text=True).stdout
-    for target in ('bench-gpu-quick-train', 'bench-gpu-quick'):
-        expected = (f'PYTHONUNBUFFERED=1 make --no-print-directory -i {target} PY=python3 GPU_LOG_DIR={logs} 2>&1 '
-                    f'| tee {logs}/{target}.log')
-        assert expected in ' '.join(text.replace('\\\n', ' ').split()), text
-        # make -n runs the recursive make: its dry run's commands are in the log
-        assert 'tools/benchmark.py' in (logs / f'{target}.log').read_text()
-    assert f'--profile {logs}/benchmark_profile' in text
+    return subprocess.run(['make', '--no-print-directory', *args], cwd=REPO, check=True, capture_output=True,
+                          text=True, **kwargs).stdout
+
+
+def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measured(tmp_path):
+    """`make bench-gpu-turn GPU_LOG_DIR=DIR` runs the steps of bench-gpu-quick-train and bench-gpu-quick (every
+    command of each) in the turn's order, with Python's output unbuffered, a failed command followed by the next,
+    the output appended to DIR's log as it comes and the profiles packed into two files in DIR after each step; run
+    again, it goes on with the steps that have not run (a turn cut short by its time limit)."""
+    import tarfile
+
+    # a stand-in for Python: prints its arguments, writes a profile where asked, fails for `host`
+    python = tmp_path / 'python'
+    python.write_text('#!/bin/sh\necho "ran unbuffered=$PYTHONUNBUFFERED $*"\n'
+                      'case "$*" in *--profile*) d=${*##*--profile }; mkdir -p "$d"; echo t > "$d/r_trace.json"; '
+                      'echo p > "$d/r_profile.md";; esac\ncase "$*" in *" host "*) exit 3;; esac\n')
+    python.chmod(0o755)
+    logs, profiles, done = tmp_path / 'out', tmp_path / 'profiles', tmp_path / 'done'
+    variables = [f'PY={python}', f'GPU_LOG_DIR={logs}', f'GPU_PROFILE_DIR={profiles}', f'GPU_TURN_DONE={done}']
+    steps = _make('-s', '--eval=print-turn: ; @echo $(GPU_TURN_STEPS)', 'print-turn').split()
+    sets = [_make('-s', f'--eval=print-set: ; @echo $({name})', 'print-set').split()
+            for name in ('GPU_TRAIN_STEPS', 'GPU_BACKBONE_STEPS')]
+    assert sorted(steps) == sorted(sets[0] + sets[1]) and len(set(steps)) == len(steps)
+    assert steps[0] == 'train-targets'
+    _make('bench-gpu-turn', *variables)
+    log = (logs / 'bench-gpu-turn.log').read_text()
+    assert re.findall(r'^== step (\S+)', log, re.M) == steps
+    ran = [line.split(' ', 2)[2] for line in log.splitlines() if line.startswith('ran ')]
+    assert all(line.startswith('ran unbuffered=1 ') for line in log.splitlines() if line.startswith('ran '))
+    # every command of the two sets, once, the failed host commands' followers too
+    expected = [line.replace(f'{python} ', '', 1) for target in ('bench-gpu-quick-train', 'bench-gpu-quick')
+                for line in _make('-n', target, *variables).splitlines() if line.startswith(str(python))]
+    assert sorted(ran) == sorted(expected) and len(ran) == 21
+    assert sum(' host ' in f' {command} ' for command in ran) == 2
+    with tarfile.open(logs / 'profiles.tar.gz') as archive:
+        assert [os.path.basename(name) for name in archive.getnames() if name != '.'] == ['r_profile.md']
+    with tarfile.open(logs / 'traces.tar.gz') as archive:
+        assert [os.path.basename(name) for name in archive.getnames()] == ['r_trace.json']
+    # run again: only the steps without their mark
+    for step in ('backbones', 'train-sdpa'):
+        (done / step).unlink()
+    (logs / 'bench-gpu-turn.log').unlink()
+    _make('bench-gpu-turn', *variables)
+    assert re.findall(r'^== step (\S+)', (logs / 'bench-gpu-turn.log').read_text(), re.M) == ['backbones',
+                                                                                            'train-sdpa']
 
 
 def test_every_benchmark_command_of_the_makefile_parses():
