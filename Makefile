@@ -320,12 +320,16 @@ bench-gpu-quick:
 # GPU_TURN_DONE starts over). The output is appended to DIR/bench-gpu-turn.log as it comes (Python's unbuffered), and
 # after each step the training runs' profiles are packed into two files in DIR, so that a machine that hands back only
 # a few files gives back all of them: profiles.tar.gz (the summaries and each iteration's time and size) and
-# traces.tar.gz (the chrome traces).
+# traces.tar.gz (the chrome traces). Triton keeps each tuning's choice on disk (TRITON_CACHE_AUTOTUNING=1): the first
+# process that tunes a kernel for a key times its configs, the later ones read its choice (no timing in each
+# process's warm-up; the compile stage, whose processes share the GPU, caches none); TRITON_PRINT_AUTOTUNING=1 logs
+# each tuning and its time.
 GPU_TURN_DONE ?= work_dirs/gpu_turn_done
 bench-gpu-turn:
 	@mkdir -p $(GPU_LOG_DIR) $(GPU_TURN_DONE)
-	PYTHONUNBUFFERED=1 $(MAKE) --no-print-directory $(addprefix $(GPU_TURN_DONE)/,$(GPU_TURN_STEPS)) PY=$(PY) \
-		GPU_LOG_DIR=$(GPU_LOG_DIR) GPU_PROFILE_DIR=$(GPU_PROFILE_DIR) 2>&1 | tee -a $(GPU_LOG_DIR)/bench-gpu-turn.log
+	PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1 $(MAKE) --no-print-directory \
+		$(addprefix $(GPU_TURN_DONE)/,$(GPU_TURN_STEPS)) PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) \
+		GPU_PROFILE_DIR=$(GPU_PROFILE_DIR) 2>&1 | tee -a $(GPU_LOG_DIR)/bench-gpu-turn.log
 
 $(GPU_TURN_DONE)/%:
 	@echo "== step $* ($$(date -u +%T))"

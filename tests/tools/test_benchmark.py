@@ -482,12 +482,13 @@ def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measur
     """`make bench-gpu-turn GPU_LOG_DIR=DIR` runs the steps of bench-gpu-quick-train and bench-gpu-quick (every
     command of each) in the turn's order, with Python's output unbuffered, a failed command followed by the next,
     the output appended to DIR's log as it comes and the profiles packed into two files in DIR after each step; run
-    again, it goes on with the steps that have not run (a turn cut short by its time limit)."""
+    again, it goes on with the steps that have not run (a turn cut short by its time limit). Triton's tunings are
+    kept on disk for the later processes."""
     import tarfile
 
     # a stand-in for Python: prints its arguments, writes a profile where asked, fails for `host`
     python = tmp_path / 'python'
-    python.write_text('#!/bin/sh\necho "ran unbuffered=$PYTHONUNBUFFERED $*"\n'
+    python.write_text('#!/bin/sh\necho "ran unbuffered=$PYTHONUNBUFFERED tuning=$TRITON_CACHE_AUTOTUNING $*"\n'
                       'case "$*" in *--profile*) d=${*##*--profile }; mkdir -p "$d"; echo t > "$d/r_trace.json"; '
                       'echo p > "$d/r_profile.md";; esac\ncase "$*" in *" host "*) exit 3;; esac\n')
     python.chmod(0o755)
@@ -501,8 +502,9 @@ def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measur
     _make('bench-gpu-turn', *variables)
     log = (logs / 'bench-gpu-turn.log').read_text()
     assert re.findall(r'^== step (\S+)', log, re.M) == steps
-    ran = [line.split(' ', 2)[2] for line in log.splitlines() if line.startswith('ran ')]
-    assert all(line.startswith('ran unbuffered=1 ') for line in log.splitlines() if line.startswith('ran '))
+    ran = [line.split(' ', 3)[3] for line in log.splitlines() if line.startswith('ran ')]
+    # Python unbuffered, Triton's tunings kept on disk
+    assert all(line.startswith('ran unbuffered=1 tuning=1 ') for line in log.splitlines() if line.startswith('ran '))
     # every command of the two sets, once, the failed host commands' followers too
     expected = [line.replace(f'{python} ', '', 1) for target in ('bench-gpu-quick-train', 'bench-gpu-quick')
                 for line in _make('-n', target, *variables).splitlines() if line.startswith(str(python))]
