@@ -12,7 +12,10 @@ optimizer wrapper, parameter schedulers and hooks), with these changes, the same
   its resize scales and crop sizes);
 * no pretrained weights (``init_cfg=None`` on the backbone, no ``load_from``), no validation, no
   checkpoint hook; the other hooks as ``--hooks`` says (:func:`apply_hooks`);
-* the run stops after ``--warmup`` + ``--iters`` (+ 1 profiled) iterations.
+* the run stops after ``--warmup`` + ``--iters`` (+ 1 profiled) iterations; right after the timed ones, the
+  batches of the last few of them that came at a size new to the run are run once more (:data:`AGAIN`), and with
+  ``--profile`` the profiled iteration's batch too, profiled again, where its size was new: what the same work
+  costs once its size has been seen.
 
 ``--also-with VARIABLE=VALUE`` times each config once more, right after its own row and in the same process,
 with one of mmpola's implementation variables set for that row (read by the models at each call): a ratio of two
@@ -69,6 +72,8 @@ OBJECTS_PER_IMAGE = (5, 15)
 SYNC_OPS = tuple(f'aten::{name}' for name in HOST_READ_OPS) + ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
                                                               'cudaEventSynchronize')
 TOP_OPS = 15
+# timed iterations at a size new to the run whose batch runs once more after the timed ones (the last ones)
+AGAIN = 3
 HOST_OWN_CODE = ' (own code)'  # a part's range in the host table: its time outside the ops and calls it made
 MEMORY_TEXT = {
     'cuda': 'torch.cuda.max_memory_allocated() over the timed iterations (weights, gradients, optimizer state, '
@@ -462,6 +467,11 @@ class IterationClock:
         self._allocator_start = None
         self.profiled_seconds = None
         self._profile_start = None
+        # the last AGAIN timed iterations at a new size: (batch, size, seconds without the batch's loading)
+        self._new_size_batches = collections.deque(maxlen=AGAIN)
+        self.again = []  # dicts: size, first (s, without loading), again (s): each of them run once more
+        self.profiler_again = None  # the profiled iteration's batch run once more, where its size was new
+        self.profiled_again_seconds = None
 
     @property
     def timed(self):
@@ -487,7 +497,7 @@ class IterationClock:
             peak = _peak_mib(self.device)
             self.peak_mib = peak if self.peak_mib is None else max(self.peak_mib, peak)
 
-    def end(self, runner):
+    def end(self, runner, data_batch=None):
         _synchronize(self.device)
         now = time.perf_counter()
         if self.timed:
@@ -495,21 +505,42 @@ class IterationClock:
             self.iter_sizes.append(self.size)
             self.iter_new.append(self.size_is_new)
             self.observe_peak()
+            if self.size_is_new and data_batch is not None:
+                self._new_size_batches.append((data_batch, self.size, self.iter_times[-1] - self.data_times[-1]))
             if self.index == self.warmup + self.iters - 1:
                 events = _allocator_events(self.device)
                 if events is not None and self._allocator_start is not None:
                     self.allocator = {key: events[key] - self._allocator_start[key] for key in events}
+                for batch, size, first in self._new_size_batches:  # after the timed iterations' counts
+                    self.again.append(dict(size=size, first=first, again=self._run_again(runner, batch)))
+                self._new_size_batches.clear()
                 if self.profiler is None:
                     runner.train_loop.stop_training = True
         elif self.index == self.warmup + self.iters:  # the profiled iteration
             self.profiled_seconds = now - self._profile_start
             self.profiler.stop()
+            if self.size_is_new and data_batch is not None:
+                self.profiler_again = IterationProfiler(self.device)
+                self.profiler_again.start(runner)
+                try:
+                    self.profiled_again_seconds = self._run_again(runner, data_batch)
+                finally:
+                    self.profiler_again.stop()
             runner.train_loop.stop_training = True
         if self.index == self.warmup - 1:
             self.peak_reset = _reset_peak(self.device)
             self._allocator_start = _allocator_events(self.device)
         self.last_end = time.perf_counter()
         self.index += 1
+
+    def _run_again(self, runner, data_batch):
+        """Seconds of one more training step of ``data_batch`` (the loop's step without its hooks and loading:
+        the model's ``train_step`` with the runner's optimizer wrapper), the device synchronised around it."""
+        _synchronize(self.device)
+        start = time.perf_counter()
+        runner.model.train_step(data_batch, optim_wrapper=runner.optim_wrapper)
+        _synchronize(self.device)
+        return time.perf_counter() - start
 
 
 def timing_hooks(clock):
@@ -534,7 +565,7 @@ def timing_hooks(clock):
             clock.last_end = time.perf_counter()
 
         def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-            clock.end(runner)
+            clock.end(runner, data_batch)
 
     return IterationStart(), IterationEnd()
 
@@ -758,24 +789,30 @@ def render_profile(summary, title):
 
 def write_iterations(clock, spec, out_dir):
     """``{stem}_iterations.json``: each timed iteration's s/iter, data s/iter, batch input size and whether the
-    size was new to the run (beside the profile)."""
+    size was new to the run, and the batches run again (:attr:`IterationClock.again`; beside the profile)."""
     os.makedirs(out_dir, exist_ok=True)
-    rows = [dict(seconds=t, data_seconds=d, size=list(size) if size is not None else None, new=bool(new))
+
+    def size_list(size):
+        return list(size) if size is not None else None
+
+    rows = [dict(seconds=t, data_seconds=d, size=size_list(size), new=bool(new))
             for t, d, size, new in zip(clock.iter_times, clock.data_times, clock.iter_sizes, clock.iter_new)]
+    again = [dict(size=size_list(a['size']), first_seconds=a['first'], again_seconds=a['again']) for a in clock.again]
     with open(osp.join(out_dir, f'{file_stem(spec)}_iterations.json'), 'w') as f:
-        json.dump(dict(config=spec, warmup=clock.warmup, iterations=rows), f, indent=1)
+        json.dump(dict(config=spec, warmup=clock.warmup, iterations=rows, again=again), f, indent=1)
 
 
-def write_profile(profiler, clock, device, spec, out_dir, title):
-    """Write the chrome trace and the summary (Markdown and JSON) of the profiled iteration; returns the
-    summary's Markdown (a line saying why there is none where torch's profiler events lack what the summary
-    reads: the timed rows and the trace stay)."""
+def write_profile(profiler, wall_seconds, device, spec, out_dir, title, stem_suffix=''):
+    """Write the chrome trace and the summary (Markdown and JSON) of a profiled iteration (``wall_seconds``
+    long; files named after the config, with ``stem_suffix``); returns the summary's Markdown (a line saying why
+    there is none where torch's profiler events lack what the summary reads: the timed rows and the trace
+    stay)."""
     os.makedirs(out_dir, exist_ok=True)
-    stem = file_stem(spec)
+    stem = file_stem(spec) + stem_suffix
     trace = osp.join(out_dir, f'{stem}_trace.json')
     profiler.prof.export_chrome_trace(trace)
     try:
-        summary = summarize_profile(profiler, clock.profiled_seconds, device)
+        summary = summarize_profile(profiler, wall_seconds, device)
     except (AttributeError, KeyError, TypeError) as err:  # events of a torch version the summary does not know
         first = (str(err).strip().splitlines() or [''])[0][:200]
         return f'{title}: no profile summary ({type(err).__name__}: {first}); the chrome trace: {trace}'
@@ -883,6 +920,15 @@ def sizes_text(summary):
             + (f"; fastest {run(summary['fastest'])}" if summary['fastest'] is not None else ''))
 
 
+def again_text(again):
+    """One line of :attr:`IterationClock.again`."""
+    first, repeated = _median([a['first'] for a in again]), _median([a['again'] for a in again])
+    return (f"the same batch again (the last {len(again)} timed iterations at a size new to the run, each run once "
+            f"more after the timed ones): median {repeated:.3f} s against {first:.3f} s at its first pass, without "
+            f"its loading ({repeated / first:.2f}x); " + ', '.join(
+                f"{_size_text(a['size'])} {a['first']:.3f} -> {a['again']:.3f} s" for a in again))
+
+
 def _also_with_readers():
     """{variable: the function that reads and checks it, or None} of the variables ``--also-with`` may set."""
     from mmpola.ops import IMPLEMENTATION_VARIABLES
@@ -959,11 +1005,16 @@ def _bench_config(spec, args, device):
         row['images_per_s'] = batch / row['median']
         row['trend'] = steadiness(clock.iter_times)
         row['sizes'] = sizes_summary(clock.iter_times, clock.iter_sizes, clock.iter_new)
+        row['again'] = clock.again
         if profiler is not None:
             seen = 'a size new to the run' if clock.size_is_new else 'a size seen before'
             title = (f"{row['config']} ({row['device']}, amp {row['amp']}, batch {batch}, input "
                      f"{_size_text(clock.size)}, {seen})")
-            row['profile'] = write_profile(profiler, clock, device, spec, args.profile, title)
+            row['profile'] = write_profile(profiler, clock.profiled_seconds, device, spec, args.profile, title)
+            if clock.profiler_again is not None:
+                row['profile'] += '\n' + write_profile(
+                    clock.profiler_again, clock.profiled_again_seconds, device, spec, args.profile,
+                    f'{title[:-1]}: the same batch again, its size now seen)', stem_suffix='_again')
             write_iterations(clock, spec, args.profile)
         del runner, profiler
     gc.collect()
@@ -1006,6 +1057,8 @@ def bench_train(args, device):
             print(f"[{i}/{len(runs)}] {r['config']}: {r['median']:.3f} s/iter (median; min {r['min']:.3f}), "
                   f"peak {peak}" + (f", Triton kernels compiled while timed: {len(r['compiled'])}"
                                     if r['device'] == 'cuda' else ''), flush=True)
+            if 'profile' in r:  # at once too: a run stopped before its last config keeps the profiles it made
+                print('\n' + r['profile'], flush=True)
     if not rows:
         for line in skipped:
             print(f'skipped {line}')
@@ -1048,13 +1101,12 @@ def bench_train(args, device):
             print(f"  - {sizes_text(r['sizes'])}")
         if r.get('allocator'):
             print(f"  - CUDA caching allocator during the timed iterations: {allocator_text(r['allocator'])}")
+        if r.get('again'):
+            print(f"  - {again_text(r['again'])}")
         for note in r['notes']:
             print(f'  - {note}')
-    for r in rows:
-        if 'profile' in r:
-            print('\n' + r['profile'])
     if args.profile and rows:
-        print(f'profiles written to {args.profile}')
+        print(f'\nprofiles (printed after each config\'s line above) written to {args.profile}')
     for line in skipped:
         print(f'skipped {line}')
 

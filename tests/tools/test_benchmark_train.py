@@ -28,7 +28,7 @@ def bench_args(**kwargs):
 
 
 def test_train_prints_the_table_and_writes_the_profile(tmp_path):
-    log = run_tool([PYTHON, 'tools/benchmark.py', 'train', RETINANET, '--iters', '1', '--warmup', '1', '--device',
+    log = run_tool([PYTHON, 'tools/benchmark.py', 'train', RETINANET, '--iters', '3', '--warmup', '1', '--device',
                     'cpu', '--img-scale', '160', '128', '--batch-size', '1', '--profile', str(tmp_path)])
     assert '# benchmark train' in log and 'torch.compile for the fast path' in log  # the environment lines
     assert '| config | device | amp | batch | s/iter median |' in log
@@ -41,7 +41,11 @@ def test_train_prints_the_table_and_writes_the_profile(tmp_path):
     assert cells[9] == '-'  # too few timed iterations to tell a trend
     assert f'[1/1] retinanet_pola-pvt-t_fpn_1x_coco: {median:.3f} s/iter (median; min {fastest:.3f}), peak ' in log
     assert 'hooks: RuntimeInfoHook, RandomStateHook, NonFiniteLossHook' in log and 'CheckpointHook' not in log
-    assert re.search(r'batch input sizes: 1 distinct over 1 timed iterations; ', log)
+    # the generated images' orientations (seeded): the first timed iteration at a new size, then the warm-up's twice
+    assert re.search(r'batch input sizes: 2 distinct over 3 timed iterations; 1 at a size new to the run ', log)
+    assert re.search(r'- the same batch again \(the last 1 timed iterations at a size new to the run, each run once '
+                     r'more after the timed ones\): median [0-9.]+ s against [0-9.]+ s at its first pass, without its '
+                     r'loading \([0-9.]+x\); 160x128 ', log)
 
     stem = 'retinanet_pola-pvt-t_fpn_1x_coco'
     with open(tmp_path / f'{stem}_trace.json') as f:
@@ -61,9 +65,13 @@ def test_train_prints_the_table_and_writes_the_profile(tmp_path):
     assert sum(p['cpu_ms'] for p in parts.values()) <= numbers['wall_ms'] * 1.01  # the parts do not overlap
     assert len(numbers['top_ops']) == 15 and numbers['syncs']['aten::_local_scalar_dense'] > 0
     with open(tmp_path / f'{stem}_iterations.json') as f:
-        (iteration,) = json.load(f)['iterations']
-    assert iteration['seconds'] == pytest.approx(median, abs=6e-4) and len(iteration['size']) == 2
-    assert all(side % 32 == 0 and side <= 160 for side in iteration['size'])  # mmdet pads to a multiple of 32
+        iterations = json.load(f)
+    times = sorted(iteration['seconds'] for iteration in iterations['iterations'])
+    assert times[1] == pytest.approx(median, abs=6e-4) and times[0] == pytest.approx(fastest, abs=6e-4)
+    for iteration in iterations['iterations']:
+        assert all(side % 32 == 0 and side <= 160 for side in iteration['size'])  # mmdet pads to a multiple of 32
+    (again,) = iterations['again']
+    assert again['size'] == [160, 128] and again['again_seconds'] > 0 and again['first_seconds'] > 0
 
 
 @pytest.mark.parametrize('mode', ['mmpola', 'library'])
@@ -305,6 +313,50 @@ def test_iterations_at_a_new_size_are_told_from_those_at_a_size_seen_before(monk
         '0.500 s at 64x64 (seen); fastest 0.500 s at 64x64 (seen)')
 
 
+def test_batches_at_a_new_size_run_once_more_after_the_timed_iterations(monkeypatch):
+    """The last few timed iterations at a size new to the run (AGAIN) run their batch once more, by the model's
+    train_step with the runner's optimizer wrapper, after the last timed iteration (outside the timed ones): what
+    the same work costs once its size has been seen, beside its first pass less its loading. The profiled
+    iteration's batch, at a new size, runs once more under a profile of its own."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(TRAIN, '_synchronize', lambda device: None)
+    now = [0.0]
+    monkeypatch.setattr(TRAIN.time, 'perf_counter', lambda: now[0])
+    monkeypatch.setattr(TRAIN, 'batch_input_size', lambda model, batch: batch['size'])
+    ran = []
+
+    class Model(torch.nn.Module):
+        def train_step(self, data, optim_wrapper):
+            assert optim_wrapper is runner.optim_wrapper
+            ran.append((data['size'], clock.index))
+            now[0] += 0.25
+
+    runner = SimpleNamespace(model=Model(), train_loop=SimpleNamespace(stop_training=False),
+                             optim_wrapper=SimpleNamespace(backward=lambda loss: None, step=lambda: None,
+                                                           zero_grad=lambda: None))
+    clock = TRAIN.IterationClock(torch.device('cpu'), warmup=1, iters=5, profiler=TRAIN.IterationProfiler(
+        torch.device('cpu')))
+    clock.last_end = 0.0
+    # the warm-up at A; timed B, C (new), A (seen), D, E (new); the profiled iteration at F (new)
+    for size, seconds in (('A', 1.0), ('B', 2.0), ('C', 3.0), ('A', 0.5), ('D', 4.0), ('E', 5.0), ('F', 6.0)):
+        batch = dict(size=(size, size))
+        now[0] += 0.125  # its loading
+        clock.begin(runner, batch)
+        now[0] += seconds
+        clock.end(runner, batch)
+        assert not ran or clock.index >= 6  # none inside the timed iterations
+    assert ran == [(('C', 'C'), 5), (('D', 'D'), 5), (('E', 'E'), 5), (('F', 'F'), 6)]
+    assert [(a['size'][0], a['first'], a['again']) for a in clock.again] == [('C', 3.0, 0.25), ('D', 4.0, 0.25),
+                                                                           ('E', 5.0, 0.25)]
+    assert clock.iter_times == [2.125, 3.125, 0.625, 4.125, 5.125]  # the replays are not in them
+    assert clock.profiler_again is not None and clock.profiled_again_seconds == 0.25
+    assert runner.train_loop.stop_training
+    assert TRAIN.again_text(clock.again) == (
+        'the same batch again (the last 3 timed iterations at a size new to the run, each run once more after the '
+        'timed ones): median 0.250 s against 4.000 s at its first pass, without its loading (0.06x); CxC 3.000 -> '
+        '0.250 s, DxD 4.000 -> 0.250 s, ExE 5.000 -> 0.250 s')
+
+
 def test_the_allocators_events_are_counted_over_the_timed_iterations_only(monkeypatch):
     """On CUDA each row counts what the caching allocator asked of the driver during the timed iterations (each
     cudaMalloc or cudaFree makes the host wait): the counts after the last timed iteration less those at the end of
@@ -342,8 +394,7 @@ def test_a_profile_summary_that_fails_leaves_the_trace_and_says_why(tmp_path, mo
 
     monkeypatch.setattr(TRAIN, 'summarize_profile', summary_of_other_events)
     profiler = SimpleNamespace(prof=SimpleNamespace(export_chrome_trace=lambda path: open(path, 'w').write('{}')))
-    clock = SimpleNamespace(profiled_seconds=0.1)
-    text = TRAIN.write_profile(profiler, clock, torch.device('cuda'), 'configs/x/a_b.py', str(tmp_path), 'a_b')
+    text = TRAIN.write_profile(profiler, 0.1, torch.device('cuda'), 'configs/x/a_b.py', str(tmp_path), 'a_b')
     assert (tmp_path / 'a_b_trace.json').is_file()
     assert text.startswith('a_b: no profile summary (AttributeError: ') and str(tmp_path) in text
 
