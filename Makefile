@@ -248,10 +248,14 @@ define GPU_STEP_train-sdpa
 	--also-with MMPOLA_SDPA=torch
 endef
 
-# The backbones of the target rows, bf16 fwd+bwd.
+# The backbones of the target rows, bf16 fwd+bwd; then Pola-Swin-T's and the softmax Swin-T's training step in fp16 (the
+# detectors' --amp) at three sizes not seen before beside the fixed size: whether the backbone holds the time that
+# Pola-Swin-T's Mask R-CNN spends at new image sizes.
 define GPU_STEP_backbones
 -$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
 	--backward --amp bfloat16 --repeat 10
+-$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t --sizes 800x1344 --batch 2 \
+	--backward --amp float16 --repeat 5 --new-sizes 3 --no-memory
 endef
 # Pola-PVT-T, the softmax PVT-T and Pola-Swin-T with the recomputing linear layers, the Pola backbones with those of
 # the MLPs and gates only.

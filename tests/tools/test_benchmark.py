@@ -508,7 +508,7 @@ def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measur
     # every command of the two sets, once, the failed host commands' followers too
     expected = [line.replace(f'{python} ', '', 1) for target in ('bench-gpu-quick-train', 'bench-gpu-quick')
                 for line in _make('-n', target, *variables).splitlines() if line.startswith(str(python))]
-    assert sorted(ran) == sorted(expected) and len(ran) == 21
+    assert sorted(ran) == sorted(expected) and len(ran) == 22
     assert sum(' host ' in f' {command} ' for command in ran) == 2
     with tarfile.open(logs / 'profiles.tar.gz') as archive:
         assert [os.path.basename(name) for name in archive.getnames() if name != '.'] == ['r_profile.md']
