@@ -313,12 +313,20 @@ def choices_kept():
     """A context after which the configs every tunable kernel has chosen are those it had chosen before it (its
     autotuner's and :func:`launch`'s records, the configs that ran where a default did not fit): for a benchmark
     whose launches time nothing (a driver that stands in for a GPU's: tools/benchmark_host.py), so that what it
-    chose untimed is not what later launches run."""
+    chose untimed is not what later launches run. Inside, the autotuners keep no choice on disk (Triton's
+    ``TRITON_CACHE_AUTOTUNING``, which later processes of the same GPU would read) and log none
+    (``TRITON_PRINT_AUTOTUNING``)."""
     chosen, tuned = dict(_CHOSEN), [dict(tuner.cache) for tuner in _TUNERS]
     fitting, did_not_fit = dict(_FITTING), set(_DID_NOT_FIT)
+    on_disk = [getattr(tuner, 'cache_results', False) for tuner in _TUNERS]
+    for tuner in _TUNERS:
+        tuner.cache_results = False
     try:
-        yield
+        with _autotuning_log_off():
+            yield
     finally:
+        for tuner, cache_results in zip(_TUNERS, on_disk):
+            tuner.cache_results = cache_results
         _CHOSEN.clear()
         _CHOSEN.update(chosen)
         _FITTING.clear()
@@ -328,6 +336,21 @@ def choices_kept():
         for tuner, cache in zip(_TUNERS, tuned):
             tuner.cache.clear()
             tuner.cache.update(cache)
+
+
+@contextlib.contextmanager
+def _autotuning_log_off():
+    """A context without Triton's log of each tuning (``TRITON_PRINT_AUTOTUNING``; a Triton without ``knobs``: as
+    it is)."""
+    try:
+        from triton import knobs
+        settings = knobs.autotuning
+    except (ImportError, AttributeError):
+        yield
+        return
+    with settings.scope():
+        settings.print = False
+        yield
 
 
 def relaunch(recorded):

@@ -303,13 +303,19 @@ def test_a_tuned_launch_goes_through_the_autotuner_once_per_key(monkeypatch):
         for _ in range(2):
             launch(silent, (1, ), x, 20, 1.0, default=dict(BLOCK=16, num_warps=4))
         assert len(silent.tuned) == 2 and silent.fn.calls == [32, 32], missing
-    # a benchmark whose launches time nothing leaves no choice behind
+    # a benchmark whose launches time nothing leaves no choice behind, on disk (Triton's cache of tunings, which
+    # later processes would read) or in its log neither
+    from triton import knobs
     chosen, real = dict(triton_support._CHOSEN), triton_support._TUNERS[0]
+    monkeypatch.setattr(real, 'cache_results', True)
+    monkeypatch.setattr(knobs.autotuning, 'print', True)
     with triton_support.choices_kept():
         launch(_Autotuner(), (1, ), x, 20, 1.0, default=dict(BLOCK=16, num_warps=4))
         real.cache[('made-up', )] = real.configs[0]
         assert len(triton_support._CHOSEN) == len(chosen) + 1
+        assert not real.cache_results and not knobs.autotuning.print
     assert triton_support._CHOSEN == chosen and ('made-up', ) not in real.cache
+    assert real.cache_results and knobs.autotuning.print
 
 
 def test_kernels_launch_on_their_tensors_device(monkeypatch):
