@@ -176,10 +176,11 @@ bench-gpu-train:
 # slow the host side of every step, which at batch 2 takes about as long as these backbones' steps); after it, make
 # bench-gpu-turn PY=python3 (below: the detectors' and the backbones' steps, those that decide the targets first, as
 # time allows; a second call on the same machine goes on where the first stopped). The compile stage, in parallel: the
-# kernels of the two Pola backbones in bf16 and in fp16 (the detectors' --amp; the timed runs tune again: only Triton's
-# disk cache is shared), in fp16 also with every recomputing layer's kernels (those of the training rows'
-# MMPOLA_RECOMPUTE variants), and the models' Triton paths checked against the library's (GPU_MODEL_TESTS, needs pytest;
-# the log in GPU_LOG_DIR/gpu_model_tests.log), with the softmax kinds' attention backends (GPU_SDPA_TESTS).
+# kernels of the two Pola backbones in bf16 and in fp16 (the detectors' --amp; only the compiled kernels are kept for
+# the timed runs, which tune them again: the compile stage's processes share the GPU), in fp16 also with every
+# recomputing layer's kernels (those of the training rows' MMPOLA_RECOMPUTE variants), and the models' Triton paths
+# checked against the library's (GPU_MODEL_TESTS, needs pytest; the log in GPU_LOG_DIR/gpu_model_tests.log), with the
+# softmax kinds' attention backends (GPU_SDPA_TESTS).
 GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t softmax-pvtv2-b2 timm-pvt-v2-b2
 # backbones with softmax stages whose mask needs no gradient in training (PVTv2's spatial reduction, CSWin's stripes,
 # PolaFormer++'s RoPE softmax): what torch sends to cuDNN's attention first on compute capability 9.0 / 10.0
