@@ -186,7 +186,7 @@ GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-
 # PolaFormer++'s RoPE softmax): what torch sends to cuDNN's attention first on compute capability 9.0 / 10.0
 SDPA_BACKBONES = softmax-pvtv2-b2 flatten-cswin-t polaformer++-b2
 bench-gpu-quick-compile:
-	@mkdir -p $(GPU_LOG_DIR); \
+	@mkdir -p $(GPU_LOG_DIR); echo "== compile stage ($$(date -u +%T))"; \
 	$(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) \
 		>$(GPU_LOG_DIR)/gpu_model_tests.log 2>&1 & \
 	tests=$$!; \
@@ -201,7 +201,7 @@ bench-gpu-quick-compile:
 	$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 --impls triton --repeat 1 --no-memory \
 		--no-error >/dev/null 2>&1 & \
 	wait $$tests; rc=$$?; wait; \
-	tail -n 12 $(GPU_LOG_DIR)/gpu_model_tests.log; \
+	tail -n 12 $(GPU_LOG_DIR)/gpu_model_tests.log; echo "== compile stage done ($$(date -u +%T))"; \
 	[ $$rc -eq 0 ] || echo "$(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) failed (above): checks of this GPU's paths"
 
 # The timed rows of a short turn as steps, each one or more benchmark commands (every command of a step runs, whether
