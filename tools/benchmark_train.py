@@ -925,7 +925,7 @@ def again_text(again):
     first, repeated = _median([a['first'] for a in again]), _median([a['again'] for a in again])
     return (f"the same batch again (the last {len(again)} timed iterations at a size new to the run, each run once "
             f"more after the timed ones): median {repeated:.3f} s against {first:.3f} s at its first pass, without "
-            f"its loading ({repeated / first:.2f}x); " + ', '.join(
+            f"its loading ({repeated / max(first, 1e-9):.2f}x); " + ', '.join(
                 f"{_size_text(a['size'])} {a['first']:.3f} -> {a['again']:.3f} s" for a in again))
 
 
@@ -1008,13 +1008,13 @@ def _bench_config(spec, args, device):
         row['again'] = clock.again
         if profiler is not None:
             seen = 'a size new to the run' if clock.size_is_new else 'a size seen before'
-            title = (f"{row['config']} ({row['device']}, amp {row['amp']}, batch {batch}, input "
-                     f"{_size_text(clock.size)}, {seen})")
-            row['profile'] = write_profile(profiler, clock.profiled_seconds, device, spec, args.profile, title)
+            details = f"{row['device']}, amp {row['amp']}, batch {batch}, input {_size_text(clock.size)}"
+            row['profile'] = write_profile(profiler, clock.profiled_seconds, device, spec, args.profile,
+                                           f"{row['config']} ({details}, {seen})")
             if clock.profiler_again is not None:
                 row['profile'] += '\n' + write_profile(
                     clock.profiler_again, clock.profiled_again_seconds, device, spec, args.profile,
-                    f'{title[:-1]}: the same batch again, its size now seen)', stem_suffix='_again')
+                    f"{row['config']} ({details}: the same batch again, its size now seen)", stem_suffix='_again')
             write_iterations(clock, spec, args.profile)
         del runner, profiler
     gc.collect()
@@ -1057,7 +1057,7 @@ def bench_train(args, device):
             print(f"[{i}/{len(runs)}] {r['config']}: {r['median']:.3f} s/iter (median; min {r['min']:.3f}), "
                   f"peak {peak}" + (f", Triton kernels compiled while timed: {len(r['compiled'])}"
                                     if r['device'] == 'cuda' else ''), flush=True)
-            if 'profile' in r:  # at once too: a run stopped before its last config keeps the profiles it made
+            if 'profile' in r:  # at once: a run stopped before its last config keeps the profiles it made
                 print('\n' + r['profile'], flush=True)
     if not rows:
         for line in skipped:
