@@ -472,6 +472,7 @@ class IterationClock:
         self.again = []  # dicts: size, first (s, without loading), again (s): each of them run once more
         self.profiler_again = None  # the profiled iteration's batch run once more, where its size was new
         self.profiled_again_seconds = None
+        self.again_error = None  # why a batch could not run again
 
     @property
     def timed(self):
@@ -511,8 +512,9 @@ class IterationClock:
                 events = _allocator_events(self.device)
                 if events is not None and self._allocator_start is not None:
                     self.allocator = {key: events[key] - self._allocator_start[key] for key in events}
-                for batch, size, first in self._new_size_batches:  # after the timed iterations' counts
-                    self.again.append(dict(size=size, first=first, again=self._run_again(runner, batch)))
+                with self._again_errors_noted():  # after the timed iterations' counts
+                    for batch, size, first in self._new_size_batches:
+                        self.again.append(dict(size=size, first=first, again=self._run_again(runner, batch)))
                 self._new_size_batches.clear()
                 if self.profiler is None:
                     runner.train_loop.stop_training = True
@@ -520,18 +522,30 @@ class IterationClock:
             self.profiled_seconds = now - self._profile_start
             self.profiler.stop()
             if self.size_is_new and data_batch is not None:
-                self.profiler_again = IterationProfiler(self.device)
-                self.profiler_again.start(runner)
-                try:
-                    self.profiled_again_seconds = self._run_again(runner, data_batch)
-                finally:
-                    self.profiler_again.stop()
+                with self._again_errors_noted():
+                    profiler = IterationProfiler(self.device)
+                    profiler.start(runner)
+                    try:
+                        self.profiled_again_seconds = self._run_again(runner, data_batch)
+                    finally:
+                        profiler.stop()
+                    self.profiler_again = profiler
             runner.train_loop.stop_training = True
         if self.index == self.warmup - 1:
             self.peak_reset = _reset_peak(self.device)
             self._allocator_start = _allocator_events(self.device)
         self.last_end = time.perf_counter()
         self.index += 1
+
+    @contextlib.contextmanager
+    def _again_errors_noted(self):
+        """A context in which an error of running a batch again (out of memory, a profiler that does not start
+        twice) is noted in :attr:`again_error` rather than raised: the row's timed iterations stand without it."""
+        try:
+            yield
+        except Exception as error:  # whatever it is, the timed row must not be lost to it
+            first = (str(error).strip().splitlines() or [''])[0][:200]
+            self.again_error = f'{type(error).__name__}: {first}'
 
     def _run_again(self, runner, data_batch):
         """Seconds of one more training step of ``data_batch`` (the loop's step without its hooks and loading:
@@ -1005,7 +1019,7 @@ def _bench_config(spec, args, device):
         row['images_per_s'] = batch / row['median']
         row['trend'] = steadiness(clock.iter_times)
         row['sizes'] = sizes_summary(clock.iter_times, clock.iter_sizes, clock.iter_new)
-        row['again'] = clock.again
+        row['again'], row['again_error'] = clock.again, clock.again_error
         if profiler is not None:
             seen = 'a size new to the run' if clock.size_is_new else 'a size seen before'
             details = f"{row['device']}, amp {row['amp']}, batch {batch}, input {_size_text(clock.size)}"
@@ -1103,6 +1117,8 @@ def bench_train(args, device):
             print(f"  - CUDA caching allocator during the timed iterations: {allocator_text(r['allocator'])}")
         if r.get('again'):
             print(f"  - {again_text(r['again'])}")
+        if r.get('again_error'):
+            print(f"  - a batch could not run again ({r['again_error']}); the timed iterations stand")
         for note in r['notes']:
             print(f'  - {note}')
     if args.profile and rows:

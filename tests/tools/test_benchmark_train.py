@@ -351,10 +351,33 @@ def test_batches_at_a_new_size_run_once_more_after_the_timed_iterations(monkeypa
     assert clock.iter_times == [2.125, 3.125, 0.625, 4.125, 5.125]  # the replays are not in them
     assert clock.profiler_again is not None and clock.profiled_again_seconds == 0.25
     assert runner.train_loop.stop_training
+    assert clock.again_error is None
     assert TRAIN.again_text(clock.again) == (
         'the same batch again (the last 3 timed iterations at a size new to the run, each run once more after the '
         'timed ones): median 0.250 s against 4.000 s at its first pass, without its loading (0.06x); CxC 3.000 -> '
         '0.250 s, DxD 4.000 -> 0.250 s, ExE 5.000 -> 0.250 s')
+
+
+def test_a_batch_that_cannot_run_again_leaves_the_timed_iterations(monkeypatch):
+    """Running a batch again is an extra: where it fails (out of memory, say), the error is noted for the row and
+    the run stops as it would have, its timed iterations kept."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(TRAIN, '_synchronize', lambda device: None)
+    monkeypatch.setattr(TRAIN, 'batch_input_size', lambda model, batch: batch['size'])
+
+    class Model(torch.nn.Module):
+        def train_step(self, data, optim_wrapper):
+            raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB\nmore')
+
+    runner = SimpleNamespace(model=Model(), train_loop=SimpleNamespace(stop_training=False), optim_wrapper=None)
+    clock = TRAIN.IterationClock(torch.device('cpu'), warmup=1, iters=2)
+    clock.last_end = 0.0
+    for size in ('A', 'B', 'C'):
+        batch = dict(size=(size, size))
+        clock.begin(runner, batch)
+        clock.end(runner, batch)
+    assert len(clock.iter_times) == 2 and clock.again == [] and runner.train_loop.stop_training
+    assert clock.again_error == 'RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB'
 
 
 def test_the_allocators_events_are_counted_over_the_timed_iterations_only(monkeypatch):
