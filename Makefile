@@ -185,13 +185,16 @@ GPU_TARGET_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-
 # backbones with softmax stages whose mask needs no gradient in training (PVTv2's spatial reduction, CSWin's stripes,
 # PolaFormer++'s RoPE softmax): what torch sends to cuDNN's attention first on compute capability 9.0 / 10.0
 SDPA_BACKBONES = softmax-pvtv2-b2 flatten-cswin-t polaformer++-b2
-# the compile stage's tests stop after this many seconds (what they had checked stays in their log), so that the
-# timed steps keep their share of a short turn
+# the compile stage's tests run in GPU_COMPILE_TEST_JOBS processes (pytest-xdist, each test to the next free one; 0:
+# one process) and stop after GPU_TESTS_TIMEOUT seconds (what they had checked stays in their log), so that the timed
+# steps keep their share of a short turn
+GPU_COMPILE_TEST_JOBS ?= 3
 GPU_TESTS_TIMEOUT ?= 360
 bench-gpu-quick-compile:
 	@mkdir -p $(GPU_LOG_DIR); echo "== compile stage ($$(date -u +%T))"; \
-	timeout $(GPU_TESTS_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider $(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) \
-		>$(GPU_LOG_DIR)/gpu_model_tests.log 2>&1 & \
+	timeout $(GPU_TESTS_TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider \
+		$(if $(filter 0,$(GPU_COMPILE_TEST_JOBS)),,-n $(GPU_COMPILE_TEST_JOBS) --dist load) \
+		$(GPU_MODEL_TESTS) $(GPU_SDPA_TESTS) >$(GPU_LOG_DIR)/gpu_model_tests.log 2>&1 & \
 	tests=$$!; \
 	for model in pola-pvt-t pola-swin-t; do \
 		$(PY) tools/benchmark.py backbone --device cuda --models $$model --sizes 800x1344 --batch 2 --backward \
