@@ -449,13 +449,10 @@ def _makefile_benchmark_commands(*targets):
     """The argument lists of every ``tools/benchmark.py`` command that ``make`` runs for ``targets`` (as
     ``make -n`` prints them; a shell loop's variable takes each of its values)."""
     import os.path as osp
-    import re
     import shlex
-    import subprocess
 
     from tests.fixtures.paths import REPO
-    text = subprocess.run(['make', '-n', *targets, 'PY=python3'], cwd=REPO, check=True, capture_output=True,
-                          text=True).stdout.replace('\\\n', ' ')
+    text = _make('-n', *targets, 'PY=python3').replace('\\\n', ' ')
     loop = re.compile(r'for (\w+) in ([^;]+); do(.*?)done')
     commands = []
     for line in text.splitlines():
@@ -470,12 +467,13 @@ def _makefile_benchmark_commands(*targets):
     return commands
 
 
-def _make(*args, **kwargs):
+def _make(*args):
+    """The output of ``make ARGS`` in the repository (it must succeed)."""
     import subprocess
 
     from tests.fixtures.paths import REPO
     return subprocess.run(['make', '--no-print-directory', *args], cwd=REPO, check=True, capture_output=True,
-                          text=True, **kwargs).stdout
+                          text=True).stdout
 
 
 def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measured(tmp_path):
