@@ -96,9 +96,10 @@ GPU_BACKBONES = pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t timm-swin-t 
 # configs in the training comparison: their rows with the step of mmpola's configs
 MMPOLA_OPTIM_STEP = optim_wrapper.constructor=mmpola.MergedGroupsOptimWrapperConstructor \
 	optim_wrapper.optimizer.fused=True
+POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py
+SWIN_MASK_RCNN = mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py
 GPU_TRAIN = configs/detection/retinanet_pola-pvt-t_fpn_1x_coco.py mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py \
-	configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py \
-	mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py
+	$(POLA_SWIN_MASK_RCNN) $(SWIN_MASK_RCNN)
 # Where the Triton kernels run: compiled (and tuned) at their first use in each process
 GPU_TRITON_BACKBONES = pola-pvt-t pola-swin-t flatten-pvt-t inline-pvt-t flatten-swin-t inline-swin-t polaformer++-b2 \
 	polaformer++-b4
@@ -226,11 +227,15 @@ define GPU_STEP_train-targets
 endef
 # Pola-Swin-T's Mask R-CNN, whose multi-scale crops give nearly every iteration new image sizes, and right after it in
 # the same process with the depthwise convolutions on the library's convolution (--also-with: side by side) and with
-# the MLPs' and gates' linear layers recomputing their input (MMPOLA_RECOMPUTE=elementwise).
-POLA_SWIN_MASK_RCNN = configs/detection/mask-rcnn_pola-swin-t_fpn_ms-crop-3x_coco.py
+# the MLPs' and gates' linear layers recomputing their input (MMPOLA_RECOMPUTE=elementwise); then it and mmdet's
+# Swin-T Mask R-CNN in a process whose CUDA caching allocator grows its segments in place of new ones
+# (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, read when CUDA starts): the time that new sizes spend in
+# cudaMalloc, beside the allocator events the first command counts.
 define GPU_STEP_train-pola-swin
 -$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
 	--also-with MMPOLA_DEPTHWISE_CONV=torch --also-with MMPOLA_RECOMPUTE=elementwise
+-PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) \
+	$(SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10
 endef
 # RetinaNet Pola-PVT-T, then with those and with every linear layer that recomputes its input
 # (MMPOLA_RECOMPUTE=triton; the default runs the library's).

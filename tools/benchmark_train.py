@@ -418,6 +418,13 @@ def allocator_text(events):
     return ', '.join(f'{events[key]} {label}' for key, label in ALLOCATOR_EVENTS.items())
 
 
+def allocator_settings():
+    """The CUDA caching allocator's settings of this process as the environment gave them when CUDA started
+    ('PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True', or 'its defaults')."""
+    conf = os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '').strip()
+    return f'PYTORCH_CUDA_ALLOC_CONF={conf}' if conf else 'its defaults'
+
+
 def _peak_mib(device):
     if device.type == 'cuda':
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -1114,7 +1121,8 @@ def bench_train(args, device):
         if r.get('sizes'):
             print(f"  - {sizes_text(r['sizes'])}")
         if r.get('allocator'):
-            print(f"  - CUDA caching allocator during the timed iterations: {allocator_text(r['allocator'])}")
+            print(f"  - CUDA caching allocator ({allocator_settings()}) during the timed iterations: "
+                  f"{allocator_text(r['allocator'])}")
         if r.get('again'):
             print(f"  - {again_text(r['again'])}")
         if r.get('again_error'):

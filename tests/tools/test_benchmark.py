@@ -486,7 +486,8 @@ def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measur
 
     # a stand-in for Python: prints its arguments, writes a profile where asked, fails for `host`
     python = tmp_path / 'python'
-    python.write_text('#!/bin/sh\necho "ran unbuffered=$PYTHONUNBUFFERED tuning=$TRITON_CACHE_AUTOTUNING $*"\n'
+    python.write_text('#!/bin/sh\necho "ran unbuffered=$PYTHONUNBUFFERED tuning=$TRITON_CACHE_AUTOTUNING '
+                      'alloc=${PYTORCH_CUDA_ALLOC_CONF:-default} $*"\n'
                       'case "$*" in *--profile*) d=${*##*--profile }; mkdir -p "$d"; echo t > "$d/r_trace.json"; '
                       'echo p > "$d/r_profile.md";; esac\ncase "$*" in *" host "*) exit 3;; esac\n')
     python.chmod(0o755)
@@ -500,13 +501,18 @@ def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measur
     _make('bench-gpu-turn', *variables)
     log = (logs / 'bench-gpu-turn.log').read_text()
     assert re.findall(r'^== step (\S+)', log, re.M) == steps
-    ran = [line.split(' ', 3)[3] for line in log.splitlines() if line.startswith('ran ')]
+    ran = [line.split(' ', 4)[4] for line in log.splitlines() if line.startswith('ran ')]
     # Python unbuffered, Triton's tunings kept on disk
     assert all(line.startswith('ran unbuffered=1 tuning=1 ') for line in log.splitlines() if line.startswith('ran '))
-    # every command of the two sets, once, the failed host commands' followers too
-    expected = [line.replace(f'{python} ', '', 1) for target in ('bench-gpu-quick-train', 'bench-gpu-quick')
-                for line in _make('-n', target, *variables).splitlines() if line.startswith(str(python))]
-    assert sorted(ran) == sorted(expected) and len(ran) == 22
+    # every command of the two sets, once, the failed host commands' followers too; a command's own environment
+    # (the caching allocator's settings of one training command) reaches it
+    commands = [re.sub(r'^(\w+=\S+ )*', '', line) for target in ('bench-gpu-quick-train', 'bench-gpu-quick')
+                for line in _make('-n', target, *variables).splitlines()]
+    expected = [line.replace(f'{python} ', '', 1) for line in commands if line.startswith(str(python))]
+    assert sorted(ran) == sorted(expected) and len(ran) == 23
+    allocators = [line for line in log.splitlines() if line.startswith('ran ') and 'alloc=default' not in line]
+    assert len(allocators) == 1, allocators
+    assert 'alloc=expandable_segments:True tools/benchmark.py train ' in allocators[0]
     assert sum(' host ' in f' {command} ' for command in ran) == 2
     with tarfile.open(logs / 'profiles.tar.gz') as archive:
         assert [os.path.basename(name) for name in archive.getnames() if name != '.'] == ['r_profile.md']

@@ -403,6 +403,10 @@ def test_the_allocators_events_are_counted_over_the_timed_iterations_only(monkey
     assert clock.allocator == dict(num_device_alloc=3, num_device_free=4, num_alloc_retries=1, num_sync_all_streams=1)
     assert TRAIN.allocator_text(clock.allocator) == '3 cudaMalloc, 4 cudaFree, 1 retries, 1 syncs of all streams'
     assert TRAIN._allocator_events(torch.device('cpu')) is None
+    monkeypatch.delenv('PYTORCH_CUDA_ALLOC_CONF', raising=False)
+    assert TRAIN.allocator_settings() == 'its defaults'
+    monkeypatch.setenv('PYTORCH_CUDA_ALLOC_CONF', 'expandable_segments:True')
+    assert TRAIN.allocator_settings() == 'PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True'
 
 
 def test_a_profile_summary_that_fails_leaves_the_trace_and_says_why(tmp_path, monkeypatch):
