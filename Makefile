@@ -261,12 +261,12 @@ define GPU_STEP_train-sdpa
 	--also-with MMPOLA_SDPA=torch
 endef
 
-# The backbones of the target rows, bf16 fwd+bwd; then Pola-Swin-T's and the softmax Swin-T's training step in fp16 (the
-# detectors' --amp) at three sizes not seen before beside the fixed size: whether the backbone holds the time that
-# Pola-Swin-T's Mask R-CNN spends at new image sizes.
+# The backbones of the target rows, bf16 fwd+bwd, and a profile of one more step of each (in GPU_PROFILE_DIR); then
+# Pola-Swin-T's and the softmax Swin-T's training step in fp16 (the detectors' --amp) at three sizes not seen before
+# beside the fixed size: whether the backbone holds the time that Pola-Swin-T's Mask R-CNN spends at new image sizes.
 define GPU_STEP_backbones
 -$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
-	--backward --amp bfloat16 --repeat 10
+	--backward --amp bfloat16 --repeat 10 --profile $(GPU_PROFILE_DIR)
 -$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t --sizes 800x1344 --batch 2 \
 	--backward --amp float16 --repeat 5 --new-sizes 3 --no-memory
 endef
@@ -281,11 +281,12 @@ endef
 # The backbones' steps at 64x96, where the device has almost nothing to do, so that the time is the host's on that
 # machine with the real launches (host, before them, records the Triton launches in a dry run instead of making them
 # and times them apart down Triton's launch path to a driver that launches nothing: the rest of the difference is the
-# launcher's and the driver's share of the launches).
+# launcher's and the driver's share of the launches; the profiles of one more step of each give the host's time by
+# operator and by CUDA call, launches included).
 define GPU_STEP_host
 -$(PY) tools/benchmark.py host --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t --compare-recompute
 -$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
-	--sizes 64x96 --batch 2 --backward --amp bfloat16 --repeat 20 --no-memory
+	--sizes 64x96 --batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --profile $(GPU_PROFILE_DIR)
 -$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 64x96 \
 	--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl triton
 endef

@@ -8,6 +8,9 @@
     python tools/benchmark.py backbone                  # Pola-PVT-T/S, Pola-Swin-T vs mmdet PVT-T, Swin-T
     python tools/benchmark.py backbone --models pola-pvt-t swin-t --sizes 224 800x1333
     python tools/benchmark.py backbone --models all --sizes 224 800x1333 --no-memory  # every backbone
+    python tools/benchmark.py backbone --models pola-pvt-t softmax-pvt-t --sizes 800x1344 --batch 2 --backward \
+        --profile DIR                                   # ... and one more pass of each row under torch.profiler,
+                                                        # summarised as train's --profile does
     python tools/benchmark.py scaling                   # Pola-PVT-T 800x1333 -> 1600x2666 time growth
     python tools/benchmark.py ops                       # aten operators / kernels / syncs of one fwd+bwd
     python tools/benchmark.py ops --attn-impl triton --amp bfloat16 --roofline h200
@@ -628,11 +631,15 @@ def build_named_backbone(name, attn_impl=None):
     return model
 
 
-def backbone_pass(model, image, backward=False, amp=None):
+PASS_RANGES = ('forward', 'backward')  # the profiler's ranges of a backbone pass (backbone_pass(ranges=True))
+
+
+def backbone_pass(model, image, backward=False, amp=None, ranges=False):
     """The timed pass of a backbone: forward under no_grad, or forward and backward of the sum of the
     outputs' means (train mode); ``amp``: the autocast dtype name, or None. The backward's gradients are set to
     None before each pass as an optimizer wrapper does (over its list of parameters, not by a traversal of the
-    modules: ``model.zero_grad`` makes more Python calls than some backbones' forward)."""
+    modules: ``model.zero_grad`` makes more Python calls than some backbones' forward). ``ranges``: the forward
+    and the backward each in a profiler range (:data:`PASS_RANGES`)."""
     device_type = image.device.type
     autocast = torch.autocast(device_type, dtype=getattr(torch, amp)) if amp else contextlib.nullcontext()
     params = list(model.parameters())
@@ -649,7 +656,51 @@ def backbone_pass(model, image, backward=False, amp=None):
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         sum(o.float().mean() for o in outs).backward()
 
+    if ranges:  # the same passes in the ranges (apart: the timed passes make no more Python calls)
+        record = torch.profiler.record_function
+
+        def forward():
+            with record(PASS_RANGES[0]), torch.no_grad(), autocast:
+                model(image)
+
+        def forward_backward():
+            for param in params:
+                param.grad = None
+            with record(PASS_RANGES[0]), autocast:
+                outs = model(image)
+            outs = outs if isinstance(outs, (list, tuple)) else [outs]
+            with record(PASS_RANGES[1]):
+                sum(o.float().mean() for o in outs).backward()
+
     return forward_backward if backward else forward
+
+
+def profile_backbone_pass(model, image, args, device, name):
+    """One more pass of ``model`` on ``image`` (as 'backbone' times it) under torch.profiler, written to
+    ``args.profile`` as 'train --profile' writes an iteration's (chrome trace; summary as Markdown, also returned,
+    and JSON: device time, kernels, syncs, the top ops, kernels and host costs, the forward and the backward)."""
+    from benchmark_train import IterationProfiler, write_profile
+    step = backbone_pass(model, image, args.backward, args.amp, ranges=True)
+    pass_name = 'fwd+bwd' if args.backward else 'fwd'
+    height, width = image.shape[-2:]
+    stem = f"{name}_{height}x{width}_b{args.batch}_{pass_name.replace('+', '_')}_{args.amp or 'float32'}"
+    title = f"{name}, {device.type}, autocast {args.amp or 'off'}, batch {args.batch}, input {height}x{width}"
+    profiler = IterationProfiler(device)
+    try:
+        step()  # the ranges' first use outside the profile
+        profiler.start([], PASS_RANGES if args.backward else PASS_RANGES[:1])
+        try:
+            seconds, _ = time_pass(step, device)
+        finally:
+            profiler.stop()
+    except RuntimeError as err:  # e.g. out of memory, a profiler already running: the timed row stands
+        first = (str(err).strip().splitlines() or [''])[0][:200]
+        return f'{title}: no profile ({type(err).__name__}: {first})'
+    return write_profile(
+        profiler, seconds, device, stem, args.profile, title, what=f'backbone pass ({pass_name})',
+        parts_note='forward: the backbone\'s forward (under autocast where asked); backward: the backward of the '
+        'sum of its outputs\' means (on CUDA its kernels are launched from autograd\'s thread).',
+        rest='rest (setting the gradients to None, the loss)', loaded=' (with the profiler\'s overhead)')
 
 
 def backbone_peak_child(spec, device):
@@ -716,6 +767,7 @@ def bench_backbone(args, device):
                             amp=args.amp)
                 memory = backbone_peak_child(spec, device) if device.type == 'cuda' else \
                     run_peak_subprocess(spec, torch.get_num_threads())
+            profile = profile_backbone_pass(model, image, args, device, name) if args.profile else None
             rows.append(dict(model=name, size=f'{height}x{width}', params=params, gmacs=flops / 2e9,
                              ms=1e3 * seconds, host_ms=1e3 * host, runs=repeat, ms_per_mpx=1e3 * rate,
                              scaling=rate / base_rate,
@@ -726,9 +778,13 @@ def bench_backbone(args, device):
             print(f"{name} {height}x{width}: {1e3 * seconds:.1f} ms {'fwd+bwd' if args.backward else 'fwd'}"
                   + (f' (host {1e3 * host:.1f} ms)' if device.type == 'cuda' else '')
                   + (f', peak {peak:.0f} MiB' if peak is not None else ''), flush=True)
+            if profile is not None:  # at once, as the row
+                print('\n' + profile, flush=True)
         model = None  # free it before the next backbone
         gc.collect()
     print_backbone_table(args, rows, gemm, host=device.type == 'cuda')
+    if args.profile and rows:
+        print(f'\nprofiles (printed after each row\'s line above) written to {args.profile}')
     for line in skipped:
         print(f'skipped {line}')
 
@@ -1315,6 +1371,10 @@ def parse_args(argv=None):
     backbone.add_argument('--amp', default=None, choices=['bfloat16', 'float16'], help='autocast dtype')
     backbone.add_argument('--new-sizes', type=int, default=0,
                           help='also time one pass at each of this many input sizes not seen before (a column)')
+    backbone.add_argument('--profile', metavar='DIR', default=None,
+                          help="after each row's timed passes, profile one more and write "
+                          "DIR/<model>_<size>_..._trace.json (chrome trace) and _profile.md / .json (summary), as "
+                          "train's --profile")
     kernel_options(backbone)
 
     scaling = sub.add_parser('scaling', help='growth of backbone forward time with pixel count')

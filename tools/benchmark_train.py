@@ -494,7 +494,7 @@ class IterationClock:
         self.size_is_new = self.size is not None and self.size not in self.sizes_seen
         self.sizes_seen.add(self.size)
         if self.profiler is not None and self.index == self.warmup + self.iters:
-            self.profiler.start(runner)
+            self.profiler.start(iteration_parts(runner))
             self._profile_start = time.perf_counter()
 
     def observe_peak(self):
@@ -531,7 +531,7 @@ class IterationClock:
             if self.size_is_new and data_batch is not None:
                 with self._again_errors_noted():
                     profiler = IterationProfiler(self.device)
-                    profiler.start(runner)
+                    profiler.start(iteration_parts(runner))
                     try:
                         self.profiled_again_seconds = self._run_again(runner, data_batch)
                     finally:
@@ -623,7 +623,8 @@ _MISSING = object()
 
 
 class IterationProfiler:
-    """torch.profiler around one iteration, with a ``record_function`` range per part (:func:`iteration_parts`)."""
+    """torch.profiler around one iteration, with a ``record_function`` range per part (:func:`iteration_parts`, or
+    the ranges the profiled code records itself)."""
 
     def __init__(self, device):
         self.device = device
@@ -648,8 +649,11 @@ class IterationProfiler:
         obj.__dict__[method] = wrapped  # an instance attribute: this object's calls only
         self._patched.append((obj, method, previous))
 
-    def start(self, runner):
-        for label, obj, methods in iteration_parts(runner):
+    def start(self, parts, ranges=()):
+        """Start profiling, with a range per part of ``parts`` (``[(label, object, method names)]``, e.g.
+        :func:`iteration_parts`) and ``ranges``, the labels of the ranges the profiled code records itself."""
+        self.labels.extend(ranges)
+        for label, obj, methods in parts:
             active = []  # shared by the part's methods
             found = [m for m in methods if callable(getattr(obj, m, None))]
             for method in found:
@@ -754,11 +758,18 @@ def _name_cell(name):
     return (name if len(name) <= 90 else name[:87] + '...').replace('|', '/')
 
 
-def render_profile(summary, title):
+ITERATION_PARTS_NOTE = ("A head's range holds its forward and its loss (target assignment included); backward and the "
+                        "optimizer step are the optimizer wrapper's.")
+
+
+def render_profile(summary, title, what='training iteration', parts_note=ITERATION_PARTS_NOTE,
+                   rest='rest (hooks, loop, untracked)', loaded=' (with the profiler\'s overhead; its batch was '
+                   'loaded before the profile started)'):
+    """The Markdown summary of a profile (:func:`summarize_profile`) of one ``what``, with ``parts_note`` under its
+    table of parts, whose last row, ``rest``, has what no part holds; ``loaded`` follows the wall time."""
     cuda = summary['device'] == 'cuda'
-    lines = [f'## Profile of one training iteration: {title}', '']
-    lines.append(f"- wall time of the profiled iteration: {summary['wall_ms']:.1f} ms (with the profiler's overhead; "
-                 "its batch was loaded before the profile started)")
+    lines = [f'## Profile of one {what}: {title}', '']
+    lines.append(f"- wall time of the profiled {what}: {summary['wall_ms']:.1f} ms{loaded}")
     if cuda:
         lines.append(f"- total device time (kernels, memcpy, memset): {summary['device_ms']:.1f} ms")
         lines.append(f"- kernels launched: {summary['kernels']}")
@@ -788,7 +799,7 @@ def render_profile(summary, title):
                   '| op, call or part | calls | self host ms | % of wall time |', '|---|---:|---:|---:|']
         for op in summary['top_host']:
             lines.append(f"| {_name_cell(op['name'])} | {op['calls']} | {op['self_ms']:.2f} | {op['percent']:.1f} |")
-    lines += ['', '### Time per part of the iteration', '',
+    lines += ['', f'### Time per part of the {what}', '',
               '| part | calls | CPU ms (wall of the range) |' + (' device ms |' if cuda else '') + ' % of iteration |',
               '|---|---:|---:|' + ('---:|' if cuda else '') + '---:|']
     total = summary['device_ms'] if cuda else summary['wall_ms']
@@ -798,13 +809,11 @@ def render_profile(summary, title):
         accounted += value
         lines.append(f"| {label} | {part['calls']} | {part['cpu_ms']:.1f} |" +
                      (f" {part['device_ms']:.1f} |" if cuda else '') + f' {100 * value / max(total, 1e-9):.1f} |')
-    rest = max(total - accounted, 0.0)
-    lines.append('| rest (hooks, loop, untracked) | | ' + ('|' if cuda else f'{rest:.1f} |') +
-                 (f' {rest:.1f} |' if cuda else '') +
-                 f' {100 * rest / max(total, 1e-9):.1f} |')
+    left = max(total - accounted, 0.0)
+    lines.append(f'| {rest} | | ' + ('|' if cuda else f'{left:.1f} |') + (f' {left:.1f} |' if cuda else '') +
+                 f' {100 * left / max(total, 1e-9):.1f} |')
     lines += ['', ('% of iteration: of the total device time. ' if cuda else '% of iteration: of the wall time. ') +
-              "A head's range holds its forward and its loss (target assignment included); backward and the "
-              'optimizer step are the optimizer wrapper\'s.']
+              parts_note]
     return '\n'.join(lines) + '\n'
 
 
@@ -823,11 +832,11 @@ def write_iterations(clock, spec, out_dir):
         json.dump(dict(config=spec, warmup=clock.warmup, iterations=rows, again=again), f, indent=1)
 
 
-def write_profile(profiler, wall_seconds, device, spec, out_dir, title, stem_suffix=''):
+def write_profile(profiler, wall_seconds, device, spec, out_dir, title, stem_suffix='', **render):
     """Write the chrome trace and the summary (Markdown and JSON) of a profiled iteration (``wall_seconds``
     long; files named after the config, with ``stem_suffix``); returns the summary's Markdown (a line saying why
     there is none where torch's profiler events lack what the summary reads: the timed rows and the trace
-    stay)."""
+    stay). ``render``: :func:`render_profile`'s wording for what was profiled."""
     os.makedirs(out_dir, exist_ok=True)
     stem = file_stem(spec) + stem_suffix
     trace = osp.join(out_dir, f'{stem}_trace.json')
@@ -837,7 +846,7 @@ def write_profile(profiler, wall_seconds, device, spec, out_dir, title, stem_suf
     except (AttributeError, KeyError, TypeError) as err:  # events of a torch version the summary does not know
         first = (str(err).strip().splitlines() or [''])[0][:200]
         return f'{title}: no profile summary ({type(err).__name__}: {first}); the chrome trace: {trace}'
-    text = render_profile(summary, title)
+    text = render_profile(summary, title, **render)
     with open(osp.join(out_dir, f'{stem}_profile.md'), 'w') as f:
         f.write(text)
     with open(osp.join(out_dir, f'{stem}_profile.json'), 'w') as f:

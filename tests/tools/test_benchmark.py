@@ -2,6 +2,7 @@
 implementation, op or preset appears without editing the tool (no timing is asserted)."""
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -408,6 +409,39 @@ def test_backbone_rows_come_as_each_finishes_and_in_the_table(capsys):
         cells = [cell.strip() for cell in row.strip('|').split('|')]
         assert float(cells[3]) > 0 and cells[4] == line.split(': ')[1].split()[0]
     assert 'fwd+bwd: train mode' in out
+
+
+def test_backbone_profile_writes_one_more_pass_of_each_row_as_train_does(tmp_path, capsys, monkeypatch):
+    """`backbone --profile DIR` profiles one more pass after each row's timed ones: the chrome trace and the summary
+    (Markdown, printed after the row's line, and JSON) with the forward and the backward as its parts; a profile
+    that cannot run is one line, and the timed row stands."""
+    import json
+    BENCH.main(['backbone', '--models', 'pola-pvt-t', '--sizes', '64x96', '--batch', '2', '--repeat', '1',
+                '--no-memory', '--backward', '--profile', str(tmp_path)])
+    out = capsys.readouterr().out
+    stem = 'pola-pvt-t_64x96_b2_fwd_bwd_float32'
+    assert sorted(os.listdir(tmp_path)) == [f'{stem}_profile.json', f'{stem}_profile.md', f'{stem}_trace.json']
+    summary = json.loads((tmp_path / f'{stem}_profile.json').read_text())
+    assert {label: part['calls'] for label, part in summary['parts'].items()} == {'forward': 1, 'backward': 1}
+    assert summary['aten_ops'] > 100 and summary['parts']['backward']['cpu_ms'] > 0
+    text = (tmp_path / f'{stem}_profile.md').read_text()
+    assert text.startswith('## Profile of one backbone pass (fwd+bwd): pola-pvt-t, cpu, autocast off, batch 2, '
+                           'input 64x96')
+    assert text in out and out.index('pola-pvt-t 64x96: ') < out.index(text) < out.index('| model | input |')
+    assert '| rest (setting the gradients to None, the loss) |' in text
+    assert json.loads((tmp_path / f'{stem}_trace.json').read_text())['traceEvents']
+
+    def refused(self, parts, ranges=()):
+        raise RuntimeError('Profiler is already enabled on this thread')
+
+    # the module benchmark.py imports it from
+    monkeypatch.setattr(sys.modules['benchmark_train'].IterationProfiler, 'start', refused)
+    BENCH.main(['backbone', '--models', 'pola-pvt-t', '--sizes', '64x96', '--repeat', '1', '--no-memory',
+                '--profile', str(tmp_path / 'refused')])
+    out = capsys.readouterr().out
+    assert ('pola-pvt-t, cpu, autocast off, batch 1, input 64x96: no profile (RuntimeError: Profiler is already '
+            'enabled on this thread)') in out
+    assert table_rows(out, 'pola-pvt-t') and not (tmp_path / 'refused').exists()
 
 
 def test_backbone_table_on_a_gpu_has_the_hosts_time_of_each_pass(capsys):
