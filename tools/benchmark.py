@@ -277,13 +277,14 @@ def cuda_device_line(device):
 
 def environment_lines(args, device):
     from mmpola.ops import depthwise_conv_impl, pola, recompute_impl, sdpa_impl
-    lines = [f'torch {torch.__version__}, python {platform.python_version()}, {platform.system()}']
+    # the kernel's release too: a GPU machine's host may run in a sandbox whose system calls cost more
+    lines = [f'torch {torch.__version__}, python {platform.python_version()}, {platform.system()} {platform.release()}']
     if device.type == 'cuda':
         lines.append(cuda_device_line(device))
-    else:
-        lines.append(f'device: CPU {cpu_name()} ({os.cpu_count()} logical cores)')
-        if hasattr(os, 'getloadavg'):
-            lines.append('load average (1/5/15 min) at start: %.2f %.2f %.2f' % os.getloadavg())
+    # on a GPU too: where the host sets the pace of a step, its CPU is part of the figure
+    lines.append(f"{'host' if device.type == 'cuda' else 'device'}: CPU {cpu_name()} ({os.cpu_count()} logical cores)")
+    if hasattr(os, 'getloadavg'):
+        lines.append('load average (1/5/15 min) at start: %.2f %.2f %.2f' % os.getloadavg())
     if args.command == 'train':
         lines.append(f'threads: {torch.get_num_threads()}, dtype: {"--amp (per row)" if args.amp else "float32"}, '
                      f'seed: {args.seed}, {args.iters} timed iterations after {args.warmup} warm-up')
