@@ -24,6 +24,11 @@ named by the environment variable ``MMPOLA_SDPA`` (``'auto'`` when unset):
   fixed shapes, where cuDNN builds its graphs once.
 
 docs/benchmarks.md has the commands that compare the two in training.
+
+On the CPU, bfloat16 inputs go to torch's unfused math backend where torch's fused CPU kernel refuses them:
+some torch builds (2.13) fail every bfloat16 call of it with "pack_vnni2 is only supported when avx512 is
+supported" on CPUs with AMX / AVX-512 BF16 when ``ATEN_CPU_CAPABILITY`` caps the kernels below AVX-512. One
+small call with its backward, at the first bfloat16 CPU call of the process, tells which.
 """
 import torch
 import torch.nn.functional as F
@@ -42,6 +47,25 @@ def sdpa_impl():
     return implementation_from_env(ENV, SDPA_IMPLS, "the softmax kinds' scaled_dot_product_attention")
 
 
+# whether torch's fused CPU attention runs bfloat16 inputs here: None until the first such call asks
+_CPU_BF16_FUSED = None
+
+
+def _cpu_bf16_fused_runs():
+    """Whether torch's fused CPU attention takes bfloat16 inputs in this process (asked once: a forward and
+    backward of 256 tokens, more than its blocks of queries and keys, below which it takes another path)."""
+    global _CPU_BF16_FUSED
+    if _CPU_BF16_FUSED is None:
+        q = torch.zeros(1, 1, 256, 32, dtype=torch.bfloat16).normal_().requires_grad_()
+        try:
+            with torch.enable_grad():
+                F.scaled_dot_product_attention(q, q, q).float().sum().backward()
+            _CPU_BF16_FUSED = True
+        except RuntimeError:
+            _CPU_BF16_FUSED = False
+    return _CPU_BF16_FUSED
+
+
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=None, impl=None):
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)``,
     under ``impl`` (:func:`sdpa_impl` when None): with ``'auto'``, on CUDA tensors, cuDNN's attention is left
@@ -56,4 +80,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=N
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
         finally:
             torch.backends.cuda.enable_cudnn_sdp(True)
+    if q.dtype is torch.bfloat16 and _CPU_BF16_FUSED is not True and q.device.type == 'cpu' and \
+            not _cpu_bf16_fused_runs() and not recording():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)

@@ -57,6 +57,44 @@ def test_on_the_cpu_it_is_torch_s_function_and_leaves_cudnn_alone(cudnn_seen):
     assert cudnn_seen == [True, True]
 
 
+@pytest.mark.parametrize('refuses', [True, False])
+def test_bfloat16_on_a_cpu_whose_fused_kernel_refuses_it_runs_the_math_backend(monkeypatch, refuses):
+    """Some torch builds fail every bfloat16 call of the fused CPU attention above a few dozen tokens (a CPU with
+    AMX under a capped ATEN_CPU_CAPABILITY). One probe per process finds it; the calls then run torch's math
+    backend, forward and backward, with the result torch's math backend gives; where the fused kernel runs, it
+    runs. Here a stand-in for torch's function refuses (or not) as such a build does."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import mmpola.ops.sdpa as sdpa
+    original, calls = F.scaled_dot_product_attention, []
+
+    def stand_in(q, k, v, **kwargs):
+        fused = torch.backends.cuda.flash_sdp_enabled()  # what sdpa_kernel(MATH) turns off, for the CPU too
+        calls.append(fused)
+        if refuses and fused and q.dtype == torch.bfloat16 and q.shape[-2] >= 64:
+            raise RuntimeError('pack_vnni2 is only supported when avx512 is supported')
+        with sdpa_kernel(SDPBackend.MATH):  # the values: the math backend's (this machine's may refuse itself)
+            return original(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', stand_in)
+    monkeypatch.setattr(sdpa, '_CPU_BF16_FUSED', None)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 100, 16, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    for _ in range(2):
+        out = scaled_dot_product_attention(q, k, v, scale=0.25)
+        out.float().square().sum().backward()
+    assert sdpa._CPU_BF16_FUSED is (not refuses)
+    assert calls[0] and calls[1:] == [not refuses] * 2  # one probe, then each call
+    with sdpa_kernel(SDPBackend.MATH):
+        expected = original(q.detach(), k.detach(), v.detach(), scale=0.25)
+    assert torch.equal(out.detach(), expected)
+    grads = [t.grad for t in (q, k, v)]
+    assert all(grad is not None and torch.isfinite(grad).all() for grad in grads)
+    calls.clear()  # float32 inputs never ask
+    scaled_dot_product_attention(*(t.detach().float() for t in (q, k, v)))
+    assert calls == [True]
+
+
 def test_auto_leaves_cudnn_out_on_cuda_tensors_and_sets_it_back(cudnn_seen):
     q, k, v, mask = _operands(cuda=True)
     out = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=0.3)
