@@ -56,9 +56,9 @@ def _cpu_bf16_fused_runs():
     backward of 256 tokens, more than its blocks of queries and keys, below which it takes another path)."""
     global _CPU_BF16_FUSED
     if _CPU_BF16_FUSED is None:
-        q = torch.zeros(1, 1, 256, 32, dtype=torch.bfloat16).normal_().requires_grad_()
-        try:
-            with torch.enable_grad():
+        try:  # its own generator (the process's random state stays as it is), autograd on whatever the caller's mode
+            with torch.inference_mode(False), torch.enable_grad():
+                q = torch.randn(1, 1, 256, 32, generator=torch.Generator().manual_seed(0)).bfloat16().requires_grad_()
                 F.scaled_dot_product_attention(q, q, q).float().sum().backward()
             _CPU_BF16_FUSED = True
         except RuntimeError:

@@ -80,11 +80,15 @@ def test_bfloat16_on_a_cpu_whose_fused_kernel_refuses_it_runs_the_math_backend(m
     monkeypatch.setattr(sdpa, '_CPU_BF16_FUSED', None)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 100, 16, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    state = torch.get_rng_state()
+    with torch.inference_mode():  # the probe, asked here, runs its backward all the same
+        scaled_dot_product_attention(q.detach(), k.detach(), v.detach())
+    assert torch.equal(torch.get_rng_state(), state)  # nor does it draw from the process's generator
     for _ in range(2):
         out = scaled_dot_product_attention(q, k, v, scale=0.25)
         out.float().square().sum().backward()
     assert sdpa._CPU_BF16_FUSED is (not refuses)
-    assert calls[0] and calls[1:] == [not refuses] * 2  # one probe, then each call
+    assert calls[0] and calls[1:] == [not refuses] * 3  # one probe, then each call
     with sdpa_kernel(SDPBackend.MATH):
         expected = original(q.detach(), k.detach(), v.detach(), scale=0.25)
     assert torch.equal(out.detach(), expected)
