@@ -680,7 +680,7 @@ def profile_backbone_pass(model, image, args, device, name):
     """One more pass of ``model`` on ``image`` (as 'backbone' times it) under torch.profiler, written to
     ``args.profile`` as 'train --profile' writes an iteration's (chrome trace; summary as Markdown, also returned,
     and JSON: device time, kernels, syncs, the top ops, kernels and host costs, the forward and the backward)."""
-    from benchmark_train import IterationProfiler, write_profile
+    from benchmark_train import IterationProfiler, error_line, write_profile
     step = backbone_pass(model, image, args.backward, args.amp, ranges=True)
     pass_name = 'fwd+bwd' if args.backward else 'fwd'
     height, width = image.shape[-2:]
@@ -695,8 +695,7 @@ def profile_backbone_pass(model, image, args, device, name):
         finally:
             profiler.stop()
     except RuntimeError as err:  # e.g. out of memory, a profiler already running: the timed row stands
-        first = (str(err).strip().splitlines() or [''])[0][:200]
-        return f'{title}: no profile ({type(err).__name__}: {first})'
+        return f'{title}: no profile ({error_line(err)})'
     return write_profile(
         profiler, seconds, device, stem, args.profile, title, what=f'backbone pass ({pass_name})',
         parts_note='forward: the backbone\'s forward (under autocast where asked); backward: the backward of the '

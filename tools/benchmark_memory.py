@@ -255,7 +255,7 @@ def _mib(nbytes):
 
 
 def bench_memory(args, device):
-    from benchmark_train import TrainBenchError, variants
+    from benchmark_train import TrainBenchError, error_line, variants
     from mmengine.logging import MMLogger
 
     from mmpola.errors import MMPolaUserError
@@ -275,8 +275,7 @@ def bench_memory(args, device):
                 row = step_memory(spec, args, variant)
                 gc.collect()  # the model and its saved tensors, before the next config's
             except (TrainBenchError, MMPolaUserError, RuntimeError, ValueError) as error:
-                first = (str(error).strip().splitlines() or [''])[0][:300]
-                raise SystemExit(f'error: {spec}: {type(error).__name__}: {first}') from None
+                raise SystemExit(f'error: {spec}: {error_line(error, 300)}') from None
             if row is None:
                 continue
             groups[-1].append(row)

@@ -418,6 +418,13 @@ def allocator_text(events):
     return ', '.join(f'{events[key]} {label}' for key, label in ALLOCATOR_EVENTS.items())
 
 
+def error_line(error, limit=200):
+    """``'RuntimeError: <the first line of its message, at most limit characters>'``: an error as one line of a
+    benchmark's output, where the rows it did not stop still come."""
+    first = (str(error).strip().splitlines() or [''])[0][:limit]
+    return f'{type(error).__name__}: {first}'
+
+
 def allocator_settings():
     """The CUDA caching allocator's settings of this process as the environment gave them when CUDA started
     ('PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True', or 'its defaults')."""
@@ -551,8 +558,7 @@ class IterationClock:
         try:
             yield
         except Exception as error:  # whatever it is, the timed row must not be lost to it
-            first = (str(error).strip().splitlines() or [''])[0][:200]
-            self.again_error = f'{type(error).__name__}: {first}'
+            self.again_error = error_line(error)
 
     def _run_again(self, runner, data_batch):
         """Seconds of one more training step of ``data_batch`` (the loop's step without its hooks and loading:
@@ -844,8 +850,7 @@ def write_profile(profiler, wall_seconds, device, spec, out_dir, title, stem_suf
     try:
         summary = summarize_profile(profiler, wall_seconds, device)
     except (AttributeError, KeyError, TypeError) as err:  # events of a torch version the summary does not know
-        first = (str(err).strip().splitlines() or [''])[0][:200]
-        return f'{title}: no profile summary ({type(err).__name__}: {first}); the chrome trace: {trace}'
+        return f'{title}: no profile summary ({error_line(err)}); the chrome trace: {trace}'
     text = render_profile(summary, title, **render)
     with open(osp.join(out_dir, f'{stem}_profile.md'), 'w') as f:
         f.write(text)
@@ -1065,8 +1070,7 @@ def _one_line_errors(spec, skipped):
     except (TrainBenchError, MMPolaUserError) as error:
         skipped.append(f'{spec}: {error}')
     except (RuntimeError, ValueError) as error:  # e.g. out of memory: the other configs still run
-        first = (str(error).strip().splitlines() or [''])[0][:300]
-        skipped.append(f'{spec}: training failed: {type(error).__name__}: {first}')
+        skipped.append(f'{spec}: training failed: {error_line(error, 300)}')
 
 
 def bench_train(args, device):
