@@ -983,9 +983,9 @@ def bench_host(args, device):
                                    amp=args.amp)
     times = {row: [] for row in rows}
     triton_path = not interpreting()  # the interpreter's kernels would run, not launch
-    print('\n| model | input | batch | host ms | median ms | Python calls | ops | Triton launches | '
+    print('\n| model | input | batch | host ms | median ms | Python calls | ops | kernels | Triton launches | '
           "Triton's launch path ms |")
-    print('|---|---|---:|---:|---:|---:|---:|---:|---:|')
+    print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
     with h100_dry_run() as launches, denormals_flushed():
         for row, step in steps.items():
             with variant_set(row[1]):
@@ -1001,21 +1001,22 @@ def bench_host(args, device):
                 del launches[:]  # a GPU keeps no record of its launches (nor their tensors, for the collector to walk)
         for row, step in steps.items():
             with variant_set(row[1]):
-                calls, ops, _, launched, _ = step_counts(step, launches)
+                calls, ops, kernels, launched, _ = step_counts(step, launches)
                 # the step's launches, made once more down Triton's launch path to a stand-in driver
                 triton_ms = (f'{1e3 * triton_launch_seconds(list(launches), args.repeat):.2f}' if triton_path
                              else '-')
             del launches[:]
             name = row[0] + ('' if row[1] is None else f', {row[1][0]}={row[1][1]}')
             print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times[row]):.2f} | '
-                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {launched} | {triton_ms} |')
+                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {kernels} | {launched} | {triton_ms} |')
     what = ('One inference forward (eval mode, without autograd: what evaluation and inference run)' if args.forward
             else 'One training step (forward and backward of the sum of the outputs\' means, train mode)')
     print(f'\n{what} of each backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
           f'{args.amp or "off"}, denormals flushed to zero; mmpola\'s backbones in a dry run for an H100 (their '
           f'Triton launches recorded, not made; counted under Triton launches). host ms: the fastest of {args.repeat} '
           f'steps after {args.warmup} (the rows\' steps in turn); Python calls: functions entered (sys.setprofile); '
-          'ops: aten operators dispatched. The time is what the host spends on the step where the device does the '
+          'ops: aten operators dispatched; kernels: those of them that launch work on a GPU (neither views nor bare '
+          'allocations). The time is what the host spends on the step where the device does the '
           "work (tools/benchmark_host.py). Triton's launch path ms: the step's Triton launches made once more, from "
           "mmpola's launch call down Triton's own path (its autotuners, argument binding and specialisation, kernel "
           'cache, grid, launch metadata) to a driver that stands in for an H100\'s and launches nothing (the fastest '

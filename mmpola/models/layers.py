@@ -4,6 +4,7 @@ resized to the real token grid, and the official weight init.
 Token layout: ``x`` is (B, N, C), the row-major flatten of an H x W grid, and the grid size
 travels beside it as ``hw = (H, W)``.
 """
+import operator
 import weakref
 from collections import OrderedDict
 
@@ -322,6 +323,7 @@ def gated_proj(s, g, proj):
 
 # the first of several linear layers -> the ParameterCache of their weights and biases concatenated
 _CONCATENATED = weakref.WeakKeyDictionary()
+_WEIGHT, _BIAS = operator.attrgetter('weight'), operator.attrgetter('bias')
 
 
 def _concatenated(layers, biased, x):
@@ -329,13 +331,27 @@ def _concatenated(layers, biased, x):
     autograd (inference, evaluation) they are kept (:class:`ParameterCache`), in the dtype the layers compute
     in for x (under autocast its dtype): one forward makes them once, not one concatenation and cast per call."""
     dtype = autocast_dtype(x.device.type) or layers[0].weight.dtype
+    weights = list(map(_WEIGHT, layers))  # map, not a comprehension: no Python call of its own
+    biases = list(map(_BIAS, layers)) if biased else []
 
     def make():
-        weight = torch.cat([layer.weight for layer in layers]).to(dtype)
-        return weight, torch.cat([layer.bias for layer in layers]).to(dtype) if biased else None
+        return torch.cat(weights).to(dtype), torch.cat(biases).to(dtype) if biased else None
 
-    params = [layer.weight for layer in layers] + ([layer.bias for layer in layers] if biased else [])
-    return _CONCATENATED.setdefault(layers[0], ParameterCache()).get(params, (dtype, len(layers)), make)
+    cache = _CONCATENATED.get(layers[0])
+    if cache is None:
+        cache = _CONCATENATED[layers[0]] = ParameterCache()
+    return cache.get(weights + biases, (dtype, len(layers)), make)
+
+
+def _plain_linears(layers):
+    """Whether ``layers`` are all plain ``nn.Linear`` modules of one input width and dtype, without hooks: one
+    product with their weights concatenated computes what their calls compute."""
+    first = layers[0]
+    for layer in layers:  # a loop, not a generator: this runs in every block of every step
+        if (type(layer) is not nn.Linear or layer.in_features != first.in_features
+                or layer.weight.dtype != first.weight.dtype):
+            return False
+    return not hooked(*layers)
 
 
 def drop_path_scale(drop_path, x):
@@ -421,7 +437,13 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
                                            repeat)
         return s, (result[0] if chunk is None else tuple(result))
     y = x if norm is None else norm(x)
-    outs = [layer(y) if bias else F.linear(y, layer.weight) for layer in layers]
+    if len(layers) > 1 and len(biased) == 1 and _plain_linears(layers):
+        # one product with the weights concatenated (kept without autograd): one matrix product, one cast of the
+        # weights under autocast and one set of gradient products in the backward, where each layer's call
+        # would make its own
+        outs = [F.linear(y, *_concatenated(layers, biased == {True}, y))]
+    else:
+        outs = [layer(y) if bias else F.linear(y, layer.weight) for layer in layers]
     if chunk is None:
         result = outs[0]
     else:
