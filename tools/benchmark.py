@@ -1008,7 +1008,8 @@ def bench_host(args, device):
             del launches[:]
             name = row[0] + ('' if row[1] is None else f', {row[1][0]}={row[1][1]}')
             print(f'| {name} | {height}x{width} | {args.batch} | {1e3 * min(times[row]):.2f} | '
-                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {kernels} | {launched} | {triton_ms} |')
+                  f'{1e3 * statistics.median(times[row]):.2f} | {calls} | {ops} | {kernels} | {launched} | '
+                  f'{triton_ms} |')
     what = ('One inference forward (eval mode, without autograd: what evaluation and inference run)' if args.forward
             else 'One training step (forward and backward of the sum of the outputs\' means, train mode)')
     print(f'\n{what} of each backbone\'s layout narrowed to {HEAD_DIM} channels per head, on one CPU thread, autocast '
