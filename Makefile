@@ -214,16 +214,22 @@ bench-gpu-quick-compile:
 
 # The timed rows of a short turn as steps, each one or more benchmark commands (every command of a step runs, whether
 # the one before it failed or not). make bench-gpu-quick-train runs the detectors' steps, make bench-gpu-quick the
-# backbones' and ops'; make bench-gpu-turn runs them all in the order of GPU_TURN_STEPS (below), each once.
+# backbones' and ops'; make bench-gpu-turn runs them all in the order of GPU_TURN_STEPS (below), each once. A command
+# that fails is noted (ON_FAIL, at the end of each) in GPU_FAILED with its step, exit status and time, and the next
+# one runs; after the last, the three targets list the failed ones and fail.
 define newline
 
 
 endef
+GPU_FAILED = $(GPU_LOG_DIR)/gpu-failed-commands
+ON_FAIL = || echo "step $(or $(step),$*): exit $$? at $$(date -u +%T)" >> $(GPU_FAILED)
+GPU_FAILED_REPORT = if [ -s $(GPU_FAILED) ]; then echo "== $$(wc -l < $(GPU_FAILED)) command(s) failed (their errors \
+	above):"; cat $(GPU_FAILED); fi
 
 # The detectors: the four of the targets (and a profile of one more iteration of each, in GPU_PROFILE_DIR).
 define GPU_STEP_train-targets
--$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
-	--profile $(GPU_PROFILE_DIR)
+$(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 --iters 30 --warmup 20 \
+	--profile $(GPU_PROFILE_DIR) $(ON_FAIL)
 endef
 # Pola-Swin-T's Mask R-CNN, whose multi-scale crops give nearly every iteration new image sizes, and right after it in
 # the same process with the depthwise convolutions on the library's convolution (--also-with: side by side) and with
@@ -232,51 +238,51 @@ endef
 # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, read when CUDA starts): the time that new sizes spend in
 # cudaMalloc, beside the allocator events the first command counts.
 define GPU_STEP_train-pola-swin
--$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-	--also-with MMPOLA_DEPTHWISE_CONV=torch --also-with MMPOLA_RECOMPUTE=elementwise
--PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) \
-	$(SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10
+$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+	--also-with MMPOLA_DEPTHWISE_CONV=torch --also-with MMPOLA_RECOMPUTE=elementwise $(ON_FAIL)
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) \
+	$(SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 $(ON_FAIL)
 endef
 # RetinaNet Pola-PVT-T, then with those and with every linear layer that recomputes its input
 # (MMPOLA_RECOMPUTE=triton; the default runs the library's).
 define GPU_STEP_train-recompute
--$(PY) tools/benchmark.py train $(firstword $(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
-	--warmup 20 --also-with MMPOLA_RECOMPUTE=elementwise --also-with MMPOLA_RECOMPUTE=triton
+$(PY) tools/benchmark.py train $(firstword $(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
+	--warmup 20 --also-with MMPOLA_RECOMPUTE=elementwise --also-with MMPOLA_RECOMPUTE=triton $(ON_FAIL)
 endef
 # The mmdet detectors with mmpola's optimizer step.
 define GPU_STEP_train-optimizer
--$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
-	--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP)
+$(PY) tools/benchmark.py train $(filter mmdet::%,$(GPU_TRAIN)) --device cuda --amp --batch-size 2 --iters 30 \
+	--warmup 20 --cfg-options $(MMPOLA_OPTIM_STEP) $(ON_FAIL)
 endef
 # Pola-Swin-T's Mask R-CNN with the attention's fast path.
 define GPU_STEP_train-fast
--$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-	--attn-impl fast
+$(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+	--attn-impl fast $(ON_FAIL)
 endef
 # A detector whose softmax stages (PolaFormer++'s RoPE softmax, no learned mask) torch would send to cuDNN's attention
 # on compute capability 9.0 / 10.0 (a graph built per new size), then with torch's choice.
 SDPA_TRAIN = configs/detection/mask-rcnn_polapp-b2_fpn_ms-crop-3x_coco.py
 define GPU_STEP_train-sdpa
--$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-	--also-with MMPOLA_SDPA=torch
+$(PY) tools/benchmark.py train $(SDPA_TRAIN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
+	--also-with MMPOLA_SDPA=torch $(ON_FAIL)
 endef
 
 # The backbones of the target rows, bf16 fwd+bwd, and a profile of one more step of each (in GPU_PROFILE_DIR); then
 # Pola-Swin-T's and the softmax Swin-T's training step in fp16 (the detectors' --amp) at three sizes not seen before
 # beside the fixed size: whether the backbone holds the time that Pola-Swin-T's Mask R-CNN spends at new image sizes.
 define GPU_STEP_backbones
--$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
-	--backward --amp bfloat16 --repeat 10 --profile $(GPU_PROFILE_DIR)
--$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t --sizes 800x1344 --batch 2 \
-	--backward --amp float16 --repeat 5 --new-sizes 3 --no-memory
+$(PY) tools/benchmark.py backbone --device cuda --models $(GPU_TARGET_BACKBONES) --sizes 800x1344 --batch 2 \
+	--backward --amp bfloat16 --repeat 10 --profile $(GPU_PROFILE_DIR) $(ON_FAIL)
+$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swin-t --sizes 800x1344 --batch 2 \
+	--backward --amp float16 --repeat 5 --new-sizes 3 --no-memory $(ON_FAIL)
 endef
 # Pola-PVT-T, the softmax PVT-T and Pola-Swin-T with the recomputing linear layers, the Pola backbones with those of
 # the MLPs and gates only.
 define GPU_STEP_backbones-recompute
--$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
-	--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl triton
--$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
-	--backward --amp bfloat16 --repeat 10 --recompute-impl elementwise
+$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
+	--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl triton $(ON_FAIL)
+$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
+	--backward --amp bfloat16 --repeat 10 --recompute-impl elementwise $(ON_FAIL)
 endef
 # The backbones' steps at 64x96, where the device has almost nothing to do, so that the time is the host's on that
 # machine with the real launches (host, before them, records the Triton launches in a dry run instead of making them
@@ -284,40 +290,40 @@ endef
 # launcher's and the driver's share of the launches; the profiles of one more step of each give the host's time by
 # operator and by CUDA call, launches included).
 define GPU_STEP_host
--$(PY) tools/benchmark.py host --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t --compare-recompute
--$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
-	--sizes 64x96 --batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --profile $(GPU_PROFILE_DIR)
--$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 64x96 \
-	--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl triton
+$(PY) tools/benchmark.py host --amp bfloat16 --models pola-pvt-t softmax-pvt-t pola-swin-t --compare-recompute $(ON_FAIL)
+$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t softmax-swin-t \
+	--sizes 64x96 --batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --profile $(GPU_PROFILE_DIR) $(ON_FAIL)
+$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 64x96 \
+	--batch 2 --backward --amp bfloat16 --repeat 20 --no-memory --recompute-impl triton $(ON_FAIL)
 endef
 # The forward at 800x1333 and 1600x2666, then the same for the inference forward at batch 1 as GPU_STEP_host (host
 # --forward, and the backbones' forward at 64x96): the side of the 1600x2666 comparison that the host decides.
 define GPU_STEP_forward
--$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
-	--amp float16 --repeat 10
--$(PY) tools/benchmark.py host --forward --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t
--$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t \
-	--sizes 64x96 --amp float16 --repeat 20 --no-memory
+$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t --sizes 800x1333 1600x2666 \
+	--amp float16 --repeat 10 $(ON_FAIL)
+$(PY) tools/benchmark.py host --forward --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t $(ON_FAIL)
+$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pvt-t pola-swin-t swin-t \
+	--sizes 64x96 --amp float16 --repeat 20 --no-memory $(ON_FAIL)
 endef
 # Backbones whose softmax stages torch would send to cuDNN's attention on compute capability 9.0 / 10.0 (which builds
 # a graph per new size) at new input sizes (a detector's every iteration), with cuDNN's attention left out ('auto') and
 # with torch's choice (--sdpa-impl torch): in training those without a learned mask (SDPA_BACKBONES), and Pola-Swin-T's
 # forward (evaluation: its windows' mask needs no gradient there).
 define GPU_STEP_new-sizes
--$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
-	--amp float16 --repeat 5 --new-sizes 3 --no-memory
--$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
-	--amp float16 --repeat 5 --new-sizes 3 --no-memory --sdpa-impl torch
--$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
-	--new-sizes 3 --no-memory
--$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
-	--new-sizes 3 --no-memory --sdpa-impl torch
+$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
+	--amp float16 --repeat 5 --new-sizes 3 --no-memory $(ON_FAIL)
+$(PY) tools/benchmark.py backbone --device cuda --models $(SDPA_BACKBONES) --sizes 800x1344 --batch 2 --backward \
+	--amp float16 --repeat 5 --new-sizes 3 --no-memory --sdpa-impl torch $(ON_FAIL)
+$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
+	--new-sizes 3 --no-memory $(ON_FAIL)
+$(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t --sizes 800x1344 --amp float16 --repeat 5 \
+	--new-sizes 3 --no-memory --sdpa-impl torch $(ON_FAIL)
 endef
 # The attention ops at PVT's first stage; the Pola backbones with the attention's fast path.
 define GPU_STEP_ops
--$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344
--$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
-	--backward --amp bfloat16 --repeat 10 --attn-impl fast
+$(PY) tools/benchmark.py attention --device cuda --cases pvt-s1@800x1344 $(ON_FAIL)
+$(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t pola-swin-t --sizes 800x1344 --batch 2 \
+	--backward --amp bfloat16 --repeat 10 --attn-impl fast $(ON_FAIL)
 endef
 
 GPU_TRAIN_STEPS = train-targets train-pola-swin train-recompute train-optimizer train-fast train-sdpa
@@ -327,10 +333,14 @@ GPU_BACKBONE_STEPS = backbones new-sizes backbones-recompute ops host forward
 GPU_TURN_STEPS = train-targets backbones train-pola-swin train-recompute backbones-recompute host train-optimizer \
 	forward new-sizes ops train-fast train-sdpa
 bench-gpu-quick-train:
+	@mkdir -p $(GPU_LOG_DIR); rm -f $(GPU_FAILED)
 	$(foreach step,$(GPU_TRAIN_STEPS),$(GPU_STEP_$(step))$(newline))
+	@$(GPU_FAILED_REPORT); [ ! -s $(GPU_FAILED) ]
 
 bench-gpu-quick:
+	@mkdir -p $(GPU_LOG_DIR); rm -f $(GPU_FAILED)
 	$(foreach step,$(GPU_BACKBONE_STEPS),$(GPU_STEP_$(step))$(newline))
+	@$(GPU_FAILED_REPORT); [ ! -s $(GPU_FAILED) ]
 
 # make bench-gpu-turn PY=python3 GPU_LOG_DIR=DIR: the timed part of a short turn, after mmcv's build, as one command.
 # Every step of GPU_TURN_STEPS runs once: each leaves a mark in GPU_TURN_DONE when it has run, and the command run again
@@ -344,10 +354,11 @@ bench-gpu-quick:
 # each tuning and its time.
 GPU_TURN_DONE ?= work_dirs/gpu_turn_done
 bench-gpu-turn:
-	@mkdir -p $(GPU_LOG_DIR) $(GPU_TURN_DONE)
-	PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1 $(MAKE) --no-print-directory \
+	@mkdir -p $(GPU_LOG_DIR) $(GPU_TURN_DONE); rm -f $(GPU_FAILED)
+	(PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1 $(MAKE) --no-print-directory \
 		$(addprefix $(GPU_TURN_DONE)/,$(GPU_TURN_STEPS)) PY=$(PY) GPU_LOG_DIR=$(GPU_LOG_DIR) \
-		GPU_PROFILE_DIR=$(GPU_PROFILE_DIR) 2>&1 | tee -a $(GPU_LOG_DIR)/bench-gpu-turn.log
+		GPU_PROFILE_DIR=$(GPU_PROFILE_DIR); $(GPU_FAILED_REPORT)) 2>&1 | tee -a $(GPU_LOG_DIR)/bench-gpu-turn.log
+	@[ ! -s $(GPU_FAILED) ]
 
 $(GPU_TURN_DONE)/%:
 	@echo "== step $* ($$(date -u +%T))"

@@ -485,7 +485,8 @@ def _makefile_benchmark_commands(*targets):
     import shlex
 
     from tests.fixtures.paths import REPO
-    text = _make('-n', *targets, 'PY=python3').replace('\\\n', ' ')
+    # without what a step's command does when it fails (ON_FAIL: `|| echo ... >> file`)
+    text = re.sub(r' \|\| echo "step [^\n]*', '', _make('-n', *targets, 'PY=python3').replace('\\\n', ' '))
     loop = re.compile(r'for (\w+) in ([^;]+); do(.*?)done')
     commands = []
     for line in text.splitlines():
@@ -500,21 +501,23 @@ def _makefile_benchmark_commands(*targets):
     return commands
 
 
-def _make(*args):
-    """The output of ``make ARGS`` in the repository (it must succeed)."""
+def _make(*args, check=True):
+    """The output of ``make ARGS`` in the repository (it must succeed where ``check``; else (output, exit status))."""
     import subprocess
 
     from tests.fixtures.paths import REPO
-    return subprocess.run(['make', '--no-print-directory', *args], cwd=REPO, check=True, capture_output=True,
-                          text=True).stdout
+    done = subprocess.run(['make', '--no-print-directory', *args], cwd=REPO, check=check, capture_output=True,
+                          text=True)
+    return done.stdout if check else (done.stdout, done.returncode)
 
 
 def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measured(tmp_path):
     """`make bench-gpu-turn GPU_LOG_DIR=DIR` runs the steps of bench-gpu-quick-train and bench-gpu-quick (every
     command of each) in the turn's order, with Python's output unbuffered, a failed command followed by the next,
-    the output appended to DIR's log as it comes and the profiles packed into two files in DIR after each step; run
-    again, it goes on with the steps that have not run (a turn cut short by its time limit). Triton's tunings are
-    kept on disk for the later processes."""
+    the output appended to DIR's log as it comes and the profiles packed into two files in DIR after each step; the
+    failed commands listed at the end (their step, exit status and time), and the turn fails; run again, it goes on
+    with the steps that have not run (a turn cut short by its time limit). Triton's tunings are kept on disk for the
+    later processes."""
     import tarfile
 
     # a stand-in for Python: prints its arguments, writes a profile where asked, fails for `host`
@@ -531,15 +534,20 @@ def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measur
             for name in ('GPU_TRAIN_STEPS', 'GPU_BACKBONE_STEPS')]
     assert sorted(steps) == sorted(sets[0] + sets[1]) and len(set(steps)) == len(steps)
     assert steps[0] == 'train-targets'
-    _make('bench-gpu-turn', *variables)
+    _, status = _make('bench-gpu-turn', *variables, check=False)
     log = (logs / 'bench-gpu-turn.log').read_text()
     assert re.findall(r'^== step (\S+)', log, re.M) == steps
+    # the two failed host commands, listed after the last step (in the log too), and the turn's exit status
+    assert status != 0
+    assert re.findall(r'^step (\S+): exit (\d+) at \d\d:\d\d:\d\d$', log.split('== 2 command(s) failed')[1], re.M) == [
+        ('host', '3'), ('forward', '3')]
     ran = [line.split(' ', 4)[4] for line in log.splitlines() if line.startswith('ran ')]
     # Python unbuffered, Triton's tunings kept on disk
     assert all(line.startswith('ran unbuffered=1 tuning=1 ') for line in log.splitlines() if line.startswith('ran '))
     # every command of the two sets, once, the failed host commands' followers too; a command's own environment
     # (the caching allocator's settings of one training command) reaches it
-    commands = [re.sub(r'^(\w+=\S+ )*', '', line) for target in ('bench-gpu-quick-train', 'bench-gpu-quick')
+    commands = [re.sub(r'^(\w+=\S+ )*', '', line.split(' || echo "step ')[0])
+                for target in ('bench-gpu-quick-train', 'bench-gpu-quick')
                 for line in _make('-n', target, *variables).splitlines()]
     expected = [line.replace(f'{python} ', '', 1) for line in commands if line.startswith(str(python))]
     assert sorted(ran) == sorted(expected) and len(ran) == 23
@@ -555,9 +563,15 @@ def test_the_gpu_turn_runs_every_step_once_in_its_order_and_keeps_what_it_measur
     for step in ('backbones', 'train-sdpa'):
         (done / step).unlink()
     (logs / 'bench-gpu-turn.log').unlink()
-    _make('bench-gpu-turn', *variables)
+    assert _make('bench-gpu-turn', *variables, check=False)[1] == 0  # those two ran, and nothing failed
+    assert not (logs / 'gpu-failed-commands').exists() or not (logs / 'gpu-failed-commands').read_text()
     assert re.findall(r'^== step (\S+)', (logs / 'bench-gpu-turn.log').read_text(), re.M) == ['backbones',
                                                                                             'train-sdpa']
+    # bench-gpu-quick (outside a turn) likewise runs every command, lists the failed ones and fails
+    out, status = _make('bench-gpu-quick', *variables, check=False)
+    quick = [line for line in _make('-n', 'bench-gpu-quick', *variables).splitlines() if line.startswith(str(python))]
+    assert status != 0 and len(re.findall('^ran ', out, re.M)) == len(quick) > 10
+    assert re.findall(r'^step (\S+): exit 3 at ', out, re.M) == ['host', 'forward']
 
 
 def test_every_benchmark_command_of_the_makefile_parses():
