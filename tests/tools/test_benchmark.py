@@ -751,10 +751,10 @@ def test_the_stand_in_driver_is_triton_s_driver_inside_only():
 # torch; a GPU's step pays for each of them on its CPU (docs/benchmarks.md, "The host's time of a step").
 HOST_BUDGETS = {  # name: (Python calls, operators, library kernels, Triton launches)
     'pola-pvt-t': (3387, 1640, 660, 56),
-    'softmax-pvt-t': (1637, 1518, 700, 0),
+    'softmax-pvt-t': (1659, 1498, 680, 0),
     'pola-swin-t': (3129, 2426, 936, 28),
     'softmax-swin-t': (2411, 2584, 1020, 0),
-    'softmax-pvtv2-b2': (4081, 3095, 1212, 48),
+    'softmax-pvtv2-b2': (4114, 3071, 1188, 48),
     'flatten-pvt-t': (3379, 1560, 648, 84),
     'flatten-swin-t': (3129, 2390, 932, 44),
     'inline-pvt-t': (2791, 1712, 802, 56),

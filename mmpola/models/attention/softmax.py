@@ -18,7 +18,7 @@ from timm.layers import register_notrace_module, trunc_normal_
 from mmpola.ops import scaled_dot_product_attention
 from mmpola.registry import ATTENTIONS
 
-from ..layers import DepthwiseConv2d, crop_map
+from ..layers import DepthwiseConv2d, crop_map, norm_linear
 from .projections import QKV_LAYOUTS, spatial_reduction
 
 __all__ = ['SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 'softmax_attention', 'window_partition',
@@ -96,6 +96,9 @@ class SpatialReductionAttention(nn.Module):
         heads = self.num_heads
         if self.qkv_layout == 'fused':
             q, k, v = self.qkv(x).reshape(B, N, 3, heads, C // heads).permute(2, 0, 3, 1, 4)
+        elif self.sr_ratio == 1:  # keys and values of the tokens themselves: q and kv one product (norm_linear)
+            q, k, v = norm_linear(None, (self.q, self.kv), x, chunk=C)
+            q, k, v = [t.view(B, N, heads, C // heads).transpose(1, 2) for t in (q, k, v)]
         else:
             q = self.q(x).reshape(B, N, heads, C // heads).permute(0, 2, 1, 3)
             x_, _ = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
