@@ -94,7 +94,8 @@ class QKVProjections:
         if (branch is not None or stream) and not (norm is not None and self.takes_branch):
             raise ValueError(f'{type(self).__name__} takes a branch with the LayerNorm of its projections only '
                              '(takes_branch)')
-        if norm is not None and not self._projects_the_tokens_only:
+        tokens_only = self._projects_the_tokens_only
+        if norm is not None and not tokens_only:
             x, norm = norm(x), None
         value = 2  # the values' index in the order of the fused projection (q, k, v, ...)
         if self.qkv_layout == 'projected':
@@ -113,7 +114,7 @@ class QKVProjections:
                                     **residual)
             return (*projected, tuple(hw)) if returns_x else (projected, tuple(hw))
         name, operands = self.query_projection
-        if norm is not None:  # no spatial reduction: both projections of the normalised tokens, one product
+        if tokens_only:  # no spatial reduction: both projections of the (normalised) tokens, one product
             # their order q, (g), k, v: the values are the last of the query projection's operands and k
             projected = norm_linear(norm, (getattr(self, name), self.kv), x, chunk=C,
                                     repeat=(operands + 1, ) * value_twice, **residual)
