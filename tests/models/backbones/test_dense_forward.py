@@ -121,6 +121,13 @@ def _saved_and_grads(base, x, recompute, with_cp=False):
     return saved, [p.grad for p in model.parameters()]
 
 
+def _assert_gradients_close(actual, expected):
+    """Within 1e-5 + 1e-4 of the gradient's largest value: float32 sums over the whole network in another order
+    (element-wise relative tolerances fail on the near-zero elements of such a sum, on some CPUs' kernels)."""
+    error, scale = (actual - expected).abs().max().item(), expected.abs().max().item()
+    assert error <= 1e-5 + 1e-4 * scale, (error, scale)
+
+
 def test_a_backbone_s_recompute_argument_overrides_the_variable(monkeypatch):
     """``recompute='triton'`` in a config: the backbone's linear layers recompute their input (its forward keeps
     less for the backward) whatever MMPOLA_RECOMPUTE says, also in the forward that checkpointed blocks run again
@@ -139,7 +146,7 @@ def test_a_backbone_s_recompute_argument_overrides_the_variable(monkeypatch):
     plain_saved, plain_grads = run(None)
     for saved, grads in (run('triton'), run('triton', with_cp=True), run('elementwise')):
         for a, b in zip(grads, plain_grads):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+            _assert_gradients_close(a, b)
     assert run('triton')[0] < run('elementwise')[0] < plain_saved
     monkeypatch.setenv('MMPOLA_RECOMPUTE', 'triton')
     assert run('torch')[0] == plain_saved and run(None)[0] == run('triton')[0]
@@ -168,7 +175,7 @@ def test_a_recompute_per_stage_chooses_for_each_stage(monkeypatch, cls, arch):
     assert first + rest == plain_saved + kernels_saved
     for grads in (first_grads, _saved_and_grads(base, x, ('triton', None, None, None), with_cp=True)[1]):
         for a, b in zip(grads, plain_grads):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+            _assert_gradients_close(a, b)
     assert cls(arch=arch, recompute=['triton', None, 'elementwise', 'torch']).recompute == (
         'triton', None, 'elementwise', 'torch')
     with pytest.raises(PolaConfigError, match=r"recompute takes one value for the whole backbone or a list of one "
