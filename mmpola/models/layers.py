@@ -395,9 +395,10 @@ def norm_linear(norm, linear, x, chunk=None, bias=True, branch=None, drop_path=N
     ``linear`` may also be a tuple of linear layers of the normalised tokens, and ``chunk`` a channel count:
     then the operands of ``chunk`` channels that their outputs hold, one after another, as views (``chunk`` also
     takes a single layer's output apart), and after them those of ``repeat`` (at most one index) once more: an
-    operand used twice, whose gradients the backward adds (:func:`mmpola.ops.layer_norm_linear`). Where the
-    kernels run, one product with the layers' weights concatenated gives them all, and one kernel writes the
-    product's gradient from theirs with its bias's.
+    operand used twice, whose gradients the backward adds (:func:`mmpola.ops.layer_norm_linear`). One product
+    with the layers' weights concatenated gives them all, on every path (plain ``nn.Linear`` layers of one
+    input width and dtype without hooks; others are called one by one); where the kernels run, one kernel
+    writes the product's gradient from theirs with its bias's.
 
     ``bias=False``: the single linear layer without its bias (its weight alone; the caller adds the bias).
 
