@@ -960,8 +960,8 @@ def bench_ops(args, device):
 def bench_host(args, device):
     """The host's time of a training step (``--forward``: an inference forward) of each backbone, its compute taken
     out (tools/benchmark_host.py): a narrowed layout's step on the CPU (min and median of ``args.repeat`` after a
-    warm-up, the rows in turn), its Python calls, dispatched operators and Triton launches, and the time of those
-    launches down Triton's own launch path (:func:`benchmark_host.triton_launch_seconds`)."""
+    warm-up, the rows in turn), its Python calls, dispatched operators, the kernels among them and Triton launches,
+    and the time of those launches down Triton's own launch path (:func:`benchmark_host.triton_launch_seconds`)."""
     from benchmark_train import variant_set, variants
 
     from mmpola.ops.triton_support import interpreting

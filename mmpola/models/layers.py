@@ -274,14 +274,24 @@ def hooked(*modules):
     return False
 
 
+def _plain_linears(layers):
+    """Whether ``layers`` are all plain ``nn.Linear`` modules of one input width and dtype, without hooks: one
+    product with their weights concatenated computes what their calls compute."""
+    first = layers[0]
+    for layer in layers:  # a loop, not a generator: this runs in every block of every step
+        if (type(layer) is not nn.Linear or layer.in_features != first.in_features
+                or layer.weight.dtype != first.weight.dtype):
+            return False
+    return not hooked(*layers)
+
+
 def _fused(x, *linears, elementwise=False):
     """Whether the input of linear layers made from ``x`` goes to the kernels of :mod:`mmpola.ops.recompute`:
-    ``linears`` are ``nn.Linear`` s without hooks and the recompute choice in force (``MMPOLA_RECOMPUTE`` or the
-    backbone's) gives the LayerNorm's layers (the layers after an element-wise op with ``elementwise``)
-    ``'triton'`` (:func:`mmpola.ops.recompute.recompute_layers_impl`)."""
+    ``linears`` are plain ``nn.Linear`` s without hooks (:func:`_plain_linears`) and the recompute choice in force
+    (``MMPOLA_RECOMPUTE`` or the backbone's) gives the LayerNorm's layers (the layers after an element-wise op with
+    ``elementwise``) ``'triton'`` (:func:`mmpola.ops.recompute.recompute_layers_impl`)."""
     # the choice first: with the library's layers (the default) the step asks nothing more
-    return (recompute_layers_impl(elementwise) == 'triton' and all(type(linear) is nn.Linear for linear in linears)
-            and not hooked(*linears))
+    return recompute_layers_impl(elementwise) == 'triton' and _plain_linears(linears)
 
 
 def _recomputes(x, linear):
@@ -341,17 +351,6 @@ def _concatenated(layers, biased, x):
     if cache is None:
         cache = _CONCATENATED[layers[0]] = ParameterCache()
     return cache.get(weights + biases, (dtype, len(layers)), make)
-
-
-def _plain_linears(layers):
-    """Whether ``layers`` are all plain ``nn.Linear`` modules of one input width and dtype, without hooks: one
-    product with their weights concatenated computes what their calls compute."""
-    first = layers[0]
-    for layer in layers:  # a loop, not a generator: this runs in every block of every step
-        if (type(layer) is not nn.Linear or layer.in_features != first.in_features
-                or layer.weight.dtype != first.weight.dtype):
-            return False
-    return not hooked(*layers)
 
 
 def drop_path_scale(drop_path, x):
