@@ -55,6 +55,39 @@ def test_half_products_computed_in_float32_keep_what_autograd_saves():
     torch.testing.assert_close(widened.float(), plain.float(), rtol=0.02, atol=0.02)
 
 
+def test_cuda_autocast_lists_keep_what_a_gpu_s_autocast_keeps_and_leave_the_cpu_s_as_they_were():
+    """A GPU's autocast runs softmax, LayerNorm, sums and losses in float32 whatever their inputs' precision, the
+    CPU's keeps half results: inside the context the CPU's autocast does as CUDA's, and autograd saves what it
+    saves on a GPU (an explicit attention's float32 probabilities beside their half copy for the product)."""
+    import torch.nn.functional as F
+    half = torch.randn(4, 8, dtype=torch.float16)
+    q, k, v = (torch.randn(2, 16, 8, requires_grad=True) for _ in range(3))
+
+    def attention():
+        with torch.autocast('cpu', torch.float16):
+            return (q @ k.transpose(1, 2)).softmax(-1) @ v
+
+    def dtypes():
+        with torch.autocast('cpu', torch.float16):
+            return (half.softmax(-1).dtype, F.layer_norm(half, (8, )).dtype, half.sum().dtype,
+                    half.sum(0, dtype=torch.float16).dtype, torch.addcmul(half, half.float(), half).dtype,
+                    torch.mv(torch.randn(3, 8), torch.randn(8)).dtype,
+                    F.binary_cross_entropy_with_logits(half, half.float().sigmoid()).dtype)
+    f16, f32 = torch.float16, torch.float32
+    cpu_lists = (f16, f16, f16, f16, f32, f32, f32)  # the CPU's own loss kernel casts already
+    _, cpu_saved = MEMORY.saved_for_backward(attention)
+    assert dtypes() == cpu_lists
+    with MEMORY.CudaAutocastLists():
+        assert dtypes() == (f32, f32, f32, f16, f32, f16, f32)
+        out, gpu_saved = MEMORY.saved_for_backward(attention)
+        assert half.softmax(-1).dtype == f16  # outside an autocast region nothing changes
+    # q and k (half copies), the probabilities in half, and v's half copy; on a GPU the probabilities in float32 too
+    assert out.dtype == f16 and gpu_saved[None] == cpu_saved[None] + 2 * 16 * 16 * 4
+    out.float().sum().backward()  # the saved tensors make the backward
+    assert all(t.grad is not None and t.grad.dtype == f32 for t in (q, k, v))
+    assert dtypes() == cpu_lists  # the CPU's kernels again (its own float32 loss kernel included)
+
+
 def test_the_parts_beyond_the_backbone_get_the_same_weights_whatever_the_backbone_drew():
     def detector(width):
         model = torch.nn.Module()
