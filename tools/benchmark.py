@@ -103,6 +103,7 @@ from benchmark_host import (  # noqa: E402
     HOST_BACKBONES,
     LAUNCH_FREE_OPS,
     SYNC_OPS,
+    CudaAutocastLists,
     build_narrowed,
     count_dispatched_ops,
     denormals_flushed,
@@ -877,7 +878,12 @@ def bench_ops(args, device):
         peaks = GPUS[args.roofline]
 
     def autocast():
-        return torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None)
+        """The pass's autocast, with CUDA's op lists on the CPU (a GPU's casts counted)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None))
+        if amp_dtype is not None and device.type == 'cpu':
+            stack.enter_context(CudaAutocastLists())
+        return stack
 
     def roofline():
         return Roofline(peaks) if peaks else None
@@ -949,7 +955,8 @@ def bench_ops(args, device):
           'for the backward during the forward (the activation memory a training step holds between them, '
           'whatever the device; the outputs not counted unless saved). Eager '
           f'(no torch.compile). Autocast: {args.amp or "off"}' + (
-              " (the CPU's autocast op lists where it runs on the CPU)" if args.amp and device.type == 'cpu' else '')
+              " (on the CPU with CUDA's autocast op lists: tools/benchmark_host.py, CudaAutocastLists)"
+              if args.amp and device.type == 'cpu' else '')
           + f'. Attention implementation: {args.attn_impl}' + (
               '; on the CPU the Triton kernels are launched as on an H100 and counted apart (+N Triton), '
               'not run' if attn_impl == 'triton' and device.type == 'cpu' else '') + '.')
@@ -1017,7 +1024,8 @@ def bench_host(args, device):
           f'Triton launches recorded, not made; counted under Triton launches). host ms: the fastest of {args.repeat} '
           f'steps after {args.warmup} (the rows\' steps in turn); Python calls: functions entered (sys.setprofile); '
           'ops: aten operators dispatched; kernels: those of them that launch work on a GPU (neither views nor bare '
-          'allocations). The time is what the host spends on the step where the device does the '
+          "allocations), both counted with CUDA's autocast op lists (tools/benchmark_host.py). The time is what "
+          'the host spends on the step where the device does the '
           "work (tools/benchmark_host.py). Triton's launch path ms: the step's Triton launches made once more, from "
           "mmpola's launch call down Triton's own path (its autotuners, argument binding and specialisation, kernel "
           'cache, grid, launch metadata) to a driver that stands in for an H100\'s and launches nothing (the fastest '

@@ -27,7 +27,9 @@ column). This command measures the host's share on a machine without a GPU:
   the driver's launch call.
 
 Python calls (functions entered, counted by ``sys.setprofile``) and dispatched operators are counts, the same
-on every machine; the times depend on the CPU's speed, so compare rows of one run.
+on every machine; the times depend on the CPU's speed, so compare rows of one run. The operators are counted
+with CUDA's autocast op lists (:class:`CudaAutocastLists`), which cast the half inputs of a softmax, a LayerNorm or
+a sum to float32 where the CPU's lists do not; the time and the Python calls are the CPU's lists'.
 """
 import contextlib
 import sys
@@ -203,6 +205,101 @@ def build_narrowed(type_name, kwargs):
     return model
 
 
+# CUDA's autocast lists where the CPU's differ (torch's aten/src/ATen/autocast_mode.h: the lower-precision list,
+# AT_FORALL_FP32, AT_FORALL_FP32_SET_OPT_DTYPE, the norms that append a dtype, AT_FORALL_PROMOTE), by aten overload:
+# on a GPU autocast runs these in float32 whatever their inputs' precision (the CPU's lists run most of them in the
+# inputs' dtype: a softmax or a LayerNorm of half tensors keeps half results there, float32 ones on a GPU), these
+# in the autocast dtype, and these in their inputs' widest dtype
+CUDA_AUTOCAST_OPS = {
+    'lower': ('addmv', 'addr', 'mv', 'einsum', 'chain_matmul', 'linalg_multi_dot', 'convolution'),
+    'float32': (
+        'acos', 'asin', 'cosh', 'erfinv', 'exp', 'expm1', 'log', 'log10', 'log2', 'log1p', 'reciprocal', 'rsqrt',
+        'sinh', 'tan', 'pow.Tensor_Scalar', 'pow.Tensor_Tensor', 'pow.Scalar', 'softplus', 'layer_norm',
+        'native_layer_norm', 'group_norm', 'frobenius_norm.dim', 'nuclear_norm', 'nuclear_norm.dim',
+        'cosine_similarity', 'poisson_nll_loss', 'cosine_embedding_loss', 'nll_loss', 'nll_loss2d',
+        'hinge_embedding_loss', 'kl_div', 'l1_loss', 'smooth_l1_loss', 'huber_loss', 'mse_loss', 'margin_ranking_loss',
+        'multilabel_margin_loss', 'soft_margin_loss', 'triplet_margin_loss', 'multi_margin_loss',
+        'binary_cross_entropy_with_logits', 'dist', 'pdist', 'cdist', 'renorm', 'logsumexp', 'upsample_nearest1d',
+        '_upsample_nearest_exact1d', 'upsample_nearest2d', '_upsample_nearest_exact2d', 'upsample_nearest3d',
+        '_upsample_nearest_exact3d', 'upsample_linear1d', 'upsample_bilinear2d', '_upsample_bilinear2d_aa',
+        'upsample_trilinear3d', 'upsample_bicubic2d', '_upsample_bicubic2d_aa',
+        # a dtype of their own, float32 where none is given
+        'prod', 'prod.dim_int', 'softmax.int', 'log_softmax.int', 'cumprod', 'cumsum', 'linalg_vector_norm',
+        'linalg_matrix_norm', 'linalg_matrix_norm.str_ord', 'sum', 'sum.dim_IntList', 'norm.Scalar',
+        'norm.ScalarOpt_dim'),
+    'promote': ('addcdiv', 'addcmul', 'atan2', 'bilinear', 'cross', 'dot', 'vdot', 'grid_sampler', 'index_put',
+                'tensordot', 'scatter_add'),
+}
+def _floating(args):
+    """The floating-point tensors of ``args`` (and of the lists among them) that autocast may cast: not float64."""
+    import torch
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else (a, )):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+                yield t
+
+
+def _cast(a, dtype):
+    import torch
+    if isinstance(a, torch.Tensor):
+        return a.to(dtype) if a.is_floating_point() and a.dtype not in (dtype, torch.float64) else a
+    if isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in a):
+        return type(a)(_cast(t, dtype) for t in a)
+    return a
+
+
+def _cuda_autocast_kernel(op, policy):
+    """The CPU autocast kernel of aten overload ``op`` under CUDA's ``policy`` ('lower', 'float32', 'promote'):
+    the inputs cast as CUDA's autocast casts them, then the op with autocast off (as autocast calls it)."""
+    import torch
+    # where the op takes a dtype of its own (softmax, sum, ...), its position: a dtype given wins
+    own_dtype = next((i for i, a in enumerate(op._schema.arguments) if a.name == 'dtype'), None)
+
+    def kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+            values = [*args, *kwargs.values()]
+            if policy == 'lower':
+                dtype = torch.get_autocast_dtype('cpu')
+            elif policy == 'float32':  # only half inputs change
+                given = None if own_dtype is None else (
+                    args[own_dtype] if own_dtype < len(args) else kwargs.get('dtype'))
+                dtype = torch.float32 if given is None else None
+            else:
+                dtype = max((t.dtype for t in _floating(values)), key=lambda d: torch.finfo(d).bits, default=None)
+            if dtype is not None and any(t.dtype != dtype for t in _floating(values)):
+                args = [_cast(a, dtype) for a in args]
+                kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
+            return op(*args, **kwargs)
+    return kernel
+
+
+class CudaAutocastLists:
+    """A context in which the CPU's autocast follows CUDA's op lists (:data:`CUDA_AUTOCAST_OPS`) where they differ
+    from the CPU's, so that autograd saves what it saves under a GPU's autocast: a softmax of half scores keeps its
+    float32 probabilities (and the product after it their half copy), a LayerNorm of half tokens gives float32
+    rows, a loss reads float32 inputs. Each op of those lists gets a kernel for the CPU's autocast dispatch key,
+    registered through ``torch.library`` on entering and removed on leaving (the CPU's own autocast kernels, where
+    it has some, are what runs again). Outside an autocast region nothing changes."""
+
+    def __enter__(self):
+        import warnings
+
+        import torch
+        self.library = torch.library.Library('aten', 'IMPL')
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # "overriding a previously registered kernel": the CPU's own, for now
+            for policy, names in CUDA_AUTOCAST_OPS.items():
+                for name in names:
+                    base, _, overload = name.partition('.')
+                    op = getattr(getattr(torch.ops.aten, base, None), overload or 'default', None)
+                    if op is not None:  # (an op this torch no longer has is not on its lists either)
+                        self.library.impl(name, _cuda_autocast_kernel(op, policy), 'AutocastCPU')
+        return self
+
+    def __exit__(self, *exc):
+        self.library._destroy()
+
+
 def python_calls(fn):
     """The Python functions entered while ``fn`` runs (``sys.setprofile``'s call events)."""
     count = 0
@@ -249,10 +346,15 @@ def count_dispatched_ops(fn, roofline=None):
 
 def step_counts(step, launches):
     """What one call of ``step`` costs the host, counted: (Python calls, aten operators, the kernels among them,
-    Triton launches, host-device syncs), ``launches`` being the list of the dry run it runs in (emptied)."""
+    Triton launches, host-device syncs), ``launches`` being the list of the dry run it runs in (emptied). The
+    operators are those that a GPU's autocast dispatches (:class:`CudaAutocastLists`, after one step under them
+    that fills the caches of their dtypes); the Python calls those of the step with the CPU's lists, whose
+    kernels are not Python functions."""
     calls = python_calls(step)
-    del launches[:]
-    operators, kernels, syncs = count_dispatched_ops(step)
+    with CudaAutocastLists():
+        step()
+        del launches[:]
+        operators, kernels, syncs = count_dispatched_ops(step)
     return calls, operators, kernels, len(launches), syncs
 
 

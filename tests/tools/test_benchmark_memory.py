@@ -11,6 +11,7 @@ from tests.fixtures.runs import run_tool
 from tests.fixtures.tools import load_tool
 
 MEMORY = load_tool('benchmark_memory')
+HOST = load_tool('benchmark_host')
 RETINANET = osp.join(CONFIGS, 'detection', 'retinanet_pola-pvt-t_fpn_1x_coco.py')
 RETINANET_REFERENCE = 'mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py'
 
@@ -70,15 +71,16 @@ def test_cuda_autocast_lists_keep_what_a_gpu_s_autocast_keeps_and_leave_the_cpu_
     def dtypes():
         with torch.autocast('cpu', torch.float16):
             return (half.softmax(-1).dtype, F.layer_norm(half, (8, )).dtype, half.sum().dtype,
-                    half.sum(0, dtype=torch.float16).dtype, torch.addcmul(half, half.float(), half).dtype,
+                    half.sum(0, dtype=torch.float16).dtype, half.softmax(-1, torch.float16).dtype,
+                    torch.addcmul(half, half.float(), half).dtype,
                     torch.mv(torch.randn(3, 8), torch.randn(8)).dtype,
                     F.binary_cross_entropy_with_logits(half, half.float().sigmoid()).dtype)
     f16, f32 = torch.float16, torch.float32
-    cpu_lists = (f16, f16, f16, f16, f32, f32, f32)  # the CPU's own loss kernel casts already
+    cpu_lists = (f16, f16, f16, f16, f16, f32, f32, f32)  # the CPU's own loss kernel casts already
     _, cpu_saved = MEMORY.saved_for_backward(attention)
     assert dtypes() == cpu_lists
-    with MEMORY.CudaAutocastLists():
-        assert dtypes() == (f32, f32, f32, f16, f32, f16, f32)
+    with HOST.CudaAutocastLists():
+        assert dtypes() == (f32, f32, f32, f16, f16, f32, f16, f32)  # an op's own dtype wins
         out, gpu_saved = MEMORY.saved_for_backward(attention)
         assert half.softmax(-1).dtype == f16  # outside an autocast region nothing changes
     # q and k (half copies), the probabilities in half, and v's half copy; on a GPU the probabilities in float32 too

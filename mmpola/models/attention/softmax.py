@@ -41,10 +41,12 @@ def softmax_attention(q, k, v, scale, attn_drop, attn_mask=None):
     """
     if attn_mask is not None and q.device.type == 'cpu' and torch.is_grad_enabled() and attn_mask.requires_grad:
         # a mask that needs its gradient (Swin's learned bias in training) sends the CPU's SDPA to its
-        # unfused math path, slower than the three explicit steps
+        # unfused math path, slower than the three explicit steps; the softmax in the scores' dtype, as the
+        # fused kernels compute it (the CPU's autocast would too; a dry run counting with a GPU's autocast
+        # lists, which promote a softmax to float32, sees what a GPU keeps)
         attn = torch.baddbmm(attn_mask.expand(*q.shape[:-1], k.shape[-2]).flatten(0, -3), q.flatten(0, -3),
                              k.flatten(0, -3).transpose(-2, -1), alpha=scale)
-        attn = attn_drop(attn.softmax(dim=-1))
+        attn = attn_drop(attn.softmax(dim=-1, dtype=attn.dtype))
         return (attn @ v.flatten(0, -3)).view(*q.shape[:-1], v.shape[-1])
     dropout_p = attn_drop.p if attn_drop.training else 0.0
     return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
