@@ -230,6 +230,8 @@ CUDA_AUTOCAST_OPS = {
     'promote': ('addcdiv', 'addcmul', 'atan2', 'bilinear', 'cross', 'dot', 'vdot', 'grid_sampler', 'index_put',
                 'tensordot', 'scatter_add'),
 }
+
+
 def _floating(args):
     """The floating-point tensors of ``args`` (and of the lists among them) that autocast may cast: not float64."""
     import torch

@@ -35,8 +35,8 @@ not on the device, so they are counted here without a GPU:
   step of the optimizer that the config's ``optim_wrapper`` builds (AdamW: two moments per trainable parameter).
 
 Where a GPU would take another path than the CPU, the count is the CPU's: mmpola's softmax windows with a learned
-bias (Swin's) run the explicit steps here (``softmax_attention``), keeping their probabilities (float32 and half,
-as mmdet's Swin keeps its own on a GPU), where a GPU's fused attention keeps the output and the mask instead.
+bias (Swin's) run the explicit steps here (``softmax_attention``), keeping their probabilities in half, where a
+GPU's fused attention keeps the output and the mask instead (about as many bytes).
 
 Not counted: the transient tensors (the widest of the forward and the backward, the activations' gradients),
 cuDNN's and the libraries' workspaces, the caching allocator's rounding and fragmentation. A GPU's own figure is

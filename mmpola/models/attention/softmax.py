@@ -41,9 +41,9 @@ def softmax_attention(q, k, v, scale, attn_drop, attn_mask=None):
     """
     if attn_mask is not None and q.device.type == 'cpu' and torch.is_grad_enabled() and attn_mask.requires_grad:
         # a mask that needs its gradient (Swin's learned bias in training) sends the CPU's SDPA to its
-        # unfused math path, slower than the three explicit steps; the softmax in the scores' dtype, as the
-        # fused kernels compute it (the CPU's autocast would too; a dry run counting with a GPU's autocast
-        # lists, which promote a softmax to float32, sees what a GPU keeps)
+        # unfused math path, slower than the three explicit steps. The softmax stays in the scores' dtype, as
+        # in the fused kernels (the CPU's autocast leaves it there anyway): a count made with a GPU's autocast
+        # lists, which would promote it to float32, then keeps and casts what a GPU does
         attn = torch.baddbmm(attn_mask.expand(*q.shape[:-1], k.shape[-2]).flatten(0, -3), q.flatten(0, -3),
                              k.flatten(0, -3).transpose(-2, -1), alpha=scale)
         attn = attn_drop(attn.softmax(dim=-1, dtype=attn.dtype))
