@@ -103,10 +103,10 @@ from benchmark_host import (  # noqa: E402
     HOST_BACKBONES,
     LAUNCH_FREE_OPS,
     SYNC_OPS,
-    CudaAutocastLists,
     build_narrowed,
     count_dispatched_ops,
     denormals_flushed,
+    gpu_autocast,
     h100_dry_run,
     python_calls,
     step_counts,
@@ -877,13 +877,8 @@ def bench_ops(args, device):
         from benchmark_roofline import GPUS, Roofline
         peaks = GPUS[args.roofline]
 
-    def autocast():
-        """The pass's autocast, with CUDA's op lists on the CPU (a GPU's casts counted)."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None))
-        if amp_dtype is not None and device.type == 'cpu':
-            stack.enter_context(CudaAutocastLists())
-        return stack
+    def autocast():  # with CUDA's op lists on the CPU: a GPU's casts counted
+        return gpu_autocast(device.type, amp_dtype)
 
     def roofline():
         return Roofline(peaks) if peaks else None

@@ -302,6 +302,16 @@ class CudaAutocastLists:
         self.library._destroy()
 
 
+@contextlib.contextmanager
+def gpu_autocast(device_type, dtype):
+    """``torch.autocast(device_type, dtype)`` (off for ``dtype`` None), with CUDA's op lists on the CPU
+    (:class:`CudaAutocastLists`): a count made on the CPU sees what a GPU's autocast dispatches and keeps."""
+    import torch
+    lists = CudaAutocastLists() if device_type == 'cpu' and dtype is not None else contextlib.nullcontext()
+    with torch.autocast(device_type, dtype, enabled=dtype is not None), lists:
+        yield
+
+
 def python_calls(fn):
     """The Python functions entered while ``fn`` runs (``sys.setprofile``'s call events)."""
     count = 0

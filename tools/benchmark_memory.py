@@ -214,7 +214,7 @@ def same_weights_beyond_the_backbone(model, seed):
 def step_memory(spec, args, variant=None):
     """One row: the lasting bytes and the saved activations of ``spec``'s training step (see the module doc),
     with ``variant`` (a (variable, value) of ``--also-with``) set in the environment while it runs."""
-    from benchmark_host import CudaAutocastLists, denormals_flushed, h100_dry_run
+    from benchmark_host import denormals_flushed, gpu_autocast, h100_dry_run
     from benchmark_train import builds_mmpola_backbone, config_label, prepare_config, variant_set
     from mmengine.registry import MODELS
     from mmengine.runner import Runner, set_random_seed
@@ -244,7 +244,7 @@ def step_memory(spec, args, variant=None):
         height, width = data['inputs'].shape[-2:]
         set_random_seed(args.seed)  # the samplers' draws: alike on every config
         with _parts_tracked(model) as (part, aliases), h100_dry_run(), denormals_flushed(), \
-                HalfProductsInFloat32(), torch.autocast('cpu', amp_dtype), CudaAutocastLists():
+                HalfProductsInFloat32(), gpu_autocast('cpu', amp_dtype):
             _, saved = saved_for_backward(lambda: model(**data, mode='loss'), part, aliases)
     label = config_label(spec) + ('' if variant is None else f', {variant[0]}={variant[1]}')
     return dict(config=label, input=f'{height}x{width}', batch=cfg.train_dataloader.batch_size, params=params,
