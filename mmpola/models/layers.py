@@ -322,11 +322,17 @@ def gelu_fc2(mlp, h, fc1_bias=None, recomputes=None):
     return mlp.fc2(mlp.drop(mlp.act(h)))
 
 
+def gated_proj_recomputes(s, proj):
+    """Whether :func:`gated_proj` multiplies s by the gate in :func:`mmpola.ops.gated_linear`'s kernels (else the
+    library multiplies them before ``proj``)."""
+    return _recomputes(s, proj)
+
+
 def gated_proj(s, g, proj):
-    """``proj(s * g)``: :func:`mmpola.ops.gated_linear` where it recomputes (``_recomputes``; with
+    """``proj(s * g)``: :func:`mmpola.ops.gated_linear` where it recomputes (:func:`gated_proj_recomputes`; with
     ``MMPOLA_RECOMPUTE=triton`` or ``elementwise`` on a GPU: the backward keeps s and g only, one kernel gives both
     their gradients); else the module."""
-    if _recomputes(s, proj):
+    if gated_proj_recomputes(s, proj):
         return gated_linear(s, g, proj.weight, proj.bias, 'triton')
     return proj(s * g)
 

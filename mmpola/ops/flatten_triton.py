@@ -421,9 +421,10 @@ def _flatten_forward(q, k, v, scale, bias, num_heads, focusing_factor, eps):
     return out, ((q, k, v, scale, stats_q, stats_k, summary, bias), (H, focusing_factor, eps))
 
 
-def _flatten_backward(saved, options, g):
+def _flatten_backward(saved, options, g, grads=None):
     """(dL/dq, dL/dk, dL/dv, dL/dscale (C, ) in float32, dL/dbias or None) from the output's gradient g (any
-    strides) and what :func:`_flatten_forward` returned beside the output."""
+    strides) and what :func:`_flatten_forward` returned beside the output; ``grads``: the tensors of q's, k's and
+    v's shapes and dtypes, any strides, to write their gradients into."""
     q, k, v, scale, stats_q, stats_k, summary, bias = saved
     H, focusing_factor, eps = options
     B, N, C = q.shape
@@ -440,7 +441,7 @@ def _flatten_backward(saved, options, g):
     chunks_k, per_k = _chunks(n, block_t, B * H, dev)
     # each head's records of dL/dscale: its query chunks', then its key chunks'
     ds_parts = torch.empty((B, H, chunks + chunks_k, d), device=dev, dtype=f32)
-    dden = dq = torch.empty((B, N, C), device=dev, dtype=q.dtype)
+    dden = dq = torch.empty((B, N, C), device=dev, dtype=q.dtype) if grads is None else grads[0]
     if not one:
         dden = torch.empty((B, N, H), device=dev, dtype=f32)
     args = (q, g, scale, stats_q, summary, dparts, dden, dq, ds_parts, chunks + chunks_k, N, d, H, eps, per,
@@ -456,8 +457,11 @@ def _flatten_backward(saved, options, g):
     dsummary = dparts.sum(1)
 
     # keys: dv (and G per head), then dk and their part of dL/ds
-    dk = torch.empty((B, n, C), device=dev, dtype=k.dtype)
-    dv = torch.empty((B, n, C), device=dev, dtype=v.dtype)
+    if grads is None:
+        dk = torch.empty((B, n, C), device=dev, dtype=k.dtype)
+        dv = torch.empty((B, n, C), device=dev, dtype=v.dtype)
+    else:
+        dk, dv = grads[1:]
     gk = dk if one else torch.empty((B, n, H), device=dev, dtype=f32)
     bias_ptr, bias_strides = key_bias_args(bias, k)
     args = (k, bias_ptr, v, scale, stats_k, dsummary, gk, dk, dv, ds_parts[:, :, chunks:], chunks + chunks_k, n, d,

@@ -456,17 +456,18 @@ def _pola_forward(q, k, v, scale, power, bias, alpha, eps):
                  (alpha, eps, backward, key_backward, _join_weight_grads(bd, target), options))
 
 
-def _pola_backward(saved, config, grad_out):
+def _pola_backward(saved, config, grad_out, grads=None):
     """(dL/dq, dL/dk, dL/dv, dL/dscale, dL/dpower, dL/dbias or None) from the output's gradient (any strides) and
-    what :func:`_pola_forward` returned beside the output; the gradients of q, k, v in their strides, those of the
-    parameters of their views' shapes."""
+    what :func:`_pola_forward` returned beside the output; the gradients of q, k, v in their strides (``grads``:
+    the tensors of q's, k's and v's shapes, any strides, to write them into instead), those of the parameters of
+    their views' shapes."""
     q, k, v, scale, power, sums, bias = saved
     alpha, eps, (block, warps), key_backward, join, options = config
     B, H, N, d = q.shape
     n = k.shape[2]
     bh, bd = B * H, options['BD']
     params = (*_head_strides(scale), *_head_strides(power))
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     chunk, chunks = _chunking(N, bh, block, q.device)
     # per query chunk: dL/dW+, dL/dW- (bd x bd), dL/dm+, dL/dm-, dL/dscale, dL/dpower (bd each)
     parts = sums.new_empty(bh, chunks, 2 * bd * bd + 4 * bd)

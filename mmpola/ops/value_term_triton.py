@@ -13,8 +13,15 @@ results are those of the two ops called apart, bit for bit; autograd records one
 Functions and the views, transposes, broadcasts and casts around them, each an operator and a node that the host
 runs while a GPU waits for it. :func:`value_term_joins` says where the joined Function computes what the ops called
 apart compute.
+
+Where the operands are views that fill one projection (a linear layer's output taken apart, as the modules take it),
+the Function takes the projection itself and writes the gradients of all its operands into one tensor of its shape:
+autograd would give each view a gradient of its own, add v's two and copy them into one (a stack of the whole
+projection's gradient in every attention of a step). Pola's gate can come in too (``gate``), multiplied as the
+library multiplies it, so that its gradient is written there as well.
 """
 import torch
+from torch.autograd.function import BackwardCFunction
 
 from .depthwise import auto_impl
 from .depthwise_triton import _convolve, _depthwise_backward
@@ -109,11 +116,14 @@ def _pola_core(q, k, v, bias, params, heads, options):
     return out, saved, (config, scale.dtype, power.dtype, heads)
 
 
-def _pola_core_backward(saved, state, grad, needs):
+def _pola_core_backward(saved, state, grad, needs, grads=None):
     """(dq, dk, dv, dbias, (dscale, dpower)) in the tokens' layout from the output's gradient (B, N, C), the
-    parameters' in their dtypes where ``needs`` says so."""
+    parameters' in their dtypes where ``needs`` says so; ``grads``: tokens (B, N, C) of any strides to write dq,
+    dk and dv into."""
     config, scale_dtype, power_dtype, heads = state
-    dq, dk, dv, ds, dp, dbias = _pola_backward(saved, config, heads_view(grad, heads))
+    if grads is not None:
+        grads = (heads_view(grads[0], heads), heads_view(grads[1], heads), heads_view(grads[2], heads))
+    dq, dk, dv, ds, dp, dbias = _pola_backward(saved, config, heads_view(grad, heads), grads)
     return (tokens_view(dq), tokens_view(dk), tokens_view(dv), None if dbias is None else tokens_view(dbias),
             (tokens_view(ds).to(scale_dtype) if needs[0] else None, dp.to(power_dtype) if needs[1] else None))
 
@@ -127,11 +137,12 @@ def _flatten_core(q, k, v, bias, params, heads, options):
     return out, saved, (config, scale.shape, scale.dtype)
 
 
-def _flatten_core_backward(saved, state, grad, needs):
+def _flatten_core_backward(saved, state, grad, needs, grads=None):
     """(dq, dk, dv, dbias, (dscale, )) in the tokens' layout from the output's gradient (B, N, C), the scale's in
-    its shape and dtype where ``needs`` says so."""
+    its shape and dtype where ``needs`` says so; ``grads``: tokens (B, N, C) of any strides to write dq, dk and dv
+    into."""
     config, shape, dtype = state
-    dq, dk, dv, ds, dbias = _flatten_backward(saved, config, grad)
+    dq, dk, dv, ds, dbias = _flatten_backward(saved, config, grad, grads)
     return dq, dk, dv, dbias, (ds.reshape(shape).to(dtype) if needs[0] else None, )
 
 
@@ -142,53 +153,130 @@ def _inline_core(q, k, v, bias, params, heads, options):
     return out, saved, state
 
 
-def _inline_core_backward(saved, state, grad, needs):
+def _inline_core_backward(saved, state, grad, needs, grads=None):
     """(dq, dk, dv, None, ()) in the tokens' layout from the output's gradient (B, N, C): InLine has neither a key
-    bias nor parameters."""
+    bias nor parameters. Its kernels write contiguous gradients (no ``grads``)."""
+    assert grads is None
     return (*_inline_backward(saved, state, grad), None, ())
 
 
 # op: (its core's forward, which gives the output as tokens (B, N, C) or heads (B, h, N, d); the core's backward, which
-# takes the output's gradient as tokens; whether each image has kernels of its own: then the convolution
-# takes one map of all its channels per image, else one map per head, the heads sharing the kernels)
-_CORES = {'pola': (_pola_core, _pola_core_backward, False), 'flatten': (_flatten_core, _flatten_core_backward, False),
-          'inline': (_inline_core, _inline_core_backward, True)}
+# takes the output's gradient as tokens (and with ``grads`` writes dq, dk, dv into the tokens given, where the last
+# entry says it can); whether each image has kernels of its own: then the convolution takes one map of all its
+# channels per image, else one map per head, the heads sharing the kernels; whether the backward writes into given
+# gradients of any strides)
+_CORES = {'pola': (_pola_core, _pola_core_backward, False, True),
+          'flatten': (_flatten_core, _flatten_core_backward, False, True),
+          'inline': (_inline_core, _inline_core_backward, True, False)}
+
+
+def _one_projection(q, k, v, v_term, gate):
+    """``(projection, ((B, N, P, C), (q's, k's, v's, v_term's, gate's slot)))`` where q, k, v, v_term and the gate
+    (or None) are views of C channels each of one contiguous projection of B x N rows of P * C channels (whose view
+    (B, N, P * C) a linear layer returns), as the attention modules take them apart (``unflatten(-1, (P,
+    C)).unbind(-2)``), that fill its P slots, v_term being v's slot again. Else None.
+
+    Then the joined Function takes the projection itself and writes the gradients of its slots into one tensor of
+    its shape, where autograd would give each view's gradient a tensor of its own, add v's two and stack them.
+    Where autograd records the call, only for views whose gradients autograd takes to the projection (views that
+    another autograd Function returns, of its input or of a tensor of its own, take theirs elsewhere)."""
+    projection = q._base
+    if projection is None or not projection.is_contiguous():
+        return None
+    B, N, C = q.shape
+    rows = B * N
+    width = projection.numel() // rows if rows else 0
+    if not width or width * rows != projection.numel() or width % C:
+        return None
+    strides, origin, recorded = (N * width, width, 1), projection.storage_offset(), torch.is_grad_enabled()
+    slots = []
+    for t in (q, k, v, v_term, gate):  # a loop, not a generator: this runs in every attention of every step
+        if t is None:
+            slots.append(None)
+            continue
+        offset = t.storage_offset() - origin
+        if t._base is not projection or t.stride() != strides or offset % C or not 0 <= offset < width:
+            return None
+        if recorded and (t.requires_grad != projection.requires_grad or isinstance(t.grad_fn, BackwardCFunction)):
+            return None
+        slots.append(offset // C)
+    P = width // C
+    filled = {slots[0], slots[1], slots[2], slots[4]} - {None}
+    if slots[3] != slots[2] or len(filled) != P or len(filled) != 3 + (gate is not None):
+        return None
+    return projection, ((B, N, P, C), tuple(slots))
 
 
 class _ValueTermTriton(torch.autograd.Function):
     """The joined Function's autograd: ``op``'s core (:data:`_CORES`) on the head views of q, k, v and the key
     bias (tokens (B, N, C)) with its raw parameters ``params``, and the depthwise convolution of v_term's maps
     (those of its heads, or with kernels per image the image's one map) added to its output where the
-    convolution's kernel writes it; the gradients come back in the inputs' shapes and dtypes."""
+    convolution's kernel writes it, times ``gate`` where there is one; the gradients come back in the inputs'
+    shapes and dtypes.
+
+    ``projected``: None, or ``(layout, (q, k, v, v_term, gate))`` where those are views that fill one projection
+    (:func:`_one_projection`), given as ``q`` instead (k, v, v_term and gate None): its gradient comes back as one
+    tensor of its shape. The views come in a tuple, which autograd does not look into, so that it records the
+    projection as the input."""
 
     @staticmethod
-    def forward(ctx, op, heads, hw, options, weight, conv_bias, q, k, v, v_term, bias, *params):
-        core, _, per_sample = _CORES[op]
+    def forward(ctx, op, heads, hw, options, projected, weight, conv_bias, q, k, v, v_term, gate, bias, *params):
+        core, _, per_sample, _ = _CORES[op]
+        if projected is not None:
+            ctx.projection = (q.shape, q.dtype, q.device)
+            q, k, v, v_term, gate = projected[1]
         groups = 1 if per_sample else heads  # the maps per image
         out, saved, state = core(q, k, v, bias, params, heads, options)
         maps = _maps(v_term, hw, groups)
         # the convolution's parameters as they are: the kernels read them in float32 (no copy rounded to the
         # values' dtype, as the library convolution's autocast would make) and give their gradients in their dtype
         residual = _maps(out, hw, groups if out.dim() == 3 else None)
-        total = _convolve(maps, weight, conv_bias, False, per_sample, residual=residual)  # in out's layout
-        ctx.save_for_backward(*saved, maps, weight)
+        total = _maps_as_tokens(_convolve(maps, weight, conv_bias, False, per_sample, residual=residual))
+        if gate is None:
+            ctx.save_for_backward(*saved, maps, weight)
+        else:
+            ctx.save_for_backward(*saved, maps, weight, total, gate)
         ctx.op, ctx.state, ctx.layout, ctx.has_bias = op, state, (groups, hw), conv_bias is not None
-        return _maps_as_tokens(total)
+        ctx.slots, ctx.gated = None if projected is None else projected[0], gate is not None
+        # the gate as the modules multiply it (``total * gate``: the library's multiplication)
+        return total if gate is None else total * gate
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         groups, hw = ctx.layout
-        *saved, maps, conv_weight = ctx.saved_tensors
-        needs = ctx.needs_input_grad
+        saved = ctx.saved_tensors
+        needs, slots = ctx.needs_input_grad, ctx.slots
+        if slots is not None:  # the slots' gradients written into one tensor of the projection's shape
+            shape, dtype, device = ctx.projection
+            projection_grad = torch.empty(shape, dtype=dtype, device=device)
+            (B, N, P, C), order = slots
+            by_slot = projection_grad.view(B, N, P, C).unbind(2)
+            targets = (by_slot[order[0]], by_slot[order[1]], by_slot[order[2]])
+        grad_gate = None
+        if ctx.gated:  # as the library's multiplication total * gate gives them
+            *saved, total, gate = saved
+            if slots is None:
+                grad_gate = grad * total
+            else:
+                torch.mul(grad, total, out=by_slot[order[4]])
+            grad = grad * gate
+        *saved, maps, conv_weight = saved
         grad_maps, grad_weight, grad_conv_bias = _depthwise_backward(
-            maps, conv_weight, _maps(grad, hw, groups), ctx.has_bias, _CORES[ctx.op][2], (needs[9], needs[4], needs[5]))
-        dq, dk, dv, dbias, dparams = _CORES[ctx.op][1](saved, ctx.state, grad, needs[11:])
+            maps, conv_weight, _maps(grad, hw, groups), ctx.has_bias, _CORES[ctx.op][2],
+            (needs[10] or slots is not None, needs[5], needs[6]))
+        dq, dk, dv, dbias, dparams = _CORES[ctx.op][1](saved, ctx.state, grad, needs[13:],
+                                                       None if slots is None else targets)
         grad_v_term = None if grad_maps is None else _maps_as_tokens(grad_maps)
-        return (None, None, None, None, grad_weight, grad_conv_bias, dq, dk, dv, grad_v_term, dbias, *dparams)
+        if slots is not None:
+            targets[2].add_(grad_v_term)  # v's two uses, added as autograd adds them
+            return (None, None, None, None, None, grad_weight, grad_conv_bias, projection_grad, None, None, None, None,
+                    dbias, *dparams)
+        return (None, None, None, None, None, grad_weight, grad_conv_bias, dq, dk, dv, grad_v_term, grad_gate, dbias,
+                *dparams)
 
 
-def _joined(function, op, q, k, v, v_term, params, heads, dwc_weight, dwc_bias, hw, options, key_bias):
+def _joined(function, op, q, k, v, v_term, params, heads, dwc_weight, dwc_bias, hw, options, key_bias, gate=None):
     """Check the operands of a joined Function (``function``: its name) and apply it."""
     B, N, C = q.shape
     if not (k.shape == v.shape == v_term.shape == q.shape and C % heads == 0 and hw[0] * hw[1] == N):
@@ -198,19 +286,27 @@ def _joined(function, op, q, k, v, v_term, params, heads, dwc_weight, dwc_bias, 
     if len({q.dtype, k.dtype, v.dtype, v_term.dtype}) > 1:
         raise TypeError(f'{function} takes q, k, v and v_term of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}, '
                         f'{v_term.dtype}')
+    if gate is not None and (gate.shape != q.shape or gate.dtype != q.dtype):
+        raise ValueError(f"{function} takes a gate of q's shape {tuple(q.shape)} and dtype {q.dtype}; got "
+                         f'{tuple(gate.shape)} {gate.dtype}')
     if key_bias is not None and (tuple(key_bias.shape) != (1, N, C) or key_bias.dtype != k.dtype):
         raise ValueError(f"{function} takes key_bias (1, {N}, {C}) in the keys' dtype {k.dtype}; got "
                          f'{tuple(key_bias.shape)} {key_bias.dtype}')
     reason = triton_unsupported(q.device, q.dtype, head_dim=C // heads)
     if reason is not None:
         raise AttnImplUnavailable(f'{function} cannot run here: {reason}')
+    joined = _one_projection(q, k, v, v_term, gate) if _CORES[op][3] else None
     with autocast_off(q.device.type):  # as the core's dispatch runs it (mmpola.ops.dispatch)
-        return apply_function(_ValueTermTriton, op, heads, tuple(hw), options, dwc_weight, dwc_bias, q, k, v, v_term,
-                              key_bias, *params)
+        if joined is None:
+            return apply_function(_ValueTermTriton, op, heads, tuple(hw), options, None, dwc_weight, dwc_bias, q, k, v,
+                                  v_term, gate, key_bias, *params)
+        projection, layout = joined
+        return apply_function(_ValueTermTriton, op, heads, tuple(hw), options, (layout, (q, k, v, v_term, gate)),
+                              dwc_weight, dwc_bias, projection, None, None, None, None, key_bias, *params)
 
 
 def pola_value_term_triton(q, k, v, v_term, power, scale, dwc_weight, dwc_bias, hw, alpha=4.0, eps=1e-6,
-                           key_bias=None):
+                           key_bias=None, gate=None):
     """Pola attention and its depthwise value term on the operands in the tokens' layout, in one autograd
     Function: what Pola attention computes on a grid whose keys are its tokens, without prefix tokens.
 
@@ -221,14 +317,17 @@ def pola_value_term_triton(q, k, v, v_term, power, scale, dwc_weight, dwc_bias, 
     shared by the heads, read as they are (in float32 by the kernels). Returns (B, N, C) in q's dtype: per head,
     :func:`~mmpola.ops.pola_triton.pola_attention_triton` of q, k + key_bias, v plus the convolution of
     v_term's map, with the heads merged; q, k, v and v_term in one dtype (the kernels compute in float32).
-    The results of the two ops called apart, bit for bit (module docstring)."""
+    The results of the two ops called apart, bit for bit (module docstring). ``gate``: None, or tokens (B, N, C) in
+    q's dtype that the sum is multiplied by, as the library multiplies them (Pola's gate before its output
+    projection). Where the operands (and the gate) are views that fill one projection, the projection gets its
+    gradient as one tensor (:func:`_one_projection`)."""
     heads = power.shape[1]
     C = q.shape[-1]
     if tuple(scale.shape) != (1, 1, C) or tuple(power.shape) != (1, heads, 1, C // heads):
         raise ValueError(f'pola_value_term_triton takes scale (1, 1, {C}) and power (1, h, 1, {C} / h); got '
                          f'{tuple(scale.shape)} and {tuple(power.shape)}')
     return _joined('pola_value_term_triton', 'pola', q, k, v, v_term, (scale, power), heads, dwc_weight, dwc_bias,
-                   hw, (float(alpha), float(eps)), key_bias)
+                   hw, (float(alpha), float(eps)), key_bias, gate)
 
 
 def flatten_value_term_triton(q, k, v, v_term, scale, num_heads, dwc_weight, dwc_bias, hw, focusing_factor=3,
@@ -243,7 +342,8 @@ def flatten_value_term_triton(q, k, v, v_term, scale, num_heads, dwc_weight, dwc
     convolution shared by the heads, read as they are (in float32 by the kernels). Returns (B, N, C) in q's dtype:
     :func:`~mmpola.ops.flatten_triton.flatten_attention_triton` of q, k + key_bias, v plus, per head, the
     convolution of v_term's map; q, k, v and v_term in one dtype (the kernels compute in float32). The results
-    of the two ops called apart, bit for bit (module docstring)."""
+    of the two ops called apart, bit for bit (module docstring). Where the operands are views that fill one
+    projection, the projection gets its gradient as one tensor (:func:`_one_projection`)."""
     C = q.shape[-1]
     if tuple(scale.shape) != (1, 1, C):
         raise ValueError(f'flatten_value_term_triton takes scale (1, 1, {C}); got {tuple(scale.shape)}')

@@ -118,6 +118,131 @@ def test_joined_function_gives_the_two_ops_results_bit_for_bit(op, case, dtype):
     assert joined[0].dtype == dtype
 
 
+def _gated_joined(op, leaves, hw, heads, with_bias=True, with_conv_bias=True, slots=(0, 1, 2, 3)):
+    """The joined Function on views of one projection that fill it: Pola's q, k, v and gate at ``slots`` of a
+    projection of 4 C channels (the gate None where ``slots`` has three: then the projection has 3 C channels,
+    as FLatten's)."""
+    projection, *params, encoding, weight, bias = leaves
+    C = params[0].shape[-1]
+    operands = projection[..., :len(slots) * C].unflatten(-1, (len(slots), C)).unbind(-2)
+    q, k, v, *gate = (operands[slot] for slot in slots)
+    conv_bias, key_bias = bias if with_conv_bias else None, encoding if with_bias else None
+    if op == 'pola':
+        scale, power = params
+        return pola_value_term_triton(q, k, v, v, power, scale, weight, conv_bias, hw, key_bias=key_bias,
+                                      gate=gate[0] if gate else None)
+    return flatten_value_term_triton(q, k, v, v, params[0], heads, weight, conv_bias, hw, key_bias=key_bias)
+
+
+def _gated_apart(op, leaves, hw, heads, with_bias=True, with_conv_bias=True, slots=(0, 1, 2, 3)):
+    """:func:`_gated_joined` as the modules compute it without the gate and the projection in the Function: the
+    joined Function on views of the projection's slots that do not fill it (its other channels left out), its
+    output times the gate by the library."""
+    projection, *rest = leaves
+    C = rest[0].shape[-1]
+    wider = torch.cat([projection, projection[..., :C]], -1)  # a slot more: the views do not fill it
+    views = wider.unflatten(-1, (-1, C)).unbind(-2)
+    q, k, v = (views[slots[i]] for i in range(3))
+    conv_bias, key_bias = rest[-1] if with_conv_bias else None, rest[-3] if with_bias else None
+    if op == 'pola':
+        scale, power = rest[:2]
+        out = pola_value_term_triton(q, k, v, v, power, scale, rest[-2], conv_bias, hw, key_bias=key_bias)
+    else:
+        out = flatten_value_term_triton(q, k, v, v, rest[0], heads, rest[-2], conv_bias, hw, key_bias=key_bias)
+    return out * views[slots[3]] if len(slots) == 4 else out
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['float32', 'bfloat16'])
+@pytest.mark.parametrize('case', [(2, 2, (5, 7), 16, True, True, (0, 2, 3, 1)), (1, 3, (4, 6), 8, False, False,
+                                                                                 (3, 0, 1, 2)),
+                                  (1, 1, (9, 5), 32, True, False, (0, 1, 2))],
+                         ids=['B2-h2-5x7-d16-qgkv', 'h3-no-biases-kvgq', 'h1-d32-qkv'])
+@pytest.mark.parametrize('op', OPS)
+def test_one_projection_and_the_gate_in_the_joined_function_give_autograds_results_bit_for_bit(op, case, dtype):
+    """Where q, k, v (and Pola's gate) are views that fill one projection, the joined Function takes the projection
+    and writes its gradient in one tensor (the views' gradients, v's two uses added, where autograd stacks them);
+    with ``gate``, it multiplies its output by the gate as the library does. The output and every gradient equal,
+    in dtypes, strides and bits, those of the Function on views that do not fill their projection followed by the
+    library's multiplication."""
+    B, heads, hw, d, with_bias, with_conv_bias, slots = case
+    if op == 'flatten':  # no gate: q, k, v in the order of their slots in Pola's projection
+        slots = tuple(sorted(slots[:3]).index(slot) for slot in slots[:3])
+    leaves, grad = _inputs(op, B, heads, hw, d, dtype)
+    C = heads * d
+    leaves[0] = leaves[0].detach()[..., :len(slots) * C].clone().requires_grad_()
+    joined = _forward_backward(_gated_joined, op, leaves, grad, hw, heads, with_bias, with_conv_bias, slots)
+    apart = _forward_backward(_gated_apart, op, leaves, grad, hw, heads, with_bias, with_conv_bias, slots)
+    names = ['out', 'projection', *(['scale', 'power'] if op == 'pola' else ['scale']), 'encoding', 'weight', 'bias']
+    for name, a, e in zip(names, joined, apart):
+        if e is None:
+            assert a is None, name
+            continue
+        assert a.dtype == e.dtype and a.shape == e.shape and a.stride() == e.stride(), name
+        assert torch.equal(a, e), f'{name}: differs by {(a.float() - e.float()).abs().max().item():.3g}'
+
+
+def test_the_joined_function_takes_the_projection_where_its_views_fill_it_and_writes_one_gradient():
+    """_one_projection: the slots of views that fill one contiguous projection (v_term v's slot again), else None;
+    the backward of a step whose projection it takes stacks nothing (autograd's gradient of views taken apart)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mmpola.ops.value_term_triton import _one_projection
+    projection = torch.randn(2, 6, 4 * 8)
+    q, k, v, g = projection.unflatten(-1, (4, 8)).unbind(-2)
+    assert _one_projection(q, k, v, v, g)[1] == ((2, 6, 4, 8), (0, 1, 2, 2, 3))
+    assert _one_projection(g, v, k, k.view_as(k), q)[1][1] == (3, 2, 1, 1, 0)
+    assert _one_projection(q, k, v, v, None) is None  # the gate's slot left out
+    assert _one_projection(q, k, v, g, None) is None  # v_term another slot than v's
+    assert _one_projection(q, k, v, v, q) is None  # a slot twice
+    assert _one_projection(q.clone(), k, v, v, g) is None  # not a view
+    assert _one_projection(q, k, v, v, torch.randn(2, 6, 8)) is None
+    wide = torch.randn(2, 6, 5 * 8).unflatten(-1, (5, 8)).unbind(-2)
+    assert _one_projection(*wide[:3], wide[2], wide[3]) is None  # a slot not filled
+    strided = torch.randn(2, 4 * 8, 6).transpose(1, 2).unflatten(-1, (4, 8)).unbind(-2)
+    assert _one_projection(*strided[:3], strided[2], strided[3]) is None  # not contiguous
+    q, k, v = torch.randn(2, 6, 3 * 8).unflatten(-1, (3, 8)).unbind(-2)
+    assert _one_projection(q, k, v, v, None)[1][1] == (0, 1, 2, 2, None)  # no gate: three slots
+    # a linear layer's output (B, N, P * C) is a view of its (B * N, P * C) product: that product is taken
+    linear = torch.nn.Linear(8, 4 * 8)
+    product = linear(torch.randn(2, 6, 8))
+    q, k, v, g = product.unflatten(-1, (4, 8)).unbind(-2)
+    joined, layout = _one_projection(q, k, v, v, g)
+    assert joined is product._base and joined.shape == (12, 32) and layout == ((2, 6, 4, 8), (0, 1, 2, 2, 3))
+
+    # views whose gradients autograd takes elsewhere: those another Function returns, of its input or of its own
+    class Operands(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, own):
+            return tuple((x.clone() if own else x).unflatten(-1, (4, 8)).unbind(-2))
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return torch.stack(grads, -2).flatten(-2), None
+
+    x = torch.randn(2, 6, 4 * 8, requires_grad=True)
+    for own in (False, True):
+        q, k, v, g = Operands.apply(x, own)
+        assert _one_projection(q, k, v, v, g) is None, own
+        with torch.no_grad():  # where autograd records nothing, the views' own projection is taken
+            assert _one_projection(*x.unflatten(-1, (4, 8)).unbind(-2)[:3], x[..., 16:24], x[..., 24:])[0] is x
+
+    class Operators(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split('.')[0])
+            return func(*args, **(kwargs or {}))
+
+    leaves, grad = _inputs('pola', 2, 2, (4, 6), 8, torch.float32)
+    for fn, stacks in ((_gated_joined, False), (_gated_apart, True)):
+        out = fn('pola', leaves, (4, 6), 2)
+        with Operators() as recorded:
+            out.backward(grad)
+        assert ('stack' in recorded.names) == stacks, fn.__name__
+
+
 def _check_the_tokens(call, k, v):
     """A joined Function's ``call`` (the keyword arguments q, k, v and hw default to valid operands of a 4 x 6 grid)
     turns down another grid, operands of two shapes and of two dtypes, each with a clear error."""

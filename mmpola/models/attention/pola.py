@@ -40,7 +40,8 @@ class PolaAttention(JoinedValueTerm, KeyPositionalEncoding, QKVProjections, nn.M
     (:func:`mmpola.ops.pola_attention`) mixes same-sign and opposite-sign branches; a depthwise conv
     ``dwc`` (d channels, shared by the heads) runs on v with the real (H, W); the sum is gated by
     the linear projection g and projected by ``proj`` (where the core and ``dwc`` both run in their Triton
-    kernels, through one autograd Function: :func:`~mmpola.ops.value_term_triton.pola_value_term_triton`). Prefix
+    kernels, through one autograd Function, which also multiplies by g where the library's layers would:
+    :func:`~mmpola.ops.value_term_triton.pola_value_term_triton`). Prefix
     tokens (``num_prefix_tokens``, the ViT's class token) take part in the core and the gate; the positional
     encoding and ``dwc`` act on the grid tokens only.
 
@@ -119,12 +120,14 @@ class PolaAttention(JoinedValueTerm, KeyPositionalEncoding, QKVProjections, nn.M
         s, (q, k, v, g, v_term), kv_hw = projected if returns_x else (None, *projected)
         if self._value_term_in_kernels(q, k, v, v_term, P):
             # the core and the depthwise term in the Triton kernels, with the head views and the merge of the
-            # heads inside one autograd Function
+            # heads inside one autograd Function; the gate too where the library would multiply it (then the
+            # Function also takes the projection whose views q, k, v and g are, and gives it one gradient)
+            gate = g if self._gate_multiplied_apart(q) else None
             out = pola_value_term_triton(q, k, v, v_term, self.power, self.scale, self.dwc.weight, self.dwc.bias,
-                                         hw, alpha=self.alpha, key_bias=self.key_bias(kv_hw, k.dtype))
+                                         hw, alpha=self.alpha, key_bias=self.key_bias(kv_hw, k.dtype), gate=gate)
+            out = self._project_gated_output(out, g) if gate is None else self._project_output(out)
         else:
-            out = self._core_and_value_term(q, k, v, v_term, kv_hw, hw, P)
-        out = self._project_gated_output(out, g)
+            out = self._project_gated_output(self._core_and_value_term(q, k, v, v_term, kv_hw, hw, P), g)
         return (s, out) if returns_x else out
 
     def _core_and_value_term(self, q, k, v, v_term, kv_hw, hw, P):

@@ -3,7 +3,7 @@ official names (``qkvg``, ``qg``, ``q``, ``kv``, ``qkv``), the checks of their a
 reduction of the keys and values (``sr``, ``norm``), so official checkpoints load by filtering keys."""
 import torch.nn as nn
 
-from ..layers import gated_proj, map_as_tokens, norm_linear, tokens_as_map
+from ..layers import gated_proj, gated_proj_recomputes, map_as_tokens, norm_linear, tokens_as_map
 
 __all__ = ['QKV_LAYOUTS', 'QKVProjections', 'check_attention_args', 'reduced_grid', 'spatial_reduction']
 
@@ -133,6 +133,12 @@ class QKVProjections:
         if self.qkv_layout == 'projected':
             return out
         return self.proj_drop(self.proj(out))
+
+    def _gate_multiplied_apart(self, out):
+        """Whether :meth:`_project_gated_output` would multiply ``out`` by the gate with the library's
+        multiplication (not in the kernels of :func:`~mmpola.models.layers.gated_proj`): then a Function that
+        computes ``out`` may multiply it by the gate itself (:meth:`_project_output` after it)."""
+        return self.qkv_layout == 'projected' or not gated_proj_recomputes(out, self.proj)
 
     def _project_gated_output(self, out, gate):
         """``_project_output(out * gate)``, by :func:`~mmpola.models.layers.gated_proj` where there is a ``proj``."""
