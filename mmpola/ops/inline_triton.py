@@ -91,9 +91,9 @@ if triton_available() is None:
         return tl.load(ptr + b * sb + r[:, None] * sn + col[None, :] * sc, mask=mask, other=0.).to(tl.float32)
 
     @triton.jit
-    def _store_tile(ptr, value, b, r, col, mask, N, C):
-        """Store rows ``r`` and columns ``col`` of batch ``b`` of a contiguous (B, N, C) tensor."""
-        tl.store(ptr + b * N * C + r[:, None] * C + col[None, :], value.to(ptr.dtype.element_ty), mask=mask)
+    def _store_tile(ptr, value, b, r, col, mask, sb, sn, sc):
+        """Store rows ``r`` and columns ``col`` of batch ``b`` of a (B, N, C) tensor of strides (sb, sn, sc)."""
+        tl.store(ptr + b * sb + r[:, None] * sn + col[None, :] * sc, value.to(ptr.dtype.element_ty), mask=mask)
 
     @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
@@ -144,13 +144,13 @@ if triton_available() is None:
             mask = (r < hi)[:, None] & cmask[None, :]
             qt = _load_tile(q_ptr, b, r, col, mask, sqb, sqn, sqc)
             out = tl.dot(qt, m, input_precision=PRECISION) + v_mean[None, :]
-            _store_tile(out_ptr, out, b, r, col, mask, N, H * D)
+            _store_tile(out_ptr, out, b, r, col, mask, N * H * D, H * D, 1)
 
     @tunable(_TUNED, _TUNED_KEY, _fitting)
     @triton.jit
     def _inline_bwd_query_kernel(q_ptr, g_ptr, kv_ptr, sums_ptr, dq_ptr, dm_ptr, gsum_ptr,
                                  N, H, D, CHUNK, inv_n, scale,
-                                 sqb, sqn, sqc, sgb, sgn, sgc,
+                                 sqb, sqn, sqc, sgb, sgn, sgc, sdqb, sdqn, sdqc,
                                  BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """dq = g M^T for one chunk of queries of one head, and the chunk's partial q^T g and sum g."""
         bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, N, CHUNK, BD)
@@ -165,7 +165,7 @@ if triton_available() is None:
             qt = _load_tile(q_ptr, b, r, col, mask, sqb, sqn, sqc)
             gt = _load_tile(g_ptr, b, r, col, mask, sgb, sgn, sgc)
             dq = tl.dot(gt, m_t, input_precision=PRECISION)
-            _store_tile(dq_ptr, dq, b, r, col, mask, N, H * D)
+            _store_tile(dq_ptr, dq, b, r, col, mask, sdqb, sdqn, sdqc)
             acc = tl.dot(tl.trans(qt), gt, acc, input_precision=PRECISION)
             g_sum += tl.sum(gt, axis=0)
         part = bh * tl.num_programs(1) + chunk
@@ -177,7 +177,7 @@ if triton_available() is None:
     @triton.jit
     def _inline_bwd_key_kernel(k_ptr, v_ptr, sums_ptr, dm_ptr, gsum_ptr, dk_ptr, dv_ptr,
                                n, H, D, CHUNK, inv_n, scale,
-                               skb, skn, skc, svb, svn, svc,
+                               skb, skn, skc, svb, svn, svc, sdkb, sdkn, sdkc, sdvb, sdvn, sdvc,
                                BLOCK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
         """dk = v dA^T + d mean(k) / n and dv = k dA + d mean(v) / n for one chunk of keys of one head."""
         bh, chunk, b, col, cmask, lo, hi = _inline_head(H, D, n, CHUNK, BD)
@@ -199,8 +199,8 @@ if triton_available() is None:
             vt = _load_tile(v_ptr, b, r, col, mask, svb, svn, svc)
             dk = tl.dot(vt, da_t, input_precision=PRECISION) + dk_mean[None, :]
             dv = tl.dot(kt, da, input_precision=PRECISION) + dv_mean[None, :]
-            _store_tile(dk_ptr, dk, b, r, col, mask, n, H * D)
-            _store_tile(dv_ptr, dv, b, r, col, mask, n, H * D)
+            _store_tile(dk_ptr, dk, b, r, col, mask, sdkb, sdkn, sdkc)
+            _store_tile(dv_ptr, dv, b, r, col, mask, sdvb, sdvn, sdvc)
 
 
 # the default config of a head-dim block on a GPU, where it is not the interpreter's
@@ -289,9 +289,10 @@ def _inline_forward(q, k, v, num_heads):
     return out, ((q, k, v, kv, sums), (num_heads, plan))
 
 
-def _inline_backward(saved, state, g):
+def _inline_backward(saved, state, g, grads=None):
     """(dL/dq, dL/dk, dL/dv) in the inputs' dtypes, contiguous, from the output's gradient g (any strides) and what
-    :func:`_inline_forward` returned beside the output."""
+    :func:`_inline_forward` returned beside the output; ``grads``: tensors of q's, k's and v's shapes and dtypes, any
+    strides, to write them into instead."""
     q, k, v, kv, sums = saved
     num_heads, plan = state
     B, N, C = q.shape
@@ -301,17 +302,20 @@ def _inline_backward(saved, state, g):
     common = plan.kwargs()
     inv_n, scale = 1.0 / n, d ** -0.5
     query_chunk, query_chunks = plan.query
-    grad_q = torch.empty(B, N, C, dtype=q.dtype, device=q.device)
+    grad_q = torch.empty(B, N, C, dtype=q.dtype, device=q.device) if grads is None else grads[0]
     dm = q.new_empty(bh, query_chunks, bd, bd, dtype=torch.float32)
     g_sum = q.new_empty(bh, query_chunks, bd, dtype=torch.float32)
     launch(_inline_bwd_query_kernel, (bh, query_chunks), q, g, kv, sums, grad_q, dm, g_sum, N, num_heads, d,
-           query_chunk, inv_n, scale, *q.stride(), *g.stride(), **common)
+           query_chunk, inv_n, scale, *q.stride(), *g.stride(), *grad_q.stride(), **common)
     dm, g_sum = _reduce(dm), _reduce(g_sum)
     key_chunk, key_chunks = plan.key
-    grad_k = torch.empty(B, n, C, dtype=k.dtype, device=k.device)
-    grad_v = torch.empty(B, n, C, dtype=v.dtype, device=v.device)
+    if grads is None:
+        grad_k = torch.empty(B, n, C, dtype=k.dtype, device=k.device)
+        grad_v = torch.empty(B, n, C, dtype=v.dtype, device=v.device)
+    else:
+        grad_k, grad_v = grads[1:]
     launch(_inline_bwd_key_kernel, (bh, key_chunks), k, v, sums, dm, g_sum, grad_k, grad_v, n, num_heads, d,
-           key_chunk, inv_n, scale, *k.stride(), *v.stride(), **common)
+           key_chunk, inv_n, scale, *k.stride(), *v.stride(), *grad_k.stride(), *grad_v.stride(), **common)
     return grad_q, grad_k, grad_v
 
 

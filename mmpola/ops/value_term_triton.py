@@ -155,19 +155,16 @@ def _inline_core(q, k, v, bias, params, heads, options):
 
 def _inline_core_backward(saved, state, grad, needs, grads=None):
     """(dq, dk, dv, None, ()) in the tokens' layout from the output's gradient (B, N, C): InLine has neither a key
-    bias nor parameters. Its kernels write contiguous gradients (no ``grads``)."""
-    assert grads is None
-    return (*_inline_backward(saved, state, grad), None, ())
+    bias nor parameters; ``grads``: tokens (B, N, C) of any strides to write dq, dk and dv into."""
+    return (*_inline_backward(saved, state, grad, grads), None, ())
 
 
 # op: (its core's forward, which gives the output as tokens (B, N, C) or heads (B, h, N, d); the core's backward, which
-# takes the output's gradient as tokens (and with ``grads`` writes dq, dk, dv into the tokens given, where the last
-# entry says it can); whether each image has kernels of its own: then the convolution takes one map of all its
-# channels per image, else one map per head, the heads sharing the kernels; whether the backward writes into given
-# gradients of any strides)
-_CORES = {'pola': (_pola_core, _pola_core_backward, False, True),
-          'flatten': (_flatten_core, _flatten_core_backward, False, True),
-          'inline': (_inline_core, _inline_core_backward, True, False)}
+# takes the output's gradient as tokens (and with ``grads`` writes dq, dk, dv into the tokens given, of any strides);
+# whether each image has kernels of its own: then the convolution takes one map of all its channels per image, else
+# one map per head, the heads sharing the kernels)
+_CORES = {'pola': (_pola_core, _pola_core_backward, False), 'flatten': (_flatten_core, _flatten_core_backward, False),
+          'inline': (_inline_core, _inline_core_backward, True)}
 
 
 def _one_projection(q, k, v, v_term, gate):
@@ -221,7 +218,7 @@ class _ValueTermTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op, heads, hw, options, projected, weight, conv_bias, q, k, v, v_term, gate, bias, *params):
-        core, _, per_sample, _ = _CORES[op]
+        core, _, per_sample = _CORES[op]
         if projected is not None:
             ctx.projection = (q.shape, q.dtype, q.device)
             q, k, v, v_term, gate = projected[1]
@@ -295,7 +292,7 @@ def _joined(function, op, q, k, v, v_term, params, heads, dwc_weight, dwc_bias, 
     reason = triton_unsupported(q.device, q.dtype, head_dim=C // heads)
     if reason is not None:
         raise AttnImplUnavailable(f'{function} cannot run here: {reason}')
-    joined = _one_projection(q, k, v, v_term, gate) if _CORES[op][3] else None
+    joined = _one_projection(q, k, v, v_term, gate)
     with autocast_off(q.device.type):  # as the core's dispatch runs it (mmpola.ops.dispatch)
         if joined is None:
             return apply_function(_ValueTermTriton, op, heads, tuple(hw), options, None, dwc_weight, dwc_bias, q, k, v,

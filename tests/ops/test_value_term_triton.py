@@ -354,6 +354,32 @@ def test_inline_joined_function_gives_the_two_ops_results_bit_for_bit(case, dtyp
     assert joined[0].dtype == dtype and joined[2].dtype == torch.float32
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['float32', 'bfloat16'])
+@pytest.mark.parametrize('case', [(2, 2, (5, 7), 16, 3, (0, 1, 2)), (1, 3, (4, 6), 8, 3, (2, 0, 1))],
+                         ids=['B2-h2-5x7-d16-qkv', 'h3-d8-kvq'])
+def test_inline_joined_function_on_one_projection_gives_autograds_results_bit_for_bit(case, dtype):
+    """InLine's q, k, v views that fill their projection: the joined Function takes the projection and writes its
+    gradient in one tensor; the output and the gradients equal those of views that do not fill it (autograd's
+    stack), in dtypes, strides and bits."""
+    B, heads, hw, d, kernel, slots = case
+    (projection, kernels), grad = _inline_inputs(B, heads, hw, d, dtype, kernel=kernel)
+    C = heads * d
+    leaves = [projection.detach()[..., :3 * C].clone().requires_grad_(), kernels]
+
+    def run(fill):
+        projection, kernels = leaves
+        source = projection if fill else torch.cat([projection, projection[..., :C]], -1)
+        views = source.unflatten(-1, (-1, C)).unbind(-2)
+        q, k, v = (views[slot] for slot in slots)
+        return inline_value_term_triton(q, k, v, v, heads, kernels, hw)
+
+    joined = _forward_backward(lambda op, leaves: run(True), 'inline', leaves, grad)
+    apart = _forward_backward(lambda op, leaves: run(False), 'inline', leaves, grad)
+    for name, a, e in zip(['out', 'projection', 'kernels'], joined, apart):
+        assert a.dtype == e.dtype and a.shape == e.shape and a.stride() == e.stride(), name
+        assert torch.equal(a, e), f'{name}: differs by {(a.float() - e.float()).abs().max().item():.3g}'
+
+
 def test_inline_joined_function_checks_its_operands():
     (projection, kernels), _ = _inline_inputs(2, 2, (4, 6), 8, torch.float32)
     q, k, v, v_term = _split(projection, 16)
