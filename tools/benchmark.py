@@ -881,7 +881,7 @@ def bench_ops(args, device):
         return gpu_autocast(device.type, amp_dtype)
 
     def roofline():
-        return Roofline(peaks) if peaks else None
+        return Roofline(peaks, args.by_source) if peaks else None
 
     def bound_cells(estimate, launches):
         """The table cells of a pass's roofline estimate, its Triton ``launches`` added (none without
@@ -956,7 +956,7 @@ def bench_ops(args, device):
               '; on the CPU the Triton kernels are launched as on an H100 and counted apart (+N Triton), '
               'not run' if attn_impl == 'triton' and device.type == 'cpu' else '') + '.')
     if peaks:
-        print_roofline(peaks, tops, args.top)
+        print_roofline(peaks, tops, args.top, args.by_source)
 
 
 def bench_host(args, device):
@@ -1074,8 +1074,9 @@ def bench_optim(args, device):
           f"operators dispatched.")
 
 
-def print_roofline(peaks, tops, count):
-    """What the roofline columns mean, and each pass's ``count`` kinds of kernel with the largest bound."""
+def print_roofline(peaks, tops, count, by_source=False):
+    """What the roofline columns mean, and each pass's ``count`` kinds of kernel with the largest bound (with
+    ``by_source``, each kind per source)."""
     print(f'\nRoofline bound on {peaks.name} ({peaks.half_flops / 1e12:.0f} TFLOP/s fp16/bf16 dense, '
           f'{peaks.float_flops / 1e12:.1f} fp32, {peaks.bandwidth / 1e12:.2f} TB/s): the sum over the counted kernels '
           'of the larger of FLOPs / peak rate and bytes / bandwidth (tools/benchmark_roofline.py: FLOPs by '
@@ -1083,6 +1084,10 @@ def print_roofline(peaks, tops, count):
           'measurement.')
     if not count:
         return
+    if by_source:
+        print("\nkernel: the operator @ where it comes from, the line of the models' code that dispatched it in the "
+              'forward, the autograd node that ran it in the backward (tools/benchmark_roofline.py, '
+              'operator_source).')
     print('\n| model | pass | kernel | kernels | GFLOP | GB | bound ms | share |')
     print('|---|---|---|---:|---:|---:|---:|---:|')
     for name, passes in tops:
@@ -1405,6 +1410,10 @@ def parse_args(argv=None):
     ops.add_argument('--top', type=int, default=8,
                      help='with --roofline: list the kinds of kernel with the largest bound, this many per pass '
                      '(0: none)')
+    ops.add_argument('--by-source', action='store_true',
+                     help="with --roofline: list each kind of operator per source, the line of the models' code that "
+                     'dispatched it in the forward, the autograd node that ran it in the backward '
+                     '(tools/benchmark_roofline.py)')
     kernel_options(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 

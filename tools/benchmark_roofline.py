@@ -21,10 +21,16 @@ an estimate made without a GPU, not a measurement.
   are IEEE float32 (no tensor cores), so their bound may be their arithmetic, which is not counted here.
 * rates: a product with half-precision inputs runs at the dense tensor-core rate, one in float32 at the
   float32 rate (TF32 off, as the benchmarks run).
+* sources (``--by-source``): each operator's kind also names where it comes from: in the forward the line of the
+  models' code that dispatched it (the innermost frame of mmpola, timm, mmdet or mmcv), in the backward the
+  autograd node that ran it (the node of the forward operator whose gradient it computes, e.g. ``UnbindBackward0``
+  for the views of a projection taken apart). Triton kernels are named by their kernel.
 
 The peak rates are NVIDIA's datasheet figures (dense, without sparsity) of the SXM parts.
 """
 import collections
+import os.path as osp
+import sys
 from typing import NamedTuple
 
 import torch
@@ -80,12 +86,36 @@ def operator_flops(func, args, kwargs, out):
     return 0 if count is None else count(*args, **kwargs, out_val=out)
 
 
+# the packages whose code the forward's operators are named by with ``by_source`` (the innermost frame of one)
+SOURCE_PACKAGES = ('mmpola', 'timm', 'mmdet', 'mmcv')
+
+
+def operator_source():
+    """Where the operator being dispatched comes from: in a backward the autograd node running it (its type's
+    name), else the innermost frame of the models' packages (:data:`SOURCE_PACKAGES`, those imported) as
+    ``file.py:line``; '?' where there is none."""
+    node = torch._C._current_autograd_node()
+    if node is not None:
+        return type(node).__name__
+    folders = tuple(osp.dirname(sys.modules[name].__file__) + osp.sep for name in SOURCE_PACKAGES
+                    if name in sys.modules)
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(folders):
+            return f'{osp.basename(filename)}:{frame.f_lineno}'
+        frame = frame.f_back
+    return '?'
+
+
 class Roofline:
-    """The roofline bound of the kernels added to it, per kind of kernel (operator or Triton kernel name):
+    """The roofline bound of the kernels added to it, per kind of kernel (operator or Triton kernel name; with
+    ``by_source``, each operator's kind with its source, :func:`operator_source`):
     ``rows[kind] = [kernels, FLOPs, bytes, seconds]``."""
 
-    def __init__(self, peaks):
+    def __init__(self, peaks, by_source=False):
         self.peaks = peaks
+        self.by_source = by_source
         self.rows = collections.defaultdict(lambda: [0, 0, 0, 0.0])
 
     def _add(self, kind, flops, nbytes, half):
@@ -101,7 +131,10 @@ class Roofline:
         inputs = _tensors((args, kwargs))
         nbytes = sum(tensor_bytes(t) for t in inputs + _tensors(out))
         half = any(t.dtype in HALF for t in inputs)
-        self._add(func.__name__.split('.')[0], operator_flops(func, args, kwargs, out), nbytes, half)
+        kind = func.__name__.split('.')[0]
+        if self.by_source:
+            kind += ' @ ' + operator_source()
+        self._add(kind, operator_flops(func, args, kwargs, out), nbytes, half)
 
     def add_launches(self, launches):
         """Triton kernel launches recorded by a dry run (``mmpola.ops.triton_support.Launch``)."""

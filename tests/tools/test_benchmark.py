@@ -333,6 +333,28 @@ def test_roofline_bound_of_a_product_and_of_an_elementwise_kernel():
     assert fp32.rows['mm'][3] == pytest.approx(2 * 512**3 / peaks.float_flops)
 
 
+def test_roofline_by_source_names_the_models_line_in_the_forward_and_the_autograd_node_in_the_backward():
+    """With ``by_source`` each operator's kind names where it comes from: the line of the models' code that
+    dispatched it in the forward (not torch's modules nor the tools' frames), the autograd node that ran it in the
+    backward (autograd's stack of a projection's operands: ``UnbindBackward0``)."""
+    from mmpola.models import layers
+    norm, linear = torch.nn.LayerNorm(8), torch.nn.Linear(8, 24)
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    forward, backward = (ROOF.Roofline(ROOF.GPUS['h100'], by_source=True) for _ in range(2))
+    outs = []
+    BENCH.count_dispatched_ops(lambda: outs.append(layers.norm_linear(norm, linear, x, chunk=8)), forward)
+    loss = sum(t.sum() for t in outs[0])
+    BENCH.count_dispatched_ops(loss.backward, backward)
+    sources = {kind.split(' @ ')[0]: kind.split(' @ ')[1] for kind in forward.rows}
+    assert sources['native_layer_norm'].startswith('layers.py:') and sources['addmm'].startswith('layers.py:')
+    assert sources['native_layer_norm'] != sources['addmm'], sources
+    assert {'stack @ UnbindBackward0', 'mm @ AddmmBackward0', 'native_layer_norm_backward @ NativeLayerNormBackward0'
+            } <= set(backward.rows), dict(backward.rows)
+    plain = ROOF.Roofline(ROOF.GPUS['h100'])
+    BENCH.count_dispatched_ops(lambda: layers.norm_linear(norm, linear, x, chunk=8), plain)
+    assert set(plain.rows) == {kind.split(' @ ')[0] for kind in forward.rows}
+
+
 def test_roofline_counts_fused_attention_grouped_convolutions_and_triton_launches():
     """The CPU's fused attention has no entry in torch's flop counter: its two products are counted forward (4 B
     H N M d FLOPs) and its backward with the recomputed scores (10 B H N M d), as the counter counts CUDA's;
