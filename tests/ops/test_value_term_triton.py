@@ -107,15 +107,21 @@ def test_joined_function_gives_the_two_ops_results_bit_for_bit(op, case, dtype):
     leaves, grad = _inputs(op, B, heads, hw, d, dtype)
     joined = _forward_backward(_joined, op, leaves, grad, hw, heads, with_bias, with_conv_bias)
     apart = _forward_backward(_apart, op, leaves, grad, hw, heads, with_bias, with_conv_bias)
+    _assert_bit_for_bit(op, joined, apart)
+    assert joined[0].dtype == dtype
+
+
+def _assert_bit_for_bit(op, got, expected):
+    """The output and the gradients of the leaves of :func:`_inputs` (``_forward_backward``'s results) are
+    ``expected``'s in dtype, shape, strides and bits (None where it has none)."""
     names = ['out', 'projection', *(['scale', 'power'] if op == 'pola' else ['scale']), 'encoding', 'weight', 'bias']
-    assert len(names) == len(joined) == len(apart)
-    for name, a, e in zip(names, joined, apart):
+    assert len(names) == len(got) == len(expected)
+    for name, a, e in zip(names, got, expected):
         if e is None:
             assert a is None, name
             continue
         assert a.dtype == e.dtype and a.shape == e.shape and a.stride() == e.stride(), name
         assert torch.equal(a, e), f'{name}: differs by {(a.float() - e.float()).abs().max().item():.3g}'
-    assert joined[0].dtype == dtype
 
 
 def _gated_joined(op, leaves, hw, heads, with_bias=True, with_conv_bias=True, slots=(0, 1, 2, 3)):
@@ -172,13 +178,7 @@ def test_one_projection_and_the_gate_in_the_joined_function_give_autograds_resul
     leaves[0] = leaves[0].detach()[..., :len(slots) * C].clone().requires_grad_()
     joined = _forward_backward(_gated_joined, op, leaves, grad, hw, heads, with_bias, with_conv_bias, slots)
     apart = _forward_backward(_gated_apart, op, leaves, grad, hw, heads, with_bias, with_conv_bias, slots)
-    names = ['out', 'projection', *(['scale', 'power'] if op == 'pola' else ['scale']), 'encoding', 'weight', 'bias']
-    for name, a, e in zip(names, joined, apart):
-        if e is None:
-            assert a is None, name
-            continue
-        assert a.dtype == e.dtype and a.shape == e.shape and a.stride() == e.stride(), name
-        assert torch.equal(a, e), f'{name}: differs by {(a.float() - e.float()).abs().max().item():.3g}'
+    _assert_bit_for_bit(op, joined, apart)
 
 
 def test_the_joined_function_takes_the_projection_where_its_views_fill_it_and_writes_one_gradient():
