@@ -197,11 +197,11 @@ def _one_projection(q, k, v, v_term, gate):
         if recorded and (t.requires_grad != projection.requires_grad or isinstance(t.grad_fn, BackwardCFunction)):
             return None
         slots.append(offset // C)
-    P = width // C
+    # q, k, v (and the gate) in distinct slots, all of them
     filled = {slots[0], slots[1], slots[2], slots[4]} - {None}
-    if slots[3] != slots[2] or len(filled) != P or len(filled) != 3 + (gate is not None):
+    if slots[3] != slots[2] or not len(filled) == width // C == 3 + (gate is not None):
         return None
-    return projection, ((B, N, P, C), tuple(slots))
+    return projection, ((B, N, width // C, C), tuple(slots))
 
 
 class _ValueTermTriton(torch.autograd.Function):
