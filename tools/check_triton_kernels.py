@@ -179,19 +179,21 @@ def record_depthwise_launches(gpu, channels, dtype):
     """The kernel launches of one forward and backward of the Triton depthwise convolution on ``gpu``, with
     ``channels`` channels, at each kernel size of DEPTHWISE_KERNELS (and 3 with kernels per image, 5 on the
     heads' maps in their projection, both with a residual added, as InLine's and Pola's / FLatten's value terms
-    run them) and every grid of SHAPES; in a half ``dtype`` also with float32 weights and bias under autocast (the
-    models' parameters, read as they are)."""
+    run them, and 3 with the input as the residual, ``x + conv(x)``, as PolaFormer++'s blocks run it, whose
+    backward adds the output's gradient in the input gradient's kernel) and every grid of SHAPES; in a half
+    ``dtype`` also with float32 weights and bias under autocast (the models' parameters, read as they are)."""
     from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
     from mmpola.ops.triton_support import dry_run
     launches = []
     for batch, heads, (height, width) in SHAPES:
         images = batch * heads
-        variants = [(k, False, False, dtype) for k in DEPTHWISE_KERNELS] + [(3, True, False, dtype),
-                                                                              (5, False, True, dtype)]
+        # (kernel size, kernels per image, maps in a projection, the weights' dtype, the input as the residual)
+        variants = [(k, False, False, dtype, False) for k in DEPTHWISE_KERNELS] + [
+            (3, True, False, dtype, False), (5, False, True, dtype, False), (3, False, False, dtype, True)]
         if dtype != torch.float32:  # the models' float32 weights under autocast, read as they are
-            variants += [(k, False, in_projection, torch.float32) for k, per_sample, in_projection, _ in variants
-                         if not per_sample]
-        for k, per_sample, in_projection, weight_dtype in variants:
+            variants += [(k, False, in_projection, torch.float32, identity)
+                         for k, per_sample, in_projection, _, identity in variants if not per_sample]
+        for k, per_sample, in_projection, weight_dtype, identity in variants:
             if in_projection:  # (B, h, C, H, W), a view of the (B, H*W, 4, h, C) projection
                 x = torch.zeros(batch, height * width, 4, heads, channels, dtype=dtype).requires_grad_()
                 x = x[:, :, 2].unflatten(1, (height, width)).permute(0, 3, 4, 1, 2)
@@ -200,7 +202,7 @@ def record_depthwise_launches(gpu, channels, dtype):
             shape = (images, channels) if per_sample else (channels, 1)
             weight = torch.zeros(*shape, k, k, dtype=weight_dtype).requires_grad_()
             bias = None if per_sample else torch.zeros(channels, dtype=weight_dtype).requires_grad_()
-            residual = torch.zeros_like(x).requires_grad_() if per_sample or in_projection else None
+            residual = torch.zeros_like(x).requires_grad_() if per_sample or in_projection else x if identity else None
             with dry_run(gpu.kernel_target()) as recorded, \
                     torch.autocast('cpu', dtype, enabled=weight_dtype != dtype):
                 out = depthwise_conv2d_triton(x, weight, bias, per_sample=per_sample, residual=residual)

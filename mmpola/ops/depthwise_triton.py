@@ -268,11 +268,14 @@ def _depthwise_backward(x, weight, g, has_bias, per_sample, needs):
 
 
 class _DepthwiseTriton(torch.autograd.Function):
+    """The kernels' autograd. Where the residual is the input itself (``x + conv(x)``: a block's positional
+    convolution, PolaFormer++'s FFN), the input gradient's kernel adds the output's gradient where it writes
+    (``conv_T(g) + g``, one kernel), where autograd would add the gradients of the input's two uses."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, per_sample, residual):
         ctx.save_for_backward(x, weight)
-        ctx.has_bias, ctx.per_sample = bias is not None, per_sample
+        ctx.has_bias, ctx.per_sample, ctx.identity = bias is not None, per_sample, residual is x
         return _convolve(x, weight, bias, False, per_sample, residual=residual)
 
     @staticmethod
@@ -280,6 +283,10 @@ class _DepthwiseTriton(torch.autograd.Function):
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        if ctx.identity and needs[0]:  # both of x's gradients in the input gradient's kernel
+            grad_x = _convolve(g, weight, None, True, ctx.per_sample, residual=g)
+            grads = _depthwise_backward(x, weight, g, ctx.has_bias, ctx.per_sample, (False, *needs[1:3]))
+            return (grad_x, *grads[1:], None, None)
         return (*_depthwise_backward(x, weight, g, ctx.has_bias, ctx.per_sample, needs[:3]), None,
                 g if needs[4] else None)
 
@@ -291,7 +298,8 @@ def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False, residual=Non
     Under autocast float32 weights and bias are read as they are (in float32, not rounded to the autocast dtype)
     and their gradients come in float32.
     ``residual``: a tensor of the output's shape added to it; in the output's dtype, where the kernel writes it,
-    the sum in the residual's layout (its gradient is the output's, no copy), else after the kernel."""
+    the sum in the residual's layout (its gradient is the output's, no copy), else after the kernel. x itself
+    (``x + conv(x)``): the backward's input-gradient kernel adds x's two gradients too."""
     require_triton(x, 'the Triton depthwise convolution', 'MMPOLA_DEPTHWISE_CONV=torch')
     dtype = autocast_dtype(x.device.type)
     if dtype is not None:  # x in the autocast dtype, as the library convolution casts it

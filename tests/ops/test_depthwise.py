@@ -424,6 +424,44 @@ def test_residual_is_added_in_its_layout(impl):
 
 
 @pytest.mark.parametrize('impl', ['triton', 'torch'])
+def test_residual_that_is_the_input(impl):
+    """``x + conv(x)`` (``residual=x``: a block's positional convolution, PolaFormer++'s FFN) on a channels-last map:
+    against the float64 ``x + conv(x)``, the output and the gradients of x (both of its uses), the weight and the
+    bias; in a dry run for an H100 the Triton backward launches the input gradient's kernel and the weight
+    gradient's and adds nothing after them (the input gradient's kernel adds the output's gradient, x's second
+    use, where it writes)."""
+    from mmpola.ops.triton_support import dry_run
+
+    B, C, H, W, k = 2, 24, 6, 9, 3
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(B, H, W, C, generator=gen).permute(0, 3, 1, 2).to(DEVICE)  # channels-last
+    weight = torch.randn(C, 1, k, k, generator=gen).to(DEVICE)
+    bias = torch.randn(C, generator=gen).to(DEVICE)
+    grad = torch.randn(B, C, H, W, generator=gen).to(DEVICE)
+
+    def run(fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (x, weight, bias)]
+        out = fn(*leaves)
+        out.backward(grad.to(dtype))
+        return [out.detach()] + [t.grad for t in leaves]
+
+    actual = run(lambda x, w, b: depthwise_conv2d(x, w, b, impl=impl, residual=x), torch.float32)
+    expected = run(lambda x, w, b: x + library(x, w, b), torch.float64)
+    for name, a, e in zip(('out', 'dx', 'dweight', 'dbias'), actual, expected):
+        assert a.shape == e.shape and relative_error(a, e) <= 1e-5, name
+    if impl == 'triton':
+        assert actual[0].is_contiguous(memory_format=torch.channels_last)
+        leaves = [t.detach().requires_grad_() for t in (x, weight, bias)]
+        with dry_run(H100) as launches:
+            out = depthwise_conv2d(*leaves, impl=impl, residual=leaves[0])
+            forward = len(launches)
+            with DispatchedOps() as ops:
+                out.backward(grad)
+        assert forward == 1 and len(launches) == 3, [launch.kernel for launch in launches]
+        assert 'add' not in ops.names, ops.names
+
+
+@pytest.mark.parametrize('impl', ['triton', 'torch'])
 def test_residual_with_kernels_of_their_own_per_image(impl):
     """InLine's local residual: per-image kernels, the attention's (B, N, C) output as the residual map (a
     channels-last view of the tokens), the sum in the tokens' layout."""
