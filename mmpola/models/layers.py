@@ -4,6 +4,7 @@ resized to the real token grid, and the official weight init.
 Token layout: ``x`` is (B, N, C), the row-major flatten of an H x W grid, and the grid size
 travels beside it as ``hw = (H, W)``.
 """
+import functools
 import operator
 import weakref
 from collections import OrderedDict
@@ -29,7 +30,7 @@ from mmpola.ops.recompute import recompute_layers_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'ParameterCache', 'PatchEmbed', 'PatchMerging', 'PreNormBlock',
-           'ResizedEmbeddingCache', 'SizeCache', 'add_and_cast', 'crop_map', 'drop_path_scale', 'hooked',
+           'ResizedEmbeddingCache', 'SizeCache', 'add_and_cast', 'add_branch', 'crop_map', 'drop_path_scale', 'hooked',
            'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear', 'resize_grid_embedding', 'residual_mlp',
            'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
@@ -359,11 +360,11 @@ def _concatenated(layers, biased, x):
     return cache.get(weights + biases, (dtype, len(layers)), make)
 
 
-def drop_path_scale(drop_path, x):
+def drop_path_scale(drop_path, x, dtype=None):
     """The factor per sample (B, ) that ``drop_path`` multiplies x (B, ...) by, drawn as timm's ``drop_path``
-    draws it (the same random numbers, a tensor of x's dtype), or None where it passes x through: ``drop_path``
-    None, an ``nn.Identity``, or timm's ``DropPath`` in eval mode or with a zero rate. Only for those module
-    types (others: TypeError)."""
+    draws it (the same random numbers, a tensor of x's dtype, or of ``dtype``: that of the tensor the module would
+    get), or None where it passes x through: ``drop_path`` None, an ``nn.Identity``, or timm's ``DropPath`` in eval
+    mode or with a zero rate. Only for those module types (others: TypeError)."""
     if drop_path is None or type(drop_path) is nn.Identity:
         return None
     if type(drop_path) is not DropPath:
@@ -371,10 +372,36 @@ def drop_path_scale(drop_path, x):
     if not drop_path.training or drop_path.drop_prob == 0.:
         return None
     keep = 1 - drop_path.drop_prob
-    scale = x.new_empty((x.shape[0], ) + (1, ) * (x.dim() - 1)).bernoulli_(keep)
+    scale = x.new_empty((x.shape[0], ) + (1, ) * (x.dim() - 1), dtype=dtype).bernoulli_(keep)
     if keep > 0. and drop_path.scale_by_keep:
         scale.div_(keep)
     return scale.view(-1)
+
+
+@functools.lru_cache(maxsize=None)
+def _promoted(a, b):
+    """``torch.promote_types(a, b)``, kept (the library's function is an operator the host dispatches)."""
+    return torch.promote_types(a, b)
+
+
+def add_branch(x, branch, drop_path=None, gamma=None):
+    """The residual connection ``x + drop_path(branch)``, or ``x + drop_path(gamma * branch)`` with a layer scale
+    ``gamma`` (broadcastable to the branch), in the dtype those give.
+
+    Where ``drop_path`` draws its factors as timm's ``DropPath`` does (:func:`drop_path_scale`: it, an
+    ``nn.Identity`` or None, without hooks), in training with both a layer scale and stochastic depth the branch is
+    multiplied once, by the product of the two small factors (one value per image and channel), where the modules
+    multiply it by each: one kernel of the branch's size fewer in the forward and one in the backward (the
+    gradients of the branch and of the factors are a product each, as the layer scale's are). Else (another
+    module, hooks) the modules."""
+    if not isinstance(branch, torch.Tensor) or not _draws_factors(drop_path):  # torch.fx proxies: the modules
+        branch = branch if gamma is None else gamma * branch
+        return x + (branch if drop_path is None else drop_path(branch))
+    scale = drop_path_scale(drop_path, branch, None if gamma is None else _promoted(gamma.dtype, branch.dtype))
+    if scale is None:
+        return x + (branch if gamma is None else gamma * branch)
+    scale = scale.view(-1, *(1, ) * (branch.dim() - 1))  # in the product's dtype, as timm draws it
+    return x + branch * (scale if gamma is None else gamma * scale)
 
 
 def _draws_factors(drop_path):

@@ -57,6 +57,12 @@ def _rope_table(context, name, kind):
     return table
 
 
+def _map(tokens, H, W):
+    """(B, H*W, C) tokens, or (B, H*W, h, d) heads of them -> the (B, C, H, W) map, a view where the channels (each
+    head's after the previous head's) are a view's contiguous axis."""
+    return tokens.reshape(tokens.shape[0], H, W, -1).permute(0, 3, 1, 2)
+
+
 @ATTENTIONS.register_module(name='pacs')
 @register_notrace_module  # torch.fx leaf: custom autograd Function, run-time shapes
 class PaCSAttention(nn.Module):
@@ -98,12 +104,14 @@ class PaCSAttention(nn.Module):
         sin, cos = _rope_table(context, 'rope_feature', 'PaCS')
         B, N, C = x.shape
         H, W = hw
-        q, k, v, g = self.qkvg(x).reshape(B, N, 4, C).permute(2, 0, 1, 3).unbind(0)
-        lepe = self.lepe(v.reshape(B, H, W, C).permute(0, 3, 1, 2))
-        q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        x = pacs_attention(q, k, v, self.s1, self.s2, sin, cos, fp32=self.fp32_attn, impl=self.attn_impl)
-        x = x.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2) + lepe
-        return gated_proj(x.reshape(B, C, N).transpose(1, 2), g, self.proj)
+        # views of the projection, whose gradients autograd stacks into the projection's layout (no copy)
+        q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
+        heads = (self.num_heads, self.head_dim)
+        x = pacs_attention(*(t.unflatten(-1, heads).transpose(1, 2) for t in (q, k, v)), self.s1, self.s2, sin, cos,
+                           fp32=self.fp32_attn, impl=self.attn_impl)
+        # x + lepe(v), added where the convolution's kernel writes it (where it runs), in x's (tokens') layout
+        x = self.lepe(_map(v, H, W), residual=_map(x.transpose(1, 2), H, W))
+        return gated_proj(x.flatten(2).transpose(1, 2), g, self.proj)
 
     def extra_repr(self):
         return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'
@@ -139,9 +147,8 @@ class RoPESoftmaxAttention(nn.Module):
         sin, cos = _rope_table(context, 'rope_head', 'RoPE softmax')
         B, N, C = x.shape
         H, W = hw
-        q, k, v, o = self.qkvo(x).reshape(B, N, 4, C).permute(2, 0, 1, 3).unbind(0)
-        lepe = self.lepe(v.reshape(B, H, W, C).permute(0, 3, 1, 2))
-        q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k, v_tokens, o = self.qkvo(x).unflatten(-1, (4, C)).unbind(-2)  # views, as in PaCSAttention
+        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2) for t in (q, k, v_tokens))
         sin, cos = sin.to(q.dtype), cos.to(q.dtype)
         if self.attn_impl == 'reference':
             q, k = rope_rotate(q, sin, cos), rope_rotate(k, sin, cos)
@@ -149,8 +156,8 @@ class RoPESoftmaxAttention(nn.Module):
         else:
             q, k = rope_rotate_fast(q, sin, cos), rope_rotate_fast(k, sin, cos)
             x = scaled_dot_product_attention(q, k, v.contiguous(), scale=self.scale)
-        x = x.transpose(1, 2).reshape(B, H, W, C).permute(0, 3, 1, 2) + lepe
-        return self.proj(x.reshape(B, C, N).transpose(1, 2) * o)
+        x = self.lepe(_map(v_tokens, H, W), residual=_map(x.transpose(1, 2), H, W))  # x + lepe(v)
+        return self.proj(x.flatten(2).transpose(1, 2) * o)
 
     def extra_repr(self):
         return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'

@@ -9,8 +9,10 @@ one (``patch_embed.proj.{0..10}``, ``layers.{i}.blocks.{j}.attn.qkvg``, ``layers
 classification and dense checkpoints load by filtering keys. The official classifier: a 1x1
 projection ``proj``, BatchNorm ``norm``, swish, average pool and a 1x1 conv ``head``.
 
-Layout: every block works on NCHW maps (B, C, H, W); the attention gets the N = H * W tokens in
-row-major order.
+Layout: every block works on NCHW maps (B, C, H, W), channels-last in memory (so that the LayerNorms, the
+linear layers and the attention read the (B, H, W, C) rows or the (B, N, C) tokens as views, without a copy); the
+attention gets the N = H * W tokens in row-major order. The stem, the patch merging and the maps the backbone
+returns are contiguous NCHW.
 """
 import torch
 import torch.nn as nn
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from ..attention import RotaryEmbedding
 from ..checks import PolaConfigError
 from ..classification_head import ClassificationHead, register_classification_head
-from ..layers import DepthwiseConv2d, DropPath, trunc_normal_init
+from ..layers import DepthwiseConv2d, DropPath, add_branch, trunc_normal_init
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
 __all__ = ['PolaPPBackbone', 'PolaPPHead', 'PolaPPBlock', 'LayerNorm2d', 'ConvStem', 'ConvDownsample',
@@ -30,14 +32,18 @@ PROJECTION = {'b0': 2048, 'b1': 2048, 'b2': 2048, 'b3': 2048, 'b4': 2048, 'b5': 
 
 
 class LayerNorm2d(nn.Module):
-    """LayerNorm over the channels of an NCHW map (eps 1e-6), parameters under ``norm.*``."""
+    """LayerNorm over the channels of an NCHW map (eps 1e-6), parameters under ``norm.*``.
+
+    The normalised map comes channels-last in memory (the (B, C, H, W) view of the LayerNorm's (B, H, W, C) rows),
+    and a channels-last map is read as it is: the blocks' stream is channels-last (:class:`PolaPPBackbone`), so
+    that neither the norm nor the token views of its output copy the map."""
 
     def __init__(self, dim, eps=1e-6):
         super().__init__()
         self.norm = nn.LayerNorm(dim, eps=eps)
 
     def forward(self, x):
-        return self.norm(x.permute(0, 2, 3, 1).contiguous()).permute(0, 3, 1, 2).contiguous()
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 class FeedForwardNetwork(nn.Module):
@@ -53,7 +59,7 @@ class FeedForwardNetwork(nn.Module):
 
     def forward(self, x):
         x = self.drop(F.gelu(self.fc1(x.permute(0, 2, 3, 1)))).permute(0, 3, 1, 2)  # channels last for fc1
-        x = self.dwconv(x) + x
+        x = self.dwconv(x, residual=x)  # dwconv(x) + x (in the Triton kernel, where it runs)
         return self.drop(self.fc2(x.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
 
 
@@ -79,12 +85,12 @@ class PolaPPBlock(nn.Module):
             self.gamma_2 = nn.Parameter(torch.full((1, dim, 1, 1), float(layer_scale_init)))
 
     def forward(self, x, hw, **context):
-        x = x + self.pos(x)
+        x = self.pos(x, residual=x)  # x + pos(x) (in the Triton kernel, where it runs and x is in its dtype)
         y = self.norm1(x)
         attn = self.attn(y.flatten(2).transpose(1, 2), hw, **context).transpose(1, 2).reshape(y.shape)
-        x = x + self.drop_path(self.gamma_1 * attn if self.layer_scale else attn)
+        x = add_branch(x, attn, self.drop_path, self.gamma_1 if self.layer_scale else None)
         ffn = self.ffn(self.norm2(x))
-        return x + self.drop_path(self.gamma_2 * ffn if self.layer_scale else ffn)
+        return add_branch(x, ffn, self.drop_path, self.gamma_2 if self.layer_scale else None)
 
 
 class ConvDownsample(nn.Module):
@@ -243,9 +249,12 @@ class PolaPPBackbone(DenseBackbone):
         return self.patch_embed(x), None
 
     def _enter_stage(self, i, x, hw):
+        # the blocks' stream channels-last in memory: their LayerNorms, linear layers, depthwise convolutions and
+        # attention take the channels innermost, as views of it; the stem and the patch merging convolve
+        # contiguous maps (so that their weights' gradients keep the weights' strides)
         if i > 0:
-            x = self.layers[i - 1].downsample(x)
-        return x, x.shape[-2:]
+            x = self.layers[i - 1].downsample(x.contiguous())
+        return x.contiguous(memory_format=torch.channels_last), x.shape[-2:]
 
     def _block_context(self, i, x, hw):
         return self.layers[i].rope_tables(hw)
@@ -257,7 +266,7 @@ class PolaPPBackbone(DenseBackbone):
         return x
 
     def stage_map(self, stage, norm=None):
-        return stage if norm is None else norm(stage)
+        return (stage if norm is None else norm(stage)).contiguous()
 
     def _stem_parts(self):
         return [self.patch_embed], []
@@ -296,7 +305,7 @@ class PolaPPHead(ClassificationHead):
 
     @classmethod
     def features(cls, backbone, neck, stage):
-        return F.silu(neck.norm(neck.proj(stage))).permute(0, 2, 3, 1)
+        return F.silu(neck.norm(neck.proj(stage.contiguous()))).permute(0, 2, 3, 1)
 
     @classmethod
     def pool(cls, backbone, x, global_pool='avg'):
