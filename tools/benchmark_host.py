@@ -185,9 +185,10 @@ def narrowed(type_name, kwargs):
 
 
 # the backbones host times: mmpola's PVT-T and Swin-T layouts (Pola's and softmax), mmdet's PVT-T and Swin-T, timm's
-# Swin-T, PVTv2-b2's softmax layout with timm's, FLatten's PVT-T and Swin-T and InLine's PVT-T
+# Swin-T, PVTv2-b2's softmax layout with timm's, FLatten's PVT-T and Swin-T, InLine's PVT-T and PolaFormer++-B2
 HOST_BACKBONES = ('pola-pvt-t', 'softmax-pvt-t', 'pvt-t', 'pola-swin-t', 'softmax-swin-t', 'swin-t', 'timm-swin-t',
-                  'softmax-pvtv2-b2', 'timm-pvt-v2-b2', 'flatten-pvt-t', 'flatten-swin-t', 'inline-pvt-t')
+                  'softmax-pvtv2-b2', 'timm-pvt-v2-b2', 'flatten-pvt-t', 'flatten-swin-t', 'inline-pvt-t',
+                  'polaformer++-b2')
 
 
 def build_narrowed(type_name, kwargs):
