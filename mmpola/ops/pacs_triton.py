@@ -36,6 +36,10 @@ on the GPU, see ``_config``):
   mean(k') (in the first). The first launch writes its part of k's gradient in float32, the second adds it
   (with all eight tiles, one program spills registers at head dims above 64).
 
+The output and the gradients of q, k and v are written in the tokens' layout (B, N, h, d), seen as (B, h, N, d):
+the models take q, k and v as head views of their tokens (B, N, C), and merge the output's heads, without a
+copy either way.
+
 The rotary tables are read where they are, (N, 2d) of any strides, at the even channels (one angle per
 pair). Saved for backward: the inputs, the logits' (1, h, 1, 2d) views, the tables and the summaries
 (rope(k')^T v / N and mean(k'), a few (j, j) tiles per head); no (B, h, N, 2d) feature map is stored.
@@ -383,14 +387,15 @@ if triton_available() is None:
     @triton.jit
     def _pacs_bwd_keys_kernel(k_ptr, v_ptr, sin_ptr, cos_ptr, sums_ptr, part_ptr, gk_ptr, gv_ptr,
                               H, N, J,
-                              skb, skh, skn, skd, svb, svh, svn, svd, s_tn, s_tc,
+                              skb, skh, skn, skd, svb, svh, svn, svd, sgb, sgh, sgn, sgd, s_tn, s_tc,
                               HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
                               PRECISION: tl.constexpr):
         bh, b, head, lanes, lane_mask = _head(H, J, 0, BLOCK_J)
         rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows < N)[:, None] & lane_mask[None, :]
-        # gk, gv and gk's part: contiguous (B, h, N, d)
+        # gk's part: contiguous (B, h, N, d); gk and gv (one layout) through their strides
         out = bh.to(tl.int64) * N * 2 * J + rows[:, None] * 2 * J
+        grads = b.to(tl.int64) * sgb + head * sgh + rows[:, None].to(tl.int64) * sgn
         k_e, k_o, f_pe, f_po, f_ne, f_no = _keys(k_ptr + b * skb + head * skh, rows, lanes, mask, skn, skd)
         v = tl.load(v_ptr + b * svb + head * svh + rows[:, None].to(tl.int64) * svn + (HALF * J + lanes[None, :]) * svd,
                     mask=mask, other=0.0).to(tl.float32)
@@ -432,10 +437,10 @@ if triton_available() is None:
         else:  # plus the second half's: k's gradient, in k's dtype
             gk_e += tl.load(part, mask=mask, other=0.0)
             gk_o += tl.load(part + 1, mask=mask, other=0.0)
-            ptr = gk_ptr + out + 2 * lanes[None, :]
+            ptr = gk_ptr + grads + 2 * lanes[None, :] * sgd
             tl.store(ptr, gk_e.to(gk_ptr.dtype.element_ty), mask=mask)
-            tl.store(ptr + 1, gk_o.to(gk_ptr.dtype.element_ty), mask=mask)
-        tl.store(gv_ptr + out + HALF * J + lanes[None, :], gv.to(gv_ptr.dtype.element_ty), mask=mask)
+            tl.store(ptr + sgd, gk_o.to(gk_ptr.dtype.element_ty), mask=mask)
+        tl.store(gv_ptr + grads + (HALF * J + lanes[None, :]) * sgd, gv.to(gv_ptr.dtype.element_ty), mask=mask)
 
 
 def _config(d, device):
@@ -503,6 +508,12 @@ def _bwd_record(block_j):
     return 8 * block_j * block_j + 8 * block_j
 
 
+def _tokens_layout(shape, device, dtype):
+    """An empty (B, h, N, d) tensor of ``shape`` in the tokens' layout: the (B, h, N, d) view of (B, N, h, d)."""
+    batch, heads, n, d = shape
+    return torch.empty(batch, n, heads, d, device=device, dtype=dtype).transpose(1, 2)
+
+
 class _PaCSTriton(torch.autograd.Function):
     """The kernels' autograd. The logits reach the kernels as they are (the sigmoid and its derivative are
     computed there) and the rotary tables too (read at the even channels); each pass's per-chunk partial
@@ -528,7 +539,7 @@ class _PaCSTriton(torch.autograd.Function):
             *k.stride(), *v.stride(), *sin.stride(), **meta)
         sums = parts.sum(1)
         # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the model merges the heads with a view
-        out = torch.empty(batch, n, heads, d, device=dev, dtype=q.dtype).transpose(1, 2)
+        out = _tokens_layout(q.shape, dev, q.dtype)
         launch(
             _pacs_fwd_queries_kernel, lambda meta: (2, bh, cdiv(n, meta['BLOCK_N'])), q, s1, s2, sin, cos,
             sums, out, eps, heads, n, j, *q.stride(), *out.stride(), *_logit_strides(s1, s2), *sin.stride(), **meta)
@@ -562,9 +573,11 @@ class _PaCSTriton(torch.autograd.Function):
         grad_sums = parts.sum(1)
         # one kernel, in float32, written in q's dtype (the keys' backward could add them too, but at head dims
         # above 64 its registers spill far more then)
-        grad_q = torch.add(*grad_q_parts, out=torch.empty(q.shape, device=dev, dtype=q.dtype))
-        grad_k = torch.empty(k.shape, device=dev, dtype=k.dtype)
-        grad_v = torch.empty(v.shape, device=dev, dtype=v.dtype)
+        # the gradients in the tokens' layout (B, N, h, d), seen as (B, h, N, d), as the output: the gradients of the
+        # models' head views of their tokens (B, N, C), which autograd takes to the tokens without a copy
+        grad_q = torch.add(*grad_q_parts, out=_tokens_layout(q.shape, dev, q.dtype))
+        grad_k = _tokens_layout(k.shape, dev, k.dtype)
+        grad_v = _tokens_layout(v.shape, dev, v.dtype)
         # one pass per value half (each holds that half's four summary-gradient tiles), the first writing its
         # part of k's gradient in float32 for the second to add: a buffer of its own, so that every launch can
         # run again (the tuning times it several times)
@@ -572,7 +585,8 @@ class _PaCSTriton(torch.autograd.Function):
         for half in (0, 1):
             launch(
                 _pacs_bwd_keys_kernel, lambda meta: (bh, cdiv(n, meta['BLOCK_N'])), k, v, sin, cos,
-                grad_sums, grad_k_part, grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), *sin.stride(),
+                grad_sums, grad_k_part, grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), *grad_k.stride(),
+                *sin.stride(),
                 HALF=half, **meta)
         grad_s = grad_s.sum((1, 3))  # (2, h, 2d), contiguous
         grads_s = [_sum_to_shape(g.view(1, heads, 1, 2 * d), shape).to(s.dtype)

@@ -179,7 +179,8 @@ def test_only_the_sums_run_around_the_kernels():
     backward: the queries' pass runs in two parts, the keys' once per value half), the op dispatches one
     torch kernel in the forward and three in the backward: the sums of the chunks' partial records and of
     the two flows' parts of q's gradient (in float32, written in q's dtype). The logits' sigmoid and its
-    derivative, the rotary tables' even channels and the divisions by N happen in the kernels."""
+    derivative, the rotary tables' even channels and the divisions by N happen in the kernels. The output and
+    the gradients of q, k and v come in the tokens' layout."""
     from mmpola.ops.triton_support import dry_run
 
     inputs, tables, grad_out = make_inputs(2, 2, 8, 8, 32)
@@ -194,5 +195,7 @@ def test_only_the_sums_run_around_the_kernels():
     assert forward.kernels() == ['sum'] and backward.kernels() == ['sum', 'add', 'sum'], (forward.names, backward.names)
     assert len(launches) == 6
     assert out.transpose(1, 2).is_contiguous()  # the tokens' layout: the model merges the heads with a view
+    # so are q's, k's and v's gradients: the model's head views of its tokens take them without a copy
+    assert all(g.transpose(1, 2).is_contiguous() for g in grads[:3])
     assert [g.shape for g in grads] == [t.shape for t in (q, k, v, *logits)]
     assert [g.dtype for g in grads] == [torch.bfloat16] * 3 + [torch.float32] * 2
