@@ -202,13 +202,13 @@ def _maps(x):
 
 
 def _convolve(x, weight, bias, flip, per_sample, like=None, residual=None):
-    """The kernel's output of x's shape in x's dtype: with ``residual`` (x's shape and dtype) that tensor added,
-    in its layout; else in the layout of ``like`` (the input of a convolution whose input gradient this is) when
-    its channels are the contiguous axis, so that the gradient of a view of an attention's projection comes in
-    the projection's layout; else channels-last per map (the maps one after another)."""
+    """The kernel's output of x's shape in x's dtype: in the layout of ``like`` (the input of a convolution whose
+    input gradient this is) when its channels are the contiguous axis, so that the gradient of a view of an
+    attention's projection comes in the projection's layout; else, with ``residual`` (x's shape and dtype, added),
+    in its layout; else channels-last per map (the maps one after another)."""
     (maps, G, C, H, W), strides = _maps(x)
     k = weight.shape[-1]
-    if residual is not None:
+    if residual is not None and (like is None or like.stride(-3) != 1):
         out = torch.empty_like(residual)
     elif like is not None and like.stride(-3) == 1:
         out = torch.empty_like(like, dtype=x.dtype)
@@ -284,7 +284,7 @@ class _DepthwiseTriton(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         if ctx.identity and needs[0]:  # both of x's gradients in the input gradient's kernel
-            grad_x = _convolve(g, weight, None, True, ctx.per_sample, residual=g)
+            grad_x = _convolve(g, weight, None, True, ctx.per_sample, like=x, residual=g)
             grads = _depthwise_backward(x, weight, g, ctx.has_bias, ctx.per_sample, (False, *needs[1:3]))
             return (grad_x, *grads[1:], None, None)
         return (*_depthwise_backward(x, weight, g, ctx.has_bias, ctx.per_sample, needs[:3]), None,
@@ -294,16 +294,21 @@ class _DepthwiseTriton(torch.autograd.Function):
 def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False, residual=None):
     """``F.conv2d(x, weight, bias, padding=k // 2, groups=C)`` (weight (C, 1, k, k), k odd) in Triton kernels,
     forward and backward; output channels-last in x's dtype (under autocast: the autocast dtype, as the
-    convolution). ``per_sample``: weight (B, C, k, k), bias None or (B, C): each image its own kernels.
+    convolution; but see ``residual``). ``per_sample``: weight (B, C, k, k), bias None or (B, C): each image its
+    own kernels.
     Under autocast float32 weights and bias are read as they are (in float32, not rounded to the autocast dtype)
     and their gradients come in float32.
     ``residual``: a tensor of the output's shape added to it; in the output's dtype, where the kernel writes it,
     the sum in the residual's layout (its gradient is the output's, no copy), else after the kernel. x itself
-    (``x + conv(x)``): the backward's input-gradient kernel adds x's two gradients too."""
+    (``x + conv(x)``): the backward's input-gradient kernel adds x's two gradients too; and under autocast a
+    float32 x is convolved as it is, in float32 (the sum is float32 either way): one kernel reads x and writes
+    the sum, where autocast's convolution of a rounded copy of x makes the copy, the convolution and a float32
+    addition, and in the backward the gradient's cast and copy, the convolution's and the sum of the two."""
     require_triton(x, 'the Triton depthwise convolution', 'MMPOLA_DEPTHWISE_CONV=torch')
     dtype = autocast_dtype(x.device.type)
-    if dtype is not None:  # x in the autocast dtype, as the library convolution casts it
-        x = x.to(dtype)
+    if dtype is not None:
+        if not (residual is x and x.dtype == torch.float32):  # x in the autocast dtype, as the library casts it
+            x = x.to(dtype)
         # float32 weights and bias as they are: the kernels read them in float32, where the library convolution's
         # autocast convolves by copies rounded to x's dtype (two casts in the forward, two in the backward)
         if weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):

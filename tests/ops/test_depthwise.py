@@ -461,6 +461,42 @@ def test_residual_that_is_the_input(impl):
         assert 'add' not in ops.names, ops.names
 
 
+def test_residual_that_is_a_float32_input_under_autocast():
+    """A float32 stream's ``x + conv(x)`` under bf16 autocast (PolaFormer++'s positional convolution after the
+    first block of a stage): the Triton path convolves x as it is, in float32, and writes the float32 sum in one
+    kernel, against the float64 ``x + conv(x)``; in a dry run for an H100 neither pass dispatches a kernel of
+    x's size around the launches (the library's path: x's bf16 copy, the convolution, the float32 sum and their
+    gradients' cast and sum)."""
+    from mmpola.ops.triton_support import dry_run
+
+    B, C, H, W, k = 2, 24, 6, 9, 3
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(B, H, W, C, generator=gen).permute(0, 3, 1, 2).to(DEVICE)
+    weight = torch.randn(C, 1, k, k, generator=gen).to(DEVICE)
+    bias = torch.randn(C, generator=gen).to(DEVICE)
+    grad = torch.randn(B, C, H, W, generator=gen).to(DEVICE)
+
+    def run(fn, dtype, autocast):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (x, weight, bias)]
+        with torch.autocast(DEVICE, torch.bfloat16, enabled=autocast):
+            out = fn(*leaves)
+        out.backward(grad.to(out.dtype))
+        return [out.detach()] + [t.grad for t in leaves]
+
+    actual = run(lambda x, w, b: depthwise_conv2d(x, w, b, impl='triton', residual=x), torch.float32, True)
+    expected = run(lambda x, w, b: x + library(x, w, b), torch.float64, False)
+    for name, a, e in zip(('out', 'dx', 'dweight', 'dbias'), actual, expected):
+        assert a.dtype == torch.float32 and relative_error(a, e) <= 1e-5, name
+    leaves = [t.detach().requires_grad_() for t in (x, weight, bias)]
+    with dry_run(H100) as launches, torch.autocast(DEVICE, torch.bfloat16):
+        with DispatchedOps() as forward:
+            out = depthwise_conv2d(*leaves, impl='triton', residual=leaves[0])
+        with DispatchedOps() as backward:
+            torch.autograd.grad(out, leaves, grad)
+    assert out.dtype == torch.float32 and len(launches) == 3
+    assert forward.kernels(x.numel()) == [] and backward.kernels(x.numel()) == [], (forward.names, backward.names)
+
+
 @pytest.mark.parametrize('impl', ['triton', 'torch'])
 def test_residual_with_kernels_of_their_own_per_image(impl):
     """InLine's local residual: per-image kernels, the attention's (B, N, C) output as the residual map (a
