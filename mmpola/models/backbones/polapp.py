@@ -85,7 +85,7 @@ class PolaPPBlock(nn.Module):
             self.gamma_2 = nn.Parameter(torch.full((1, dim, 1, 1), float(layer_scale_init)))
 
     def forward(self, x, hw, **context):
-        x = self.pos(x, residual=x)  # x + pos(x) (in the Triton kernel, where it runs and x is in its dtype)
+        x = self.pos(x, residual=x)  # x + pos(x) (in one Triton kernel, where it runs)
         y = self.norm1(x)
         attn = self.attn(y.flatten(2).transpose(1, 2), hw, **context).transpose(1, 2).reshape(y.shape)
         x = add_branch(x, attn, self.drop_path, self.gamma_1 if self.layer_scale else None)
