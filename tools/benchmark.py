@@ -924,7 +924,9 @@ def bench_ops(args, device):
             outs.append(result if isinstance(result, (list, tuple)) else [result])
 
         fwd_bound, bwd_bound = roofline(), roofline()
-        with _launches_recorded(attn_impl, device) as launches, autocast():
+        # --by-source: autograd's anomaly mode keeps each node's forward stack, which names the backward's sources
+        with _launches_recorded(attn_impl, device) as launches, autocast(), torch.autograd.set_detect_anomaly(
+                bool(peaks and args.by_source), check_nan=False):
             fwd = count_dispatched_ops(forward, fwd_bound)
         fwd_launches, cells = len(launches), bound_cells(fwd_bound, launches)
         loss = sum(o.float().mean() for o in outs[0])
@@ -1412,8 +1414,8 @@ def parse_args(argv=None):
                      '(0: none)')
     ops.add_argument('--by-source', action='store_true',
                      help="with --roofline: list each kind of operator per source, the line of the models' code that "
-                     'dispatched it in the forward, the autograd node that ran it in the backward '
-                     '(tools/benchmark_roofline.py)')
+                     'dispatched it in the forward, the autograd node that ran it in the backward and the line that '
+                     "made that node (autograd's anomaly mode records it) (tools/benchmark_roofline.py)")
     kernel_options(ops)
     ops.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
 

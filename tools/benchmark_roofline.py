@@ -24,7 +24,9 @@ an estimate made without a GPU, not a measurement.
 * sources (``--by-source``): each operator's kind also names where it comes from: in the forward the line of the
   models' code that dispatched it (the innermost frame of mmpola, timm, mmdet or mmcv), in the backward the
   autograd node that ran it (the node of the forward operator whose gradient it computes, e.g. ``UnbindBackward0``
-  for the views of a projection taken apart). Triton kernels are named by their kernel.
+  for the views of a projection taken apart) and, where autograd's anomaly mode recorded the forward's stack
+  (``ops`` records it with ``--by-source``), the line of the models' code that made that node, e.g.
+  ``UnbindBackward0 pacs.py:108``. Triton kernels are named by their kernel.
 
 The peak rates are NVIDIA's datasheet figures (dense, without sparsity) of the SXM parts.
 """
@@ -90,15 +92,36 @@ def operator_flops(func, args, kwargs, out):
 SOURCE_PACKAGES = ('mmpola', 'timm', 'mmdet', 'mmcv')
 
 
+def _source_folders():
+    return tuple(osp.dirname(sys.modules[name].__file__) + osp.sep for name in SOURCE_PACKAGES if name in sys.modules)
+
+
+def _recorded_line(node):
+    """The innermost line of the models' packages in the forward's stack that autograd's anomaly mode recorded for
+    ``node`` (``file.py:line``), or None where it recorded none."""
+    stack = node.metadata.get('traceback_') if hasattr(node, 'metadata') else None
+    if not stack:
+        return None
+    folders = _source_folders()
+    for entry in reversed(''.join(stack).splitlines()):  # '  File "PATH", line N, in NAME', innermost last
+        entry = entry.strip()
+        if entry.startswith('File "'):
+            path, _, rest = entry[6:].partition('", line ')
+            if path.startswith(folders):
+                return f'{osp.basename(path)}:{rest.split(",")[0]}'
+    return None
+
+
 def operator_source():
     """Where the operator being dispatched comes from: in a backward the autograd node running it (its type's
-    name), else the innermost frame of the models' packages (:data:`SOURCE_PACKAGES`, those imported) as
-    ``file.py:line``; '?' where there is none."""
+    name, and the line of the models' code that made it where anomaly mode recorded the forward's stack:
+    :func:`_recorded_line`), else the innermost frame of the models' packages (:data:`SOURCE_PACKAGES`, those
+    imported) as ``file.py:line``; '?' where there is none."""
     node = torch._C._current_autograd_node()
     if node is not None:
-        return type(node).__name__
-    folders = tuple(osp.dirname(sys.modules[name].__file__) + osp.sep for name in SOURCE_PACKAGES
-                    if name in sys.modules)
+        line = _recorded_line(node)
+        return type(node).__name__ if line is None else f'{type(node).__name__} {line}'
+    folders = _source_folders()
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename

@@ -1,5 +1,6 @@
 """tools/benchmark.py takes its cases from the package's registries and tables: a registered
 implementation, op or preset appears without editing the tool (no timing is asserted)."""
+import inspect
 import os
 import re
 import sys
@@ -353,6 +354,32 @@ def test_roofline_by_source_names_the_models_line_in_the_forward_and_the_autogra
     plain = ROOF.Roofline(ROOF.GPUS['h100'])
     BENCH.count_dispatched_ops(lambda: layers.norm_linear(norm, linear, x, chunk=8), plain)
     assert set(plain.rows) == {kind.split(' @ ')[0] for kind in forward.rows}
+
+
+def test_roofline_by_source_names_the_line_that_made_a_backward_node_where_anomaly_mode_recorded_it():
+    """Under autograd's anomaly mode (which ``ops --by-source`` turns on for the forward, its NaN checks off) a
+    backward operator's source also names the line of the models' code that made its node; the counts are those
+    of a count without it."""
+    from mmpola.models import layers
+    norm, linear = torch.nn.LayerNorm(8), torch.nn.Linear(8, 24)
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    rows = []
+    for anomaly in (True, False):
+        for tensor in (x, *norm.parameters(), *linear.parameters()):
+            tensor.grad = None  # no accumulation in the second backward
+        forward, backward = (ROOF.Roofline(ROOF.GPUS['h100'], by_source=True) for _ in range(2))
+        outs = []
+        with torch.autograd.set_detect_anomaly(anomaly, check_nan=False):
+            BENCH.count_dispatched_ops(lambda: outs.append(layers.norm_linear(norm, linear, x, chunk=8)), forward)
+        BENCH.count_dispatched_ops(sum(t.sum() for t in outs[0]).backward, backward)
+        rows.append(dict(backward.rows))
+    stack = [kind for kind in rows[0] if kind.startswith('stack @ UnbindBackward0 layers.py:')]
+    assert len(stack) == 1, rows[0]
+    line = int(stack[0].rsplit(':', 1)[1])
+    assert 'unbind' in inspect.getsource(layers).splitlines()[line - 1], stack
+    totals = [[sum(row[i] for row in counted.values()) for i in range(3)] for counted in rows]
+    assert totals[0] == totals[1], totals  # kernels, FLOPs and bytes
+    assert {kind.rsplit(' ', 1)[0] if ' layers.py:' in kind else kind for kind in rows[0]} == set(rows[1])
 
 
 def test_roofline_counts_fused_attention_grouped_convolutions_and_triton_launches():
