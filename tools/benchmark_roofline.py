@@ -96,9 +96,14 @@ def _source_folders():
     return tuple(osp.dirname(sys.modules[name].__file__) + osp.sep for name in SOURCE_PACKAGES if name in sys.modules)
 
 
+# mmpola's helper that applies every autograd Function of its ops: a node made there is named by its caller's line
+_APPLY_HELPER = osp.join('mmpola', 'ops', 'dispatch.py')
+
+
 def _recorded_line(node):
     """The innermost line of the models' packages in the forward's stack that autograd's anomaly mode recorded for
-    ``node`` (``file.py:line``), or None where it recorded none."""
+    ``node`` (``file.py:line``; past mmpola's helper that applies its ops' Functions), or None where it recorded
+    none."""
     stack = node.metadata.get('traceback_') if hasattr(node, 'metadata') else None
     if not stack:
         return None
@@ -107,7 +112,7 @@ def _recorded_line(node):
         entry = entry.strip()
         if entry.startswith('File "'):
             path, _, rest = entry[6:].partition('", line ')
-            if path.startswith(folders):
+            if path.startswith(folders) and not path.endswith(_APPLY_HELPER):
                 return f'{osp.basename(path)}:{rest.split(",")[0]}'
     return None
 
