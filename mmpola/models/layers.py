@@ -62,9 +62,10 @@ def trunc_normal_init(module, layers=(nn.Linear,), std=.02):
 
 
 def tokens_as_map(tokens, hw):
-    """(B, H*W, C) row-major tokens -> their (B, C, H, W) map as a channels-last view: no copy for
-    contiguous tokens, and a convolution of it returns a channels-last map (:func:`map_as_tokens`). Its image
-    stride is H*W*C even for one image, so the library's convolutions see channels-last strides there too."""
+    """(B, H*W, C) row-major tokens (or (B, H*W, h, d): their heads) -> their (B, C, H, W) map as a channels-last
+    view: no copy for contiguous tokens, and a convolution of it returns a channels-last map (:func:`map_as_tokens`).
+    Its image stride is H*W*C even for one image, so the library's convolutions see channels-last strides there
+    too."""
     return tokens.reshape(tokens.shape[0], hw[0], hw[1], -1).permute(0, 3, 1, 2)  # hw indexed: torch.fx traces it
 
 

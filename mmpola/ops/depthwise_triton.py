@@ -208,10 +208,10 @@ def _convolve(x, weight, bias, flip, per_sample, like=None, residual=None):
     in its layout; else channels-last per map (the maps one after another)."""
     (maps, G, C, H, W), strides = _maps(x)
     k = weight.shape[-1]
-    if residual is not None and (like is None or like.stride(-3) != 1):
-        out = torch.empty_like(residual)
-    elif like is not None and like.stride(-3) == 1:
+    if like is not None and like.stride(-3) == 1:
         out = torch.empty_like(like, dtype=x.dtype)
+    elif residual is not None:
+        out = torch.empty_like(residual)
     else:
         out = torch.empty(*x.shape[:-3], H, W, C, dtype=x.dtype, device=x.device).movedim(-1, -3)
     bias = weight if bias is None else bias.contiguous()  # read as (C,) or (B, C) rows; a dummy without one

@@ -509,9 +509,10 @@ def _bwd_record(block_j):
 
 
 def _tokens_layout(shape, device, dtype):
-    """An empty (B, h, N, d) tensor of ``shape`` in the tokens' layout: the (B, h, N, d) view of (B, N, h, d)."""
-    batch, heads, n, d = shape
-    return torch.empty(batch, n, heads, d, device=device, dtype=dtype).transpose(1, 2)
+    """An empty (B, h, N, d) tensor of ``shape`` in the tokens' layout, the (B, h, N, d) view of (B, N, h, d) (as
+    Pola's kernels write their output), in one operator."""
+    B, H, N, d = shape
+    return torch.empty_strided((B, H, N, d), (N * H * d, d, H * d, 1), device=device, dtype=dtype)
 
 
 class _PaCSTriton(torch.autograd.Function):

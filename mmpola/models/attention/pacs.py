@@ -23,7 +23,7 @@ from mmpola.ops import (
 )
 from mmpola.registry import ATTENTIONS
 
-from ..layers import DepthwiseConv2d, SizeCache, gated_proj
+from ..layers import DepthwiseConv2d, SizeCache, gated_proj, tokens_as_map
 
 __all__ = ['PaCSAttention', 'RoPESoftmaxAttention', 'RotaryEmbedding']
 
@@ -55,12 +55,6 @@ def _rope_table(context, name, kind):
         raise ValueError(f"{kind} attention needs the RoPE tables '{name}' of the map as context (the "
                          'PolaFormer++ architecture gives them); this architecture does not')
     return table
-
-
-def _map(tokens, H, W):
-    """(B, H*W, C) tokens, or (B, H*W, h, d) heads of them -> the (B, C, H, W) map, a view where the channels (each
-    head's after the previous head's) are a view's contiguous axis."""
-    return tokens.reshape(tokens.shape[0], H, W, -1).permute(0, 3, 1, 2)
 
 
 @ATTENTIONS.register_module(name='pacs')
@@ -102,15 +96,14 @@ class PaCSAttention(nn.Module):
 
     def forward(self, x, hw, **context):
         sin, cos = _rope_table(context, 'rope_feature', 'PaCS')
-        B, N, C = x.shape
-        H, W = hw
+        C = x.shape[-1]
         # views of the projection, whose gradients autograd stacks into the projection's layout (no copy)
         q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
         heads = (self.num_heads, self.head_dim)
         x = pacs_attention(*(t.unflatten(-1, heads).transpose(1, 2) for t in (q, k, v)), self.s1, self.s2, sin, cos,
                            fp32=self.fp32_attn, impl=self.attn_impl)
         # x + lepe(v), added where the convolution's kernel writes it (where it runs), in x's (tokens') layout
-        x = self.lepe(_map(v, H, W), residual=_map(x.transpose(1, 2), H, W))
+        x = self.lepe(tokens_as_map(v, hw), residual=tokens_as_map(x.transpose(1, 2), hw))
         return gated_proj(x.flatten(2).transpose(1, 2), g, self.proj)
 
     def extra_repr(self):
@@ -145,8 +138,7 @@ class RoPESoftmaxAttention(nn.Module):
 
     def forward(self, x, hw, **context):
         sin, cos = _rope_table(context, 'rope_head', 'RoPE softmax')
-        B, N, C = x.shape
-        H, W = hw
+        C = x.shape[-1]
         q, k, v_tokens, o = self.qkvo(x).unflatten(-1, (4, C)).unbind(-2)  # views, as in PaCSAttention
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2) for t in (q, k, v_tokens))
         sin, cos = sin.to(q.dtype), cos.to(q.dtype)
@@ -156,8 +148,8 @@ class RoPESoftmaxAttention(nn.Module):
         else:
             q, k = rope_rotate_fast(q, sin, cos), rope_rotate_fast(k, sin, cos)
             x = scaled_dot_product_attention(q, k, v.contiguous(), scale=self.scale)
-        x = self.lepe(_map(v_tokens, H, W), residual=_map(x.transpose(1, 2), H, W))  # x + lepe(v)
-        return self.proj(x.flatten(2).transpose(1, 2) * o)
+        x = self.lepe(tokens_as_map(v_tokens, hw), residual=tokens_as_map(x.transpose(1, 2), hw))
+        return self.proj(x.flatten(2).transpose(1, 2) * o)  # (x + lepe(v)) * o
 
     def extra_repr(self):
         return f'dim={self.dim}, num_heads={self.num_heads}, attn_impl={self.attn_impl!r}'
