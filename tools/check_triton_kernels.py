@@ -20,7 +20,9 @@ for the target (ptxas ships with Triton's NVIDIA backend); identical compilation
 The depthwise convolution (``--ops depthwise``) runs its forward and backward the same way, on channels-last
 maps of the grids below with as many channels as the head dim, at kernel sizes 3 and 5, at 3 with
 kernels of their own per image (InLine's local residual), and at 5 on the heads' values seen in place in
-their projection (the Pola and FLatten value term). The linear layers that recompute their input (``--ops
+their projection (the Pola and FLatten value term), there also as the joined value term runs it with Pola's
+gate (the gated output, the gate's gradients in the weight gradient's kernel, the input gradient added to
+the values' in place). The linear layers that recompute their input (``--ops
 recompute``, mmpola.ops.recompute) run theirs on the tokens of the grids: the MLP's GELU and fc2 with four
 times the head dim's channels, the gated projection with the head dim's channels, its gate seen in a
 projection of four times as many, and the LayerNorm with the linear layer after it with the head dim's
@@ -207,8 +209,23 @@ def record_depthwise_launches(gpu, channels, dtype):
                     torch.autocast('cpu', dtype, enabled=weight_dtype != dtype):
                 out = depthwise_conv2d_triton(x, weight, bias, per_sample=per_sample, residual=residual)
                 out.backward(torch.zeros_like(out))
+                if in_projection:
+                    _record_gated_value_term(x.detach(), weight.detach(), bias.detach(), residual.detach())
             launches += recorded
     return launches
+
+
+def _record_gated_value_term(x, weight, bias, residual):
+    """The depthwise kernels as Pola's joined value term runs them with its gate (mmpola.ops.value_term_triton),
+    on the heads' maps ``x`` in their projection: the forward writing the gated output too, the weight gradient's
+    kernel writing the gate's gradient and the gradient before the gate, and the input gradient added in place to
+    the values' gradient."""
+    from mmpola.ops.depthwise_triton import _convolve, _weight_grads
+    total, _ = _convolve(x, weight, bias, False, False, residual=residual, gate=x)
+    gated = torch.empty_like(total)
+    grad_gate = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)  # the gate's strides
+    _weight_grads(x, weight, total, True, False, (True, True), (x, total, grad_gate, gated))
+    _convolve(gated, weight, None, True, False, into=torch.empty_like(x))
 
 
 def record_recompute_launches(gpu, channels, dtype):

@@ -19,12 +19,21 @@ whole rows of channels):
    odd kernel with ``k // 2`` padding, the transposed convolution is the convolution by the flipped
    kernel. It is written in the input's layout when the input's channels are its contiguous axis (the
    heads' values seen in their projection: their gradient then meets the attention core's in the
-   projection's layout, and their sum needs no copy on its way to the projection).
+   projection's layout, and their sum needs no copy on its way to the projection), or added in place to a
+   gradient already there (the values' gradient from the core), the convolution's rounded first, as autograd
+   adds two gradients. With a gate (Pola's, after its value term), the kernel also writes the output times the
+   gate, as the library multiplies them.
 2. ``_dw_weight_grad_kernel``: a fixed number of programs (a few per multiprocessor, independent of
    the map size) each loops over a share of the tiles and sums, per channel, ``g * shifted x`` for each
    tap and ``g`` for the bias, into one float32 record (taps + 1, C) per program; one torch ``.sum``
    over the programs (deterministic, no atomics) gives the weight and bias gradients. Per-image kernels
    get programs of their own per image (a third grid axis), whose records sum to each image's gradients.
+   After a gate it also reads the gate and the output before it where it reads the gradient, and writes the
+   gate's gradient and the gradient before the gate, which it sums.
+
+Where a kernel writes what the library's elementwise multiplication or addition of two tensors writes, it rounds
+as the library does (to the nearest, ties to even; Triton's interpreter truncates to bfloat16, so the kernels round
+bfloat16 themselves), so that those results are the library's bit for bit, on a GPU and in the interpreter.
 
 The grids and the loops take the map size as data and the kernels do not specialise on it: they are
 compiled once per dtype, kernel size and channel bucket (up to 32 channels, or more), so a new input
@@ -96,15 +105,46 @@ if triton_available() is None:
         ok = inside & (xx >= 0) & (xx < W)
         return tl.load(row + dx * sw, mask=ok[:, None] & cm, other=0.).to(tl.float32)
 
+    @triton.jit
+    def _rounded(x, dtype: tl.constexpr):
+        """float32 ``x`` rounded to ``dtype`` to the nearest, ties to even, as the library rounds an elementwise
+        result: a GPU's conversion does, Triton's interpreter truncates to bfloat16, so for bfloat16 the bits are
+        rounded here (NaN as it is)."""
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits += 0x7FFF + ((bits >> 16) & 1)
+            return tl.where(x == x, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), x.to(tl.bfloat16))
+        return x.to(dtype)
+
+    @triton.jit
+    def _sum(a, b):
+        """``a + b`` of two tiles of one dtype, as the library adds two tensors of it (:func:`_product`)."""
+        if a.dtype == tl.float64:
+            return a + b
+        return _rounded(a.to(tl.float32) + b.to(tl.float32), a.dtype)
+
+    @triton.jit
+    def _product(a, b):
+        """``a * b`` of two tiles of one dtype, as the library multiplies two tensors of it: the product in float32
+        (float64 for float64), rounded once to their dtype."""
+        if a.dtype == tl.float64:
+            return a * b
+        return _rounded(a.to(tl.float32) * b.to(tl.float32), a.dtype)
+
     @tunable(_TUNED, ['CB', 'K', 'FLIP'], _fitting, interpreter=_INTERPRETER_TILE)
     @triton.jit(do_not_specialize=['G', 'H', 'W'])
-    def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, r_ptr, out_ptr, G, C, H, W, sxb, sxg, sxc, sxh, sxw, swb, swc, swy,
-                        swx, sbb, srb, srg, src, srh, srw, sob, sog, soc, soh, sow,
+    def _dw_conv_kernel(x_ptr, w_ptr, bias_ptr, r_ptr, out_ptr, gate_ptr, gated_ptr, G, C, H, W, sxb, sxg, sxc, sxh,
+                        sxw, swb, swc, swy, swx, sbb, srb, srg, src, srh, srw, sob, sog, soc, soh, sow, sgb, sgg, sgc,
+                        sgh, sgw,
                         K: tl.constexpr, CB: tl.constexpr, FLIP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+                        RESIDUAL: tl.constexpr, ROUND: tl.constexpr, GATE: tl.constexpr, BLOCK_H: tl.constexpr,
+                        BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
         """One tile of map b's output (written through its strides, channels the contiguous axis) of the
         depthwise convolution (weights and bias of map b at ``w_ptr + b * swb``, ``bias_ptr + b * sbb``: 0 for
-        those shared by the maps), plus the tile of the residual at ``r_ptr`` (``RESIDUAL``)."""
+        those shared by the maps), plus the tile of the residual at ``r_ptr`` (``RESIDUAL``; with ``ROUND`` added
+        to the convolution rounded to the output's dtype, as the library adds two tensors of it). ``GATE``: also
+        the output times the gate's tile (at ``gate_ptr``, strides sg*), rounded as the library multiplies two
+        tensors of the output's dtype, written at ``gated_ptr`` (the output's strides)."""
         b, y, x = _tile(tl.program_id(0), H, W, BLOCK_H, BLOCK_W)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = c < C
@@ -121,22 +161,39 @@ if triton_available() is None:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + b * sbb + c, mask=cmask, other=0.).to(tl.float32)[None, :]
         inside = (y < H) & (x < W)
+        offsets = y[:, None] * soh + x[:, None] * sow + c[None, :] * soc
         if RESIDUAL:
-            residual = _image(r_ptr, b, G, srb, srg) + y[:, None] * srh + x[:, None] * srw + c[None, :] * src
-            acc += tl.load(residual, mask=inside[:, None] & cmask[None, :], other=0.).to(tl.float32)
-        out = _image(out_ptr, b, G, sob, sog) + y[:, None] * soh + x[:, None] * sow + c[None, :] * soc
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside[:, None] & cmask[None, :])
+            residual = tl.load(_image(r_ptr, b, G, srb, srg) + y[:, None] * srh + x[:, None] * srw + c[None, :] * src,
+                               mask=inside[:, None] & cmask[None, :], other=0.)
+            if ROUND:  # the convolution in the output's dtype plus the residual, as the library adds two tensors
+                result = _sum(acc.to(out_ptr.dtype.element_ty), residual)
+            else:
+                result = (acc + residual.to(tl.float32)).to(out_ptr.dtype.element_ty)
+        else:
+            result = acc.to(out_ptr.dtype.element_ty)
+        tl.store(_image(out_ptr, b, G, sob, sog) + offsets, result, mask=inside[:, None] & cmask[None, :])
+        if GATE:
+            gate = tl.load(_image(gate_ptr, b, G, sgb, sgg) + y[:, None] * sgh + x[:, None] * sgw + c[None, :] * sgc,
+                           mask=inside[:, None] & cmask[None, :], other=0.)
+            tl.store(_image(gated_ptr, b, G, sob, sog) + offsets, _product(result, gate),
+                     mask=inside[:, None] & cmask[None, :])
 
     @tunable(_TUNED, ['CB', 'K', 'PER_SAMPLE'], _fitting, interpreter=_INTERPRETER_TILE)
     @triton.jit(do_not_specialize=['B', 'G', 'H', 'W'])
-    def _dw_weight_grad_kernel(x_ptr, g_ptr, part_ptr, B, G, C, H, W, sxb, sxg, sxc, sxh, sxw, sgb, sgg, sgc, sgh,
-                               sgw,
+    def _dw_weight_grad_kernel(x_ptr, g_ptr, part_ptr, gate_ptr, total_ptr, gated_ptr, grad_gate_ptr, B, G, C, H, W,
+                               sxb, sxg, sxc, sxh, sxw, sgb, sgg, sgc, sgh, sgw, sab, sag, sac, sah, saw, stb, stg, stc,
+                               sth, stw,
                                K: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr, PER_SAMPLE: tl.constexpr,
-                               BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+                               GATE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+                               BLOCK_C: tl.constexpr):
         """This program's share of the weight gradient (taps 0 .. K*K-1) and bias gradient (row K*K),
         per channel of the block, as one float32 record (TAPS, C): over the tiles of every map (B maps, in
         groups of G), or with ``PER_SAMPLE`` over those of map ``program_id(2)`` only (weights of their own
-        per map)."""
+        per map). ``GATE``: the convolution's output was multiplied by a gate (at ``gate_ptr``, strides sa*;
+        the output before it at ``total_ptr``, strides st*): g is the product's gradient, and the kernel writes
+        the convolution's, ``g * gate``, at ``gated_ptr`` (the output's strides) and the gate's, ``g * total``,
+        at ``grad_gate_ptr`` (the gate's strides), each rounded as the library multiplies them, and sums the
+        former (each pixel's tile is this kernel's once)."""
         prog = tl.program_id(0)
         programs = tl.num_programs(0)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -156,7 +213,17 @@ if triton_available() is None:
             b, y, x = _tile(tile, H, W, BLOCK_H, BLOCK_W)
             inside = (y < H) & (x < W)
             g = tl.load(_image(g_ptr, b, G, sgb, sgg) + c[None, :] * sgc + y[:, None] * sgh + x[:, None] * sgw,
-                        mask=inside[:, None] & cm, other=0.).to(tl.float32)
+                        mask=inside[:, None] & cm, other=0.)
+            if GATE:
+                at_gate = c[None, :] * sac + y[:, None] * sah + x[:, None] * saw
+                at_total = c[None, :] * stc + y[:, None] * sth + x[:, None] * stw
+                total = tl.load(_image(total_ptr, b, G, stb, stg) + at_total, mask=inside[:, None] & cm, other=0.)
+                tl.store(_image(grad_gate_ptr, b, G, sab, sag) + at_gate, _product(g, total),
+                         mask=inside[:, None] & cm)
+                g = _product(g, tl.load(_image(gate_ptr, b, G, sab, sag) + at_gate, mask=inside[:, None] & cm,
+                                        other=0.))
+                tl.store(_image(gated_ptr, b, G, stb, stg) + at_total, g, mask=inside[:, None] & cm)
+            g = g.to(tl.float32)
             acc += tl.where(taps == K * K, tl.sum(g, axis=0)[None, :], 0.)
             pixels = _image(x_ptr, b, G, sxb, sxg) + c[None, :] * sxc + y[:, None] * sxh + x[:, None] * sxw
             for ky in range(K):
@@ -201,25 +268,42 @@ def _maps(x):
     return (B * G, G, C, H, W), x.stride()
 
 
-def _convolve(x, weight, bias, flip, per_sample, like=None, residual=None):
+def _convolve(x, weight, bias, flip, per_sample, like=None, residual=None, into=None, gate=None):
     """The kernel's output of x's shape in x's dtype: in the layout of ``like`` (the input of a convolution whose
     input gradient this is) when its channels are the contiguous axis, so that the gradient of a view of an
     attention's projection comes in the projection's layout; else, with ``residual`` (x's shape and dtype, added),
-    in its layout; else channels-last per map (the maps one after another)."""
+    in its layout; else channels-last per map (the maps one after another).
+
+    ``into``: a tensor of x's shape and dtype to add the output to in place, the output rounded to its dtype first
+    (as autograd adds one gradient to another); returns it. ``gate``: a tensor of x's shape and dtype that the
+    output is multiplied by as the library multiplies them; returns (the output, the product), the product in the
+    output's layout."""
     (maps, G, C, H, W), strides = _maps(x)
     k = weight.shape[-1]
-    if like is not None and like.stride(-3) == 1:
+    if into is not None:
+        out = residual = into
+    elif like is not None and like.stride(-3) == 1:
         out = torch.empty_like(like, dtype=x.dtype)
     elif residual is not None:
         out = torch.empty_like(residual)
     else:
         out = torch.empty(*x.shape[:-3], H, W, C, dtype=x.dtype, device=x.device).movedim(-1, -3)
     bias = weight if bias is None else bias.contiguous()  # read as (C,) or (B, C) rows; a dummy without one
-    added = out if residual is None else residual  # a pointer the kernel does not read without a residual
-    launch(_dw_conv_kernel, _conv_grid(maps, H, W, C), x, weight, bias, added, out, G, C, H, W,
-           *strides, *_weight_strides(weight, per_sample), C if per_sample else 0, *_maps(added)[1], *_maps(out)[1],
-           FLIP=flip, HAS_BIAS=bias is not weight, RESIDUAL=residual is not None, **_options(C, k))
-    return out
+    out_strides = _maps(out)[1]
+    # pointers (and strides) the kernel does not read without a residual or a gate: the output's
+    added, added_strides = (out, out_strides) if residual is None or residual is out else (residual,
+                                                                                         _maps(residual)[1])
+    if gate is None:
+        gate = gated = out
+        gate_strides = out_strides
+    else:
+        gated = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
+        gate_strides = gate.stride() if gate.dim() == 5 else _maps(gate)[1]
+    launch(_dw_conv_kernel, _conv_grid(maps, H, W, C), x, weight, bias, added, out, gate, gated, G, C, H, W,
+           *strides, *_weight_strides(weight, per_sample), C if per_sample else 0, *added_strides, *out_strides,
+           *gate_strides, FLIP=flip, HAS_BIAS=bias is not weight, RESIDUAL=residual is not None,
+           ROUND=into is not None, GATE=gated is not out, **_options(C, k))
+    return out if gated is out else (out, gated)
 
 
 def _weight_grad_programs(B, C, H, W, device, per_sample):
@@ -234,37 +318,50 @@ def _weight_grad_programs(B, C, H, W, device, per_sample):
     return max(1, min(programs, cdiv(B * H * W, 64)))
 
 
-def _depthwise_backward(x, weight, g, has_bias, per_sample, needs):
-    """(the input's, the weight's and the bias's gradients, each None where ``needs`` (three bools) says it is not
-    needed) of the convolution of x by ``weight`` (its bias: ``has_bias``) from the output's gradient g; the
-    weight's gradient in the weight's strides."""
+def _weight_grads(x, weight, g, has_bias, per_sample, needs, gate=None):
+    """(the weight's and the bias's gradients, each None where ``needs`` (two bools) says it is not needed) of the
+    convolution of x by ``weight`` (its bias: ``has_bias``) from the output's gradient g; the weight's gradient in
+    the weight's strides.
+
+    ``gate``: None, or ``(gate, total, grad_gate, gated)`` where the convolution's output ``total`` was multiplied
+    by ``gate`` and g is the product's gradient (maps (B, G, C, H, W) of x's shape and g's dtype): the kernel also
+    writes the gate's gradient ``g * total`` into ``grad_gate`` (the gate's strides) and the output's, ``g * gate``,
+    into ``gated`` (total's strides), each as the library multiplies them, and the weight's gradients are those of
+    the latter."""
     (B, G, C, H, W), x_strides = _maps(x)
     k = weight.shape[-1]
-    grad_x = grad_w = grad_b = None
+    grad_w = grad_b = None
+    taps = next_power_of_2(k * k + 1)
+    programs = _weight_grad_programs(B, C, H, W, x.device, per_sample)
+    images = B if per_sample else 1
+    part = torch.empty(images, programs, taps, C, dtype=torch.float32, device=x.device)
+    g_strides = _maps(g)[1]
+    if gate is None:
+        gate = total = grad_gate = gated = g  # pointers (and strides) the kernel does not read
+        gate_strides = total_strides = g_strides
+    else:
+        gate, total, grad_gate, gated = gate
+        if grad_gate.stride() != gate.stride() or gated.stride() != total.stride():
+            raise ValueError("the gated weight-gradient kernel writes the gate's gradient in the gate's strides and "
+                             "the output's in total's")
+        gate_strides, total_strides = gate.stride(), total.stride()
+    launch(_dw_weight_grad_kernel, lambda meta: (programs, cdiv(C, meta['BLOCK_C']), images), x, g,
+           part, gate, total, gated, grad_gate, B, G, C, H, W, *x_strides, *g_strides, *gate_strides,
+           *total_strides, TAPS=taps, PER_SAMPLE=per_sample, GATE=gate is not g, **_options(C, k))
+    summed = part[:, 0] if programs == 1 else part.sum(1)  # (images, taps, C)
+    (s_image, s_tap, s_channel), offset = summed.stride(), summed.storage_offset()
     if needs[0]:
-        grad_x = _convolve(g, weight, None, True, per_sample, like=x)
-    if needs[1] or (has_bias and needs[2]):
-        taps = next_power_of_2(k * k + 1)
-        programs = _weight_grad_programs(B, C, H, W, x.device, per_sample)
-        images = B if per_sample else 1
-        part = torch.empty(images, programs, taps, C, dtype=torch.float32, device=x.device)
-        launch(_dw_weight_grad_kernel, lambda meta: (programs, cdiv(C, meta['BLOCK_C']), images), x, g,
-               part, B, G, C, H, W, *x_strides, *_maps(g)[1], TAPS=taps, PER_SAMPLE=per_sample,
-               **_options(C, k))
-        total = part[:, 0] if programs == 1 else part.sum(1)  # (images, taps, C)
-        (s_image, s_tap, s_channel), offset = total.stride(), total.storage_offset()
-        if needs[1]:
-            grad_w = torch.empty_like(weight)  # the weight's strides (channels-last for mmpola's convs)
-            # the taps' rows (images, C, k * k), one view operator
-            taps_first = total.as_strided((images, C, k * k), (s_image, s_channel, s_tap), offset)
-            if grad_w.is_contiguous():  # as (images, C, k * k): one copy
-                grad_w.view(taps_first.shape).copy_(taps_first)
-            else:
-                grad_w.copy_(taps_first.reshape(weight.shape))
-        if has_bias and needs[2]:  # the bias's row, (images, C) or (C, )
-            shape, strides = ((images, C), (s_image, s_channel)) if per_sample else ((C, ), (s_channel, ))
-            grad_b = total.as_strided(shape, strides, offset + k * k * s_tap).to(weight.dtype)
-    return grad_x, grad_w, grad_b
+        grad_w = torch.empty_like(weight)  # the weight's strides (channels-last for mmpola's convs)
+        # the taps' rows (images, C, k * k), one view operator
+        taps_first = summed.as_strided((images, C, k * k), (s_image, s_channel, s_tap), offset)
+        if grad_w.is_contiguous():  # as (images, C, k * k): one copy
+            grad_w.view(taps_first.shape).copy_(taps_first)
+        else:
+            grad_w.copy_(taps_first.reshape(weight.shape))
+    if has_bias and needs[1]:  # the bias's row, (images, C) or (C, )
+        shape, strides = ((images, C), (s_image, s_channel)) if per_sample else ((C, ), (s_channel, ))
+        grad_b = summed.as_strided(shape, strides, offset + k * k * s_tap).to(weight.dtype)
+    return grad_w, grad_b
 
 
 class _DepthwiseTriton(torch.autograd.Function):
@@ -283,12 +380,12 @@ class _DepthwiseTriton(torch.autograd.Function):
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        if ctx.identity and needs[0]:  # both of x's gradients in the input gradient's kernel
-            grad_x = _convolve(g, weight, None, True, ctx.per_sample, like=x, residual=g)
-            grads = _depthwise_backward(x, weight, g, ctx.has_bias, ctx.per_sample, (False, *needs[1:3]))
-            return (grad_x, *grads[1:], None, None)
-        return (*_depthwise_backward(x, weight, g, ctx.has_bias, ctx.per_sample, needs[:3]), None,
-                g if needs[4] else None)
+        grad_x = grad_w = grad_b = None
+        if needs[0]:  # with the input as the residual, both of its gradients in the input gradient's kernel
+            grad_x = _convolve(g, weight, None, True, ctx.per_sample, like=x, residual=g if ctx.identity else None)
+        if needs[1] or (ctx.has_bias and needs[2]):
+            grad_w, grad_b = _weight_grads(x, weight, g, ctx.has_bias, ctx.per_sample, needs[1:3])
+        return grad_x, grad_w, grad_b, None, g if needs[4] and not ctx.identity else None
 
 
 def depthwise_conv2d_triton(x, weight, bias=None, per_sample=False, residual=None):

@@ -17,14 +17,19 @@ apart compute.
 Where the operands are views that fill one projection (a linear layer's output taken apart, as the modules take it),
 the Function takes the projection itself and writes the gradients of all its operands into one tensor of its shape:
 autograd would give each view a gradient of its own, add v's two and copy them into one (a stack of the whole
-projection's gradient in every attention of a step). Pola's gate can come in too (``gate``), multiplied as the
-library multiplies it, so that its gradient is written there as well.
+projection's gradient in every attention of a step). There the core's backward writes v's gradient into the
+projection's and the convolution's input-gradient kernel adds its own to it where it writes (rounded first, as
+autograd adds two gradients). Pola's gate can come in too (``gate``), multiplied as the library multiplies it, so
+that its gradient is written there as well: the convolution's kernel writes the gated output beside the output
+before the gate, and in the backward the weight-gradient kernel, which reads the output's gradient once per pixel,
+writes the gate's gradient into its slot and the gradient before the gate (library multiplications where the
+convolution's weights take no gradient).
 """
 import torch
 from torch.autograd.function import BackwardCFunction
 
 from .depthwise import auto_impl
-from .depthwise_triton import _convolve, _depthwise_backward
+from .depthwise_triton import _convolve, _weight_grads
 from .dispatch import AttnImplUnavailable, apply_function, attention_op, autocast_dtype, autocast_off
 from .flatten_triton import _flatten_backward, _flatten_forward
 from .inline_triton import _inline_backward, _inline_forward
@@ -228,15 +233,17 @@ class _ValueTermTriton(torch.autograd.Function):
         # the convolution's parameters as they are: the kernels read them in float32 (no copy rounded to the
         # values' dtype, as the library convolution's autocast would make) and give their gradients in their dtype
         residual = _maps(out, hw, groups if out.dim() == 3 else None)
-        total = _maps_as_tokens(_convolve(maps, weight, conv_bias, False, per_sample, residual=residual))
         if gate is None:
+            total = _maps_as_tokens(_convolve(maps, weight, conv_bias, False, per_sample, residual=residual))
             ctx.save_for_backward(*saved, maps, weight)
-        else:
-            ctx.save_for_backward(*saved, maps, weight, total, gate)
+        else:  # the gate's product as the library multiplies it (``total * gate``), written by the same kernel
+            gate = _maps(gate, hw, groups)
+            total, gated = _convolve(maps, weight, conv_bias, False, per_sample, residual=residual, gate=gate)
+            ctx.save_for_backward(*saved, maps, weight, total, gate)  # the maps of both
+            total = _maps_as_tokens(gated)
         ctx.op, ctx.state, ctx.layout, ctx.has_bias = op, state, (groups, hw), conv_bias is not None
         ctx.slots, ctx.gated = None if projected is None else projected[0], gate is not None
-        # the gate as the modules multiply it (``total * gate``: the library's multiplication)
-        return total if gate is None else total * gate
+        return total
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -244,33 +251,67 @@ class _ValueTermTriton(torch.autograd.Function):
         groups, hw = ctx.layout
         saved = ctx.saved_tensors
         needs, slots = ctx.needs_input_grad, ctx.slots
-        if slots is not None:  # the slots' gradients written into one tensor of the projection's shape
-            shape, dtype, device = ctx.projection
-            projection_grad = torch.empty(shape, dtype=dtype, device=device)
-            (B, N, P, C), order = slots
-            by_slot = projection_grad.view(B, N, P, C).unbind(2)
-            targets = (by_slot[order[0]], by_slot[order[1]], by_slot[order[2]])
-        grad_gate = None
-        if ctx.gated:  # as the library's multiplication total * gate gives them
+        core_backward, per_sample = _CORES[ctx.op][1:]
+        if slots is None:
+            return _backward_apart(ctx, grad, saved, needs)
+        # the slots' gradients written into one tensor of the projection's shape
+        shape, dtype, device = ctx.projection
+        projection_grad = torch.empty(shape, dtype=dtype, device=device)
+        (B, N, P, C), order = slots
+        by_slot = projection_grad.view(B, N, P, C).unbind(2)
+        targets = (by_slot[order[0]], by_slot[order[1]], by_slot[order[2]])
+        grad_weight = grad_conv_bias = None
+        if ctx.gated:
             *saved, total, gate = saved
-            if slots is None:
-                grad_gate = grad * total
-            else:
-                torch.mul(grad, total, out=by_slot[order[4]])
-            grad = grad * gate
         *saved, maps, conv_weight = saved
-        grad_maps, grad_weight, grad_conv_bias = _depthwise_backward(
-            maps, conv_weight, _maps(grad, hw, groups), ctx.has_bias, _CORES[ctx.op][2],
-            (needs[10] or slots is not None, needs[5], needs[6]))
-        dq, dk, dv, dbias, dparams = _CORES[ctx.op][1](saved, ctx.state, grad, needs[13:],
-                                                       None if slots is None else targets)
-        grad_v_term = None if grad_maps is None else _maps_as_tokens(grad_maps)
-        if slots is not None:
-            targets[2].add_(grad_v_term)  # v's two uses, added as autograd adds them
-            return (None, None, None, None, None, grad_weight, grad_conv_bias, projection_grad, None, None, None, None,
-                    dbias, *dparams)
-        return (None, None, None, None, None, grad_weight, grad_conv_bias, dq, dk, dv, grad_v_term, grad_gate, dbias,
-                *dparams)
+        weight_grads = needs[5] or (ctx.has_bias and needs[6])
+        grad_maps = _maps(grad, hw, groups)
+        if ctx.gated and weight_grads:
+            # the weight-gradient kernel, which reads each pixel's gradient once, writes the gate's gradient into
+            # its slot and the gradient before the gate in total's layout (both as the library's multiplication
+            # gives them)
+            before_gate = torch.empty_strided(total.shape, total.stride(), dtype=total.dtype, device=total.device)
+            grad_weight, grad_conv_bias = _weight_grads(
+                maps, conv_weight, grad_maps, ctx.has_bias, per_sample, needs[5:7],
+                (gate, total, _maps(by_slot[order[4]], hw, groups), before_gate))
+            grad_maps, grad = before_gate, _maps_as_tokens(before_gate)
+        else:
+            if ctx.gated:  # as the library's multiplication total * gate gives them
+                torch.mul(grad_maps, total, out=_maps(by_slot[order[4]], hw, groups))
+                grad_maps = grad_maps * gate
+                grad = _maps_as_tokens(grad_maps)
+            if weight_grads:
+                grad_weight, grad_conv_bias = _weight_grads(maps, conv_weight, grad_maps, ctx.has_bias, per_sample,
+                                                            needs[5:7])
+        _, _, _, dbias, dparams = core_backward(saved, ctx.state, grad, needs[13:], targets)
+        # v's two uses: the convolution's input gradient added to the core's where its kernel writes it, rounded
+        # first (as autograd adds them)
+        _convolve(grad_maps, conv_weight, None, True, per_sample, into=_maps(targets[2], hw, groups))
+        return (None, None, None, None, None, grad_weight, grad_conv_bias, projection_grad, None, None, None, None,
+                dbias, *dparams)
+
+
+def _backward_apart(ctx, grad, saved, needs):
+    """:class:`_ValueTermTriton`'s backward where q, k, v, v_term and the gate came as tensors of their own: the
+    gradient of each."""
+    groups, hw = ctx.layout
+    grad_maps, grad_gate = _maps(grad, hw, groups), None
+    if ctx.gated:  # as the library's multiplication total * gate gives them (of their maps: in tokens' layout)
+        *saved, total, gate = saved
+        grad_gate = _maps_as_tokens(grad_maps * total)
+        grad_maps = grad_maps * gate
+        grad = _maps_as_tokens(grad_maps)
+    *saved, maps, conv_weight = saved
+    core_backward, per_sample = _CORES[ctx.op][1:]
+    grad_v_term = grad_weight = grad_conv_bias = None
+    if needs[10]:
+        grad_v_term = _maps_as_tokens(_convolve(grad_maps, conv_weight, None, True, per_sample, like=maps))
+    if needs[5] or (ctx.has_bias and needs[6]):
+        grad_weight, grad_conv_bias = _weight_grads(maps, conv_weight, grad_maps, ctx.has_bias, per_sample,
+                                                    needs[5:7])
+    dq, dk, dv, dbias, dparams = core_backward(saved, ctx.state, grad, needs[13:])
+    return (None, None, None, None, None, grad_weight, grad_conv_bias, dq, dk, dv, grad_v_term, grad_gate, dbias,
+            *dparams)
 
 
 def _joined(function, op, q, k, v, v_term, params, heads, dwc_weight, dwc_bias, hw, options, key_bias, gate=None):

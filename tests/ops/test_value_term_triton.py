@@ -181,6 +181,64 @@ def test_one_projection_and_the_gate_in_the_joined_function_give_autograds_resul
     _assert_bit_for_bit(op, joined, apart)
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['float32', 'bfloat16'])
+def test_with_the_convolution_frozen_the_gate_and_the_projection_give_autograds_results_bit_for_bit(dtype):
+    """Without the convolution's weight and bias gradients (frozen), whose kernel otherwise multiplies the gate's
+    gradients, the gated joined Function on one projection still gives autograd's results (the library's
+    products in its backward)."""
+    leaves, grad = _inputs('pola', 2, 2, (5, 7), 16, dtype)
+    leaves[-2], leaves[-1] = leaves[-2].detach(), leaves[-1].detach()
+    joined = _forward_backward(_gated_joined, 'pola', leaves, grad, (5, 7), 2)
+    apart = _forward_backward(_gated_apart, 'pola', leaves, grad, (5, 7), 2)
+    _assert_bit_for_bit('pola', joined, apart)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['float32', 'bfloat16'])
+def test_the_gate_on_views_that_do_not_fill_a_projection_gives_autograds_results_bit_for_bit(dtype):
+    """With a gate on views that do not fill one projection (each operand its own gradient), the joined Function's
+    output and gradients are those of the Function without the gate followed by the library's multiplication."""
+    leaves, grad = _inputs('pola', 2, 2, (5, 7), 16, dtype)
+
+    def gated_views(op, leaves, hw, heads):
+        projection, scale, power, encoding, weight, bias = leaves
+        C = scale.shape[-1]
+        views = torch.cat([projection, projection[..., :C]], -1).unflatten(-1, (-1, C)).unbind(-2)
+        return pola_value_term_triton(views[0], views[1], views[2], views[2], power, scale, weight, bias, hw,
+                                      key_bias=encoding, gate=views[3])
+
+    joined = _forward_backward(gated_views, 'pola', leaves, grad, (5, 7), 2)
+    apart = _forward_backward(_gated_apart, 'pola', leaves, grad, (5, 7), 2)
+    _assert_bit_for_bit('pola', joined, apart)
+
+
+def test_the_gate_and_the_values_two_gradients_are_in_the_convolutions_kernels():
+    """On one projection with a gate, the joined Function's forward and backward run no library multiplication or
+    addition: the convolution's kernel writes the gated output, the weight-gradient kernel the gate's gradient and
+    the gradient before the gate, and the input-gradient kernel adds v's gradient from the convolution to the
+    core's in the projection's gradient. The views that do not fill a projection take the library's products and
+    autograd's sum of v's gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Operators(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split('.')[0])
+            return func(*args, **(kwargs or {}))
+
+    leaves, grad = _inputs('pola', 2, 2, (4, 6), 8, torch.bfloat16)
+    elementwise = {'mul', 'add', 'add_'}
+    for fn, apart in ((_gated_joined, False), (_gated_apart, True)):
+        with Operators() as forward:
+            out = fn('pola', leaves, (4, 6), 2)
+        with Operators() as backward:
+            out.backward(grad)
+        assert bool(elementwise & set(forward.names)) == apart, (fn.__name__, forward.names)
+        assert bool(elementwise & set(backward.names)) == apart, (fn.__name__, backward.names)
+
+
 def test_the_joined_function_takes_the_projection_where_its_views_fill_it_and_writes_one_gradient():
     """_one_projection: the slots of views that fill one contiguous projection (v_term v's slot again), else None;
     the backward of a step whose projection it takes stacks nothing (autograd's gradient of views taken apart)."""
