@@ -17,9 +17,10 @@ with the residual connection before it), whose backward can recompute the linear
 keeping it; :func:`add_residual_and_cast`, a stage's last residual connection written with its copy in
 the dtype the next stage reads; and :func:`layer_norm_add`, a patch embedding's LayerNorm with the positional
 encoding added. mmpola/ops/value_term_triton.py joins Pola's and FLatten's Triton cores with their depthwise value
-term, and InLine's with its local residual, in one autograd Function, which their attention modules call where
-both run in Triton. :func:`scaled_dot_product_attention` (mmpola/ops/sdpa.py), through which the softmax kinds
-attend, is torch's with cuDNN's attention left out on CUDA by default (it builds a graph per input size).
+term, InLine's with its local residual and PaCS's with its LePE, in one autograd Function, which their attention
+modules call where both run in Triton. :func:`scaled_dot_product_attention` (mmpola/ops/sdpa.py), through which
+the softmax kinds attend, is torch's with cuDNN's attention left out on CUDA by default (it builds a graph per input
+size).
 """
 from .depthwise import DEPTHWISE_IMPLS, depthwise_conv2d, depthwise_conv_impl
 from .dispatch import OPS, attention_impls, attention_op, check_attn_impl, register_attention_impl

@@ -515,84 +515,100 @@ def _tokens_layout(shape, device, dtype):
     return torch.empty_strided((B, H, N, d), (N * H * d, d, H * d, 1), device=device, dtype=dtype)
 
 
+def _pacs_forward(q, k, v, s_same, s_opp, sin, cos, eps):
+    """The forward kernels on q, k, v (B, h, N, d) of any strides: (the output (B, h, N, d), a view of the tokens'
+    layout (B, N, h, d), in q's dtype; what :func:`_pacs_backward` takes)."""
+    batch, heads, n, d = q.shape
+    j = d // 2
+    bh = batch * heads
+    dev = q.device
+    block_j, precision, default, _, granule = _config(d, dev)
+    meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
+    s1, s2 = _logits(s_same, s_opp, heads, d)
+    if sin.stride() != cos.stride():
+        sin, cos = sin.contiguous(), cos.contiguous()
+    chunks, per_chunk = _chunks(bh, n, granule, dev)
+    parts = torch.empty(bh, chunks, _fwd_record(block_j), device=dev, dtype=torch.float32)
+    launch(
+        _pacs_fwd_keys_kernel, (2, bh, chunks), k, v, sin, cos, parts, heads, n, j, per_chunk, 1.0 / n,
+        *k.stride(), *v.stride(), *sin.stride(), **meta)
+    sums = parts.sum(1)
+    # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the model merges the heads with a view
+    out = _tokens_layout(q.shape, dev, q.dtype)
+    launch(
+        _pacs_fwd_queries_kernel, lambda meta: (2, bh, cdiv(n, meta['BLOCK_N'])), q, s1, s2, sin, cos,
+        sums, out, eps, heads, n, j, *q.stride(), *out.stride(), *_logit_strides(s1, s2), *sin.stride(), **meta)
+    return out, ((q, k, v, s1, s2, sin, cos, sums), (eps, (s_same.shape, s_opp.shape)))
+
+
+def _pacs_backward(saved, state, grad_out, grads=None):
+    """(dL/dq, dL/dk, dL/dv, dL/ds_same, dL/ds_opp) from the output's gradient (any strides) and what
+    :func:`_pacs_forward` returned beside the output; q's, k's and v's in the tokens' layout (``grads``: tensors of
+    their shapes, any strides, to write them into instead), the logits' in their shapes and dtypes."""
+    q, k, v, s1, s2, sin, cos, sums = saved
+    eps, logit_shapes = state
+    batch, heads, n, d = q.shape
+    j = d // 2
+    bh = batch * heads
+    dev = q.device
+    block_j, precision, _, default, granule = _config(d, dev)
+    meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
+    chunks, per_chunk = _chunks(bh, n, granule, dev)
+    f32 = dict(device=dev, dtype=torch.float32)
+    grad_q_parts = torch.empty(2, batch, heads, n, d, **f32)
+    parts = torch.empty(bh, chunks, _bwd_record(block_j), **f32)
+    grad_s = torch.empty(2, batch, heads, chunks, 2 * d, **f32)
+    # two passes over the queries, each with four (BLOCK_J, BLOCK_J) tiles: the gradient of the summary
+    # (PART 0), then q's and the logits' gradients and that of mean(k') from the summary (PART 1)
+    for part in (0, 1):
+        launch(
+            _pacs_bwd_queries_kernel, (2, bh, chunks), q, grad_out, s1, s2, sin, cos, sums, eps, 1.0 / n,
+            grad_q_parts, parts, grad_s, heads, n, j, per_chunk, *q.stride(), *grad_out.stride(),
+            *_logit_strides(s1, s2), *sin.stride(), PART=part, **meta)
+    grad_sums = parts.sum(1)
+    # the gradients in the tokens' layout (B, N, h, d), seen as (B, h, N, d), as the output: the gradients of the
+    # models' head views of their tokens (B, N, C), which autograd takes to the tokens without a copy
+    if grads is None:
+        grads = (_tokens_layout(q.shape, dev, q.dtype), _tokens_layout(k.shape, dev, k.dtype),
+                 _tokens_layout(v.shape, dev, v.dtype))
+    # one kernel, in float32, written in q's dtype (the keys' backward could add them too, but at head dims
+    # above 64 its registers spill far more then)
+    grad_q, grad_k, grad_v = grads
+    torch.add(*grad_q_parts, out=grad_q)
+    # one pass per value half (each holds that half's four summary-gradient tiles), the first writing its
+    # part of k's gradient in float32 for the second to add: a buffer of its own, so that every launch can
+    # run again (the tuning times it several times)
+    grad_k_part = torch.empty(k.shape, **f32)
+    for half in (0, 1):
+        launch(
+            _pacs_bwd_keys_kernel, lambda meta: (bh, cdiv(n, meta['BLOCK_N'])), k, v, sin, cos,
+            grad_sums, grad_k_part, grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), *grad_k.stride(),
+            *sin.stride(),
+            HALF=half, **meta)
+    grad_s = grad_s.sum((1, 3))  # (2, h, 2d), contiguous
+    grads_s = [_sum_to_shape(g.view(1, heads, 1, 2 * d), shape).to(s.dtype)
+               for g, shape, s in zip(grad_s, logit_shapes, (s1, s2))]
+    return grad_q, grad_k, grad_v, grads_s[0], grads_s[1]
+
+
 class _PaCSTriton(torch.autograd.Function):
-    """The kernels' autograd. The logits reach the kernels as they are (the sigmoid and its derivative are
-    computed there) and the rotary tables too (read at the even channels); each pass's per-chunk partial
-    sums, already divided by N, are summed by one ``.sum`` over the chunks. So the only torch kernels around the
-    six launches are one in the forward (that sum) and three in the backward (that sum, the sum of the logits'
-    gradients over the batch and the chunks, and that of the two flows' parts of q's gradient)."""
+    """The kernels' autograd (:func:`_pacs_forward`, :func:`_pacs_backward`). The logits reach the kernels as they
+    are (the sigmoid and its derivative are computed there) and the rotary tables too (read at the even channels);
+    each pass's per-chunk partial sums, already divided by N, are summed by one ``.sum`` over the chunks. So the
+    only torch kernels around the six launches are one in the forward (that sum) and three in the backward (that
+    sum, the sum of the logits' gradients over the batch and the chunks, and that of the two flows' parts of q's
+    gradient)."""
 
     @staticmethod
     def forward(ctx, q, k, v, s_same, s_opp, sin, cos, eps):
-        batch, heads, n, d = q.shape
-        j = d // 2
-        bh = batch * heads
-        dev = q.device
-        block_j, precision, default, _, granule = _config(d, dev)
-        meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
-        s1, s2 = _logits(s_same, s_opp, heads, d)
-        if sin.stride() != cos.stride():
-            sin, cos = sin.contiguous(), cos.contiguous()
-        chunks, per_chunk = _chunks(bh, n, granule, dev)
-        parts = torch.empty(bh, chunks, _fwd_record(block_j), device=dev, dtype=torch.float32)
-        launch(
-            _pacs_fwd_keys_kernel, (2, bh, chunks), k, v, sin, cos, parts, heads, n, j, per_chunk, 1.0 / n,
-            *k.stride(), *v.stride(), *sin.stride(), **meta)
-        sums = parts.sum(1)
-        # in the tokens' layout (B, N, h, d), seen as (B, h, N, d): the model merges the heads with a view
-        out = _tokens_layout(q.shape, dev, q.dtype)
-        launch(
-            _pacs_fwd_queries_kernel, lambda meta: (2, bh, cdiv(n, meta['BLOCK_N'])), q, s1, s2, sin, cos,
-            sums, out, eps, heads, n, j, *q.stride(), *out.stride(), *_logit_strides(s1, s2), *sin.stride(), **meta)
-        ctx.save_for_backward(q, k, v, s1, s2, sin, cos, sums)
-        ctx.eps = eps
-        ctx.logit_shapes = (s_same.shape, s_opp.shape)
+        out, (saved, ctx.state) = _pacs_forward(q, k, v, s_same, s_opp, sin, cos, eps)
+        ctx.save_for_backward(*saved)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, s1, s2, sin, cos, sums = ctx.saved_tensors
-        batch, heads, n, d = q.shape
-        j = d // 2
-        bh = batch * heads
-        dev = q.device
-        block_j, precision, _, default, granule = _config(d, dev)
-        meta = dict(BLOCK_J=block_j, PRECISION=precision, default=default)
-        chunks, per_chunk = _chunks(bh, n, granule, dev)
-        f32 = dict(device=dev, dtype=torch.float32)
-        grad_q_parts = torch.empty(2, batch, heads, n, d, **f32)
-        parts = torch.empty(bh, chunks, _bwd_record(block_j), **f32)
-        grad_s = torch.empty(2, batch, heads, chunks, 2 * d, **f32)
-        # two passes over the queries, each with four (BLOCK_J, BLOCK_J) tiles: the gradient of the summary
-        # (PART 0), then q's and the logits' gradients and that of mean(k') from the summary (PART 1)
-        for part in (0, 1):
-            launch(
-                _pacs_bwd_queries_kernel, (2, bh, chunks), q, grad_out, s1, s2, sin, cos, sums, ctx.eps, 1.0 / n,
-                grad_q_parts, parts, grad_s, heads, n, j, per_chunk, *q.stride(), *grad_out.stride(),
-                *_logit_strides(s1, s2), *sin.stride(), PART=part, **meta)
-        grad_sums = parts.sum(1)
-        # one kernel, in float32, written in q's dtype (the keys' backward could add them too, but at head dims
-        # above 64 its registers spill far more then)
-        # the gradients in the tokens' layout (B, N, h, d), seen as (B, h, N, d), as the output: the gradients of the
-        # models' head views of their tokens (B, N, C), which autograd takes to the tokens without a copy
-        grad_q = torch.add(*grad_q_parts, out=_tokens_layout(q.shape, dev, q.dtype))
-        grad_k = _tokens_layout(k.shape, dev, k.dtype)
-        grad_v = _tokens_layout(v.shape, dev, v.dtype)
-        # one pass per value half (each holds that half's four summary-gradient tiles), the first writing its
-        # part of k's gradient in float32 for the second to add: a buffer of its own, so that every launch can
-        # run again (the tuning times it several times)
-        grad_k_part = torch.empty(k.shape, **f32)
-        for half in (0, 1):
-            launch(
-                _pacs_bwd_keys_kernel, lambda meta: (bh, cdiv(n, meta['BLOCK_N'])), k, v, sin, cos,
-                grad_sums, grad_k_part, grad_k, grad_v, heads, n, j, *k.stride(), *v.stride(), *grad_k.stride(),
-                *sin.stride(),
-                HALF=half, **meta)
-        grad_s = grad_s.sum((1, 3))  # (2, h, 2d), contiguous
-        grads_s = [_sum_to_shape(g.view(1, heads, 1, 2 * d), shape).to(s.dtype)
-                   for g, shape, s in zip(grad_s, ctx.logit_shapes, (s1, s2))]
-        return grad_q, grad_k, grad_v, grads_s[0], grads_s[1], None, None, None
+        return (*_pacs_backward(ctx.saved_tensors, ctx.state, grad_out), None, None, None)
 
 
 def pacs_attention_triton(q, k, v, s_same, s_opp, sin, cos, eps=1e-6):

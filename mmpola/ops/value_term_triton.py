@@ -2,13 +2,15 @@
 
 Pola and FLatten attention add to their core's output a depthwise convolution of the values' maps, one map per head,
 convolved by kernels the heads share (the attention modules' ``dwc``); InLine attention adds its local residual, a
-depthwise convolution of the values' map (all channels, one map per image) by kernels predicted for each image.
+depthwise convolution of the values' map (all channels, one map per image) by kernels predicted for each image;
+PolaFormer++'s PaCS attention adds its LePE, a convolution of the values' map by kernels the images share.
 Where the core and the convolution both run in their Triton kernels, the modules call them through one autograd
-Function: :func:`pola_value_term_triton`, :func:`flatten_value_term_triton` and :func:`inline_value_term_triton`.
-They take the operands in the tokens' layout (B, N, C) and make the head views, the parameters' casts, the maps and
-the merge of the heads inside, without autograd; the convolution's kernel adds its output to the core's where it
-writes it (:func:`mmpola.ops.depthwise_triton.depthwise_conv2d_triton`'s ``residual``), and the backward runs the
-convolution's backward kernels and then the core's on the same gradient. The kernels, their arguments and so the
+Function: :func:`pola_value_term_triton`, :func:`flatten_value_term_triton`, :func:`inline_value_term_triton` and
+:func:`pacs_value_term_triton`. They take the operands in the tokens' layout (B, N, C) and make the head views, the
+parameters' casts, the maps and the merge of the heads inside, without autograd; the convolution's kernel adds its
+output to the core's where it writes it (:func:`mmpola.ops.depthwise_triton.depthwise_conv2d_triton`'s
+``residual``), and the backward runs the convolution's weight-gradient kernel, the core's kernels and the
+convolution's input-gradient kernel on the same gradient. The kernels, their arguments and so the
 results are those of the two ops called apart, bit for bit; autograd records one node where it recorded two
 Functions and the views, transposes, broadcasts and casts around them, each an operator and a node that the host
 runs while a GPU waits for it. :func:`value_term_joins` says where the joined Function computes what the ops called
@@ -33,11 +35,13 @@ from .depthwise_triton import _convolve, _weight_grads
 from .dispatch import AttnImplUnavailable, apply_function, attention_op, autocast_dtype, autocast_off
 from .flatten_triton import _flatten_backward, _flatten_forward
 from .inline_triton import _inline_backward, _inline_forward
+from .pacs_triton import _pacs_backward, _pacs_forward
+from .pacs_triton import _unsupported as _pacs_unsupported
 from .pola_triton import _per_head, _pola_backward, _pola_forward
 from .triton_support import triton_unsupported
 
 __all__ = ['heads_view', 'tokens_view', 'value_term_joins', 'pola_value_term_triton', 'flatten_value_term_triton',
-           'inline_value_term_triton']
+           'inline_value_term_triton', 'pacs_value_term_triton']
 
 
 def heads_view(t, heads):
@@ -83,10 +87,11 @@ def _maps_as_tokens(maps):
 
 
 def value_term_joins(op, attn_impl, fp32, conv_impl, q, k, v, v_term, conv_weight, heads):
-    """Whether the joined Function of attention op ``op`` (``'pola'``, ``'flatten'`` or ``'inline'``) computes what
-    the two ops called apart compute for these operands (tokens (B, N, C) of h = ``heads`` heads; ``conv_weight``:
-    the convolution's shared weight, or InLine's kernels per image): the op with ``impl=attn_impl, fp32=fp32`` and
-    the depthwise convolution by ``conv_impl`` (``'auto'``, ``'torch'`` or ``'triton'``) both resolve to their
+    """Whether the joined Function of attention op ``op`` (``'pola'``, ``'flatten'``, ``'inline'`` or ``'pacs'``)
+    computes what the two ops called apart compute for these operands (tokens (B, N, C) of h = ``heads`` heads;
+    ``conv_weight``: the convolution's shared weight, or InLine's kernels per image): the op with ``impl=attn_impl,
+    fp32=fp32`` and the depthwise convolution by ``conv_impl`` (``'auto'``, ``'torch'`` or ``'triton'``) both resolve
+    to their
     Triton kernels, which take the operands as they are (one dtype, with elements: the autocast dtype under
     autocast, where the convolution reads a float32 weight as it is; else the weight's), and the core's kernels do
     not turn the head dim down."""
@@ -103,7 +108,7 @@ def value_term_joins(op, attn_impl, fp32, conv_impl, q, k, v, v_term, conv_weigh
             return False
     elif v_term.dtype != dtype or conv_weight.dtype not in (dtype, torch.float32):  # a float32 weight read as it is
         return False
-    return triton_unsupported(device, q.dtype, head_dim=q.shape[-1] // heads) is None
+    return _CORES[op][4](device, q.dtype, head_dim=q.shape[-1] // heads) is None
 
 
 def _pola_core(q, k, v, bias, params, heads, options):
@@ -164,12 +169,35 @@ def _inline_core_backward(saved, state, grad, needs, grads=None):
     return (*_inline_backward(saved, state, grad, grads), None, ())
 
 
+def _pacs_core(q, k, v, bias, params, heads, options):
+    """PaCS's forward kernels on the tokens' head views: (the output's tokens (B, N, C), the tensors its backward
+    keeps, and its state). ``params``: the raw logits s_same and s_opp and the rotary tables sin and cos (no
+    gradient)."""
+    out, (saved, state) = _pacs_forward(heads_view(q, heads), heads_view(k, heads), heads_view(v, heads), *params,
+                                        *options)
+    return tokens_view(out), saved, state
+
+
+def _pacs_core_backward(saved, state, grad, needs, grads=None):
+    """(dq, dk, dv, None, (ds_same, ds_opp, None, None)) in the tokens' layout from the output's gradient (B, N, C);
+    ``grads``: tokens (B, N, C) of any strides to write dq, dk and dv into."""
+    heads = saved[0].shape[1]
+    if grads is not None:
+        grads = (heads_view(grads[0], heads), heads_view(grads[1], heads), heads_view(grads[2], heads))
+    dq, dk, dv, ds1, ds2 = _pacs_backward(saved, state, heads_view(grad, heads), grads)
+    return (tokens_view(dq), tokens_view(dk), tokens_view(dv), None,
+            (ds1 if needs[0] else None, ds2 if needs[1] else None, None, None))
+
+
 # op: (its core's forward, which gives the output as tokens (B, N, C) or heads (B, h, N, d); the core's backward, which
 # takes the output's gradient as tokens (and with ``grads`` writes dq, dk, dv into the tokens given, of any strides);
-# whether each image has kernels of its own: then the convolution takes one map of all its channels per image, else
-# one map per head, the heads sharing the kernels)
-_CORES = {'pola': (_pola_core, _pola_core_backward, False), 'flatten': (_flatten_core, _flatten_core_backward, False),
-          'inline': (_inline_core, _inline_core_backward, True)}
+# whether the convolution takes one map of all its channels per image (else one map per head, the heads sharing the
+# kernels); whether each image has kernels of its own; the check of the core's kernels (registered with the op:
+# ``(device, dtype, head_dim=) -> None | why not``))
+_CORES = {'pola': (_pola_core, _pola_core_backward, False, False, triton_unsupported),
+          'flatten': (_flatten_core, _flatten_core_backward, False, False, triton_unsupported),
+          'inline': (_inline_core, _inline_core_backward, True, True, triton_unsupported),
+          'pacs': (_pacs_core, _pacs_core_backward, True, False, _pacs_unsupported)}
 
 
 def _one_projection(q, k, v, v_term, gate):
@@ -223,11 +251,11 @@ class _ValueTermTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op, heads, hw, options, projected, weight, conv_bias, q, k, v, v_term, gate, bias, *params):
-        core, _, per_sample = _CORES[op]
+        core, _, one_map, per_sample, _ = _CORES[op]
         if projected is not None:
             ctx.projection = (q.shape, q.dtype, q.device)
             q, k, v, v_term, gate = projected[1]
-        groups = 1 if per_sample else heads  # the maps per image
+        groups = 1 if one_map else heads  # the maps per image
         out, saved, state = core(q, k, v, bias, params, heads, options)
         maps = _maps(v_term, hw, groups)
         # the convolution's parameters as they are: the kernels read them in float32 (no copy rounded to the
@@ -251,7 +279,7 @@ class _ValueTermTriton(torch.autograd.Function):
         groups, hw = ctx.layout
         saved = ctx.saved_tensors
         needs, slots = ctx.needs_input_grad, ctx.slots
-        core_backward, per_sample = _CORES[ctx.op][1:]
+        core_backward, _, per_sample = _CORES[ctx.op][1:4]
         if slots is None:
             return _backward_apart(ctx, grad, saved, needs)
         # the slots' gradients written into one tensor of the projection's shape
@@ -302,7 +330,7 @@ def _backward_apart(ctx, grad, saved, needs):
         grad_maps = grad_maps * gate
         grad = _maps_as_tokens(grad_maps)
     *saved, maps, conv_weight = saved
-    core_backward, per_sample = _CORES[ctx.op][1:]
+    core_backward, _, per_sample = _CORES[ctx.op][1:4]
     grad_v_term = grad_weight = grad_conv_bias = None
     if needs[10]:
         grad_v_term = _maps_as_tokens(_convolve(grad_maps, conv_weight, None, True, per_sample, like=maps))
@@ -330,7 +358,7 @@ def _joined(function, op, q, k, v, v_term, params, heads, dwc_weight, dwc_bias, 
     if key_bias is not None and (tuple(key_bias.shape) != (1, N, C) or key_bias.dtype != k.dtype):
         raise ValueError(f"{function} takes key_bias (1, {N}, {C}) in the keys' dtype {k.dtype}; got "
                          f'{tuple(key_bias.shape)} {key_bias.dtype}')
-    reason = triton_unsupported(q.device, q.dtype, head_dim=C // heads)
+    reason = _CORES[op][4](q.device, q.dtype, head_dim=C // heads)
     if reason is not None:
         raise AttnImplUnavailable(f'{function} cannot run here: {reason}')
     joined = _one_projection(q, k, v, v_term, gate)
@@ -406,3 +434,31 @@ def inline_value_term_triton(q, k, v, v_term, num_heads, kernels, hw):
         raise ValueError(f'inline_value_term_triton takes kernels ({B}, {C}, k, k), k odd, one per image and channel; '
                          f'got {tuple(kernels.shape)}')
     return _joined('inline_value_term_triton', 'inline', q, k, v, v_term, (), num_heads, kernels, None, hw, (), None)
+
+
+def pacs_value_term_triton(q, k, v, v_term, s_same, s_opp, sin, cos, num_heads, lepe_weight, lepe_bias, hw, eps=1e-6,
+                           gate=None):
+    """PaCS attention (PolaFormer++) and its LePE, the depthwise convolution of the values' map, on the operands in
+    the tokens' layout, in one autograd Function: what PaCS attention computes before its output projection.
+
+    q, k, v, v_term: (B, N, C) tokens of H x W = ``hw`` (any strides; v_term: the values for the LePE, v itself or
+    a second view of it); s_same, s_opp: the raw spikiness logits (1, h, 1, 2d); sin, cos: the rotary tables (N, 2d)
+    (:func:`mmpola.ops.pacs.rope_tables`); num_heads: h; lepe_weight (C, 1, k, k) and lepe_bias (C, ) or None: the
+    convolution of the map of all C channels, read as they are (in float32 by the kernels). Returns (B, N, C) in q's
+    dtype: :func:`~mmpola.ops.pacs_triton.pacs_attention_triton` of the heads of q, k, v with the heads merged, plus
+    the convolution of v_term's map; q, k, v and v_term in one dtype (the kernels compute in float32). ``gate``:
+    None, or tokens (B, N, C) in q's dtype that the sum is multiplied by, as the library multiplies them. The results
+    of the ops called apart, bit for bit (module docstring); where the operands (and the gate) are views that fill
+    one projection, the projection gets its gradient as one tensor (:func:`_one_projection`)."""
+    C = q.shape[-1]
+    d = C // num_heads if C % num_heads == 0 else 0
+    for name, logit in (('s_same', s_same), ('s_opp', s_opp)):
+        if tuple(logit.shape) != (1, num_heads, 1, 2 * d):
+            raise ValueError(f'pacs_value_term_triton takes {name} (1, {num_heads}, 1, 2 * {C} / {num_heads}); got '
+                             f'{tuple(logit.shape)}')
+    N = hw[0] * hw[1]
+    if tuple(sin.shape) != (N, 2 * d) or sin.shape != cos.shape:
+        raise ValueError(f'pacs_value_term_triton takes rotary tables sin and cos ({N}, {2 * d}) of the grid '
+                         f'{tuple(hw)}; got {tuple(sin.shape)} and {tuple(cos.shape)}')
+    return _joined('pacs_value_term_triton', 'pacs', q, k, v, v_term, (s_same, s_opp, sin, cos), num_heads,
+                   lepe_weight, lepe_bias, hw, (float(eps), ), None, gate)

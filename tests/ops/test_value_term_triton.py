@@ -12,6 +12,7 @@ from mmpola.ops.pola_triton import pola_attention_triton
 from mmpola.ops.value_term_triton import (
     flatten_value_term_triton,
     inline_value_term_triton,
+    pacs_value_term_triton,
     pola_value_term_triton,
     tokens_view,
     value_term_joins,
@@ -529,3 +530,70 @@ def test_where_autograd_records_nothing_the_functions_run_their_forward_alone(op
     # where autograd records the call, apply runs (and refuses here)
     with pytest.raises(AssertionError, match='apply called'):
         _joined(op, leaves, hw, heads)
+
+
+@pytest.mark.parametrize('amp', [None, torch.bfloat16], ids=['float32', 'bf16-autocast'])
+def test_pacs_joined_function_gives_the_modules_results_bit_for_bit(amp, monkeypatch):
+    """PaCS attention with its core and LePE in their Triton kernels runs them through the joined Function
+    (pacs_value_term_triton: the projection's gradient in one tensor, the gate multiplied in the LePE's kernel); a
+    forward hook on the LePE keeps the module's calls apart (the core's Function, the convolution's, the library's
+    product with the gate and autograd's stack of the projection's gradient). Output and every parameter's gradient
+    are the same bit for bit."""
+    import mmpola.models.attention.pacs as pacs_module
+    from mmpola.models.attention.pacs import PaCSAttention, RotaryEmbedding
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'triton')
+    monkeypatch.setenv('MMPOLA_RECOMPUTE', 'torch')
+    torch.manual_seed(0)
+    C, heads, hw = 32, 2, (5, 7)
+    module = PaCSAttention(C, heads, attn_impl='triton').to(DEVICE)
+    with torch.no_grad():
+        for p in (module.s1, module.s2):
+            p.normal_(0, 0.5)
+    table = RotaryEmbedding(2 * C, heads).to(DEVICE)(hw)
+    x = torch.randn(2, hw[0] * hw[1], C, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grad = torch.randn(2, hw[0] * hw[1], C, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    joined_calls = []
+    joined = pacs_module.pacs_value_term_triton
+    monkeypatch.setattr(pacs_module, 'pacs_value_term_triton',
+                        lambda *args, **kwargs: joined_calls.append(1) or joined(*args, **kwargs))
+
+    def run():
+        module.zero_grad(set_to_none=True)
+        with torch.autocast(torch.device(DEVICE).type, amp or torch.float32, enabled=amp is not None):
+            out = module(x, hw, rope_feature=table)
+        out.backward(grad.to(out.dtype))
+        return [out.detach()] + [p.grad.clone() for p in module.parameters()]
+
+    results = run()
+    assert joined_calls == [1]
+    handle = module.lepe.register_forward_hook(lambda *args: None)  # the module's calls apart
+    apart = run()
+    handle.remove()
+    assert joined_calls == [1]
+    names = ['out'] + [name for name, _ in module.named_parameters()]
+    for name, a, e in zip(names, results, apart):
+        assert a.dtype == e.dtype and a.shape == e.shape and a.stride() == e.stride(), name
+        assert torch.equal(a, e), f'{name}: differs by {(a.float() - e.float()).abs().max().item():.3g}'
+
+
+def test_pacs_joined_function_checks_its_operands():
+    """pacs_value_term_triton turns down logits or rotary tables of other shapes, another grid and operands of two
+    dtypes, each with a clear error."""
+    from mmpola.ops.pacs import rope_angles, rope_tables
+    C, heads, hw = 16, 2, (4, 6)
+    q, k, v, g = torch.randn(1, 24, 4 * C).unflatten(-1, (4, C)).unbind(-2)
+    s = torch.zeros(1, heads, 1, C)
+    sin, cos = rope_tables(rope_angles(2 * C, heads), hw)
+    weight = torch.zeros(C, 1, 5, 5)
+
+    def call(**changed):
+        args = dict(q=q, k=k, v=v, v_term=v, s_same=s, s_opp=s, sin=sin, cos=cos, num_heads=heads, lepe_weight=weight,
+                    lepe_bias=None, hw=hw, gate=g)
+        args.update(changed)
+        return pacs_value_term_triton(**args)
+
+    with pytest.raises(ValueError, match='s_opp'):
+        call(s_opp=torch.zeros(1, heads, 1, C // 2))
+    with pytest.raises(ValueError, match='rotary tables'):
+        call(sin=sin[:, :4])
+    _check_the_tokens(call, k, v)

@@ -14,6 +14,7 @@ from timm.layers import register_notrace_module
 
 from mmpola.ops import (
     check_attn_impl,
+    depthwise_conv_impl,
     pacs_attention,
     rope_angles,
     rope_rotate,
@@ -21,9 +22,10 @@ from mmpola.ops import (
     rope_tables,
     scaled_dot_product_attention,
 )
+from mmpola.ops.value_term_triton import pacs_value_term_triton, value_term_joins
 from mmpola.registry import ATTENTIONS
 
-from ..layers import DepthwiseConv2d, SizeCache, gated_proj, tokens_as_map
+from ..layers import DepthwiseConv2d, SizeCache, gated_proj, gated_proj_recomputes, hooked, tokens_as_map
 
 __all__ = ['PaCSAttention', 'RoPESoftmaxAttention', 'RotaryEmbedding']
 
@@ -99,6 +101,14 @@ class PaCSAttention(nn.Module):
         C = x.shape[-1]
         # views of the projection, whose gradients autograd stacks into the projection's layout (no copy)
         q, k, v, g = self.qkvg(x).unflatten(-1, (4, C)).unbind(-2)
+        if not hooked(self.lepe) and value_term_joins(self.op, self.attn_impl, self.fp32_attn, depthwise_conv_impl(),
+                                                      q, k, v, v, self.lepe.weight, self.num_heads):
+            # the core and the LePE in their Triton kernels, in one autograd Function that takes the projection
+            # whose views q, k, v and g are (one gradient for it), and the gate where the library would multiply it
+            gate = None if gated_proj_recomputes(q, self.proj) else g
+            x = pacs_value_term_triton(q, k, v, v, self.s1, self.s2, sin, cos, self.num_heads, self.lepe.weight,
+                                       self.lepe.bias, hw, gate=gate)
+            return gated_proj(x, g, self.proj) if gate is None else self.proj(x)
         heads = (self.num_heads, self.head_dim)
         x = pacs_attention(*(t.unflatten(-1, heads).transpose(1, 2) for t in (q, k, v)), self.s1, self.s2, sin, cos,
                            fp32=self.fp32_attn, impl=self.attn_impl)
