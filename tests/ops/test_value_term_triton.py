@@ -4,6 +4,7 @@ checks, and where the joined Function applies. Without a GPU the kernels run thr
 (tests/conftest.py sets TRITON_INTERPRET=1)."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmpola.ops.depthwise_triton import depthwise_conv2d_triton
 from mmpola.ops.flatten_triton import flatten_attention_triton
@@ -42,6 +43,18 @@ def _inputs(op, B, heads, hw, d, dtype, seed=0, kernel=5):
 def _autocast(dtype):
     """Autocast to ``dtype`` on the tests' device, where it is not float32."""
     return torch.autocast(torch.device(DEVICE).type, dtype, enabled=dtype != torch.float32)
+
+
+class Operators(TorchDispatchMode):
+    """A context that records the names of the aten operators dispatched inside (``names``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__.split('.')[0])
+        return func(*args, **(kwargs or {}))
 
 
 def _split(projection, C):
@@ -218,17 +231,6 @@ def test_the_gate_and_the_values_two_gradients_are_in_the_convolutions_kernels()
     the gradient before the gate, and the input-gradient kernel adds v's gradient from the convolution to the
     core's in the projection's gradient. The views that do not fill a projection take the library's products and
     autograd's sum of v's gradients."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Operators(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split('.')[0])
-            return func(*args, **(kwargs or {}))
-
     leaves, grad = _inputs('pola', 2, 2, (4, 6), 8, torch.bfloat16)
     elementwise = {'mul', 'add', 'add_'}
     for fn, apart in ((_gated_joined, False), (_gated_apart, True)):
@@ -243,8 +245,6 @@ def test_the_gate_and_the_values_two_gradients_are_in_the_convolutions_kernels()
 def test_the_joined_function_takes_the_projection_where_its_views_fill_it_and_writes_one_gradient():
     """_one_projection: the slots of views that fill one contiguous projection (v_term v's slot again), else None;
     the backward of a step whose projection it takes stacks nothing (autograd's gradient of views taken apart)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from mmpola.ops.value_term_triton import _one_projection
     projection = torch.randn(2, 6, 4 * 8)
     q, k, v, g = projection.unflatten(-1, (4, 8)).unbind(-2)
@@ -284,15 +284,6 @@ def test_the_joined_function_takes_the_projection_where_its_views_fill_it_and_wr
         assert _one_projection(q, k, v, v, g) is None, own
         with torch.no_grad():  # where autograd records nothing, the views' own projection is taken
             assert _one_projection(*x.unflatten(-1, (4, 8)).unbind(-2)[:3], x[..., 16:24], x[..., 24:])[0] is x
-
-    class Operators(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__.split('.')[0])
-            return func(*args, **(kwargs or {}))
 
     leaves, grad = _inputs('pola', 2, 2, (4, 6), 8, torch.float32)
     for fn, stacks in ((_gated_joined, False), (_gated_apart, True)):
