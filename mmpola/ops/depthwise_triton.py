@@ -290,20 +290,22 @@ def _convolve(x, weight, bias, flip, per_sample, like=None, residual=None, into=
         out = torch.empty(*x.shape[:-3], H, W, C, dtype=x.dtype, device=x.device).movedim(-1, -3)
     bias = weight if bias is None else bias.contiguous()  # read as (C,) or (B, C) rows; a dummy without one
     out_strides = _maps(out)[1]
-    # pointers (and strides) the kernel does not read without a residual or a gate: the output's
-    added, added_strides = (out, out_strides) if residual is None or residual is out else (residual,
-                                                                                         _maps(residual)[1])
-    if gate is None:
-        gate = gated = out
-        gate_strides = out_strides
-    else:
+    # without a residual or a gate the kernel reads neither: the output's pointer and strides stand in for them
+    added, added_strides = out, out_strides
+    if residual is not None and residual is not out:
+        added, added_strides = residual, _maps(residual)[1]
+    gated_output = gate is not None
+    if gated_output:
         gated = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
         gate_strides = gate.stride() if gate.dim() == 5 else _maps(gate)[1]
+    else:
+        gate = gated = out
+        gate_strides = out_strides
     launch(_dw_conv_kernel, _conv_grid(maps, H, W, C), x, weight, bias, added, out, gate, gated, G, C, H, W,
            *strides, *_weight_strides(weight, per_sample), C if per_sample else 0, *added_strides, *out_strides,
            *gate_strides, FLIP=flip, HAS_BIAS=bias is not weight, RESIDUAL=residual is not None,
-           ROUND=into is not None, GATE=gated is not out, **_options(C, k))
-    return out if gated is out else (out, gated)
+           ROUND=into is not None, GATE=gated_output, **_options(C, k))
+    return (out, gated) if gated_output else out
 
 
 def _weight_grad_programs(B, C, H, W, device, per_sample):

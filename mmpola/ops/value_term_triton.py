@@ -27,6 +27,8 @@ before the gate, and in the backward the weight-gradient kernel, which reads the
 writes the gate's gradient into its slot and the gradient before the gate (library multiplications where the
 convolution's weights take no gradient).
 """
+from typing import Callable, NamedTuple
+
 import torch
 from torch.autograd.function import BackwardCFunction
 
@@ -108,7 +110,7 @@ def value_term_joins(op, attn_impl, fp32, conv_impl, q, k, v, v_term, conv_weigh
             return False
     elif v_term.dtype != dtype or conv_weight.dtype not in (dtype, torch.float32):  # a float32 weight read as it is
         return False
-    return _CORES[op][4](device, q.dtype, head_dim=q.shape[-1] // heads) is None
+    return _CORES[op].unsupported(device, q.dtype, head_dim=q.shape[-1] // heads) is None
 
 
 def _pola_core(q, k, v, bias, params, heads, options):
@@ -189,15 +191,19 @@ def _pacs_core_backward(saved, state, grad, needs, grads=None):
             (ds1 if needs[0] else None, ds2 if needs[1] else None, None, None))
 
 
-# op: (its core's forward, which gives the output as tokens (B, N, C) or heads (B, h, N, d); the core's backward, which
-# takes the output's gradient as tokens (and with ``grads`` writes dq, dk, dv into the tokens given, of any strides);
-# whether the convolution takes one map of all its channels per image (else one map per head, the heads sharing the
-# kernels); whether each image has kernels of its own; the check of the core's kernels (registered with the op:
-# ``(device, dtype, head_dim=) -> None | why not``))
-_CORES = {'pola': (_pola_core, _pola_core_backward, False, False, triton_unsupported),
-          'flatten': (_flatten_core, _flatten_core_backward, False, False, triton_unsupported),
-          'inline': (_inline_core, _inline_core_backward, True, True, triton_unsupported),
-          'pacs': (_pacs_core, _pacs_core_backward, True, False, _pacs_unsupported)}
+class _Core(NamedTuple):
+    """An attention op's core in the joined Function."""
+    forward: Callable  # gives the output as tokens (B, N, C) or heads (B, h, N, d), the saved tensors and the state
+    backward: Callable  # takes the output's gradient as tokens; with ``grads`` writes dq, dk, dv into the tokens given
+    one_map: bool  # the convolution takes one map of all channels per image (else one map per head, shared kernels)
+    per_sample: bool  # each image has kernels of its own
+    unsupported: Callable  # the check registered with the op's kernels: (device, dtype, head_dim=) -> None | why not
+
+
+_CORES = {'pola': _Core(_pola_core, _pola_core_backward, False, False, triton_unsupported),
+          'flatten': _Core(_flatten_core, _flatten_core_backward, False, False, triton_unsupported),
+          'inline': _Core(_inline_core, _inline_core_backward, True, True, triton_unsupported),
+          'pacs': _Core(_pacs_core, _pacs_core_backward, True, False, _pacs_unsupported)}
 
 
 def _one_projection(q, k, v, v_term, gate):
@@ -251,27 +257,27 @@ class _ValueTermTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op, heads, hw, options, projected, weight, conv_bias, q, k, v, v_term, gate, bias, *params):
-        core, _, one_map, per_sample, _ = _CORES[op]
+        core = _CORES[op]
+        per_sample = core.per_sample
         if projected is not None:
             ctx.projection = (q.shape, q.dtype, q.device)
             q, k, v, v_term, gate = projected[1]
-        groups = 1 if one_map else heads  # the maps per image
-        out, saved, state = core(q, k, v, bias, params, heads, options)
+        groups = 1 if core.one_map else heads  # the maps per image
+        out, saved, state = core.forward(q, k, v, bias, params, heads, options)
         maps = _maps(v_term, hw, groups)
         # the convolution's parameters as they are: the kernels read them in float32 (no copy rounded to the
         # values' dtype, as the library convolution's autocast would make) and give their gradients in their dtype
         residual = _maps(out, hw, groups if out.dim() == 3 else None)
         if gate is None:
-            total = _maps_as_tokens(_convolve(maps, weight, conv_bias, False, per_sample, residual=residual))
+            result = _convolve(maps, weight, conv_bias, False, per_sample, residual=residual)
             ctx.save_for_backward(*saved, maps, weight)
         else:  # the gate's product as the library multiplies it (``total * gate``), written by the same kernel
             gate = _maps(gate, hw, groups)
-            total, gated = _convolve(maps, weight, conv_bias, False, per_sample, residual=residual, gate=gate)
+            total, result = _convolve(maps, weight, conv_bias, False, per_sample, residual=residual, gate=gate)
             ctx.save_for_backward(*saved, maps, weight, total, gate)  # the maps of both
-            total = _maps_as_tokens(gated)
         ctx.op, ctx.state, ctx.layout, ctx.has_bias = op, state, (groups, hw), conv_bias is not None
         ctx.slots, ctx.gated = None if projected is None else projected[0], gate is not None
-        return total
+        return _maps_as_tokens(result)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -279,7 +285,8 @@ class _ValueTermTriton(torch.autograd.Function):
         groups, hw = ctx.layout
         saved = ctx.saved_tensors
         needs, slots = ctx.needs_input_grad, ctx.slots
-        core_backward, _, per_sample = _CORES[ctx.op][1:4]
+        core = _CORES[ctx.op]
+        per_sample = core.per_sample
         if slots is None:
             return _backward_apart(ctx, grad, saved, needs)
         # the slots' gradients written into one tensor of the projection's shape
@@ -311,7 +318,7 @@ class _ValueTermTriton(torch.autograd.Function):
             if weight_grads:
                 grad_weight, grad_conv_bias = _weight_grads(maps, conv_weight, grad_maps, ctx.has_bias, per_sample,
                                                             needs[5:7])
-        _, _, _, dbias, dparams = core_backward(saved, ctx.state, grad, needs[13:], targets)
+        _, _, _, dbias, dparams = core.backward(saved, ctx.state, grad, needs[13:], targets)
         # v's two uses: the convolution's input gradient added to the core's where its kernel writes it, rounded
         # first (as autograd adds them)
         _convolve(grad_maps, conv_weight, None, True, per_sample, into=_maps(targets[2], hw, groups))
@@ -330,14 +337,15 @@ def _backward_apart(ctx, grad, saved, needs):
         grad_maps = grad_maps * gate
         grad = _maps_as_tokens(grad_maps)
     *saved, maps, conv_weight = saved
-    core_backward, _, per_sample = _CORES[ctx.op][1:4]
+    core = _CORES[ctx.op]
+    per_sample = core.per_sample
     grad_v_term = grad_weight = grad_conv_bias = None
     if needs[10]:
         grad_v_term = _maps_as_tokens(_convolve(grad_maps, conv_weight, None, True, per_sample, like=maps))
     if needs[5] or (ctx.has_bias and needs[6]):
         grad_weight, grad_conv_bias = _weight_grads(maps, conv_weight, grad_maps, ctx.has_bias, per_sample,
                                                     needs[5:7])
-    dq, dk, dv, dbias, dparams = core_backward(saved, ctx.state, grad, needs[13:])
+    dq, dk, dv, dbias, dparams = core.backward(saved, ctx.state, grad, needs[13:])
     return (None, None, None, None, None, grad_weight, grad_conv_bias, dq, dk, dv, grad_v_term, grad_gate, dbias,
             *dparams)
 
@@ -358,7 +366,7 @@ def _joined(function, op, q, k, v, v_term, params, heads, dwc_weight, dwc_bias, 
     if key_bias is not None and (tuple(key_bias.shape) != (1, N, C) or key_bias.dtype != k.dtype):
         raise ValueError(f"{function} takes key_bias (1, {N}, {C}) in the keys' dtype {k.dtype}; got "
                          f'{tuple(key_bias.shape)} {key_bias.dtype}')
-    reason = _CORES[op][4](q.device, q.dtype, head_dim=C // heads)
+    reason = _CORES[op].unsupported(q.device, q.dtype, head_dim=C // heads)
     if reason is not None:
         raise AttnImplUnavailable(f'{function} cannot run here: {reason}')
     joined = _one_projection(q, k, v, v_term, gate)
