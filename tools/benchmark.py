@@ -965,7 +965,8 @@ def bench_host(args, device):
     """The host's time of a training step (``--forward``: an inference forward) of each backbone, its compute taken
     out (tools/benchmark_host.py): a narrowed layout's step on the CPU (min and median of ``args.repeat`` after a
     warm-up, the rows in turn), its Python calls, dispatched operators, the kernels among them and Triton launches,
-    and the time of those launches down Triton's own launch path (:func:`benchmark_host.triton_launch_seconds`)."""
+    and the time of those launches from mmpola's launch call down to the launcher
+    (:func:`benchmark_host.triton_launch_seconds`)."""
     from benchmark_train import variant_set, variants
 
     from mmpola.ops.triton_support import interpreting
@@ -1006,7 +1007,7 @@ def bench_host(args, device):
         for row, step in steps.items():
             with variant_set(row[1]):
                 calls, ops, kernels, launched, _ = step_counts(step, launches)
-                # the step's launches, made once more down Triton's launch path to a stand-in driver
+                # the step's launches, made once more down mmpola's and Triton's launch paths to a stand-in driver
                 triton_ms = (f'{1e3 * triton_launch_seconds(list(launches), args.repeat):.2f}' if triton_path
                              else '-')
             del launches[:]
@@ -1024,8 +1025,9 @@ def bench_host(args, device):
           "allocations), both counted with CUDA's autocast op lists (tools/benchmark_host.py). The time is what "
           'the host spends on the step where the device does the '
           "work (tools/benchmark_host.py). Triton's launch path ms: the step's Triton launches made once more, from "
-          "mmpola's launch call down Triton's own path (its autotuners, argument binding and specialisation, kernel "
-          'cache, grid, launch metadata) to a driver that stands in for an H100\'s and launches nothing (the fastest '
+          "mmpola's launch call (its direct launch of a launch like one made before, else Triton's own path: its "
+          'autotuners, argument binding and specialisation, kernel cache, grid, launch metadata) to a driver that '
+          'stands in for an H100\'s and launches nothing (the fastest '
           f'of {args.repeat}): what a GPU\'s host pays for them beside the host ms, but for the launcher\'s C code '
           'and the driver\'s launch calls'
           + ('' if triton_path else '; not measured under Triton\'s interpreter (TRITON_INTERPRET=1), whose '

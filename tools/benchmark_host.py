@@ -20,9 +20,10 @@ column). This command measures the host's share on a machine without a GPU:
   the dispatch and autograd, and the library operators' CPU kernels at these sizes (a few microseconds each,
   about what a GPU's launch of one costs the host), with denormal floats flushed to zero
   (``denormals_flushed``: the dry run's uninitialised outputs would otherwise slow mmpola's rows alone).
-  Triton's own launch path is not in it: the launches are counted apart, and then made once more down
-  Triton's launch path (its autotuners, the binding and specialisation of the arguments, the kernel cache, the
-  grid) to a driver that stands in for the GPU's and launches nothing (:func:`stand_in_driver`,
+  Triton's own launch path is not in it: the launches are counted apart, and then made once more from
+  mmpola's launch call (its direct launches, or Triton's launch path: its autotuners, the binding and
+  specialisation of the arguments, the kernel cache, the grid) to a driver that stands in for the GPU's and
+  launches nothing (:func:`stand_in_driver`,
   :func:`triton_launch_seconds`), which times the host's cost of the launches but for the launcher's C code and
   the driver's launch call.
 

@@ -31,6 +31,8 @@ not fit are skipped by the tuning (Triton times them as failed) and by :func:`la
 import contextlib
 import functools
 import importlib.util
+import itertools
+import operator
 import os
 from typing import NamedTuple, Optional
 
@@ -311,13 +313,14 @@ def launch(kernel, grid, *args, default=None, **kwargs):
 @contextlib.contextmanager
 def choices_kept():
     """A context after which the configs every tunable kernel has chosen are those it had chosen before it (its
-    autotuner's and :func:`launch`'s records, the configs that ran where a default did not fit): for a benchmark
+    autotuner's and :func:`launch`'s records, the configs that ran where a default did not fit, the direct
+    launches): for a benchmark
     whose launches time nothing (a driver that stands in for a GPU's: tools/benchmark_host.py), so that what it
     chose untimed is not what later launches run. Inside, the autotuners keep no choice on disk (Triton's
     ``TRITON_CACHE_AUTOTUNING``, which later processes of the same GPU would read) and log none
     (``TRITON_PRINT_AUTOTUNING``)."""
     chosen, tuned = dict(_CHOSEN), [dict(tuner.cache) for tuner in _TUNERS]
-    fitting, did_not_fit = dict(_FITTING), set(_DID_NOT_FIT)
+    fitting, did_not_fit, direct = dict(_FITTING), set(_DID_NOT_FIT), dict(_DIRECT)
     on_disk = [getattr(tuner, 'cache_results', False) for tuner in _TUNERS]
     for tuner in _TUNERS:
         tuner.cache_results = False
@@ -333,6 +336,8 @@ def choices_kept():
         _FITTING.update(fitting)
         _DID_NOT_FIT.clear()
         _DID_NOT_FIT.update(did_not_fit)
+        _DIRECT.clear()  # the direct launches of configs chosen inside
+        _DIRECT.update(direct)
         for tuner, cache in zip(_TUNERS, tuned):
             tuner.cache.clear()
             tuner.cache.update(cache)
@@ -386,7 +391,7 @@ def _launch(kernel, grid, args, kwargs, default):
         else:
             _launch_tuned(kernel, grid, args, kwargs)
             return
-    kernel[grid](*args, **kwargs)
+    _run(kernel, grid, args, kwargs)
 
 
 # the config each tunable kernel's autotuner chose, by what it keys the choice on (:func:`tuning_key`): the
@@ -419,15 +424,154 @@ def _launch_tuned(tuner, grid, args, kwargs):
     if not hasattr(tuner, 'keys'):  # a Triton whose autotuner does not say what it keys on: its own path
         tuner[grid](*args, **kwargs)
         return
+    if _direct(tuner, tuner.fn, grid, args, kwargs) is not None:  # a launch like one the config was chosen for
+        return
     key = (tuner, tuning_key(tuner, args, kwargs))
     chosen = _CHOSEN.get(key)
     if chosen is not None:
-        tuner.fn[grid](*args, **kwargs, **chosen)
+        launch_kwargs = {**kwargs, **chosen}
+        _remember(tuner, tuner.fn, args, kwargs, launch_kwargs, _run(tuner.fn, grid, args, launch_kwargs))
         return
     tuner[grid](*args, **kwargs)
     config = getattr(tuner, 'best_config', None)  # what it chose (a Triton that does not say: its path each time)
     if config is not None and getattr(config, 'pre_hook', None) is None:  # a config's hook runs at each launch
         _CHOSEN[key] = config.all_kwargs()
+
+
+# Direct launches. Triton's launch of a jitted kernel (``kernel[grid](*args)``, JITFunction.run) binds every
+# argument to its parameter, works out each argument's specialisation (a pointer's dtype and whether it is 16-byte
+# aligned; whether an int is 1, a multiple of 16, or beyond 32 bits; a constexpr's value), makes a string of that
+# and of the options to look the compiled kernel up, checks the kernel's globals, builds the launch's metadata
+# for its hooks and then calls the compiled kernel's launcher: the host's time of that path is several times the
+# launcher's. A launch that repeats one made before (the same kernel and keyword arguments, the same values and
+# types of the other arguments, tensors of the same dtypes at the same addresses modulo 16) calls the launcher
+# of the kernel that Triton's path chose then, with the same arguments (:func:`_run`): Triton specialises
+# a pointer on its dtype and its 16-byte alignment only, and everything else by its value and type. The
+# positions of the tensors are planned at the first launch (:class:`_Plan`); a launch that the plan does not
+# foresee (a tensor where there was none, or none where there was one), a launch hook and a pre-run hook take
+# Triton's path. tests/ops/test_triton_support.py holds the installed Triton to the pointers' rule and the
+# launcher's calls to those of Triton's path; releases not in DIRECT_TRITON take Triton's path at every launch.
+DIRECT_TRITON = ('3.6', '3.7')
+_DIRECT_MAX = 1 << 15  # direct keys kept, the oldest given up first (a key per input size and launch)
+
+
+def _getter(positions):
+    """A function of a tuple that returns a tuple of its items at ``positions`` (itemgetter's, in C)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    return (lambda values: (values[positions[0]], )) if positions else (lambda values: ())
+
+
+class _Plan:
+    """Where the launches of a kernel (or of an autotuner over it) with a given number of positional arguments and
+    keyword names put their tensors (:func:`_direct_key` keys them on dtype and address modulo 16) and their other
+    arguments (on value, with the types of the first launch: a launch with others takes Triton's path)."""
+    __slots__ = ('owner', 'tensors', 'others', 'types', 'keyword_types')
+
+    def __init__(self, owner, args, kwargs):
+        self.owner = owner  # kept: the plans are found by the owner's id, which nothing else takes while it lives
+        tensors = [i for i, value in enumerate(args) if isinstance(value, torch.Tensor)]
+        self.tensors = _getter(tensors)
+        self.others = _getter([i for i in range(len(args)) if i not in tensors])
+        self.types = tuple(map(type, self.others(args)))
+        self.keyword_types = tuple(map(type, kwargs.values()))
+
+
+_PLANS = {}  # (id of the kernel or autotuner, number of positional arguments, keyword names...) -> _Plan
+_DIRECT = {}  # direct key (:func:`_direct_key`) -> (compiled kernel, the values of the parameters after the
+# positional arguments, the keyword arguments of Triton's launch: an autotuner's config among them)
+_ON = []  # [the direct launches' state]: (Triton's driver config, its runtime knobs) where they run, else None
+_DTYPE, _ADDRESS, _SIXTEENS = operator.attrgetter('dtype'), operator.methodcaller('data_ptr'), itertools.repeat(15)
+
+
+def _direct_state():
+    if not _ON:
+        state = None
+        if not interpreting() and triton_available() is None:
+            import triton
+            if '.'.join(triton.__version__.split('.')[:2]) in DIRECT_TRITON:
+                from triton import knobs
+                from triton.runtime import driver
+                state = driver, knobs.runtime
+        _ON.append(state)
+    return _ON[0]
+
+
+def _direct_key(plan, device, args, kwargs):
+    """The key of a launch under ``plan``: equal for two launches only where Triton specialises their arguments
+    alike (module comment above :data:`DIRECT_TRITON`). Raises TypeError where the arguments' types are not the
+    plan's, AttributeError where a tensor of the plan is not one."""
+    values, tensors, others = kwargs.values(), plan.tensors(args), plan.others(args)
+    if tuple(map(type, others)) != plan.types or tuple(map(type, values)) != plan.keyword_types:
+        raise TypeError('not as planned')
+    return (plan, device, *values, *others, *map(_DTYPE, tensors),
+            *map(operator.and_, map(_ADDRESS, tensors), _SIXTEENS))
+
+
+def _direct(owner, kernel, grid, args, kwargs):
+    """Launch jitted ``kernel`` directly where a launch like this one of ``owner`` (the kernel, or an autotuner over
+    it) was made before (module comment above :data:`DIRECT_TRITON`): the compiled kernel launched, else None."""
+    state = _direct_state()
+    plan = _PLANS.get((id(owner), len(args), *kwargs)) if state is not None else None
+    if plan is None:
+        return None
+    driver, runtime = state
+    if kernel.pre_run_hooks or getattr(runtime.launch_enter_hook, 'calls', True) or \
+            getattr(runtime.launch_exit_hook, 'calls', True) or \
+            getattr(runtime, 'add_stages_inspection_hook', None) is not None:  # what Triton's path runs each time
+        return None
+    device = driver.active.get_current_device()
+    try:
+        entry = _DIRECT.get(_direct_key(plan, device, args, kwargs))
+        if entry is None:
+            return None
+        compiled, tail, launch_kwargs = entry
+        if callable(grid):
+            grid = grid(launch_kwargs)
+    except (TypeError, AttributeError, KeyError):  # not as planned (other kinds, unhashable, a grid's name)
+        return None
+    size = len(grid)
+    # the call of JITFunction.run, without its hooks' launch metadata (no launch hook is set)
+    compiled.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1,
+                 driver.active.get_current_stream(device), compiled.function, compiled.packed_metadata, None, None,
+                 None, *args, *tail)
+    return compiled
+
+
+def _remember(owner, kernel, args, kwargs, launch_kwargs, compiled):
+    """Keep ``compiled``, what Triton's path launched for ``kernel[grid](*args, **launch_kwargs)``, for the launches
+    of ``owner`` (the kernel, or an autotuner over it that chose a config) like this one with ``kwargs``."""
+    state = _direct_state()
+    if state is None or compiled is None:
+        return
+    plan_key = (id(owner), len(args), *kwargs)
+    plan = _PLANS.get(plan_key, False)
+    if plan is False:
+        from triton.runtime.jit import JITFunction
+        planned = isinstance(kernel, JITFunction) and not any(isinstance(v, torch.Tensor) for v in kwargs.values()) \
+            and all(hasattr(compiled, name) for name in ('run', 'function', 'packed_metadata'))
+        plan = _PLANS[plan_key] = _Plan(owner, args, kwargs) if planned else None
+    if plan is None:  # not a jitted kernel, tensors among the keyword arguments, another compiled kernel: Triton's
+        return
+    try:
+        key = _direct_key(plan, state[0].active.get_current_device(), args, kwargs)
+        tail = tuple(launch_kwargs[p.name] if p.name in launch_kwargs else p.default
+                     for p in kernel.params[len(args):])
+        if len(_DIRECT) >= _DIRECT_MAX:
+            del _DIRECT[next(iter(_DIRECT))]
+        _DIRECT[key] = compiled, tail, dict(launch_kwargs)
+    except (TypeError, AttributeError):  # not as planned, or not hashable: Triton's path for it
+        pass
+
+
+def _run(kernel, grid, args, kwargs):
+    """``kernel[grid](*args, **kwargs)`` for a ``triton.jit`` kernel: directly where a launch like it was made
+    before, else down Triton's path, remembering the compiled kernel that it launched; returns that kernel."""
+    compiled = _direct(kernel, kernel, grid, args, kwargs)
+    if compiled is None:
+        compiled = kernel[grid](*args, **kwargs)
+        _remember(kernel, kernel, args, kwargs, kwargs, compiled)
+    return compiled
 
 
 def tuned_configs(tuner, args, kwargs):
@@ -460,17 +604,17 @@ def _launch_first_fitting(tuner, grid, args, kwargs, default):
     key = _fitting_key(tuner, args, kwargs, default) if tuner in _DID_NOT_FIT else None
     fitting = _FITTING.get(key) if key is not None else None
     if fitting is not None:
-        tuner.fn[grid](*args, **{**kwargs, **fitting})
+        _run(tuner.fn, grid, args, {**kwargs, **fitting})
         return
     try:
-        tuner.fn[grid](*args, **{**kwargs, **default})
+        _run(tuner.fn, grid, args, {**kwargs, **default})
         return
     except OutOfResources as err:
         failed = err
     _DID_NOT_FIT.add(tuner)
     for config in tuned_configs(tuner, args, kwargs):
         try:
-            tuner.fn[grid](*args, **{**kwargs, **config.all_kwargs()})
+            _run(tuner.fn, grid, args, {**kwargs, **config.all_kwargs()})
         except OutOfResources:
             continue
         if key is None:  # the first launch whose default did not fit: the key not worked out above

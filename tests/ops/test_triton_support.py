@@ -18,6 +18,8 @@ from mmpola.ops.triton_support import (
     shared_memory_unsupported,
 )
 from tests.fixtures.ops import A100, B200, H100, RTX_4090, RTX_5090, kernels_compiled
+from tests.fixtures.paths import PYTHON
+from tests.fixtures.runs import run_tool
 
 INTERPRETER = triton_support.INTERPRETER
 FULL_SHARED_MEMORY = triton_support.FULL_SHARED_MEMORY
@@ -392,3 +394,131 @@ def test_key_bias_strides_are_those_of_the_bias_expanded_to_the_keys():
     for shape in [(3, 3, 5, 4), (1, 2, 3, 5, 4), (1, 3, 5, 2)]:
         with pytest.raises(ValueError, match='does not broadcast to the keys'):
             triton_support.key_bias_args(torch.zeros(shape), k)
+
+
+# A training step's Triton launches (Pola-PVT-T's narrowed layout, bf16, recorded in a dry run for an H100) and a
+# small kernel's, made down Triton's own launch path and directly (mmpola.ops.triton_support, "Direct launches")
+# to a driver that stands in for an H100's with a launcher that records each call it gets instead of launching
+# (tools/benchmark_host.py, stand_in_driver): prints what the checks found
+DIRECT_LAUNCHES = """
+import sys
+sys.path[:0] = ['tools']
+import torch
+import triton
+import triton.language as tl
+from triton import knobs
+from triton.runtime import driver
+import benchmark
+import benchmark_host as host
+from mmpola.ops import triton_support as ts
+
+calls = []
+
+
+class Recording:
+    def __init__(self, src, metadata):
+        pass
+
+    def __call__(self, *args):
+        calls.append((self, args))
+
+
+def made(launch):  # the launcher's call of one launch
+    del calls[:]
+    launch()
+    assert len(calls) == 1, len(calls)
+    return calls[0]
+
+
+def direct(call):  # a direct launch passes no hooks nor their metadata; Triton's path passes its hook chains
+    return call[1][6:9] == (None, None, None)
+
+
+def same(a, b):  # the same compiled kernel, grid, stream, function, metadata and arguments
+    (launcher_a, args_a), (launcher_b, args_b) = a, b
+    return launcher_a is launcher_b and args_a[:6] == args_b[:6] and len(args_a) == len(args_b) and all(
+        x is y if isinstance(x, torch.Tensor) else (type(x) is type(y) and x == y)
+        for x, y in zip(args_a[9:], args_b[9:]))
+
+
+def triton_path(launch):
+    ts._ON[:] = [None]
+    try:
+        return made(launch)
+    finally:
+        del ts._ON[:]
+
+
+@triton.jit
+def copy(x, y, n, stride, scale, BLOCK: tl.constexpr, SHIFT: tl.constexpr = 0):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(y + offsets * stride + SHIFT, tl.load(x + offsets * stride, mask=mask) * scale, mask=mask)
+
+
+step = benchmark.backbone_pass(host.build_narrowed(*benchmark.all_backbones()['pola-pvt-t']), torch.randn(1, 3, 64, 96),
+                               backward=True, amp='bfloat16')
+with host.h100_dry_run() as launches:
+    step()
+    del launches[:]
+    step()
+    recorded = list(launches)
+with host.stand_in_driver(), host.h100_dry_run():
+    driver.active.launcher_cls = Recording
+    print('VERSION', '.'.join(triton.__version__.split('.')[:2]) in ts.DIRECT_TRITON)
+    theirs = [triton_path(lambda: ts.relaunch(r)) for r in recorded]
+    first = [made(lambda: ts.relaunch(r)) for r in recorded]
+    ours = [made(lambda: ts.relaunch(r)) for r in recorded]
+    print('STEP', len(recorded), sum(map(direct, theirs)), sum(map(direct, first)), sum(map(direct, ours)),
+          sum(map(same, theirs, ours)))
+    # pointers at every address modulo 16 (float32 and float16 elements), ints 1, multiples of 16 and others
+    base, hits = torch.empty(4096, dtype=torch.float32), 0
+    for dtype, step_bytes in ((torch.float32, 4), (torch.float16, 2)):
+        storage = base.view(dtype)
+        for offset in list(range(0, 64, step_bytes)) * 2:
+            x = storage[offset // step_bytes:]
+            for n, stride in ((48, 1), (17, 1), (32, 16), (33, 2)):
+                launch = lambda: ts._run(copy, (2, ), (x, storage, n, stride, 1.5), dict(BLOCK=32, num_warps=4))
+                theirs, ours = triton_path(launch), made(launch)
+                hits += direct(ours)
+                if not same(theirs, ours):
+                    print('DIFFERENT', dtype, offset, n, stride)
+    print('POINTERS', sum(1 for key in ts._DIRECT if key[0].owner is copy), hits)
+    # a launch hook, a pre-run hook and other types: Triton's path
+    launch = lambda: ts._run(copy, (2, ), (base, base, 48, 1, 1.5), dict(BLOCK=32, num_warps=4))
+    print('HIT', direct(made(launch)), direct(made(lambda: ts._run(copy, (2, ), (base, base, 48, 1, 2), dict(
+        BLOCK=32, num_warps=4)))))
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        print('HOOKED', direct(made(launch)))
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    copy.add_pre_run_hook(lambda *args, **kwargs: seen.append('pre-run'))
+    print('PRE-RUN', direct(made(launch)), seen.count('pre-run'))
+    copy.pre_run_hooks.clear()
+    print('AFTER', direct(made(launch)))
+"""
+
+
+def test_direct_launches_call_the_launcher_as_triton_s_path_does(tmp_path):
+    """A launch like one made before goes to the launcher of the kernel Triton's path chose for it, with the same
+    call but for the hooks' metadata: the same compiled kernel, grid, stream and arguments, for every launch of a
+    training step, and for pointers at every address modulo 16 (Triton specialises a pointer on its 16-byte
+    alignment) with ints that Triton specialises apart (1, multiples of 16, others). The installed Triton is one
+    that the direct launches were made for; a launch hook or a pre-run hook takes Triton's path, as does a launch
+    whose arguments' types are not the first launch's."""
+    script = tmp_path / 'direct_launches.py'  # Triton compiles kernels of files only
+    script.write_text(DIRECT_LAUNCHES)
+    log = run_tool([PYTHON, str(script)], env=dict(TRITON_CACHE_DIR=str(tmp_path / 'cache'), TRITON_INTERPRET='0'))
+    lines = dict(line.split(' ', 1) for line in log.splitlines() if line.split(' ', 1)[0].isupper())
+    assert lines['VERSION'] == 'True', log
+    launches, *counts = map(int, lines['STEP'].split())
+    # none direct down Triton's path; at the first pass the launches that repeat one of the step's; then every launch,
+    # each the same call as Triton's path made
+    assert launches > 20 and counts[0] == 0 and 0 < counts[1] < launches and counts[2:] == [launches] * 2, log
+    assert 'DIFFERENT' not in lines, log
+    # keyed apart at each address modulo 16 (4 of float32 elements, 8 of float16) with each n and stride, once
+    assert lines['POINTERS'].split() == [str((4 + 8) * 4), str((16 + 32) * 2 * 4 - (4 + 8) * 4)], log
+    assert lines['HIT'] == 'True False', log  # a float where an int was: Triton's path
+    assert lines['HOOKED'] == 'False' and lines['PRE-RUN'] == 'False 1' and lines['AFTER'] == 'True', log
