@@ -314,11 +314,10 @@ def launch(kernel, grid, *args, default=None, **kwargs):
 def choices_kept():
     """A context after which the configs every tunable kernel has chosen are those it had chosen before it (its
     autotuner's and :func:`launch`'s records, the configs that ran where a default did not fit, the direct
-    launches): for a benchmark
-    whose launches time nothing (a driver that stands in for a GPU's: tools/benchmark_host.py), so that what it
-    chose untimed is not what later launches run. Inside, the autotuners keep no choice on disk (Triton's
-    ``TRITON_CACHE_AUTOTUNING``, which later processes of the same GPU would read) and log none
-    (``TRITON_PRINT_AUTOTUNING``)."""
+    launches' records): for a benchmark whose launches time nothing (a driver that stands in for a GPU's:
+    tools/benchmark_host.py), so that what it chose untimed is not what later launches run. Inside, the
+    autotuners keep no choice on disk (Triton's ``TRITON_CACHE_AUTOTUNING``, which later processes of the same GPU
+    would read) and log none (``TRITON_PRINT_AUTOTUNING``)."""
     chosen, tuned = dict(_CHOSEN), [dict(tuner.cache) for tuner in _TUNERS]
     fitting, did_not_fit, direct = dict(_FITTING), set(_DID_NOT_FIT), dict(_DIRECT)
     on_disk = [getattr(tuner, 'cache_results', False) for tuner in _TUNERS]
@@ -481,7 +480,7 @@ _PLANS = {}  # (id of the kernel or autotuner, number of positional arguments, k
 _DIRECT = {}  # direct key (:func:`_direct_key`) -> (compiled kernel, the values of the parameters after the
 # positional arguments, the keyword arguments of Triton's launch: an autotuner's config among them)
 _ON = []  # [the direct launches' state]: (Triton's driver config, its runtime knobs) where they run, else None
-_DTYPE, _ADDRESS, _SIXTEENS = operator.attrgetter('dtype'), operator.methodcaller('data_ptr'), itertools.repeat(15)
+_DTYPE, _ADDRESS, _LOW_BITS = operator.attrgetter('dtype'), operator.methodcaller('data_ptr'), itertools.repeat(15)
 
 
 def _direct_state():
@@ -505,7 +504,7 @@ def _direct_key(plan, device, args, kwargs):
     if tuple(map(type, others)) != plan.types or tuple(map(type, values)) != plan.keyword_types:
         raise TypeError('not as planned')
     return (plan, device, *values, *others, *map(_DTYPE, tensors),
-            *map(operator.and_, map(_ADDRESS, tensors), _SIXTEENS))
+            *map(operator.and_, map(_ADDRESS, tensors), _LOW_BITS))
 
 
 def _direct(owner, kernel, grid, args, kwargs):
