@@ -428,8 +428,9 @@ def _launch_tuned(tuner, grid, args, kwargs):
     key = (tuner, tuning_key(tuner, args, kwargs))
     chosen = _CHOSEN.get(key)
     if chosen is not None:
+        # Triton's path, remembered for the autotuner's launches like it (those of its kernel are not looked up)
         launch_kwargs = {**kwargs, **chosen}
-        _remember(tuner, tuner.fn, args, kwargs, launch_kwargs, _run(tuner.fn, grid, args, launch_kwargs))
+        _remember(tuner, tuner.fn, args, kwargs, launch_kwargs, tuner.fn[grid](*args, **launch_kwargs))
         return
     tuner[grid](*args, **kwargs)
     config = getattr(tuner, 'best_config', None)  # what it chose (a Triton that does not say: its path each time)
