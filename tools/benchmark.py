@@ -299,7 +299,8 @@ def environment_lines(args, device):
                  'kernels on CUDA, the library convolution elsewhere)')
     lines.append(f"linear layers of the MLPs and gates, and after LayerNorms: {recompute_impl()} (MMPOLA_RECOMPUTE; "
                  "'auto': the library's layers; 'triton': on CUDA the backward recomputes their input in Triton "
-                 "kernels, keeping less; 'elementwise': the kernels for the MLPs' GELU and the gates only)")
+                 "kernels, keeping less; 'elementwise': the kernels for the MLPs' GELU, and for the gates that the "
+                 "attention's kernels do not multiply)")
     lines.append(f"the softmax kinds' scaled_dot_product_attention: {sdpa_impl()} (MMPOLA_SDPA; 'auto': on CUDA "
                  "torch's backends without cuDNN's attention, which builds a graph per input size; 'torch': torch's "
                  "choice)")
@@ -1335,8 +1336,9 @@ def kernel_options(parser):
                         help="implementation of the linear layers that recompute their input in the backward "
                         "(mmpola's MLPs, gated attentions and the linear layers after a LayerNorm; sets "
                         "MMPOLA_RECOMPUTE; 'auto' and 'torch': the library's layers, autograd keeps it; 'triton': "
-                        "the kernels recompute it; 'elementwise': the kernels for the MLPs' GELU and the gates only, "
-                        "the library's LayerNorms; default: the environment's, 'auto' when unset)")
+                        "the kernels recompute it; 'elementwise': the kernels for the MLPs' GELU, and for the gates "
+                        "that the attention's kernels do not multiply, the library's LayerNorms; default: the "
+                        "environment's, 'auto' when unset)")
     parser.add_argument('--sdpa-impl', default=None, choices=['auto', 'torch'],
                         help="backends of the softmax kinds' scaled_dot_product_attention (sets MMPOLA_SDPA; 'auto': "
                         "cuDNN's attention left out on CUDA, 'torch': torch's choice; default: the environment's, "

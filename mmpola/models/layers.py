@@ -296,10 +296,10 @@ def _fused(x, *linears, elementwise=False):
     return recompute_layers_impl(elementwise) == 'triton' and _plain_linears(linears)
 
 
-def _recomputes(x, linear):
-    """:func:`_fused` for a linear layer after an element-wise op, where autograd records the call (the backward is
-    what recomputes)."""
-    return torch.is_grad_enabled() and _fused(x, linear, elementwise=True)
+def _recomputes(x, linear, elementwise=True):
+    """:func:`_fused` for a linear layer after an element-wise op (with ``elementwise``; else by the LayerNorm's
+    layers' choice), where autograd records the call (the backward is what recomputes)."""
+    return torch.is_grad_enabled() and _fused(x, linear, elementwise=elementwise)
 
 
 def _gelu_recomputes(mlp, x):
@@ -324,10 +324,15 @@ def gelu_fc2(mlp, h, fc1_bias=None, recomputes=None):
     return mlp.fc2(mlp.drop(mlp.act(h)))
 
 
-def gated_proj_recomputes(s, proj):
+def gated_proj_recomputes(s, proj, joins=False):
     """Whether :func:`gated_proj` multiplies s by the gate in :func:`mmpola.ops.gated_linear`'s kernels (else the
-    library multiplies them before ``proj``)."""
-    return _recomputes(s, proj)
+    library multiplies them before ``proj``). ``joins``: the caller's own kernels can multiply s by the gate, where
+    they compute s (an attention's Function that takes the projection the gate is a view of); then the gate goes to
+    gated_linear's kernels as the LayerNorm's layers go to theirs: with every layer's kernels (``'triton'``), not
+    with ``'elementwise'``. In the attention's kernels the product costs no kernel and the projection keeps one
+    gradient, where gated_linear's kernels add a product each way and autograd's stack of the projection's
+    gradients, for one tensor of s's size less to keep."""
+    return _recomputes(s, proj, elementwise=not joins)
 
 
 def gated_proj(s, g, proj):

@@ -46,9 +46,13 @@ one (:func:`recompute_scope`): a config can choose per model (and per stage), wh
 every model of a run. A choice is one of the implementations, for every layer here, or ``'elementwise'``: the
 kernels for the two layers whose input is an element-wise op's output (:func:`gelu_linear`, :func:`gated_linear`:
 an MLP's hidden activation, the largest tensor a block keeps, and the gate's product) and the library's for the
-LayerNorms (:func:`layer_norm_linear` and the other LayerNorm and residual kernels). The element-wise kernels
-replace one library kernel each way, so they keep most of the memory saved for less than half of the host's work
-(docs/benchmarks.md, "What a training step keeps").
+LayerNorms (:func:`layer_norm_linear` and the other LayerNorm and residual kernels). The GELU's kernel replaces one
+library kernel each way, so it keeps most of the memory saved for less than half of the host's work
+(docs/benchmarks.md, "What a training step keeps"). A gate that the attention's own kernels can multiply (Pola's
+and PolaFormer++'s, where their core runs in Triton) stays there with ``'elementwise'``
+(:func:`mmpola.models.layers.gated_proj_recomputes`): there the product costs no kernel, where gated_linear's
+kernels would cost a product each way and a copy of the projection's gradients, for one tensor of the
+attention's output size less to keep.
 """
 import contextlib
 import math

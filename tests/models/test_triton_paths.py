@@ -1,9 +1,10 @@
 """Whole models on each Triton path against the library's path: the depthwise convolutions
 (MMPOLA_DEPTHWISE_CONV=triton), the linear layers that recompute their input (MMPOLA_RECOMPUTE=triton: the
-MLPs' fc1 with its LayerNorm and fc2, the gated attentions' proj; =elementwise: fc2 and proj only), and all of
-them at once with the attention's kernels (what ``'auto'`` runs on a GPU, with the recomputing layers that
-``MMPOLA_RECOMPUTE=triton`` adds): outputs, gradients and the gradients' strides, in float32 and under bf16
-autocast.
+MLPs' fc1 with its LayerNorm and fc2, the gated attentions' proj; =elementwise: fc2 and proj only, with the
+attention's fast path here), and all of them at once with the attention's kernels (what ``'auto'`` runs on a GPU,
+with the recomputing layers that ``MMPOLA_RECOMPUTE=triton`` or ``elementwise`` adds; with ``elementwise`` the
+attention's kernels multiply by the gates): outputs, gradients and the gradients' strides, in float32 and under
+bf16 autocast.
 
 On a GPU (`make test-gpu`) both paths run there, compiled, with TF32 off; without one the Triton paths run
 through Triton's interpreter on the CPU."""
@@ -21,7 +22,8 @@ LIBRARY = {'MMPOLA_DEPTHWISE_CONV': 'torch', 'MMPOLA_RECOMPUTE': 'torch'}
 TRITON_PATHS = {'MMPOLA_DEPTHWISE_CONV': ({'MMPOLA_DEPTHWISE_CONV': 'triton'}, 'fast'),
                 'MMPOLA_RECOMPUTE': ({'MMPOLA_RECOMPUTE': 'triton'}, 'fast'),
                 'MMPOLA_RECOMPUTE=elementwise': ({'MMPOLA_RECOMPUTE': 'elementwise'}, 'fast'),
-                'all': (dict.fromkeys(LIBRARY, 'triton'), 'triton')}
+                'all': (dict.fromkeys(LIBRARY, 'triton'), 'triton'),
+                'all, elementwise': ({'MMPOLA_DEPTHWISE_CONV': 'triton', 'MMPOLA_RECOMPUTE': 'elementwise'}, 'triton')}
 
 
 @pytest.fixture

@@ -468,6 +468,54 @@ def test_gated_attentions_run_the_implementation_the_environment_names(monkeypat
     assert muls[1] < muls[0], muls
 
 
+def _graph_nodes(out):
+    names, stack, seen = set(), [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            names.add(type(node).__name__)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize('kind', ['pola', 'pacs'])
+def test_with_elementwise_the_attentions_kernels_multiply_by_the_gate(monkeypatch, kind):
+    """Where the attention's core and convolution run in their Triton kernels (one Function that takes the
+    projection), that Function multiplies by the gate with MMPOLA_RECOMPUTE=elementwise, as with the library's
+    layers: no node of gated_linear's, the same output and gradients bit for bit. With every layer's kernels
+    ('triton') gated_linear's kernels take the gate: the library's results within rounding."""
+    from mmpola.models.attention.pacs import PaCSAttention
+    from mmpola.models.attention.pola import PolaAttention
+    from mmpola.models.backbones.polapp import RotaryEmbedding
+    monkeypatch.setenv('MMPOLA_DEPTHWISE_CONV', 'triton')
+    torch.manual_seed(0)
+    hw = (4, 5)
+    if kind == 'pola':
+        attn, context = PolaAttention(32, 2, hw, attn_impl='triton'), {}
+    else:
+        attn = PaCSAttention(32, 2, attn_impl='triton')
+        context = {'rope_feature': RotaryEmbedding(64, 2)(hw).to(DEVICE)}
+    attn = attn.to(DEVICE)
+    x = torch.randn(2, 20, 32, device=DEVICE)
+    results, nodes = {}, {}
+    for choice in ('torch', 'elementwise', 'triton'):
+        monkeypatch.setenv('MMPOLA_RECOMPUTE', choice)
+        attn.zero_grad()
+        out = attn(x, hw, **context)
+        nodes[choice] = _graph_nodes(out)
+        out.square().sum().backward()
+        results[choice] = [out.detach()] + [p.grad.clone() for p in attn.parameters()]
+    assert all('_ValueTermTritonBackward' in names for names in nodes.values()), nodes
+    assert '_RecomputedLinearBackward' in nodes['triton'] and 'UnbindBackward0' in nodes['triton']
+    assert 'UnbindBackward0' not in nodes['elementwise'] | nodes['torch']
+    assert '_RecomputedLinearBackward' not in nodes['elementwise'] | nodes['torch']
+    for a, e in zip(results['elementwise'], results['torch']):
+        assert torch.equal(a, e)
+    for a, e in zip(results['triton'], results['torch']):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
 # the LayerNorm and the linear layer after it: x (..., C), the norm's weight and bias, weight (out, C), bias
 def make_norm_inputs(shape, out_features, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)

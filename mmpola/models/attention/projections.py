@@ -134,11 +134,11 @@ class QKVProjections:
             return out
         return self.proj_drop(self.proj(out))
 
-    def _gate_multiplied_apart(self, out):
-        """Whether :meth:`_project_gated_output` would multiply ``out`` by the gate with the library's
-        multiplication (not in the kernels of :func:`~mmpola.models.layers.gated_proj`): then a Function that
-        computes ``out`` may multiply it by the gate itself (:meth:`_project_output` after it)."""
-        return self.qkv_layout == 'projected' or not gated_proj_recomputes(out, self.proj)
+    def _function_takes_gate(self, out):
+        """Whether a Function that computes ``out`` multiplies it by the gate itself (:meth:`_project_output` after
+        it): where :meth:`_project_gated_output` would multiply them with the library's multiplication, or could
+        (:func:`~mmpola.models.layers.gated_proj_recomputes`'s ``joins``)."""
+        return self.qkv_layout == 'projected' or not gated_proj_recomputes(out, self.proj, joins=True)
 
     def _project_gated_output(self, out, gate):
         """``_project_output(out * gate)``, by :func:`~mmpola.models.layers.gated_proj` where there is a ``proj``."""

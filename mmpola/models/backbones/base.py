@@ -270,8 +270,9 @@ class DenseBackbone(BaseModule):
         recompute: the linear layers that can recompute their input in the backward (the MLPs' second layer,
             the gated attentions' projection, the linear layers after a LayerNorm): ``'triton'`` (on a GPU the
             backward recomputes it in Triton kernels: less activation memory, more host work per step),
-            ``'elementwise'`` (the kernels for the MLPs' second layer and the gated projections only, the
-            library's LayerNorms: most of that memory for less of that work), ``'torch'`` (the library's layers)
+            ``'elementwise'`` (the kernels for the MLPs' second layer, and for the gated projections whose gate
+            the attention's kernels do not multiply, the library's LayerNorms: most of that memory for less of that
+            work), ``'torch'`` (the library's layers)
             or ``'auto'``; None (default): as ``MMPOLA_RECOMPUTE`` says for the whole run
             (:func:`mmpola.ops.recompute_scope`). A list or tuple of one such value per stage chooses for each
             stage (its patch embedding, blocks and stage norm), e.g. ``('triton', None, None, None)``: the
