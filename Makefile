@@ -233,7 +233,7 @@ $(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 -
 endef
 # Pola-Swin-T's Mask R-CNN, whose multi-scale crops give nearly every iteration new image sizes, and right after it in
 # the same process with the depthwise convolutions on the library's convolution (--also-with: side by side) and with
-# the MLPs' and gates' linear layers recomputing their input (MMPOLA_RECOMPUTE=elementwise); then it and mmdet's
+# the MLPs' second linear layers recomputing their input (MMPOLA_RECOMPUTE=elementwise); then it and mmdet's
 # Swin-T Mask R-CNN in a process whose CUDA caching allocator grows its segments in place of new ones
 # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, read when CUDA starts): the time that new sizes spend in
 # cudaMalloc, beside the allocator events the first command counts.
@@ -277,7 +277,7 @@ $(PY) tools/benchmark.py backbone --device cuda --models pola-swin-t softmax-swi
 	--backward --amp float16 --repeat 5 --new-sizes 3 --no-memory $(ON_FAIL)
 endef
 # Pola-PVT-T, the softmax PVT-T and Pola-Swin-T with the recomputing linear layers, the Pola backbones with those of
-# the MLPs and gates only.
+# the MLPs only (elementwise: the attention's kernels multiply by the gates).
 define GPU_STEP_backbones-recompute
 $(PY) tools/benchmark.py backbone --device cuda --models pola-pvt-t softmax-pvt-t pola-swin-t --sizes 800x1344 \
 	--batch 2 --backward --amp bfloat16 --repeat 10 --recompute-impl triton $(ON_FAIL)
