@@ -232,14 +232,16 @@ $(PY) tools/benchmark.py train $(GPU_TRAIN) --device cuda --amp --batch-size 2 -
 	--profile $(GPU_PROFILE_DIR) $(ON_FAIL)
 endef
 # Pola-Swin-T's Mask R-CNN, whose multi-scale crops give nearly every iteration new image sizes, and right after it in
-# the same process with the depthwise convolutions on the library's convolution (--also-with: side by side) and with
-# the MLPs' second linear layers recomputing their input (MMPOLA_RECOMPUTE=elementwise); then it and mmdet's
+# the same process with the depthwise convolutions on the library's convolution (--also-with: side by side), with
+# the MLPs' second linear layers recomputing their input (MMPOLA_RECOMPUTE=elementwise) and with every linear layer
+# that can (MMPOLA_RECOMPUTE=triton: the least memory and the lowest device bound, for host time); then it and mmdet's
 # Swin-T Mask R-CNN in a process whose CUDA caching allocator grows its segments in place of new ones
 # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, read when CUDA starts): the time that new sizes spend in
 # cudaMalloc, beside the allocator events the first command counts.
 define GPU_STEP_train-pola-swin
 $(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 \
-	--also-with MMPOLA_DEPTHWISE_CONV=torch --also-with MMPOLA_RECOMPUTE=elementwise $(ON_FAIL)
+	--also-with MMPOLA_DEPTHWISE_CONV=torch --also-with MMPOLA_RECOMPUTE=elementwise --also-with MMPOLA_RECOMPUTE=triton \
+	$(ON_FAIL)
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $(PY) tools/benchmark.py train $(POLA_SWIN_MASK_RCNN) \
 	$(SWIN_MASK_RCNN) --device cuda --amp --batch-size 2 --iters 20 --warmup 10 $(ON_FAIL)
 endef
