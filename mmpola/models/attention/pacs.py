@@ -104,8 +104,8 @@ class PaCSAttention(nn.Module):
         if not hooked(self.lepe) and value_term_joins(self.op, self.attn_impl, self.fp32_attn, depthwise_conv_impl(),
                                                       q, k, v, v, self.lepe.weight, self.num_heads):
             # the core and the LePE in their Triton kernels, in one autograd Function that takes the projection
-            # whose views q, k, v and g are (one gradient for it), and the gate but where gated_linear's kernels
-            # multiply it with every layer's
+            # whose views q, k, v and g are (one gradient for it), and the gate, unless every layer's kernels run
+            # ('triton'): then gated_linear's multiply it
             gate = None if gated_proj_recomputes(q, self.proj, joins=True) else g
             x = pacs_value_term_triton(q, k, v, v, self.s1, self.s2, sin, cos, self.num_heads, self.lepe.weight,
                                        self.lepe.bias, hw, gate=gate)

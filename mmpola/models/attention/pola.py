@@ -120,9 +120,9 @@ class PolaAttention(JoinedValueTerm, KeyPositionalEncoding, QKVProjections, nn.M
         s, (q, k, v, g, v_term), kv_hw = projected if returns_x else (None, *projected)
         if self._value_term_in_kernels(q, k, v, v_term, P):
             # the core and the depthwise term in the Triton kernels, with the head views and the merge of the
-            # heads inside one autograd Function; the gate too but where gated_linear's kernels multiply it with
-            # every layer's (then the Function also takes the projection whose views q, k, v and g are, and gives
-            # it one gradient)
+            # heads inside one autograd Function; the gate too, unless every layer's kernels run ('triton': then
+            # gated_linear's multiply it), and then the Function also takes the projection whose views q, k, v and
+            # g are, and gives it one gradient
             gate = g if self._function_takes_gate(q) else None
             out = pola_value_term_triton(q, k, v, v_term, self.power, self.scale, self.dwc.weight, self.dwc.bias,
                                          hw, alpha=self.alpha, key_bias=self.key_bias(kv_hw, k.dtype), gate=gate)

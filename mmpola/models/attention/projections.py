@@ -136,8 +136,9 @@ class QKVProjections:
 
     def _function_takes_gate(self, out):
         """Whether a Function that computes ``out`` multiplies it by the gate itself (:meth:`_project_output` after
-        it): where :meth:`_project_gated_output` would multiply them with the library's multiplication, or could
-        (:func:`~mmpola.models.layers.gated_proj_recomputes`'s ``joins``)."""
+        it): in the 'projected' layout, and wherever :func:`~mmpola.models.layers.gated_proj_recomputes` leaves
+        the gate to such a Function (its ``joins``; else :meth:`_project_gated_output` gives it to
+        :func:`~mmpola.ops.gated_linear`'s kernels)."""
         return self.qkv_layout == 'projected' or not gated_proj_recomputes(out, self.proj, joins=True)
 
     def _project_gated_output(self, out, gate):
