@@ -30,6 +30,7 @@ from mmpola.ops.triton_support import dry_run
 from tests.fixtures.ops import (
     H100,
     DispatchedOps,
+    autograd_node_names,
     forward_backward,
     kernels_compiled,
     max_scaled_error,
@@ -468,17 +469,6 @@ def test_gated_attentions_run_the_implementation_the_environment_names(monkeypat
     assert muls[1] < muls[0], muls
 
 
-def _graph_nodes(out):
-    names, stack, seen = set(), [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is not None and node not in seen:
-            seen.add(node)
-            names.add(type(node).__name__)
-            stack.extend(next_node for next_node, _ in node.next_functions)
-    return names
-
-
 @pytest.mark.parametrize('kind', ['pola', 'pacs'])
 def test_with_elementwise_the_attentions_kernels_multiply_by_the_gate(monkeypatch, kind):
     """Where the attention's core and convolution run in their Triton kernels (one Function that takes the
@@ -503,7 +493,7 @@ def test_with_elementwise_the_attentions_kernels_multiply_by_the_gate(monkeypatc
         monkeypatch.setenv('MMPOLA_RECOMPUTE', choice)
         attn.zero_grad()
         out = attn(x, hw, **context)
-        nodes[choice] = _graph_nodes(out)
+        nodes[choice] = autograd_node_names(out)
         out.square().sum().backward()
         results[choice] = [out.detach()] + [p.grad.clone() for p in attn.parameters()]
     assert all('_ValueTermTritonBackward' in names for names in nodes.values()), nodes

@@ -25,6 +25,7 @@ from mmpola.models.attention.grid_terms import (
 from mmpola.models.attention.inline import InLineAttention
 from mmpola.models.attention.pola import PolaAttention
 from mmpola.models.layers import DepthwiseConv2d
+from tests.fixtures.ops import autograd_node_names
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
@@ -144,18 +145,6 @@ KINDS = {'pola': (PolaAttention, '_PolaTritonBackward'), 'flatten': (FocusedLine
 JOINED_NODE = '_ValueTermTritonBackward'
 
 
-def _node_names(out):
-    names, stack, seen = set(), [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.add(type(node).__name__)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return names
-
-
 def _randomised(build, seed=0):
     """The module ``build()`` makes (seeded), on DEVICE, its parameters drawn from N(0, 0.3^2)."""
     torch.manual_seed(seed)
@@ -188,7 +177,7 @@ def _run_module(module, x, hw, amp=None, joined=True, monkeypatch=None, **kwargs
         g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
         (out.float() * g).sum().backward()
         grads = {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
-        return out.detach(), x.grad, grads, _node_names(out)
+        return out.detach(), x.grad, grads, autograd_node_names(out)
 
 
 @pytest.mark.parametrize('amp', [None, torch.bfloat16], ids=['float32', 'bf16-autocast'])
