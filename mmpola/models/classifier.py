@@ -14,6 +14,7 @@ through :func:`mmpola.checkpoint.load_checkpoint`, the one loading path of the b
 classifier and the timm entries (:meth:`ImageClassifier.checkpoint_filter` maps official keys onto the
 classifier's); timm's model API comes from :class:`~mmpola.models.timm_conventions.TimmClassifierMixin`.
 """
+import re
 from collections import OrderedDict
 
 import torch
@@ -151,6 +152,25 @@ class ImageClassifier(TimmClassifierMixin, BaseModule):
         """``prune_intermediate_layers(prune_norm=True)``: the modules between the last stage and the pool."""
         for name in self._neck_names:
             setattr(self, name, nn.Identity())
+
+    def no_weight_decay(self):
+        """timm's names of the parameters to leave undecayed besides the 1-D ones (``timm.optim.create_optimizer_v2``
+        reads it): those the official ImageNet training leaves undecayed, the names that hold one of the backbone's
+        ``no_weight_decay_keys`` (the recipes' ``custom_keys`` with ``decay_mult=0``)."""
+        keys = self.backbone.no_weight_decay_keys
+        return {name for name, _ in self.named_parameters() if any(key in name for key in keys)}
+
+    def group_matcher(self, coarse=False):
+        """timm's grouping of the parameters by depth (layer-wise lr decay: ``create_optimizer_v2(...,
+        layer_decay=...)``): the stem, then each block in the order they run (``coarse``: each stage), with the
+        modules after the last stage (the final norm) in the last block's group; the classifier comes last.
+        Each group is a pattern of its parameters' names
+        (:meth:`~mmpola.models.backbones.DenseBackbone.depth_groups`)."""
+        groups = self.backbone.depth_groups(coarse, prefix='backbone.')
+        groups[-1] = groups[-1] + [name for name, _ in self.named_parameters()
+                                   if name.split('.', 1)[0] in self._neck_names]
+        patterns = ['^(?:' + '|'.join(re.escape(name) for name in names) + ')$' for names in groups]
+        return dict(stem=patterns[0], blocks=[(pattern, (k, )) for k, pattern in enumerate(patterns[1:])])
 
     def set_attn_impl(self, impl):
         """Switch every attention op between ``'auto'``, ``'fast'``, ``'reference'`` or another

@@ -64,6 +64,29 @@ def test_weight_decay_groups_follow_the_official_set():
     assert len(optim.optimizer.param_groups) == 3
 
 
+RECIPES = sorted(osp.relpath(p, CONFIG_DIR) for p in glob.glob(osp.join(CONFIG_DIR, '**', '*.py'), recursive=True)
+                 if '_base_' not in p)
+
+
+@pytest.mark.parametrize('name', RECIPES)
+def test_timm_optimizer_factory_decays_as_the_recipe(name):
+    """timm's optimizer factory (the 1-D parameters and the model's ``no_weight_decay()``) leaves the same
+    parameters undecayed as the recipe's ``paramwise_cfg``, for the released size of every recipe."""
+    from mmengine.optim import DefaultOptimWrapperConstructor
+    from timm.optim._param_groups import param_groups_weight_decay
+    cfg = _load(name)
+    with torch.device('meta'):
+        model = _build(cfg.model)
+    groups = []
+    DefaultOptimWrapperConstructor(cfg.optim_wrapper, cfg.optim_wrapper.get('paramwise_cfg')).add_params(groups,
+                                                                                                        model)
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    recipe = {name_of[id(g['params'][0])] for g in groups if g.get('weight_decay', 1) == 0}
+    timm_groups = param_groups_weight_decay(model, 0.05, no_weight_decay_list=model.no_weight_decay())
+    assert {name_of[id(p)] for p in timm_groups[0]['params']} == recipe
+    assert timm_groups[0]['weight_decay'] == 0 and recipe
+
+
 # the FLatten / InLine recipes of the PVT and Swin sizes, which have a Pola recipe of the same size (PVTv2,
 # CSWin and DeiT: their releases' own recipes, below)
 LINEAGE = sorted(osp.relpath(p, CONFIG_DIR) for kind in ('flatten', 'inline')

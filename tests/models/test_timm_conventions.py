@@ -121,6 +121,62 @@ def test_torchscript_refused_with_reason(entry):
         torch.jit.script(model)
 
 
+# a parameter of a stage's other modules -> a parameter of the block it joins in group_matcher's groups
+STAGE_PARTS_JOIN = {
+    'pvt': {'backbone.patch_embed2.proj.weight': 'backbone.block2.0.norm1.weight',
+            'backbone.pos_embed2': 'backbone.block2.0.norm1.weight'},  # before the stage's blocks
+    'pvt_v2': {'backbone.patch_embed2.proj.weight': 'backbone.block2.0.norm1.weight',
+               'backbone.norm1.weight': 'backbone.block1.{last}.norm1.weight'},  # the stage norm after them
+    'swin': {'backbone.layers.0.downsample.norm.weight': 'backbone.layers.0.blocks.{last}.norm1.weight'},
+    'polapp': {'backbone.layers.0.downsample.norm.weight': 'backbone.layers.0.blocks.{last}.norm2.norm.weight'},
+    'cswin': {'backbone.merge1.conv.weight': 'backbone.stage2.0.norm1.weight'},
+    'vit': {},
+}
+
+
+def test_timm_optimizer_groups(entry):
+    """timm's optimizer factory: ``no_weight_decay()`` names the parameters the official training leaves
+    undecayed besides the 1-D ones (Swin's relative position bias, DeiT's position embedding and class token), and
+    ``group_matcher()`` (layer-wise lr decay) puts the stem first, each block in the order they run (coarse: each
+    stage), a stage's patch embedding or merging with its first block and its downsampling or norm with its last,
+    the final norm with the last block and the classifier last; every parameter in one group."""
+    from timm.models import group_parameters
+    from timm.optim import create_optimizer_v2
+    model = entry
+    names = [n for n, _ in model.named_parameters()]
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    if model.family == 'vit':
+        assert model.no_weight_decay() == {'backbone.pos_embed', 'backbone.cls_token'}
+    else:
+        assert model.no_weight_decay() == {n for n in names if 'relative_position_bias_table' in n}
+    backbone = model.backbone
+    blocks = [[name_of[id(p)] for p in block.parameters()]
+              for i in range(backbone.num_stages) for block in backbone._stage_blocks(i)]
+    stem_modules, stem_params = backbone._stem_parts()
+    stem = [name_of[id(p)] for p in [*[p for m in stem_modules for p in m.parameters()], *stem_params]]
+    head = [n for n in names if n.startswith('head.')]
+    neck = [n for n in names if n.split('.', 1)[0] in model._neck_names]
+
+    groups = group_parameters(model, model.group_matcher(), reverse=True)
+    assert sorted(groups) == sorted(names)
+    assert {groups[n] for n in stem} == {0} and {groups[n] for n in head} == {len(blocks) + 1}
+    assert [{groups[n] for n in block} for block in blocks] == [{k + 1} for k in range(len(blocks))]
+    assert {groups[n] for n in neck} <= {len(blocks)}
+    last = len(list(backbone._stage_blocks(0))) - 1
+    for part, joins in STAGE_PARTS_JOIN[model.family].items():
+        assert groups[part] == groups[joins.format(last=last)], part
+
+    coarse = group_parameters(model, model.group_matcher(coarse=True), reverse=True)
+    stage_of = {n: i for i in range(backbone.num_stages) for block in backbone._stage_blocks(i)
+                for n in (name_of[id(p)] for p in block.parameters())}
+    assert {n: coarse[n] for n in stage_of} == {n: i + 1 for n, i in stage_of.items()}
+    assert {coarse[n] for n in stem} == {0} and {coarse[n] for n in head} == {backbone.num_stages + 1}
+
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+    scales = {name_of[id(p)]: g['lr_scale'] for g in optimizer.param_groups for p in g['params']}
+    assert scales[head[0]] == 1 and scales[stem[0]] == 0.5 ** (len(blocks) + 1)
+
+
 @pytest.mark.parametrize('backbone', ['PolaPVT', 'PolaSwin'])
 def test_dense_backbones_trace_with_timm_leaves(backbone):
     """The dense backbones (mmdet / mmseg) trace too: the input check skips fx proxies, timm's

@@ -39,7 +39,7 @@ An architecture::
         def _enter_stage(self, i, x, hw):   # output of stage i - 1 (or the stem) -> input of stage i
         def _stage_blocks(self, i):      # the blocks of stage i: each is called block(x, hw, **context)
         def _exit_stage(self, i, x, hw): # after the blocks of stage i (PVTv2: its trained stage norm)
-        def _stem_parts(self):           # (modules, parameters) frozen by frozen_stages >= 0
+        def _stem_parts(self):           # (modules, parameters) frozen by frozen_stages >= 0 (timm: the stem group)
         def _stage_parts(self, i):       # (modules, parameters) of stage i, frozen when i < frozen_stages
         def stage_module(self, i):       # name of stage i's blocks (timm's feature_info)
 
@@ -324,6 +324,9 @@ class DenseBackbone(BaseModule):
     official_key_pattern = None
     look_alikes = {}
     first_conv = None  # the stem convolution, below ``backbone.`` (timm's pretrained_cfg)
+    # name parts of the parameters that the official ImageNet training leaves undecayed besides the 1-D ones (norms
+    # and biases): the keys of the Swin training code, which the official repositories train with (docs/recipes.md)
+    no_weight_decay_keys = ('absolute_pos_embed', 'relative_position_bias_table')
 
     def __init__(self, *, arch, in_channels=3, out_indices=(0, 1, 2, 3), out_norm=None,
                  frozen_stages=-1, norm_eval=False, with_cp=False, recompute=None, attn=None, attn_type=None,
@@ -725,6 +728,34 @@ class DenseBackbone(BaseModule):
     def stage_stride(self, i):
         """The stride of stage ``i``'s map (4, 8, 16, 32 for the pyramids)."""
         return 4 * 2 ** i
+
+    def depth_groups(self, coarse=False, prefix=''):
+        """The parameters' names by depth, as timm groups them for layer-wise lr decay (a classifier's
+        ``group_matcher``): the stem's (what ``frozen_stages=0`` freezes) first, then one list per block in the
+        order the blocks run, or with ``coarse`` one per stage. A stage's other parameters go with its first block
+        where they are registered before its blocks (a patch embedding, a merging before the stage, PVT's
+        positional encoding) and with its last block otherwise (a downsampling or a stage norm after the blocks).
+        Parameters of no stage (the output norms of a dense backbone) are in none. ``prefix``: before each name."""
+        names = {id(p): prefix + n for n, p in self.named_parameters()}
+        order = {key: k for k, key in enumerate(names)}
+
+        def owned(parts):
+            modules, params = parts
+            return [id(p) for m in modules for p in m.parameters()] + [id(p) for p in params]
+
+        groups = [owned(self._stem_parts())]
+        for i in range(self.num_stages):
+            blocks = [owned(([block], ())) for block in self._stage_blocks(i)]
+            in_blocks = {key for block in blocks for key in block}
+            rest = [key for key in owned(self._stage_parts(i)) if key not in in_blocks]
+            if coarse or not blocks:
+                groups.append([key for block in blocks for key in block] + rest)
+                continue
+            first = min((order[key] for key in blocks[0]), default=-1)
+            blocks[0] = [key for key in rest if order[key] < first] + blocks[0]
+            blocks[-1] = blocks[-1] + [key for key in rest if order[key] > first]
+            groups.extend(blocks)
+        return [[names[key] for key in group] for group in groups]
 
     def feature_info(self, prefix=''):
         """timm's description of the stage maps: ``dict(num_chs, reduction, module)`` per stage,

@@ -122,6 +122,7 @@ class ViTBackbone(DenseBackbone):
     official_key_pattern = 'blocks.0.attn.*'
     look_alikes = {'mmseg / mmpretrain ViT (not InLine; softmax attention only)': r'(^|\.)layers\.0\.ln1\.'}
     first_conv = 'patch_embed.proj'
+    no_weight_decay_keys = ('pos_embed', 'cls_token')  # the official DeiT's no_weight_decay
 
     def __init__(self, arch='tiny', pretrain_img_size=None, patch_size=16, in_channels=3, out_indices=None,
                  final_norm=False, attn_type=None, mlp_ratio=4., qkv_bias=True, qk_scale=None, drop_rate=0.,
