@@ -172,10 +172,11 @@ class ParameterCache:
     """Remembers the last tensor (or tuple of tensors) made from parameters, such as a positional encoding
     resized to the run-time grid or several layers' weights concatenated.
 
-    It depends on trainable parameters, so it is reused only when no graph is being recorded (eval /
-    inference) and none of them has been modified or moved since (a parameter's ``_version`` changes on every
-    in-place update, e.g. ``load_state_dict`` or an optimizer step). A plain attribute, not a buffer: it never
-    enters a state dict, and copies (EMA models, ``deepcopy``) start empty.
+    It depends on trainable parameters, so it is reused only without autograd (eval / inference), never while
+    torch.compile, torch.export or torch.jit records the model (the computation belongs in their graph; their
+    tensors have no storage to key on), and when none of them has been modified or moved since (a parameter's
+    ``_version`` changes on every in-place update, e.g. ``load_state_dict`` or an optimizer step). A plain
+    attribute, not a buffer: it never enters a state dict, and copies (EMA models, ``deepcopy``) start empty.
     """
 
     def __init__(self):
@@ -184,7 +185,7 @@ class ParameterCache:
 
     def get(self, params, key, make, enabled=True):
         """``make()``, or the tensor it made last for the same ``params`` (unchanged) and ``key``."""
-        if not enabled or torch.is_grad_enabled():
+        if not enabled or torch.is_grad_enabled() or recording():
             self.key = self.value = None
             return make()
         key = (key, torch.is_inference_mode_enabled(),
@@ -225,22 +226,24 @@ class SizeCache:
 
     For tensors that depend on the run-time (H, W) but on no trainable parameter (RoPE tables of a
     buffer): a model called at the same sizes again (fixed training crops, the alternation of
-    training and validation sizes) computes them once. ``key`` must name everything the tensor
-    depends on (sizes, device, dtype, the buffer's ``data_ptr`` and ``_version``). Nothing is kept
-    while torch.compile, torch.jit or ONNX export records the model (the computation belongs in
-    their graph), and tensors made in inference mode are kept apart (autograd refuses them). A
-    plain attribute, never in a state dict; copies and pickles start empty.
+    training and validation sizes) computes them once. ``key`` and ``buffer`` must name everything
+    the tensor depends on: the sizes and the like in ``key``, the buffer it is made from in ``buffer``
+    (its device, dtype, storage and version join the key). Nothing is kept while torch.compile,
+    torch.export, torch.jit or an ONNX export records the model (the computation belongs in their graph;
+    their tensors have no storage to key on), and tensors made in inference mode are kept apart (autograd
+    refuses them). A plain attribute, never in a state dict; copies and pickles start empty.
     """
 
     def __init__(self, maxsize=4):
         self.maxsize = maxsize
         self.entries = OrderedDict()
 
-    def get(self, key, make):
-        """The tensor of ``key``: ``make()`` the first time (and after it fell out)."""
+    def get(self, key, make, buffer=None):
+        """The tensor of ``key`` and ``buffer``: ``make()`` the first time (and after it fell out)."""
         if recording():
             return make()
-        key = (key, torch.is_inference_mode_enabled())
+        key = (key, None if buffer is None else (buffer.device, buffer.dtype, buffer.data_ptr(), buffer._version),
+               torch.is_inference_mode_enabled())
         value = self.entries.get(key)
         if value is None:
             value = self.entries[key] = make()

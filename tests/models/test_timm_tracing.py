@@ -1,8 +1,8 @@
 """timm's traced and feature-extraction checks (tests/test_models.py of the timm repository) for one
 entry of each architecture and attention kind: forward_intermediates and features_only, torch.fx
-tracing forward and backward, fx feature extraction at the ``feature_info`` modules. The other
-entries of an architecture and kind differ only in their sizes; test_timm_conventions.py checks
-every entry's API."""
+tracing forward and backward, fx feature extraction at the ``feature_info`` modules; torch.export for one entry of each
+architecture. The other entries of an architecture and kind differ only in their sizes;
+test_timm_conventions.py checks every entry's API."""
 import pytest
 import timm
 import torch
@@ -68,6 +68,21 @@ def test_fx_forward_matches_eager(entry):
         outputs = model(x)
         fx_outputs = torch.cat(tuple(fx_model(model)(x).values()))
     assert torch.equal(fx_outputs, outputs)
+
+
+@pytest.mark.parametrize('name', ['pola_pvt_tiny', 'flatten_pvt_v2_b0', 'pola_swin_tiny', 'flatten_cswin_tiny',
+                                  'inline_deit_tiny', 'polapp_b0'])  # one entry of each architecture
+def test_torch_export_matches_eager(name):
+    """torch.export (what deployment tools and torch's dynamo ONNX exporter trace with) under no_grad, as an
+    export for inference runs: the model's caches of tensors made from its parameters and buffers (resized
+    encodings, concatenated weights, RoPE tables) keep nothing while it records, and the exported program gives
+    the model's logits."""
+    torch.manual_seed(0)
+    model = timm.create_model(name).eval()
+    x = torch.randn(1, *input_size(model, TARGET_FX_SIZE))
+    with torch.no_grad():
+        exported = torch.export.export(model, (x, ))
+        assert torch.allclose(exported.module()(x), model(x), rtol=1e-5, atol=1e-6)
 
 
 def test_fx_features_of_feature_info_modules(entry):

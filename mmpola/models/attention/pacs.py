@@ -47,8 +47,7 @@ class RotaryEmbedding(nn.Module):
         """(H, W) -> (2, H * W, 2 * len(angle)): sin and cos stacked (one tensor, so a traced graph can
         index it). The tables of the last sizes are kept (they depend on the size and the buffer only)."""
         angle = self.angle
-        key = (tuple(hw), angle.device, angle.dtype, angle.data_ptr(), angle._version)
-        return self._tables.get(key, lambda: torch.stack(rope_tables(angle, hw)))
+        return self._tables.get(tuple(hw), lambda: torch.stack(rope_tables(angle, hw)), angle)
 
 
 def _rope_table(context, name, kind):
