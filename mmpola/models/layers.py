@@ -5,7 +5,6 @@ Token layout: ``x`` is (B, N, C), the row-major flatten of an H x W grid, and th
 travels beside it as ``hw = (H, W)``.
 """
 import functools
-import operator
 import weakref
 from collections import OrderedDict
 
@@ -349,7 +348,6 @@ def gated_proj(s, g, proj):
 
 # the first of several linear layers -> the ParameterCache of their weights and biases concatenated
 _CONCATENATED = weakref.WeakKeyDictionary()
-_WEIGHT, _BIAS = operator.attrgetter('weight'), operator.attrgetter('bias')
 
 
 def _concatenated(layers, biased, x):
@@ -357,8 +355,11 @@ def _concatenated(layers, biased, x):
     autograd (inference, evaluation) they are kept (:class:`ParameterCache`), in the dtype the layers compute
     in for x (under autocast its dtype): one forward makes them once, not one concatenation and cast per call."""
     dtype = autocast_dtype(x.device.type) or layers[0].weight.dtype
-    weights = list(map(_WEIGHT, layers))  # map, not a comprehension: no Python call of its own
-    biases = list(map(_BIAS, layers)) if biased else []
+    weights, biases = [], []
+    for layer in layers:  # a loop, not a comprehension: no Python call of its own (nor, for torch.compile, map)
+        weights.append(layer.weight)
+        if biased:
+            biases.append(layer.bias)
 
     def make():
         return torch.cat(weights).to(dtype), torch.cat(biases).to(dtype) if biased else None

@@ -164,6 +164,11 @@ def _rotate(x, rotation, inplace=False):
 def _spiky_map(x, t_first, t_second, out):
     """out = [exp(relu(x) * t_first) - 1 || exp(relu(-x) * t_second) - 1]; x (..., d), out (..., 2d)."""
     d = x.shape[-1]
+    if torch.compiler.is_compiling():  # torch.compile takes no out= of a strided half: the halves joined
+        first, second = x.clamp(min=0), x.clamp(max=0).neg_()
+        if t_first is not None:
+            first, second = first * t_first, second * t_second
+        return torch.cat((first, second), -1).expm1_()
     first, second = out[..., :d], out[..., d:]
     torch.clamp(x, min=0, out=first)
     torch.clamp(x, max=0, out=second).neg_()
@@ -206,9 +211,13 @@ class _PaCSAttention(torch.autograd.Function):
 
         r_same = (q_sim @ k_mean.transpose(-2, -1)).add_(eps).reciprocal_()  # (B, h, N, 1)
         r_opp = (q_opp @ mean_swapped.transpose(-2, -1)).add_(eps).reciprocal_()
-        out = q.new_empty(q.shape)
-        torch.mul(_rotate(q_sim, rotation) @ kv_same, r_same, out=out[..., :half])
-        torch.mul(_rotate(q_opp, rotation_swapped) @ kv_opp, r_opp, out=out[..., half:])
+        if torch.compiler.is_compiling():  # as in _spiky_map
+            out = torch.cat(((_rotate(q_sim, rotation) @ kv_same) * r_same,
+                             (_rotate(q_opp, rotation_swapped) @ kv_opp) * r_opp), -1)
+        else:
+            out = q.new_empty(q.shape)
+            torch.mul(_rotate(q_sim, rotation) @ kv_same, r_same, out=out[..., :half])
+            torch.mul(_rotate(q_opp, rotation_swapped) @ kv_opp, r_opp, out=out[..., half:])
         ctx.save_for_backward(q, k, v, t_same, t_opp, rotation, q_sim, q_opp, k_feat, k_mean, kv, r_same,
                               r_opp, out)
         ctx.shapes = (s_same.shape, s_opp.shape)

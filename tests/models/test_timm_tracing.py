@@ -1,8 +1,8 @@
 """timm's traced and feature-extraction checks (tests/test_models.py of the timm repository) for one
 entry of each architecture and attention kind: forward_intermediates and features_only, torch.fx
-tracing forward and backward, fx feature extraction at the ``feature_info`` modules; torch.export for one entry of each
-architecture. The other entries of an architecture and kind differ only in their sizes;
-test_timm_conventions.py checks every entry's API."""
+tracing forward and backward, fx feature extraction at the ``feature_info`` modules; torch.compile
+and torch.export of one entry of each architecture. The other entries of an architecture and kind
+differ only in their sizes; test_timm_conventions.py checks every entry's API."""
 import pytest
 import timm
 import torch
@@ -70,8 +70,33 @@ def test_fx_forward_matches_eager(entry):
     assert torch.equal(fx_outputs, outputs)
 
 
-@pytest.mark.parametrize('name', ['pola_pvt_tiny', 'flatten_pvt_v2_b0', 'pola_swin_tiny', 'flatten_cswin_tiny',
-                                  'inline_deit_tiny', 'polapp_b0'])  # one entry of each architecture
+ONE_PER_ARCHITECTURE = ['pola_pvt_tiny', 'flatten_pvt_v2_b0', 'pola_swin_tiny', 'flatten_cswin_tiny',
+                        'inline_deit_tiny', 'polapp_b0']
+
+
+@pytest.mark.parametrize('name', ONE_PER_ARCHITECTURE)
+def test_torch_compile_traces_one_graph(name):
+    """torch.compile of the whole model (timm's ``--torchcompile``, mmengine's ``compile=True``) in training
+    traces it as one graph (``fullgraph=True`` fails at a graph break), whose forward and backward are the
+    model's."""
+    torch.manual_seed(0)
+    model = timm.create_model(name).train()
+    x = torch.randn(2, *input_size(model, TARGET_FX_SIZE))
+    torch._dynamo.reset()
+    torch.manual_seed(1)  # the same stochastic depth draws in both runs
+    compiled = torch.compile(model, backend='eager', fullgraph=True)(x)
+    compiled.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch.manual_seed(1)
+    eager = model(x)
+    eager.sum().backward()
+    assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-6)
+    # to rounding: within each gradient's scale (sums of another order; some gradients are near zero)
+    assert all((g - p.grad).abs().max() <= 1e-5 * p.grad.abs().max() + 1e-6 for g, p in zip(grads, model.parameters()))
+
+
+@pytest.mark.parametrize('name', ONE_PER_ARCHITECTURE)
 def test_torch_export_matches_eager(name):
     """torch.export (what deployment tools and torch's dynamo ONNX exporter trace with) under no_grad, as an
     export for inference runs: the model's caches of tensors made from its parameters and buffers (resized
