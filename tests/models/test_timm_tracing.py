@@ -16,6 +16,7 @@ from tests.fixtures.timm_checks import (
     copy_entry,
     fx_model,
     input_size,
+    one_per_architecture,
     representatives,
 )
 
@@ -70,11 +71,7 @@ def test_fx_forward_matches_eager(entry):
     assert torch.equal(fx_outputs, outputs)
 
 
-ONE_PER_ARCHITECTURE = ['pola_pvt_tiny', 'flatten_pvt_v2_b0', 'pola_swin_tiny', 'flatten_cswin_tiny',
-                        'inline_deit_tiny', 'polapp_b0']
-
-
-@pytest.mark.parametrize('name', ONE_PER_ARCHITECTURE)
+@pytest.mark.parametrize('name', one_per_architecture())
 def test_torch_compile_traces_one_graph(name):
     """torch.compile of the whole model (timm's ``--torchcompile``, mmengine's ``compile=True``) in training
     traces it as one graph (``fullgraph=True`` fails at a graph break), whose forward and backward are the
@@ -96,7 +93,7 @@ def test_torch_compile_traces_one_graph(name):
     assert all((g - p.grad).abs().max() <= 1e-5 * p.grad.abs().max() + 1e-6 for g, p in zip(grads, model.parameters()))
 
 
-@pytest.mark.parametrize('name', ONE_PER_ARCHITECTURE)
+@pytest.mark.parametrize('name', one_per_architecture())
 def test_torch_export_matches_eager(name):
     """torch.export (what deployment tools and torch's dynamo ONNX exporter trace with) under no_grad, as an
     export for inference runs: the model's caches of tensors made from its parameters and buffers (resized
