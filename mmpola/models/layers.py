@@ -24,7 +24,7 @@ from mmpola.ops import (
     layer_norm_add,
     layer_norm_linear,
 )
-from mmpola.ops.dispatch import autocast_dtype, recording
+from mmpola.ops.dispatch import autocast_dtype, recording, unviewed_when_compiling
 from mmpola.ops.recompute import recompute_layers_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
@@ -64,8 +64,10 @@ def tokens_as_map(tokens, hw):
     """(B, H*W, C) row-major tokens (or (B, H*W, h, d): their heads) -> their (B, C, H, W) map as a channels-last
     view: no copy for contiguous tokens, and a convolution of it returns a channels-last map (:func:`map_as_tokens`).
     Its image stride is H*W*C even for one image, so the library's convolutions see channels-last strides there
-    too."""
-    return tokens.reshape(tokens.shape[0], hw[0], hw[1], -1).permute(0, 3, 1, 2)  # hw indexed: torch.fx traces it
+    too. While torch.compile records, a copy (:func:`mmpola.ops.dispatch.unviewed_when_compiling`: a convolution
+    keeps its input map for the backward)."""
+    # hw indexed: torch.fx traces it
+    return unviewed_when_compiling(tokens.reshape(tokens.shape[0], hw[0], hw[1], -1).permute(0, 3, 1, 2))
 
 
 def map_as_tokens(x):

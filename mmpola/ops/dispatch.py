@@ -53,7 +53,8 @@ from mmpola.errors import MMPolaUserError
 
 __all__ = ['AUTO', 'AttentionOp', 'AttnImplUnavailable', 'OPS', 'attention_op', 'register_attention_impl',
            'attention_impls', 'check_attn_impl', 'run_attention_op', 'empty_attention', 'recording',
-           'key_bias_operand', 'key_bias_gradient', 'implementation_from_env', 'apply_function']
+           'unviewed_when_compiling', 'key_bias_operand', 'key_bias_gradient', 'implementation_from_env',
+           'apply_function']
 
 AUTO = 'auto'  # the best implementation for the tensors' device ('triton' on CUDA, else 'fast')
 
@@ -71,6 +72,23 @@ def recording():
     the dynamo exporter with torch.export), so ``torch.onnx.is_in_onnx_export``, which imports the exporters'
     modules at each call, is not asked: the models ask this in every block of every step."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing() or _fx_tracing()
+
+
+def unviewed_when_compiling(view):
+    """``view`` itself; while torch.compile records the model, a contiguous copy of it, which is no view.
+
+    For a view that the forward keeps for the backward (a convolution's input map, attention's queries).
+    Inductor gives such a view of its graph the strides that eager gave it, and to do so it sorts them. With
+    dynamic shapes (a detector's changing image sizes, from the second size on) the strides hold the sizes of
+    the token grid, an image side floor-divided by the patch size, which may be zero for all the sort knows:
+    ``64 * (H // 4)`` against ``64`` has no truth value, and compiling stops with a TypeError. A copy's strides
+    are set, not sorted (a copy in the view's own strides would be dropped as a no-op). In a compiled graph it
+    is one more copy, fused with what writes it where it can be, and the kernels after it may round otherwise
+    than eager's on the view's layout; in eager there is none. (Traced code cannot tell static shapes from
+    dynamic ones, so the copy is made with both.)"""
+    if torch.compiler.is_compiling():
+        return view.clone(memory_format=torch.contiguous_format)
+    return view
 
 
 class AttnImplUnavailable(MMPolaUserError, ValueError):

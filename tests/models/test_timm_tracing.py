@@ -75,7 +75,9 @@ def test_fx_forward_matches_eager(entry):
 def test_torch_compile_traces_one_graph(name):
     """torch.compile of the whole model (timm's ``--torchcompile``, mmengine's ``compile=True``) in training
     traces it as one graph (``fullgraph=True`` fails at a graph break), whose forward and backward are the
-    model's."""
+    model's: to rounding, as the graph's convolutions and softmax attention may take contiguous copies of the
+    views that eager hands them (:func:`mmpola.ops.dispatch.unviewed_when_compiling`), whose kernels round
+    otherwise."""
     torch.manual_seed(0)
     model = timm.create_model(name).train()
     x = torch.randn(2, *input_size(model, TARGET_FX_SIZE))
@@ -88,9 +90,9 @@ def test_torch_compile_traces_one_graph(name):
     torch.manual_seed(1)
     eager = model(x)
     eager.sum().backward()
-    assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5)
     # to rounding: within each gradient's scale (sums of another order; some gradients are near zero)
-    assert all((g - p.grad).abs().max() <= 1e-5 * p.grad.abs().max() + 1e-6 for g, p in zip(grads, model.parameters()))
+    assert all((g - p.grad).abs().max() <= 1e-5 * p.grad.abs().max() + 1e-5 for g, p in zip(grads, model.parameters()))
 
 
 @pytest.mark.parametrize('name', one_per_architecture())

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module, trunc_normal_
 
 from mmpola.ops import scaled_dot_product_attention
+from mmpola.ops.dispatch import unviewed_when_compiling
 from mmpola.registry import ATTENTIONS
 
 from ..layers import DepthwiseConv2d, crop_map, norm_linear
@@ -102,7 +103,7 @@ class SpatialReductionAttention(nn.Module):
             q, k, v = norm_linear(None, (self.q, self.kv), x, chunk=C)
             q, k, v = [t.view(B, N, heads, C // heads).transpose(1, 2) for t in (q, k, v)]
         else:
-            q = self.q(x).reshape(B, N, heads, C // heads).permute(0, 2, 1, 3)
+            q = unviewed_when_compiling(self.q(x).reshape(B, N, heads, C // heads).permute(0, 2, 1, 3))
             x_, _ = spatial_reduction(x, hw, getattr(self, 'sr', None), getattr(self, 'norm', None))
             kv = self.kv(x_).reshape(B, -1, 2, heads, C // heads).permute(2, 0, 3, 1, 4)
             k, v = kv.unbind(0)  # one stack in the backward (indexing: a zero-filled copy each, then a sum)

@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from mmpola.models import PolaAttention, PolaPVT, PolaSwin
+from mmpola.models import PolaAttention, PolaPVT, PolaSwin, PVTBackbone
 from tests.fixtures.backbones import TINY_PVT, TINY_SWIN, expected_stage_sizes
 from tests.fixtures.ops import saved_for_backward
 
@@ -294,3 +294,28 @@ def test_bf16_autocast_cpu(cls, arch):
         assert torch.isfinite(out).all()
         assert (out.float() - r).abs().max() <= 0.1 * r.abs().max()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_inductor_compiles_a_training_step_with_dynamic_shapes():
+    """torch.compile (inductor) of a training step with dynamic shapes: what a detector's changing image sizes
+    give from the second size on (here ``dynamic=True`` from the first). The token grid's sizes are the image's
+    floor-divided by the patch size, possibly zero for all inductor's sort of a kept view's strides knows
+    (``16 * (H // 4) < 16`` has no truth value), and compiling stopped with a TypeError at the softmax's queries
+    and the spatial reduction's input map, which are copies while torch.compile records. The first stage only
+    (``out_indices=(0,)``), the softmax kind: it has both, and inductor compiles no more than it needs."""
+    torch.manual_seed(0)
+    model = PVTBackbone(arch=TINY_PVT, attn_type='SSSS', out_indices=(0,)).train()
+    x = torch.randn(1, 3, 64, 96)
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    compiled, = torch.compile(model, dynamic=True, fullgraph=True)(x)
+    compiled.mean().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    torch.manual_seed(1)
+    eager, = model(x)
+    eager.mean().backward()
+    assert torch.allclose(compiled, eager, rtol=1e-4, atol=1e-5)
+    assert grads.keys() == {name for name, p in model.named_parameters() if p.grad is not None}
+    assert all((grads[name] - p.grad).abs().max() <= 1e-4 * p.grad.abs().max() + 1e-6
+               for name, p in model.named_parameters() if name in grads)
