@@ -9,6 +9,7 @@ import torch
 from timm.models import FeatureInfo
 from timm.models._features import FeatureGetterNet
 
+from tests.fixtures.backbones import compiled_and_eager_steps
 from tests.fixtures.timm_checks import (
     TARGET_FFEAT_SIZE,
     TARGET_FX_SIZE,
@@ -81,18 +82,13 @@ def test_torch_compile_traces_one_graph(name):
     torch.manual_seed(0)
     model = timm.create_model(name).train()
     x = torch.randn(2, *input_size(model, TARGET_FX_SIZE))
-    torch._dynamo.reset()
-    torch.manual_seed(1)  # the same stochastic depth draws in both runs
-    compiled = torch.compile(model, backend='eager', fullgraph=True)(x)
-    compiled.sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    torch.manual_seed(1)
-    eager = model(x)
-    eager.sum().backward()
+    (compiled, eager), (grads, eager_grads) = compiled_and_eager_steps(model, x, torch.sum, backend='eager',
+                                                                       fullgraph=True)
     assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == eager_grads.keys() == {name for name, _ in model.named_parameters()}
     # to rounding: within each gradient's scale (sums of another order; some gradients are near zero)
-    assert all((g - p.grad).abs().max() <= 1e-5 * p.grad.abs().max() + 1e-5 for g, p in zip(grads, model.parameters()))
+    assert all((grads[name] - eager_grads[name]).abs().max() <= 1e-5 * eager_grads[name].abs().max() + 1e-5
+               for name in grads)
 
 
 @pytest.mark.parametrize('name', one_per_architecture())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmpola.models import PolaAttention, PolaPVT, PolaSwin, PVTBackbone
-from tests.fixtures.backbones import TINY_PVT, TINY_SWIN, expected_stage_sizes
+from tests.fixtures.backbones import TINY_PVT, TINY_SWIN, compiled_and_eager_steps, expected_stage_sizes
 from tests.fixtures.ops import saved_for_backward
 
 SIZES = [(800, 1216), (513, 677), (64, 64), (32, 480)]
@@ -305,17 +305,9 @@ def test_inductor_compiles_a_training_step_with_dynamic_shapes():
     (``out_indices=(0,)``), the softmax kind: it has both, and inductor compiles no more than it needs."""
     torch.manual_seed(0)
     model = PVTBackbone(arch=TINY_PVT, attn_type='SSSS', out_indices=(0,)).train()
-    x = torch.randn(1, 3, 64, 96)
-    torch._dynamo.reset()
-    torch.manual_seed(1)
-    compiled, = torch.compile(model, dynamic=True, fullgraph=True)(x)
-    compiled.mean().backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    torch.manual_seed(1)
-    eager, = model(x)
-    eager.mean().backward()
+    ((compiled, ), (eager, )), (grads, eager_grads) = compiled_and_eager_steps(
+        model, torch.randn(1, 3, 64, 96), lambda outs: outs[0].mean(), dynamic=True, fullgraph=True)
     assert torch.allclose(compiled, eager, rtol=1e-4, atol=1e-5)
-    assert grads.keys() == {name for name, p in model.named_parameters() if p.grad is not None}
-    assert all((grads[name] - p.grad).abs().max() <= 1e-4 * p.grad.abs().max() + 1e-6
-               for name, p in model.named_parameters() if name in grads)
+    assert grads.keys() == eager_grads.keys()
+    assert all((grads[name] - eager_grads[name]).abs().max() <= 1e-4 * eager_grads[name].abs().max() + 1e-6
+               for name in grads)
