@@ -24,12 +24,13 @@ from mmpola.ops import (
     layer_norm_add,
     layer_norm_linear,
 )
-from mmpola.ops.dispatch import autocast_dtype, recording, unviewed_when_compiling
+from mmpola.ops.dispatch import autocast_dtype, padding_needed, recording, unviewed_when_compiling
 from mmpola.ops.recompute import recompute_layers_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'ParameterCache', 'PatchEmbed', 'PatchMerging', 'PreNormBlock',
            'ResizedEmbeddingCache', 'SizeCache', 'add_and_cast', 'add_branch', 'crop_map', 'drop_path_scale', 'hooked',
+           'padded_side',
            'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear', 'resize_grid_embedding', 'residual_mlp',
            'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
@@ -91,11 +92,26 @@ class _Crop(torch.autograd.Function):
         return padded, None, None, None, None
 
 
+def padded_side(side, multiple):
+    """``side`` rounded up to a multiple of ``multiple`` (a map padded to whole windows, stripes or patches).
+
+    Written as a product of the count, so that torch.compile's symbolic sizes (a detector's changing image
+    sizes) divide by ``multiple`` exactly and hold no remainder, which it could neither compare without a guard
+    nor carry into every later expression of the sizes."""
+    return (side + multiple - 1) // multiple * multiple
+
+
 def crop_map(x, top, left, height, width):
     """``x[:, top:top + height, left:left + width].contiguous()`` of a (B, H, W, C) map (a padded map cropped
     back). Its backward pads the gradient with one zero fill and one copy, where the two slices' backward
-    fills a zero tensor each and copies into both."""
-    if recording() or not (torch.is_grad_enabled() and x.requires_grad):
+    fills a zero tensor each and copies into both. While torch.compile records, the rows and columns are picked
+    by index: a crop by slices would have it ask, forward or backward, whether the slices cut anything, a guard on
+    the sizes with dynamic shapes (a detector's changing image sizes), and every map's answer a graph of its own."""
+    if recording():
+        rows = torch.arange(top, top + height, device=x.device)
+        cols = torch.arange(left, left + width, device=x.device)
+        return x.index_select(1, rows).index_select(2, cols)
+    if not (torch.is_grad_enabled() and x.requires_grad):
         return x[:, top:top + height, left:left + width].contiguous()
     return _Crop.apply(x, top, left, height, width)
 
@@ -366,6 +382,8 @@ def _concatenated(layers, biased, x):
     def make():
         return torch.cat(weights).to(dtype), torch.cat(biases).to(dtype) if biased else None
 
+    if torch.is_grad_enabled() or recording():  # never kept (ParameterCache): torch.compile records no dict update
+        return make()
     cache = _CONCATENATED.get(layers[0])
     if cache is None:
         cache = _CONCATENATED[layers[0]] = ParameterCache()
@@ -641,9 +659,9 @@ class PatchEmbed(nn.Module):
     def project(self, x):
         """The convolution's output map (B, embed_dim, H', W') (the input padded first where ``pad``)."""
         if self.pad:
-            p = self.patch_size
-            pad_h, pad_w = (-x.shape[-2]) % p, (-x.shape[-1]) % p
-            if pad_h or pad_w:
+            H, W = x.shape[-2:]
+            pad_h, pad_w = padded_side(H, self.patch_size) - H, padded_side(W, self.patch_size) - W
+            if padding_needed(pad_h, pad_w):
                 x = F.pad(x, (0, pad_w, 0, pad_h))
         return self.proj(x)
 
@@ -692,9 +710,11 @@ class PatchMerging(nn.Module):
         B, L, C = x.shape
         H, W = hw
         x = x.view(B, H, W, C)
-        if H % 2 or W % 2:
-            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-        out_hw = (x.shape[1] // 2, x.shape[2] // 2)
+        Hp, Wp = padded_side(H, 2), padded_side(W, 2)  # odd sides padded by one
+        pad_b, pad_r = Hp - H, Wp - W
+        out_hw = (Hp // 2, Wp // 2)
+        if padding_needed(pad_b, pad_r):
+            x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
         # the four phases in one permutation (one copy each way; strided slices and their concatenation
         # would fill a zero tensor of the map's size per slice in the backward): (B, H', row, W', col, C) ->
         # (B, H', W', col, row, C), so channel group col * 2 + row, the official concatenation's order

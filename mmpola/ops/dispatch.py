@@ -53,8 +53,8 @@ from mmpola.errors import MMPolaUserError
 
 __all__ = ['AUTO', 'AttentionOp', 'AttnImplUnavailable', 'OPS', 'attention_op', 'register_attention_impl',
            'attention_impls', 'check_attn_impl', 'run_attention_op', 'empty_attention', 'recording',
-           'unviewed_when_compiling', 'key_bias_operand', 'key_bias_gradient', 'implementation_from_env',
-           'apply_function']
+           'unviewed_when_compiling', 'padding_needed', 'key_bias_operand', 'key_bias_gradient',
+           'implementation_from_env', 'apply_function']
 
 AUTO = 'auto'  # the best implementation for the tensors' device ('triton' on CUDA, else 'fast')
 
@@ -85,10 +85,22 @@ def unviewed_when_compiling(view):
     are set, not sorted (a copy in the view's own strides would be dropped as a no-op). In a compiled graph it
     is one more copy, fused with what writes it where it can be, and the kernels after it may round otherwise
     than eager's on the view's layout; in eager there is none. (Traced code cannot tell static shapes from
-    dynamic ones, so the copy is made with both.)"""
+    dynamic ones, so the copy is made with both.) Also before ``contiguous()`` on a permutation that may or may
+    not be contiguous with the sizes at hand (Swin's windows: one per row), which would be a guard on them."""
     if torch.compiler.is_compiling():
         return view.clone(memory_format=torch.contiguous_format)
     return view
+
+
+def padding_needed(*pads):
+    """Whether a map is to be padded by ``pads`` (and cropped back after): any of them is not zero; always while
+    torch.compile records the model.
+
+    With dynamic shapes (a detector's changing image sizes) the pads are symbolic, the remainders of the map's
+    sides by a window, stripe or patch: asking whether they are zero would be a guard on the sizes, and each
+    stage's answer would make a compiled graph of its own, up to torch's recompile limit. Padding by zero is
+    a copy in the graph, and the sizes are the same either way."""
+    return torch.compiler.is_compiling() or any(pads)
 
 
 class AttnImplUnavailable(MMPolaUserError, ValueError):

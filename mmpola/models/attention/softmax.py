@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module, trunc_normal_
 
 from mmpola.ops import scaled_dot_product_attention
-from mmpola.ops.dispatch import unviewed_when_compiling
+from mmpola.ops.dispatch import padding_needed, unviewed_when_compiling
 from mmpola.registry import ATTENTIONS
 
-from ..layers import DepthwiseConv2d, crop_map, norm_linear
+from ..layers import DepthwiseConv2d, crop_map, norm_linear, padded_side
 from .projections import QKV_LAYOUTS, spatial_reduction
 
 __all__ = ['SpatialReductionAttention', 'WindowAttention', 'StripeAttention', 'softmax_attention', 'window_partition',
@@ -127,14 +127,16 @@ def window_partition(x, window_size):
     """(B, H, W, C) with H, W multiples of ws -> (nW*B, ws, ws, C)."""
     B, H, W, C = x.shape
     x = x.view(B, H // window_size, window_size, W // window_size, window_size, C)
-    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, window_size, window_size, C)
+    # while compiling a copy first: whether the permutation is contiguous already (one window per row) would be
+    # a guard on the sizes
+    return unviewed_when_compiling(x.permute(0, 1, 3, 2, 4, 5)).contiguous().view(-1, window_size, window_size, C)
 
 
 def window_reverse(windows, window_size, H, W):
     """(nW*B, ws, ws, C) -> (B, H, W, C)."""
-    B = int(windows.shape[0] / (H * W / window_size / window_size))
+    B = windows.shape[0] // ((H // window_size) * (W // window_size))  # integers: no guard under torch.compile
     x = windows.view(B, H // window_size, W // window_size, window_size, window_size, -1)
-    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(B, H, W, -1)
+    return unviewed_when_compiling(x.permute(0, 1, 3, 2, 4, 5)).contiguous().view(B, H, W, -1)
 
 
 def shifted_window_mask(hw, window_size, shift_size, device):
@@ -145,10 +147,10 @@ def shifted_window_mask(hw, window_size, shift_size, device):
     masks of the last few (H, W, window, shift, device) are kept (shared by every block, read-only):
     detection inputs change size, the blocks of a stage share theirs.
     """
-    key = (tuple(int(side) for side in hw), int(window_size), int(shift_size), torch.device(device))
-    if torch.compiler.is_compiling():  # traced into the compiled graph, which keeps no Python cache
-        return _build_shifted_window_mask(*key)
-    return _kept_shifted_window_mask(*key)
+    if torch.compiler.is_compiling():  # traced into the compiled graph, which keeps no Python cache; the sides may
+        return _build_shifted_window_mask(tuple(hw), window_size, shift_size, device)  # be symbolic: no int()
+    return _kept_shifted_window_mask(tuple(int(side) for side in hw), int(window_size), int(shift_size),
+                                     torch.device(device))
 
 
 @functools.lru_cache(maxsize=16)
@@ -229,10 +231,11 @@ class WindowAttention(nn.Module):
         if self.clamp_shift and min(H, W) <= ws:
             shift = 0
         x = x.view(B, H, W, C)
-        pad_b, pad_r = (-H) % ws, (-W) % ws
-        if pad_b or pad_r:
+        Hp, Wp = padded_side(H, ws), padded_side(W, ws)
+        pad_b, pad_r = Hp - H, Wp - W
+        padded = padding_needed(pad_b, pad_r)
+        if padded:
             x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
-        Hp, Wp = H + pad_b, W + pad_r
         if shift:
             x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
             mask = shifted_window_mask((Hp, Wp), ws, shift, x.device)
@@ -243,7 +246,7 @@ class WindowAttention(nn.Module):
         x = window_reverse(windows.view(-1, ws, ws, C), ws, Hp, Wp)
         if shift:
             x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
-        if pad_b or pad_r:
+        if padded:
             x = crop_map(x, 0, 0, H, W)
         return x.view(B, H * W, C)
 
@@ -335,11 +338,13 @@ class StripeAttention(nn.Module):
         B, N, _, C = x.shape
         H, W = hw
         hsp, wsp = self.stripe(hw)
-        pad_h, pad_w = (-H) % hsp, (-W) % wsp
+        Hp = padded_side(H, self.split_size) if self.orientation == 'horizontal' else H  # whole stripes
+        Wp = padded_side(W, self.split_size) if self.orientation == 'vertical' else W
+        pad_h, pad_w = Hp - H, Wp - W
         top, left = pad_h // 2, pad_w // 2
-        Hp, Wp = H + pad_h, W + pad_w
         x = x[:, :, :3]
-        if pad_h or pad_w:
+        padded = padding_needed(pad_h, pad_w)
+        if padded:
             # padded in the tokens' layout, the channels innermost: padded as (B, 3, C, H, W) maps, q, k and v
             # would have a head dim of stride Hp * Wp, which the fused kernels of scaled_dot_product_attention
             # (flash, memory-efficient, cuDNN) refuse, so that its math path would run
@@ -353,7 +358,7 @@ class StripeAttention(nn.Module):
         v = _stripe_tokens(v, hsp, wsp).reshape(-1, L, heads, d).permute(0, 2, 1, 3)  # d contiguous: fused kernels
         out = (softmax_attention(q, k, v, self.scale, self.attn_drop) + lepe).transpose(1, 2).reshape(-1, L, C)
         out = _merge_stripes(out, hsp, wsp, Hp, Wp)
-        if pad_h or pad_w:
+        if padded:
             out = crop_map(out, top, left, H, W)
         return out.reshape(B, N, C)
 

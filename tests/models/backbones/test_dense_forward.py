@@ -8,8 +8,8 @@ import importlib
 import pytest
 import torch
 
-from mmpola.models import PolaAttention, PolaPVT, PolaSwin, PVTBackbone
-from tests.fixtures.backbones import TINY_PVT, TINY_SWIN, compiled_and_eager_steps, expected_stage_sizes
+from mmpola.models import FLattenCSWin, PolaAttention, PolaPVT, PolaSwin, PVTBackbone
+from tests.fixtures.backbones import TINY_CSWIN, TINY_PVT, TINY_SWIN, compiled_and_eager_steps, expected_stage_sizes
 from tests.fixtures.ops import saved_for_backward
 
 SIZES = [(800, 1216), (513, 677), (64, 64), (32, 480)]
@@ -311,3 +311,61 @@ def test_inductor_compiles_a_training_step_with_dynamic_shapes():
     assert grads.keys() == eager_grads.keys()
     assert all((grads[name] - eager_grads[name]).abs().max() <= 1e-4 * eager_grads[name].abs().max() + 1e-6
                for name in grads)
+
+
+# a model per way the dense forward pads and crops a map (what makes graphs of their own under torch.compile if
+# the sizes decide it), the image sizes that give their maps padding on every side, on none and on one, and
+# torch.compile's ``dynamic``: Swin's windows (a Pola stage, then the patch merging, then shifted softmax windows
+# of 7), CSWin's stripes of 2 (a FLatten stage, then softmax stripes), PVT's first two stages with symbolic sizes
+# from the first call (``dynamic=True``; Pola's projections concatenated, kept by nothing while recording)
+DYNAMIC_SIZE_MODELS = {
+    'swin-windows': (lambda: PolaSwin(arch=dict(embed_dims=16, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8]),
+                                      attn_type='LSSS', out_indices=(1, )),
+                     [(120, 176), (112, 168), (124, 180), (136, 112)], None),
+    'cswin-stripes': (lambda: FLattenCSWin(arch=TINY_CSWIN, attn_type='LSSS', out_indices=(1, )),
+                      [(92, 108), (84, 100), (88, 76), (76, 92), (100, 84)], None),
+    'pvt-pola': (lambda: PolaPVT(arch=TINY_PVT, out_indices=(1, )), [(64, 96), (96, 64), (80, 112), (128, 160)],
+                 True),
+}
+
+
+@pytest.mark.parametrize('name', DYNAMIC_SIZE_MODELS)
+def test_compiled_training_step_serves_new_image_sizes(name):
+    """torch.compile of a training step as mmengine's ``compile=True`` runs a detector (``dynamic=None``): the
+    first image size is compiled with its sizes as constants, the second with symbolic ones, and that graph
+    serves every later size (with ``dynamic=True`` the first graph does). Nothing of the dense forward asks the
+    sizes a question whose answer changes with them: whether a map needs padding to whole windows or stripes
+    (while compiling it is always padded, by zero where it fits), whether the crop back cut anything (picked by
+    index), a remainder (the padded sides are multiples), or whether a cache of the concatenated projections
+    holds an entry (none is made while recording). ``aot_eager`` traces the backward too, whose guards are the
+    graph's. Outputs and gradients at the last size are eager's."""
+    build, sizes, dynamic = DYNAMIC_SIZE_MODELS[name]
+    torch.manual_seed(0)
+    model = build().train()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+    symbolic_from = 0 if dynamic else 1  # the call whose graph has symbolic sizes
+    for i, size in enumerate(sizes):
+        x = torch.randn(2, 3, *size)
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        out, = compiled(x)
+        out.square().mean().backward()
+        if i == symbolic_from:
+            serving = len(graphs)
+        assert i <= symbolic_from or len(graphs) == serving, (size, len(graphs), serving)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    eager, = model(x)
+    eager.square().mean().backward()
+    assert torch.allclose(out, eager, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    assert all((grads[n] - p.grad).abs().max() <= 1e-5 * p.grad.abs().max() + 1e-7
+               for n, p in model.named_parameters() if p.grad is not None)
