@@ -30,9 +30,8 @@ from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'ParameterCache', 'PatchEmbed', 'PatchMerging', 'PreNormBlock',
            'ResizedEmbeddingCache', 'SizeCache', 'add_and_cast', 'add_branch', 'crop_map', 'drop_path_scale', 'hooked',
-           'padded_side',
-           'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear', 'resize_grid_embedding', 'residual_mlp',
-           'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
+           'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear', 'padded_side', 'resize_grid_embedding',
+           'residual_mlp', 'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
 
 def to_2tuple_int(value, name):
@@ -382,7 +381,10 @@ def _concatenated(layers, biased, x):
     def make():
         return torch.cat(weights).to(dtype), torch.cat(biases).to(dtype) if biased else None
 
-    if torch.is_grad_enabled() or recording():  # never kept (ParameterCache): torch.compile records no dict update
+    # never kept with autograd (ParameterCache), so the cache is not even looked up: a compiled training step then
+    # has no guard on it nor an update of it to record (an entry that evaluation made stays, weights only, until the
+    # next evaluation replaces it)
+    if torch.is_grad_enabled() or recording():
         return make()
     cache = _CONCATENATED.get(layers[0])
     if cache is None:

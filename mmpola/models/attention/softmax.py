@@ -147,8 +147,9 @@ def shifted_window_mask(hw, window_size, shift_size, device):
     masks of the last few (H, W, window, shift, device) are kept (shared by every block, read-only):
     detection inputs change size, the blocks of a stage share theirs.
     """
-    if torch.compiler.is_compiling():  # traced into the compiled graph, which keeps no Python cache; the sides may
-        return _build_shifted_window_mask(tuple(hw), window_size, shift_size, device)  # be symbolic: no int()
+    if torch.compiler.is_compiling():  # traced into the compiled graph, which keeps no Python cache; the sides
+        # may be symbolic (dynamic shapes): taken as they are, as int() would fix them
+        return _build_shifted_window_mask(tuple(hw), window_size, shift_size, device)
     return _kept_shifted_window_mask(tuple(int(side) for side in hw), int(window_size), int(shift_size),
                                      torch.device(device))
 
