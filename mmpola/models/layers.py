@@ -381,10 +381,11 @@ def _concatenated(layers, biased, x):
     def make():
         return torch.cat(weights).to(dtype), torch.cat(biases).to(dtype) if biased else None
 
-    # never kept with autograd (ParameterCache), so the cache is not even looked up: a compiled training step then
-    # has no guard on it nor an update of it to record (an entry that evaluation made stays, weights only, until the
-    # next evaluation replaces it)
-    if torch.is_grad_enabled() or recording():
+    # not looked up while torch.compile records (where nothing is kept): its graph then has no guard on the
+    # cache's entries nor an entry's insertion to record. Eager training still asks the cache, which drops what
+    # evaluation kept: an optimizer step may leave the parameters' versions as they were (the fused AdamW does),
+    # so the key alone would not tell an updated weight from the kept one
+    if torch.compiler.is_compiling():
         return make()
     cache = _CONCATENATED.get(layers[0])
     if cache is None:

@@ -369,3 +369,23 @@ def test_compiled_training_step_serves_new_image_sizes(name):
     assert grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
     assert all((grads[n] - p.grad).abs().max() <= 1e-5 * p.grad.abs().max() + 1e-7
                for n, p in model.named_parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize('fused', [False, True])
+def test_evaluation_after_an_optimizer_step_uses_the_updated_weights(fused):
+    """What evaluation keeps of the parameters (the concatenated projections, the resized encodings) is not reused
+    after a training step: the fused AdamW updates the parameters without changing their versions, so only the
+    training forward, which drops what was kept, tells the caches that the weights changed."""
+    torch.manual_seed(0)
+    model = PolaPVT(arch=TINY_PVT)
+    x = torch.randn(1, 3, 64, 96)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+    with torch.no_grad():
+        model.eval()(x)  # fills the caches
+    model.train()
+    sum(o.mean() for o in model(x)).backward()
+    optimizer.step()
+    with torch.no_grad():
+        kept = model.eval()(x)
+        fresh = copy.deepcopy(model).eval()(x)  # a copy keeps nothing
+    assert all(torch.equal(a, b) for a, b in zip(kept, fresh))
