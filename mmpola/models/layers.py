@@ -381,14 +381,14 @@ def _concatenated(layers, biased, x):
     def make():
         return torch.cat(weights).to(dtype), torch.cat(biases).to(dtype) if biased else None
 
-    # not looked up while torch.compile records (where nothing is kept): its graph then has no guard on the
-    # cache's entries nor an entry's insertion to record. Eager training still asks the cache, which drops what
-    # evaluation kept: an optimizer step may leave the parameters' versions as they were (the fused AdamW does),
-    # so the key alone would not tell an updated weight from the kept one
-    if torch.compiler.is_compiling():
-        return make()
+    # training asks the cache, compiled or not, which drops what evaluation kept: an optimizer step may leave the
+    # parameters' versions as they were (the fused AdamW does), so the key alone would not tell an updated weight
+    # from the kept one. No entry is made while torch.compile records (it keeps nothing then): an insertion in its
+    # graph would change what the graph's guards saw of the cache, and the next call would compile again
     cache = _CONCATENATED.get(layers[0])
     if cache is None:
+        if torch.compiler.is_compiling():
+            return make()
         cache = _CONCATENATED[layers[0]] = ParameterCache()
     return cache.get(weights + biases, (dtype, len(layers)), make)
 

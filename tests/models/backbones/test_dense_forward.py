@@ -371,11 +371,12 @@ def test_compiled_training_step_serves_new_image_sizes(name):
                for n, p in model.named_parameters() if p.grad is not None)
 
 
-@pytest.mark.parametrize('fused', [False, True])
-def test_evaluation_after_an_optimizer_step_uses_the_updated_weights(fused):
+@pytest.mark.parametrize('fused,compiled', [(False, False), (True, False), (True, True)])
+def test_evaluation_after_an_optimizer_step_uses_the_updated_weights(fused, compiled):
     """What evaluation keeps of the parameters (the concatenated projections, the resized encodings) is not reused
     after a training step: the fused AdamW updates the parameters without changing their versions, so only the
-    training forward, which drops what was kept, tells the caches that the weights changed."""
+    training forward, which drops what was kept, tells the caches that the weights changed; also a training
+    step compiled by torch.compile (mmengine's ``compile=True`` compiles the training step, not evaluation)."""
     torch.manual_seed(0)
     model = PolaPVT(arch=TINY_PVT)
     x = torch.randn(1, 3, 64, 96)
@@ -383,7 +384,9 @@ def test_evaluation_after_an_optimizer_step_uses_the_updated_weights(fused):
     with torch.no_grad():
         model.eval()(x)  # fills the caches
     model.train()
-    sum(o.mean() for o in model(x)).backward()
+    torch._dynamo.reset()
+    step = torch.compile(model, backend='eager') if compiled else model
+    sum(o.mean() for o in step(x)).backward()
     optimizer.step()
     with torch.no_grad():
         kept = model.eval()(x)
