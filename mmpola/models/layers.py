@@ -30,8 +30,8 @@ from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
 __all__ = ['DepthwiseConv2d', 'DropPath', 'Mlp', 'ParameterCache', 'PatchEmbed', 'PatchMerging', 'PreNormBlock',
            'ResizedEmbeddingCache', 'SizeCache', 'add_and_cast', 'add_branch', 'crop_map', 'drop_path_scale', 'hooked',
-           'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear', 'padded_side', 'resize_grid_embedding',
-           'residual_mlp', 'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
+           'gated_proj', 'gelu_fc2', 'map_as_tokens', 'norm_linear', 'pad_image', 'padded_side',
+           'resize_grid_embedding', 'residual_mlp', 'to_2tuple_int', 'tokens_as_map', 'trunc_normal_init']
 
 
 def to_2tuple_int(value, name):
@@ -98,6 +98,16 @@ def padded_side(side, multiple):
     sizes) divide by ``multiple`` exactly and hold no remainder, which it could neither compare without a guard
     nor carry into every later expression of the sizes."""
     return (side + multiple - 1) // multiple * multiple
+
+
+def pad_image(x, multiple):
+    """A (B, C, H, W) image zero-padded right and bottom to sides that are multiples of ``multiple`` (the patch
+    embeddings' ``'corner'`` padding); as it is where they are."""
+    H, W = x.shape[-2:]
+    pad_h, pad_w = padded_side(H, multiple) - H, padded_side(W, multiple) - W
+    if padding_needed(pad_h, pad_w):
+        x = F.pad(x, (0, pad_w, 0, pad_h))
+    return x
 
 
 def crop_map(x, top, left, height, width):
@@ -661,12 +671,7 @@ class PatchEmbed(nn.Module):
 
     def project(self, x):
         """The convolution's output map (B, embed_dim, H', W') (the input padded first where ``pad``)."""
-        if self.pad:
-            H, W = x.shape[-2:]
-            pad_h, pad_w = padded_side(H, self.patch_size) - H, padded_side(W, self.patch_size) - W
-            if padding_needed(pad_h, pad_w):
-                x = F.pad(x, (0, pad_w, 0, pad_h))
-        return self.proj(x)
+        return self.proj(pad_image(x, self.patch_size) if self.pad else x)
 
     def forward(self, x):
         x = self.project(x)

@@ -803,11 +803,11 @@ def test_the_stand_in_driver_is_triton_s_driver_inside_only():
 HOST_BUDGETS = {  # name: (Python calls, operators, library kernels, Triton launches)
     'pola-pvt-t': (3476, 1644, 624, 56),
     'softmax-pvt-t': (1704, 1526, 708, 0),
-    'pola-swin-t': (3277, 2528, 1018, 28),
-    'softmax-swin-t': (2563, 2686, 1122, 0),
+    'pola-swin-t': (3278, 2528, 1018, 28),
+    'softmax-swin-t': (2564, 2686, 1122, 0),
     'softmax-pvtv2-b2': (4217, 3251, 1368, 48),
     'flatten-pvt-t': (3404, 1524, 636, 84),
-    'flatten-swin-t': (3245, 2472, 1026, 44),
+    'flatten-swin-t': (3246, 2472, 1026, 44),
     'inline-pvt-t': (2912, 1556, 718, 56),
     'polaformer++-b2': (5649, 3252, 1203, 132),
 }

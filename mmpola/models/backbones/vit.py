@@ -26,14 +26,11 @@ attention, the kind's grid terms (InLine's residual conv, FLatten / Pola's posit
 """
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.layers import register_notrace_module, trunc_normal_
-
-from mmpola.ops.dispatch import padding_needed
 
 from ..checks import PolaConfigError
 from ..classification_head import FinalNormHead, register_classification_head
-from ..layers import PreNormBlock, padded_side, resize_grid_embedding, to_2tuple_int
+from ..layers import PreNormBlock, pad_image, resize_grid_embedding, to_2tuple_int
 from .base import DenseBackbone, drop_path_rates, register_architecture
 
 __all__ = ['ViTBackbone', 'ViTHead', 'ViTPatchEmbed', 'resize_token_embedding']
@@ -64,11 +61,7 @@ class ViTPatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x):
-        H, W = x.shape[-2:]
-        pad_h, pad_w = padded_side(H, self.patch_size) - H, padded_side(W, self.patch_size) - W
-        if padding_needed(pad_h, pad_w):
-            x = F.pad(x, (0, pad_w, 0, pad_h))
-        x = self.proj(x)
+        x = self.proj(pad_image(x, self.patch_size))
         return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:])
 
 
