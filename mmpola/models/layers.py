@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch.nn.modules import module as torch_module
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from mmpola.ops import (
     add_layer_norm_linear,
@@ -200,10 +201,15 @@ class ParameterCache:
 
     It depends on trainable parameters, so it is reused only without autograd (eval / inference), never while
     torch.compile, torch.export or torch.jit records the model (the computation belongs in their graph; their
-    tensors have no storage to key on), and when none of them has been modified or moved since (a parameter's
-    ``_version`` changes on every in-place update, e.g. ``load_state_dict`` or an optimizer step). A plain
-    attribute, not a buffer: it never enters a state dict, and copies (EMA models, ``deepcopy``) start empty.
+    tensors have no storage to key on), and when none of them has been modified or moved since: a parameter's
+    ``_version`` changes on an in-place update such as ``load_state_dict``, and every optimizer step drops what
+    all caches keep (an optimizer hook; the fused optimizers update parameters without changing their versions).
+    A plain attribute, not a buffer: it never enters a state dict, and copies (EMA models, ``deepcopy``) start
+    empty.
     """
+
+    # the caches that keep a tensor now, emptied by every optimizer step (_drop_kept_tensors)
+    holding = weakref.WeakSet()
 
     def __init__(self):
         self.key = None
@@ -219,6 +225,7 @@ class ParameterCache:
         if self.key != key:
             self.value = make()
             self.key = key
+            ParameterCache.holding.add(self)
         return self.value
 
     def __deepcopy__(self, memo):
@@ -229,6 +236,16 @@ class ParameterCache:
 
     def __setstate__(self, state):
         self.key = self.value = None
+
+
+def _drop_kept_tensors(optimizer, args, kwargs):
+    """After every optimizer step (any optimizer's): the caches keep no tensor made from the weights before it."""
+    while ParameterCache.holding:
+        cache = ParameterCache.holding.pop()
+        cache.key = cache.value = None
+
+
+register_optimizer_step_post_hook(_drop_kept_tensors)
 
 
 class ResizedEmbeddingCache(ParameterCache):
@@ -391,14 +408,12 @@ def _concatenated(layers, biased, x):
     def make():
         return torch.cat(weights).to(dtype), torch.cat(biases).to(dtype) if biased else None
 
-    # training asks the cache, compiled or not, which drops what evaluation kept: an optimizer step may leave the
-    # parameters' versions as they were (the fused AdamW does), so the key alone would not tell an updated weight
-    # from the kept one. No entry is made while torch.compile records (it keeps nothing then): an insertion in its
-    # graph would change what the graph's guards saw of the cache, and the next call would compile again
+    # with autograd nothing is kept (an optimizer step drops what evaluation kept). While a graph is recorded the
+    # dictionary is not even read: torch.compile would guard on its (weakly held, collectable) keys
+    if torch.is_grad_enabled() or recording():
+        return make()
     cache = _CONCATENATED.get(layers[0])
     if cache is None:
-        if torch.compiler.is_compiling():
-            return make()
         cache = _CONCATENATED[layers[0]] = ParameterCache()
     return cache.get(weights + biases, (dtype, len(layers)), make)
 

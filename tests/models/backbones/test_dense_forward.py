@@ -371,24 +371,44 @@ def test_compiled_training_step_serves_new_image_sizes(name):
                for n, p in model.named_parameters() if p.grad is not None)
 
 
+@pytest.mark.parametrize('evaluated', ['before the training forward', 'between backward and step'])
 @pytest.mark.parametrize('fused,compiled', [(False, False), (True, False), (True, True)])
-def test_evaluation_after_an_optimizer_step_uses_the_updated_weights(fused, compiled):
+def test_evaluation_after_an_optimizer_step_uses_the_updated_weights(fused, compiled, evaluated):
     """What evaluation keeps of the parameters (the concatenated projections, the resized encodings) is not reused
-    after a training step: the fused AdamW updates the parameters without changing their versions, so only the
-    training forward, which drops what was kept, tells the caches that the weights changed; also a training
-    step compiled by torch.compile (mmengine's ``compile=True`` compiles the training step, not evaluation)."""
+    after an optimizer step, even where no training forward came between the evaluation and the step: the fused
+    AdamW updates the parameters without changing their versions. Also with a training step compiled by
+    torch.compile (mmengine's ``compile=True`` compiles the training step, not evaluation)."""
     torch.manual_seed(0)
     model = PolaPVT(arch=TINY_PVT)
     x = torch.randn(1, 3, 64, 96)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
-    with torch.no_grad():
-        model.eval()(x)  # fills the caches
+    if evaluated == 'before the training forward':
+        with torch.no_grad():
+            model.eval()(x)  # fills the caches
     model.train()
     torch._dynamo.reset()
     step = torch.compile(model, backend='eager') if compiled else model
     sum(o.mean() for o in step(x)).backward()
+    if evaluated == 'between backward and step':
+        with torch.no_grad():
+            model.eval()(x)
+        model.train()
     optimizer.step()
     with torch.no_grad():
         kept = model.eval()(x)
         fresh = copy.deepcopy(model).eval()(x)  # a copy keeps nothing
     assert all(torch.equal(a, b) for a, b in zip(kept, fresh))
+
+
+def test_a_compiled_training_step_reads_no_kept_tensors():
+    """torch.compile's graph of a training step does not read what evaluation keeps (the concatenated projections'
+    dictionary, weakly keyed): guards on its keys would fail once a key is collected, and would compile again."""
+    torch.manual_seed(0)
+    model = PolaPVT(arch=TINY_PVT)
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        model.eval()(x)  # fills the caches
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model.train())(x)
+    names = [guard.name for guard in explained.out_guards]
+    assert names and not any('_CONCATENATED' in name for name in names)
