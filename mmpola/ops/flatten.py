@@ -36,6 +36,13 @@ __all__ = ['flatten_attention', 'flatten_attention_reference', 'flatten_attentio
 _KERNEL_EPS = 1e-6  # relu(x) + 1e-6 in the official kernel function
 
 
+@torch.compiler.assume_constant_result
+def _kernel_eps():
+    """``_KERNEL_EPS``, a constant for torch.compile: with ``dynamic=True`` a module's float becomes a symbol, which
+    the graph of an autograd Function's forward cannot take from its second call on."""
+    return _KERNEL_EPS
+
+
 def flatten_attention_reference(q, k, v, scale, num_heads, focusing_factor=3, eps=1e-6):
     """The official op order."""
     B, N, C = q.shape
@@ -62,7 +69,7 @@ def flatten_attention_reference(q, k, v, scale, num_heads, focusing_factor=3, ep
 
 def _focused_forward(x, s, f, keep_a):
     """(a, y) of the feature map; with ``keep_a=False`` a is overwritten by y (no second tensor)."""
-    a = F.relu(x).add_(_KERNEL_EPS).div_(s)
+    a = F.relu(x).add_(_kernel_eps()).div_(s)
     r = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
     y = a.pow(f) if keep_a else a.pow_(f)
     y.mul_(r / torch.linalg.vector_norm(y, dim=-1, keepdim=True))

@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from mmpola.models import FLattenCSWin, PolaAttention, PolaPVT, PolaSwin, PVTBackbone
+from mmpola.models import FLattenCSWin, FLattenPVT, PolaAttention, PolaPVT, PolaSwin, PVTBackbone
 from tests.fixtures.backbones import TINY_CSWIN, TINY_PVT, TINY_SWIN, compiled_and_eager_steps, expected_stage_sizes
 from tests.fixtures.ops import saved_for_backward
 
@@ -317,7 +317,8 @@ def test_inductor_compiles_a_training_step_with_dynamic_shapes():
 # the sizes decide it), the image sizes that give their maps padding on every side, on none and on one, and
 # torch.compile's ``dynamic``: Swin's windows (a Pola stage, then the patch merging, then shifted softmax windows
 # of 7), CSWin's stripes of 2 (a FLatten stage, then softmax stripes), PVT's first two stages with symbolic sizes
-# from the first call (``dynamic=True``; Pola's projections concatenated, kept by nothing while recording)
+# from the first call (``dynamic=True``; Pola's projections concatenated, kept by nothing while recording; FLatten's
+# feature map, an autograd Function, with its constant)
 DYNAMIC_SIZE_MODELS = {
     'swin-windows': (lambda: PolaSwin(arch=dict(embed_dims=16, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8]),
                                       attn_type='LSSS', out_indices=(1, )),
@@ -326,6 +327,7 @@ DYNAMIC_SIZE_MODELS = {
                       [(92, 108), (84, 100), (88, 76), (76, 92), (100, 84)], None),
     'pvt-pola': (lambda: PolaPVT(arch=TINY_PVT, out_indices=(1, )), [(64, 96), (96, 64), (80, 112), (128, 160)],
                  True),
+    'pvt-flatten': (lambda: FLattenPVT(arch=TINY_PVT, out_indices=(1, )), [(64, 96), (96, 64), (80, 112)], True),
 }
 
 
@@ -337,7 +339,7 @@ def test_compiled_training_step_serves_new_image_sizes(name):
     sizes a question whose answer changes with them: whether a map needs padding to whole windows or stripes
     (while compiling it is always padded, by zero where it fits), whether the crop back cut anything (picked by
     index), a remainder (the padded sides are multiples), or whether a cache of the concatenated projections
-    holds an entry (none is made while recording). ``aot_eager`` traces the backward too, whose guards are the
+    holds an entry (it is not read while recording). ``aot_eager`` traces the backward too, whose guards are the
     graph's. Outputs and gradients at the last size are eager's."""
     build, sizes, dynamic = DYNAMIC_SIZE_MODELS[name]
     torch.manual_seed(0)
