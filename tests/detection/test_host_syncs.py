@@ -42,6 +42,15 @@ def _mmpola_frame(event):
     return None
 
 
+def _skip_without_python_frames(prof):
+    """Skip the rest of a test whose profile ``prof`` holds no Python frame: torch 2.11's profiler recorded none
+    on the CPU with ``with_stack=True`` (torch 2.13's does), so the search by frames would find nothing, whatever
+    the code reads. What the function mode saw is checked before."""
+    if not any('.py(' in event.name for event in prof.events()):
+        pytest.skip(f"torch {torch.__version__}'s profiler recorded no Python frames (with_stack=True): the host "
+                    'reads by the profile are not checked')
+
+
 class HostReads(TorchFunctionMode):
     """Tensor-to-host reads called from mmpola's code: [(method, 'file:function')]."""
 
@@ -95,6 +104,8 @@ def test_pola_detector_iteration_reads_the_device_once():
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof, HostReads() as reads:
         outputs = _iteration(model, optim_wrapper, hooks, runner, data)
     assert torch.isfinite(outputs['loss'])
+    assert reads.calls == [('__bool__', 'nonfinite_loss.py:_decide')], reads.calls
+    _skip_without_python_frames(prof)
     syncs = {}
     for event in prof.events():
         frame = _mmpola_frame(event) if event.name in SYNC_OPS else None
@@ -102,7 +113,6 @@ def test_pola_detector_iteration_reads_the_device_once():
             syncs.setdefault(frame.rsplit(osp.sep, 1)[-1], set()).add(event.name)
     # the one read: NonFiniteLossHook's flag, before the optimizer step (bool() -> is_nonzero -> item)
     assert len(syncs) == 1 and list(syncs)[0].endswith(': _decide'), syncs
-    assert reads.calls == [('__bool__', 'nonfinite_loss.py:_decide')], reads.calls
     # mmdet's own reads are there too (its assigners, losses): the search sees them
     assert any(event.name in SYNC_OPS and not _mmpola_frame(event) for event in prof.events())
 
@@ -124,5 +134,6 @@ def test_backbone_training_step_never_reads_the_device(name, arch):
     model(torch.randn(2, 3, 64, 96))  # first-call work at another size
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof, HostReads() as reads:
         sum(out.mean() for out in model(torch.randn(2, 3, 96, 64))).backward()
-    assert [(e.name, _mmpola_frame(e)) for e in prof.events() if e.name in SYNC_OPS and _mmpola_frame(e)] == []
     assert reads.calls == []
+    _skip_without_python_frames(prof)
+    assert [(e.name, _mmpola_frame(e)) for e in prof.events() if e.name in SYNC_OPS and _mmpola_frame(e)] == []
