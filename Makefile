@@ -3,6 +3,7 @@
 #   make test   - the whole test suite
 #   make lint   - ruff (pyflakes, pycodestyle, isort rules; ruff.toml)
 #   make test-portable - the golden and ops tests again on the generic CPU kernels with one thread
+#   make test-compat - the backbones' and ops' tests again with the GPU machines' torch, Triton and Python
 #   make -k bench-gpu - the GPU tests and tables of docs/benchmarks.md, on one CUDA GPU, in the current environment
 #   make bench-gpu-quick-compile, make bench-gpu-quick-train, make bench-gpu-quick - the GPU targets' rows only,
 #                   for a short turn (make bench-gpu-turn: the last two in one order of steps, resumable, their output
@@ -15,7 +16,7 @@
 PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
-.PHONY: setup demo demo-seg demo-cls test test-portable lint bench bench-gpu test-gpu bench-gpu-warm bench-gpu-ops \
+.PHONY: setup demo demo-seg demo-cls test test-portable test-compat lint bench bench-gpu test-gpu bench-gpu-warm bench-gpu-ops \
 	bench-gpu-train bench-gpu-quick-compile bench-gpu-quick bench-gpu-quick-train bench-gpu-turn docs-check docs-figures \
 	check-kernels
 
@@ -43,6 +44,22 @@ PORTABLE_TESTS = tests/ops tests/models tests/checkpoint
 test-portable: setup
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile \
 		$(PORTABLE_TESTS)
+
+# The backbones, their ops and the timm entries once more with the GPU machines' older torch, Triton and Python
+# (requirements/compat.txt), in a second environment (COMPAT_VENV, made and kept up to date by uv from .venv):
+# compiled graphs, autograd Functions, the profiler and Triton's interpreter change between torch releases. That
+# environment has no mmcv, mmdet or mmseg: the tests that need them (marked downstream) are left out.
+COMPAT_VENV ?= .venv-compat
+# a Python 3.12 as on those machines where one runs (on PATH, or one of pyenv's), else python3
+COMPAT_PYTHON ?= $(or $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),\
+	$(shell $(p) -c 'import sys; print(sys.executable)' 2>/dev/null))),python3)
+COMPAT_TESTS = tests/ops tests/models tests/checkpoint
+test-compat: setup
+	$(dir $(PY))uv venv -q --allow-existing -p $(COMPAT_PYTHON) $(COMPAT_VENV)
+	$(dir $(PY))uv pip install -q --python $(COMPAT_VENV)/bin/python -r requirements/compat.txt
+	$(dir $(PY))uv pip install -q --python $(COMPAT_VENV)/bin/python --no-deps -e .
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile -m 'not downstream' \
+		$(COMPAT_TESTS)
 
 lint: setup
 	$(PY) -m ruff check .

@@ -57,6 +57,7 @@ def _model_configs():
             yield path, None
 
 
+@pytest.mark.downstream
 @pytest.mark.parametrize('path,name', list(_model_configs()), ids=lambda v: osp.basename(v) if v else '')
 def test_configs_name_the_published_source_or_a_local_file(path, name):
     cfg = Config.fromfile(path)

@@ -56,6 +56,7 @@ def _detector_config(tmp_path, name, backbone, channels):
     return str(path)
 
 
+@pytest.mark.downstream
 @pytest.mark.parametrize('backbone,channels', [
     (dict(type='PVTBackbone', arch=dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2],
                                         depths=[1, 1, 1, 1]), attn=dict(type=KIND, gate_init=0.25), attn_type='LLLS'),

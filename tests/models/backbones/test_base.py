@@ -270,6 +270,7 @@ def test_frozen_stages_and_with_cp(family):
         assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=1e-4), name
 
 
+@pytest.mark.downstream
 @pytest.mark.parametrize('registry_module', ['mmdet.registry', 'mmseg.registry'])
 def test_builds_from_downstream_registries(registry_module):
     registry = importlib.import_module(registry_module).MODELS

@@ -267,6 +267,7 @@ def _registry_build(registry_module, cls_name, arch):
     return model
 
 
+@pytest.mark.downstream
 @pytest.mark.parametrize('registry_module', ['mmdet.registry', 'mmseg.registry'])
 @pytest.mark.parametrize('cls_name,arch', [('PolaPVT', TINY_PVT), ('PolaSwin', TINY_SWIN)])
 def test_builds_from_downstream_registries(registry_module, cls_name, arch):
