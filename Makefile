@@ -16,9 +16,9 @@
 PY ?= .venv/bin/python
 SETUP_ARGS ?=
 
-.PHONY: setup demo demo-seg demo-cls test test-portable test-compat lint bench bench-gpu test-gpu bench-gpu-warm bench-gpu-ops \
-	bench-gpu-train bench-gpu-quick-compile bench-gpu-quick bench-gpu-quick-train bench-gpu-turn docs-check docs-figures \
-	check-kernels
+.PHONY: setup demo demo-seg demo-cls test test-portable test-compat lint bench bench-gpu test-gpu bench-gpu-warm \
+	bench-gpu-ops bench-gpu-train bench-gpu-quick-compile bench-gpu-quick bench-gpu-quick-train bench-gpu-turn docs-check \
+	docs-figures check-kernels
 
 setup:
 	python3 tools/setup_env.py $(SETUP_ARGS)

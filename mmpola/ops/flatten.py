@@ -71,8 +71,10 @@ def _focused_forward(x, s, f, keep_a):
     """(a, y) of the feature map; with ``keep_a=False`` a is overwritten by y (no second tensor)."""
     a = F.relu(x).add_(_kernel_eps()).div_(s)
     r = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
-    if keep_a:  # y is saved for the backward: not scaled in place (torch 2.11's torch.compile saved the unscaled
-        y = a.pow(f)  # tensor where an autograd Function's forward scaled it in place: wrong gradients)
+    if keep_a:
+        # y is saved for the backward, so it is scaled out of place: where an autograd Function's forward scaled
+        # it in place, torch 2.11's torch.compile saved the unscaled tensor (wrong gradients)
+        y = a.pow(f)
         return a, y * (r / torch.linalg.vector_norm(y, dim=-1, keepdim=True))
     y = a.pow_(f)
     return a, y.mul_(r / torch.linalg.vector_norm(y, dim=-1, keepdim=True))
