@@ -53,7 +53,7 @@ COMPAT_VENV ?= .venv-compat
 # a Python 3.12 as on those machines where one runs (on PATH, or one of pyenv's), else python3
 COMPAT_PYTHON ?= $(or $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),\
 	$(shell $(p) -c 'import sys; print(sys.executable)' 2>/dev/null))),python3)
-COMPAT_TESTS = tests/ops tests/models tests/checkpoint
+COMPAT_TESTS = $(PORTABLE_TESTS)
 test-compat: setup
 	$(dir $(PY))uv venv -q --allow-existing -p $(COMPAT_PYTHON) $(COMPAT_VENV)
 	$(dir $(PY))uv pip install -q --python $(COMPAT_VENV)/bin/python -r requirements/compat.txt
