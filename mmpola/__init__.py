@@ -12,9 +12,15 @@ docs/development.md, "What importing mmpola changes", says it all.
 ``mmpola.DetInferencer`` / ``mmpola.SegInferencer`` (also in :mod:`mmpola.apis`) are mmdet's and
 mmseg's inferencers extended for image folders (:mod:`mmpola.inferencers`), made on first use.
 """
-from .checkpoint.reading import register_safe_globals
-from .config_scope import register_config_scope
-from .version import __version__
+from torch import __version__ as _torch_version
+
+from .version import __version__, torch_too_old
+
+if torch_too_old(_torch_version):  # before anything that would fail on it less clearly
+    raise ImportError(f'mmpola: {torch_too_old(_torch_version)}')
+
+from .checkpoint.reading import register_safe_globals  # noqa: E402
+from .config_scope import register_config_scope  # noqa: E402
 
 register_safe_globals()
 register_config_scope()  # `mmpola::` config bases (mmpola/config_scope.py)

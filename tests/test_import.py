@@ -160,3 +160,44 @@ def test_backbones_and_timm_entries_need_no_mmcv():
                           env=dict(os.environ, PYTHONPATH=REPO))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-3:] == ['(1,', '3)', 'False']
+
+
+# ----------------------------------------------------------------------------------------------
+# the oldest torch
+
+def test_an_older_torch_is_refused_at_import_in_one_line():
+    """``import mmpola`` with a torch older than mmpola/version.py's ``MIN_TORCH`` stops with an ImportError that
+    names the version, the minimum and the fix, before anything that would fail on it less clearly."""
+    from mmpola.version import MIN_TORCH
+    older = f'{MIN_TORCH[0]}.{MIN_TORCH[1] - 1}.1+cu128'
+    code = f'import torch; torch.__version__ = {older!r}; import mmpola'
+    run = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=REPO))
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    need = '.'.join(map(str, MIN_TORCH))
+    assert last == (f'ImportError: mmpola: torch {older} is older than {need}, the oldest torch mmpola is tested '
+                    f'with; upgrade torch and torchvision together (torch >= {need}, docs/install.md)'), run.stderr
+
+
+def test_torch_too_old_reads_release_local_and_prerelease_versions():
+    from mmpola.version import MIN_TORCH, torch_too_old
+    major, minor = MIN_TORCH
+    assert torch_too_old(f'{major}.{minor - 1}.9')
+    assert torch_too_old(f'{major - 1}.{minor + 5}.0+cpu')
+    for fine in (f'{major}.{minor}.0', f'{major}.{minor}.0+cu130', f'{major}.{minor + 1}.0a0+git1234abc',
+                 f'{major + 1}.0.0'):
+        assert torch_too_old(fine) == '', fine
+
+
+def test_the_oldest_torch_is_the_one_pyproject_asks_for_and_make_test_compat_runs():
+    """One minimum: pyproject.toml's torch requirement and requirements/compat.txt's torch (the older of the
+    two environments the suite runs in) are mmpola/version.py's ``MIN_TORCH``."""
+    from mmpola.version import MIN_TORCH
+    need = '.'.join(map(str, MIN_TORCH))
+    with open(osp.join(REPO, 'pyproject.toml')) as f:
+        pyproject = f.read()
+    assert f'"torch>={need}",' in pyproject
+    with open(osp.join(REPO, 'requirements', 'compat.txt')) as f:
+        compat = [line.strip() for line in f if line.startswith('torch==')]
+    assert len(compat) == 1 and compat[0].startswith(f'torch=={need}.'), compat

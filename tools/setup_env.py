@@ -20,8 +20,8 @@ What it handles (measured traps, see DEVELOPERS.md):
 * GPU machines (nvidia-smi): the default torch build must run on the driver (else the build
   for an older CUDA is picked, saying so), and an environment counts as up to date only when
   torch sees the GPU and mmcv's CUDA kernels run on it.
-* --python: torch >= 2.4 is required; packages of that environment are changed only after
-  listing the changes (--yes to accept them).
+* --python: torch must be at least the oldest mmpola is tested with (mmpola/version.py); packages
+  of that environment are changed only after listing the changes (--yes to accept them).
 * mmseg 1.2.2 imports ftfy and regex without declaring them: they are pinned here.
 * one OpenCV distribution: opencv-python (mmengine's requirement). opencv-python-headless writes the
   same cv2 files; an environment set up before holds both, and the set-up removes the other one.
@@ -34,6 +34,7 @@ import json
 import os
 import os.path as osp
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -79,8 +80,9 @@ DEFAULT_TORCH_CUDA = '13.0'
 TORCH_INDEX = 'https://download.pytorch.org/whl/'
 TORCH_CUDA_BUILDS = ('13.0', '12.8', '12.6')
 MIN_DRIVER = {13: '580.65.06', 12: '525.60.13', 11: '450.80.02'}
-# the safe checkpoint loading (torch.serialization.add_safe_globals) came with torch 2.4
-MIN_TORCH = (2, 4)
+# the oldest torch mmpola is tested with, and its check (mmpola/version.py, which imports nothing)
+_VERSION = runpy.run_path(osp.join(REPO, 'mmpola', 'version.py'))
+MIN_TORCH, torch_too_old = _VERSION['MIN_TORCH'], _VERSION['torch_too_old']
 # GPU architectures mmcv's CUDA ops are built for when TORCH_CUDA_ARCH_LIST is unset and no GPU is
 # visible (a login node): V100 (7.0; dropped by CUDA 13), T4, A100, A10/RTX 30, L4/RTX 40, H100,
 # B200 and RTX 50 (10.0, 12.0; from CUDA 12.8), plus PTX of the newest for later GPUs.
@@ -399,13 +401,10 @@ def wanted_torch_cuda(index_url):
 
 
 def check_user_torch(torch_version, python):
-    if version_tuple(torch_version)[:2] < MIN_TORCH:
-        need = '.'.join(map(str, MIN_TORCH))
-        raise SetupError(
-            f'torch {torch_version} in {python} is older than {need}, the oldest mmpola supports: checkpoints '
-            f'are loaded with torch.load(weights_only=True) and an allowlist (torch.serialization.add_safe_globals, '
-            f'new in torch 2.4). Upgrade torch and torchvision together in that environment (torch >= {need}), '
-            'or leave out --python to let the set-up create .venv with the pinned torch')
+    problem = torch_too_old(torch_version)
+    if problem:
+        raise SetupError(f'{problem}; in {python}, or leave out --python to let the set-up create .venv with the '
+                         'pinned torch')
 
 
 def torch_fit_problem(torch_version, cuda, gpu, gpus):
@@ -553,8 +552,8 @@ def parse_args(argv=None):
     parser.add_argument('--venv', default=os.environ.get('MMPOLA_VENV', osp.join(REPO, '.venv')),
                         help='virtual environment to create/update (default: .venv in the repo)')
     parser.add_argument('--python', default=None,
-                        help='install into this existing interpreter instead of a venv; its '
-                        'torch/torchvision build (e.g. your CUDA build, torch >= 2.4) is kept as it is')
+                        help='install into this existing interpreter instead of a venv; its torch/torchvision '
+                        f'build (e.g. your CUDA build, torch >= {".".join(map(str, MIN_TORCH))}) is kept as it is')
     parser.add_argument('--torch-index-url', default=os.environ.get('MMPOLA_TORCH_INDEX_URL'),
                         help='index for torch/torchvision (e.g. a specific CUDA build; default: the registry\'s '
                         'build, or the newest CUDA build the NVIDIA driver runs)')

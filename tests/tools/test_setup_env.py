@@ -103,12 +103,15 @@ def test_torch_build_for_the_driver(se):
     assert se.wanted_torch_cuda('https://download.pytorch.org/whl/cpu') is None
 
 
-def test_user_torch_older_than_2_4_is_refused(se):
-    se.check_user_torch('2.4.0+cu121', '/envs/a/bin/python')
+def test_user_torch_older_than_mmpolas_minimum_is_refused(se):
+    major, minor = se.MIN_TORCH
+    se.check_user_torch(f'{major}.{minor}.0+cu128', '/envs/a/bin/python')
     with pytest.raises(se.SetupError) as exc:
-        se.check_user_torch('2.3.1+cu121', '/envs/a/bin/python')
-    assert 'torch 2.3.1+cu121 in /envs/a/bin/python is older than 2.4' in str(exc.value)
-    assert 'weights_only' in str(exc.value)
+        se.check_user_torch(f'{major}.{minor - 1}.1+cu128', '/envs/a/bin/python')
+    assert str(exc.value) == (
+        f'torch {major}.{minor - 1}.1+cu128 is older than {major}.{minor}, the oldest torch mmpola is tested with; '
+        f'upgrade torch and torchvision together (torch >= {major}.{minor}, docs/install.md); in /envs/a/bin/python, '
+        'or leave out --python to let the set-up create .venv with the pinned torch')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,7 +321,7 @@ def test_python_mode_with_a_torch_the_driver_cannot_run_stops_first(se, machine,
 def test_python_mode_refuses_old_torch_before_installing_anything(se, machine, monkeypatch):
     machine.torch = ['2.3.1+cu121', '0.18.1+cu121', '12.1', True, '2.3.1', '0.18.1']
     monkeypatch.setattr(se, 'ensure_uv', lambda python, pins: pytest.fail('nothing may be installed'))
-    with pytest.raises(se.SetupError, match='older than 2.4'):
+    with pytest.raises(se.SetupError, match=r'older than \d+\.\d+, the oldest torch mmpola is tested with'):
         se.setup(se.parse_args(['--python', osp.join(machine.venv, 'bin', 'python')]))
     assert machine.installs == []
 
