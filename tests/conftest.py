@@ -22,6 +22,8 @@ else:
     # tests of every config force each one, and tests/ops/test_triton_support.py tunes.
     os.environ.setdefault('MMPOLA_TRITON_AUTOTUNE', '0')
 
+
+
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DATA = osp.join(REPO_ROOT, 'tests', 'data')
 
@@ -41,6 +43,14 @@ def data_file():
 
 
 def pytest_configure(config):
+    if os.environ.get('TRITON_INTERPRET') == '1':  # stop in one line where the interpreter cannot run the kernels
+        import numpy
+        import triton
+
+        from tests.fixtures.interpreter import interpreter_problem
+        problem = interpreter_problem(numpy.__version__, triton.__version__)
+        if problem:
+            raise pytest.UsageError(problem)
     from tests.fixtures import yaml_cache
     yaml_cache.install()  # configs' mmdet:: / mmseg:: bases: each model-index metafile parsed once per process
 

@@ -522,3 +522,16 @@ def test_direct_launches_call_the_launcher_as_triton_s_path_does(tmp_path):
     assert lines['POINTERS'].split() == [str((4 + 8) * 4), str((16 + 32) * 2 * 4 - (4 + 8) * 4)], log
     assert lines['HIT'] == 'True False', log  # a float where an int was: Triton's path
     assert lines['HOOKED'] == 'False' and lines['PRE-RUN'] == 'False 1' and lines['AFTER'] == 'True', log
+
+
+def test_the_suite_stops_in_one_line_where_the_interpreter_cannot_run_the_kernels():
+    """Triton 3.6's interpreter turns one-element arrays into loop bounds with int(), which numpy 2.4 refuses;
+    tests/conftest.py stops the session with this line where the two meet (Triton 3.7 converts the element)."""
+    from tests.fixtures.interpreter import interpreter_problem
+    assert interpreter_problem('1.26.4', '3.6.0') == interpreter_problem('2.3.5', '3.6.0') == ''
+    assert interpreter_problem('2.4.6', '3.7.1') == interpreter_problem('2.5.0', '3.8.0+git1ab2') == ''
+    problem = interpreter_problem('2.4.6', '3.6.0')
+    assert problem.startswith("Triton 3.6.0's CPU interpreter (TRITON_INTERPRET=1) cannot run the kernels with "
+                              'numpy 2.4.6')
+    assert problem.endswith('Install numpy < 2.4 (requirements/pins.txt and requirements/compat.txt hold 1.26.4) '
+                            'or Triton >= 3.7')
