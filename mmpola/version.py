@@ -1,6 +1,6 @@
-"""mmpola's version, and the oldest torch it runs on.
+"""mmpola's version, and the oldest torch it is tested with.
 
-Kept free of imports: tools/setup_env.py reads this file before anything is installed.
+Only the standard library is imported here: tools/setup_env.py reads this file before anything is installed.
 """
 import re
 

@@ -22,8 +22,6 @@ else:
     # tests of every config force each one, and tests/ops/test_triton_support.py tunes.
     os.environ.setdefault('MMPOLA_TRITON_AUTOTUNE', '0')
 
-
-
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DATA = osp.join(REPO_ROOT, 'tests', 'data')
 

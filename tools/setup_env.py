@@ -403,7 +403,7 @@ def wanted_torch_cuda(index_url):
 def check_user_torch(torch_version, python):
     problem = torch_too_old(torch_version)
     if problem:
-        raise SetupError(f'{problem}; in {python}, or leave out --python to let the set-up create .venv with the '
+        raise SetupError(f'in {python}: {problem}; or leave out --python to let the set-up create .venv with the '
                          'pinned torch')
 
 

@@ -109,8 +109,8 @@ def test_user_torch_older_than_mmpolas_minimum_is_refused(se):
     with pytest.raises(se.SetupError) as exc:
         se.check_user_torch(f'{major}.{minor - 1}.1+cu128', '/envs/a/bin/python')
     assert str(exc.value) == (
-        f'torch {major}.{minor - 1}.1+cu128 is older than {major}.{minor}, the oldest torch mmpola is tested with; '
-        f'upgrade torch and torchvision together (torch >= {major}.{minor}, docs/install.md); in /envs/a/bin/python, '
+        f'in /envs/a/bin/python: torch {major}.{minor - 1}.1+cu128 is older than {major}.{minor}, the oldest torch '
+        f'mmpola is tested with; upgrade torch and torchvision together (torch >= {major}.{minor}, docs/install.md); '
         'or leave out --python to let the set-up create .venv with the pinned torch')
 
 
