@@ -16,8 +16,8 @@ from torch import __version__ as _torch_version
 
 from .version import __version__, torch_too_old
 
-if torch_too_old(_torch_version):  # before anything that would fail on it less clearly
-    raise ImportError(f'mmpola: {torch_too_old(_torch_version)}')
+if (_too_old := torch_too_old(_torch_version)):  # before anything that would fail on it less clearly
+    raise ImportError(f'mmpola: {_too_old}')
 
 from .checkpoint.reading import register_safe_globals  # noqa: E402
 from .config_scope import register_config_scope  # noqa: E402

@@ -80,7 +80,7 @@ DEFAULT_TORCH_CUDA = '13.0'
 TORCH_INDEX = 'https://download.pytorch.org/whl/'
 TORCH_CUDA_BUILDS = ('13.0', '12.8', '12.6')
 MIN_DRIVER = {13: '580.65.06', 12: '525.60.13', 11: '450.80.02'}
-# the oldest torch mmpola is tested with, and its check (mmpola/version.py, which imports nothing)
+# the oldest torch mmpola is tested with, and its check (mmpola/version.py: the standard library only)
 _VERSION = runpy.run_path(osp.join(REPO, 'mmpola', 'version.py'))
 MIN_TORCH, torch_too_old = _VERSION['MIN_TORCH'], _VERSION['torch_too_old']
 # GPU architectures mmcv's CUDA ops are built for when TORCH_CUDA_ARCH_LIST is unset and no GPU is
