@@ -53,7 +53,9 @@ COMPAT_VENV ?= .venv-compat
 # a Python 3.12 as on those machines where one runs (on PATH, or one of pyenv's), else python3
 COMPAT_PYTHON ?= $(or $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),\
 	$(shell $(p) -c 'import sys; print(sys.executable)' 2>/dev/null))),python3)
-COMPAT_TESTS = $(PORTABLE_TESTS)
+# the tests run there: the portable ones, the Triton kernels compiled by that Triton for those GPUs (no GPU needed),
+# and the benchmark command's rows that need no mmdet (what a GPU turn runs first)
+COMPAT_TESTS = $(PORTABLE_TESTS) tests/tools/test_check_triton_kernels.py tests/tools/test_benchmark.py
 test-compat: setup
 	$(dir $(PY))uv venv -q --allow-existing -p $(COMPAT_PYTHON) $(COMPAT_VENV)
 	$(dir $(PY))uv pip install -q --python $(COMPAT_VENV)/bin/python -r requirements/compat.txt

@@ -442,6 +442,7 @@ def test_operator_count_with_the_roofline_bound(capsys, monkeypatch):
         BENCH.bench_ops(args, torch.device('cuda'))
 
 
+@pytest.mark.downstream
 def test_backbone_rows_come_as_each_finishes_and_in_the_table(capsys):
     """Each backbone's time is printed as soon as it is measured (a run stopped before the table keeps it),
     then the table: fwd+bwd ms, the FLOP count, the scaling against the first size."""
@@ -641,10 +642,13 @@ def test_every_benchmark_command_of_the_makefile_parses():
 
 
 HOST = load_tool('benchmark_host')
+# the backbones the tools build from mmdet (their rows need it: the tests that run them are marked downstream)
+MMDET_BACKBONES = {name for name, (type_name, _) in BENCH.all_backbones().items() if type_name.startswith('mmdet.')}
 
 
 @pytest.mark.parametrize('amp', [None, 'bfloat16'])
-@pytest.mark.parametrize('name', HOST.HOST_BACKBONES)
+@pytest.mark.parametrize('name', [pytest.param(name, marks=pytest.mark.downstream) if name in MMDET_BACKBONES else name
+                                  for name in HOST.HOST_BACKBONES])
 def test_host_layouts_dispatch_what_the_full_backbones_do(name, amp, monkeypatch):
     """`host` narrows each backbone to 16 channels per head: the same operators (kinds and counts) and Triton
     launches as the full backbone in a training step, at the same size, in float32 and under autocast."""
@@ -699,6 +703,7 @@ def test_a_training_pass_sets_the_gradients_to_none_without_walking_the_modules(
         torch.testing.assert_close(param.grad, grad)
 
 
+@pytest.mark.downstream
 def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
     """One row per backbone: times, Python calls, operators and (mmpola's) Triton launches of a training step, the
     rows timed in turn; --also-with adds mmpola's backbones with a variable set (--compare-recompute: the
@@ -745,6 +750,7 @@ def test_host_times_the_narrowed_steps_with_their_counts(capsys, monkeypatch):
         BENCH.bench_host(BENCH.parse_args(['host', '--models', 'pvt-t']), torch.device('cuda'))
 
 
+@pytest.mark.downstream
 def test_host_times_the_triton_launches_down_triton_s_own_launch_path(tmp_path):
     """Outside the interpreter, `host` makes each step's Triton launches once more from mmpola's launch call (its
     direct launches, else Triton's launch path: the autotuners, the binding of the arguments, the kernel cache) to
@@ -758,6 +764,7 @@ def test_host_times_the_triton_launches_down_triton_s_own_launch_path(tmp_path):
     assert "mmpola's launch call (its direct launch of a launch like one made before, else Triton's own path" in out
 
 
+@pytest.mark.downstream
 def test_host_forward_times_the_inference_forward(capsys, monkeypatch):
     """`host --forward` times what evaluation runs: the forward in eval mode without autograd, which dispatches
     fewer operators and launches than a training step (mmdet's Swin, whose train() returns None, included)."""
@@ -827,6 +834,7 @@ def _host_counts(name, amp='bfloat16'):
         return HOST.step_counts(step, launches)
 
 
+@pytest.mark.downstream
 def test_host_counts_of_a_training_step_stay_within_their_budgets(monkeypatch):
     """A change that adds Python calls, operators, kernels or Triton launches to a training step of mmpola's backbones
     adds host time to every step on a GPU, where these backbones' steps at batch 2 are a few milliseconds of device
@@ -871,6 +879,7 @@ def test_cuda_asked_where_it_is_unusable_is_one_line_with_the_cause_and_fix(monk
     assert message.endswith('To run on the CPU on purpose, add --device cpu.') and '\n' not in message
 
 
+@pytest.mark.downstream
 def test_optim_times_a_step_with_each_constructor_s_groups(capsys):
     """One row per config, constructor and torch implementation: mmengine's default constructor gives each
     parameter a group (the config has a paramwise_cfg), mmpola's merges those of equal options: the same tensors,
@@ -902,6 +911,7 @@ def test_optim_times_a_step_with_each_constructor_s_groups(capsys):
         BENCH.bench_optim(BENCH.parse_args(['optim', config]), torch.device('cuda'))
 
 
+@pytest.mark.downstream
 def test_optim_full_size_steps_the_parameters_shapes_and_both_implementations_agree():
     """--full-size: the config's groups over tensors of its parameters' shapes; the fused implementation updates
     them as foreach does, within rounding (each step's arithmetic, not only its dispatch, is timed)."""
