@@ -4,7 +4,6 @@ resized to the real token grid, and the official weight init.
 Token layout: ``x`` is (B, N, C), the row-major flatten of an H x W grid, and the grid size
 travels beside it as ``hw = (H, W)``.
 """
-import functools
 import weakref
 from collections import OrderedDict
 
@@ -25,7 +24,7 @@ from mmpola.ops import (
     layer_norm_add,
     layer_norm_linear,
 )
-from mmpola.ops.dispatch import autocast_dtype, padding_needed, recording, unviewed_when_compiling
+from mmpola.ops.dispatch import autocast_dtype, padding_needed, promoted_dtype, recording, unviewed_when_compiling
 from mmpola.ops.recompute import recompute_layers_impl
 from mmpola.ops.recompute_triton import NORM_MAX_CHANNELS
 
@@ -436,12 +435,6 @@ def drop_path_scale(drop_path, x, dtype=None):
     return scale.view(-1)
 
 
-@functools.lru_cache(maxsize=None)
-def _promoted(a, b):
-    """``torch.promote_types(a, b)``, kept (the library's function is an operator the host dispatches)."""
-    return torch.promote_types(a, b)
-
-
 def add_branch(x, branch, drop_path=None, gamma=None):
     """The residual connection ``x + drop_path(branch)``, or ``x + drop_path(gamma * branch)`` with a layer scale
     ``gamma`` (broadcastable to the branch), in the dtype those give.
@@ -455,7 +448,7 @@ def add_branch(x, branch, drop_path=None, gamma=None):
     if not isinstance(branch, torch.Tensor) or not _draws_factors(drop_path):  # torch.fx proxies: the modules
         branch = branch if gamma is None else gamma * branch
         return x + (branch if drop_path is None else drop_path(branch))
-    scale = drop_path_scale(drop_path, branch, None if gamma is None else _promoted(gamma.dtype, branch.dtype))
+    scale = drop_path_scale(drop_path, branch, None if gamma is None else promoted_dtype(gamma.dtype, branch.dtype))
     if scale is None:
         return x + (branch if gamma is None else gamma * branch)
     scale = scale.view(-1, *(1, ) * (branch.dim() - 1))  # in the product's dtype, as timm draws it

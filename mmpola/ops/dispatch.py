@@ -373,6 +373,16 @@ def autocast_dtype(device_type):
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
+def promoted_dtype(a, b):
+    """The dtype of the sum of tensors of float dtypes a and b, as ``torch.promote_types`` gives it. That function
+    is an operator the host dispatches; this is plain Python, which torch.compile traces without a cache."""
+    if a == b:
+        return a
+    if a.itemsize == b.itemsize:  # float16 and bfloat16
+        return torch.float32
+    return a if a.itemsize > b.itemsize else b
+
+
 class _UnrecordedContext:
     """The context an autograd Function's forward gets from :func:`apply_function` where autograd records nothing:
     it keeps what the forward sets on it and nothing for a backward."""

@@ -60,7 +60,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .dispatch import autocast_dtype, autocast_off, implementation_from_env
+from .dispatch import autocast_dtype, autocast_off, implementation_from_env, promoted_dtype
 from .recompute_triton import (
     NORM_MAX_CHANNELS,
     OPERANDS_MAX,
@@ -586,14 +586,5 @@ def layer_norm_add(x, weight, bias, eps, addend, impl='auto'):
         raise ValueError(f'layer_norm_add\'s kernel takes rows of up to {NORM_MAX_CHANNELS} channels, got {C}')
     norm_dtype = torch.float32 if autocast_dtype(x.device.type) is not None else x.dtype
     with autocast_off(x.device.type):
-        return _NormAdd.apply(_token_layout(x), weight, bias, eps, addend, _promoted(norm_dtype, addend.dtype))
+        return _NormAdd.apply(_token_layout(x), weight, bias, eps, addend, promoted_dtype(norm_dtype, addend.dtype))
 
-
-def _promoted(a, b):
-    """The dtype of the sum of tensors of float dtypes a and b (as ``torch.promote_types``, which the dispatcher
-    counts as an operator)."""
-    if a == b:
-        return a
-    if a.itemsize == b.itemsize:  # float16 and bfloat16
-        return torch.float32
-    return a if a.itemsize > b.itemsize else b

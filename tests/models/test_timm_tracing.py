@@ -3,6 +3,8 @@ entry of each architecture and attention kind: forward_intermediates and feature
 tracing forward and backward, fx feature extraction at the ``feature_info`` modules; torch.compile
 and torch.export of one entry of each architecture. The other entries of an architecture and kind
 differ only in their sizes; test_timm_conventions.py checks every entry's API."""
+import warnings
+
 import pytest
 import timm
 import torch
@@ -73,17 +75,22 @@ def test_fx_forward_matches_eager(entry):
 
 
 @pytest.mark.parametrize('name', one_per_architecture())
-def test_torch_compile_traces_one_graph(name):
+def test_torch_compile_traces_one_graph(name, monkeypatch):
     """torch.compile of the whole model (timm's ``--torchcompile``, mmengine's ``compile=True``) in training
     traces it as one graph (``fullgraph=True`` fails at a graph break), whose forward and backward are the
     model's: to rounding, as the graph's convolutions and softmax attention may take contiguous copies of the
     views that eager hands them (:func:`mmpola.ops.dispatch.unviewed_when_compiling`), whose kernels round
-    otherwise."""
+    otherwise. Tracing mmpola's code warns of nothing (such as a cached function, whose cache Dynamo skips)."""
     torch.manual_seed(0)
     model = timm.create_model(name).train()
     x = torch.randn(2, *input_size(model, TARGET_FX_SIZE))
-    (compiled, eager), (grads, eager_grads) = compiled_and_eager_steps(model, x, torch.sum, backend='eager',
-                                                                       fullgraph=True)
+    monkeypatch.setattr(torch._dynamo.utils, 'warn_once_cache', set(), raising=False)  # Dynamo warns once a process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        (compiled, eager), (grads, eager_grads) = compiled_and_eager_steps(model, x, torch.sum, backend='eager',
+                                                                           fullgraph=True)
+    ours = [str(w.message) for w in caught if 'mmpola' in f'{w.filename} {w.message}']
+    assert not ours, ours
     assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5)
     assert grads.keys() == eager_grads.keys() == {name for name, _ in model.named_parameters()}
     # to rounding: within each gradient's scale (sums of another order; some gradients are near zero)
