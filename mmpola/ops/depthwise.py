@@ -22,7 +22,7 @@ training run or a benchmark switches every depthwise conv of a model at once.
 import torch.nn.functional as F
 
 from .depthwise_triton import depthwise_conv2d_triton
-from .dispatch import implementation_from_env, recording
+from .dispatch import implementation_from_env, recording, unviewed_when_compiling
 from .triton_support import dry_running, triton_unsupported
 
 __all__ = ['DEPTHWISE_IMPLS', 'auto_impl', 'depthwise_conv2d', 'depthwise_conv_impl', 'heads_as_maps', 'library_conv']
@@ -76,7 +76,9 @@ def library_conv(x, weight, bias=None, per_sample=False):
     k = weight.shape[-1]
     if x.dim() == 5:
         B, G, C, H, W = x.shape
-        images = x.permute(0, 1, 3, 4, 2).reshape(B * G, H, W, C).permute(0, 3, 1, 2)
+        # the convolution keeps its input for the backward: while torch.compile records, a copy, no view
+        # (unviewed_when_compiling: inductor cannot order a channels-last view's strides at symbolic sizes)
+        images = unviewed_when_compiling(x.permute(0, 1, 3, 4, 2).reshape(B * G, H, W, C).permute(0, 3, 1, 2))
         return library_conv(images, weight, bias).unflatten(0, (B, G))
     if not per_sample:
         return F.conv2d(x, weight, bias, padding=k // 2, groups=weight.shape[0])

@@ -297,18 +297,22 @@ def test_bf16_autocast_cpu(cls, arch):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_inductor_compiles_a_training_step_with_dynamic_shapes():
-    """torch.compile (inductor) of a training step with dynamic shapes: what a detector's changing image sizes
-    give from the second size on (here ``dynamic=True`` from the first). The token grid's sizes are the image's
-    floor-divided by the patch size, possibly zero for all inductor's sort of a kept view's strides knows
-    (``16 * (H // 4) < 16`` has no truth value), and compiling stopped with a TypeError at the softmax's queries
-    and the spatial reduction's input map, which are copies while torch.compile records. The first stage only
-    (``out_indices=(0,)``), the softmax kind: it has both, and inductor compiles no more than it needs."""
+def test_inductor_compiles_a_training_step_at_a_second_image_size():
+    """torch.compile (inductor) of a training step as mmengine's ``compile=True`` runs a detector: the first image
+    size with its sizes as constants, the second with the side that changed symbolic. The token grid's sizes are
+    the image's floor-divided by the patch size, possibly zero for all inductor's sort of a kept view's strides
+    knows (``16 * (H // 4) < 16`` has no truth value), and compiling stopped with a TypeError at the softmax's
+    queries, the spatial reduction's input map and the depthwise convolution of the heads' values (their maps
+    as channels-last images), each a view that the backward keeps: copies while torch.compile records. The
+    first two stages only (``out_indices=(1,)``: inductor compiles no more than it needs), a softmax stage, which
+    has the first two, and a Pola stage of two heads, at batch 2; the second size's step is eager's."""
     torch.manual_seed(0)
-    model = PVTBackbone(arch=TINY_PVT, attn_type='SSSS', out_indices=(0,)).train()
-    ((compiled, ), (eager, )), (grads, eager_grads) = compiled_and_eager_steps(
-        model, torch.randn(1, 3, 64, 96), lambda outs: outs[0].mean(), dynamic=True, fullgraph=True)
-    assert torch.allclose(compiled, eager, rtol=1e-4, atol=1e-5)
+    model = PVTBackbone(arch=TINY_PVT, attn_type='SLSS', attn=dict(type='pola'), out_indices=(1, )).train()
+    # the height changes: the second size's graph has it symbolic
+    ((compiled_out, ), (eager_out, )), (grads, eager_grads) = compiled_and_eager_steps(
+        model, torch.randn(2, 3, 96, 96), lambda outs: outs[0].mean(), before=[torch.randn(2, 3, 64, 96)],
+        fullgraph=True)
+    assert torch.allclose(compiled_out, eager_out, rtol=1e-4, atol=1e-5)
     assert grads.keys() == eager_grads.keys()
     assert all((grads[name] - eager_grads[name]).abs().max() <= 1e-4 * eager_grads[name].abs().max() + 1e-6
                for name in grads)
