@@ -587,4 +587,3 @@ def layer_norm_add(x, weight, bias, eps, addend, impl='auto'):
     norm_dtype = torch.float32 if autocast_dtype(x.device.type) is not None else x.dtype
     with autocast_off(x.device.type):
         return _NormAdd.apply(_token_layout(x), weight, bias, eps, addend, promoted_dtype(norm_dtype, addend.dtype))
-
