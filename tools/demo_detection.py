@@ -31,7 +31,7 @@ from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
 # The pass/fail check of the default run (demo.check_learned): the runs in README.md gave box 0.506 to 0.560 and
-# mask 0.546 to 0.602 (by the CPU); the untrained model 0.000.
+# mask 0.546 to 0.602 (by the CPU and the commit); the untrained model 0.000.
 LEARNED = {'box mAP': 0.3, 'mask mAP': 0.3}
 PRETRAINED = osp.join('checkpoints', 'pola_pvt_tiny.pth')
 REPORTED = (('bbox_mAP', 'box mAP'), ('bbox_mAP_50', 'box mAP@0.5'), ('segm_mAP', 'mask mAP'),
