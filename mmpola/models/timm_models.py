@@ -36,6 +36,7 @@ names it) into timm's cache (:mod:`mmpola.models.pretrained`). The PolaFormer we
 as above; ``pretrained=True`` without one says where they are.
 """
 import functools
+import inspect
 from dataclasses import dataclass, field
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
@@ -81,8 +82,14 @@ class TimmEntry:
 def _row(family, arch, attn, drop_path_rate, **kwargs):
     options = dict(drop_path_rate=drop_path_rate)
     if family == 'swin' and kwargs.get('img_size', 224) != 224:  # pretrained at another size
-        options.update(pretrain_img_size=kwargs['img_size'], window_size=kwargs['img_size'] // 4)
+        options.update(_pretraining_size(kwargs['img_size']))
     return TimmEntry(family, arch, attn, options, **kwargs)
+
+
+def _pretraining_size(img_size):
+    """The backbone arguments of a pretraining size: the stored grids' size and (Swin) the linear blocks'
+    window, a quarter of it as released (56 at 224, 96 at 384)."""
+    return dict(pretrain_img_size=img_size, window_size=img_size // 4)
 
 
 # name: (architecture, arch, attention, options, pretrained cfg); drop-path rates of the official recipes
@@ -172,9 +179,10 @@ def create_classifier(variant, pretrained=False, **kwargs):
     """Shared builder of the entries (timm's ``build_model_with_cfg`` with our filter).
 
     Any :class:`~mmpola.models.classifier.ImageClassifier` argument overrides the entry's row (``arch=dict(...)``,
-    ``drop_path_rate``, ``pretrain_img_size``, ``attn_impl`` ...). ``features_only=True``
-    wraps the model in timm's ``FeatureGetterNet`` (``forward_intermediates``): a list of NCHW
-    stage maps, strides 4, 8, 16, 32, ``out_indices`` 0-based (default all four).
+    ``drop_path_rate``, ``pretrain_img_size``, ``attn_impl`` ...); timm's ``img_size`` sets the pretraining size
+    (:func:`_img_size_args`). ``features_only=True`` wraps the model in timm's ``FeatureGetterNet``
+    (``forward_intermediates``): a list of NCHW stage maps, strides 4, 8, 16, 32, ``out_indices`` 0-based
+    (default all four); ``feature_cls='fx'`` gives the stages' tokens, the other extractors are refused.
     """
     entry = TIMM_ENTRIES[variant]
     refuse_scriptable(ImageClassifier)
@@ -187,18 +195,46 @@ def create_classifier(variant, pretrained=False, **kwargs):
         raise ValueError(f'{variant} is a {entry.attn!r} attention model; kind={kind!r} does not fit '
                          f'(use {_entries_of(family, kind)})')
     model_args = dict(family=entry.family, arch=entry.arch, kind=entry.attn, **entry.options)
+    if 'img_size' in kwargs:  # timm's name of the size the model is built for
+        model_args.update(_img_size_args(variant, entry, kwargs.pop('img_size')))
     model_args.update(kwargs)
     if pretrained and not entry.source:  # the official file, downloaded once into timm's cache
         overlay = model_args.get('pretrained_cfg_overlay')
         model_args['pretrained_cfg_overlay'] = timm_pretrained_overlay(variant, overlay)
     if model_args.get('features_only'):
         model_args.setdefault('num_classes', 0)  # a feature extractor carries no classifier
+        _check_feature_cls(variant, model_args.get('feature_cls', 'getter'))
     strict = model_args.get('pretrained_strict', True)  # False: a file of other blocks loads what fits
     return build_model_with_cfg(
         _build_classifier, variant, pretrained,
         pretrained_filter_fn=functools.partial(timm_filter_fn, layout=strict is not False),
         feature_cfg=dict(feature_cls='getter', out_indices=_feature_indices(entry, model_args.get('arch'))),
         **model_args)
+
+
+def _img_size_args(variant, entry, img_size):
+    """``img_size=``: the size the stored grids (positional encodings; Swin's linear windows) are built for,
+    as the entries of another pretraining size (``*_384``) set it; inputs of any size run either way."""
+    cls = backbone_class(entry.family, entry.attn)
+    if 'pretrain_img_size' not in inspect.signature(cls.__init__).parameters:
+        raise TypeError(f'{variant} takes no img_size: it stores no grid of a pretraining size, and inputs of any '
+                        'size (at least pretrained_cfg["min_input_size"]) run without it')
+    args = _pretraining_size(img_size)
+    if entry.family != 'swin':
+        args.pop('window_size')
+    return args
+
+
+def _check_feature_cls(variant, feature_cls):
+    """The feature extractors that fit: timm's ``'getter'`` (``forward_intermediates``, the default) and
+    ``'fx'``; the hook, list and dict extractors take a module's output, and no module of these backbones
+    returns a stage's NCHW map (a stage's blocks work on tokens)."""
+    name = feature_cls.lower() if isinstance(feature_cls, str) else getattr(feature_cls, '__name__', feature_cls)
+    if name not in ('getter', 'fx', 'FeatureGetterNet', 'FeatureGraphNet'):
+        raise ValueError(f"feature_cls={feature_cls!r} does not fit {variant}: its stage maps (NCHW) come from "
+                         'forward_intermediates, not from the output of a module, which the hook, list and dict '
+                         "extractors take; use the default feature_cls='getter', or 'fx' for each stage's "
+                         '(B, H*W, C) tokens')
 
 
 def _feature_indices(entry, arch=None):

@@ -60,6 +60,36 @@ def test_entries_listed_and_overridable():
         timm.create_model('pola_pvt_tiny', family='swin')
 
 
+def test_img_size_sets_the_pretraining_size(tmp_path):
+    """timm's ``img_size=``: the size the stored grids are built for (Swin: its linear windows too), as the
+    ``*_384`` entries set it; a file of the default size loads into it (grids resized)."""
+    with torch.device('meta'):
+        swin = timm.create_model('pola_swin_base', img_size=384)
+        base_384 = timm.create_model('pola_swin_base_384')
+        back = timm.create_model('pola_swin_base_384', img_size=224)
+    assert swin.backbone.pretrain_img_size == (384, 384) and swin.backbone.window_size == 96
+    assert {k: v.shape for k, v in swin.state_dict().items()} == {k: v.shape for k, v in base_384.state_dict().items()}
+    assert back.backbone.window_size == 56
+    with pytest.raises(TypeError, match='polapp_b0 takes no img_size'):
+        timm.create_model('polapp_b0', img_size=256)
+
+    torch.manual_seed(0)
+    torch.save(timm.create_model('pola_pvt_tiny', num_classes=3).state_dict(), tmp_path / 'tiny.pth')
+    model = timm.create_model('pola_pvt_tiny', img_size=256, num_classes=3, pretrained=True,
+                              pretrained_cfg_overlay=dict(file=str(tmp_path / 'tiny.pth'), num_classes=3)).eval()
+    assert model.backbone.pretrain_img_size == (256, 256)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randn(1, 3, 64, 64))).all()
+
+
+@pytest.mark.parametrize('feature_cls', ['hook', 'list', 'dict'])
+def test_features_only_refuses_module_output_extractors(feature_cls):
+    """timm's hook / list / dict extractors take module outputs, and no module returns a stage's map: refused
+    with the extractors that fit, instead of an empty list (hooks) or timm's assertion."""
+    with pytest.raises(ValueError, match=f"feature_cls='{feature_cls}' does not fit pola_pvt_tiny.*'getter'"):
+        timm.create_model('pola_pvt_tiny', features_only=True, feature_cls=feature_cls)
+
+
 @pytest.mark.parametrize('family', ['pvt', 'swin'])
 def test_checkpoint_path_reproduces_official_logits(golden, family):
     """``checkpoint_path=`` an official file (with its yacs config object): timm reads it with
