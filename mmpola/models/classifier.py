@@ -165,10 +165,19 @@ class ImageClassifier(TimmClassifierMixin, BaseModule):
         layer_decay=...)``): the stem, then each block in the order they run (``coarse``: each stage), with the
         modules after the last stage (the final norm) in the last block's group; the classifier comes last.
         Each group is a pattern of its parameters' names
-        (:meth:`~mmpola.models.backbones.DenseBackbone.depth_groups`)."""
+        (:meth:`~mmpola.models.backbones.DenseBackbone.depth_groups`) and of the modules whose own parameters
+        all lie in it (timm's ``group_modules``)."""
         groups = self.backbone.depth_groups(coarse, prefix='backbone.')
         groups[-1] = groups[-1] + [name for name, _ in self.named_parameters()
                                    if name.split('.', 1)[0] in self._neck_names]
+        group_of = {}
+        for k, names in enumerate(groups):
+            for name in names:
+                group_of.setdefault(name, k)  # the first pattern that matches decides, as in timm
+        for module_name, module in self.named_modules():
+            owned = {group_of.get(f'{module_name}.{name}') for name, _ in module.named_parameters(recurse=False)}
+            if module_name and len(owned) == 1 and None not in owned:
+                groups[owned.pop()].append(module_name)
         patterns = ['^(?:' + '|'.join(re.escape(name) for name in names) + ')$' for names in groups]
         return dict(stem=patterns[0], blocks=[(pattern, (k, )) for k, pattern in enumerate(patterns[1:])])
 
@@ -301,7 +310,8 @@ def timm_filter_fn(state_dict, model, layout=True):
     ``strict`` when it resets the head, so the file's blocks are compared here; ``layout=False`` with
     ``pretrained_strict=False``)."""
     cfg = getattr(model, 'pretrained_cfg', None) or {}
-    source = next((repr(cfg[k]) for k in ('file', 'url', 'hf_hub_id') if cfg.get(k)), 'the pretrained weights')
+    source = next((f'checkpoint {cfg[k]!r}' for k in ('file', 'url', 'hf_hub_id') if cfg.get(k)),
+                  'the pretrained weights')
     return prepare_state_dict(model, state_dict, source, prefix='', strict=None if layout else False).state_dict
 
 

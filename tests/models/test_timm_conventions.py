@@ -140,7 +140,8 @@ def test_timm_optimizer_groups(entry):
     ``group_matcher()`` (layer-wise lr decay) puts the stem first, each block in the order they run (coarse: each
     stage), a stage's patch embedding or merging with its first block and its downsampling or norm with its last,
     the final norm with the last block and the classifier last; every parameter in one group."""
-    from timm.models import group_parameters
+    from timm.models import group_modules, group_parameters
+    from timm.models._manipulate import named_modules_with_params
     from timm.optim import create_optimizer_v2
     model = entry
     names = [n for n, _ in model.named_parameters()]
@@ -171,6 +172,16 @@ def test_timm_optimizer_groups(entry):
                 for n in (name_of[id(p)] for p in block.parameters())}
     assert {n: coarse[n] for n in stage_of} == {n: i + 1 for n, i in stage_of.items()}
     assert {coarse[n] for n in stem} == {0} and {coarse[n] for n in head} == {backbone.num_stages + 1}
+
+    # timm's group_modules: the modules whose own parameters lie in one group, grouped as those parameters
+    modules = group_modules(model, model.group_matcher(), reverse=True)
+    pairs = set()
+    for name, module in named_modules_with_params(model):
+        own = {groups[f'{name}.{n}'] for n, _ in module.named_parameters(recurse=False)}
+        if len(own) == 1:
+            pairs.add((own.pop(), modules[name]))
+    assert len({a for a, _ in pairs}) == len({b for _, b in pairs}) == len(pairs) == len(blocks) + 2
+    assert [b for _, b in sorted(pairs)] == sorted(b for _, b in pairs)  # in the order they run
 
     optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.5)
     scales = {name_of[id(p)]: g['lr_scale'] for g in optimizer.param_groups for p in g['params']}
