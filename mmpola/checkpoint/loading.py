@@ -73,8 +73,11 @@ def _log(msg, logger, level=logging.INFO):
 
 
 def checkpoint_source(checkpoint):
-    """How messages name a checkpoint: its path or URL, or 'the given state dict'."""
-    return checkpoint if isinstance(checkpoint, (str, os.PathLike)) else 'the given state dict'
+    """How messages name a checkpoint (their ``source``, a noun): ``"checkpoint 'PATH'"`` (or URL), or 'the given
+    state dict'."""
+    if isinstance(checkpoint, (str, os.PathLike)):
+        return f'checkpoint {os.fspath(checkpoint)!r}'
+    return 'the given state dict'
 
 
 def read_checkpoint(source, map_location='cpu'):
@@ -144,7 +147,7 @@ def prepare_state_dict(model, state_dict, source='the given state dict', prefix=
                         partial_option=getattr(model, 'partial_load_option', PARTIAL_OPTION))
     elif matched == 0:
         raise CheckpointMismatchError(
-            f'checkpoint {source} has no key matching {name}{" under prefix " + repr(prefix) if prefix else ""}; '
+            f'{source} has no key matching {name}{" under prefix " + repr(prefix) if prefix else ""}; '
             f'its keys look like {list(state_dict)[:3]}, the model\'s like {list(model_state)[:3]}')
 
     kept, resized = resize_state_dict(state_dict, model_state)

@@ -418,7 +418,7 @@ class KeySignature:
             effect = 'the attention of the blocks of another kind would stay randomly initialised'
         build = f" (arch='{file_arch}')" if file_arch else ''
         raise CheckpointMismatchError(
-            f'checkpoint {source} does not fit {self.name}: the file holds {file_text}, the model is {model_text} '
+            f'{source} does not fit {self.name}: the file holds {file_text}, the model is {model_text} '
             f'(other {" and ".join(what[d] for d in differ)}); loading it, {effect}. Use a checkpoint of this '
             f'model ({model_text.split(":")[0]}), or build the backbone the file fits{build}; to load the blocks '
             f'both have on purpose: {partial_option or "strict=False"}.')
@@ -428,7 +428,7 @@ class KeySignature:
         found = found or identify(keys)
         what = (f'its keys fit {found.model.official} better than {self.name}' if partly
                 else f'it has no key matching {self.name}')
-        msg = (f'checkpoint {source} is not a {self.official} checkpoint: {what} '
+        msg = (f'{source} is not a {self.official} checkpoint: {what} '
                f"(expected keys like '{self.hint}'{', under prefix ' + repr(prefix) if prefix else ''})")
         if found.name:
             msg += f'; it looks like a {found.name} checkpoint'
@@ -454,7 +454,7 @@ class KeySignature:
         else:
             looks, fix = f'not a {title} checkpoint', None
         return CheckpointMismatchError(
-            f'checkpoint {source} has none of the {title} attention weights of {self.name} (such as '
+            f'{source} has none of the {title} attention weights of {self.name} (such as '
             f"'{self.examples.get(kind, kind)}'): it looks like {looks}. Loading it would leave every {title} "
             f'attention randomly initialised. Use a checkpoint of {title} attention (official release or an '
             'mmpola classification run)' + (f', {fix}' if fix else '') +

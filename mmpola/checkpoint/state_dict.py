@@ -38,8 +38,9 @@ def nonfinite_tensors(tensors):
 
 def check_finite(tensors, source, what='weights'):
     """Raise :class:`NonFiniteCheckpointError` when any floating-point tensor of ``tensors`` (what a
-    loader is about to load from checkpoint ``source``) holds NaN or infinite values, naming the
-    first few and their count.
+    loader is about to load from ``source``, how messages name the checkpoint:
+    :func:`~mmpola.checkpoint.checkpoint_source`) holds NaN or infinite values, naming the first few and their
+    count.
 
     A model loaded from such a file predicts nothing (tools/test.py: an empty result set, no metric)
     or stops its training at the first iteration with a non-finite loss, which points at the data or
@@ -55,7 +56,7 @@ def check_finite(tensors, source, what='weights'):
     shown = '; '.join(f'{name} ({count(nan, inf)})' for name, nan, inf in bad[:5])
     more = f' and {len(bad) - 5} more' if len(bad) > 5 else ''
     raise NonFiniteCheckpointError(
-        f'checkpoint {source} holds non-finite {what}: {len(bad)} of its {total} floating-point tensors have NaN '
+        f'{source} holds non-finite {what}: {len(bad)} of its {total} floating-point tensors have NaN '
         f'or infinite values ({shown}{more}), so a model loaded from it would predict nothing or train on NaN. '
         'It was written after the training diverged, or the file is damaged: use an earlier checkpoint of '
         'that run (written before its loss became NaN), or download or copy the file again.')

@@ -176,7 +176,7 @@ class CheckpointFitHook(Hook):
     def after_load_checkpoint(self, runner, checkpoint):
         model = _bare_model(runner.model)
         source = runner.cfg.get('load_from') or 'the checkpoint'
-        named = repr(source) if runner.cfg.get('load_from') else source  # how the messages name it
+        named = f'checkpoint {source!r}' if runner.cfg.get('load_from') else source  # how the messages name it
         state_dict = _as_loaded(model, checkpoint)
         model_state = model.state_dict()
         check_finite({k: v for k, v in state_dict.items() if k in model_state}, named)
@@ -201,7 +201,7 @@ class CheckpointFitHook(Hook):
             use = 'Resuming from it' if purpose == 'resume' else 'Evaluating it'
             parts = ', '.join(n for n, m in model.named_children() if any(True for _ in m.parameters()))
             raise CheckpointMismatchError(
-                f'checkpoint {source!r} does not fit the {name}: {_parts_text(incomplete)}. {use} would run '
+                f'{named} does not fit the {name}: {_parts_text(incomplete)}. {use} would run '
                 f'{"this part" if len(incomplete) == 1 else "these parts"} with random weights, although '
                 f'{loaded / total:.1%} of the weights load. The file holds '
                 f"{', '.join(_file_parts(checkpoint)) or 'no parts'} (the model: {parts}) and looks like "
@@ -209,7 +209,7 @@ class CheckpointFitHook(Hook):
                 f'training this config). To load it anyway: --cfg-options {OPTION}=0')
         kind = describe_checkpoint(checkpoint)
         raise CheckpointMismatchError(
-            f'checkpoint {source!r} does not fit the {name}: only {loaded_n} of its {total_n} parameter tensors '
+            f'{named} does not fit the {name}: only {loaded_n} of its {total_n} parameter tensors '
             f'({loaded / total:.1%} of {total / 1e6:.2f}M weights) would load, less than the {self.min_loaded:.0%} '
             f'required, so the run would use random weights. The file looks like {kind}. Fix: '
             f"{_fix(kind, type(model).__name__, pretrained_option(runner.cfg, runner.cfg.get('load_from') or 'FILE'))}"

@@ -89,7 +89,7 @@ def test_train_refuses_a_deeper_backbone_file_as_init_cfg(coco, tmp_path, capsys
     work = tmp_path / 'work'
     err = refused(TRAIN, [config(coco, family, shallow, init=file), '--work-dir', str(work)], capsys,
                   unchanged=[file], work_dir=work)
-    assert err.startswith(f'checkpoint {file} does not fit {TYPE[family]}: the file holds {TITLE[family]}: '
+    assert err.startswith(f'checkpoint {str(file)!r} does not fit {TYPE[family]}: the file holds {TITLE[family]}: '
                           f'{blocks(deep)}, the model is {TITLE[family]}: {blocks(shallow)} '
                           '(other blocks per stage)'), err
     assert "on purpose: strict=False (init_cfg=dict(type='Pretrained', checkpoint=..., strict=False)" in err

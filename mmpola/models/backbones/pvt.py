@@ -231,7 +231,7 @@ def check_la_sr_ratios(model, state_dict, source):
     built = ''.join(str(r) for r in model.la_sr_ratios)
     if stored is not None and 'S' not in model.attn_type and stored != built:
         raise CheckpointMismatchError(
-            f"checkpoint {source} was trained with la_sr_ratios='{stored}' but the {type(model).__name__} was "
+            f"{source} was trained with la_sr_ratios='{stored}' but the {type(model).__name__} was "
             f"built with '{built}'; pass la_sr_ratios='{stored}'")
 
 
