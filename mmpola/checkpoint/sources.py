@@ -53,11 +53,13 @@ class WeightSource:
         release: the official repository's page.
         url: direct download of the ImageNet-1k checkpoint (checked in the release's README), or None.
         note: where the weights are when there is no direct download, or that there are none.
+        published: False when the release publishes no weights for the model (its config only).
     """
     name: str
     release: str
     url: Optional[str] = None
     note: str = ''
+    published: bool = True
 
     @property
     def file_name(self):
@@ -69,6 +71,10 @@ def _tsinghua(name, release, file_id):
     return WeightSource(name, release, url=_TSINGHUA.format(file_id))
 
 
+def _unpublished(name, release, note):
+    return WeightSource(name, release, note=note, published=False)
+
+
 _POLA_NOTE = (f'the PolaFormer release publishes its weights on Hugging Face ({_POLA_HF}); mmpola has not '
               'verified their file names')
 _POLAPP_NOTE = ('the PolaFormer++ release shares its weights on Baidu Netdisk (link and extraction code in its '
@@ -76,9 +82,9 @@ _POLAPP_NOTE = ('the PolaFormer++ release shares its weights on Baidu Netdisk (l
 
 WEIGHT_SOURCES = {s.name: s for s in [
     _tsinghua('flatten_pvt_tiny', _FLATTEN, '3ab1d773f19d45648690'),
-    WeightSource('flatten_pvt_small', _FLATTEN, note='not published by the FLatten release'),
-    WeightSource('flatten_pvt_medium', _FLATTEN, note='not published by the FLatten release'),
-    WeightSource('flatten_pvt_large', _FLATTEN, note='not published by the FLatten release'),
+    _unpublished('flatten_pvt_small', _FLATTEN, 'not published by the FLatten release'),
+    _unpublished('flatten_pvt_medium', _FLATTEN, 'not published by the FLatten release'),
+    _unpublished('flatten_pvt_large', _FLATTEN, 'not published by the FLatten release'),
     _tsinghua('flatten_swin_tiny', _FLATTEN, 'e1518e76703e4e57a7f2'),
     _tsinghua('flatten_swin_small', _FLATTEN, '94188e52af354bf4a88b'),
     _tsinghua('flatten_swin_base', _FLATTEN, '7a9e5186bad04e7fb3a9'),
@@ -91,14 +97,14 @@ WEIGHT_SOURCES = {s.name: s for s in [
     _tsinghua('inline_swin_small', _INLINE, 'e9657fd247c04c7cb1a1'),
     _tsinghua('inline_swin_base', _INLINE, 'bf23564bb64c420aafe1'),
     _tsinghua('flatten_pvt_v2_b0', _FLATTEN, '5d1f01532b104da28e7b'),
-    *[WeightSource(f'flatten_pvt_v2_b{i}', _FLATTEN, note='not published by the FLatten release') for i in range(1, 5)],
+    *[_unpublished(f'flatten_pvt_v2_b{i}', _FLATTEN, 'not published by the FLatten release') for i in range(1, 5)],
     _tsinghua('flatten_cswin_tiny', _FLATTEN, '48ba765ba8b0451d9d5a'),
-    *[WeightSource(f'flatten_cswin_{size}', _FLATTEN, note='not published by the FLatten release')
+    *[_unpublished(f'flatten_cswin_{size}', _FLATTEN, 'not published by the FLatten release')
       for size in ('small', 'base', 'base_384')],
     _tsinghua('inline_cswin_tiny', _INLINE, '49fa2ecc543647c4b970'),
     _tsinghua('inline_cswin_small', _INLINE, '59f4e65f776f4052b93c'),
     _tsinghua('inline_cswin_base', _INLINE, '91e17121df284ae38521'),
-    WeightSource('inline_cswin_base_384', _INLINE, note='not published by the InLine release (224 weights only)'),
+    _unpublished('inline_cswin_base_384', _INLINE, 'not published by the InLine release (224 weights only)'),
     _tsinghua('inline_deit_tiny', _INLINE, '1d6b8191ad6d4114b291'),
     _tsinghua('inline_deit_small', _INLINE, '2f3898b07e9247f3beb3'),
     _tsinghua('inline_deit_base', _INLINE, '10bdd726d4b0435eb34e'),
@@ -132,7 +138,10 @@ def cache_file_name(url):
 
 
 def no_download_message(source):
+    pass_file = (f"timm.create_model('{source.name}', pretrained=True, pretrained_cfg_overlay=dict(file=PATH)) "
+                 f"or checkpoint_path=PATH; configs: --cfg-options model.backbone.init_cfg.checkpoint=PATH")
+    if not source.published:
+        return (f'no official ImageNet weights exist for {source.name}: {source.note}. Train them (its recipe in '
+                f'configs/classification) or start from a file of your own: {pass_file}')
     return (f'no direct download of official ImageNet weights is known for {source.name}: {source.note}. '
-            f'Download the file from {source.release} yourself and pass it: '
-            f"timm.create_model('{source.name}', pretrained=True, pretrained_cfg_overlay=dict(file=PATH)) "
-            f"or checkpoint_path=PATH; configs: --cfg-options model.backbone.init_cfg.checkpoint=PATH")
+            f'Download the file from {source.release} yourself and pass it: {pass_file}')

@@ -108,6 +108,10 @@ def test_timm_pretrained_takes_the_users_file_and_explains_missing_sources(hub_d
         timm.create_model('pola_pvt_tiny', pretrained=True)
     with pytest.raises(NoPublishedWeightsError, match='Baidu Netdisk'):
         timm.create_model('polapp_b0', pretrained=True)
+    with pytest.raises(NoPublishedWeightsError, match=r'^no official ImageNet weights exist for flatten_pvt_v2_b1: '
+                                                      r'not published by the FLatten release\. Train them') as error:
+        timm.create_model('flatten_pvt_v2_b1', pretrained=True)
+    assert 'Download' not in str(error.value)
 
 
 def _offline(*args, **kwargs):
