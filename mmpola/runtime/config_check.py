@@ -5,7 +5,8 @@ its backbone, necks and heads, datasets and their pipelines, samplers, hooks, me
 as mmengine's builder looks it up (the registry of the config's default scope, then its parents;
 ``mmpola.X`` names in mmpola's scope), and every other key of the entry is compared with the
 arguments the class's ``__init__`` takes (along the classes it passes ``**kwargs`` on to with
-``super().__init__(..., **kwargs)``). A misspelled name stops the run with one line naming the
+``super().__init__(..., **kwargs)``, and mmengine's ``CheckpointHook``, whose ``**kwargs`` can take nothing
+more). A misspelled name stops the run with one line naming the
 config key and difflib's close matches, instead of a registry traceback once the Runner reaches
 that part (for datasets: after the model was built). When a model part takes ``**kwargs`` for
 anything else (the options of an attention it builds ...), an argument its signatures do not name
@@ -30,6 +31,14 @@ __all__ = ['check_config', 'accepted_arguments', 'component_entries', 'runner_en
 
 # keys the builders read themselves: never arguments of the class
 _BUILDER_KEYS = ('type', '_scope_', 'priority')
+
+
+def _kwargs_take_nothing_more():
+    """Classes whose ``**kwargs`` end in a call that takes no argument besides those the class passes itself:
+    mmengine's ``CheckpointHook`` keeps them for ``Runner.save_checkpoint`` (every one of whose parameters it
+    passes), so a misspelled key would fail only at the first save, after a whole epoch."""
+    from mmengine.hooks import CheckpointHook
+    return (CheckpointHook, )
 _MODEL_PARTS = ('backbone', 'neck', 'data_preprocessor', 'module')
 
 
@@ -157,7 +166,7 @@ def accepted_arguments(obj):
             return names, False
         names += [n for n in _names(params) if n not in names]
         var_keyword = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
-        if var_keyword is None:
+        if var_keyword is None or klass in _kwargs_take_nothing_more():
             return names, True
         if not _passes_on(init, var_keyword):
             return names, False

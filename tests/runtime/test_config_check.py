@@ -3,15 +3,17 @@ line with the close matches, before anything is built; scoped ``mmpola.X`` names
 task library's default scope; the shipped configs pass (no false alarm) and carry mmpola's hooks, also
 when a task library's own tools/train.py runs them (mmengine's ``Runner.from_cfg``)."""
 import glob
+import inspect
 import os.path as osp
 
 import pytest
 from mmengine.config import Config
 from mmengine.logging import MMLogger
 from mmengine.registry import DefaultScope
+from mmengine.runner import Runner
 
 from mmpola.errors import UserError
-from mmpola.runtime import load_config, register_task_modules
+from mmpola.runtime import SafeCheckpointHook, load_config, register_task_modules
 from mmpola.runtime.config_check import accepted_arguments, check_config, runtime_hook_notes
 from tests.fixtures.detection import coco_options, make_tool_coco
 from tests.fixtures.paths import REPO
@@ -57,7 +59,9 @@ def test_misspelled_type_and_argument_name_the_close_matches(coco, tmp_path, cap
                                           "'star_factor'; did you mean 'start_factor' or 'end_factor'?"),
     ('train_dataloader.num_worker=2', "train_dataloader.num_worker: DataLoader has no argument 'num_worker'; "
                                       "did you mean 'num_workers'"),
-], ids=['train_cfg', 'optimizer', 'optim_wrapper', 'param_scheduler', 'dataloader'])
+    ('default_hooks.checkpoint.max_keep_ckpt=1', "default_hooks.checkpoint.max_keep_ckpt: SafeCheckpointHook has no "
+                                                 "argument 'max_keep_ckpt'; did you mean 'max_keep_ckpts'?"),
+], ids=['train_cfg', 'optimizer', 'optim_wrapper', 'param_scheduler', 'dataloader', 'checkpoint_hook'])
 def test_misspelled_arguments_of_what_the_runner_builds(coco, tmp_path, capsys, option, expected):
     """The training loop, the optimizer wrapper and optimizer, the lr schedulers and the dataloader's own
     arguments (torch's DataLoader) are checked as well, before the Runner exists (else: a raw TypeError
@@ -142,7 +146,7 @@ def test_mmpola_scoped_names_resolve_from_each_default_scope(scope):
     registries), as the configs write mmpola's hooks; a misspelled one gets its close match."""
     from mmengine.registry import HOOKS, MODELS, DefaultScope
 
-    from mmpola.runtime import NonFiniteLossHook, SafeCheckpointHook
+    from mmpola.runtime import NonFiniteLossHook
     cfg = Config(dict(default_scope=scope, model=dict(type='mmpola.PolaPVT', arch='tiny'),
                       default_hooks=dict(checkpoint=dict(type='mmpola.SafeCheckpointHook', interval=1)),
                       custom_hooks=[dict(type='mmpola.NonFiniteLossHook', action='skip')]))
@@ -175,6 +179,13 @@ def test_arguments_follow_the_kwargs_a_class_passes_on():
         return a
 
     assert accepted_arguments(PassesOn) == (['width', 'depth', 'init_cfg'], True)
+    # mmengine's CheckpointHook keeps its **kwargs for Runner.save_checkpoint, every parameter of which it passes
+    # itself: they can take nothing more (else a misspelled key fails at the first save, after an epoch)
+    names, complete = accepted_arguments(SafeCheckpointHook)
+    assert complete and {'save_on_sigterm', 'interval', 'max_keep_ckpts', 'save_best'} <= set(names)
+    assert list(inspect.signature(Runner.save_checkpoint).parameters) == [
+        'self', 'out_dir', 'filename', 'file_client_args', 'save_optimizer', 'save_param_scheduler', 'meta',
+        'by_epoch', 'backend_args']
     assert accepted_arguments(KeepsThem) == (['width'], False)  # its options may be anything
     assert accepted_arguments(builder) == (['a', 'b'], True)
 
