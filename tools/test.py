@@ -35,7 +35,8 @@ def parse_args(argv=None):
     parser.add_argument('--out', help='also dump the raw predictions: a .pkl file (detection, '
                         'classification) or a folder of prediction maps (segmentation)')
     parser.add_argument('--show', action='store_true', help='show predictions in a window')
-    parser.add_argument('--show-dir', help='save images with predictions drawn next to the ground truth')
+    parser.add_argument('--show-dir', help='save every test image with its predictions drawn next to the ground '
+                        'truth into this folder (as given: relative to the current directory)')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per image with --show')
     parser.add_argument('--tta', action='store_true', help="test-time augmentation with the config's "
                         '`tta_model` and `tta_pipeline` (flips; multi-scale for mmseg and the 3x detection configs)')

@@ -158,7 +158,10 @@ def enable_tta(cfg):
 
 
 def enable_test_visualization(cfg, show_dir, scope, show=False, wait_time=2.0):
-    """``--show-dir`` / ``--show``: switch the config's visualization hook on."""
+    """``--show-dir`` / ``--show``: switch the config's visualization hook on. ``show_dir`` is the folder as given
+    (relative to the current directory) for every task library, and every test image is drawn (mmseg's hook
+    draws every 50th unless the config sets its ``interval``); mmdet's own test script puts a relative folder
+    under ``work_dir/timestamp``."""
     hook = cfg.get('default_hooks', {}).get('visualization')
     if hook is None:
         raise UserError('--show/--show-dir need a `visualization` hook in default_hooks of the config')
@@ -171,6 +174,7 @@ def enable_test_visualization(cfg, show_dir, scope, show=False, wait_time=2.0):
         if show_dir:
             if scope == 'mmseg':
                 cfg.visualizer['save_dir'] = show_dir
+                hook.setdefault('interval', 1)
             else:  # mmdet: DetVisualizationHook writes one image per test sample there
                 hook['test_out_dir'] = osp.abspath(show_dir)
     if show:

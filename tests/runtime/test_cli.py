@@ -29,6 +29,7 @@ def test_test_time_adapters_follow_each_library():
     assert seg.test_evaluator == dict(type='mmpola.SafeOutputDir', metric_type='mmseg.IoUMetric', output_dir='pred_dir')
     enable_test_visualization(seg, 'vis', 'mmseg')
     assert seg.default_hooks.visualization.draw and seg.visualizer.save_dir == 'vis'
+    assert seg.default_hooks.visualization.interval == 1  # every image, as for mmdet (mmseg's hook: every 50th)
     enable_tta(seg)
     assert seg.model.type == 'SegTTAModel' and seg.model.module.type == 'EncoderDecoder'
     assert seg.test_dataloader.dataset.pipeline == ['tta']
