@@ -1,6 +1,7 @@
 """Configs as the tools load them: the file, ``--cfg-options`` (with ``data_root``), the task library,
 the work dir."""
 import importlib
+import os
 import os.path as osp
 import sys
 
@@ -29,11 +30,23 @@ def is_url(path):
 
 
 def check_config_file(path):
-    """:class:`UserError` naming ``path`` when no config file is there. The tools ask it first, before
-    they decide the device (whose warning would otherwise come before the error that stops the run)."""
-    if not osp.isfile(path):
-        raise UserError(f'config file {path!r} does not exist (configs live in configs/detection, '
-                        'configs/segmentation, configs/classification and configs/demo)')
+    """:class:`UserError` naming ``path`` when no config file is there, with the files of the same folder whose
+    names are close. The tools ask it first, before they decide the device (whose warning would otherwise come
+    before the error that stops the run)."""
+    if osp.isfile(path):
+        return
+    from mmpola.runtime.config_check import _close
+    folder, name = osp.split(path)
+    try:
+        siblings = [n for n in os.listdir(folder or '.') if osp.isfile(osp.join(folder or '.', n))]
+    except OSError:  # the folder does not exist either
+        siblings = []
+    close = _close(name, siblings)
+    if close:
+        raise UserError(f"config file {path!r} does not exist; did you mean "
+                        f"{' or '.join(repr(osp.join(folder, n)) for n in close)}?")
+    raise UserError(f'config file {path!r} does not exist (configs live in configs/detection, '
+                    'configs/segmentation, configs/classification and configs/demo)')
 
 
 def load_config(path, cfg_options=None):

@@ -101,3 +101,21 @@ def test_an_error_of_code_the_config_imports_is_not_called_a_config_error(tmp_pa
     path.write_text("custom_imports = dict(imports=['module_that_fails'], allow_failed_imports=False)\n")
     with pytest.raises(KeyError, match='raised by the module'):
         load_config(str(path))
+
+
+def test_a_mistyped_config_path_names_the_close_file_of_its_folder():
+    """A config file that is not there, next to one whose name is close: the error names that one."""
+    from mmpola.runtime.config import check_config_file
+    typo = osp.join('configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo_coco.py')
+    real = osp.join('configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
+    with pytest.raises(UserError) as info:
+        check_config_file(osp.join(REPO, typo))
+    assert str(info.value) == (f"config file {osp.join(REPO, typo)!r} does not exist; "
+                               f"did you mean {osp.join(REPO, real)!r}?")
+
+
+def test_a_config_path_with_no_close_file_says_where_configs_live(tmp_path):
+    (tmp_path / 'other_name.py').write_text('x = 1\n')
+    with pytest.raises(UserError) as info:
+        load_config(str(tmp_path / 'mask-rcnn.py'))
+    assert 'did you mean' not in str(info.value) and 'configs live in configs/detection' in str(info.value)
