@@ -244,6 +244,21 @@ def check_config(cfg, training=True):
         _check_entry(where, entry, root)
     for where, entry, root, default, skip in runner_entries(cfg, training):
         _check_entry(where, entry, root, default, skip)
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader') if training else ('test_dataloader',):
+        _check_loader_workers(key, cfg.get(key))
+
+
+def _check_loader_workers(key, loader):
+    """Options torch's ``DataLoader`` allows only with worker processes (it raises a ``ValueError`` when the
+    Runner builds the loader, after the work dir was made): ``num_workers=0`` (a debugging run of a config whose
+    loaders keep their workers) with ``persistent_workers=True`` or a ``prefetch_factor``."""
+    if not isinstance(loader, dict) or loader.get('num_workers', 0) != 0:
+        return
+    for option, off in (('persistent_workers', 'False'), ('prefetch_factor', 'None')):
+        if loader.get(option) not in (None, False):
+            raise UserError(f'{key}.num_workers=0 with {option}={loader[option]!r}: torch\'s DataLoader allows '
+                            f'{option} only with worker processes; set {key}.{option}={off} too, or num_workers '
+                            'to 1 or more')
 
 
 def _check_entry(where, entry, root, default=None, skip=()):

@@ -61,7 +61,10 @@ def test_misspelled_type_and_argument_name_the_close_matches(coco, tmp_path, cap
                                       "did you mean 'num_workers'"),
     ('default_hooks.checkpoint.max_keep_ckpt=1', "default_hooks.checkpoint.max_keep_ckpt: SafeCheckpointHook has no "
                                                  "argument 'max_keep_ckpt'; did you mean 'max_keep_ckpts'?"),
-], ids=['train_cfg', 'optimizer', 'optim_wrapper', 'param_scheduler', 'dataloader', 'checkpoint_hook'])
+    ('train_dataloader.num_workers=0', "train_dataloader.num_workers=0 with persistent_workers=True: torch's "
+                                       'DataLoader allows persistent_workers only with worker processes; set '
+                                       'train_dataloader.persistent_workers=False too, or num_workers to 1 or more'),
+], ids=['train_cfg', 'optimizer', 'optim_wrapper', 'param_scheduler', 'dataloader', 'checkpoint_hook', 'workers'])
 def test_misspelled_arguments_of_what_the_runner_builds(coco, tmp_path, capsys, option, expected):
     """The training loop, the optimizer wrapper and optimizer, the lr schedulers and the dataloader's own
     arguments (torch's DataLoader) are checked as well, before the Runner exists (else: a raw TypeError
