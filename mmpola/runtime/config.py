@@ -1,12 +1,15 @@
 """Configs as the tools load them: the file, ``--cfg-options`` (with ``data_root``), the task library,
 the work dir."""
 import importlib
+import json
 import os
 import os.path as osp
+import re
 import sys
 
 from mmengine.config import Config
 
+from mmpola.config_scope import PACKAGE
 from mmpola.errors import UserError
 
 __all__ = ['is_url', 'check_config_file', 'config_dicts', 'load_config', 'move_data_root', 'register_task_modules',
@@ -62,6 +65,9 @@ def load_config(path, cfg_options=None):
         raise UserError(f'config {path!r} needs the package {e.name!r}, which is not installed; '
                         'see requirements/pins.txt') from e
     except (SyntaxError, FileNotFoundError, TypeError, KeyError) as e:
+        unreachable = _unreachable_package_configs(path, e)
+        if unreachable:
+            raise UserError(f'config {path!r} {unreachable}') from e
         if not _raised_reading_the_config(e):  # e.g. raised by a module of its custom_imports
             raise
         raise UserError(f'config {path!r} {_reading_problem(e)}') from e
@@ -89,6 +95,48 @@ def _reading_problem(error):
     if isinstance(error, KeyError) and ' ' not in detail:  # a name: `_base_.NAME` / `{{_base_.NAME}}` missing
         detail = f'it uses {detail!r}, which the configs it inherits from do not define'
     return f'does not fit the configs it inherits from: {detail}'
+
+
+def _unreachable_package_configs(path, error):
+    """Why ``mmpola::`` bases cannot be read, and the fix, when mmengine looked for mmpola's configs in another
+    folder than the package's (``error``: the ``FileNotFoundError`` of ``<site-packages>/mmpola/.mim/...``),
+    else None.
+
+    mmengine takes a package's folder from its installed distribution (the metadata's location), which for an
+    editable install is not where the package is: it finds neither ``.mim/model-index.yml`` nor the configs."""
+    filename = getattr(error, 'filename', None)
+    marker = f'{os.sep}{PACKAGE}{os.sep}.mim{os.sep}'
+    if not isinstance(filename, str) or marker not in filename:
+        return None
+    looked_in = filename[:filename.index(marker)] + os.sep + PACKAGE
+    package = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    if osp.realpath(looked_in) == osp.realpath(package):  # the installed package itself lacks the file
+        return None
+    configs = osp.realpath(osp.join(package, '.mim', 'configs'))
+    if not osp.isdir(configs):
+        configs = osp.join(osp.dirname(package), 'configs')
+    with open(path, encoding='utf-8', errors='replace') as f:
+        named = re.search(rf"{PACKAGE}::([^'\"\s]+)", f.read())
+    base = named.group(1) if named else 'detection/....py'
+    absolute = osp.join(configs, base)
+    relative = osp.relpath(absolute, osp.dirname(osp.abspath(path)))
+    install = ('this environment has an editable install (pip install -e .)' if _editable_install()
+               else 'the mmpola imported here is not an installed package')
+    return (f"inherits {PACKAGE}::{base if named else '...'}, but mmengine resolves {PACKAGE}:: bases only for an "
+            f'installed mmpola (pip install ., not -e) and {install}: mmengine looks for the configs in '
+            f'{osp.join(looked_in, ".mim")}, the package is {package}. Fix: name the base by its path, '
+            f'_base_ = [{absolute!r}] (a path relative to the config also works: {relative!r}), or install mmpola '
+            'with pip install . (docs/install.md, "Into your own environment")')
+
+
+def _editable_install():
+    """Whether the installed distribution of mmpola is an editable one (pip's ``direct_url.json``)."""
+    from importlib import metadata
+    try:
+        direct_url = json.loads(metadata.distribution(PACKAGE).read_text('direct_url.json') or '{}')
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+    return bool(direct_url.get('dir_info', {}).get('editable'))
 
 
 def _raised_reading_the_config(error):

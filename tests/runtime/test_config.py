@@ -119,3 +119,52 @@ def test_a_config_path_with_no_close_file_says_where_configs_live(tmp_path):
     with pytest.raises(UserError) as info:
         load_config(str(tmp_path / 'mask-rcnn.py'))
     assert 'did you mean' not in str(info.value) and 'configs live in configs/detection' in str(info.value)
+
+
+SCOPED_BASE = 'detection/mask-rcnn_pola-pvt-t_fpn_1x_coco.py'
+_LOAD_AS_A_TOOL = '''
+import sys
+from mmpola.runtime.cli import exit_on_user_error
+from mmpola.runtime.config import load_config
+with exit_on_user_error():
+    cfg = load_config(sys.argv[1])
+print(cfg.model.backbone.type)
+'''
+
+
+def test_mmpola_scoped_bases_in_an_editable_install_are_one_error_with_the_path_that_works(tmp_path):
+    """`mmpola::` bases read where mmengine cannot find mmpola's configs (an editable install, read from outside the
+    checkout): one error line that says why and gives the base by its path; both paths it gives then load."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from importlib import metadata
+    # the installed distribution, not the checkout's build metadata (mmpola.egg-info) on the tests' path
+    installed = [d for d in metadata.distributions(name='mmpola', path=[p for p in sys.path if p and
+                                                                        osp.realpath(p) != osp.realpath(REPO)])]
+    if not installed:
+        pytest.skip('mmpola is not installed here')
+    if not json.loads(installed[0].read_text('direct_url.json') or '{}').get('dir_info', {}).get('editable'):
+        pytest.skip('mmpola is installed regularly here, where mmpola:: bases resolve (tests/test_packaging.py)')
+    project = tmp_path / 'project'
+    project.mkdir()
+    config = project / 'scoped.py'
+    config.write_text(f"_base_ = ['mmpola::{SCOPED_BASE}']\n"
+                      "custom_imports = dict(imports=['mmpola'], allow_failed_imports=False)\n")
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    run = subprocess.run([sys.executable, '-c', _LOAD_AS_A_TOOL, str(config)], cwd=project, env=env,
+                         capture_output=True, text=True, timeout=300)
+    absolute = osp.join(REPO, 'configs', SCOPED_BASE)
+    relative = osp.relpath(absolute, str(project))
+    assert run.returncode == 2 and run.stdout == '', run.stderr
+    assert run.stderr.count('\n') == 1 and run.stderr.startswith(f'error: config {str(config)!r} inherits '
+                                                                 f'mmpola::{SCOPED_BASE}, but mmengine'), run.stderr
+    for part in ('resolves mmpola:: bases only for an installed mmpola (pip install ., not -e)',
+                 'this environment has an editable install (pip install -e .)', 'site-packages',
+                 f'the package is {osp.join(REPO, "mmpola")}', f'_base_ = [{absolute!r}]',
+                 f'a path relative to the config also works: {relative!r}', 'or install mmpola with pip install .'):
+        assert part in run.stderr, (part, run.stderr)
+    for name, base in (('absolute.py', absolute), ('relative.py', relative)):
+        (project / name).write_text(f'_base_ = [{base!r}]\n')
+        assert load_config(str(project / name)).model.backbone.type == 'PolaPVT'
