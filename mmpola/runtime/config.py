@@ -4,6 +4,7 @@ import importlib
 import json
 import os
 import os.path as osp
+import pkgutil
 import re
 import sys
 
@@ -64,6 +65,11 @@ def load_config(path, cfg_options=None):
     except ModuleNotFoundError as e:  # e.g. `mmdet::` bases without mmdet installed
         raise UserError(f'config {path!r} needs the package {e.name!r}, which is not installed; '
                         'see requirements/pins.txt') from e
+    except ImportError as e:  # mmengine's wrapper of a failed custom_imports module
+        failed = _failed_custom_import(path, e)
+        if failed is None:
+            raise
+        raise UserError(f'config {path!r} {failed}') from e
     except (SyntaxError, FileNotFoundError, TypeError, KeyError) as e:
         unreachable = _unreachable_package_configs(path, e)
         if unreachable:
@@ -95,6 +101,72 @@ def _reading_problem(error):
     if isinstance(error, KeyError) and ' ' not in detail:  # a name: `_base_.NAME` / `{{_base_.NAME}}` missing
         detail = f'it uses {detail!r}, which the configs it inherits from do not define'
     return f'does not fit the configs it inherits from: {detail}'
+
+
+def _failed_custom_import(path, error):
+    """What failed in the config's ``custom_imports``, and the fix, from mmengine's ``ImportError`` (whose own
+    message lists ``sys.path``), else None: a module that cannot be found, or one that is found but fails itself
+    (then its own error and where it was raised)."""
+    failed = error.__cause__  # mmengine's "Failed to import NAME", raised while the module's own error was handled
+    if not str(error).startswith('Failed to import custom modules') or not isinstance(failed, ImportError) \
+            or not str(failed).startswith('Failed to import '):
+        return None
+    name = str(failed)[len('Failed to import '):]
+    cause = failed.__context__
+    if not isinstance(cause, ImportError):
+        return None
+    if isinstance(cause, ModuleNotFoundError) and cause.name and (name == cause.name or
+                                                                  name.startswith(cause.name + '.')):
+        return _missing_module(path, name, cause.name)
+    where = _where_raised(cause)
+    return (f'imports the module {name!r} (custom_imports), which is found but fails to import: '
+            f'{type(cause).__name__}: {cause}{where}; fix that import in the module (or install what it needs)')
+
+
+def _missing_module(path, name, missing):
+    """The message for a ``custom_imports`` module ``name`` that cannot be found (``missing``: it, or the package
+    above it that is missing): a module of that name in the config's folder or the working directory, which are not
+    on Python's path, or the close names, and the fix."""
+    text = f'imports the module {name!r} (custom_imports), which cannot be found (no module named {missing!r})'
+    on_path = {osp.realpath(p or '.') for p in sys.path}
+    folders = [f for f in dict.fromkeys((osp.dirname(osp.abspath(path)), os.getcwd()))
+               if osp.realpath(f) not in on_path]
+    parent, _, last = missing.rpartition('.')
+    local = {} if parent else {m.name: folder for folder in reversed(folders) for m in pkgutil.iter_modules([folder])}
+    if missing in local:
+        folder = '.' if osp.realpath(local[missing]) == osp.realpath(os.getcwd()) else local[missing]
+        return (f"{text}: there is one in {local[missing]}, which is not on Python's path. Fix: put that folder on "
+                f'PYTHONPATH, e.g. PYTHONPATH={folder} tools/train.py CONFIG')
+    if parent:
+        try:
+            candidates = [m.name for m in pkgutil.iter_modules(importlib.import_module(parent).__path__)]
+        except (ImportError, AttributeError):
+            candidates = []
+    else:
+        tools = osp.realpath(osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'tools'))
+        searched = [p for p in sys.path if p and osp.realpath(p) != tools]  # the tools' folder: scripts, no modules
+        candidates = sorted(set(local) | {m.name for m in pkgutil.iter_modules(searched)})
+        candidates = [c for c in candidates if not c.startswith('_') or last.startswith('_')]
+    from mmpola.runtime.config_check import _close
+    close = _close(last, candidates)[:1]
+    if close:
+        where = f" (in {local[close[0]]}, not on Python's path)" if close[0] in local else ''
+        text += f"; did you mean {(f'{parent}.' if parent else '') + close[0]!r}{where}?"
+    else:
+        text += '.'
+    return (f'{text} Fix: check the name; a module of your own must be importable: its folder on PYTHONPATH, '
+            'e.g. PYTHONPATH=. tools/train.py CONFIG from the folder that holds it')
+
+
+def _where_raised(error):
+    """`` (FILE, line N)`` of the last frame of ``error``'s traceback in a real file, or ''."""
+    found, traceback = '', error.__traceback__
+    while traceback is not None:
+        filename = traceback.tb_frame.f_code.co_filename
+        if not filename.startswith('<'):
+            found = f' ({filename}, line {traceback.tb_lineno})'
+        traceback = traceback.tb_next
+    return found
 
 
 def _unreachable_package_configs(path, error):

@@ -1,7 +1,8 @@
 """Configs as the tools load them (mmpola.runtime.config): ``--cfg-options data_root=DIR`` moves every
 dataset and the evaluators' annotation files (load_config / move_data_root), for detection and
-segmentation configs; a missing config file is one line; the config's text is mmengine's without yapf's
-formatting; a config mmengine cannot read is one error that names it and the fix."""
+segmentation configs; a missing config file is one line (naming a close file of its folder); the config's text is
+mmengine's without yapf's formatting; a config mmengine cannot read (also `mmpola::` bases where mmengine cannot find
+mmpola's configs, a custom_imports module that cannot be imported) is one error that names it and the fix."""
 import os.path as osp
 
 import pytest
@@ -168,3 +169,61 @@ def test_mmpola_scoped_bases_in_an_editable_install_are_one_error_with_the_path_
     for name, base in (('absolute.py', absolute), ('relative.py', relative)):
         (project / name).write_text(f'_base_ = [{base!r}]\n')
         assert load_config(str(project / name)).model.backbone.type == 'PolaPVT'
+
+
+def _config_importing(folder, *modules):
+    path = folder / 'imports.py'
+    path.write_text(f'custom_imports = dict(imports={list(modules)!r}, allow_failed_imports=False)\n')
+    return str(path)
+
+
+def _load_error(path):
+    with pytest.raises(UserError) as info:
+        load_config(path)
+    assert '\n' not in str(info.value) and 'sys.path' not in str(info.value), str(info.value)
+    return str(info.value)
+
+
+def test_a_misspelled_custom_import_is_one_error_naming_the_module_and_the_close_one(tmp_path):
+    """A module of custom_imports that cannot be found: one error naming it, a module of a close name (here in the
+    config's folder, which is not on Python's path) and the fix, instead of mmengine's dump of sys.path."""
+    (tmp_path / 'my_attention.py').write_text('x = 1\n')
+    path = _config_importing(tmp_path, 'mmpola', 'my_atention')
+    assert _load_error(path) == (
+        f"config {path!r} imports the module 'my_atention' (custom_imports), which cannot be found (no module named "
+        f"'my_atention'); did you mean 'my_attention' (in {tmp_path}, not on Python's path)? Fix: check the name; a "
+        'module of your own must be importable: its folder on PYTHONPATH, e.g. PYTHONPATH=. tools/train.py CONFIG '
+        'from the folder that holds it')
+    message = _load_error(_config_importing(tmp_path, 'zq_no_module_of_this_name'))
+    assert "which cannot be found (no module named 'zq_no_module_of_this_name'). Fix: check the name" in message
+
+
+def test_a_custom_import_next_to_the_config_but_not_on_the_path_says_which_folder_to_add(tmp_path):
+    (tmp_path / 'my_attention.py').write_text('x = 1\n')
+    path = _config_importing(tmp_path, 'my_attention')
+    assert _load_error(path).endswith(
+        f"cannot be found (no module named 'my_attention'): there is one in {tmp_path}, which is not on Python's "
+        f'path. Fix: put that folder on PYTHONPATH, e.g. PYTHONPATH={tmp_path} tools/train.py CONFIG')
+
+
+def test_a_misspelled_submodule_of_custom_imports_names_the_close_submodule(tmp_path, monkeypatch):
+    package = tmp_path / 'cfgtest_package'
+    package.mkdir()
+    (package / '__init__.py').write_text('')
+    (package / 'attention.py').write_text('x = 1\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    message = _load_error(_config_importing(tmp_path, 'cfgtest_package.atention'))
+    assert ("imports the module 'cfgtest_package.atention' (custom_imports), which cannot be found (no module named "
+            "'cfgtest_package.atention'); did you mean 'cfgtest_package.attention'?") in message
+
+
+def test_a_custom_import_that_exists_but_fails_to_import_keeps_its_own_error(tmp_path, monkeypatch):
+    """A module of custom_imports that is there but fails to import itself: the error names it, gives its own
+    ImportError and where it was raised, not "cannot be found"."""
+    (tmp_path / 'cfgtest_broken.py').write_text('import os\nimport cfgtest_dependency_not_installed\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = _config_importing(tmp_path, 'mmpola', 'cfgtest_broken')
+    assert _load_error(path) == (
+        f"config {path!r} imports the module 'cfgtest_broken' (custom_imports), which is found but fails to import: "
+        "ModuleNotFoundError: No module named 'cfgtest_dependency_not_installed' "
+        f"({tmp_path / 'cfgtest_broken.py'}, line 2); fix that import in the module (or install what it needs)")
