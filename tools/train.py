@@ -31,7 +31,7 @@ from mmpola.runtime import cli, config, launch  # noqa: E402
 from mmpola.runtime.allocator import tune_malloc  # noqa: E402
 from mmpola.runtime.config_check import backbone_implementation_notes, check_config, runtime_hook_notes  # noqa: E402
 from mmpola.runtime.preflight import run_preflight  # noqa: E402
-from mmpola.runtime.resume import RESUME_OR_START  # noqa: E402
+from mmpola.runtime.resume import RESUME_OR_START, check_new_run_work_dir  # noqa: E402
 from mmpola.runtime.signals import stopped_cleanly  # noqa: E402
 from mmpola.runtime.workdir import check_work_dir, lock_work_dir  # noqa: E402
 
@@ -111,6 +111,8 @@ def build_runner(args):
     if not args.no_work_dir_lock:
         # one run per work dir, before the Runner writes to it; rank 0 locks, every rank gets its verdict
         launch.run_on_rank0_and_share(lock_work_dir, cfg.work_dir, args.launcher)
+    if not cfg.get('resume'):  # an earlier run's checkpoints are not overwritten by a new run (a running one: the lock)
+        launch.run_on_rank0_and_share(check_new_run_work_dir, cfg.work_dir)
     return cli.build_runner(cfg, args.launcher, notes)
 
 

@@ -10,6 +10,8 @@
   scratch after one log line), naming work dirs of similar name that hold checkpoints, unless the
   config's ``resume_or_start=True`` (tools/train.py ``--resume-or-start``) says that a new run may
   start there (job scripts that always pass ``--resume``);
+* a new run (no ``--resume``) into a work dir that holds checkpoints: :func:`check_new_run_work_dir` (called by
+  tools/train.py) stops it, since it would overwrite them one by one;
 * ``--resume CHECKPOINT``: :func:`check_resumable` refuses a file that holds weights only (an official
   or pretrained file), saying how to start a new run from its weights instead.
 
@@ -36,7 +38,8 @@ from mmpola.errors import UserError
 from .atomic_files import write_text_atomic
 
 __all__ = ['LAST_CHECKPOINT', 'EPOCH_BATCHES_DONE', 'RESUME_OR_START', 'find_resumable_checkpoint',
-           'choose_resume_checkpoint', 'check_resume_work_dir', 'check_resumable', 'lr_change_note']
+           'choose_resume_checkpoint', 'check_new_run_work_dir', 'check_resume_work_dir', 'check_resumable',
+           'lr_change_note']
 
 LAST_CHECKPOINT = 'last_checkpoint'
 # meta key of a checkpoint taken in the middle of an epoch: the batches of that epoch already trained
@@ -71,7 +74,8 @@ def _readable(path):
 def find_resumable_checkpoint(work_dir):
     """``(path or None, warnings)``: the checkpoint ``--resume`` without a path continues from.
 
-    The file named in ``last_checkpoint`` when it is readable; otherwise the newest readable
+    The file named in ``last_checkpoint`` when it is readable (the work dir's own file of that name when the marker
+    names another folder's and the work dir has it: a copied or moved work dir); otherwise the newest readable
     ``epoch_*.pth`` / ``iter_*.pth`` of ``work_dir`` (by modification time, then step number), with
     a warning for each file skipped. ``(None, [])`` when the work dir holds no checkpoint at all.
     """
@@ -83,6 +87,12 @@ def find_resumable_checkpoint(work_dir):
             named = f.read().strip() or None
         if named is None:
             warnings.append(f'{marker} is empty')
+    own = osp.join(work_dir, osp.basename(named)) if named is not None else None
+    if named is not None and osp.realpath(osp.dirname(named)) != osp.realpath(work_dir) and osp.isfile(own):
+        # a copied or moved work dir: its marker names the file in the old folder, whose run may go on there
+        warnings.append(f'{LAST_CHECKPOINT} names {named}, outside the work dir (a copied or moved work dir), '
+                        f'which holds its own {osp.basename(named)}')
+        named = own
     if named is not None:
         ok, why = _readable(named)
         if ok:
@@ -107,6 +117,23 @@ def _holds_checkpoints(folder):
     except OSError:
         return False
     return LAST_CHECKPOINT in names or any(_STEP_RE.match(n) for n in names)
+
+
+def check_new_run_work_dir(work_dir):
+    """A new run (no ``--resume``) into a work dir that holds an earlier run's checkpoints would overwrite them
+    one by one (``last_checkpoint`` at its first save) and leave the others: two runs' files in one folder, the
+    earlier run's first checkpoints lost. Stop before the Runner writes, naming them and the ways on."""
+    if not _holds_checkpoints(work_dir):
+        return
+    names = sorted((n for n in os.listdir(work_dir) if _STEP_RE.match(n)),
+                   key=lambda n: (n.split('_', 1)[0], int(_STEP_RE.match(n).group(1))))
+    names += [LAST_CHECKPOINT] if osp.exists(osp.join(work_dir, LAST_CHECKPOINT)) else []
+    shown = ', '.join(names[:4] + (['...', names[-1]] if len(names) > 5 else names[4:]))
+    raise UserError(
+        f"the work dir {work_dir} holds an earlier run's checkpoints ({shown}): a new run there would overwrite "
+        "them one by one and mix the two runs' files. --resume continues that run (--resume-or-start in job "
+        'scripts), --work-dir DIR starts the new one elsewhere; to start over in this folder, move or delete '
+        f'its *.pth files and {LAST_CHECKPOINT} first.')
 
 
 def check_resume_work_dir(work_dir, allow_new=False, logger=None):

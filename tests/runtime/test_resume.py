@@ -83,6 +83,31 @@ def test_resume_into_a_mistyped_work_dir_through_the_tool(straight, tmp_path, ca
     assert load(work / 'epoch_2.pth')['meta']['iter'] == 10
 
 
+def test_a_new_run_into_a_work_dir_with_checkpoints_stops(straight, tmp_path, capsys):
+    """Without --resume, tools/train.py into a work dir that holds an earlier run's checkpoints stops before
+    it changes any of them (mmengine would overwrite them one by one and leave the others: two runs in one folder);
+    --resume in a copied work dir continues from the copy's checkpoint, not the original folder's."""
+    from mmpola.runtime.workdir import LOCK_NAME
+    from tests.fixtures.tools import load_tool, refused
+    work = tmp_path / 'work'
+    shutil.copytree(straight['work'], work)
+    before = {p.name: p.read_bytes() for p in work.iterdir() if p.is_file()}
+    err = refused(load_tool('train'), [straight['config'], '--work-dir', str(work)], capsys)
+    assert err == (
+        f"the work dir {work} holds an earlier run's checkpoints (epoch_1.pth, epoch_2.pth, epoch_3.pth, "
+        "last_checkpoint): a new run there would overwrite them one by one and mix the two runs' files. --resume "
+        'continues that run (--resume-or-start in job scripts), --work-dir DIR starts the new one elsewhere; to '
+        'start over in this folder, move or delete its *.pth files and last_checkpoint first.')
+    after = {p.name: p.read_bytes() for p in work.iterdir() if p.is_file() and p.name != LOCK_NAME}
+    assert after == before  # the earlier run's config copy too
+    # the copy's last_checkpoint names the original folder's file: the copy resumes from its own
+    out = train_here(capsys, straight['config'], work, '--resume', '--cfg-options', 'train_cfg.max_epochs=4')
+    assert (f'--resume: last_checkpoint names {straight["work"] / "epoch_3.pth"}, outside the work dir (a copied or '
+            'moved work dir), which holds its own epoch_3.pth; skipped.') in out
+    assert f'Auto resumed from the latest checkpoint {work / "epoch_3.pth"}' in out
+    assert (work / 'last_checkpoint').read_text().strip() == str(work / 'epoch_4.pth')
+
+
 def test_resume_after_changing_the_lr_says_the_checkpoints_lr_wins(straight, tmp_path, capsys):
     """The checkpoint's optimizer and scheduler states are restored, lr included (mmengine's behaviour): the
     resumed run goes on with the old lr; one warning says so and how to train with the new one."""
