@@ -9,7 +9,9 @@ a bad argument, ``RuntimeError`` for a refused file ...), so existing ``except``
 working.
 """
 
-__all__ = ['MMPolaUserError', 'UserError']
+import difflib
+
+__all__ = ['MMPolaUserError', 'UserError', 'close_matches']
 
 
 class MMPolaUserError(Exception):
@@ -20,3 +22,14 @@ class MMPolaUserError(Exception):
 
 class UserError(MMPolaUserError):
     """A problem with the tools' inputs (a missing file, a flag that does not fit the config, data)."""
+
+
+def close_matches(word, candidates, n=3, cutoff=0.6):
+    """The candidates close to ``word`` (difflib's, best first; case-insensitively when none is close as
+    written): what the messages offer as "did you mean ...?"."""
+    candidates = list(candidates)
+    close = difflib.get_close_matches(word, candidates, n=n, cutoff=cutoff)
+    if not close:
+        lowered = {c.lower(): c for c in candidates}
+        close = [lowered[c] for c in difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=cutoff)]
+    return close

@@ -5,7 +5,7 @@ Every error names the problem and the fix.
 
 import torch
 
-from mmpola.errors import MMPolaUserError
+from mmpola.errors import MMPolaUserError, close_matches
 
 from .layers import to_2tuple_int
 
@@ -33,11 +33,10 @@ def check_pretrained_cfg(init_cfg, owner):
     """``init_cfg`` if it is a complete ``dict(type='Pretrained', ...)`` of known keys, else a
     :class:`PolaConfigError` naming the unknown key (and the closest known one) or the missing
     checkpoint: a misspelled ``strict`` or ``prefix`` would otherwise be ignored without a word."""
-    import difflib
     unknown = [key for key in init_cfg if key not in PRETRAINED_KEYS]
     if unknown:
         hints = [f'{key!r}' + (f' (did you mean {close[0]!r}?)' if close else '')
-                 for key in unknown for close in [difflib.get_close_matches(key, PRETRAINED_KEYS, n=1)]]
+                 for key in unknown for close in [close_matches(key, PRETRAINED_KEYS, n=1)]]
         raise PolaConfigError(f"{owner}: init_cfg=dict(type='Pretrained', ...) has unknown key(s) {', '.join(hints)}; "
                               f"its keys are {', '.join(PRETRAINED_KEYS)}")
     if not init_cfg.get('checkpoint'):

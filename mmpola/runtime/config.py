@@ -11,10 +11,10 @@ import sys
 from mmengine.config import Config
 
 from mmpola.config_scope import PACKAGE
-from mmpola.errors import UserError
+from mmpola.errors import UserError, close_matches
 
-__all__ = ['is_url', 'check_config_file', 'config_dicts', 'load_config', 'move_data_root', 'register_task_modules',
-           'set_work_dir']
+__all__ = ['is_url', 'check_config_file', 'check_option_keys', 'config_dicts', 'known_top_level_keys', 'load_config',
+           'move_data_root', 'register_task_modules', 'set_work_dir']
 
 
 def config_dicts(node):
@@ -39,13 +39,12 @@ def check_config_file(path):
     before the error that stops the run)."""
     if osp.isfile(path):
         return
-    from mmpola.runtime.config_check import _close
     folder, name = osp.split(path)
     try:
         siblings = [n for n in os.listdir(folder or '.') if osp.isfile(osp.join(folder or '.', n))]
     except OSError:  # the folder does not exist either
         siblings = []
-    close = _close(name, siblings)
+    close = close_matches(name, siblings)
     if close:
         raise UserError(f"config file {path!r} does not exist; did you mean "
                         f"{' or '.join(repr(osp.join(folder, n)) for n in close)}?")
@@ -81,10 +80,41 @@ def load_config(path, cfg_options=None):
         cfg = Config(cfg.to_dict(), cfg_text=cfg.text, filename=cfg.filename, env_variables=cfg.env_variables,
                      format_python_code=False)
     if cfg_options:
+        check_option_keys(cfg, cfg_options)
         if 'data_root' in cfg_options:  # first, so that explicit per-dataset options still win
             move_data_root(cfg, cfg_options['data_root'])
         cfg.merge_from_dict(cfg_options)
     return cfg
+
+
+def known_top_level_keys():
+    """Top-level config keys something reads without the configs defining them: the Runner's arguments and
+    mmpola's own options."""
+    import inspect
+
+    from mmengine.runner import Runner
+
+    from .fit_check import OPTION as FIT_OPTION
+    from .nonfinite_loss import OPTION as LOSS_OPTION
+    from .nonfinite_pixels import OPTION as PIXELS_OPTION
+    from .resume import RESUME_OR_START
+    return set(inspect.signature(Runner.__init__).parameters) - {'self'} | {
+        FIT_OPTION, LOSS_OPTION, PIXELS_OPTION, RESUME_OR_START, 'data_root', 'data_hint', 'runner_type'}
+
+
+def check_option_keys(cfg, cfg_options):
+    """:class:`UserError` for a ``--cfg-options`` key whose first part is no key of the config, nor one read without
+    it (:func:`known_top_level_keys`), but close to one of those: ``data_roott=...`` would add a key that nothing
+    reads, and the run would go on without the option. A new key far from every known one is added as given."""
+    known = set(cfg) | known_top_level_keys()
+    for key in cfg_options:
+        top = key.split('.', 1)[0]
+        if top in known:
+            continue
+        close = close_matches(top, sorted(known), cutoff=0.8)
+        if close:
+            raise UserError(f"--cfg-options {key}: the config has no {top!r}, so the option would add a key that "
+                            f"nothing reads; did you mean {' or '.join(repr(c) for c in close)}?")
 
 
 def _reading_problem(error):
@@ -147,8 +177,7 @@ def _missing_module(path, name, missing):
         searched = [p for p in sys.path if p and osp.realpath(p) != tools]  # the tools' folder: scripts, no modules
         candidates = sorted(set(local) | {m.name for m in pkgutil.iter_modules(searched)})
         candidates = [c for c in candidates if not c.startswith('_') or last.startswith('_')]
-    from mmpola.runtime.config_check import _close
-    close = _close(last, candidates)[:1]
+    close = close_matches(last, candidates)[:1]
     if close:
         where = f" (in {local[close[0]]}, not on Python's path)" if close[0] in local else ''
         text += f"; did you mean {(f'{parent}.' if parent else '') + close[0]!r}{where}?"

@@ -18,14 +18,13 @@ mmengine picks), ``optim_wrapper`` and its ``optimizer``, ``param_scheduler``, a
 own arguments against ``torch.utils.data.DataLoader``'s.
 """
 import ast
-import difflib
 import inspect
 import textwrap
 
 import torch
 from mmengine import registry as mmengine_registry
 
-from mmpola.errors import UserError
+from mmpola.errors import UserError, close_matches
 
 __all__ = ['check_config', 'accepted_arguments', 'component_entries', 'runner_entries', 'runtime_hook_notes']
 
@@ -191,14 +190,6 @@ def _names(params):
     return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != 'self']
 
 
-def _close(word, candidates):
-    close = difflib.get_close_matches(word, candidates, n=3, cutoff=0.6)
-    if not close:
-        lowered = {c.lower(): c for c in candidates}
-        close = [lowered[c] for c in difflib.get_close_matches(word.lower(), list(lowered), n=3, cutoff=0.6)]
-    return close
-
-
 def _registered_names(registry):
     """Names a build in ``registry`` may use: its own and its parents' (the root's)."""
     names, node = set(), registry
@@ -270,7 +261,7 @@ def _check_entry(where, entry, root, default=None, skip=()):
         if not isinstance(name, str):  # a class given directly
             cls, name = name, getattr(name, '__name__', str(name))
         if cls is None:
-            close = _close(name.rpartition('.')[2], _registered_names(registry))
+            close = close_matches(name.rpartition('.')[2], _registered_names(registry))
             hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else (
                 'no registered name is close; check the spelling, or import the module that registers it '
                 "(custom_imports=dict(imports=['...']))")
@@ -285,7 +276,7 @@ def _check_entry(where, entry, root, default=None, skip=()):
     for arg in unknown:
         if arg is None:
             continue
-        close = _close(str(arg), arguments)
+        close = close_matches(str(arg), arguments)
         hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else (
             f"its arguments are {', '.join(arguments)}" if arguments else 'it takes no arguments')
         raise UserError(f'{where}.{arg}: {getattr(cls, "__name__", name)} has no argument {arg!r}; {hint}')

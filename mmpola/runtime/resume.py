@@ -23,7 +23,6 @@ A checkpoint written in the middle of an epoch (on SIGTERM) records in its meta 
 that epoch were trained (:data:`EPOCH_BATCHES_DONE`); :class:`mmpola.runtime.random_state.RandomStateHook`
 skips exactly those when the run is resumed.
 """
-import difflib
 import glob
 import os
 import os.path as osp
@@ -33,7 +32,7 @@ import zipfile
 from mmengine import dist as mmdist
 
 from mmpola.checkpoint.reading import refused_globals, safe_torch_load
-from mmpola.errors import UserError
+from mmpola.errors import UserError, close_matches
 
 from .atomic_files import write_text_atomic
 
@@ -155,7 +154,7 @@ def check_resume_work_dir(work_dir, allow_new=False, logger=None):
                     and _holds_checkpoints(osp.join(parent, n))]
     except OSError:
         siblings = []
-    close = difflib.get_close_matches(osp.basename(osp.abspath(work_dir)), siblings, n=3, cutoff=0.6)
+    close = close_matches(osp.basename(osp.abspath(work_dir)), siblings)
     state = 'does not exist' if not osp.isdir(work_dir) else (
         'holds no checkpoint (no last_checkpoint, no epoch_*.pth or iter_*.pth)')
     hint = (f" Did you mean {' or '.join(repr(osp.join(osp.dirname(work_dir.rstrip('/')) or '.', n)) for n in close)}"

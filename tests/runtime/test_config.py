@@ -1,8 +1,9 @@
 """Configs as the tools load them (mmpola.runtime.config): ``--cfg-options data_root=DIR`` moves every
 dataset and the evaluators' annotation files (load_config / move_data_root), for detection and
-segmentation configs; a missing config file is one line (naming a close file of its folder); the config's text is
-mmengine's without yapf's formatting; a config mmengine cannot read (also `mmpola::` bases where mmengine cannot find
-mmpola's configs, a custom_imports module that cannot be imported) is one error that names it and the fix."""
+segmentation configs; a misspelled top-level option is refused; a missing config file is one line (naming a close
+file of its folder); the config's text is mmengine's without yapf's formatting; a config mmengine cannot read (also
+`mmpola::` bases where mmengine cannot find mmpola's configs, a custom_imports module that cannot be imported) is one
+error that names it and the fix."""
 import os.path as osp
 
 import pytest
@@ -39,6 +40,22 @@ def test_explicit_dataset_options_win_over_data_root():
     assert cfg.val_evaluator.ann_file == '/elsewhere/val.json'
     assert cfg.test_evaluator.ann_file == '/new/annotations/instances_val2017.json'
     assert cfg.test_dataloader.dataset.data_root == '/test/' and cfg.val_dataloader.dataset.data_root == '/new/'
+
+
+@pytest.mark.parametrize('option, close', [('data_roott', "'data_root'"), ('nonfinite_los.action', "'nonfinite_loss'"),
+                                           ('train_cfgg.max_epochs', "'train_cfg'")])
+def test_a_misspelled_top_level_option_names_the_close_key(option, close):
+    """A ``--cfg-options`` key whose first part is no key of the config but close to one (or to one that mmpola or
+    the Runner reads without the config defining it) would add a key that nothing reads: refused."""
+    with pytest.raises(UserError, match=rf"^--cfg-options {option}: the config has no '{option.split('.')[0]}', so "
+                                        rf'the option would add a key that nothing reads; did you mean {close}'):
+        load_config(DET, {option: 1})
+
+
+def test_new_top_level_options_far_from_known_keys_are_added():
+    cfg = load_config(DET, {'my_flag': 1, 'compile': True, 'resume_or_start': True, 'checkpoint_min_loaded': 0,
+                            'nonfinite_pixels.action': 'skip'})
+    assert cfg.my_flag == 1 and cfg.compile and cfg.nonfinite_pixels.action == 'skip'
 
 
 def test_data_root_without_a_top_level_root_says_what_to_set(tmp_path):
