@@ -109,12 +109,28 @@ def check_option_keys(cfg, cfg_options):
     known = set(cfg) | known_top_level_keys()
     for key in cfg_options:
         top = key.split('.', 1)[0]
-        if top in known:
-            continue
-        close = close_matches(top, sorted(known), cutoff=0.8)
-        if close:
-            raise UserError(f"--cfg-options {key}: the config has no {top!r}, so the option would add a key that "
-                            f"nothing reads; did you mean {' or '.join(repr(c) for c in close)}?")
+        if top not in known:
+            close = close_matches(top, sorted(known), cutoff=0.8)
+            if close:
+                raise UserError(f"--cfg-options {key}: the config has no {top!r}, so the option would add a key "
+                                f"that nothing reads; did you mean {' or '.join(repr(c) for c in close)}?")
+        _check_option_path(cfg, key, cfg_options)
+
+
+def _check_option_path(cfg, key, cfg_options):
+    """A key below an entry the config sets to None (``model.backbone.init_cfg.checkpoint=X`` where
+    ``init_cfg=None``): mmengine's merge stops with a ``TypeError``; say which entry and how to give it whole."""
+    parts = key.split('.')
+    node = cfg
+    for i, part in enumerate(parts[:-1]):
+        if not isinstance(node, (dict, Config)) or part not in node:
+            return
+        node = node[part]
+        entry = '.'.join(parts[:i + 1])
+        if node is None and f'{entry}._delete_' not in cfg_options:
+            raise UserError(f'--cfg-options {key}: {entry} is None in the config, so it has no key '
+                            f'{parts[i + 1]!r} to set; give the whole entry: --cfg-options {entry}._delete_=True '
+                            f'{key}=... and its other keys (e.g. {entry}.type=...)')
 
 
 def _reading_problem(error):

@@ -52,6 +52,19 @@ def test_a_misspelled_top_level_option_names_the_close_key(option, close):
         load_config(DET, {option: 1})
 
 
+def test_an_option_below_an_entry_set_to_none_says_how_to_give_it_whole():
+    """``model.backbone.init_cfg.checkpoint=X`` where the config's init_cfg is None: one line naming the entry and the
+    options that give it whole (mmengine's merge: a TypeError about child and base configs); those then work."""
+    demo = osp.join(REPO, 'configs', 'demo', 'mask-rcnn_pola-pvt-t_fpn_demo-coco.py')
+    with pytest.raises(UserError, match=r'^--cfg-options model\.backbone\.init_cfg\.checkpoint: model\.backbone\.'
+                                        r"init_cfg is None in the config, so it has no key 'checkpoint' to set; give "
+                                        r'the whole entry: --cfg-options model\.backbone\.init_cfg\._delete_=True'):
+        load_config(demo, {'model.backbone.init_cfg.checkpoint': 'x.pth'})
+    cfg = load_config(demo, {'model.backbone.init_cfg._delete_': True, 'model.backbone.init_cfg.type': 'Pretrained',
+                             'model.backbone.init_cfg.checkpoint': 'x.pth'})
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint='x.pth')
+
+
 def test_new_top_level_options_far_from_known_keys_are_added():
     cfg = load_config(DET, {'my_flag': 1, 'compile': True, 'resume_or_start': True, 'checkpoint_min_loaded': 0,
                             'nonfinite_pixels.action': 'skip'})
