@@ -140,8 +140,7 @@ def _reading_problem(error):
             'it or a file it inherits from'
         return f'is not valid Python ({where}, line {error.lineno}: {error.msg}); fix that line'
     if isinstance(error, FileNotFoundError):  # a file in its _base_ list
-        return (f'inherits from {error.filename!r}, which does not exist; fix its _base_ list (paths are relative '
-                'to the config, or mmdet:: / mmseg:: for the libraries\' configs)')
+        return _missing_base(error)
     # mmengine's merge of a config into its bases (TypeError), a missing base variable (KeyError)
     detail = str(error.args[0]) if error.args else repr(error)
     if isinstance(error, KeyError) and ' ' not in detail:  # a name: `_base_.NAME` / `{{_base_.NAME}}` missing
@@ -256,18 +255,51 @@ def _editable_install():
     return bool(direct_url.get('dir_info', {}).get('editable'))
 
 
+def _missing_base(error):
+    """A ``_base_`` file that does not exist (mmengine's ``FileNotFoundError``: an ``OSError``'s filename, or its
+    ``check_file_exist`` message for a ``pkg::`` base), named as the config names it, with the close files."""
+    path = error.filename
+    if path is None:
+        found = re.match(r'file "(.+)" does not exist', str(error))
+        path = found.group(1) if found else str(error)
+    folder, name = osp.split(path)
+    try:
+        siblings = [n for n in os.listdir(folder) if n.endswith('.py')]
+    except OSError:
+        siblings = []
+    scoped = re.match(r'.*/([^/]+)/\.mim/configs/(.+)$', path)  # mmdet::pvt/x.py from .../mmdet/.mim/configs/pvt/x.py
+
+    def shown(file):
+        full = osp.join(folder, file)
+        return f'{scoped.group(1)}::{osp.relpath(full, path[:-len(scoped.group(2))])}' if scoped else osp.normpath(full)
+
+    close = close_matches(name, siblings)
+    hint = f" (did you mean {' or '.join(repr(shown(n)) for n in close)}?)" if close else ''
+    return (f'inherits from {shown(name)!r}, which does not exist{hint}; fix its _base_ list (paths are relative to '
+            "the config, or mmdet:: / mmseg:: for the libraries' configs)")
+
+
 def _raised_reading_the_config(error):
     """Whether ``error`` comes from mmengine's reading of the config files (its last frame in mmengine's config
     module, or a syntax error of a file it parsed), not from code the config imports."""
     if isinstance(error, SyntaxError) and error.__traceback__ is not None and error.filename in (None, '<unknown>'):
         return True
+    files = []
     traceback = error.__traceback__
-    while traceback is not None and traceback.tb_next is not None:
+    while traceback is not None:
+        files.append(traceback.tb_frame.f_code.co_filename)
         traceback = traceback.tb_next
-    return traceback is not None and osp.dirname(traceback.tb_frame.f_code.co_filename) == _MMENGINE_CONFIG_DIR
+    if not files:
+        return False
+    if osp.dirname(files[-1]) == _MMENGINE_CONFIG_DIR:
+        return True
+    # a missing `pkg::` base: mmengine's config module asks its check_file_exist
+    return isinstance(error, FileNotFoundError) and len(files) > 1 and \
+        osp.dirname(files[-2]) == _MMENGINE_CONFIG_DIR and files[-1] == _MMENGINE_PATH_UTILS
 
 
 _MMENGINE_CONFIG_DIR = osp.dirname(sys.modules[Config.__module__].__file__)
+_MMENGINE_PATH_UTILS = importlib.import_module('mmengine.utils.path').__file__
 
 
 _DATA_ROOT_USERS = ('train_dataloader', 'val_dataloader', 'test_dataloader', 'val_evaluator', 'test_evaluator')

@@ -108,11 +108,14 @@ def test_the_config_text_is_written_without_yapf_and_reads_back_the_same(tmp_pat
 @pytest.mark.parametrize('text, says', [
     ("x = dict(\n", ["is not valid Python", "line 1", "'(' was never closed", 'fix that line']),
     ("_base_ = ['./no_such_base.py']\n", ['inherits from', 'no_such_base.py', 'which does not exist', '_base_ list']),
+    ("_base_ = ['mmdet::pvt/retinanet_pvt-t_fpn_1x_cocoo.py']\n",  # mmengine's check_file_exist (was its traceback)
+     ["inherits from 'mmdet::pvt/retinanet_pvt-t_fpn_1x_cocoo.py', which does not exist (did you mean "
+      "'mmdet::pvt/retinanet_pvt-t_fpn_1x_coco.py'", '_base_ list']),
     (f"_base_ = [{DET!r}]\nmodel = dict(backbone=dict(arch=dict(depths=[1, 1, 1, 1])))\n",
      ['does not fit the configs it inherits from', 'arch', '_delete_=True']),
     (f"_base_ = [{DET!r}]\nx = {{{{_base_.no_such_name}}}}\n",
      ["it uses 'no_such_name', which the configs it inherits from do not define"]),
-], ids=['syntax', 'missing-base', 'merge', 'base-variable'])
+], ids=['syntax', 'missing-base', 'missing-library-base', 'merge', 'base-variable'])
 def test_a_broken_config_is_one_error_naming_it_and_the_fix(tmp_path, text, says):
     """A config that mmengine cannot read (bad Python, a missing base, a value that does not merge into its base's,
     a base variable its bases lack): one UserError naming the config and what to change, not a traceback."""
