@@ -175,8 +175,11 @@ class CheckpointFitHook(Hook):
 
     def after_load_checkpoint(self, runner, checkpoint):
         model = _bare_model(runner.model)
-        source = runner.cfg.get('load_from') or 'the checkpoint'
-        named = f'checkpoint {source!r}' if runner.cfg.get('load_from') else source  # how the messages name it
+        path = runner.cfg.get('load_from')
+        if not path and runner.cfg.get('resume'):  # --resume without a file: the one mmengine found in the work dir
+            from mmengine.runner import find_latest_checkpoint
+            path = find_latest_checkpoint(runner.work_dir)
+        named = f'checkpoint {path!r}' if path else 'the checkpoint'  # how the messages name it
         state_dict = _as_loaded(model, checkpoint)
         model_state = model.state_dict()
         check_finite({k: v for k, v in state_dict.items() if k in model_state}, named)

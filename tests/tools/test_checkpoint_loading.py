@@ -106,6 +106,10 @@ def test_train_refuses_a_deeper_backbone_file_as_init_cfg(coco, tmp_path, capsys
     assert err.startswith(f"checkpoint '{resumed}' does not fit PolaPVT: the file holds Pola-PVT: "
                           f'{blocks(shallow)}, the model is Pola-PVT: {blocks(deep)} (other blocks per stage); '
                           'loading it, blocks of the model would stay randomly initialised'), err
+    # --resume without a file names the work dir's checkpoint it found
+    err = refused(TRAIN, [config(coco, family, deep), '--work-dir', str(tmp_path / 'partial'), '--resume'],
+                  capsys, unchanged=[resumed])
+    assert err.startswith(f"checkpoint '{resumed}' does not fit PolaPVT: the file holds Pola-PVT: "), err
 
 
 def test_test_and_load_from_refuse_a_deeper_detector_checkpoint(coco, tmp_path, capsys):
