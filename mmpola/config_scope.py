@@ -17,7 +17,8 @@ wheel). So mmpola has to be in that table before mmengine reads a config:
   utilities are imported (and imports nothing itself), so ``mmpola::`` bases also work with mmdet's and
   mmseg's own ``tools/train.py``. An editable install (``pip install -e .``) has no such line, and
   mmengine cannot find the configs of an editable install anyway (it looks for them next to the
-  installed distribution's metadata): outside projects install mmpola with ``pip install .``.
+  installed distribution's metadata): outside projects install mmpola with ``pip install .``, or name
+  mmpola's configs by their path in ``_base_`` (mmpola's tools say so when they meet such a base).
 
 This module uses the standard library only: the wheel installs a copy of it as the top-level module
 ``_mmpola_config_scope`` for the ``.pth`` line, which must not import mmpola (or torch) at start-up.
