@@ -76,6 +76,22 @@ def test_a_class_folder_without_images_is_named(split_without_ring, tmp_path, ca
                         'interrupted copy?), or remove the folder (one class fewer: num_classes too)')
 
 
+def test_a_flat_split_is_told_to_sort_its_images_into_class_folders(split_without_ring, tmp_path, capsys):
+    """ImageNet's validation archive is flat (every image in val/): one line, not a traceback from the listing."""
+    root, config = split_without_ring
+    images = [p for p in (root / 'val').rglob('*.JPEG')]
+    for path in images:
+        path.rename(root / 'val' / path.name)
+    for folder in [p for p in (root / 'val').iterdir() if p.is_dir()]:
+        folder.rmdir()
+    work = tmp_path / 'work'
+    err = refused(load_tool('train'), [config, '--work-dir', str(work)], capsys, work_dir=work)
+    assert err == (f"val_dataloader: '{root}/val' has no class folders ({len(images)} image(s) lie in the folder "
+                   'itself): classification data are read as <split>/<class>/<image>, each image\'s label from its '
+                   "folder. Fix: move each image into the folder of its class (ImageNet's validation archive is flat: "
+                   "its devkit's ground truth gives the classes; docs/data.md)")
+
+
 def test_tests_without_the_training_split_are_told_where_the_classes_come_from(split_without_ring, tmp_path, capsys):
     root, config = split_without_ring
     shutil.rmtree(root / 'train')

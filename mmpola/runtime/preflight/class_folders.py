@@ -91,6 +91,14 @@ def check_class_folders(cfg, key, where, dataset):
     _check_source(key, where, dataset)
     classes, source, numbered_by = _numbering(dataset)
     own = _class_folders(split)
+    if not own:
+        extensions = tuple(e.lower() for e in dataset.get('extensions') or IMG_EXTENSIONS)
+        flat = sum(1 for n in os.listdir(split) if n.lower().endswith(extensions))
+        held = f'{flat} image(s) lie in the folder itself' if flat else 'it holds no folder'
+        raise UserError(
+            f'{key}: {split!r} has no class folders ({held}): classification data are read as '
+            "<split>/<class>/<image>, each image's label from its folder. Fix: move each image into the folder of its "
+            "class (ImageNet's validation archive is flat: its devkit's ground truth gives the classes; docs/data.md)")
     reference = None
     train = cfg.get('train_dataloader')
     if not key.startswith('train') and isinstance(train, dict) and isinstance(train.get('dataset'), dict) \
