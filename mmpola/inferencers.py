@@ -8,7 +8,9 @@ load image``).
 ``_inputs_to_list`` (the step that turns the input into the list of images, which subclasses may
 override) extended by :func:`image_inputs`: a folder's image files are taken whatever the case of the
 suffix (sorted by name), files that are no image or cannot be decoded are left out with one warning
-naming each and why, and the rest is predicted; nothing left is an error. Everything else is the
+naming each and why, and the rest is predicted; nothing left is an error. Given paths (one or a list, whose
+results are in their order), a path that does not exist or cannot be decoded is an error naming it, as
+nothing may be left out of a list. Everything else is the
 libraries' own. They are exported where an OpenMMLab user looks for inferencers, the package's
 ``apis`` (as ``mmdet.apis`` / ``mmseg.apis``), and from the package itself::
 
@@ -58,6 +60,8 @@ def image_inputs(inputs, suffixes, who='inferencer'):
     A folder gives its files whose suffix is one of ``suffixes`` in any case (``.JPG`` too), sorted by
     name; local files that cannot be decoded are left out. A warning names every file left out (no
     image suffix, empty, undecodable) and says how many are predicted; :class:`UserError` when none is.
+    A path or a list of them, whose results follow the order of the inputs, leaves nothing out:
+    :class:`UserError` naming each path that does not exist or cannot be decoded.
     Arrays, URLs and other inputs are passed on as they are.
     """
     folder = inputs if isinstance(inputs, str) and osp.isdir(inputs) else None
@@ -67,8 +71,11 @@ def image_inputs(inputs, suffixes, who='inferencer'):
     else:
         candidates = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
     suffixes = tuple(s.lower() for s in suffixes)
-    kept, skipped = [], []
+    kept, skipped, missing = [], [], []
     for item in candidates:
+        if isinstance(item, str) and folder is None and '://' not in item and not osp.exists(item):
+            missing.append(item)
+            continue
         if not isinstance(item, str) or not osp.isfile(item):
             kept.append(item)
             continue
@@ -79,6 +86,12 @@ def image_inputs(inputs, suffixes, who='inferencer'):
         else:
             kept.append(item)
     where = f'folder {folder!r}' if folder is not None else 'the inputs'
+    if folder is None and (missing or skipped):  # a given list: each result must stay at its input's place
+        problems = [f'{path} (does not exist)' for path in missing] + skipped
+        raise UserError(f'{who}: {len(problems)} of the {len(candidates)} given file(s) cannot be predicted: '
+                        f'{"; ".join(problems[:_SHOWN])}{"; ..." if len(problems) > _SHOWN else ""}. Fix: correct or '
+                        'remove them (the results follow the order of the inputs), or give their folder, whose '
+                        'unreadable files are left out with a warning')
     if not kept:
         raise UserError(f'{who}: no image to predict in {where}'
                         + (f': {"; ".join(skipped[:_SHOWN])}' if skipped else ' (it is empty)')

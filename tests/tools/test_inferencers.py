@@ -114,7 +114,8 @@ def test_folders_upper_case_suffixes_and_unreadable_files(tmp_path, capsys):
     folder's b.JPG is predicted (mmdet's listing skipped it), an undecodable file, a JPEG with a damaged
     body (mmdet's loader predicted on its noise) and a text file are named and left out (one undecodable
     file stopped the whole folder), the rest is predicted as one image at a time; nothing left to predict
-    is one clear error."""
+    is one clear error. Given paths leave nothing out (their results would no longer line up with them): a
+    missing or undecodable one is one clear error."""
     from mmengine.logging import MMLogger
 
     from mmpola import SegInferencer
@@ -136,6 +137,12 @@ def test_folders_upper_case_suffixes_and_unreadable_files(tmp_path, capsys):
     assert [x.shape for x in labels] == [(96, 128), (80, 112)]
     assert np.array_equal(labels[1], seg(str(folder / 'b.JPG'))['predictions'])
 
-    with pytest.raises(UserError, match=r"^DetInferencer: no image to predict in the inputs: "
+    # given paths keep their order in the results: a path that does not exist or cannot be decoded is an error
+    with pytest.raises(UserError, match=r"^DetInferencer: 1 of the 1 given file\(s\) cannot be predicted: "
                                         f"{folder}/c.png \\(cannot be decoded as an image\\)"):
         det(str(folder / 'c.png'))
+    with pytest.raises(UserError, match=r"^SegInferencer: 2 of the 3 given file\(s\) cannot be predicted: "
+                                        f"{folder}/nope.jpg \\(does not exist\\); {folder}/c.png \\(cannot be "
+                                        r'decoded as an image\)\. Fix: correct or remove them \(the results follow '
+                                        r'the order of the inputs\)'):
+        seg([str(folder / 'a.jpg'), str(folder / 'c.png'), str(folder / 'nope.jpg')])
