@@ -8,6 +8,7 @@ training script does. Four times less data crosses the worker queues than with f
 """
 import io
 
+import numpy as np
 from mmengine import fileio
 from PIL import Image
 
@@ -36,7 +37,7 @@ class LoadPILImage:
         try:
             data = fileio.get(path, backend_args=self.backend_args)
             with Image.open(io.BytesIO(data)) as img:
-                results['img'] = img.convert('RGB')
+                results['img'] = _rgb(img)
         except (OSError, SyntaxError, ValueError) as error:  # PIL's UnidentifiedImageError is an OSError
             raise unreadable_image(path, error) from None
         results['ori_shape'] = results['img'].size[::-1]
@@ -44,6 +45,21 @@ class LoadPILImage:
 
     def __repr__(self):
         return f'{type(self).__name__}(backend_args={self.backend_args})'
+
+
+def _rgb(img):
+    """An RGB image of ``img``. PIL's ``convert('RGB')`` clips the one channel of a 16-bit grey image (PNG, TIFF:
+    modes ``I;16`` and ``I``) to 255, a white image: its top 8 bits are kept instead, as OpenCV (mmcv, the detection
+    and segmentation loaders) reads such files. Float images (``F``) have no such scale: ``ValueError``."""
+    if img.mode.startswith('I;16') or img.mode == 'I':
+        values = np.asarray(img)
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high > 65535:
+            raise ValueError(f'a {img.mode} image with values {low}..{high}, beyond 16 bits; convert it to 8 bits')
+        img = Image.fromarray((values >> 8 if high > 255 or img.mode != 'I' else values).astype(np.uint8))
+    elif img.mode == 'F':
+        raise ValueError('a 32-bit float image, which has no 8-bit scale; convert it to 8 bits')
+    return img.convert('RGB')
 
 
 @TRANSFORMS.register_module()

@@ -83,6 +83,24 @@ def test_training_transform_and_argument_checks(tiny_imagenet):
         TRANSFORMS.build(dict(type='TimmTransform', input_size=224, mean=(0.5, 0.5, 0.5)))
 
 
+def test_high_bit_depth_images_keep_their_picture(tmp_path):
+    """A 16-bit grey PNG: its top 8 bits, as OpenCV (the detection and segmentation loaders) reads it; PIL's
+    convert('RGB') made it all white. A float image, which has no 8-bit scale, is refused naming the file."""
+    import mmcv
+    import numpy as np
+    from PIL import Image
+
+    from mmpola.datasets.decoding import UnreadableImageError
+    values = np.linspace(19532, 48830, 48 * 64).reshape(48, 64).astype(np.uint16)
+    Image.fromarray(values).save(tmp_path / 'grey16.png')
+    image = np.asarray(TRANSFORMS.build(dict(type='LoadPILImage'))(dict(img_path=str(tmp_path / 'grey16.png')))['img'])
+    assert image.shape == (48, 64, 3) and (image.min(), image.max()) == (76, 190)
+    assert np.array_equal(image, mmcv.imread(str(tmp_path / 'grey16.png')))
+    Image.fromarray(values.astype(np.float32)).save(tmp_path / 'float.tif')
+    with pytest.raises(UnreadableImageError, match=r'float.tif cannot be loaded \(ValueError: a 32-bit float image'):
+        TRANSFORMS.build(dict(type='LoadPILImage'))(dict(img_path=str(tmp_path / 'float.tif')))
+
+
 def test_preprocessor_mixup_and_erasing():
     torch.manual_seed(0)
     preprocessor = MODELS.build(dict(
