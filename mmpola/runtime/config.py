@@ -94,12 +94,9 @@ def known_top_level_keys():
 
     from mmengine.runner import Runner
 
-    from .fit_check import OPTION as FIT_OPTION
-    from .nonfinite_loss import OPTION as LOSS_OPTION
-    from .nonfinite_pixels import OPTION as PIXELS_OPTION
-    from .resume import RESUME_OR_START
-    return set(inspect.signature(Runner.__init__).parameters) - {'self'} | {
-        FIT_OPTION, LOSS_OPTION, PIXELS_OPTION, RESUME_OR_START, 'data_root', 'data_hint', 'runner_type'}
+    from .options import RUN_OPTIONS
+    return set(inspect.signature(Runner.__init__).parameters) - {'self'} | set(RUN_OPTIONS) | {'data_root',
+                                                                                              'runner_type'}
 
 
 def check_option_keys(cfg, cfg_options):

@@ -32,12 +32,12 @@ from mmpola.checkpoint import CheckpointMismatchError, check_finite, describe_ch
 from mmpola.errors import UserError
 from mmpola.registry import HOOKS
 
+from .options import CHECKPOINT_MIN_LOADED
 from .preflight.checkpoints import pretrained_option
 
 __all__ = ['CheckpointFitHook', 'checkpoint_fit', 'part_fit', 'TRAINING_ONLY_PARTS']
 
-# the config key (``--cfg-options checkpoint_min_loaded=0`` loads anything)
-OPTION = 'checkpoint_min_loaded'
+OPTION = CHECKPOINT_MIN_LOADED  # the config key (``--cfg-options checkpoint_min_loaded=0`` loads anything)
 DEFAULT_MIN_LOADED = 0.5
 # parts of a model that only its losses use: an evaluation does without them (mmseg's auxiliary heads)
 TRAINING_ONLY_PARTS = ('auxiliary_head',)

@@ -30,10 +30,11 @@ from mmengine.optim import OptimWrapperDict
 from mmpola.errors import MMPolaUserError, UserError
 from mmpola.registry import HOOKS
 
+from .options import NONFINITE_LOSS
+
 __all__ = ['NonFiniteLossError', 'NonFiniteLossHook']
 
-# the config key of the options
-OPTION = 'nonfinite_loss'
+OPTION = NONFINITE_LOSS  # the config key of the options
 _DEFAULTS = dict(action='stop', max_skips=10)
 _UNSET = object()
 

@@ -27,10 +27,11 @@ from mmengine.hooks import Hook
 from mmpola.errors import MMPolaUserError, UserError
 from mmpola.registry import HOOKS
 
+from .options import NONFINITE_PIXELS
+
 __all__ = ['NonFinitePixelsError', 'NonFinitePixelsHook', 'nonfinite_images']
 
-# the config key of the options
-OPTION = 'nonfinite_pixels'
+OPTION = NONFINITE_PIXELS  # the config key of the options
 _ACTIONS = ('stop', 'skip')
 # how many other images training tries in place of one with non-finite pixels
 _REPLACEMENT_TRIES = 20

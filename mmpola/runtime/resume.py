@@ -35,6 +35,7 @@ from mmpola.checkpoint.reading import refused_globals, safe_torch_load
 from mmpola.errors import UserError, close_matches
 
 from .atomic_files import write_text_atomic
+from .options import RESUME_OR_START
 
 __all__ = ['LAST_CHECKPOINT', 'EPOCH_BATCHES_DONE', 'RESUME_OR_START', 'find_resumable_checkpoint',
            'choose_resume_checkpoint', 'check_new_run_work_dir', 'check_resume_work_dir', 'check_resumable',
@@ -43,8 +44,6 @@ __all__ = ['LAST_CHECKPOINT', 'EPOCH_BATCHES_DONE', 'RESUME_OR_START', 'find_res
 LAST_CHECKPOINT = 'last_checkpoint'
 # meta key of a checkpoint taken in the middle of an epoch: the batches of that epoch already trained
 EPOCH_BATCHES_DONE = 'mmpola_epoch_batches_done'
-# the config key that lets --resume start a new run in a work dir without checkpoints
-RESUME_OR_START = 'resume_or_start'
 _STEP_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
 
 

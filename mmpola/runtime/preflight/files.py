@@ -13,6 +13,7 @@ import os.path as osp
 from mmpola.errors import UserError
 
 from ..config import is_url
+from ..options import DATA_HINT
 from .datasets import coco_image_file_names, defining_class, leaf_datasets, listing, seg_dataset_files
 
 __all__ = ['check_data_files', 'check_dataset_images', 'check_image_files']
@@ -61,7 +62,7 @@ def check_data_files(cfg, dataloader_keys, check_images=True):
 
 
 def _data_hint(cfg, dataset):
-    hint = cfg.get('data_hint') or _DATA_HINTS.get(dataset.get('type'), '')
+    hint = cfg.get(DATA_HINT) or _DATA_HINTS.get(dataset.get('type'), '')
     return f'{hint[0].upper()}{hint[1:]}. ' if hint else ''
 
 
