@@ -302,9 +302,10 @@ def empty_attention(function, tensors):
 def run_attention_op(op, impl, fp32, tensors, *options, key_bias=None):
     """Implementation ``impl`` of ``op`` on ``(*tensors, *options)``.
 
-    With ``fp32`` the tensors go in as float32 with autocast disabled and the result comes back in
-    the first tensor's dtype (an implementation registered ``fp32_inside`` gets them uncast and
-    computes in float32 itself); ``options`` (Python numbers) pass unchanged. ``'auto'`` is chosen
+    With ``fp32`` the tensors go in as float32 (float64 when one of them is: the island widens, never
+    narrows) with autocast disabled and the result comes back in the first tensor's dtype (an implementation
+    registered ``fp32_inside`` gets float16 / bfloat16 / float32 tensors uncast and computes in float32
+    itself); ``options`` (Python numbers) pass unchanged. ``'auto'`` is chosen
     for the first tensor's device and the dtype the implementation computes in; when the chosen one
     turns the call down on entry (:class:`AttnImplUnavailable`), the op's default runs it.
     ``key_bias`` (None, or a tensor broadcastable to the keys ``tensors[1]``) is added to the keys:
@@ -312,7 +313,7 @@ def run_attention_op(op, impl, fp32, tensors, *options, key_bias=None):
     """
     attention = attention_op(op)
     first = tensors[0]
-    name = attention.choose(impl, first.device, torch.float32 if fp32 else first.dtype)
+    name = attention.choose(impl, first.device, _island_dtype(tensors) if fp32 else first.dtype)
     empty = empty_attention(attention.function, (*tensors, key_bias))
     if empty is not None:
         return empty
@@ -412,6 +413,11 @@ def autocast_off(device_type):
     return torch.autocast(device_type, enabled=False)
 
 
+def _island_dtype(tensors):
+    """The dtype of the fp32 island: float32, or float64 when an input is (a model run in double precision)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
 def _run(attention, name, fp32, tensors, options, key_bias=None):
     first = tensors[0]
     record = attention.records[name]
@@ -426,8 +432,9 @@ def _run(attention, name, fp32, tensors, options, key_bias=None):
     if not fp32:
         return call(tensors, biases)
     low = (torch.float16, torch.bfloat16, torch.float32)
+    island = _island_dtype((*tensors, *biases))
     with autocast_off(first.device.type):
         if not (record.fp32_inside and all(t.dtype in low for t in (*tensors, *biases))):
-            tensors, biases = tuple(t.float() for t in tensors), tuple(t.float() for t in biases)
+            tensors, biases = tuple(t.to(island) for t in tensors), tuple(t.to(island) for t in biases)
         out = call(tensors, biases)
     return out.to(first.dtype)

@@ -65,6 +65,20 @@ def test_every_implementation_matches_the_reference(op, impl):
         assert max_scaled_error(a, e) <= 1e-5 or max_scaled_error(a.double(), t) <= 1e-5, f'{op}/{impl}: output {i}'
 
 
+@pytest.mark.parametrize('op', sorted(OPS))
+def test_the_fp32_island_widens_and_never_narrows(op):
+    """The fp32 island (the models' default ``fp32_attn``) computes float64 inputs in float64 (a model in double
+    precision, a gradcheck): equal to the reference in float64, not rounded through float32."""
+    from mmpola.ops.dispatch import run_attention_op
+    attention = OPS[op]
+    tensors, options = attention.example_inputs(generator=torch.Generator().manual_seed(0), **GRID)
+    tensors = [t.double() for t in tensors]
+    options = [o.double() if torch.is_tensor(o) else o for o in options]
+    out = run_attention_op(op, 'auto', True, tensors, *options)
+    expected = attention.impls['reference'](*tensors, *options)
+    assert out.dtype == torch.float64 and max_scaled_error(out, expected) <= 1e-12
+
+
 @pytest.fixture
 def counting_pola_impl():
     """An extra implementation of the Pola op, registered the documented way: the reference, counted."""
