@@ -92,6 +92,29 @@ def test_a_flat_split_is_told_to_sort_its_images_into_class_folders(split_withou
                    "its devkit's ground truth gives the classes; docs/data.md)")
 
 
+def test_a_head_narrower_than_the_class_folders_or_mixup_of_another_width_is_refused(split_without_ring, tmp_path,
+                                                                                      capsys):
+    """The classes of a class-folder dataset come from its folders: a head narrower than them (labels beyond its
+    logits) and Mixup targets of another width than the logits are named before the run (a RuntimeError at the
+    first step); a wider head only predicts classes no label has, and trains."""
+    root, config = split_without_ring
+    work = tmp_path / 'work'
+    train = load_tool('train')
+    err = refused(train, [config, '--work-dir', str(work), '--cfg-options', 'model.num_classes=4',
+                          'data_preprocessor.mixup.num_classes=4'], capsys, work_dir=work)
+    assert err.startswith("train_dataloader: the dataset has 6 classes ('circle', 'cross', 'ring', 'square', "
+                          f"'stripes', 'triangle') (from the class folders of '{root}/train') but the model predicts "
+                          'another number: model.num_classes=4, data_preprocessor.mixup.num_classes=4.'), err
+    err = refused(train, [config, '--work-dir', str(work), '--cfg-options', 'model.num_classes=8'], capsys,
+                  work_dir=work)
+    assert err == ('data_preprocessor.mixup.num_classes=6 differs from model.num_classes=8: the Mixup / CutMix targets '
+                   'would not fit the logits and the loss would fail at the first step. Fix: set both to the number of '
+                   'classes, e.g. --cfg-options model.num_classes=N data_preprocessor.mixup.num_classes=N')
+    args = train.parse_args([config, '--work-dir', str(work), '--cfg-options', 'model.num_classes=8',
+                             'data_preprocessor.mixup.num_classes=8'])
+    train.build_train_config(args)  # wider than the folders: accepted
+
+
 def test_tests_without_the_training_split_are_told_where_the_classes_come_from(split_without_ring, tmp_path, capsys):
     root, config = split_without_ring
     shutil.rmtree(root / 'train')

@@ -21,7 +21,7 @@ from mmpola.errors import UserError
 from .datasets import dataset_class, full_path, shown
 from .files import check_image_files
 
-__all__ = ['is_class_folder_dataset', 'check_class_folders']
+__all__ = ['is_class_folder_dataset', 'check_class_folders', 'class_folder_classes']
 
 
 def is_class_folder_dataset(dataset):
@@ -56,6 +56,13 @@ def _numbering(dataset):
     source = dataset.get('classes_from')
     folder = full_path(root, source) if source else split
     return _class_folders(folder), f'the class folders of {folder!r}', folder
+
+
+def class_folder_classes(dataset):
+    """``(classes, where they come from)`` of a class-folder dataset config, as it numbers them; ``(None, '')``
+    when its folders are not there (the file checks name that)."""
+    classes, source, _ = _numbering(dataset)
+    return (tuple(classes), source) if classes else (None, '')
 
 
 def _check_source(key, where, dataset):

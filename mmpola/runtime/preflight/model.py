@@ -8,6 +8,7 @@
 """
 from mmpola.errors import UserError
 
+from .class_folders import class_folder_classes, is_class_folder_dataset
 from .coco import check_classes_in_file, class_list
 from .datasets import coco_ann_path, dataset_classes, is_coco, leaf_datasets
 
@@ -44,18 +45,23 @@ def check_num_classes(cfg, dataloader_keys, coco_categories=None):
     ``coco_categories`` maps annotation paths to their category names (to read each file once).
     """
     heads = head_num_classes(cfg.get('model') or {})
+    if 'train_dataloader' in dataloader_keys:
+        heads += _mixup_width(cfg, heads)
     for key in dataloader_keys:
         loader = cfg.get(key)
         if not isinstance(loader, dict):
             continue
         for dataset in leaf_datasets(loader.get('dataset')):
             classes, source = dataset_classes(dataset)
+            folders = classes is None and is_class_folder_dataset(dataset)
+            if folders:  # numbered from class folders: a wider head only predicts classes no label has
+                classes, source = class_folder_classes(dataset)
             if classes is None:
                 continue
             names = (coco_categories or {}).get(coco_ann_path(dataset)) if is_coco(dataset) else None
             if names is not None:
                 check_classes_in_file(key, dataset, classes, source, names)
-            wrong = [(path, n) for path, n in heads if n != len(classes)]
+            wrong = [(path, n) for path, n in heads if n < len(classes) or (n != len(classes) and not folders)]
             if wrong:
                 listed = ', '.join(f'{path}={n}' for path, n in wrong)
                 fix = ' '.join(f'{path}={len(classes)}' for path, _ in wrong)
@@ -64,8 +70,26 @@ def check_num_classes(cfg, dataloader_keys, coco_categories=None):
                     f'the model predicts another number: {listed}. Too many classes break the evaluation after '
                     'training; too few train the remaining classes as background (or fail on their labels). '
                     f'Fix: set num_classes={len(classes)} in every head, e.g. --cfg-options {fix}'
-                    + ('' if source == 'its metainfo' else
-                       f", or give the dataset its classes: metainfo=dict(classes=(...)) in {key}.dataset"))
+                    + (f", or give the dataset its classes: metainfo=dict(classes=(...)) in {key}.dataset"
+                       if 'METAINFO' in source else ''))
+
+
+def _mixup_width(cfg, heads):
+    """``[('data_preprocessor.mixup.num_classes', n)]`` when the training's Mixup / CutMix targets (one-hot, ``n``
+    wide) are set, after checking that they are as wide as the logits of the heads (else the loss fails at the
+    first step on tensors of two sizes)."""
+    mixup = (cfg.get('data_preprocessor') or {}).get('mixup') or {}
+    width = mixup.get('num_classes') if isinstance(mixup, dict) else None
+    if not isinstance(width, int) or isinstance(width, bool):
+        return []
+    other = [(path, n) for path, n in heads if n != width]
+    if other:
+        listed = ', '.join(f'{path}={n}' for path, n in other)
+        raise UserError(f'data_preprocessor.mixup.num_classes={width} differs from {listed}: the Mixup / CutMix '
+                        'targets would not fit the logits and the loss would fail at the first step. Fix: set both '
+                        f'to the number of classes, e.g. --cfg-options {other[0][0]}=N '
+                        'data_preprocessor.mixup.num_classes=N')
+    return [('data_preprocessor.mixup.num_classes', width)]
 
 
 def _backbone_out_channels(backbone_cfg):
