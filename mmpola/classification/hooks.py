@@ -1,6 +1,7 @@
 """An EMA switch a command line can flip."""
 from mmengine.hooks import EMAHook
 
+from mmpola.errors import UserError
 from mmpola.registry import HOOKS
 
 __all__ = ['SwitchableEMAHook']
@@ -20,7 +21,8 @@ class SwitchableEMAHook(EMAHook):
         tools/train.py CONFIG --cfg-options custom_hooks.0.enabled=True [custom_hooks.0.momentum=1e-4]
 
     When enabled, validation, test and the saved ``state_dict`` use the averaged weights (the
-    raw ones go to ``ema_state_dict``), exactly as EMAHook does.
+    raw ones go to ``ema_state_dict``), exactly as EMAHook does. Switched off, it refuses to resume a run
+    that kept an average (the checkpoint's model weights are the average).
     """
 
     def __init__(self, enabled=False, **kwargs):
@@ -42,3 +44,28 @@ def _only_when_enabled(name):
 
 for _name in _STAGES:
     setattr(SwitchableEMAHook, _name, _only_when_enabled(_name))
+
+
+def _after_load_checkpoint(self, runner, checkpoint):
+    """EMAHook's loading when enabled; switched off, a resume of a run that kept an EMA is refused: the checkpoint's
+    model weights are the averaged ones (the raw ones are in ``ema_state_dict``), so the run would go on from the
+    average and drop its raw weights at the next save."""
+    if self.enabled:
+        return EMAHook.after_load_checkpoint(self, runner, checkpoint)
+    if not getattr(runner, '_resume', False) or 'ema_state_dict' not in checkpoint:
+        return None
+    from mmengine.runner.checkpoint import find_latest_checkpoint
+    filename = getattr(runner, '_load_from', None) or find_latest_checkpoint(runner.work_dir) or 'the checkpoint'
+    hooks = runner.cfg.get('custom_hooks') or []
+    index = next((i for i, h in enumerate(hooks) if str(h.get('type', '')).endswith('SwitchableEMAHook')), None)
+    option = f'custom_hooks.{index}.enabled=True' if index is not None else 'the SwitchableEMAHook with enabled=True'
+    raise UserError(
+        f'--resume: the run in {filename} kept an exponential moving average of its weights (SwitchableEMAHook), '
+        'which this config switches off: the checkpoint\'s model weights are the average (its raw weights are in '
+        'ema_state_dict), so the run would go on from the average and drop the raw weights at its next save. Fix: '
+        f'resume with the average on: --cfg-options {option}; to go on without it on purpose, start a new run from '
+        f'the checkpoint: drop --resume and add --cfg-options load_from={filename}')
+
+
+_after_load_checkpoint.__name__ = 'after_load_checkpoint'
+SwitchableEMAHook.after_load_checkpoint = _after_load_checkpoint

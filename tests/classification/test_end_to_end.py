@@ -79,6 +79,28 @@ def test_checkpoint_keeps_backbone_names(trained):
     assert 'ema_state_dict' in ckpt
 
 
+def test_resuming_an_averaged_run_without_the_average_is_refused(trained, tmp_path, capsys):
+    """The checkpoint's model weights are the EMA's: a resume with the EMA switched off would go on from the average
+    and drop the raw weights at its next save; refused with the flag that resumes it as it ran."""
+    import shutil
+
+    from tests.fixtures.tools import refused
+    config, checkpoint, work = trained
+    copy = tmp_path / 'train'
+    shutil.copytree(work / 'train', copy)
+    resumed = str(copy / 'epoch_1.pth')
+    err = refused(load_tool('train'), [config, '--work-dir', str(copy), '--resume', resumed, '--cfg-options',
+                                       'custom_hooks.0.enabled=False', 'train_cfg.max_epochs=2'], capsys,
+                  unchanged=[resumed])
+    assert err == (f'--resume: the run in {resumed} kept an exponential moving average of its weights '
+                   "(SwitchableEMAHook), which this config switches off: the checkpoint's model weights are the "
+                   'average (its raw weights are in ema_state_dict), so the run would go on from the average and drop '
+                   'the raw weights at its next save. Fix: resume with the average on: --cfg-options '
+                   'custom_hooks.0.enabled=True; to go on without it on purpose, start a new run from the checkpoint: '
+                   f'drop --resume and add --cfg-options load_from={resumed}')
+    assert not (copy / 'epoch_2.pth').exists()
+
+
 def test_tools_test_evaluates_the_checkpoint(trained):
     """tools/test.py (in this process: the imports are already paid) evaluates the checkpoint."""
     config, checkpoint, work = trained
