@@ -109,6 +109,17 @@ def _with_image_inputs(base, suffixes, name):
         __doc__ = f"""mmpola's extension of ``{base.__module__}.{base.__name__}`` for image folders
         (:mod:`mmpola.inferencers`); same arguments and results."""
 
+        def __init__(self, *args, **kwargs):
+            weights = kwargs.get('weights', args[1] if len(args) > 1 else None)
+            self._weights_name = f'checkpoint {weights!r}' if isinstance(weights, str) else 'the weights'
+            super().__init__(*args, **kwargs)
+
+        def _load_weights_to_model(self, model, checkpoint, cfg):
+            if checkpoint is not None:  # before the library takes the file's class names
+                from mmpola.runtime.fit_check import check_inference_weights
+                check_inference_weights(model, checkpoint, self._weights_name)
+            super()._load_weights_to_model(model, checkpoint, cfg)
+
         def _inputs_to_list(self, inputs):
             return image_inputs(inputs, suffixes, name)
 

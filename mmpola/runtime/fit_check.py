@@ -35,7 +35,7 @@ from mmpola.registry import HOOKS
 from .options import CHECKPOINT_MIN_LOADED
 from .preflight.checkpoints import pretrained_option
 
-__all__ = ['CheckpointFitHook', 'checkpoint_fit', 'part_fit', 'TRAINING_ONLY_PARTS']
+__all__ = ['CheckpointFitHook', 'checkpoint_fit', 'part_fit', 'check_inference_weights', 'TRAINING_ONLY_PARTS']
 
 OPTION = CHECKPOINT_MIN_LOADED  # the config key (``--cfg-options checkpoint_min_loaded=0`` loads anything)
 DEFAULT_MIN_LOADED = 0.5
@@ -128,6 +128,22 @@ def _parts_text(incomplete):
                      f'{list(model_shape)} in the model)')
         texts.append(text)
     return '; '.join(texts)
+
+
+def check_inference_weights(model, checkpoint, named='the weights'):
+    """Raise :class:`~mmpola.checkpoint.CheckpointMismatchError` when ``checkpoint`` does not provide every part
+    ``model`` predicts with (its training-only parts left out): a checkpoint of another model or task would
+    otherwise predict with random weights (and lend the model its class names)."""
+    model = _bare_model(model)
+    incomplete = part_fit(model, checkpoint, skip=TRAINING_ONLY_PARTS)
+    if not incomplete:
+        return
+    parts = ', '.join(n for n, m in model.named_children() if any(True for _ in m.parameters()))
+    raise CheckpointMismatchError(
+        f'{named} does not fit the {type(model).__name__}: {_parts_text(incomplete)}, so the predictions would come '
+        f"from random weights. The file holds {', '.join(_file_parts(checkpoint)) or 'no parts'} (the model: {parts}) "
+        f'and looks like {describe_checkpoint(checkpoint)}. Fix: give the checkpoint written by training this config '
+        '(work_dirs/<config>/epoch_N.pth or iter_N.pth)')
 
 
 def _file_parts(checkpoint):

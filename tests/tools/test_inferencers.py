@@ -146,3 +146,16 @@ def test_folders_upper_case_suffixes_and_unreadable_files(tmp_path, capsys):
                                         r'decoded as an image\)\. Fix: correct or remove them \(the results follow '
                                         r'the order of the inputs\)'):
         seg([str(folder / 'a.jpg'), str(folder / 'c.png'), str(folder / 'nope.jpg')])
+
+
+def test_weights_of_another_model_are_refused(tmp_path):
+    """A segmentor's checkpoint given to the detection inferencer: one error naming what is missing, before the
+    model takes the file's class names (mmdet's own predicts with random heads, under the segmentor's classes)."""
+    from mmpola.apis import DetInferencer
+    from mmpola.checkpoint import CheckpointMismatchError
+    weights, _ = _checkpoint(SEG_CONFIG, tmp_path / 'seg.pth')
+    with pytest.raises(CheckpointMismatchError, match=rf"^checkpoint '{weights}' does not fit the MaskRCNN: "
+                                                      r'model\.backbone.*so the predictions would come from random '
+                                                      r'weights\. The file holds .*decode_head.* Fix: give the '
+                                                      r'checkpoint written by training this config'):
+        DetInferencer(model=DET_CONFIG, weights=weights, device='cpu')
