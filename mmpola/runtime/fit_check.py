@@ -153,6 +153,21 @@ def _file_parts(checkpoint):
     return list(dict.fromkeys(re.sub(r'^module\.', '', str(k)).split('.')[0] for k in state_dict))
 
 
+def _other_classes_fix(cfg, checkpoint, incomplete):
+    """The fix when the file differs from the model in the width of its heads only (every tensor there, some of
+    another shape) and names the classes it was trained on: the run's ``num_classes``; else None."""
+    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
+    classes = ((meta or {}).get('dataset_meta') or {}).get('classes') if isinstance(meta, dict) else None
+    if not classes or not all(loaded + len(other) == total and other for _, loaded, total, other in incomplete):
+        return None
+    from .preflight.model import head_num_classes
+    heads = [path for path, n in head_num_classes(cfg.get('model') or {}) if n != len(classes)]
+    if not heads:
+        return None
+    return (f'the file was trained on {len(classes)} classes: run with as many, --cfg-options '
+            + ' '.join(f'{path}={len(classes)}' for path in heads))
+
+
 def _purpose(runner):
     """'resume', 'train' (load_from before training) or 'evaluate' (tools/test.py, a validation run)."""
     from mmengine.runner import BaseLoop
@@ -224,8 +239,10 @@ class CheckpointFitHook(Hook):
                 f'{"this part" if len(incomplete) == 1 else "these parts"} with random weights, although '
                 f'{loaded / total:.1%} of the weights load. The file holds '
                 f"{', '.join(_file_parts(checkpoint)) or 'no parts'} (the model: {parts}) and looks like "
-                f'{describe_checkpoint(checkpoint)}. Fix: use a checkpoint of this {type(model).__name__} (written by '
-                f'training this config). To load it anyway: --cfg-options {OPTION}=0')
+                f'{describe_checkpoint(checkpoint)}. Fix: '
+                + (_other_classes_fix(runner.cfg, checkpoint, incomplete)
+                   or f'use a checkpoint of this {type(model).__name__} (written by training this config)')
+                + f'. To load it anyway: --cfg-options {OPTION}=0')
         kind = describe_checkpoint(checkpoint)
         raise CheckpointMismatchError(
             f'{named} does not fit the {name}: only {loaded_n} of its {total_n} parameter tensors '

@@ -109,3 +109,18 @@ def test_part_fit_leaves_out_training_only_parts():
     assert part_fit(model, {'state_dict': state}, skip=('auxiliary_head',)) == [
         ('decode_head', 1, 2, [('decode_head.weight', (5, 4), (2, 4))])]
     assert [p[0] for p in part_fit(model, {'state_dict': state})] == ['decode_head', 'auxiliary_head']
+
+
+def test_a_file_of_other_head_widths_is_told_its_number_of_classes():
+    """A checkpoint of this model trained on another number of classes (every head tensor there, some of another
+    shape; its meta names the classes): the fix is the run's num_classes, not "a checkpoint of this model"."""
+    from mmengine.config import Config
+
+    from mmpola.runtime.fit_check import _other_classes_fix
+    cfg = Config(dict(model=dict(type='ClassificationModel', num_classes=1000)))
+    checkpoint = dict(meta=dict(dataset_meta=dict(classes=('a', 'b', 'c', 'd'))))
+    head_only = [('head', 0, 2, [('head.weight', (4, 512), (1000, 512)), ('head.bias', (4,), (1000,))])]
+    assert _other_classes_fix(cfg, checkpoint, head_only) == (
+        'the file was trained on 4 classes: run with as many, --cfg-options model.num_classes=4')
+    assert _other_classes_fix(cfg, checkpoint, [('head', 0, 2, [])]) is None  # missing, not another width
+    assert _other_classes_fix(cfg, {}, head_only) is None  # the file does not say its classes
