@@ -237,6 +237,25 @@ def check_config(cfg, training=True):
         _check_entry(where, entry, root, default, skip)
     for key in ('train_dataloader', 'val_dataloader', 'test_dataloader') if training else ('test_dataloader',):
         _check_loader_workers(key, cfg.get(key))
+    if training:
+        _check_mixup_batches(cfg)
+
+
+def _check_mixup_batches(cfg):
+    """timm's Mixup / CutMix pairs each image with another of its batch (in ``mode='batch'`` the batch with itself
+    flipped): it needs even batches, which an odd ``batch_size`` or a kept odd last batch break (a ``ValueError`` of
+    the data preprocessor at the first step, or at the end of an epoch)."""
+    mixup = (cfg.get('data_preprocessor') or {}).get('mixup')
+    loader = cfg.get('train_dataloader')
+    if not mixup or not isinstance(loader, dict):
+        return
+    batch = loader.get('batch_size')
+    if isinstance(batch, int) and batch % 2:
+        raise UserError(f'train_dataloader.batch_size={batch} with Mixup / CutMix (data_preprocessor.mixup), which '
+                        'needs even batches. Fix: an even batch_size (and train_dataloader.drop_last=True)')
+    if loader.get('drop_last') is False:
+        raise UserError('train_dataloader.drop_last=False with Mixup / CutMix (data_preprocessor.mixup): an odd last '
+                        'batch would stop the epoch, as Mixup needs even batches. Fix: train_dataloader.drop_last=True')
 
 
 def _check_loader_workers(key, loader):

@@ -164,6 +164,23 @@ def test_mmpola_scoped_names_resolve_from_each_default_scope(scope):
             check_config(cfg)
 
 
+def test_mixup_needs_even_training_batches():
+    """An odd batch, or a kept odd last batch, with Mixup / CutMix: named before the run (the data preprocessor's
+    ValueError at the first step, or at the end of an epoch)."""
+    cfg = Config(dict(data_preprocessor=dict(mixup=dict(num_classes=4)),
+                      train_dataloader=dict(batch_size=3, drop_last=True)))
+    with pytest.raises(UserError, match=r'^train_dataloader\.batch_size=3 with Mixup / CutMix .* Fix: an even'):
+        check_config(cfg)
+    cfg.train_dataloader.batch_size = 4
+    cfg.train_dataloader.drop_last = False
+    with pytest.raises(UserError, match=r'^train_dataloader\.drop_last=False with Mixup / CutMix'):
+        check_config(cfg)
+    cfg.train_dataloader.drop_last = True
+    check_config(cfg)
+    check_config(Config(dict(data_preprocessor=dict(mixup=dict(num_classes=4)),
+                             train_dataloader=dict(batch_size=3))), training=False)  # a test run trains nothing
+
+
 def test_arguments_follow_the_kwargs_a_class_passes_on():
     class Base:
         def __init__(self, depth, init_cfg=None):
