@@ -164,7 +164,10 @@ def enable_test_visualization(cfg, show_dir, scope, show=False, wait_time=2.0):
     under ``work_dir/timestamp``."""
     hook = cfg.get('default_hooks', {}).get('visualization')
     if hook is None:
-        raise UserError('--show/--show-dir need a `visualization` hook in default_hooks of the config')
+        raise UserError('--show / --show-dir draw the predictions through the config\'s visualization hook '
+                        '(default_hooks.visualization), which this config has not (the classification configs draw '
+                        'nothing). Fix: --out FILE keeps the predictions instead, or add the task library\'s '
+                        'visualization hook to default_hooks')
     if scope == 'mmpretrain':
         hook['enable'] = True
         if show_dir:

@@ -20,6 +20,10 @@ def test_test_time_adapters_follow_each_library():
     enable_test_visualization(det, 'vis', 'mmdet')
     assert det.default_hooks.visualization.draw and det.default_hooks.visualization.test_out_dir == osp.abspath('vis')
 
+    with pytest.raises(UserError, match=r"^--show / --show-dir draw the predictions through the config's "
+                                        r'visualization hook .* Fix: --out FILE keeps the predictions instead'):
+        enable_test_visualization(Config(dict(default_hooks=dict())), 'vis', 'mmpola')  # a classification config
+
     seg = Config(dict(test_evaluator=dict(type='IoUMetric'), default_hooks=dict(visualization=dict(draw=False)),
                       visualizer=dict(type='SegLocalVisualizer'), model=dict(type='EncoderDecoder'),
                       test_dataloader=dict(dataset=dict(pipeline=['plain'])),
