@@ -123,6 +123,12 @@ def _with_image_inputs(base, suffixes, name):
         def _inputs_to_list(self, inputs):
             return image_inputs(inputs, suffixes, name)
 
+        if hasattr(base, 'pred2dict'):  # mmdet's: an array's sample has img_path None, which it cannot name
+            def pred2dict(self, data_sample, pred_out_dir=''):
+                if 'img_path' in data_sample and data_sample.img_path is None:
+                    del data_sample.img_path  # mmdet then numbers the file, as for its visualisations
+                return base.pred2dict(self, data_sample, pred_out_dir)
+
     Inferencer.__name__ = Inferencer.__qualname__ = name
     return Inferencer
 

@@ -159,3 +159,13 @@ def test_weights_of_another_model_are_refused(tmp_path):
                                                       r'weights\. The file holds .*decode_head.* Fix: give the '
                                                       r'checkpoint written by training this config'):
         DetInferencer(model=DET_CONFIG, weights=weights, device='cpu')
+
+
+def test_arrays_with_saved_predictions_are_numbered(tmp_path):
+    """Arrays have no file name: their saved predictions are numbered, as their drawings are (mmdet's own stops at
+    the first with a TypeError, after drawing it)."""
+    from mmpola.apis import DetInferencer
+    det = DetInferencer(model=DET_CONFIG, weights=_checkpoint(DET_CONFIG, tmp_path / 'det.pth')[0], device='cpu')
+    det([np.zeros((64, 80, 3), np.uint8)] * 2, out_dir=str(tmp_path / 'out'), no_save_pred=False)
+    assert sorted(p.name for p in (tmp_path / 'out' / 'preds').iterdir()) == ['0.json', '1.json']
+    assert sorted(p.name for p in (tmp_path / 'out' / 'vis').iterdir()) == ['00000000.jpg', '00000001.jpg']
