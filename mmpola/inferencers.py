@@ -28,7 +28,7 @@ from mmengine.logging import print_log
 
 from mmpola.errors import UserError
 
-__all__ = ['DetInferencer', 'SegInferencer', 'image_inputs']  # noqa: F822 (made on first use)
+__all__ = ['DetInferencer', 'SegInferencer', 'check_output_names', 'image_inputs']  # noqa: F822 (made on first use)
 
 # how many skipped files the warning names
 _SHOWN = 10
@@ -104,6 +104,23 @@ def image_inputs(inputs, suffixes, who='inferencer'):
     return kept
 
 
+def check_output_names(inputs, who='inferencer'):
+    """:class:`UserError` when two image paths of ``inputs`` have one name without their suffix: the inferencers
+    save each image's drawing and prediction under it (``out_dir``), so the second would overwrite the first."""
+    seen, clashes = {}, []
+    for item in inputs:
+        if isinstance(item, str):
+            stem = osp.splitext(osp.basename(item))[0]
+            if stem in seen:
+                clashes.append(f'{seen[stem]} and {item}')
+            else:
+                seen[stem] = item
+    if clashes:
+        raise UserError(f'{who}: {len(clashes)} pair(s) of inputs share a file name ({"; ".join(clashes[:_SHOWN])}), '
+                        'under which out_dir keeps their drawings and predictions: the second would overwrite the '
+                        'first. Fix: predict them in separate calls with separate out_dir, or rename them')
+
+
 def _with_image_inputs(base, suffixes, name):
     class Inferencer(base):
         __doc__ = f"""mmpola's extension of ``{base.__module__}.{base.__name__}`` for image folders
@@ -120,8 +137,15 @@ def _with_image_inputs(base, suffixes, name):
                 check_inference_weights(model, checkpoint, self._weights_name)
             super()._load_weights_to_model(model, checkpoint, cfg)
 
+        def __call__(self, inputs, *args, **kwargs):
+            self._saving = bool(kwargs.get('out_dir'))
+            return super().__call__(inputs, *args, **kwargs)
+
         def _inputs_to_list(self, inputs):
-            return image_inputs(inputs, suffixes, name)
+            listed = image_inputs(inputs, suffixes, name)
+            if getattr(self, '_saving', False):
+                check_output_names(listed, name)
+            return listed
 
         if hasattr(base, 'pred2dict'):  # mmdet's: an array's sample has img_path None, which it cannot name
             def pred2dict(self, data_sample, pred_out_dir=''):

@@ -169,3 +169,19 @@ def test_arrays_with_saved_predictions_are_numbered(tmp_path):
     det([np.zeros((64, 80, 3), np.uint8)] * 2, out_dir=str(tmp_path / 'out'), no_save_pred=False)
     assert sorted(p.name for p in (tmp_path / 'out' / 'preds').iterdir()) == ['0.json', '1.json']
     assert sorted(p.name for p in (tmp_path / 'out' / 'vis').iterdir()) == ['00000000.jpg', '00000001.jpg']
+
+
+def test_inputs_whose_outputs_would_share_a_name_are_refused(tmp_path):
+    """out_dir keeps each image's drawing and prediction under its name without the suffix: x.jpg and x.png (in a
+    folder or a list) would overwrite each other; without out_dir nothing is saved, so they are predicted."""
+    from mmpola.apis import DetInferencer
+    from mmpola.errors import UserError
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    first, second = _image(folder / 'x.jpg', 64, 80), _image(folder / 'x.png', 64, 80)
+    det = DetInferencer(model=DET_CONFIG, weights=_checkpoint(DET_CONFIG, tmp_path / 'det.pth')[0], device='cpu')
+    with pytest.raises(UserError, match=rf'^DetInferencer: 1 pair\(s\) of inputs share a file name \({first} and '
+                                        rf'{second}\), under which out_dir keeps'):
+        det(str(folder), out_dir=str(tmp_path / 'out'))
+    assert not (tmp_path / 'out').exists()
+    assert len(det([first, second])['predictions']) == 2
