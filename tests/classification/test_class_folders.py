@@ -115,6 +115,21 @@ def test_a_head_narrower_than_the_class_folders_or_mixup_of_another_width_is_ref
     train.build_train_config(args)  # wider than the folders: accepted
 
 
+def test_a_listed_class_without_a_training_folder_is_named(tiny_imagenet, tmp_path, capsys):
+    """Classes from metainfo.classes (the demo config): a class with no folder in the training split is never
+    trained on (a missing validation folder is fine: its labels keep the list's numbers)."""
+    root = tmp_path / 'imagenet'
+    shutil.copytree(tiny_imagenet, root)
+    shutil.rmtree(root / 'train' / 'ring')
+    work = tmp_path / 'work'
+    demo = osp.join(REPO, 'configs', 'demo', 'pola-pvt_demo-imagenet-64x64.py')
+    err = refused(load_tool('train'), [demo, '--work-dir', str(work), '--cfg-options', f'data_root={root}/'], capsys,
+                  work_dir=work)
+    assert err == (f"train_dataloader: '{root}/train' has no class folder for 'ring' of metainfo.classes, a class the "
+                   'model would never be trained on. Fix: add its folder of images (an interrupted copy?), or leave it '
+                   'out of metainfo.classes (one class fewer: num_classes too)')
+
+
 def test_tests_without_the_training_split_are_told_where_the_classes_come_from(split_without_ring, tmp_path, capsys):
     root, config = split_without_ring
     shutil.rmtree(root / 'train')
@@ -160,8 +175,8 @@ def test_unreadable_files_in_class_folders_are_named(split_without_ring, tmp_pat
 
     # the loader names the file where the pre-flight check is skipped
     (folder / 'cut.JPEG').unlink()
-    err = refusal('--skip-data-check', '--cfg-options', 'train_dataloader.batch_size=5',
-                  'train_dataloader.sampler.shuffle=False')  # circle's 4 images and empty.JPEG
+    err = refusal('--skip-data-check', '--cfg-options', 'train_dataloader.batch_size=6',
+                  'train_dataloader.sampler.shuffle=False')  # circle's 4 images, empty.JPEG and cross's first
     assert err.startswith(f'image {folder}/empty.JPEG cannot be loaded (UnidentifiedImageError: ')
     assert err.endswith('Fix: replace it with the original file (download or copy it again), make it readable by '
                         'this user, or remove it from the dataset') and '\n' not in err

@@ -126,6 +126,12 @@ def check_class_folders(cfg, key, where, dataset):
         raise UserError(
             f'{key}: {what}, so its labels would be numbered differently from the model\'s classes (every label '
             f'after a missing class shifted by one) and the accuracy computed against wrong labels. Fix: {fix}')
+    absent = [c for c in classes if c not in own] if key.startswith('train') and numbered_by is None else []
+    if absent:  # numbered from metainfo.classes: a class without a training folder is never trained
+        raise UserError(
+            f'{key}: {split!r} has no class folder for {shown(repr(c) for c in absent)} of {source}, a class the '
+            'model would never be trained on. Fix: add its folder of images (an interrupted copy?), or leave it out '
+            'of metainfo.classes (one class fewer: num_classes too)')
     unknown = [c for c in own if c not in classes]
     if unknown:
         raise UserError(
