@@ -101,7 +101,9 @@ def check_input(x, in_channels, min_size, name, reason='four stages down to stri
     H, W = x.shape[-2:]
     if H < min_size or W < min_size:
         raise PolaConfigError(f'{name}: input size {H}x{W} is smaller than the minimum {min_size}x{min_size} '
-                              f'({reason}); resize or pad the image')
+                              f'({reason}); resize or pad the image (in a config: the size its pipeline\'s Resize '
+                              'gives such an image, e.g. keep_ratio=True with a scale that leaves its short side at '
+                              f'{min_size} or more)')
 
 
 def square_pretrain_size(value, owner=None):
