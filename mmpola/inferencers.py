@@ -128,7 +128,8 @@ def _with_image_inputs(base, suffixes, name):
 
         def __init__(self, *args, **kwargs):
             weights = kwargs.get('weights', args[1] if len(args) > 1 else None)
-            self._weights_name = f'checkpoint {weights!r}' if isinstance(weights, str) else 'the weights'
+            from mmpola.checkpoint import checkpoint_source
+            self._weights_name = checkpoint_source(weights) if isinstance(weights, str) else 'the weights'
             super().__init__(*args, **kwargs)
 
         def _load_weights_to_model(self, model, checkpoint, cfg):

@@ -54,8 +54,8 @@ def _after_load_checkpoint(self, runner, checkpoint):
         return EMAHook.after_load_checkpoint(self, runner, checkpoint)
     if not getattr(runner, '_resume', False) or 'ema_state_dict' not in checkpoint:
         return None
-    from mmengine.runner.checkpoint import find_latest_checkpoint
-    filename = getattr(runner, '_load_from', None) or find_latest_checkpoint(runner.work_dir) or 'the checkpoint'
+    from mmpola.runtime.resume import loaded_checkpoint
+    filename = loaded_checkpoint(runner) or 'the checkpoint'
     hooks = runner.cfg.get('custom_hooks') or []
     index = next((i for i, h in enumerate(hooks) if str(h.get('type', '')).endswith('SwitchableEMAHook')), None)
     option = f'custom_hooks.{index}.enabled=True' if index is not None else 'the SwitchableEMAHook with enabled=True'

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 
-from mmpola.checkpoint import find_key_prefix, load_checkpoint, prepare_state_dict, resize_state_dict
+from mmpola.checkpoint import checkpoint_source, find_key_prefix, load_checkpoint, prepare_state_dict, resize_state_dict
 from mmpola.registry import ARCHITECTURES, ATTENTIONS, MODELS
 
 from .attention import attention_letter, attention_options
@@ -310,7 +310,7 @@ def timm_filter_fn(state_dict, model, layout=True):
     ``strict`` when it resets the head, so the file's blocks are compared here; ``layout=False`` with
     ``pretrained_strict=False``)."""
     cfg = getattr(model, 'pretrained_cfg', None) or {}
-    source = next((f'checkpoint {cfg[k]!r}' for k in ('file', 'url', 'hf_hub_id') if cfg.get(k)),
+    source = next((checkpoint_source(cfg[k]) for k in ('file', 'url', 'hf_hub_id') if cfg.get(k)),
                   'the pretrained weights')
     return prepare_state_dict(model, state_dict, source, prefix='', strict=None if layout else False).state_dict
 

@@ -40,11 +40,7 @@ def check_config_file(path):
     if osp.isfile(path):
         return
     folder, name = osp.split(path)
-    try:
-        siblings = [n for n in os.listdir(folder or '.') if osp.isfile(osp.join(folder or '.', n))]
-    except OSError:  # the folder does not exist either
-        siblings = []
-    close = close_matches(name, siblings)
+    close = _close_files(folder, name)
     if close:
         raise UserError(f"config file {path!r} does not exist; did you mean "
                         f"{' or '.join(repr(osp.join(folder, n)) for n in close)}?")
@@ -252,6 +248,15 @@ def _editable_install():
     return bool(direct_url.get('dir_info', {}).get('editable'))
 
 
+def _close_files(folder, name):
+    """The files of ``folder`` whose names are close to ``name`` (none when the folder does not exist either)."""
+    try:
+        siblings = [n for n in os.listdir(folder or '.') if osp.isfile(osp.join(folder or '.', n))]
+    except OSError:
+        siblings = []
+    return close_matches(name, siblings)
+
+
 def _missing_base(error):
     """A ``_base_`` file that does not exist (mmengine's ``FileNotFoundError``: an ``OSError``'s filename, or its
     ``check_file_exist`` message for a ``pkg::`` base), named as the config names it, with the close files."""
@@ -260,17 +265,13 @@ def _missing_base(error):
         found = re.match(r'file "(.+)" does not exist', str(error))
         path = found.group(1) if found else str(error)
     folder, name = osp.split(path)
-    try:
-        siblings = [n for n in os.listdir(folder) if n.endswith('.py')]
-    except OSError:
-        siblings = []
     scoped = re.match(r'.*/([^/]+)/\.mim/configs/(.+)$', path)  # mmdet::pvt/x.py from .../mmdet/.mim/configs/pvt/x.py
 
     def shown(file):
         full = osp.join(folder, file)
         return f'{scoped.group(1)}::{osp.relpath(full, path[:-len(scoped.group(2))])}' if scoped else osp.normpath(full)
 
-    close = close_matches(name, siblings)
+    close = _close_files(folder, name)
     hint = f" (did you mean {' or '.join(repr(shown(n)) for n in close)}?)" if close else ''
     return (f'inherits from {shown(name)!r}, which does not exist{hint}; fix its _base_ list (paths are relative to '
             "the config, or mmdet:: / mmseg:: for the libraries' configs)")

@@ -28,12 +28,13 @@ import re
 
 from mmengine.hooks import Hook
 
-from mmpola.checkpoint import CheckpointMismatchError, check_finite, describe_checkpoint
+from mmpola.checkpoint import CheckpointMismatchError, check_finite, checkpoint_source, describe_checkpoint
 from mmpola.errors import UserError
 from mmpola.registry import HOOKS
 
 from .options import CHECKPOINT_MIN_LOADED
 from .preflight.checkpoints import pretrained_option
+from .resume import loaded_checkpoint
 
 __all__ = ['CheckpointFitHook', 'checkpoint_fit', 'part_fit', 'check_inference_weights', 'TRAINING_ONLY_PARTS']
 
@@ -206,11 +207,8 @@ class CheckpointFitHook(Hook):
 
     def after_load_checkpoint(self, runner, checkpoint):
         model = _bare_model(runner.model)
-        path = runner.cfg.get('load_from')
-        if not path and runner.cfg.get('resume'):  # --resume without a file: the one mmengine found in the work dir
-            from mmengine.runner import find_latest_checkpoint
-            path = find_latest_checkpoint(runner.work_dir)
-        named = f'checkpoint {path!r}' if path else 'the checkpoint'  # how the messages name it
+        path = loaded_checkpoint(runner)
+        named = checkpoint_source(path) if path else 'the checkpoint'  # how the messages name it
         state_dict = _as_loaded(model, checkpoint)
         model_state = model.state_dict()
         check_finite({k: v for k, v in state_dict.items() if k in model_state}, named)

@@ -39,7 +39,7 @@ from .options import RESUME_OR_START
 
 __all__ = ['LAST_CHECKPOINT', 'EPOCH_BATCHES_DONE', 'RESUME_OR_START', 'find_resumable_checkpoint',
            'choose_resume_checkpoint', 'check_new_run_work_dir', 'check_resume_work_dir', 'check_resumable',
-           'lr_change_note']
+           'loaded_checkpoint', 'lr_change_note']
 
 LAST_CHECKPOINT = 'last_checkpoint'
 # meta key of a checkpoint taken in the middle of an epoch: the batches of that epoch already trained
@@ -163,6 +163,16 @@ def check_resume_work_dir(work_dir, allow_new=False, logger=None):
         f'scratch. A mistyped --work-dir, or a run that ended before its first checkpoint?{hint} To start a new '
         'run there when it holds no checkpoint yet (a job script that always resumes), use --resume-or-start '
         f'(with another train.py: --resume --cfg-options {RESUME_OR_START}=True).')
+
+
+def loaded_checkpoint(runner):
+    """The file ``runner`` loads: its ``load_from`` (a file to resume or start from), else, resuming without a
+    file, the work dir's latest as mmengine finds it (``last_checkpoint``); None when it loads none."""
+    path = getattr(runner, '_load_from', None)
+    if not path and getattr(runner, '_resume', False):
+        from mmengine.runner.checkpoint import find_latest_checkpoint
+        path = find_latest_checkpoint(runner.work_dir)
+    return path
 
 
 def choose_resume_checkpoint(runner):

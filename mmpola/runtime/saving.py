@@ -42,7 +42,7 @@ from mmpola.registry import HOOKS
 
 from .atomic_files import fsync_dir, fsync_file, is_part_file, part_name, write_text_atomic
 from .param_groups import merge_saved_param_groups
-from .resume import EPOCH_BATCHES_DONE, LAST_CHECKPOINT, choose_resume_checkpoint, lr_change_note
+from .resume import EPOCH_BATCHES_DONE, LAST_CHECKPOINT, choose_resume_checkpoint, loaded_checkpoint, lr_change_note
 from .signals import StopSignals, TrainingInterrupted, ignore_stop_signals_in_workers, workers_may_end
 
 __all__ = ['CheckpointSaveError', 'SafeCheckpointHook', 'INTERRUPT_CHECKPOINTS']
@@ -123,8 +123,7 @@ class SafeCheckpointHook(CheckpointHook):
             merged = merge_saved_param_groups(checkpoint, optimizer)
             if merged is not None:
                 runner.logger.info(merged)
-            from mmengine.runner.checkpoint import find_latest_checkpoint
-            filename = getattr(runner, '_load_from', None) or find_latest_checkpoint(runner.work_dir)
+            filename = loaded_checkpoint(runner)
             note = lr_change_note(optimizer, checkpoint, filename or 'the checkpoint')
             if note is not None:
                 runner.logger.warning(note)
